@@ -1,0 +1,3 @@
+from edge_sdk.cli import main
+
+main()

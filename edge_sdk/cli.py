@@ -1,0 +1,172 @@
+"""The `edge-sdk` command line: click commands only; the work happens in the library."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from edge_sdk import __version__
+from edge_sdk.errors import EdgeSdkError
+
+USAGE_ERROR = 2
+
+
+class EdgeSdkGroup(click.Group):
+    """Turns library errors into one line on stderr and exit status 2, never a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except EdgeSdkError as error:
+            click.echo(f"edge-sdk: error: {error}", err=True)
+            ctx.exit(USAGE_ERROR)
+
+
+def _print_table(rows: dict, indent: str = "") -> None:
+    width = max((len(str(k)) for k in rows), default=0)
+    for key, value in rows.items():
+        if isinstance(value, dict):
+            click.echo(f"{indent}{key}:")
+            _print_table(value, indent + "  ")
+        else:
+            click.echo(f"{indent}{str(key).ljust(width)}  {value}")
+
+
+@click.group(cls=EdgeSdkGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="edge-sdk")
+def main() -> None:
+    """Deploy activation-sparse LLMs to edge devices."""
+
+
+@main.command()
+@click.argument("model_dir", type=click.Path(path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def info(model_dir: str, as_json: bool) -> None:
+    """Validate a Hugging Face checkpoint and show its architecture."""
+    from edge_sdk.model.summary import describe_checkpoint
+
+    summary = describe_checkpoint(model_dir)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    summary["parameters"] = f"{summary['parameters']:,}"
+    _print_table(summary)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def doctor(as_json: bool) -> None:
+    """Report versions, native libraries and which backends can run here."""
+    from edge_sdk.runtime.doctor import diagnose
+
+    report = diagnose()
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    versions = {k: v or "not installed" for k, v in report["versions"].items()}
+    _print_table({"versions": versions, "native libraries": report["native"]})
+    click.echo("backends:")
+    for name, status in report["backends"].items():
+        state = "available" if status["available"] else f"not available: {status['reason']}"
+        click.echo(f"  {name.ljust(8)}  {state}")
+
+
+def _parse_levels(text: str | None) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated numbers such as 0.5,0.7,0.9, found {text!r}") from None
+
+
+@main.command()
+@click.argument("model_dir", type=click.Path(path_type=str))
+@click.option(
+    "--calib",
+    "calibration_files",
+    multiple=True,
+    required=True,
+    help="Calibration text: plain text or JSON lines with a 'text' field. Repeatable.",
+)
+@click.option(
+    "--eval",
+    "evaluation_files",
+    multiple=True,
+    help="Held-out text to measure the predictors on (default: the calibration text). Repeatable.",
+)
+@click.option(
+    "--predictor", type=click.Choice(["svd", "signbit", "core", "threshold"]), default="svd", show_default=True
+)
+@click.option("--rank", type=int, default=None, help="SVD predictor rank (default: about 2% of D).")
+@click.option(
+    "--sparsity",
+    type=float,
+    default=0.5,
+    show_default=True,
+    help="Default operating level: target fraction of neurons predicted inactive.",
+)
+@click.option("--levels", default=None, help="Comma-separated sparsity levels to calibrate (default 0.3,...,0.9).")
+@click.option("--no-whiten", is_flag=True, help="Naive SVD of W_gate (ablation).")
+@click.option("--recall-target", type=float, default=0.99, show_default=True, help="signbit: per-layer recall.")
+@click.option("--tokens", "max_tokens", type=int, default=20000, show_default=True, help="Calibration tokens.")
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=str))
+@click.option("--force", is_flag=True, help="Replace the output directory if it exists.")
+def calibrate(
+    model_dir,
+    calibration_files,
+    evaluation_files,
+    predictor,
+    rank,
+    sparsity,
+    levels,
+    no_whiten,
+    recall_target,
+    max_tokens,
+    out_dir,
+    force,
+) -> None:
+    """Build sparsity predictors from calibration text; write predictors.safetensors and a report."""
+    from tqdm import tqdm
+
+    from edge_sdk.model.checkpoint import Checkpoint
+    from edge_sdk.sparsity.pipeline import (
+        DEFAULT_LEVELS,
+        CalibrationSettings,
+        calibrate_model,
+        check_output_dir,
+        validate_settings,
+        write_calibration,
+    )
+
+    check_output_dir(out_dir, force)
+    checkpoint = Checkpoint(model_dir)
+    settings = CalibrationSettings(
+        predictor=predictor,
+        rank=rank,
+        sparsity=sparsity,
+        levels=_parse_levels(levels) or DEFAULT_LEVELS,
+        whiten=not no_whiten,
+        recall_target=recall_target,
+        max_tokens=max_tokens,
+    )
+    validate_settings(checkpoint.config, settings)
+    with tqdm(
+        total=checkpoint.config.num_layers,
+        desc="calibrating layers",
+        unit="layer",
+        file=click.get_text_stream("stderr"),
+    ) as bar:
+        result = calibrate_model(checkpoint, settings, calibration_files, evaluation_files, lambda _: bar.update())
+    written = write_calibration(result, out_dir, force=force)
+    click.echo(f"{'layer':>5}  {'true':>6}  {'pred':>6}  {'real':>6}  {'recall':>7}  {'w-recall':>8}")
+    for layer in result.report["layers"]:
+        click.echo(
+            f"{layer['layer']:>5}  {layer['true_sparsity']:6.3f}  {layer['predicted_sparsity']:6.3f}  "
+            f"{layer['realized_sparsity']:6.3f}  {layer['recall']:7.4f}  {layer['importance_weighted_recall']:8.5f}"
+        )
+    click.echo(
+        f"wrote {written}/predictors.safetensors, report.json, report.png "
+        f"(metrics on {result.report['evaluated_on']} text at sparsity {sparsity:g})"
+    )

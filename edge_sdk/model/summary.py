@@ -1,0 +1,40 @@
+"""What `edge-sdk info` shows about a checkpoint, as plain data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from edge_sdk.model.checkpoint import Checkpoint
+from edge_sdk.model.tokenizer import TOKENIZER_FILE
+
+
+def describe_checkpoint(model_dir: str | Path) -> dict[str, Any]:
+    """Validate a checkpoint (config, headers, shapes) and summarize it."""
+    checkpoint = Checkpoint(model_dir)
+    config = checkpoint.config
+    activation = config.activation.kind
+    if activation == "fatrelu":
+        activation += f" (threshold {config.activation.threshold:g})"
+    rope = config.rope.rope_type
+    if rope != "default":
+        rope += f" x{config.rope.factor:g}"
+    return {
+        "path": str(checkpoint.model_dir),
+        "architecture": config.architecture,
+        "layers": config.num_layers,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "attention_heads": config.num_heads,
+        "kv_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "vocab_size": config.vocab_size,
+        "activation": activation,
+        "rope": f"theta {config.rope.theta:g}, {rope}",
+        "tied_embeddings": config.tie_word_embeddings,
+        "parameters": config.parameter_count(),
+        "dtype": str(checkpoint.stored_dtype).removeprefix("torch."),
+        "weight_files": len({entry.file for entry in checkpoint.entries.values()}),
+        "tokenizer": (checkpoint.model_dir / TOKENIZER_FILE).is_file(),
+        "sparse_ready": config.activation.is_relu_family,
+    }

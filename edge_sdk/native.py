@@ -1,0 +1,54 @@
+"""Locates and loads the native libraries that the package build compiled (CMakeLists.txt)."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.resources
+import os
+from pathlib import Path
+
+from edge_sdk.errors import EdgeSdkError
+
+CPU_KERNELS_LIBRARY = "libedge_cpu_kernels.so"
+CPU_KERNELS_ENV = "EDGE_SDK_CPU_KERNELS"
+
+
+class NativeLibraryError(EdgeSdkError):
+    """A native library was not built or does not load."""
+
+
+def _candidate_paths(library: str, env_var: str) -> list[Path]:
+    candidates = []
+    if os.environ.get(env_var):
+        candidates.append(Path(os.environ[env_var]))
+    # A regular install puts the library in edge_sdk/_native; an editable install keeps the package
+    # sources in place and the built files in site-packages, which importlib.resources resolves.
+    candidates.append(Path(__file__).parent / "_native" / library)
+    native_dir = importlib.resources.files("edge_sdk").joinpath("_native")
+    if isinstance(native_dir, Path):
+        candidates.append(native_dir / library)
+    return candidates
+
+
+def find_library(library: str = CPU_KERNELS_LIBRARY, env_var: str = CPU_KERNELS_ENV) -> Path | None:
+    """Path of a built native library, or None when the package build did not produce it."""
+    return next((path for path in _candidate_paths(library, env_var) if path.is_file()), None)
+
+
+@functools.cache
+def load_cpu_kernels() -> ctypes.CDLL:
+    """The CPU kernel library, loaded once per process."""
+    path = find_library()
+    if path is None:
+        searched = ", ".join(str(p) for p in _candidate_paths(CPU_KERNELS_LIBRARY, CPU_KERNELS_ENV))
+        raise NativeLibraryError(
+            f"the CPU kernel library {CPU_KERNELS_LIBRARY} was not found (searched: {searched}); "
+            f"reinstall edge-sdk with `pip install .` so the package build compiles it, or set {CPU_KERNELS_ENV}"
+        )
+    library = ctypes.CDLL(str(path))
+    library.edge_cpu_version.restype = ctypes.c_char_p
+    library.edge_cpu_version.argtypes = []
+    library.edge_cpu_max_threads.restype = ctypes.c_int
+    library.edge_cpu_max_threads.argtypes = []
+    return library
