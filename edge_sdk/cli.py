@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
@@ -109,6 +110,9 @@ def _parse_levels(text: str | None) -> tuple[float, ...] | None:
 )
 @click.option("--levels", default=None, help="Comma-separated sparsity levels to calibrate (default 0.3,...,0.9).")
 @click.option("--no-whiten", is_flag=True, help="Naive SVD of W_gate (ablation).")
+@click.option(
+    "--no-bias-calibration", is_flag=True, help="One global threshold instead of per-neuron biases (ablation)."
+)
 @click.option("--recall-target", type=float, default=0.99, show_default=True, help="signbit: per-layer recall.")
 @click.option("--tokens", "max_tokens", type=int, default=20000, show_default=True, help="Calibration tokens.")
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=str))
@@ -122,6 +126,7 @@ def calibrate(
     sparsity,
     levels,
     no_whiten,
+    no_bias_calibration,
     recall_target,
     max_tokens,
     out_dir,
@@ -148,6 +153,7 @@ def calibrate(
         sparsity=sparsity,
         levels=_parse_levels(levels) or DEFAULT_LEVELS,
         whiten=not no_whiten,
+        calibrate_bias=not no_bias_calibration,
         recall_target=recall_target,
         max_tokens=max_tokens,
     )
@@ -156,7 +162,7 @@ def calibrate(
         total=checkpoint.config.num_layers,
         desc="calibrating layers",
         unit="layer",
-        file=click.get_text_stream("stderr"),
+        file=sys.stderr,
     ) as bar:
         result = calibrate_model(checkpoint, settings, calibration_files, evaluation_files, lambda _: bar.update())
     written = write_calibration(result, out_dir, force=force)
@@ -170,3 +176,94 @@ def calibrate(
         f"wrote {written}/predictors.safetensors, report.json, report.png "
         f"(metrics on {result.report['evaluated_on']} text at sparsity {sparsity:g})"
     )
+
+
+@main.command()
+@click.argument("model_dir", type=click.Path(path_type=str))
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=str), help="Bundle directory.")
+@click.option("--calib", "calibration_files", multiple=True, help="Calibration text (plain or JSON lines). Repeatable.")
+@click.option("--eval", "evaluation_files", multiple=True, help="Held-out text for the report. Repeatable.")
+@click.option(
+    "--predictor",
+    type=click.Choice(["svd", "signbit", "core", "threshold", "none"]),
+    default="svd",
+    show_default=True,
+)
+@click.option("--rank", type=int, default=None, help="SVD predictor rank (default: about 2% of D).")
+@click.option("--sparsity", type=float, default=0.5, show_default=True, help="Default operating level.")
+@click.option("--levels", default=None, help="Comma-separated sparsity levels to calibrate (default 0.3,...,0.9).")
+@click.option("--dtype", type=click.Choice(["fp16", "bf16", "fp32"]), default="fp16", show_default=True)
+@click.option("--max-seq-len", type=int, default=None, help="Longest sequence the bundle serves.")
+@click.option("--tokens", "max_tokens", type=int, default=20000, show_default=True, help="Calibration tokens.")
+@click.option("--force", is_flag=True, help="Replace the output directory if it exists.")
+def export(
+    model_dir,
+    out_dir,
+    calibration_files,
+    evaluation_files,
+    predictor,
+    rank,
+    sparsity,
+    levels,
+    dtype,
+    max_seq_len,
+    max_tokens,
+    force,
+) -> None:
+    """Export a checkpoint and its predictors to a bundle (ONNX + weights + tokenizer + manifest)."""
+    from tqdm import tqdm
+
+    from edge_sdk.export.exporter import ExportSettings, check_output, export_bundle
+    from edge_sdk.model.config import load_config
+    from edge_sdk.sparsity.pipeline import DEFAULT_LEVELS, CalibrationSettings
+
+    check_output(out_dir, force)
+    config = load_config(model_dir)
+    calibration = CalibrationSettings(
+        predictor=predictor if predictor != "none" else "svd",
+        rank=rank,
+        sparsity=sparsity,
+        levels=_parse_levels(levels) or DEFAULT_LEVELS,
+        max_tokens=max_tokens,
+    )
+    settings = ExportSettings(predictor=predictor, dtype=dtype, max_seq_len=max_seq_len, calibration=calibration)
+    calibrating = tqdm(
+        total=config.num_layers, desc="calibrating", unit="layer", file=sys.stderr, disable=predictor == "none"
+    )
+    writing = tqdm(desc="writing tensors", unit="tensor", file=sys.stderr)
+    with calibrating, writing:
+        bundle = export_bundle(
+            model_dir,
+            out_dir,
+            settings,
+            calibration_files,
+            evaluation_files,
+            force,
+            on_layer_calibrated=lambda _: calibrating.update(),
+            on_tensor_written=lambda _: writing.update(),
+        )
+    click.echo(f"bundle {bundle.path}")
+    for name, entry in bundle.manifest["files"].items():
+        click.echo(f"  {name:<24} {entry['size'] / 1e6:10.2f} MB")
+    if bundle.sparsity.predictor != "none":
+        click.echo(f"predictor {bundle.sparsity.predictor}, default level {bundle.sparsity.default_level}")
+        for layer in bundle.sparsity.layers:
+            click.echo(f"  layer {layer['layer']:>3}: predicted sparsity {layer.get('predicted_sparsity', 0):.3f}")
+        click.echo(f"report: {bundle.path / 'report.json'} and report.png")
+
+
+@main.command()
+@click.argument("bundle_dir", type=click.Path(path_type=str))
+@click.option("--steps", type=int, default=8, show_default=True, help="Greedy decode steps to compare.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def verify(bundle_dir: str, steps: int, as_json: bool) -> None:
+    """Check a bundle's files and checksums, then ONNX Runtime against the torch reference."""
+    from edge_sdk.export.verify import verify_bundle
+
+    result = verify_bundle(bundle_dir, decode_steps=steps)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    _print_table({k: v for k, v in result.items() if k != "text"})
+    click.echo(f"greedy continuation: {result['text']!r}")
+    click.echo("OK")

@@ -125,9 +125,7 @@ def _model_type(config: dict[str, Any], path: Path) -> str:
 def _activation(config: dict[str, Any], path: Path) -> Activation:
     hidden_act = config.get("hidden_act", "silu")
     if hidden_act not in HIDDEN_ACTS:
-        raise CheckpointError(
-            f"{path}: field 'hidden_act' is {hidden_act!r}; supported: {', '.join(HIDDEN_ACTS)}"
-        )
+        raise CheckpointError(f"{path}: field 'hidden_act' is {hidden_act!r}; supported: {', '.join(HIDDEN_ACTS)}")
     kind = HIDDEN_ACTS[hidden_act]
     if kind != "fatrelu":
         return Activation(kind)

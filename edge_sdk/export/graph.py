@@ -1,0 +1,405 @@
+"""Build the bundle's two ONNX graphs with onnx.helper: prefill (dense FFN, standard ops only) and
+decode (predictor + SparseFFN custom ops). Both read the same initializers, stored once in
+weights.safetensors and referenced through ONNX external data.
+
+Inputs of both graphs:
+  input_ids [batch, seq] int64, position_ids [batch, seq] int64 (= past_seq + 0..seq-1),
+  past_key_values.{i}.key / .value [batch, kv_heads, past_seq, head_dim] float32
+Outputs: logits [batch, seq, vocab] float32, present.{i}.key / .value [batch, kv_heads, past_seq + seq, head_dim].
+Decode adds: sparsity_level int64 scalar (index into the calibrated levels; svd and threshold),
+dense bool scalar (true = every neuron predicted active), core_mask.{i} [batch, D] bool (core).
+Prefill adds for core: core_counts.{i} [batch, D] int64 and core_sums.{i} [batch, D] float64, from which
+the runtime picks each layer's core neurons (sparsity/core.py's rule) for the decode.
+
+Activations are float32 throughout; weights stored as fp16/bf16 are cast where standard ops read them,
+and given to the custom ops as stored (SparseFFN accepts fp16/bf16/fp32 weights).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from edge_sdk.export import ops
+from edge_sdk.model.config import ModelConfig
+
+ONNX_DTYPES = {
+    "F32": TensorProto.FLOAT,
+    "F16": TensorProto.FLOAT16,
+    "BF16": TensorProto.BFLOAT16,
+    "I32": TensorProto.INT32,
+}
+NEGATIVE_INFINITY = float("-inf")
+
+
+@dataclass(frozen=True)
+class ExternalTensor:
+    """Where an initializer's bytes live inside weights.safetensors."""
+
+    name: str
+    dtype: str  # safetensors dtype: F32 | F16 | BF16 | I32
+    shape: tuple[int, ...]
+    offset: int  # absolute byte offset in the file
+    length: int
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """What the graphs need to know besides the model config."""
+
+    config: ModelConfig
+    weights_file: str
+    tensors: dict[str, ExternalTensor]
+    predictor: str  # svd | signbit | core | threshold | none
+    core_alpha: float = 0.4
+    signbit_alphas: tuple[float, ...] = ()
+
+
+def external_initializer(tensor: ExternalTensor, location: str) -> TensorProto:
+    proto = TensorProto()
+    proto.name = tensor.name
+    proto.data_type = ONNX_DTYPES[tensor.dtype]
+    proto.dims.extend(tensor.shape)
+    proto.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(tensor.offset)), ("length", str(tensor.length))):
+        entry = proto.external_data.add()
+        entry.key, entry.value = key, value
+    return proto
+
+
+class GraphBuilder:
+    """Accumulates nodes with unique names; small helpers keep the decoder code close to its formulas."""
+
+    def __init__(self, spec: GraphSpec):
+        self.spec = spec
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[TensorProto] = []
+        self.used_weights: set[str] = set()
+        self.counter = 0
+
+    def fresh(self, hint: str) -> str:
+        self.counter += 1
+        return f"{hint}_{self.counter}"
+
+    def op(self, op_type: str, inputs: list[str], hint: str | None = None, outputs: int = 1, **attributes) -> str:
+        names = [self.fresh(hint or op_type.lower()) for _ in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, inputs, names, name=self.fresh(f"{op_type}"), **attributes))
+        return names[0] if outputs == 1 else names
+
+    def custom(self, op_type: str, inputs: list[str], hint: str, **attributes) -> str:
+        output = self.fresh(hint)
+        self.nodes.append(ops.make_node(op_type, inputs, [output], name=self.fresh(op_type), **attributes))
+        return output
+
+    def constant(self, value: np.ndarray, hint: str = "const") -> str:
+        name = self.fresh(hint)
+        self.initializers.append(onnx.numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def ints(self, *values: int) -> str:
+        return self.constant(np.array(values, dtype=np.int64), "ints")
+
+    def weight(self, name: str) -> str:
+        """An initializer from weights.safetensors, as stored."""
+        if name not in self.spec.tensors:
+            raise KeyError(f"weights.safetensors has no tensor '{name}'")
+        self.used_weights.add(name)
+        return name
+
+    def weight_f32(self, name: str) -> str:
+        """An initializer from weights.safetensors as float32 (cast when stored in half precision)."""
+        stored = self.weight(name)
+        if self.spec.tensors[name].dtype == "F32":
+            return stored
+        return self.op("Cast", [stored], hint=f"{name}.f32", to=TensorProto.FLOAT)
+
+    def external_initializers(self) -> list[TensorProto]:
+        return [
+            external_initializer(self.spec.tensors[name], self.spec.weights_file) for name in sorted(self.used_weights)
+        ]
+
+
+def _rms_norm(g: GraphBuilder, x: str, weight: str, eps: float) -> str:
+    # x: [..., d] float32 -> x / sqrt(mean(x^2) + eps) * weight
+    mean_square = g.op("ReduceMean", [g.op("Mul", [x, x]), g.ints(-1)], keepdims=1)
+    denominator = g.op("Sqrt", [g.op("Add", [mean_square, g.constant(np.array(eps, dtype=np.float32))])])
+    return g.op("Mul", [g.op("Div", [x, denominator]), g.weight_f32(weight)])
+
+
+def _linear(g: GraphBuilder, x2d: str, name: str, bias: bool = False) -> str:
+    # x2d: [T, in]; weight [out, in] as Hugging Face stores it -> [T, out]
+    inputs = [x2d, g.weight_f32(f"{name}.weight")]
+    if bias:
+        inputs.append(g.weight_f32(f"{name}.bias"))
+    return g.op("Gemm", inputs, hint=name, transB=1)
+
+
+def _rotate_half(g: GraphBuilder, x: str, half: int) -> str:
+    # x: [B, H, S, hd] -> cat(-x[..., half:], x[..., :half])
+    first = g.op("Slice", [x, g.ints(0), g.ints(half), g.ints(-1)])
+    second = g.op("Slice", [x, g.ints(half), g.ints(2 * half), g.ints(-1)])
+    return g.op("Concat", [g.op("Neg", [second]), first], axis=-1)
+
+
+def _rope(g: GraphBuilder, x: str, cos: str, sin: str, head_dim: int) -> str:
+    return g.op("Add", [g.op("Mul", [x, cos]), g.op("Mul", [_rotate_half(g, x, head_dim // 2), sin])])
+
+
+@dataclass
+class _Context:
+    """Values every layer reads: shapes, RoPE rows for this step's positions, the attention bias."""
+
+    batch_seq: str  # [2] int64: (B, S)
+    tokens: str  # [1] int64: B*S
+    cos: str  # [B, 1, S, hd]
+    sin: str
+    attention_bias: str  # [S, L] float32: 0 where allowed, -inf elsewhere
+
+
+def _context(g: GraphBuilder, config: ModelConfig) -> _Context:
+    batch_seq = g.op("Shape", ["input_ids"])
+    tokens = g.op("ReduceProd", [batch_seq], keepdims=1)
+    cos = g.op("Unsqueeze", [g.op("Gather", [g.weight("rope.cos"), "position_ids"]), g.ints(1)])
+    sin = g.op("Unsqueeze", [g.op("Gather", [g.weight("rope.sin"), "position_ids"]), g.ints(1)])
+    # Causal (and sliding-window) mask over past + new positions; queries sit at past_seq + 0..seq-1.
+    past = g.op("Squeeze", [g.op("Shape", ["past_key_values.0.key"], start=2, end=3), g.ints(0)])
+    seq = g.op("Squeeze", [g.op("Shape", ["input_ids"], start=1, end=2), g.ints(0)])
+    total = g.op("Add", [past, seq])
+    one = g.constant(np.array(1, dtype=np.int64))
+    key_positions = g.op("Unsqueeze", [g.op("Range", [g.constant(np.array(0, dtype=np.int64)), total, one]), g.ints(0)])
+    query_positions = g.op("Unsqueeze", [g.op("Range", [past, total, one]), g.ints(1)])
+    allowed = g.op("LessOrEqual", [key_positions, query_positions])  # [S, L]
+    if config.sliding_window is not None:
+        window_start = g.op("Sub", [query_positions, g.constant(np.array(config.sliding_window, dtype=np.int64))])
+        allowed = g.op("And", [allowed, g.op("Greater", [key_positions, window_start])])
+    bias = g.op(
+        "Where",
+        [
+            allowed,
+            g.constant(np.array(0.0, dtype=np.float32)),
+            g.constant(np.array(NEGATIVE_INFINITY, dtype=np.float32)),
+        ],
+    )
+    return _Context(batch_seq, tokens, cos, sin, bias)
+
+
+def _attention(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, ctx: _Context) -> tuple[str, str, str]:
+    """Self-attention with KV cache: x2d [T, d] -> (out [T, d], present key, present value)."""
+    prefix = f"layers.{layer}.self_attn"
+    heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+
+    def heads_first(projection: str, count: int) -> str:
+        # [T, count*hd] -> [B, count, S, hd]
+        shaped = g.op("Reshape", [projection, g.op("Concat", [ctx.batch_seq, g.ints(count, head_dim)], axis=0)])
+        return g.op("Transpose", [shaped], perm=[0, 2, 1, 3])
+
+    q = heads_first(_linear(g, x2d, f"{prefix}.q_proj", config.qkv_bias), heads)
+    k = heads_first(_linear(g, x2d, f"{prefix}.k_proj", config.qkv_bias), kv_heads)
+    v = heads_first(_linear(g, x2d, f"{prefix}.v_proj", config.qkv_bias), kv_heads)
+    q, k = _rope(g, q, ctx.cos, ctx.sin, head_dim), _rope(g, k, ctx.cos, ctx.sin, head_dim)
+    present_key = f"present.{layer}.key"
+    present_value = f"present.{layer}.value"
+    g.nodes.append(helper.make_node("Concat", [f"past_key_values.{layer}.key", k], [present_key], axis=2))
+    g.nodes.append(helper.make_node("Concat", [f"past_key_values.{layer}.value", v], [present_value], axis=2))
+
+    def repeat_kv(cache: str) -> str:
+        # [B, Hkv, L, hd] -> [B, H, L, hd]: each kv head serves H / Hkv query heads (GQA)
+        if heads == kv_heads:
+            return cache
+        expanded = g.op("Expand", [g.op("Unsqueeze", [cache, g.ints(2)]), g.ints(1, 1, heads // kv_heads, 1, 1)])
+        return g.op("Reshape", [expanded, g.ints(0, heads, -1, head_dim)])
+
+    keys_t = g.op("Transpose", [repeat_kv(present_key)], perm=[0, 1, 3, 2])
+    scale = g.constant(np.array(1.0 / math.sqrt(head_dim), dtype=np.float32))
+    scores = g.op("Add", [g.op("Mul", [g.op("MatMul", [q, keys_t]), scale]), ctx.attention_bias])
+    weights = g.op("Softmax", [scores], axis=-1)
+    context = g.op("Transpose", [g.op("MatMul", [weights, repeat_kv(present_value)])], perm=[0, 2, 1, 3])
+    context2d = g.op("Reshape", [context, g.ints(-1, heads * head_dim)])
+    return _linear(g, context2d, f"{prefix}.o_proj", config.o_bias), present_key, present_value
+
+
+def _activation_gate(g: GraphBuilder, config: ModelConfig, gate: str) -> str:
+    activation = config.activation
+    if activation.kind == "silu":
+        return g.op("Mul", [gate, g.op("Sigmoid", [gate])])
+    if activation.kind == "fatrelu":
+        threshold = g.constant(np.array(activation.threshold, dtype=np.float32))
+        zero = g.constant(np.array(0.0, dtype=np.float32))
+        return g.op("Where", [g.op("Greater", [gate, threshold]), gate, zero])
+    return g.op("Relu", [gate])
+
+
+def _dense_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, outputs: list[onnx.ValueInfoProto]) -> str:
+    """Prefill FFN in standard ops: x2d [T, d] -> [T, d]; core predictors also output their counts."""
+    prefix = f"layers.{layer}.mlp"
+    gate = _activation_gate(g, config, _linear(g, x2d, f"{prefix}.gate_proj"))
+    up = _linear(g, x2d, f"{prefix}.up_proj")
+    if config.activation.kind == "drelu":
+        up = g.op("Relu", [up])
+    hidden = g.op("Mul", [gate, up])
+    if g.spec.predictor == "core":
+        _core_counts(g, config, layer, gate, outputs)
+    return g.op("MatMul", [hidden, g.weight_f32(f"{prefix}.down_proj.weight_t")])
+
+
+def _core_counts(g: GraphBuilder, config: ModelConfig, layer: int, gate: str, outputs: list) -> None:
+    """Per batch row, how often each neuron is among its token's top-alpha positive activations, and the
+    float64 sum of those activations (sparsity/core.py's token-wise rule; TopK orders ties by lower index)."""
+    n_neurons = config.intermediate_size
+    positive = g.op(
+        "Cast", [g.op("Greater", [gate, g.constant(np.array(0.0, dtype=np.float32))])], to=TensorProto.DOUBLE
+    )
+    n_positive = g.op("ReduceSum", [positive, g.ints(-1)], keepdims=1)  # [T, 1]
+    # ceil(alpha * n) with alpha read as the decimal written: the float64 product is within 1e-12 of it
+    alpha = g.constant(np.array(g.spec.core_alpha, dtype=np.float64))
+    epsilon = g.constant(np.array(1e-9, dtype=np.float64))
+    keep = g.op("Ceil", [g.op("Sub", [g.op("Mul", [alpha, n_positive]), epsilon])])  # [T, 1]
+    values, indices = g.op("TopK", [gate, g.ints(n_neurons)], outputs=2, axis=-1, largest=1, sorted=1)
+    ranks = g.constant(np.arange(n_neurons, dtype=np.float64), "ranks")  # position in the sorted order
+    chosen_sorted = g.op(
+        "And", [g.op("Less", [ranks, keep]), g.op("Greater", [values, g.constant(np.array(0.0, dtype=np.float32))])]
+    )
+    chosen = g.op(
+        "ScatterElements",
+        [
+            g.op(
+                "ConstantOfShape",
+                [g.op("Shape", [gate])],
+                value=helper.make_tensor("zero", TensorProto.BOOL, [1], [False]),
+            ),
+            indices,
+            chosen_sorted,
+        ],
+        axis=1,
+    )  # [T, D]
+    per_row = g.op(
+        "Concat", [g.op("Slice", [g.op("Shape", ["input_ids"]), g.ints(0), g.ints(2)]), g.ints(n_neurons)], axis=0
+    )
+    chosen_rows = g.op("Reshape", [chosen, per_row])  # [B, S, D]
+    counts_name, sums_name = f"core_counts.{layer}", f"core_sums.{layer}"
+    g.nodes.append(
+        helper.make_node(
+            "ReduceSum", [g.op("Cast", [chosen_rows], to=TensorProto.INT64), g.ints(1)], [counts_name], keepdims=0
+        )
+    )
+    gate_rows = g.op("Reshape", [g.op("Cast", [gate], to=TensorProto.DOUBLE), per_row])
+    picked = g.op("Where", [chosen_rows, gate_rows, g.constant(np.array(0.0, dtype=np.float64))])
+    g.nodes.append(helper.make_node("ReduceSum", [picked, g.ints(1)], [sums_name], keepdims=0))
+    outputs.append(helper.make_tensor_value_info(counts_name, TensorProto.INT64, ["batch", n_neurons]))
+    outputs.append(helper.make_tensor_value_info(sums_name, TensorProto.DOUBLE, ["batch", n_neurons]))
+
+
+def _sparse_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, ctx: _Context) -> str:
+    """Decode FFN: the layer's predictor mask, then the SparseFFN custom op: x2d [T, d] -> [T, d]."""
+    prefix = f"layers.{layer}"
+    n_neurons = config.intermediate_size
+    kind = g.spec.predictor
+    thresholds = None
+    if kind == "svd":
+        bias = g.op("Gather", [g.weight(f"{prefix}.svd.biases"), "sparsity_level"], axis=0)
+        inputs = [x2d, g.weight(f"{prefix}.svd.a"), g.weight(f"{prefix}.svd.b"), bias]
+        mask = g.custom("SvdPredictor", inputs, hint="svd_mask")
+    elif kind == "signbit":
+        alpha = g.spec.signbit_alphas[layer]
+        mask = g.custom(
+            "SignBitPredictor", [x2d, g.weight(f"{prefix}.signbit.packed")], hint="signbit_mask", alpha=alpha
+        )
+    elif kind == "core":
+        rows = g.op("Unsqueeze", [f"core_mask.{layer}", g.ints(1)])  # [B, 1, D]
+        per_token = g.op("Expand", [rows, g.op("Concat", [ctx.batch_seq, g.ints(n_neurons)], axis=0)])
+        mask = g.op("Reshape", [per_token, g.ints(-1, n_neurons)])
+    else:
+        true = helper.make_tensor("true", TensorProto.BOOL, [1], [True])
+        mask = g.op("ConstantOfShape", [g.op("Concat", [ctx.tokens, g.ints(n_neurons)], axis=0)], value=true)
+        if kind == "threshold":
+            level = g.op("Gather", [g.weight(f"{prefix}.threshold.thresholds"), "sparsity_level"], axis=0)
+            zero = g.constant(np.zeros(n_neurons, dtype=np.float32))
+            thresholds = g.op("Where", ["dense", zero, level])
+    mask = g.op("Or", [mask, "dense"])
+    inputs = [
+        x2d,
+        g.weight(f"{prefix}.mlp.gate_proj.weight"),
+        g.weight(f"{prefix}.mlp.up_proj.weight"),
+        g.weight(f"{prefix}.mlp.down_proj.weight_t"),
+        mask,
+    ]
+    if thresholds is not None:
+        inputs.append(thresholds)
+    activation = config.activation
+    attributes = {"activation": activation.kind}
+    if activation.kind == "fatrelu":
+        attributes["activation_threshold"] = activation.threshold
+    return g.custom("SparseFFN", inputs, hint="sparse_ffn", **attributes)
+
+
+def _io(config: ModelConfig, decode: bool, predictor: str) -> tuple[list, list]:
+    kv_shape = ["batch", config.num_kv_heads, "past_seq", config.head_dim]
+    present_shape = ["batch", config.num_kv_heads, "total_seq", config.head_dim]
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "seq"]),
+    ]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", config.vocab_size])]
+    for layer in range(config.num_layers):
+        for part in ("key", "value"):
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{layer}.{part}", TensorProto.FLOAT, kv_shape))
+            outputs.append(helper.make_tensor_value_info(f"present.{layer}.{part}", TensorProto.FLOAT, present_shape))
+    if decode:
+        inputs.append(helper.make_tensor_value_info("sparsity_level", TensorProto.INT64, []))
+        inputs.append(helper.make_tensor_value_info("dense", TensorProto.BOOL, []))
+        if predictor == "core":
+            for layer in range(config.num_layers):
+                inputs.append(
+                    helper.make_tensor_value_info(
+                        f"core_mask.{layer}", TensorProto.BOOL, ["batch", config.intermediate_size]
+                    )
+                )
+    return inputs, outputs
+
+
+def build_graph(spec: GraphSpec, decode: bool) -> onnx.ModelProto:
+    """The prefill (decode=False) or decode (decode=True) decoder graph."""
+    config = spec.config
+    g = GraphBuilder(spec)
+    inputs, outputs = _io(config, decode, spec.predictor)
+    ctx = _context(g, config)
+    embeddings = g.op("Gather", [g.weight_f32("embed_tokens.weight"), "input_ids"])  # [B, S, d]
+    hidden = g.op("Reshape", [embeddings, g.ints(-1, config.hidden_size)])  # [T, d]
+    ffn: Callable[[int, str], str]
+    if decode:
+        ffn = lambda layer, x: _sparse_ffn(g, config, layer, x, ctx)  # noqa: E731
+    else:
+        ffn = lambda layer, x: _dense_ffn(g, config, layer, x, outputs)  # noqa: E731
+    for layer in range(config.num_layers):
+        prefix = f"layers.{layer}"
+        normed = _rms_norm(g, hidden, f"{prefix}.input_layernorm.weight", config.rms_norm_eps)
+        attention, _, _ = _attention(g, config, layer, normed, ctx)
+        hidden = g.op("Add", [hidden, attention])
+        normed = _rms_norm(g, hidden, f"{prefix}.post_attention_layernorm.weight", config.rms_norm_eps)
+        hidden = g.op("Add", [hidden, ffn(layer, normed)])
+    final = _rms_norm(g, hidden, "norm.weight", config.rms_norm_eps)
+    lm_head = "embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
+    logits2d = g.op("Gemm", [final, g.weight_f32(lm_head)], transB=1)
+    logits_shape = g.op("Concat", [ctx.batch_seq, g.ints(config.vocab_size)], axis=0)
+    g.nodes.append(helper.make_node("Reshape", [logits2d, logits_shape], ["logits"]))
+
+    graph = helper.make_graph(
+        g.nodes,
+        "edge_sdk_decode" if decode else "edge_sdk_prefill",
+        inputs,
+        outputs,
+        initializer=g.external_initializers() + g.initializers,
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=ops.function_opset_imports(),
+        functions=ops.reference_functions() if decode else [],
+        producer_name="edge-sdk",
+    )
+    model.ir_version = ops.IR_VERSION
+    return model

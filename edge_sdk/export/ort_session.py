@@ -1,0 +1,88 @@
+"""Run a bundle's graphs in ONNX Runtime (CPU, no custom-op library: the reference functions run).
+
+Used by `edge-sdk verify` and the parity tests; keeps the KV cache as numpy arrays between steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edge_sdk.export.bundle import Bundle
+
+
+def core_mask_from_counts_numpy(counts: np.ndarray, sums: np.ndarray, beta: float) -> np.ndarray:
+    """sparsity/core.py's sentence-level selection on [B, D] counts and sums: top ceil(beta*D) neurons by
+    count, then larger sum, then lower index; neurons never picked are never in the mask."""
+    from fractions import Fraction
+
+    batch, n_neurons = counts.shape
+    keep = -(-Fraction(repr(float(beta))) * n_neurons // 1)  # ceil, with beta read as written
+    masks = np.zeros((batch, n_neurons), dtype=bool)
+    for row in range(batch):
+        order = np.lexsort((np.arange(n_neurons), -sums[row], -counts[row]))[: int(keep)]
+        chosen = order[counts[row, order] > 0]
+        masks[row, chosen] = True
+    return masks
+
+
+class OrtBundleSession:
+    """prefill(ids) / decode(ids) over a bundle's prefill.onnx and decode.onnx, batch 1."""
+
+    def __init__(self, bundle: Bundle, level: float | None = None, dense: bool = False, threads: int = 0):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.log_severity_level = 3
+        providers = ["CPUExecutionProvider"]
+        self.bundle = bundle
+        self.prefill_session = ort.InferenceSession(str(bundle.graph_path("prefill")), options, providers=providers)
+        self.decode_session = ort.InferenceSession(str(bundle.graph_path("decode")), options, providers=providers)
+        sparsity = bundle.sparsity
+        self.level_index = sparsity.level_index(level) if sparsity.levels else 0
+        self.dense = dense
+        self.reset()
+
+    def reset(self) -> None:
+        config = self.bundle.config
+        empty = np.zeros((1, config.num_kv_heads, 0, config.head_dim), dtype=np.float32)
+        self.cache = {
+            f"past_key_values.{layer}.{part}": empty for layer in range(config.num_layers) for part in ("key", "value")
+        }
+        self.position = 0
+        self.core_masks: dict[str, np.ndarray] = {}
+
+    def _feed(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        seq = ids.shape[1]
+        positions = np.arange(self.position, self.position + seq, dtype=np.int64)[None, :]
+        return {"input_ids": ids.astype(np.int64), "position_ids": positions, **self.cache}
+
+    def _advance(self, outputs: list[np.ndarray], names: list[str], seq: int) -> np.ndarray:
+        values = dict(zip(names, outputs, strict=True))
+        for name in self.cache:
+            self.cache[name] = values[name.replace("past_key_values", "present")]
+        self.position += seq
+        return values["logits"]
+
+    def prefill(self, ids: np.ndarray) -> np.ndarray:
+        """ids [1, S] -> logits [1, S, V]; starts a new sequence."""
+        self.reset()
+        names = [output.name for output in self.prefill_session.get_outputs()]
+        outputs = self.prefill_session.run(names, self._feed(ids))
+        values = dict(zip(names, outputs, strict=True))
+        sparsity = self.bundle.sparsity
+        if sparsity.predictor == "core":
+            for layer in range(self.bundle.config.num_layers):
+                self.core_masks[f"core_mask.{layer}"] = core_mask_from_counts_numpy(
+                    values[f"core_counts.{layer}"], values[f"core_sums.{layer}"], sparsity.core_beta
+                )
+        return self._advance(outputs, names, ids.shape[1])
+
+    def decode(self, ids: np.ndarray) -> np.ndarray:
+        """ids [1, 1] -> logits [1, 1, V] through the predictors and SparseFFN."""
+        names = [output.name for output in self.decode_session.get_outputs()]
+        feed = self._feed(ids) | self.core_masks
+        feed["sparsity_level"] = np.array(self.level_index, dtype=np.int64)
+        feed["dense"] = np.array(self.dense)
+        outputs = self.decode_session.run(names, feed)
+        return self._advance(outputs, names, ids.shape[1])

@@ -1,0 +1,364 @@
+"""Calibrate sparsity predictors for a whole model, one layer at a time, and measure them.
+
+This is what `edge-sdk calibrate` runs and what the exporter calls. For each layer it fits the chosen
+predictor on the calibration tokens' FFN inputs and evaluates it (on held-out text when given) with
+the metrics of sparsity/metrics.py, at every calibrated sparsity level.
+
+Predictor tensors are named `layers.{i}.{kind}.{tensor}`:
+  svd        a [D, r], b [r, d], biases [levels, D]        (mask = x B^T A^T + biases[level] > 0)
+  signbit    packed [D, ceil(d/32)] int32, alpha [1]      (SparseInfer; one alpha per layer)
+  threshold  thresholds [levels, D]                       (CHESS; active = |act(g)| > t)
+  core       none: the mask is computed from the prompt at prefill (alpha, beta in the report)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from edge_sdk.errors import CalibrationError
+from edge_sdk.model.checkpoint import Checkpoint
+from edge_sdk.model.config import ModelConfig
+from edge_sdk.model.tokenizer import Tokenizer
+from edge_sdk.sparsity.calibrate import calibrate_biases, neuron_importance
+from edge_sdk.sparsity.collect import (
+    DEFAULT_CALIBRATION_TOKENS,
+    DEFAULT_CHUNK_TOKENS,
+    LayerCapture,
+    calibration_chunks,
+    read_calibration_texts,
+    stream_layers,
+)
+from edge_sdk.sparsity.core import core_neuron_mask
+from edge_sdk.sparsity.ffn import ffn_intermediates
+from edge_sdk.sparsity.metrics import layer_metrics
+from edge_sdk.sparsity.signbit import calibrate_alpha, pack_sign_bits, signbit_mask
+from edge_sdk.sparsity.svd import default_rank, fit_svd_predictor, input_gram
+from edge_sdk.sparsity.threshold import fit_channel_thresholds_levels
+
+PREDICTOR_KINDS = ("svd", "signbit", "core", "threshold")
+RELU_ONLY_KINDS = ("svd", "signbit", "core")
+DEFAULT_LEVELS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+DEFAULT_SPARSITY = 0.5
+MIN_CALIBRATION_TOKENS = 256
+PREDICTORS_FILE = "predictors.safetensors"
+REPORT_FILE = "report.json"
+PLOT_FILE = "report.png"
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """What to calibrate. `sparsity` is the default operating level; `levels` are all kept."""
+
+    predictor: str = "svd"
+    rank: int | None = None  # svd; None = about 2% of D
+    sparsity: float = DEFAULT_SPARSITY
+    levels: tuple[float, ...] = DEFAULT_LEVELS
+    whiten: bool = True  # svd; False is the naive-SVD ablation
+    calibrate_bias: bool = True  # svd; False uses one global threshold per level (the no-bias ablation)
+    recall_target: float = 0.99  # signbit: per-layer alpha reaches this recall on calibration data
+    core_alpha: float = 0.4  # core: top fraction of each prompt token's positive activations
+    core_beta: float = 0.2  # core: fraction of neurons kept for the decode
+    core_prompt_fraction: float = 0.5  # core evaluation: leading share of each chunk used as the prompt
+    max_tokens: int = DEFAULT_CALIBRATION_TOKENS
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    seed: int = 0
+
+    @property
+    def all_levels(self) -> tuple[float, ...]:
+        """The calibrated levels, sorted, always including the default operating level."""
+        return tuple(sorted({round(level, 6) for level in (*self.levels, self.sparsity)}))
+
+    def resolved_rank(self, config: ModelConfig) -> int:
+        return self.rank if self.rank is not None else default_rank(config.intermediate_size)
+
+
+def _check_fraction(name: str, value: float, low_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value <= 1):
+        raise CalibrationError(f"{name} must be a number in [0, 1], found {value!r}")
+    if low_open and value == 0:
+        raise CalibrationError(f"{name} must be in (0, 1], found {value!r}")
+
+
+def validate_settings(config: ModelConfig, settings: CalibrationSettings) -> None:
+    """Reject settings that do not fit the model before any work starts."""
+    if settings.predictor not in PREDICTOR_KINDS:
+        raise CalibrationError(
+            f"predictor {settings.predictor!r} is not supported; expected one of {', '.join(PREDICTOR_KINDS)}"
+        )
+    if settings.predictor in RELU_ONLY_KINDS and not config.activation.is_relu_family:
+        raise CalibrationError(
+            f"predictor '{settings.predictor}' needs a ReLU-family FFN (relu, fatrelu, drelu) whose inactive "
+            f"neurons are exact zeros; this model's hidden_act is {config.activation.kind}: use --predictor threshold"
+        )
+    _check_fraction("sparsity", settings.sparsity)
+    for level in settings.levels:
+        _check_fraction("sparsity level", level)
+    _check_fraction("recall target", settings.recall_target, low_open=True)
+    _check_fraction("core alpha", settings.core_alpha, low_open=True)
+    _check_fraction("core beta", settings.core_beta, low_open=True)
+    if settings.predictor == "svd":
+        rank = settings.resolved_rank(config)
+        limit = min(config.hidden_size, config.intermediate_size)
+        if not 1 <= rank <= limit:
+            raise CalibrationError(
+                f"rank {rank} is out of range: expected 1 <= rank <= min(d, D) = {limit} "
+                f"(d = {config.hidden_size}, D = {config.intermediate_size})"
+            )
+    if settings.max_tokens < MIN_CALIBRATION_TOKENS:
+        raise CalibrationError(
+            f"calibration tokens {settings.max_tokens} is too few: at least {MIN_CALIBRATION_TOKENS} are needed"
+        )
+
+
+@dataclass
+class LayerWeights:
+    """One layer's FFN weights in fp32, W_down neuron-major."""
+
+    w_gate: torch.Tensor  # [D, d]
+    w_up: torch.Tensor  # [D, d]
+    w_down_t: torch.Tensor  # [D, d]
+
+    @classmethod
+    def of(cls, capture: LayerCapture) -> LayerWeights:
+        mlp = capture.block.mlp
+        return cls(mlp.gate_proj.weight.float(), mlp.up_proj.weight.float(), mlp.down_proj.weight.float().T)
+
+
+@dataclass
+class FittedLayer:
+    """A layer's fitted predictor: its tensors, and how it predicts on [N, d] inputs at a given level."""
+
+    tensors: dict[str, torch.Tensor]
+    predict: Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor | None]]
+    details: dict[str, Any] = field(default_factory=dict)
+    level_dependent: bool = True
+
+
+def uniform_biases(scores: torch.Tensor, levels: Sequence[float]) -> dict[float, torch.Tensor]:
+    """One threshold shared by all neurons per level (SVDP's "without bias calibration" ablation).
+
+    scores: [N, D]. The threshold is the level-quantile of all scores, so the fraction of pairs with
+    score + bias <= 0 is at least the level; level 0 puts every calibration pair above the threshold.
+    """
+    flat = scores.flatten()
+    biases = {}
+    for level in levels:
+        k = math.ceil(level * flat.numel())
+        tau = flat.min() - 1.0 if k == 0 else flat.kthvalue(k).values
+        biases[level] = torch.full((scores.shape[1],), -float(tau), dtype=torch.float32)
+    return biases
+
+
+def _fit_svd(capture, weights, gate_act, importance, settings, config) -> FittedLayer:
+    rank = settings.resolved_rank(config)
+    gram = input_gram([capture.ffn_input])[0] if settings.whiten else None
+    predictor = fit_svd_predictor(weights.w_gate, rank, gram=gram, whiten=settings.whiten, seed=settings.seed)
+    scores = predictor.scores(capture.ffn_input)
+    levels = settings.all_levels
+    biases = calibrate_biases(scores, importance, levels) if settings.calibrate_bias else uniform_biases(scores, levels)
+    stacked = torch.stack([biases[level] for level in levels])
+    level_index = {level: i for i, level in enumerate(levels)}
+
+    def predict(x, gate_act, level):
+        scores = predictor.scores(x)
+        return scores + stacked[level_index[level]] > 0, scores
+
+    return FittedLayer(
+        tensors={"svd.a": predictor.a, "svd.b": predictor.b, "svd.biases": stacked},
+        predict=predict,
+        details={
+            "rank": rank,
+            "whitened": predictor.whitened,
+            "regularizer": predictor.regularizer,
+            "bias": "greedy" if settings.calibrate_bias else "uniform",
+        },
+    )
+
+
+def _fit_signbit(capture, weights, gate_act, importance, settings, config) -> FittedLayer:
+    packed = pack_sign_bits(weights.w_gate)
+    d = config.hidden_size
+    alpha = calibrate_alpha(packed, capture.ffn_input, gate_act != 0, settings.recall_target)
+
+    def predict(x, gate_act, level):
+        return signbit_mask(packed, x, alpha, d), None
+
+    return FittedLayer(
+        tensors={"signbit.packed": packed, "signbit.alpha": torch.tensor([alpha], dtype=torch.float32)},
+        predict=predict,
+        details={"alpha": alpha},
+        level_dependent=False,
+    )
+
+
+def _fit_threshold(capture, weights, gate_act, importance, settings, config) -> FittedLayer:
+    levels = settings.all_levels
+    up = ffn_intermediates(capture.ffn_input, weights.w_gate, weights.w_up, config.activation)[1]
+    fitted = fit_channel_thresholds_levels(gate_act, up, levels)
+    del up
+    stacked = torch.stack([fitted[level].thresholds for level in levels])
+    level_index = {level: i for i, level in enumerate(levels)}
+
+    def predict(x, gate_act, level):
+        return gate_act.abs() > stacked[level_index[level]], gate_act.abs()
+
+    return FittedLayer(tensors={"threshold.thresholds": stacked}, predict=predict)
+
+
+def _fit_core(capture, weights, gate_act, importance, settings, config) -> FittedLayer:
+    chunk_len = settings.chunk_tokens
+
+    def predict(x, gate_act, level):
+        # Each chunk is a sequence: its first tokens are the prompt (dense prefill), whose activations
+        # choose the core neurons used for every following (decode) token of that chunk.
+        chunks = gate_act.view(-1, min(chunk_len, gate_act.shape[0]), gate_act.shape[1])
+        prompt_len = max(1, int(chunks.shape[1] * settings.core_prompt_fraction))
+        predicted = torch.ones_like(chunks, dtype=torch.bool)
+        for index, chunk in enumerate(chunks):
+            predicted[index, prompt_len:] = core_neuron_mask(
+                chunk[:prompt_len], settings.core_alpha, settings.core_beta
+            )
+        return predicted.view_as(gate_act), None
+
+    return FittedLayer(
+        tensors={},
+        predict=predict,
+        details={"alpha": settings.core_alpha, "beta": settings.core_beta},
+        level_dependent=False,
+    )
+
+
+FITTERS = {"svd": _fit_svd, "signbit": _fit_signbit, "threshold": _fit_threshold, "core": _fit_core}
+
+
+def _evaluate(fitted: FittedLayer, capture: LayerCapture, weights: LayerWeights, settings, config) -> dict:
+    x = capture.ffn_input
+    gate_act = ffn_intermediates(x, weights.w_gate, weights.w_up, config.activation)[0]
+    importance = neuron_importance(x, weights.w_gate, weights.w_up, weights.w_down_t, config.activation)
+    truly_active = gate_act != 0
+    rank = settings.resolved_rank(config) if settings.predictor == "svd" else 0
+
+    def metrics_at(level: float, with_auroc: bool) -> dict:
+        predicted, scores = fitted.predict(x, gate_act, level)
+        scores = scores if with_auroc else None
+        return layer_metrics(truly_active, predicted, importance, scores, rank=rank, d=config.hidden_size)
+
+    # The AUROC ranks the predictor's scores, so it is computed once, at the default operating level.
+    result = metrics_at(settings.sparsity, with_auroc=True)
+    if fitted.level_dependent:
+        result["per_level"] = {f"{level:g}": metrics_at(level, with_auroc=False) for level in settings.all_levels}
+    return result
+
+
+@dataclass
+class CalibrationResult:
+    tensors: dict[str, torch.Tensor]
+    report: dict[str, Any]
+
+
+def calibrate_model(
+    checkpoint: Checkpoint,
+    settings: CalibrationSettings,
+    calibration_files: Sequence[str | Path],
+    evaluation_files: Sequence[str | Path] = (),
+    on_layer: Callable[[int], None] | None = None,
+) -> CalibrationResult:
+    """Fit the predictor of every layer on the calibration text; evaluate on held-out text when given."""
+    config = checkpoint.config
+    validate_settings(config, settings)
+    torch.manual_seed(settings.seed)
+    tokenizer = Tokenizer.from_dir(checkpoint.model_dir, config.eos_token_ids)
+    chunk_tokens = min(settings.chunk_tokens, config.max_position_embeddings)
+    settings = CalibrationSettings(**{**asdict(settings), "chunk_tokens": chunk_tokens})
+    chunks = calibration_chunks(
+        tokenizer, read_calibration_texts(calibration_files), settings.max_tokens, chunk_tokens, MIN_CALIBRATION_TOKENS
+    )
+    streams = [stream_layers(checkpoint, chunks)]
+    if evaluation_files:
+        eval_chunks = calibration_chunks(
+            tokenizer, read_calibration_texts(evaluation_files), settings.max_tokens, chunk_tokens, chunk_tokens
+        )
+        streams.append(stream_layers(checkpoint, eval_chunks))
+
+    tensors: dict[str, torch.Tensor] = {}
+    layers = []
+    for captures in zip(*streams, strict=True):
+        calibration = captures[0]
+        weights = LayerWeights.of(calibration)
+        gate_act = ffn_intermediates(calibration.ffn_input, weights.w_gate, weights.w_up, config.activation)[0]
+        importance = neuron_importance(
+            calibration.ffn_input, weights.w_gate, weights.w_up, weights.w_down_t, config.activation
+        )
+        fitted = FITTERS[settings.predictor](calibration, weights, gate_act, importance, settings, config)
+        del gate_act, importance
+        for name, tensor in fitted.tensors.items():
+            tensors[f"layers.{calibration.index}.{name}"] = tensor.contiguous()
+        evaluated = captures[-1]
+        layer_report = {"layer": calibration.index, **fitted.details}
+        layer_report |= _evaluate(fitted, evaluated, LayerWeights.of(evaluated), settings, config)
+        layers.append(layer_report)
+        if on_layer is not None:
+            on_layer(calibration.index)
+
+    report = {
+        "model": str(checkpoint.model_dir),
+        "architecture": config.architecture,
+        "activation": config.activation.kind,
+        "predictor": settings.predictor,
+        "settings": asdict(settings),
+        "levels": list(settings.all_levels),
+        "default_level": settings.sparsity,
+        "calibration_tokens": int(chunks.numel()),
+        "evaluated_on": "held-out" if evaluation_files else "calibration",
+        "layers": layers,
+    }
+    return CalibrationResult(tensors, report)
+
+
+def predictor_metadata(report: dict[str, Any]) -> dict[str, str]:
+    """safetensors metadata (string values) that makes predictors.safetensors self-describing."""
+    return {
+        "format": "edge-sdk-predictors",
+        "predictor": report["predictor"],
+        "levels": json.dumps(report["levels"]),
+        "default_level": json.dumps(report["default_level"]),
+        "settings": json.dumps(report["settings"]),
+    }
+
+
+def check_output_dir(out_dir: str | Path, force: bool) -> None:
+    """Refuse to overwrite an existing output unless forced (checked before any work starts)."""
+    if Path(out_dir).exists() and not force:
+        raise CalibrationError(f"{out_dir}: output directory already exists (use --force to replace it)")
+
+
+def write_calibration(result: CalibrationResult, out_dir: str | Path, force: bool = False) -> Path:
+    """Write predictors.safetensors, report.json and report.png; all or nothing."""
+    from edge_sdk.sparsity.report import write_report_plot
+
+    out_dir = Path(out_dir)
+    check_output_dir(out_dir, force)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        save_file(result.tensors, str(staging / PREDICTORS_FILE), metadata=predictor_metadata(result.report))
+        (staging / REPORT_FILE).write_text(json.dumps(result.report, indent=2) + "\n")
+        write_report_plot(result.report, staging / PLOT_FILE)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir

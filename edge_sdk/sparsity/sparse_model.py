@@ -1,0 +1,137 @@
+"""The torch reference of a sparse decoder: dense prefill, predictor + SparseFFN at decode.
+
+Every exported graph and every backend is compared against this: it puts the predictor semantics of
+DESIGN.md 3.2 in front of sparsity/ffn.py's sequential SparseFFN, per layer, inside the reference
+decoder. Predictor tensors use the names of sparsity/pipeline.py (`svd.a`, `signbit.packed`, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from edge_sdk.model.activation import Activation
+from edge_sdk.model.decoder import Decoder
+from edge_sdk.sparsity.core import core_mask_from_counts, core_neuron_counts
+from edge_sdk.sparsity.ffn import sparse_ffn
+from edge_sdk.sparsity.signbit import signbit_mask
+
+PREDICTOR_KINDS = ("svd", "signbit", "core", "threshold", "none")
+
+
+@dataclass
+class LayerPredictor:
+    """One layer's predictor: its kind, tensors (without the `layers.{i}.` prefix) and scalar settings."""
+
+    kind: str
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    core_alpha: float = 0.4
+    core_beta: float = 0.2
+
+
+class SparseFeedForward(nn.Module):
+    """A gated FFN that runs dense during prefill and through its predictor + SparseFFN during decode."""
+
+    def __init__(
+        self,
+        w_gate: torch.Tensor,
+        w_up: torch.Tensor,
+        w_down_t: torch.Tensor,
+        activation: Activation,
+        predictor: LayerPredictor,
+    ):
+        super().__init__()
+        self.w_gate, self.w_up, self.w_down_t = w_gate, w_up, w_down_t  # [D, d] each
+        self.activation = activation
+        self.predictor = predictor
+        self.phase = "prefill"
+        self.level_index = 0
+        self.dense = False
+        self.core_mask: torch.Tensor | None = None  # [B, D], chosen at prefill
+        self.last_active: torch.Tensor | None = None  # [T, D] neurons that reached up/down at the last decode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [B, S, d] -> [B, S, d] in x's dtype
+        if self.phase == "prefill":
+            return self._prefill(x)
+        tokens = x.reshape(-1, x.shape[-1])  # [T = B*S, d]
+        mask, thresholds = self._decode_mask(tokens)
+        result = sparse_ffn(tokens, self.w_gate, self.w_up, self.w_down_t, mask, self.activation, thresholds=thresholds)
+        self.last_active = result.active
+        return result.output.to(x.dtype).view_as(x)
+
+    def _prefill(self, x: torch.Tensor) -> torch.Tensor:
+        gate = self.activation.gate(x @ self.w_gate.T)  # [B, S, D]
+        hidden = gate * self.activation.up(x @ self.w_up.T)
+        if self.predictor.kind == "core":
+            masks = []
+            for row in gate.float():
+                counts, sums = core_neuron_counts(row, self.predictor.core_alpha)
+                masks.append(core_mask_from_counts(counts, sums, self.predictor.core_beta))
+            self.core_mask = torch.stack(masks)
+        return hidden @ self.w_down_t
+
+    def _decode_mask(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The predictor's mask [T, D] for decode tokens [T, d], and CHESS thresholds [D] if any."""
+        n_tokens, n_neurons = tokens.shape[0], self.w_gate.shape[0]
+        kind, tensors = self.predictor.kind, self.predictor.tensors
+        thresholds = None
+        if kind == "svd":
+            scores = (tokens.float() @ tensors["svd.b"].T) @ tensors["svd.a"].T
+            mask = scores + tensors["svd.biases"][self.level_index] > 0
+        elif kind == "signbit":
+            mask = signbit_mask(tensors["signbit.packed"], tokens.float(), float(tensors["signbit.alpha"][0]))
+        elif kind == "core":
+            if self.core_mask is None:
+                raise RuntimeError("core predictor: decode called before prefill chose the core neurons")
+            mask = self.core_mask.repeat_interleave(n_tokens // self.core_mask.shape[0], dim=0)
+        else:
+            mask = torch.ones(n_tokens, n_neurons, dtype=torch.bool)
+            if kind == "threshold" and not self.dense:
+                thresholds = tensors["threshold.thresholds"][self.level_index]
+        if self.dense:
+            mask = torch.ones_like(mask)
+        return mask, thresholds
+
+
+class SparseDecoder:
+    """A reference Decoder whose FFNs are SparseFeedForward modules; prefill and decode like the Decoder."""
+
+    def __init__(self, decoder: Decoder, predictors: list[LayerPredictor]):
+        if len(predictors) != len(decoder.layers):
+            raise ValueError(f"expected {len(decoder.layers)} layer predictors, found {len(predictors)}")
+        self.decoder = decoder
+        self.ffns = []
+        for layer, predictor in zip(decoder.layers, predictors, strict=True):
+            mlp = layer.mlp
+            ffn = SparseFeedForward(
+                mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight.T, mlp.activation, predictor
+            )
+            layer.mlp = ffn
+            self.ffns.append(ffn)
+
+    def configure(self, level_index: int = 0, dense: bool = False) -> None:
+        """Choose the calibrated sparsity level (index into the bundle's levels) or dense decoding."""
+        for ffn in self.ffns:
+            ffn.level_index, ffn.dense = level_index, dense
+
+    def _set_phase(self, phase: str) -> None:
+        for ffn in self.ffns:
+            ffn.phase = phase
+
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [B, S] -> logits [B, S, V]; dense FFNs (core predictors pick their neurons here)."""
+        self._set_phase("prefill")
+        return self.decoder.prefill(ids)
+
+    def decode(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [B, 1] -> logits [B, 1, V] through the predictors and the sparse FFNs."""
+        self._set_phase("decode")
+        return self.decoder.decode(ids)
+
+    def reset(self) -> None:
+        self.decoder.reset()
+        for ffn in self.ffns:
+            ffn.core_mask = None

@@ -1,0 +1,461 @@
+"""Custom op contracts (edge_sdk.export.ops): the reference ONNX functions pass onnx.checker and, run by ONNX
+Runtime without any custom-op library, reproduce the torch reference semantics of edge_sdk.sparsity."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.capi.onnxruntime_pybind11_state import Fail
+
+from edge_sdk.export import ops
+from edge_sdk.model.activation import SUPPORTED_ACTIVATIONS, Activation
+from edge_sdk.sparsity.ffn import dense_ffn, sparse_ffn
+from edge_sdk.sparsity.signbit import pack_sign_bits, signbit_mask
+from edge_sdk.sparsity.svd import SvdPredictor
+
+OPS_MD = Path(ops.__file__).with_name("OPS.md")
+FFN_TOLERANCE = 1e-5  # max |y - y_ref| relative to max |y_ref|, SCHEMAS["SparseFFN"].tolerance
+
+_ONNX_TYPES = {
+    torch.float32: TensorProto.FLOAT,
+    torch.float16: TensorProto.FLOAT16,
+    torch.bfloat16: TensorProto.BFLOAT16,
+    torch.bool: TensorProto.BOOL,
+    torch.int32: TensorProto.INT32,
+}
+
+
+def _input(name: str, dtype: torch.dtype, shape: list[str | int]) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, _ONNX_TYPES[dtype], shape)
+
+
+def _initializer(name: str, tensor: torch.Tensor) -> onnx.TensorProto:
+    if tensor.dtype == torch.bfloat16:
+        bits = tensor.view(torch.int16).numpy().view(np.uint16)
+        return helper.make_tensor(name, TensorProto.BFLOAT16, list(tensor.shape), bits.tobytes(), raw=True)
+    return numpy_helper.from_array(tensor.numpy(), name)
+
+
+def _model(
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[onnx.ValueInfoProto],
+    initializers: dict[str, torch.Tensor],
+) -> onnx.ModelProto:
+    """A model as the exporter writes it: IR 10, our opsets, the reference functions; checked in full."""
+    graph = helper.make_graph(
+        nodes, "op_test", inputs, outputs, initializer=[_initializer(n, t) for n, t in initializers.items()]
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=ops.function_opset_imports(),
+        functions=ops.reference_functions(),
+        ir_version=ops.IR_VERSION,
+    )
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _session(model: onnx.ModelProto) -> ort.InferenceSession:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _float_attribute(node: onnx.NodeProto, name: str) -> float:
+    return next(helper.get_attribute_value(a) for a in node.attribute if a.name == name)
+
+
+# ---------------------------------------------------------------------------------------------- SvdPredictor
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.float16])
+def test_svd_predictor_matches_scores_plus_bias(x_dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(1)
+    d, n_neurons, rank = 48, 80, 6
+    predictor = SvdPredictor(
+        a=torch.randn(n_neurons, rank, generator=generator),
+        b=torch.randn(rank, d, generator=generator) / d**0.5,
+        whitened=False,
+        regularizer=0.0,
+    )
+    bias = torch.randn(n_neurons, generator=generator)
+    node = ops.make_node("SvdPredictor", ["x", "a", "b", "bias"], ["mask"])
+    model = _model(
+        [node],
+        [_input("x", x_dtype, ["T", d])],
+        [_input("mask", torch.bool, ["T", n_neurons])],
+        {"a": predictor.a, "b": predictor.b, "bias": bias},
+    )
+    session = _session(model)
+    for n_tokens in (1, 3):
+        x = torch.randn(n_tokens, d, generator=generator).to(x_dtype)
+        (mask,) = session.run(None, {"x": x.numpy()})
+        logits = predictor.scores(x) + bias  # [T, D]
+        decided = logits.abs() > 1e-5
+        expected = logits > 0
+        assert mask.shape == (n_tokens, n_neurons) and mask.dtype == np.bool_
+        assert np.array_equal(mask[decided.numpy()], expected[decided].numpy())
+        # both outcomes occur, and the bias decides some of them
+        assert 0 < expected.sum() < expected.numel()
+        assert not torch.equal(expected, predictor.scores(x) > 0)
+
+
+# ------------------------------------------------------------------------------------------ SignBitPredictor
+
+
+def _signbit_model(d: int, packed: torch.Tensor, alpha: float) -> tuple[onnx.NodeProto, ort.InferenceSession]:
+    node = ops.make_node("SignBitPredictor", ["x", "packed"], ["mask"], alpha=alpha)
+    model = _model(
+        [node],
+        [_input("x", torch.float32, ["T", d])],
+        [_input("mask", torch.bool, ["T", packed.shape[0]])],
+        {"packed": packed},
+    )
+    return node, _session(model)
+
+
+@pytest.mark.parametrize("d", [45, 64, 97])
+@pytest.mark.parametrize("alpha", [1.0, 1.03, 0.9])
+def test_signbit_predictor_equals_signbit_mask(d: int, alpha: float) -> None:
+    generator = torch.Generator().manual_seed(d)
+    n_neurons = 70
+    w_gate = torch.randn(n_neurons, d, generator=generator)
+    w_gate[::3, 31::32] = -1.0  # bit 31 set: negative int32 words
+    w_gate[1::5, 5] = 0.0
+    w_gate[2::5, 6] = -0.0  # packs as non-negative
+    packed = pack_sign_bits(w_gate)  # [D, W]
+    assert (packed < 0).any()
+    x = torch.randn(4, d, generator=generator)
+    x[:, ::9] = 0.0
+    x[1, 1::9] = -0.0
+    node, session = _signbit_model(d, packed, alpha)
+    stored_alpha = _float_attribute(node, "alpha")
+    assert stored_alpha >= alpha and stored_alpha == float(np.float32(stored_alpha))
+    for n_tokens in (1, 4):
+        (mask,) = session.run(None, {"x": x[:n_tokens].numpy()})
+        expected = signbit_mask(packed, x[:n_tokens], stored_alpha)
+        assert np.array_equal(mask, expected.numpy())
+        assert 0 < expected.sum() < expected.numel()
+
+
+def test_signbit_predictor_comparison_is_exact() -> None:
+    """Ties count as active, and alpha * N_pos is not rounded to float32 before comparing with N_neg."""
+    cases = [
+        # d, alpha, negative products -> active
+        (64, 1.0, 32, True),  # 32 >= 32: a tie is active
+        (64, 1.0, 33, False),
+        # float32(0.9) * 10 = 8.99999976 < 9: inactive; a float32 product rounds to 9.0 and says active
+        (19, float(np.float32(0.9)), 9, False),
+        (19, float(np.float32(0.9)), 8, True),
+    ]
+    for d, alpha, n_negative, active in cases:
+        packed = pack_sign_bits(torch.ones(1, d))  # one neuron, all weights positive: N_neg = #negative x
+        x = torch.ones(1, d)
+        x[0, :n_negative] = -1.0
+        node, session = _signbit_model(d, packed, alpha)
+        assert _float_attribute(node, "alpha") == alpha
+        (mask,) = session.run(None, {"x": x.numpy()})
+        assert bool(mask[0, 0]) is active, (d, alpha, n_negative)
+        assert bool(signbit_mask(packed, x, alpha)[0, 0]) is active
+
+
+# ------------------------------------------------------------------------------------------------- SparseFFN
+
+
+def _ffn_weights(d: int, n_neurons: int, dtype: torch.dtype, seed: int) -> dict[str, torch.Tensor]:
+    """Random FFN weights for x ~ N(0, 1): gate pre-activations ~ N(0, 0.1^2), so fatrelu's t = 0.05 matters."""
+    generator = torch.Generator().manual_seed(seed)
+    scales = {"w_gate": 0.1, "w_up": 1.0, "w_down_t": 1.0}
+    return {
+        name: (scale * torch.randn(n_neurons, d, generator=generator) / d**0.5).to(dtype)
+        for name, scale in scales.items()
+    }
+
+
+def _ffn_session(
+    weights: dict[str, torch.Tensor], activation: Activation, thresholds: torch.Tensor | None
+) -> ort.InferenceSession:
+    n_neurons, d = weights["w_gate"].shape
+    initializers = dict(weights) if thresholds is None else {**weights, "thresholds": thresholds}
+    node = ops.make_node(
+        "SparseFFN",
+        ["x", "w_gate", "w_up", "w_down_t", "mask", *(["thresholds"] if thresholds is not None else [])],
+        ["y"],
+        activation=activation.kind,
+        activation_threshold=activation.threshold,
+    )
+    model = _model(
+        [node],
+        [_input("x", torch.float32, ["T", d]), _input("mask", torch.bool, ["T", n_neurons])],
+        [_input("y", torch.float32, ["T", d])],
+        initializers,
+    )
+    return _session(model)
+
+
+def _max_relative_error(y: np.ndarray, reference: torch.Tensor) -> float:
+    return float(np.abs(y - reference.numpy()).max() / reference.abs().max())
+
+
+ACTIVATIONS = [Activation("relu"), Activation("fatrelu", 0.05), Activation("drelu"), Activation("silu")]
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS, ids=lambda a: a.kind)
+@pytest.mark.parametrize("use_thresholds", [False, True], ids=["no-thresholds", "thresholds"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_sparse_ffn_matches_reference(activation: Activation, use_thresholds: bool, dtype: torch.dtype) -> None:
+    d, n_neurons = 64, 96
+    weights = _ffn_weights(d, n_neurons, dtype, seed=3)
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(2, d, generator=generator)
+    mask = torch.rand(2, n_neurons, generator=generator) < 0.7
+    # about a sixth of the activated neurons fall below their threshold; t = +inf switches a neuron off
+    thresholds = 0.04 * torch.rand(n_neurons, generator=generator)
+    thresholds[::17] = float("inf")
+    session = _ffn_session(weights, activation, thresholds if use_thresholds else None)
+    for n_tokens in (1, 2):
+        reference = sparse_ffn(
+            x[:n_tokens],
+            *weights.values(),
+            mask[:n_tokens],
+            activation,
+            pipeline="sequential",
+            thresholds=thresholds if use_thresholds else None,
+        )
+        (y,) = session.run(None, {"x": x[:n_tokens].numpy(), "mask": mask[:n_tokens].numpy()})
+        assert y.shape == (n_tokens, d) and y.dtype == np.float32
+        assert _max_relative_error(y, reference.output) <= FFN_TOLERANCE
+        # the mask, the activation kind and the thresholds each change the output by far more than that
+        unmasked = dense_ffn(x[:n_tokens], *weights.values(), activation)
+        assert _max_relative_error(y, unmasked) > 10 * FFN_TOLERANCE
+        other_activation = ACTIVATIONS[(ACTIVATIONS.index(activation) + 1) % len(ACTIVATIONS)]
+        other = sparse_ffn(
+            x[:n_tokens],
+            *weights.values(),
+            mask[:n_tokens],
+            other_activation,
+            thresholds=thresholds if use_thresholds else None,
+        ).output
+        assert _max_relative_error(y, other) > 10 * FFN_TOLERANCE, other_activation
+        if use_thresholds:
+            loose = sparse_ffn(x[:n_tokens], *weights.values(), mask[:n_tokens], activation).output
+            assert _max_relative_error(y, loose) > 10 * FFN_TOLERANCE
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS, ids=lambda a: a.kind)
+def test_sparse_ffn_empty_mask_is_zero_and_full_mask_is_dense(activation: Activation) -> None:
+    d, n_neurons = 40, 72
+    weights = _ffn_weights(d, n_neurons, torch.float16, seed=5)
+    x = torch.randn(2, d, generator=torch.Generator().manual_seed(6))
+    session = _ffn_session(weights, activation, None)
+    (empty,) = session.run(None, {"x": x.numpy(), "mask": np.zeros((2, n_neurons), dtype=bool)})
+    assert np.array_equal(empty, np.zeros((2, d), dtype=np.float32))
+    (full,) = session.run(None, {"x": x.numpy(), "mask": np.ones((2, n_neurons), dtype=bool)})
+    dense = dense_ffn(x, *weights.values(), activation)
+    assert _max_relative_error(full, dense) <= FFN_TOLERANCE
+
+
+def test_predictor_feeds_sparse_ffn() -> None:
+    """The decode-step pattern of the exported decoder: a SignBitPredictor mask drives SparseFFN in one model."""
+    d, n_neurons = 45, 64
+    weights = _ffn_weights(d, n_neurons, torch.float16, seed=7)
+    packed = pack_sign_bits(weights["w_gate"].float())
+    nodes = [
+        ops.make_node("SignBitPredictor", ["x", "packed"], ["mask"], name="predict", alpha=1.03),
+        ops.make_node("SparseFFN", ["x", *weights, "mask", ""], ["y"], name="ffn", activation="relu"),
+    ]
+    model = _model(
+        nodes,
+        [_input("x", torch.float32, ["T", d])],
+        [_input("y", torch.float32, ["T", d])],
+        {**weights, "packed": packed},
+    )
+    x = torch.randn(3, d, generator=torch.Generator().manual_seed(8))
+    (y,) = _session(model).run(None, {"x": x.numpy()})
+    mask = signbit_mask(packed, x, _float_attribute(nodes[0], "alpha"))
+    reference = sparse_ffn(x, *weights.values(), mask, Activation("relu")).output
+    assert 0 < mask.sum() < mask.numel()
+    assert _max_relative_error(y, reference) <= FFN_TOLERANCE
+
+
+# ------------------------------------------------------------------------------- schemas, nodes and functions
+
+
+def test_reference_functions_implement_the_schemas() -> None:
+    functions = {f.name: f for f in ops.reference_functions()}
+    assert list(functions) == list(ops.SCHEMAS)
+    for name, schema in ops.SCHEMAS.items():
+        function = functions[name]
+        assert function.domain == ops.DOMAIN
+        assert list(function.input) == [spec.name for spec in schema.inputs]
+        assert list(function.output) == [spec.name for spec in schema.outputs]
+        declared = list(function.attribute) + [a.name for a in function.attribute_proto]
+        assert sorted(declared) == sorted(spec.name for spec in schema.attributes)
+        assert [(o.domain, o.version) for o in function.opset_import] == [("", ops.STANDARD_OPSET_VERSION)]
+    imports = [(o.domain, o.version) for o in ops.function_opset_imports()]
+    assert imports == [(ops.DOMAIN, ops.OPSET_VERSION), ("", ops.STANDARD_OPSET_VERSION)]
+
+
+def test_ops_module_stays_free_of_torch() -> None:
+    """The TensorRT backend, which has no torch, uses the module; its activation list mirrors the model's."""
+    code = "import sys, edge_sdk.export.ops; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+    assert ops.ACTIVATIONS == SUPPORTED_ACTIVATIONS
+
+
+def test_make_node_writes_plugin_attributes_and_defaults() -> None:
+    nodes = [
+        ops.make_node("SvdPredictor", ["x", "a", "b", "bias"], ["m"]),
+        ops.make_node("SignBitPredictor", ["x", "packed"], ["m"], alpha=2),
+        ops.make_node("SparseFFN", ["x", "g", "u", "d", "m"], ["y"], name="layer0.ffn", activation="silu"),
+    ]
+    for node in nodes:
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        assert node.domain == "edge_sdk"
+        assert attributes["plugin_version"] == b"1" and attributes["plugin_namespace"] == b"edge_sdk"
+        ops.validate_node(node)
+    assert _float_attribute(nodes[1], "alpha") == 2.0
+    assert {a.name: a.f for a in nodes[2].attribute}["activation_threshold"] == 0.0
+    assert nodes[2].name == "layer0.ffn"
+
+
+def test_make_node_rounds_alpha_up_to_float32() -> None:
+    node = ops.make_node("SignBitPredictor", ["x", "packed"], ["m"], alpha=0.9)
+    stored = _float_attribute(node, "alpha")
+    assert stored == float(np.nextafter(np.float32(0.9), np.float32(2)))
+    assert stored > 0.9
+
+
+@pytest.mark.parametrize(
+    ("op_type", "inputs", "attributes", "message"),
+    [
+        ("Softmax", ["x"], {}, "op_type: expected one of SvdPredictor, SignBitPredictor, SparseFFN, found 'Softmax'"),
+        ("SignBitPredictor", ["x", "p"], {}, "'alpha' is required, found none"),
+        ("SignBitPredictor", ["x", "p"], {"alpha": 0.0}, "'alpha': expected a value > 0.0, found 0.0"),
+        ("SignBitPredictor", ["x", "p"], {"alpha": -1.5}, "'alpha': expected a value > 0.0, found -1.5"),
+        ("SignBitPredictor", ["x", "p"], {"alpha": 1e39}, "'alpha': expected a finite float32, found inf"),
+        ("SignBitPredictor", ["x", "p"], {"alpha": "1"}, "'alpha': expected type float, found string"),
+        ("SignBitPredictor", ["x", "p"], {"alpha": 1.0, "beta": 2.0}, "unknown attribute 'beta'"),
+        ("SparseFFN", ["x", "g", "u", "d", "m"], {}, "'activation' is required"),
+        (
+            "SparseFFN",
+            ["x", "g", "u", "d", "m"],
+            {"activation": "gelu"},
+            "'activation': expected one of 'relu', 'fatrelu', 'drelu', 'silu', found 'gelu'",
+        ),
+        (
+            "SparseFFN",
+            ["x", "g", "u", "d", "m"],
+            {"activation": "fatrelu", "activation_threshold": -0.5},
+            "'activation_threshold': expected a value >= 0.0, found -0.5",
+        ),
+        (
+            "SparseFFN",
+            ["x", "g", "u", "d", "m"],
+            {"activation": "relu", "activation_threshold": 0.5},
+            "'activation_threshold': expected 0.0 for activation 'relu' (only fatrelu has a threshold), found 0.5",
+        ),
+        (
+            "SparseFFN",
+            ["x", "g", "u", "d", "m"],
+            {"activation": "relu", "plugin_version": "2"},
+            "'plugin_version': expected one of '1', found '2'",
+        ),
+        (
+            "SparseFFN",
+            ["x", "g", "u", "d", "m"],
+            {"activation": "relu", "plugin_namespace": 7},
+            "'plugin_namespace': expected type string, found int",
+        ),
+        ("SparseFFN", ["x", "g", "u", "d"], {"activation": "relu"}, "expected 5 to 6 inputs"),
+        ("SparseFFN", ["x", "", "u", "d", "m"], {"activation": "relu"}, "input 'w_gate' is required"),
+        ("SvdPredictor", ["x", "a", "b", "bias", "extra"], {}, "expected 4 to 4 inputs"),
+    ],
+)
+def test_make_node_rejects_bad_nodes(op_type: str, inputs: list[str], attributes: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)) as raised:
+        ops.make_node(op_type, inputs, ["out"], name="layer3", **attributes)
+    if op_type in ops.SCHEMAS:
+        assert str(raised.value).startswith(f"{op_type} node 'layer3': ")
+
+
+def test_validate_node_checks_nodes_read_back() -> None:
+    node = ops.make_node("SignBitPredictor", ["x", "p"], ["m"], alpha=1.0)
+    without_plugin = onnx.NodeProto()
+    without_plugin.CopyFrom(node)
+    del without_plugin.attribute[:]
+    without_plugin.attribute.append(helper.make_attribute("alpha", 1.0))
+    with pytest.raises(ValueError, match="'plugin_version' is required, found none"):
+        ops.validate_node(without_plugin)
+    wrong_domain = onnx.NodeProto()
+    wrong_domain.CopyFrom(node)
+    wrong_domain.domain = "com.example"
+    with pytest.raises(ValueError, match=r"expected an op of domain 'edge_sdk'.*found 'SignBitPredictor' in domain"):
+        ops.validate_node(wrong_domain)
+    int_alpha = helper.make_node(
+        "SignBitPredictor",
+        ["x", "p"],
+        ["m"],
+        domain="edge_sdk",
+        alpha=1,
+        plugin_version="1",
+        plugin_namespace="edge_sdk",
+    )
+    with pytest.raises(ValueError, match="'alpha': expected type float, found int"):
+        ops.validate_node(int_alpha)
+
+
+def test_strip_reference_functions_keeps_nodes_and_other_functions() -> None:
+    d, n_neurons = 32, 16
+    generator = torch.Generator().manual_seed(9)
+    packed = pack_sign_bits(torch.randn(n_neurons, d, generator=generator))
+    node = ops.make_node("SignBitPredictor", ["x", "packed"], ["mask"], alpha=1.0)
+    model = _model(
+        [node],
+        [_input("x", torch.float32, ["T", d])],
+        [_input("mask", torch.bool, ["T", n_neurons])],
+        {"packed": packed},
+    )
+    foreign = onnx.parser.parse_function(
+        '<domain: "com.example", opset_import: ["" : 19]> SparseFFN (x) => (y) { y = Identity (x) }'
+    )
+    model.functions.append(foreign)
+    stripped = ops.strip_reference_functions(model)
+    assert [(f.domain, f.name) for f in stripped.functions] == [("com.example", "SparseFFN")]
+    assert len(model.functions) == len(ops.SCHEMAS) + 1  # the input is left as it was
+    assert list(stripped.graph.node) == [node]
+    assert [(o.domain, o.version) for o in stripped.opset_import] == [(o.domain, o.version) for o in model.opset_import]
+    with pytest.raises(Fail, match=r"edge_sdk:SignBitPredictor.* is not a registered function/op"):
+        _session(stripped)  # nothing implements the custom op any more
+
+
+# ------------------------------------------------------------------------------------------------ OPS.md
+
+
+def test_schema_markdown_documents_every_input_output_and_attribute() -> None:
+    markdown = ops.schema_markdown()
+    for name, schema in ops.SCHEMAS.items():
+        section = markdown.split(f"### {name}\n", 1)[1].split("\n### ", 1)[0]
+        for spec in (*schema.inputs, *schema.outputs, *schema.attributes):
+            assert f"`{spec.name}`" in section, (name, spec.name)
+        if name == "SparseFFN":
+            assert all(f'"{kind}"' in section for kind in SUPPORTED_ACTIVATIONS)
+        assert "Reference decomposition:" in section
+
+
+def test_ops_md_embeds_current_schema_markdown() -> None:
+    text = OPS_MD.read_text()
+    begin = "<!-- BEGIN GENERATED by `python -m edge_sdk.export.ops`: do not edit -->\n\n"
+    end = "\n<!-- END GENERATED -->"
+    assert begin in text and end in text, f"{OPS_MD}: generated-block markers missing"
+    generated = text.split(begin, 1)[1].split(end, 1)[0]
+    assert generated == ops.schema_markdown(), f"{OPS_MD} is stale: run `python -m edge_sdk.export.ops`"

@@ -1,0 +1,177 @@
+"""`edge-sdk calibrate` end to end on the fixture: outputs, quality targets, the SVDP ablation, bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from safetensors import safe_open
+
+from edge_sdk.cli import main
+from edge_sdk.model import Checkpoint
+from edge_sdk.sparsity.pipeline import CalibrationSettings, calibrate_model
+from edge_sdk.sparsity.svd import default_rank
+
+QUICK = ["--tokens", "2048", "--levels", "0.5,0.8"]
+
+
+def calibrate_cli(tiny_model_dir, out_dir, *extra):
+    calibration = str(tiny_model_dir / "calibration.txt")
+    return CliRunner().invoke(
+        main, ["calibrate", str(tiny_model_dir), "--calib", calibration, "-o", str(out_dir), *extra]
+    )
+
+
+def interpolated_weighted_recall(layer: dict, predicted_sparsity: float) -> float:
+    """Importance-weighted recall of one layer at a given predicted sparsity, along its per-level curve."""
+    points = sorted((m["predicted_sparsity"], m["importance_weighted_recall"]) for m in layer["per_level"].values())
+    xs, ys = zip(*points, strict=True)
+    return float(np.interp(predicted_sparsity, xs, ys))
+
+
+@pytest.mark.parametrize(
+    ("predictor", "tensor_shapes"),
+    [
+        ("svd", {"svd.a": (768, 16), "svd.b": (16, 192), "svd.biases": (2, 768)}),
+        ("signbit", {"signbit.packed": (768, 6), "signbit.alpha": (1,)}),
+        ("threshold", {"threshold.thresholds": (2, 768)}),
+        ("core", {}),
+    ],
+)
+def test_calibrate_writes_predictors_and_report(tiny_model_dir, tmp_path, predictor, tensor_shapes):
+    out = tmp_path / "out"
+    result = calibrate_cli(tiny_model_dir, out, "--predictor", predictor, "--rank", "16", *QUICK)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["predictors.safetensors", "report.json", "report.png"]
+    assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = json.loads((out / "report.json").read_text())
+    assert report["predictor"] == predictor and report["levels"] == [0.5, 0.8]
+    assert report["calibration_tokens"] == 2048 and len(report["layers"]) == 4
+    for layer in report["layers"]:
+        assert 0 <= layer["predicted_sparsity"] <= 1 and 0 <= layer["importance_weighted_recall"] <= 1
+        # realized sparsity counts the predictor's misses too, so it is never below the true sparsity
+        assert layer["realized_sparsity"] >= layer["true_sparsity"] - 1e-9
+    with safe_open(str(out / "predictors.safetensors"), framework="pt") as handle:
+        assert handle.metadata()["predictor"] == predictor
+        assert json.loads(handle.metadata()["levels"]) == [0.5, 0.8]
+        names = set(handle.keys())
+        expected = {f"layers.{i}.{name}" for i in range(4) for name in tensor_shapes}
+        assert names == expected
+        for name in expected:
+            assert tuple(handle.get_tensor(name).shape) == tensor_shapes[name.split(".", 2)[2]]
+
+
+def test_svd_biases_rise_with_the_level(tiny_model_dir, tmp_path):
+    out = tmp_path / "out"
+    assert calibrate_cli(tiny_model_dir, out, "--rank", "16", *QUICK).exit_code == 0
+    report = json.loads((out / "report.json").read_text())
+    with safe_open(str(out / "predictors.safetensors"), framework="pt") as handle:
+        biases = handle.get_tensor("layers.2.svd.biases")
+    # a higher target sparsity moves every neuron's threshold up (or leaves it), i.e. biases go down
+    assert (biases[1] <= biases[0]).all() and (biases[1] < biases[0]).any()
+    per_level = report["layers"][2]["per_level"]
+    assert per_level["0.8"]["predicted_sparsity"] > per_level["0.5"]["predicted_sparsity"]
+
+
+@pytest.fixture(scope="module")
+def svdp_variants(tiny_model_dir):
+    """Full SVDP and its two ablations, calibrated on the calibration text, measured on held-out text."""
+    checkpoint = Checkpoint(tiny_model_dir)
+    rank = default_rank(checkpoint.config.intermediate_size)
+    files = ([tiny_model_dir / "calibration.txt"], [tiny_model_dir / "held_out.txt"])
+    variants = {
+        "svdp": CalibrationSettings(rank=rank),
+        "naive-svd": CalibrationSettings(rank=rank, whiten=False),
+        "no-bias": CalibrationSettings(rank=rank, calibrate_bias=False),
+    }
+    return {name: calibrate_model(checkpoint, settings, *files).report for name, settings in variants.items()}
+
+
+def test_svdp_meets_the_quality_targets_on_held_out_text(svdp_variants):
+    """Rank ~2% of D at s = 0.5: importance-weighted recall >= 0.995 and realized sparsity within 0.03 of true."""
+    for layer in svdp_variants["svdp"]["layers"]:
+        assert layer["importance_weighted_recall"] >= 0.995, layer
+        assert abs(layer["realized_sparsity"] - layer["true_sparsity"]) <= 0.03, layer
+
+
+@pytest.mark.parametrize("ablation", ["naive-svd", "no-bias"])
+def test_whitening_and_bias_calibration_both_help(svdp_variants, ablation):
+    """The paper's Table 3 on our model: at equal predicted sparsity, full SVDP keeps more importance."""
+    gains = []
+    for full, ablated in zip(svdp_variants["svdp"]["layers"], svdp_variants[ablation]["layers"], strict=True):
+        for target in (0.8, 0.9):
+            gains.append(interpolated_weighted_recall(full, target) - interpolated_weighted_recall(ablated, target))
+    assert min(gains) > -0.002, gains
+    assert sum(gains) / len(gains) > 0.002, gains
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--rank", "500"], "rank 500 is out of range: expected 1 <= rank <= min(d, D) = 192"),
+        (["--sparsity", "1.5"], "sparsity must be a number in [0, 1], found 1.5"),
+        (["--levels", "0.5,-0.1"], "sparsity level must be a number in [0, 1], found -0.1"),
+        (["--tokens", "100"], "calibration tokens 100 is too few: at least 256 are needed"),
+    ],
+)
+def test_bad_settings_fail_before_any_output(tiny_model_dir, tmp_path, extra, message):
+    result = calibrate_cli(tiny_model_dir, tmp_path / "out", *extra)
+    assert result.exit_code == 2 and message in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_and_empty_calibration_files(tiny_model_dir, tmp_path):
+    missing = CliRunner().invoke(
+        main, ["calibrate", str(tiny_model_dir), "--calib", str(tmp_path / "none.txt"), "-o", str(tmp_path / "o")]
+    )
+    assert missing.exit_code == 2 and "none.txt: calibration file not found" in missing.output
+    (tmp_path / "empty.txt").write_text("")
+    empty = CliRunner().invoke(
+        main, ["calibrate", str(tiny_model_dir), "--calib", str(tmp_path / "empty.txt"), "-o", str(tmp_path / "o")]
+    )
+    assert empty.exit_code == 2 and "empty.txt: calibration file is empty" in empty.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_short_calibration_text_says_how_many_tokens_are_needed(tiny_model_dir, tmp_path):
+    (tmp_path / "short.txt").write_text("import os\n" * 10)
+    result = CliRunner().invoke(
+        main, ["calibrate", str(tiny_model_dir), "--calib", str(tmp_path / "short.txt"), "-o", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 2 and "at least 256 are needed" in result.output
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("predictor", ["signbit", "svd", "core"])
+def test_relu_predictors_refuse_a_silu_model(tiny_model_dir, tmp_path, predictor):
+    silu_model = tmp_path / "silu"
+    shutil.copytree(tiny_model_dir, silu_model)
+    config = json.loads((silu_model / "config.json").read_text())
+    (silu_model / "config.json").write_text(json.dumps(config | {"hidden_act": "silu"}))
+    result = calibrate_cli(silu_model, tmp_path / "out", "--predictor", predictor)
+    assert result.exit_code == 2
+    assert (
+        f"predictor '{predictor}' needs a ReLU-family FFN" in result.output and "--predictor threshold" in result.output
+    )
+
+
+def test_existing_output_needs_force(tiny_model_dir, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = calibrate_cli(tiny_model_dir, out, *QUICK)
+    assert result.exit_code == 2 and "already exists (use --force" in result.output
+    assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_a_failure_while_writing_leaves_nothing_behind(tiny_model_dir, tmp_path, monkeypatch):
+    def broken_plot(report, path):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("edge_sdk.sparsity.report.write_report_plot", broken_plot)
+    result = calibrate_cli(tiny_model_dir, tmp_path / "out", *QUICK)
+    assert result.exit_code != 0
+    assert list(tmp_path.iterdir()) == []
