@@ -69,7 +69,7 @@ def doctor(as_json: bool) -> None:
     _print_table({"versions": versions, "native libraries": report["native"]})
     click.echo("backends:")
     for name, status in report["backends"].items():
-        state = "available" if status["available"] else f"not available: {status['reason']}"
+        state = ("available: " if status["available"] else "not available: ") + status["reason"]
         click.echo(f"  {name.ljust(8)}  {state}")
 
 
@@ -100,7 +100,13 @@ def _parse_levels(text: str | None) -> tuple[float, ...] | None:
 @click.option(
     "--predictor", type=click.Choice(["svd", "signbit", "core", "threshold"]), default="svd", show_default=True
 )
-@click.option("--rank", type=int, default=None, help="SVD predictor rank (default: about 2% of D).")
+@click.option(
+    "--rank",
+    type=int,
+    default=None,
+    help="SVD predictor rank for every layer (default: per layer, from ~2% of D doubling until the layer's "
+    "importance-weighted recall on the calibration tokens reaches 0.998).",
+)
 @click.option(
     "--sparsity",
     type=float,
@@ -189,7 +195,13 @@ def calibrate(
     default="svd",
     show_default=True,
 )
-@click.option("--rank", type=int, default=None, help="SVD predictor rank (default: about 2% of D).")
+@click.option(
+    "--rank",
+    type=int,
+    default=None,
+    help="SVD predictor rank for every layer (default: per layer, from ~2% of D doubling until the layer's "
+    "importance-weighted recall on the calibration tokens reaches 0.998).",
+)
 @click.option("--sparsity", type=float, default=0.5, show_default=True, help="Default operating level.")
 @click.option("--levels", default=None, help="Comma-separated sparsity levels to calibrate (default 0.3,...,0.9).")
 @click.option("--dtype", type=click.Choice(["fp16", "bf16", "fp32"]), default="fp16", show_default=True)
@@ -267,3 +279,120 @@ def verify(bundle_dir: str, steps: int, as_json: bool) -> None:
     _print_table({k: v for k, v in result.items() if k != "text"})
     click.echo(f"greedy continuation: {result['text']!r}")
     click.echo("OK")
+
+
+@main.command()
+@click.argument("bundle_dir", type=click.Path(path_type=str))
+@click.option("--prompt", default=None, help="Prompt text (default: read standard input).")
+@click.option("--backend", default="auto", show_default=True, help="auto, tensorrt, cann or cpu ($EDGE_SDK_BACKEND).")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.")
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--seed", type=int, default=None)
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--sparsity", type=float, default=None, help="One of the bundle's calibrated levels.")
+@click.option("--dense", is_flag=True, help="Decode with every neuron active.")
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the bundle's chat template.")
+@click.option("--threads", type=int, default=0, help="CPU threads (default: all cores).")
+def run(
+    bundle_dir, prompt, backend, max_new_tokens, temperature, top_k, top_p, seed, stop, sparsity, dense, chat, threads
+) -> None:
+    """Generate text from a bundle: streams the continuation to stdout, timings to stderr."""
+    import edge_sdk
+
+    if prompt is None:
+        prompt = sys.stdin.read()
+    session = edge_sdk.load(
+        bundle_dir,
+        backend,
+        sparsity=sparsity,
+        dense=dense,
+        threads=threads,
+        log=lambda line: click.echo(line, err=True),
+    )
+    pieces = session.generate(
+        prompt,
+        chat=chat,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        stop=tuple(stop),
+    )
+    for piece in pieces:
+        click.echo(piece, nl=False)
+        sys.stdout.flush()
+    click.echo()
+    stats = session.stats
+    click.echo(
+        f"prefill: {stats.prompt_tokens} tokens, {stats.prefill_tokens_per_second:.1f} tok/s; "
+        f"decode: {stats.generated_tokens} tokens, {stats.decode_tokens_per_second:.1f} tok/s "
+        f"({session.info['backend']}, sparsity {session.info['sparsity_level']}, stop: {stats.stop_reason})",
+        err=True,
+    )
+
+
+@main.group()
+def bench() -> None:
+    """Benchmarks: the sparse FFN kernel, and end-to-end decoding."""
+
+
+def _write_json(path: str | None, payload: dict) -> None:
+    from edge_sdk.bench.record import with_machine_info
+
+    if path:
+        with open(path, "w") as handle:
+            json.dump(with_machine_info(payload), handle, indent=2)
+            handle.write("\n")
+        click.echo(f"wrote {path}", err=True)
+
+
+@bench.command("ffn")
+@click.option("--shape", default="llama2-7b", show_default=True, help="llama2-7b, mistral-7b, qwen2-7b or dxD.")
+@click.option("--sparsity", "sparsities", default="0.5,0.8,0.9,0.95", show_default=True)
+@click.option("--backend", type=click.Choice(["cpu"]), default="cpu", show_default=True)
+@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
+@click.option("--threads", type=int, default=0, help="Threads for both torch and the kernel (default: all).")
+@click.option("--repeats", type=int, default=20, show_default=True)
+@click.option("--json", "json_path", default=None, help="Also write the rows as JSON (with the machine description).")
+def bench_ffn_command(shape, sparsities, backend, dtype, threads, repeats, json_path) -> None:
+    """Time one decode FFN: torch dense matmul vs our dense and sparse kernels."""
+    from edge_sdk.bench.ffn import bench_ffn, parse_shape
+
+    try:
+        d, n_neurons = parse_shape(shape)
+        levels = _parse_levels(sparsities)
+        rows = bench_ffn(d, n_neurons, levels, dtype=dtype, threads=threads, repeats=repeats)
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from None
+    click.echo(f"FFN d={d} D={n_neurons} {dtype} backend={backend}")
+    click.echo(f"{'sparsity':>8} {'torch ms':>9} {'dense ms':>9} {'sparse ms':>10} {'vs torch':>9} {'GB/s':>7}")
+    for row in rows:
+        click.echo(
+            f"{row['sparsity']:8.2f} {row['dense_torch_ms']:9.2f} {row['dense_kernel_ms']:9.2f} "
+            f"{row['sparse_ms']:10.2f} {row['speedup_vs_torch']:8.2f}x {row['sparse_gb_per_s']:7.1f}"
+        )
+    _write_json(json_path, {"benchmark": "ffn", "shape": shape, "backend": backend, "rows": rows})
+
+
+@bench.command("e2e")
+@click.argument("bundle_dir", type=click.Path(path_type=str))
+@click.option("--backend", default="auto", show_default=True)
+@click.option("--sparsity", type=float, default=None, help="A calibrated level (default: the bundle's).")
+@click.option("--tokens", type=int, default=64, show_default=True, help="Decode steps per run.")
+@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option("--threads", type=int, default=0)
+@click.option("--json", "json_path", default=None)
+def bench_e2e_command(bundle_dir, backend, sparsity, tokens, repeats, threads, json_path) -> None:
+    """Decode tokens/s of a bundle, dense vs sparse on the same backend."""
+    from edge_sdk.bench.e2e import bench_e2e
+
+    result = bench_e2e(bundle_dir, None if backend == "auto" else backend, sparsity, tokens, repeats, threads)
+    click.echo(
+        f"{result['backend']}: dense {result['dense_tokens_per_second']:.1f} tok/s, sparse "
+        f"{result['sparse_tokens_per_second']:.1f} tok/s ({result['predictor']} at {result['sparsity_level']}): "
+        f"{result['speedup']:.2f}x"
+    )
+    _write_json(json_path, {"benchmark": "e2e", **result})

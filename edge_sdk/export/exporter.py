@@ -48,7 +48,7 @@ from edge_sdk.sparsity.pipeline import (
     validate_settings,
 )
 from edge_sdk.sparsity.report import write_report_plot
-from edge_sdk.sparsity.sparse_model import LayerPredictor, SparseDecoder
+from edge_sdk.sparsity.sparse_model import LayerPredictor, SparseDecoder, SparseFeedForward
 
 EXPORT_PREDICTORS = ("svd", "signbit", "core", "threshold", "none")
 DEFAULT_MAX_SEQ_LEN = 2048
@@ -231,15 +231,26 @@ def _manifest(checkpoint, settings, calibration, max_seq_len, specs, report, sta
     return manifest
 
 
-def load_reference_decoder(bundle: Bundle, dtype: torch.dtype = torch.float32) -> SparseDecoder:
-    """The torch reference of a bundle: its weights in the reference decoder with sparse FFNs."""
+def load_reference_decoder(
+    bundle: Bundle,
+    dtype: torch.dtype = torch.float32,
+    ffn_class: Callable[..., SparseFeedForward] = SparseFeedForward,
+    ffn_as_stored: bool = False,
+) -> SparseDecoder:
+    """The torch reference of a bundle: its weights in the reference decoder with sparse FFNs.
+
+    ffn_as_stored keeps the FFN matrices as the memory-mapped tensors of weights.safetensors (no cast, no
+    copy) for FFN implementations that read fp16 directly; ffn_class picks that implementation."""
     config = bundle.config
     with torch.device("meta"):
         decoder = Decoder(config)
     for name in bundle.manifest["tensors"]:
         if name.startswith(("rope.",)) or ".svd." in name or ".signbit." in name or ".threshold." in name:
             continue
-        tensor = bundle.tensor(name).to(dtype)
+        tensor = bundle.tensor(name)
+        is_ffn_matrix = ".mlp." in name
+        if not (ffn_as_stored and is_ffn_matrix):
+            tensor = tensor.to(dtype)
         target_name = name
         if name.endswith("down_proj.weight_t"):
             tensor, target_name = tensor.T, name.removesuffix("_t")
@@ -264,7 +275,7 @@ def load_reference_decoder(bundle: Bundle, dtype: torch.dtype = torch.float32) -
             if name.startswith(prefix) and name.split(".")[2] in ("svd", "signbit", "threshold")
         }
         predictors.append(LayerPredictor(sparsity.predictor, tensors, sparsity.core_alpha, sparsity.core_beta))
-    model = SparseDecoder(decoder, predictors)
+    model = SparseDecoder(decoder, predictors, ffn_class)
     if sparsity.levels:
         model.configure(level_index=sparsity.level_index(None))
     return model

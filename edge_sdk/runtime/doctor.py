@@ -9,8 +9,6 @@ from typing import Any
 from edge_sdk.native import NativeLibraryError, find_library, load_cpu_kernels
 
 PACKAGES = ("torch", "numpy", "safetensors", "tokenizers", "onnx", "onnxruntime", "click")
-# Backends in the order the runtime will try them (DESIGN.md 3.5). None is implemented yet.
-BACKENDS = ("tensorrt", "cann", "cpu")
 
 
 def package_versions() -> dict[str, str | None]:
@@ -43,9 +41,10 @@ def native_libraries() -> dict[str, Any]:
 
 
 def backend_status() -> dict[str, dict[str, Any]]:
-    return {
-        name: {"available": False, "reason": "not yet implemented in this version of edge-sdk"} for name in BACKENDS
-    }
+    """Each backend's probe, in the order auto selection tries them."""
+    from edge_sdk.runtime.backends import probe_all
+
+    return {name: {"available": available, "reason": reason} for name, (available, reason) in probe_all().items()}
 
 
 def diagnose() -> dict[str, Any]:

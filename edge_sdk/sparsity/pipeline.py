@@ -61,7 +61,8 @@ class CalibrationSettings:
     """What to calibrate. `sparsity` is the default operating level; `levels` are all kept."""
 
     predictor: str = "svd"
-    rank: int | None = None  # svd; None = about 2% of D
+    rank: int | None = None  # svd; None = per layer, the smallest of 2% of D, x2, x4, ... meeting the bar below
+    min_weighted_recall: float = 0.998  # svd with automatic rank: importance-weighted recall on calibration tokens
     sparsity: float = DEFAULT_SPARSITY
     levels: tuple[float, ...] = DEFAULT_LEVELS
     whiten: bool = True  # svd; False is the naive-SVD ablation
@@ -79,8 +80,16 @@ class CalibrationSettings:
         """The calibrated levels, sorted, always including the default operating level."""
         return tuple(sorted({round(level, 6) for level in (*self.levels, self.sparsity)}))
 
-    def resolved_rank(self, config: ModelConfig) -> int:
-        return self.rank if self.rank is not None else default_rank(config.intermediate_size)
+    def rank_ladder(self, config: ModelConfig) -> list[int]:
+        """The svd ranks to try, in order: the fixed rank, or about 2% of D doubling up to half of min(d, D)
+        (beyond that a low-rank predictor costs about as much as the gate it predicts)."""
+        if self.rank is not None:
+            return [self.rank]
+        limit = min(config.hidden_size, config.intermediate_size)
+        ladder = [min(default_rank(config.intermediate_size), limit)]
+        while ladder[-1] * 2 <= max(ladder[0], limit // 2):
+            ladder.append(ladder[-1] * 2)
+        return ladder
 
 
 def _check_fraction(name: str, value: float, low_open: bool = False) -> None:
@@ -107,8 +116,9 @@ def validate_settings(config: ModelConfig, settings: CalibrationSettings) -> Non
     _check_fraction("recall target", settings.recall_target, low_open=True)
     _check_fraction("core alpha", settings.core_alpha, low_open=True)
     _check_fraction("core beta", settings.core_beta, low_open=True)
-    if settings.predictor == "svd":
-        rank = settings.resolved_rank(config)
+    _check_fraction("minimum weighted recall", settings.min_weighted_recall)
+    if settings.predictor == "svd" and settings.rank is not None:
+        rank = settings.rank
         limit = min(config.hidden_size, config.intermediate_size)
         if not 1 <= rank <= limit:
             raise CalibrationError(
@@ -160,11 +170,25 @@ def uniform_biases(scores: torch.Tensor, levels: Sequence[float]) -> dict[float,
     return biases
 
 
+def _weighted_recall(predicted: torch.Tensor, importance: torch.Tensor, truly_active: torch.Tensor) -> float:
+    kept = importance[predicted & truly_active].double().sum()
+    return float(kept / importance[truly_active].double().sum().clamp_min(1e-300))
+
+
 def _fit_svd(capture, weights, gate_act, importance, settings, config) -> FittedLayer:
-    rank = settings.resolved_rank(config)
     gram = input_gram([capture.ffn_input])[0] if settings.whiten else None
-    predictor = fit_svd_predictor(weights.w_gate, rank, gram=gram, whiten=settings.whiten, seed=settings.seed)
-    scores = predictor.scores(capture.ffn_input)
+    truly_active = gate_act != 0
+    tried = []
+    for rank in settings.rank_ladder(config):
+        predictor = fit_svd_predictor(weights.w_gate, rank, gram=gram, whiten=settings.whiten, seed=settings.seed)
+        scores = predictor.scores(capture.ffn_input)
+        if settings.rank is not None:
+            break
+        bias = calibrate_biases(scores, importance, [settings.sparsity])[settings.sparsity]
+        recall = _weighted_recall(scores + bias > 0, importance, truly_active)
+        tried.append({"rank": rank, "calibration_weighted_recall": recall})
+        if recall >= settings.min_weighted_recall:
+            break
     levels = settings.all_levels
     biases = calibrate_biases(scores, importance, levels) if settings.calibrate_bias else uniform_biases(scores, levels)
     stacked = torch.stack([biases[level] for level in levels])
@@ -178,7 +202,8 @@ def _fit_svd(capture, weights, gate_act, importance, settings, config) -> Fitted
         tensors={"svd.a": predictor.a, "svd.b": predictor.b, "svd.biases": stacked},
         predict=predict,
         details={
-            "rank": rank,
+            "rank": predictor.rank,
+            "rank_search": tried,
             "whitened": predictor.whitened,
             "regularizer": predictor.regularizer,
             "bias": "greedy" if settings.calibrate_bias else "uniform",
@@ -247,7 +272,7 @@ def _evaluate(fitted: FittedLayer, capture: LayerCapture, weights: LayerWeights,
     gate_act = ffn_intermediates(x, weights.w_gate, weights.w_up, config.activation)[0]
     importance = neuron_importance(x, weights.w_gate, weights.w_up, weights.w_down_t, config.activation)
     truly_active = gate_act != 0
-    rank = settings.resolved_rank(config) if settings.predictor == "svd" else 0
+    rank = fitted.details.get("rank", 0)
 
     def metrics_at(level: float, with_auroc: bool) -> dict:
         predicted, scores = fitted.predict(x, gate_act, level)

@@ -7,6 +7,7 @@ decoder. Predictor tensors use the names of sparsity/pipeline.py (`svd.a`, `sign
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -63,15 +64,16 @@ class SparseFeedForward(nn.Module):
         return result.output.to(x.dtype).view_as(x)
 
     def _prefill(self, x: torch.Tensor) -> torch.Tensor:
-        gate = self.activation.gate(x @ self.w_gate.T)  # [B, S, D]
-        hidden = gate * self.activation.up(x @ self.w_up.T)
+        # weights stored in half precision are cast for the prompt's GEMMs (a no-op when dtypes match)
+        gate = self.activation.gate(x @ self.w_gate.to(x.dtype).T)  # [B, S, D]
+        hidden = gate * self.activation.up(x @ self.w_up.to(x.dtype).T)
         if self.predictor.kind == "core":
             masks = []
             for row in gate.float():
                 counts, sums = core_neuron_counts(row, self.predictor.core_alpha)
                 masks.append(core_mask_from_counts(counts, sums, self.predictor.core_beta))
             self.core_mask = torch.stack(masks)
-        return hidden @ self.w_down_t
+        return hidden @ self.w_down_t.to(x.dtype)
 
     def _decode_mask(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The predictor's mask [T, D] for decode tokens [T, d], and CHESS thresholds [D] if any."""
@@ -99,16 +101,19 @@ class SparseFeedForward(nn.Module):
 class SparseDecoder:
     """A reference Decoder whose FFNs are SparseFeedForward modules; prefill and decode like the Decoder."""
 
-    def __init__(self, decoder: Decoder, predictors: list[LayerPredictor]):
+    def __init__(
+        self,
+        decoder: Decoder,
+        predictors: list[LayerPredictor],
+        ffn_class: Callable[..., SparseFeedForward] = SparseFeedForward,
+    ):
         if len(predictors) != len(decoder.layers):
             raise ValueError(f"expected {len(decoder.layers)} layer predictors, found {len(predictors)}")
         self.decoder = decoder
         self.ffns = []
         for layer, predictor in zip(decoder.layers, predictors, strict=True):
             mlp = layer.mlp
-            ffn = SparseFeedForward(
-                mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight.T, mlp.activation, predictor
-            )
+            ffn = ffn_class(mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight.T, mlp.activation, predictor)
             layer.mlp = ffn
             self.ffns.append(ffn)
 

@@ -1,17 +1,82 @@
 /* edge-sdk CPU kernels: the C side shared by the Python CPU backend (through ctypes) and the C runtime.
- * Every kernel keeps the argument order of its CUDA launcher in plugins/kernels (DESIGN.md 3.6). */
+ * Every kernel keeps the argument order of its CUDA launcher in plugins/kernels (DESIGN.md 3.6), minus the
+ * stream: edge_<op>(stream, ...) on CUDA is edge_cpu_<op>(...) here.
+ *
+ * Conventions for every kernel below:
+ * - Returns an edge_cpu_status: 0 on success, nonzero when an argument is invalid (a required pointer is
+ *   NULL, a size is <= 0, an enum is out of range). Nothing is written on failure; the library never
+ *   aborts or exits.
+ * - Weights are read in place through the caller's pointers (e.g. into memory-mapped safetensors): no
+ *   kernel copies a weight matrix or allocates memory proportional to it.
+ * - Results are deterministic: the same inputs give bit-identical outputs for any thread count, because
+ *   every output element is computed by one thread with a fixed summation order (no float atomics, no
+ *   cross-thread reductions).
+ * - Thread safety: kernels keep no global state; concurrent calls are safe when they do not share output
+ *   or workspace buffers. */
 #ifndef EDGE_CPU_KERNELS_H
 #define EDGE_CPU_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+enum edge_cpu_status {
+  EDGE_CPU_OK = 0,
+  EDGE_CPU_INVALID_ARGUMENT = 1,
+  EDGE_CPU_OUT_OF_MEMORY = 2, /* only edge_cpu_signbit_predictor for d > 65536, see there */
+};
+
+/* Storage type of weight matrices. Accumulation is always fp32. */
+enum edge_dtype { EDGE_F32 = 0, EDGE_F16 = 1 };
+
+/* Gated-FFN activation (edge_sdk/model/activation.py): gate part act(g), up part for drelu only.
+ * relu: max(g, 0); fatrelu: g > t ? g : 0; drelu: max(g, 0) * max(u, 0); silu: g * sigmoid(g). */
+enum edge_activation { EDGE_ACT_RELU = 0, EDGE_ACT_FATRELU = 1, EDGE_ACT_DRELU = 2, EDGE_ACT_SILU = 3 };
 
 /* Version of edge-sdk the library was built from, e.g. "0.1.0". */
 const char *edge_cpu_version(void);
 
 /* Threads the kernels use: OpenMP's maximum, or 1 when built without OpenMP. */
 int edge_cpu_max_threads(void);
+
+/* SVD predictor (DESIGN 3.2): mask[i] = ((x B^T) A^T)_i + bias_i > 0.
+ * x: [d]; a: [D, rank]; b: [rank, d]; bias: [D] or NULL (zero bias); all fp32.
+ * mask: [D] output, 1 = predicted active. scratch: [rank] floats (holds x B^T). Uses all OpenMP threads. */
+int edge_cpu_svd_predictor(const float *x, int d, int D, int rank, const float *a, const float *b, const float *bias,
+                           uint8_t *mask, float *scratch);
+
+/* Sign-bit predictor (DESIGN 3.2, edge_sdk/sparsity/signbit.py).
+ * x: [d] fp32; packed: [D, ceil(d/32)] int32 sign bits of W_gate (bit j of word k = w[32k+j] < 0, padding
+ * bits 0); alpha: the layer's alpha. N_neg_i = popcount(packed_i XOR signbits(x)), N_pos_i = d - N_neg_i;
+ * mask[i] = 0 when alpha * N_pos_i < N_neg_i (compared in double), else 1. x's sign bit is x_j < 0, so
+ * -0.0 and NaN count as non-negative. x's packed bits live on the stack up to d = 65536; a larger d
+ * allocates d/8 bytes (and returns EDGE_CPU_OUT_OF_MEMORY if that fails). Uses all OpenMP threads. */
+int edge_cpu_signbit_predictor(const float *x, int d, int D, const int32_t *packed, float alpha, uint8_t *mask);
+
+/* Bytes of workspace edge_cpu_sparse_ffn needs for d x D with `threads` threads (O(D), independent of d
+ * today; d and threads are part of the contract so the layout may use them without an API change).
+ * Returns 0 when d <= 0 or D <= 0. */
+size_t edge_cpu_sparse_ffn_workspace_size(int d, int D, int threads);
+
+/* Sequential SparseFFN for one decode token (DESIGN 3.1, edge_sdk/sparsity/ffn.py sparse_ffn):
+ *   for i in mask:   g_i = w_gate_i . x ; a_i = act(g_i)
+ *   active = { i in mask : a_i != 0 [and |a_i| > thresholds_i] }   (predictor false positives dropped)
+ *   for i in active: u_i = w_up_i . x [drelu: max(u_i, 0)] ; h_i = a_i * u_i
+ *   y = sum over active of h_i * w_down_t_i   (rows with h_i == 0 add exactly zero and are not read)
+ * x: [d] fp32; w_gate, w_up, w_down_t: [D, d] row-major, all of weight_dtype (enum edge_dtype), w_down_t
+ * is W_down transposed so neuron i's down weights are row i. mask: [D] uint8 (nonzero = predicted
+ * active) or NULL for dense. thresholds: [D] fp32 CHESS thresholds or NULL. act_threshold: fatrelu's t
+ * (>= 0), ignored otherwise. y: [d] fp32 output. workspace: edge_cpu_sparse_ffn_workspace_size(d, D,
+ * threads) bytes, any alignment, reusable across calls (not concurrently). threads <= 0 means
+ * omp_get_max_threads(). active_out: [D] uint8 or NULL; receives 1 for the neurons in `active`.
+ * Gate and up are parallel over neurons, each dot product in one thread with fixed lanes; the down
+ * projection is parallel over column slices of y, each summing the active rows in increasing order. */
+int edge_cpu_sparse_ffn(const float *x, int d, int D, const void *w_gate, const void *w_up, const void *w_down_t,
+                        int weight_dtype, const uint8_t *mask, const float *thresholds, int activation,
+                        float act_threshold, float *y, void *workspace, int threads, uint8_t *active_out);
 
 #ifdef __cplusplus
 }

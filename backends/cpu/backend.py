@@ -1,0 +1,127 @@
+"""CPU backend: attention and the dense prefill in torch, the decode FFN in the native C kernels.
+
+The FFN weights stay the memory-mapped tensors of weights.safetensors (fp32 or fp16, read in place by
+the kernels); predictor masks come from the C predictor kernels; core masks from the torch prefill.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from edge_sdk.errors import EdgeSdkError
+from edge_sdk.export.bundle import Bundle
+from edge_sdk.export.exporter import load_reference_decoder
+from edge_sdk.native import NativeLibraryError, load_cpu_kernels
+from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions
+from edge_sdk.sparsity.sparse_model import SparseFeedForward
+
+from . import kernels
+
+NATIVE_WEIGHT_DTYPES = (torch.float32, torch.float16)
+
+
+class NativeFeedForward(SparseFeedForward):
+    """SparseFeedForward whose decode step runs the C predictor and SparseFFN kernels, one token at a time."""
+
+    def __init__(self, *args, threads: int = 0, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.w_gate.dtype not in NATIVE_WEIGHT_DTYPES:
+            # the kernels read fp32 or fp16; bf16 bundles are widened once at load
+            self.w_gate, self.w_up, self.w_down_t = (w.float() for w in (self.w_gate, self.w_up, self.w_down_t))
+        self.w_down_t = self.w_down_t.contiguous()
+        n_neurons, d = self.w_gate.shape
+        self.kernel = kernels.SparseFFNKernel(d, n_neurons, threads)
+        self.output = torch.empty(d, dtype=torch.float32)
+
+    def _native_mask(self, token: torch.Tensor, row: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The predictor mask [D] (None = every neuron) and CHESS thresholds for one decode token."""
+        kind, tensors = self.predictor.kind, self.predictor.tensors
+        if self.dense:
+            return None, None
+        if kind == "svd":
+            bias = tensors["svd.biases"][self.level_index]
+            return kernels.svd_predictor(token, tensors["svd.a"], tensors["svd.b"], bias), None
+        if kind == "signbit":
+            return kernels.signbit_predictor(token, tensors["signbit.packed"], float(tensors["signbit.alpha"][0])), None
+        if kind == "core":
+            if self.core_mask is None:
+                raise EdgeSdkError("core predictor: decode called before prefill chose the core neurons")
+            return self.core_mask[row].contiguous(), None
+        if kind == "threshold":
+            return None, tensors["threshold.thresholds"][self.level_index].contiguous()
+        return None, None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [B, S, d]
+        if self.phase == "prefill":
+            return self._prefill(x)
+        tokens = x.reshape(-1, x.shape[-1]).float()
+        outputs = []
+        for row, token in enumerate(tokens):
+            mask, thresholds = self._native_mask(token.contiguous(), row)
+            y = self.kernel(
+                token.contiguous(),
+                self.w_gate,
+                self.w_up,
+                self.w_down_t,
+                self.activation,
+                mask=mask,
+                thresholds=thresholds,
+                out=self.output,
+            )
+            outputs.append(y.clone())
+        return torch.stack(outputs).to(x.dtype).view_as(x)
+
+
+class CpuEngine:
+    """Engine protocol over a bundle on the CPU."""
+
+    def __init__(self, bundle: Bundle, options: EngineOptions):
+        if options.threads > 0:
+            torch.set_num_threads(options.threads)
+        feed_forward = functools.partial(NativeFeedForward, threads=options.threads)
+        self.model = load_reference_decoder(bundle, ffn_class=feed_forward, ffn_as_stored=True)
+        sparsity = bundle.sparsity
+        self.level = None
+        if sparsity.levels:
+            index = sparsity.level_index(options.sparsity)
+            self.level = sparsity.levels[index]
+            self.model.configure(level_index=index, dense=options.dense)
+        elif options.sparsity is not None and not options.dense:
+            sparsity.level_index(options.sparsity)  # raises: this predictor has no levels
+        else:
+            self.model.configure(dense=options.dense)
+        self.vocab_size = bundle.config.vocab_size
+        self.max_seq_len = bundle.manifest["max_seq_len"]
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        return self.model.prefill(torch.tensor([ids], dtype=torch.long))[0, -1].numpy()
+
+    def decode(self, token: int) -> np.ndarray:
+        return self.model.decode(torch.tensor([[token]], dtype=torch.long))[0, -1].numpy()
+
+    def reset(self) -> None:
+        self.model.reset()
+
+
+class CpuBackend:
+    name = "cpu"
+
+    def probe(self) -> tuple[bool, str]:
+        try:
+            library = load_cpu_kernels()
+        except (NativeLibraryError, OSError) as error:
+            return False, str(error)
+        return True, f"native kernels {library.edge_cpu_version().decode()}, {library.edge_cpu_max_threads()} threads"
+
+    def load(self, bundle: Bundle, options: EngineOptions) -> CpuEngine:
+        available, reason = self.probe()
+        if not available:
+            raise BackendUnavailable(f"backend 'cpu' is not available here: {reason}")
+        return CpuEngine(bundle, options)
+
+
+BACKEND = CpuBackend()

@@ -1,0 +1,225 @@
+"""ctypes bindings of the native CPU kernels (plugins/kernels/cpu/edge_cpu_kernels.h) on torch tensors.
+
+Tensors are passed by data_ptr(), never copied: the weights are read in place (e.g. from memory-mapped
+safetensors). So every tensor must already be on the CPU, contiguous, and of the dtype and shape the kernel
+expects; anything else is a ValueError naming the argument, the expected and the found value.
+The C calls release the GIL; one SparseFFNKernel must not be called from two threads at once (it owns
+one workspace).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from edge_sdk.model.activation import Activation
+from edge_sdk.native import load_cpu_kernels
+
+# enum edge_dtype, enum edge_activation and enum edge_cpu_status of edge_cpu_kernels.h.
+WEIGHT_DTYPES = {torch.float32: 0, torch.float16: 1}
+ACTIVATIONS = {"relu": 0, "fatrelu": 1, "drelu": 2, "silu": 3}
+_STATUS_OUT_OF_MEMORY = 2
+
+_ptr = ctypes.c_void_p
+_int = ctypes.c_int
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    """The kernel library with every kernel's signature declared once."""
+    library = load_cpu_kernels()
+    signatures = {
+        # x, d, D, rank, a, b, bias, mask, scratch
+        "edge_cpu_svd_predictor": [_ptr, _int, _int, _int, _ptr, _ptr, _ptr, _ptr, _ptr],
+        # x, d, D, packed, alpha, mask
+        "edge_cpu_signbit_predictor": [_ptr, _int, _int, _ptr, ctypes.c_float, _ptr],
+        "edge_cpu_sparse_ffn": [
+            _ptr,  # x
+            _int,  # d
+            _int,  # D
+            _ptr,  # w_gate
+            _ptr,  # w_up
+            _ptr,  # w_down_t
+            _int,  # weight_dtype
+            _ptr,  # mask
+            _ptr,  # thresholds
+            _int,  # activation
+            ctypes.c_float,  # act_threshold
+            _ptr,  # y
+            _ptr,  # workspace
+            _int,  # threads
+            _ptr,  # active_out
+        ],
+    }
+    for name, argtypes in signatures.items():
+        function = getattr(library, name)
+        function.argtypes = argtypes
+        function.restype = ctypes.c_int
+    library.edge_cpu_sparse_ffn_workspace_size.argtypes = [_int, _int, _int]
+    library.edge_cpu_sparse_ffn_workspace_size.restype = ctypes.c_size_t
+    return library
+
+
+def _check_tensor(name: str, tensor: object, dtypes: tuple[torch.dtype, ...], shape: list[int]) -> torch.Tensor:
+    """tensor must be a contiguous CPU torch.Tensor of one of `dtypes` and exactly `shape`."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, found {type(tensor).__name__}")
+    if tensor.device.type != "cpu":
+        raise ValueError(f"{name}: expected a CPU tensor, found device {tensor.device}")
+    if tensor.dtype not in dtypes:
+        expected = " or ".join(str(dtype) for dtype in dtypes)
+        raise ValueError(f"{name}: expected dtype {expected}, found {tensor.dtype}")
+    if list(tensor.shape) != shape:
+        raise ValueError(f"{name}: expected shape {shape}, found {list(tensor.shape)}")
+    if not tensor.is_contiguous():
+        raise ValueError(
+            f"{name}: expected a contiguous tensor (the kernel reads it in place), found strides "
+            f"{list(tensor.stride())}"
+        )
+    return tensor
+
+
+def _check_status(function: str, status: int) -> None:
+    """The arguments were validated here, so a nonzero status is a bug in this module or an allocation failure."""
+    if status == _STATUS_OUT_OF_MEMORY:
+        raise MemoryError(f"{function}: out of memory")
+    if status != 0:
+        raise RuntimeError(f"{function}: returned status {status} for arguments that passed validation")
+
+
+def _optional_ptr(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
+def _vector_size(name: str, x: object) -> int:
+    if not isinstance(x, torch.Tensor) or x.dim() != 1 or x.numel() == 0:
+        found = f"shape {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{name}: expected a non-empty 1-D tensor [d], found {found}")
+    return x.shape[0]
+
+
+def max_threads() -> int:
+    """Threads a kernel uses when asked for threads <= 0: OpenMP's maximum (1 in a build without OpenMP)."""
+    return _library().edge_cpu_max_threads()
+
+
+def svd_predictor(
+    x: torch.Tensor,  # [d] float32
+    a: torch.Tensor,  # [D, rank] float32
+    b: torch.Tensor,  # [rank, d] float32
+    bias: torch.Tensor | None,  # [D] float32, or None for no bias
+) -> torch.Tensor:
+    """Predicted-active mask [D] bool: (x B^T) A^T + bias > 0 (SvdPredictor.scores plus the calibrated bias)."""
+    d = _vector_size("x", x)
+    _check_tensor("x", x, (torch.float32,), [d])
+    if not isinstance(a, torch.Tensor) or a.dim() != 2 or 0 in a.shape:
+        raise ValueError(f"a: expected a non-empty 2-D tensor [D, rank], found {getattr(a, 'shape', type(a))}")
+    n_neurons, rank = a.shape
+    _check_tensor("a", a, (torch.float32,), [n_neurons, rank])
+    _check_tensor("b", b, (torch.float32,), [rank, d])
+    if bias is not None:
+        _check_tensor("bias", bias, (torch.float32,), [n_neurons])
+    mask = torch.empty(n_neurons, dtype=torch.uint8)
+    scratch = torch.empty(rank, dtype=torch.float32)
+    status = _library().edge_cpu_svd_predictor(
+        x.data_ptr(),
+        d,
+        n_neurons,
+        rank,
+        a.data_ptr(),
+        b.data_ptr(),
+        _optional_ptr(bias),
+        mask.data_ptr(),
+        scratch.data_ptr(),
+    )
+    _check_status("edge_cpu_svd_predictor", status)
+    return mask.view(torch.bool)
+
+
+def signbit_predictor(
+    x: torch.Tensor,  # [d] float32
+    packed: torch.Tensor,  # [D, ceil(d/32)] int32, pack_sign_bits(W_gate)
+    alpha: float,
+) -> torch.Tensor:
+    """Predicted-active mask [D] bool, as signbit.signbit_mask. alpha is rounded to fp32 (as an ONNX attribute is)."""
+    d = _vector_size("x", x)
+    _check_tensor("x", x, (torch.float32,), [d])
+    if not isinstance(packed, torch.Tensor) or packed.dim() != 2 or packed.shape[0] == 0:
+        raise ValueError(f"packed: expected a 2-D tensor [D, ceil(d/32)], found {getattr(packed, 'shape', packed)}")
+    n_neurons = packed.shape[0]
+    _check_tensor("packed", packed, (torch.int32,), [n_neurons, (d + 31) // 32])
+    mask = torch.empty(n_neurons, dtype=torch.uint8)
+    status = _library().edge_cpu_signbit_predictor(
+        x.data_ptr(), d, n_neurons, packed.data_ptr(), float(alpha), mask.data_ptr()
+    )
+    _check_status("edge_cpu_signbit_predictor", status)
+    return mask.view(torch.bool)
+
+
+class SparseFFNKernel:
+    """The sequential SparseFFN of sparsity/ffn.py for one token, on d x D weights, with its workspace.
+
+    The workspace (O(D) bytes) is allocated once here and reused by every call, so a call allocates nothing
+    but its output (and not even that when `out` is given). threads <= 0 uses every OpenMP thread.
+    """
+
+    def __init__(self, d: int, D: int, threads: int = 0) -> None:
+        if d < 1 or D < 1:
+            raise ValueError(f"d, D: expected sizes >= 1, found d={d}, D={D}")
+        self.d = d
+        self.n_neurons = D
+        self.threads = threads
+        size = _library().edge_cpu_sparse_ffn_workspace_size(d, D, threads)
+        self._workspace = torch.empty(size, dtype=torch.uint8)
+
+    def __call__(
+        self,
+        x: torch.Tensor,  # [d] float32
+        w_gate: torch.Tensor,  # [D, d] float32 or float16
+        w_up: torch.Tensor,  # [D, d], same dtype as w_gate
+        w_down_t: torch.Tensor,  # [D, d], W_down transposed, same dtype as w_gate
+        activation: Activation,
+        mask: torch.Tensor | None = None,  # [D] bool, None = dense
+        thresholds: torch.Tensor | None = None,  # [D] float32 CHESS thresholds on |act.gate(g)|
+        out: torch.Tensor | None = None,  # [d] float32, receives y
+        active_out: torch.Tensor | None = None,  # [D] bool, receives the neurons that reached up/down
+    ) -> torch.Tensor:
+        """y [d] float32 = sparse_ffn(x, w_gate, w_up, w_down_t, mask, activation, thresholds=...).output."""
+        d, n_neurons = self.d, self.n_neurons
+        if not isinstance(activation, Activation):
+            raise ValueError(f"activation: expected an Activation, found {type(activation).__name__}")
+        _check_tensor("x", x, (torch.float32,), [d])
+        _check_tensor("w_gate", w_gate, tuple(WEIGHT_DTYPES), [n_neurons, d])
+        _check_tensor("w_up", w_up, (w_gate.dtype,), [n_neurons, d])
+        _check_tensor("w_down_t", w_down_t, (w_gate.dtype,), [n_neurons, d])
+        if mask is not None:
+            _check_tensor("mask", mask, (torch.bool,), [n_neurons])
+        if thresholds is not None:
+            _check_tensor("thresholds", thresholds, (torch.float32,), [n_neurons])
+        if out is None:
+            out = torch.empty(d, dtype=torch.float32)
+        else:
+            _check_tensor("out", out, (torch.float32,), [d])
+        if active_out is not None:
+            _check_tensor("active_out", active_out, (torch.bool,), [n_neurons])
+        status = _library().edge_cpu_sparse_ffn(
+            x.data_ptr(),
+            d,
+            n_neurons,
+            w_gate.data_ptr(),
+            w_up.data_ptr(),
+            w_down_t.data_ptr(),
+            WEIGHT_DTYPES[w_gate.dtype],
+            _optional_ptr(mask),
+            _optional_ptr(thresholds),
+            ACTIVATIONS[activation.kind],
+            activation.threshold,
+            out.data_ptr(),
+            self._workspace.data_ptr(),
+            self.threads,
+            _optional_ptr(active_out),
+        )
+        _check_status("edge_cpu_sparse_ffn", status)
+        return out

@@ -1,0 +1,213 @@
+"""Decode-FFN benchmark: the native sparse kernel against torch's dense GEMVs at chosen realized sparsities.
+
+One decode step of a gated ReLU FFN is three GEMVs, bound by memory bandwidth. The sparse kernel reads
+only the weight rows of the neurons that fire, so at sparsity s it should approach 1 / (1 - s) times the
+dense speed. The data are arranged so that the realized sparsity is the requested one: x and the weights
+are random normal (fixed seed); an active set of round((1 - s) D) neurons is drawn and every W_gate row
+whose g_i = W_gate_i . x has the wrong sign is negated, so relu(g) is nonzero exactly on the active set.
+The mask given to the sparse kernel is that active set (a perfect predictor); predictor costs are timed
+separately (svd_predictor_ms, signbit_predictor_ms) and not included in sparse_ms.
+
+Variants are timed interleaved (one call of each per repetition, median of the repetitions after warm-up),
+so a machine whose load changes during the run affects all of them alike. Before every timed call the
+caches are flushed by reading a buffer larger than any last-level cache: in a real decode step the other
+layers' weights pass through the caches between two calls of one layer, and at high sparsity the rows a
+sparse call reads (27 MB at 95% for llama2-7b fp32) would otherwise stay in a 32 MB L3 and flatter it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from edge_sdk.backends.cpu.kernels import SparseFFNKernel, max_threads, signbit_predictor, svd_predictor
+from edge_sdk.model.activation import Activation
+from edge_sdk.sparsity.signbit import words_for
+from edge_sdk.sparsity.svd import default_rank
+
+SHAPES = {"llama2-7b": (4096, 11008), "mistral-7b": (4096, 14336), "qwen2-7b": (3584, 18944)}
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+# Reading this many bytes between timed calls evicts the weights from every cache level.
+_FLUSH_BYTES = 256 << 20
+_SHAPE_PATTERN = re.compile(r"(\d+)x(\d+)")
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    """A preset name (SHAPES) or "dxD" such as "4096x11008" -> (d, D): hidden size, FFN neurons."""
+    if text in SHAPES:
+        return SHAPES[text]
+    match = _SHAPE_PATTERN.fullmatch(text.strip())
+    if match is None or min(int(match[1]), int(match[2])) < 1:
+        raise ValueError(f"shape: expected one of {', '.join(SHAPES)} or dxD like 4096x11008, found {text!r}")
+    return int(match[1]), int(match[2])
+
+
+class _FFNWeights:
+    """The FFN weights in both layouts: neuron-major for the kernel, W_down [d, D] for torch."""
+
+    def __init__(self, d: int, n_neurons: int, dtype: torch.dtype, generator: torch.Generator) -> None:
+        self.x = torch.randn(d, generator=generator)  # [d]
+        self.w_gate, self.w_up, self.w_down_t = (
+            torch.randn(n_neurons, d, generator=generator).to(dtype) for _ in range(3)
+        )  # [D, d] each
+        self.w_down = self.w_down_t.T.contiguous()  # [d, D], as nn.Linear stores it
+        self.x_torch = self.x.to(dtype)  # torch's dense path runs in the weights' dtype
+
+    def make_active(self, active: torch.Tensor) -> None:
+        """Negate the W_gate rows whose gate sign disagrees with `active` [D] bool (negation is exact)."""
+        positive = (self.w_gate.to(torch.float32) @ self.x) > 0
+        self.w_gate[positive != active] *= -1
+
+
+def _median_ms(samples: list[float]) -> float:
+    return sorted(samples)[len(samples) // 2] * 1e3
+
+
+def _time_interleaved(variants: dict[str, Callable[[], object]], repeats: int, warmup: int) -> dict[str, float]:
+    """Median milliseconds of each variant, with cold caches before every call."""
+    flush = torch.ones(_FLUSH_BYTES // 4, dtype=torch.float32)
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for step in range(warmup + repeats):
+        for name, run in variants.items():
+            flush.sum()
+            start = time.perf_counter()
+            run()
+            elapsed = time.perf_counter() - start
+            if step >= warmup:
+                samples[name].append(elapsed)
+    return {name: _median_ms(values) for name, values in samples.items()}
+
+
+def bench_ffn(
+    d: int,
+    D: int,
+    sparsities: Sequence[float] = (0.5, 0.8, 0.9, 0.95),
+    dtype: str = "fp32",
+    threads: int = 0,
+    repeats: int = 20,
+    warmup: int = 3,
+    seed: int = 0,
+) -> list[dict]:
+    """Time torch dense vs the native kernel dense and sparse for d x D relu FFN weights, one row per sparsity.
+
+    threads > 0 sets both the kernel's and torch's thread count (torch's is restored afterwards); 0 uses
+    their defaults. Row fields: the setup (d, D, dtype, threads), sparsity (requested), realized_sparsity
+    (measured by the kernel), dense_torch_ms (F.linear gate and up, relu, F.linear down), dense_kernel_ms
+    (every neuron active, mask None), no_predictor_ms (mask None at this sparsity: every gate row read, up
+    and down only for active neurons), sparse_ms (mask = the active set), speedup_vs_torch,
+    speedup_vs_dense_kernel, sparse_gb_per_s (weight bytes the sparse kernel must read -- the gate, up and
+    down rows of the active neurons -- per second), svd_predictor_ms (rank default_rank(D)) and
+    signbit_predictor_ms.
+    """
+    n_neurons = D
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
+    if d < 1 or n_neurons < 1:
+        raise ValueError(f"d, D: expected sizes >= 1, found d={d}, D={n_neurons}")
+    for sparsity in sparsities:
+        if not 0.0 <= sparsity < 1.0:
+            raise ValueError(f"sparsities: expected values in [0, 1), found {sparsity}")
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats, warmup: expected >= 1 and >= 0, found {repeats}, {warmup}")
+
+    generator = torch.Generator().manual_seed(seed)
+    weights = _FFNWeights(d, n_neurons, DTYPES[dtype], generator)
+    row_bytes = d * weights.w_gate.element_size()
+    kernel = SparseFFNKernel(d, n_neurons, threads)
+    relu = Activation("relu")
+    out = torch.empty(d, dtype=torch.float32)
+
+    def torch_dense() -> torch.Tensor:
+        x, w = weights.x_torch, weights
+        return F.linear(F.relu(F.linear(x, w.w_gate)) * F.linear(x, w.w_up), w.w_down)
+
+    def kernel_call(mask: torch.Tensor | None = None, active_out: torch.Tensor | None = None) -> torch.Tensor:
+        w = weights
+        return kernel(w.x, w.w_gate, w.w_up, w.w_down_t, relu, mask=mask, out=out, active_out=active_out)
+
+    rank = min(default_rank(n_neurons), d)
+    svd_factors = (torch.randn(n_neurons, rank, generator=generator), torch.randn(rank, d, generator=generator))
+    packed = torch.randint(-(2**31), 2**31, (n_neurons, words_for(d)), dtype=torch.int32, generator=generator)
+
+    saved_torch_threads = torch.get_num_threads()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        weights.make_active(torch.ones(n_neurons, dtype=torch.bool))
+        fixed = _time_interleaved(
+            {
+                "dense_kernel_ms": kernel_call,
+                "svd_predictor_ms": lambda: svd_predictor(weights.x, *svd_factors, None),
+                "signbit_predictor_ms": lambda: signbit_predictor(weights.x, packed, 1.0),
+            },
+            repeats,
+            warmup,
+        )
+        rows = []
+        for sparsity in sparsities:
+            n_active = round((1.0 - sparsity) * n_neurons)
+            active = torch.zeros(n_neurons, dtype=torch.bool)
+            active[torch.randperm(n_neurons, generator=generator)[:n_active]] = True
+            weights.make_active(active)
+            realized = torch.zeros(n_neurons, dtype=torch.bool)
+            kernel_call(active, realized)
+            timings = _time_interleaved(
+                {
+                    "dense_torch_ms": torch_dense,
+                    "no_predictor_ms": kernel_call,
+                    "sparse_ms": lambda mask=active: kernel_call(mask),
+                },
+                repeats,
+                warmup,
+            )
+            rows.append(
+                {
+                    "d": d,
+                    "D": n_neurons,
+                    "dtype": dtype,
+                    "threads": threads if threads > 0 else max_threads(),
+                    "sparsity": sparsity,
+                    "realized_sparsity": 1.0 - realized.sum().item() / n_neurons,
+                    "dense_torch_ms": timings["dense_torch_ms"],
+                    "dense_kernel_ms": fixed["dense_kernel_ms"],
+                    "no_predictor_ms": timings["no_predictor_ms"],
+                    "sparse_ms": timings["sparse_ms"],
+                    "speedup_vs_torch": timings["dense_torch_ms"] / timings["sparse_ms"],
+                    "speedup_vs_dense_kernel": fixed["dense_kernel_ms"] / timings["sparse_ms"],
+                    "sparse_gb_per_s": 3 * n_active * row_bytes / timings["sparse_ms"] / 1e6,
+                    "svd_predictor_ms": fixed["svd_predictor_ms"],
+                    "signbit_predictor_ms": fixed["signbit_predictor_ms"],
+                }
+            )
+        return rows
+    finally:
+        torch.set_num_threads(saved_torch_threads)
+
+
+COLUMNS = (
+    "sparsity",
+    "realized_sparsity",
+    "dense_torch_ms",
+    "dense_kernel_ms",
+    "no_predictor_ms",
+    "sparse_ms",
+    "speedup_vs_torch",
+    "speedup_vs_dense_kernel",
+    "sparse_gb_per_s",
+    "svd_predictor_ms",
+    "signbit_predictor_ms",
+)
+
+
+def format_table(rows: list[dict]) -> str:
+    """The rows as a fixed-width text table (one header line, one line per row)."""
+    widths = [max(len(name), 8) for name in COLUMNS]
+    lines = ["  ".join(name.rjust(width) for name, width in zip(COLUMNS, widths, strict=True))]
+    for row in rows:
+        cells = [f"{row[name]:.3f}" if isinstance(row[name], float) else str(row[name]) for name in COLUMNS]
+        lines.append("  ".join(cell.rjust(width) for cell, width in zip(cells, widths, strict=True)))
+    return "\n".join(lines)

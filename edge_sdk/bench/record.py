@@ -1,0 +1,50 @@
+"""What every benchmark result file carries: the machine, the date and the commit it measured."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+from typing import Any
+
+import torch
+
+from edge_sdk import __version__
+
+
+def _commit() -> str | None:
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.strip()
+
+
+def machine_description() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            cpu = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def with_machine_info(payload: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **payload,
+        "machine": machine_description(),
+        "date": datetime.date.today().isoformat(),
+        "commit": _commit(),
+        "edge_sdk": __version__,
+    }

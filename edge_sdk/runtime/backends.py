@@ -1,0 +1,83 @@
+"""Backend registry, probing and selection (DESIGN.md 3.5).
+
+Each backend is a module edge_sdk.backends.<name> exposing BACKEND, an object with a `name`,
+`probe() -> (available, reason)` and `load(bundle, options) -> Engine`. Auto selection tries them in
+BACKEND_ORDER and reports why each earlier one was skipped; a backend the user named that is not
+available is an error, never a silent fallback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from edge_sdk.errors import EdgeSdkError
+from edge_sdk.runtime.engine import Engine
+
+BACKEND_ORDER = ("tensorrt", "cann", "cpu")
+BACKEND_ENV = "EDGE_SDK_BACKEND"
+
+
+class BackendUnavailable(EdgeSdkError):
+    """The requested backend cannot run on this machine."""
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    sparsity: float | None = None  # a calibrated level; None = the bundle's default
+    dense: bool = False  # predict every neuron active (the dense model through the same code path)
+    threads: int = 0  # <= 0: all cores
+
+
+class Backend(Protocol):
+    name: str
+
+    def probe(self) -> tuple[bool, str]: ...
+
+    def load(self, bundle, options: EngineOptions) -> Engine: ...
+
+
+def get_backend(name: str) -> Backend:
+    if name not in BACKEND_ORDER:
+        raise EdgeSdkError(f"unknown backend {name!r}; expected one of auto, {', '.join(BACKEND_ORDER)}")
+    return importlib.import_module(f"edge_sdk.backends.{name}").BACKEND
+
+
+@dataclass
+class Selection:
+    backend: Backend
+    reason: str
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    def describe(self) -> list[str]:
+        """The lines the runtime prints: each skipped backend with its reason, then the choice."""
+        lines = [f"backend {name}: skipped ({reason})" for name, reason in self.skipped]
+        lines.append(f"backend {self.backend.name}: selected ({self.reason})")
+        return lines
+
+
+def select_backend(requested: str | None = None) -> Selection:
+    """`requested` (or $EDGE_SDK_BACKEND) names a backend, or is "auto"/None for the first available."""
+    choice = requested or os.environ.get(BACKEND_ENV) or "auto"
+    if choice != "auto":
+        backend = get_backend(choice)
+        available, reason = backend.probe()
+        if not available:
+            source = "--backend" if requested else f"${BACKEND_ENV}"
+            raise BackendUnavailable(f"backend '{choice}' ({source}) is not available here: {reason}")
+        return Selection(backend, f"requested; {reason}")
+    skipped = []
+    for name in BACKEND_ORDER:
+        backend = get_backend(name)
+        available, reason = backend.probe()
+        if available:
+            return Selection(backend, reason, skipped)
+        skipped.append((name, reason))
+    details = "; ".join(f"{name}: {reason}" for name, reason in skipped)
+    raise BackendUnavailable(f"no backend is available: {details}")
+
+
+def probe_all() -> dict[str, tuple[bool, str]]:
+    return {name: get_backend(name).probe() for name in BACKEND_ORDER}

@@ -1,0 +1,85 @@
+"""The Python API: `edge_sdk.load(bundle) -> Session`, `Session.generate(prompt) -> text pieces`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from edge_sdk.export.bundle import Bundle
+from edge_sdk.model.tokenizer import Tokenizer
+from edge_sdk.runtime.backends import EngineOptions, Selection, select_backend
+from edge_sdk.runtime.chat import chat_prompt_ids
+from edge_sdk.runtime.generator import GenerationStats, Generator, SamplingSettings
+
+
+class Session:
+    """A bundle loaded on one backend, ready to generate. One sequence at a time; not thread-safe."""
+
+    def __init__(self, bundle: Bundle, selection: Selection, options: EngineOptions):
+        self.bundle = bundle
+        self.selection = selection
+        self.options = options
+        self.engine = selection.backend.load(bundle, options)
+        self.tokenizer = Tokenizer.from_dir(bundle.path, bundle.config.eos_token_ids)
+        self.generator = Generator(self.engine, self.tokenizer)
+
+    @property
+    def info(self) -> dict[str, Any]:
+        config, sparsity = self.bundle.config, self.bundle.sparsity
+        if self.options.dense:
+            level: float | str | None = "dense"
+        elif sparsity.levels:
+            level = sparsity.levels[sparsity.level_index(self.options.sparsity)]
+        else:
+            level = None
+        return {
+            "bundle": str(self.bundle.path),
+            "backend": self.selection.backend.name,
+            "backend_reason": self.selection.reason,
+            "predictor": sparsity.predictor,
+            "sparsity_level": level,
+            "calibrated_levels": list(sparsity.levels),
+            "architecture": config.architecture,
+            "layers": config.num_layers,
+            "hidden_size": config.hidden_size,
+            "intermediate_size": config.intermediate_size,
+            "vocab_size": config.vocab_size,
+            "max_seq_len": self.engine.max_seq_len,
+            "dtype": self.bundle.manifest["dtype"],
+        }
+
+    def generate(self, prompt: str, *, chat: bool = False, **sampling: Any) -> Iterator[str]:
+        """Stream the generated text (not the prompt). sampling: SamplingSettings fields (max_new_tokens,
+        temperature, top_k, top_p, seed, stop, stop_on_eos). chat: wrap the prompt in the chat template."""
+        settings = SamplingSettings(**sampling)
+        if chat:
+            ids = chat_prompt_ids(self.tokenizer, [{"role": "user", "content": prompt}])
+            return self.generator.stream(ids, settings)
+        return self.generator.stream(prompt, settings)
+
+    @property
+    def stats(self) -> GenerationStats | None:
+        """Timing and stop reason of the last finished generation."""
+        return self.generator.last_stats
+
+
+def load(
+    bundle: str | Path,
+    backend: str = "auto",
+    *,
+    sparsity: float | None = None,
+    dense: bool = False,
+    threads: int = 0,
+    verify_checksums: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> Session:
+    """Open and verify a bundle, pick a backend (auto: tensorrt > cann > cpu) and load it.
+
+    log receives the selection report: why each earlier backend was skipped and which one was chosen."""
+    opened = Bundle.open(bundle, verify_checksums=verify_checksums)
+    selection = select_backend(None if backend == "auto" else backend)
+    if log is not None:
+        for line in selection.describe():
+            log(line)
+    return Session(opened, selection, EngineOptions(sparsity=sparsity, dense=dense, threads=threads))

@@ -1,0 +1,317 @@
+"""Native CPU kernels (plugins/kernels/cpu) against the torch reference: sparsity/ffn.py, svd.py, signbit.py."""
+
+import ctypes
+import re
+
+import pytest
+import torch
+
+from edge_sdk.model.activation import Activation
+from edge_sdk.native import NativeLibraryError, load_cpu_kernels
+from edge_sdk.sparsity.ffn import dense_ffn, sparse_ffn
+from edge_sdk.sparsity.signbit import pack_sign_bits, signbit_mask
+from edge_sdk.sparsity.svd import SvdPredictor
+
+try:
+    load_cpu_kernels()
+except (NativeLibraryError, OSError) as error:  # the package build must have compiled it; say why if not
+    pytest.skip(f"CPU kernel library not loadable: {error}", allow_module_level=True)
+
+from edge_sdk.backends.cpu import kernels
+from edge_sdk.backends.cpu.kernels import SparseFFNKernel, signbit_predictor, svd_predictor
+
+# SparseFFN tolerance: fp32 accumulation in another summation order than torch's matmul, so the bound is
+# relative to the output's scale: max |y - y_ref| <= FFN_RTOL * max |y_ref|. fp16 weights are compared with
+# a reference on the same fp16 values upcast, so the bound is the same.
+FFN_RTOL = 1e-5
+# Test data keep every masked neuron this far from its activity boundary (g = 0, g = t, |a| = threshold),
+# so the kernel's rounding cannot flip it and `active` must match exactly.
+DECISION_MARGIN = 1e-4
+# SVD predictor: scores whose reference value is within this of zero may round either way.
+SVD_SCORE_TOLERANCE = 1e-5
+
+SIZES = [(45, 77), (97, 300), (130, 77), (130, 300)]
+ACTIVATIONS = {
+    "relu": Activation("relu"),
+    "fatrelu": Activation("fatrelu", 0.05),
+    "drelu": Activation("drelu"),
+    "silu": Activation("silu"),
+}
+DTYPES = [torch.float32, torch.float16]
+
+
+def random_ffn(d, n_neurons, dtype=torch.float32, seed=0):
+    """x [d] fp32 and w_gate, w_up, w_down_t [D, d] of dtype, scaled so that y is O(1)."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(d, generator=generator)
+    weights = [(torch.randn(n_neurons, d, generator=generator) / d**0.5).to(dtype) for _ in range(3)]
+    return x, *weights
+
+
+def chess_thresholds(x, w_gate, activation, seed=0):
+    """Per-neuron thresholds around the median |act(g)|, so that roughly half of the neurons pass."""
+    gate_act = activation.gate(w_gate.float() @ x).abs()
+    generator = torch.Generator().manual_seed(seed)
+    return gate_act.median() * 2 * torch.rand(w_gate.shape[0], generator=generator)
+
+
+def assert_clear_decisions(x, w_gate, activation, mask, thresholds):
+    """The test data themselves must not sit on an activity boundary (else `active` may legitimately differ)."""
+    g = w_gate.float() @ x
+    margins = [(g - activation.threshold).abs() if activation.kind == "fatrelu" else g.abs()]
+    if thresholds is not None:
+        margins.append((activation.gate(g).abs() - thresholds).abs())
+    for margin in margins:
+        assert margin[mask].min() > DECISION_MARGIN, "test data too close to a decision boundary: change the seed"
+
+
+def assert_matches_reference(x, weights, activation, mask, thresholds=None, threads=0):
+    n_neurons, d = weights[0].shape
+    kernel = SparseFFNKernel(d, n_neurons, threads)
+    active = torch.zeros(n_neurons, dtype=torch.bool)
+    y = kernel(x, *weights, activation, mask=mask, thresholds=thresholds, active_out=active)
+    full = torch.ones(n_neurons, dtype=torch.bool)
+    reference = sparse_ffn(x, *weights, full if mask is None else mask, activation, thresholds=thresholds)
+    assert_clear_decisions(x, weights[0], activation, full if mask is None else mask, thresholds)
+    assert torch.equal(active, reference.active)
+    scale = reference.output.abs().max()
+    assert (y - reference.output).abs().max() <= FFN_RTOL * scale
+    return y, reference
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("activation", ACTIVATIONS.values(), ids=ACTIVATIONS)
+@pytest.mark.parametrize(("d", "n_neurons"), SIZES)
+def test_random_mask_with_false_positives_matches_reference(d, n_neurons, activation, dtype):
+    x, *weights = random_ffn(d, n_neurons, dtype, seed=d + n_neurons)
+    mask = torch.rand(n_neurons, generator=torch.Generator().manual_seed(1)) < 0.6
+    g = weights[0].float() @ x
+    if activation.is_relu_family:
+        assert (mask & (g <= 0)).any(), "the mask must contain false positives"
+    _, reference = assert_matches_reference(x, weights, activation, mask)
+    assert reference.active.sum() > 0
+    assert (reference.active != mask).any() == activation.is_relu_family
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("d", "n_neurons"), SIZES)
+def test_silu_with_chess_thresholds_matches_reference(d, n_neurons, dtype):
+    silu = ACTIVATIONS["silu"]
+    x, *weights = random_ffn(d, n_neurons, dtype, seed=d * n_neurons)
+    thresholds = chess_thresholds(x, weights[0], silu)
+    for mask in (None, torch.rand(n_neurons, generator=torch.Generator().manual_seed(2)) < 0.7):
+        _, reference = assert_matches_reference(x, weights, silu, mask, thresholds)
+        computed = torch.ones(n_neurons, dtype=torch.bool) if mask is None else mask
+        assert 0 < reference.active.sum() < computed.sum()  # the thresholds drop some computed neurons
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("activation", ACTIVATIONS.values(), ids=ACTIVATIONS)
+def test_full_mask_equals_dense_reference(activation, dtype):
+    x, *weights = random_ffn(97, 300, dtype, seed=5)
+    y_none, _ = assert_matches_reference(x, weights, activation, None)
+    kernel = SparseFFNKernel(97, 300)
+    y_ones = kernel(x, *weights, activation, mask=torch.ones(300, dtype=torch.bool))
+    assert torch.equal(y_none, y_ones)  # an all-ones mask is the dense path, bit for bit
+    dense = dense_ffn(x, *weights, activation)
+    assert (y_none - dense).abs().max() <= FFN_RTOL * dense.abs().max()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("activation", ACTIVATIONS.values(), ids=ACTIVATIONS)
+def test_empty_mask_gives_exact_zero(activation, dtype):
+    x, *weights = random_ffn(45, 77, dtype)
+    active = torch.ones(77, dtype=torch.bool)
+    out = torch.full((45,), float("nan"))
+    y = SparseFFNKernel(45, 77)(
+        x, *weights, activation, mask=torch.zeros(77, dtype=torch.bool), out=out, active_out=active
+    )
+    assert y is out
+    assert torch.equal(y, torch.zeros(45))
+    assert not active.any()
+
+
+def test_fp16_subnormal_weights_are_converted_exactly():
+    # Every down weight is an fp16 subnormal (< 2^-14): flushing or misconverting them changes y entirely.
+    x, w_gate, w_up, w_down_t = random_ffn(130, 300, torch.float16, seed=9)
+    w_down_t = (w_down_t.float() * 1e-5).half()
+    assert (w_down_t.float().abs() < 2**-14).all() and (w_down_t != 0).sum() > 1000
+    assert_matches_reference(x, (w_gate, w_up, w_down_t), ACTIVATIONS["relu"], None)
+
+
+def test_hand_computed_relu_with_false_positive_and_false_negative():
+    # g = W_gate x = [3, -1, 1, 2], u = W_up x = [1, 2, 2, -2]; neuron 1 is a false positive, neuron 2 not predicted.
+    x = torch.tensor([1.0, 2.0, -1.0])
+    w_gate = torch.tensor([[1.0, 1, 0], [0, 0, 1], [2, 0, 1], [0, 1, 0]])
+    w_up = torch.tensor([[1.0, 0, 0], [0, 1, 0], [1, 1, 1], [0, 0, 2]])
+    w_down_t = torch.tensor([[1.0, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 1]])
+    active = torch.zeros(4, dtype=torch.bool)
+    y = SparseFFNKernel(3, 4)(
+        x, w_gate, w_up, w_down_t, Activation("relu"), mask=torch.tensor([True, True, False, True]), active_out=active
+    )
+    assert torch.equal(y, torch.tensor([-1.0, -4.0, -4.0]))  # h = [3, 0, -, -4]: 3 * WdT_0 - 4 * WdT_3
+    assert active.tolist() == [True, False, False, True]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_bit_identical_across_calls_and_thread_counts(dtype):
+    # Large enough for many gate chunks and several column blocks per call.
+    d, n_neurons = 1100, 700
+    x, *weights = random_ffn(d, n_neurons, dtype, seed=3)
+    mask = torch.rand(n_neurons, generator=torch.Generator().manual_seed(4)) < 0.5
+    for activation, thresholds in (
+        (ACTIVATIONS["relu"], None),
+        (ACTIVATIONS["drelu"], None),
+        (ACTIVATIONS["silu"], chess_thresholds(x, weights[0], ACTIVATIONS["silu"])),
+    ):
+        first = SparseFFNKernel(d, n_neurons, threads=1)(x, *weights, activation, mask=mask, thresholds=thresholds)
+        for threads in (2, 3):
+            kernel = SparseFFNKernel(d, n_neurons, threads=threads)
+            for _ in range(10):
+                assert torch.equal(kernel(x, *weights, activation, mask=mask, thresholds=thresholds), first)
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize(("d", "n_neurons", "rank"), [(45, 77, 5), (97, 300, 16), (130, 300, 33)])
+def test_svd_predictor_matches_scores(d, n_neurons, rank, with_bias):
+    generator = torch.Generator().manual_seed(rank)
+    predictor = SvdPredictor(
+        a=torch.randn(n_neurons, rank, generator=generator),
+        b=torch.randn(rank, d, generator=generator),
+        whitened=False,
+        regularizer=0.0,
+    )
+    x = torch.randn(d, generator=generator)
+    bias = torch.randn(n_neurons, generator=generator) * 5 if with_bias else None
+    scores = predictor.scores(x) + (0 if bias is None else bias)
+    mask = svd_predictor(x, predictor.a, predictor.b, bias)
+    assert mask.dtype == torch.bool and mask.shape == (n_neurons,)
+    clear = scores.abs() > SVD_SCORE_TOLERANCE
+    assert clear.sum() >= n_neurons - 1
+    assert torch.equal(mask[clear], scores[clear] > 0)
+    assert 0 < mask.sum() < n_neurons
+
+
+@pytest.mark.parametrize("alpha", [0.5, 1.0, 1.25, 2.0])
+@pytest.mark.parametrize(("d", "n_neurons"), [(45, 77), (64, 300), (97, 300), (130, 77), (70_000, 9)])
+def test_signbit_predictor_equals_reference(d, n_neurons, alpha):
+    generator = torch.Generator().manual_seed(d)
+    w_gate = torch.randn(n_neurons, d, generator=generator)
+    x = torch.randn(d, generator=generator)
+    x[::7] = 0.0
+    x[3::11] = -0.0  # sign bit set, but not negative: counts as non-negative in both
+    # Rows from mostly negative to mostly positive products, so that both decisions occur at every alpha.
+    w_gate += torch.linspace(-1.5, 1.5, n_neurons)[:, None] * x.sign()
+    packed = pack_sign_bits(w_gate)
+    mask = signbit_predictor(x, packed, alpha)
+    expected = signbit_mask(packed, x, alpha)
+    assert torch.equal(mask, expected)
+    assert 0 < expected.sum() < n_neurons
+
+
+def test_signbit_alpha_is_rounded_to_float32():
+    generator = torch.Generator().manual_seed(0)
+    d, n_neurons = 97, 3000
+    w_gate, x = torch.randn(n_neurons, d, generator=generator), torch.randn(d, generator=generator)
+    packed = pack_sign_bits(w_gate)
+    alpha = 1.1
+    alpha32 = torch.tensor(alpha, dtype=torch.float32).item()
+    assert torch.equal(signbit_predictor(x, packed, alpha), signbit_mask(packed, x, alpha32))
+
+
+# ---- invalid arguments ----------------------------------------------------------------------------------
+
+
+def test_ffn_binding_rejects_bad_tensors():
+    x, w_gate, w_up, w_down_t = random_ffn(45, 77)
+    kernel = SparseFFNKernel(45, 77)
+    relu = ACTIVATIONS["relu"]
+    cases = {
+        "x: expected dtype torch.float32": dict(x=x.double()),
+        "x: expected shape [45]": dict(x=x[:44]),
+        "w_gate: expected a contiguous": dict(w_gate=torch.randn(45, 77).T),
+        "w_up: expected dtype torch.float32": dict(w_up=w_up.half()),
+        "w_down_t: expected shape [77, 45]": dict(w_down_t=w_down_t[:76]),
+        "w_gate: expected dtype torch.float32 or torch.float16": dict(w_gate=w_gate.to(torch.bfloat16)),
+        "mask: expected dtype torch.bool": dict(mask=torch.ones(77, dtype=torch.uint8)),
+        "thresholds: expected shape [77]": dict(thresholds=torch.zeros(76)),
+        "out: expected a CPU tensor": dict(out=torch.empty(45, device="meta")),
+        "active_out: expected dtype torch.bool": dict(active_out=torch.zeros(77)),
+        "activation: expected an Activation": dict(activation="relu"),
+    }
+    for message, override in cases.items():
+        arguments = dict(x=x, w_gate=w_gate, w_up=w_up, w_down_t=w_down_t, activation=relu) | override
+        with pytest.raises(ValueError, match=re.escape(message)):
+            kernel(**arguments)
+    with pytest.raises(ValueError, match="d, D: expected sizes >= 1"):
+        SparseFFNKernel(0, 77)
+
+
+def test_predictor_bindings_reject_bad_tensors():
+    x = torch.randn(45)
+    with pytest.raises(ValueError, match=r"b: expected shape \[4, 45\]"):
+        svd_predictor(x, torch.randn(77, 4), torch.randn(4, 44), None)
+    with pytest.raises(ValueError, match=r"bias: expected dtype torch.float32"):
+        svd_predictor(x, torch.randn(77, 4), torch.randn(4, 45), torch.zeros(77, dtype=torch.float64))
+    with pytest.raises(ValueError, match="x: expected a non-empty 1-D tensor"):
+        svd_predictor(x[None], torch.randn(77, 4), torch.randn(4, 45), None)
+    with pytest.raises(ValueError, match=r"packed: expected shape \[77, 2\]"):
+        signbit_predictor(x, torch.zeros(77, 3, dtype=torch.int32), 1.0)
+    with pytest.raises(ValueError, match=r"packed: expected dtype torch.int32"):
+        signbit_predictor(x, torch.zeros(77, 2, dtype=torch.int64), 1.0)
+
+
+def test_c_kernels_return_an_error_status_for_invalid_arguments():
+    library = kernels._library()
+    d, n_neurons = 45, 77
+    x, w_gate, w_up, w_down_t = random_ffn(d, n_neurons)
+    y = torch.full((d,), 7.0)
+    workspace = torch.empty(library.edge_cpu_sparse_ffn_workspace_size(d, n_neurons, 0), dtype=torch.uint8)
+    good = [
+        x.data_ptr(),
+        d,
+        n_neurons,
+        w_gate.data_ptr(),
+        w_up.data_ptr(),
+        w_down_t.data_ptr(),
+        0,
+        None,
+        None,
+        0,
+        0.0,
+        y.data_ptr(),
+        workspace.data_ptr(),
+        0,
+        None,
+    ]
+    assert library.edge_cpu_sparse_ffn(*good) == 0
+    y_good = y.clone()
+    y.fill_(7.0)
+    # argument position -> invalid value
+    for position, value in {0: None, 1: 0, 2: -1, 3: None, 5: None, 6: 2, 9: 4, 11: None, 12: None}.items():
+        arguments = list(good)
+        arguments[position] = value
+        assert library.edge_cpu_sparse_ffn(*arguments) != 0, f"argument {position} = {value}"
+    fatrelu_negative = list(good)
+    fatrelu_negative[9:11] = [1, -0.5]
+    assert library.edge_cpu_sparse_ffn(*fatrelu_negative) != 0
+    assert torch.equal(y, torch.full((d,), 7.0))  # nothing written on failure
+    assert library.edge_cpu_sparse_ffn(*good) == 0 and torch.equal(y, y_good)
+    assert library.edge_cpu_sparse_ffn_workspace_size(0, n_neurons, 0) == 0
+
+    mask = torch.zeros(n_neurons, dtype=torch.uint8)
+    a, b, scratch = torch.randn(n_neurons, 4), torch.randn(4, d), torch.empty(4)
+    svd = [x.data_ptr(), d, n_neurons, 4, a.data_ptr(), b.data_ptr(), None, mask.data_ptr(), scratch.data_ptr()]
+    assert library.edge_cpu_svd_predictor(*svd) == 0
+    for position, value in {0: None, 1: 0, 3: 0, 4: None, 7: None, 8: None}.items():
+        arguments = list(svd)
+        arguments[position] = value
+        assert library.edge_cpu_svd_predictor(*arguments) != 0, f"argument {position} = {value}"
+
+    packed = pack_sign_bits(w_gate)
+    signbit = [x.data_ptr(), d, n_neurons, packed.data_ptr(), ctypes.c_float(1.0), mask.data_ptr()]
+    assert library.edge_cpu_signbit_predictor(*signbit) == 0
+    for position, value in {0: None, 1: -3, 2: 0, 3: None, 5: None}.items():
+        arguments = list(signbit)
+        arguments[position] = value
+        assert library.edge_cpu_signbit_predictor(*arguments) != 0, f"argument {position} = {value}"

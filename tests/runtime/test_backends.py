@@ -1,0 +1,68 @@
+"""Backend probing and selection: order, environment variable, explicit requests, reasons."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge_sdk.errors import EdgeSdkError
+from edge_sdk.runtime import backends
+from edge_sdk.runtime.backends import BackendUnavailable, select_backend
+
+
+def test_auto_selection_explains_each_skipped_backend(monkeypatch):
+    monkeypatch.delenv(backends.BACKEND_ENV, raising=False)
+    selection = select_backend()
+    assert selection.backend.name == "cpu"  # no TensorRT or NPU on the machines that run the tests
+    lines = selection.describe()
+    assert lines[0].startswith("backend tensorrt: skipped (") and "tensorrt" in lines[0]
+    assert lines[1].startswith("backend cann: skipped (") and "torch_npu" in lines[1]
+    assert lines[2].startswith("backend cpu: selected (native kernels ")
+
+
+def test_a_named_unavailable_backend_is_an_error_not_a_fallback(monkeypatch):
+    monkeypatch.delenv(backends.BACKEND_ENV, raising=False)
+    with pytest.raises(
+        BackendUnavailable, match=r"backend 'tensorrt' \(--backend\) is not available here: the tensorrt"
+    ):
+        select_backend("tensorrt")
+    monkeypatch.setenv(backends.BACKEND_ENV, "cann")
+    with pytest.raises(BackendUnavailable, match=r"backend 'cann' \(\$EDGE_SDK_BACKEND\) is not available here"):
+        select_backend()
+
+
+def test_environment_variable_names_the_backend(monkeypatch):
+    monkeypatch.setenv(backends.BACKEND_ENV, "cpu")
+    selection = select_backend()
+    assert selection.backend.name == "cpu" and selection.skipped == []
+    assert selection.reason.startswith("requested; native kernels")
+
+
+def test_unknown_backend_name(monkeypatch):
+    with pytest.raises(EdgeSdkError, match="unknown backend 'gpu'; expected one of auto, tensorrt, cann, cpu"):
+        select_backend("gpu")
+
+
+def test_auto_order_prefers_an_available_earlier_backend(monkeypatch):
+    class Ready:
+        name = "cann"
+
+        def probe(self):
+            return True, "pretend NPU"
+
+    real = backends.get_backend
+    monkeypatch.setattr(backends, "get_backend", lambda name: Ready() if name == "cann" else real(name))
+    selection = select_backend("auto")
+    assert selection.backend.name == "cann" and [name for name, _ in selection.skipped] == ["tensorrt"]
+
+
+def test_nothing_available_lists_every_reason(monkeypatch):
+    class Missing:
+        def __init__(self, name):
+            self.name = name
+
+        def probe(self):
+            return False, f"no {self.name} here"
+
+    monkeypatch.setattr(backends, "get_backend", Missing)
+    with pytest.raises(BackendUnavailable, match="tensorrt: no tensorrt here; cann: no cann here; cpu: no cpu here"):
+        select_backend()

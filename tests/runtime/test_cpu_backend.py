@@ -1,0 +1,138 @@
+"""The CPU backend (native kernels) on fixture bundles: same greedy tokens as the torch reference and ONNX
+Runtime; the Python API; `edge-sdk run` and its bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import edge_sdk
+from edge_sdk.cli import main
+from edge_sdk.export.bundle import MANIFEST_DIGEST_FIELD, manifest_digest
+from edge_sdk.export.exporter import ExportSettings, export_bundle, load_reference_decoder
+from edge_sdk.export.ort_session import OrtBundleSession
+from edge_sdk.model import Tokenizer
+from edge_sdk.runtime.backends import EngineOptions, get_backend
+from edge_sdk.sparsity.pipeline import CalibrationSettings
+
+PROMPT = "class Namespace(object):\n    def __init__(self"
+STEPS = 24
+
+
+@pytest.fixture(scope="module")
+def bundles(tiny_model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("cpu-bundles")
+    calibration = CalibrationSettings(rank=16, max_tokens=2048, levels=(0.5, 0.8))
+    made = {}
+    for kind, dtype in (("svd", "fp32"), ("svd", "fp16"), ("signbit", "fp32"), ("core", "fp16"), ("threshold", "fp32")):
+        settings = ExportSettings(predictor=kind, dtype=dtype, max_seq_len=128, calibration=calibration)
+        made[f"{kind}-{dtype}"] = export_bundle(
+            tiny_model_dir, root / f"{kind}-{dtype}", settings, [tiny_model_dir / "calibration.txt"]
+        )
+    return made
+
+
+def greedy(prefill, decode, ids):
+    tokens = [int(np.asarray(prefill(ids)).argmax())]
+    for _ in range(STEPS - 1):
+        tokens.append(int(np.asarray(decode(tokens[-1])).argmax()))
+    return tokens
+
+
+@pytest.mark.parametrize("name", ["svd-fp32", "svd-fp16", "signbit-fp32", "core-fp16", "threshold-fp32"])
+def test_cpu_greedy_tokens_equal_reference_and_onnx_runtime(bundles, tiny_model_dir, name):
+    bundle = bundles[name]
+    ids = Tokenizer.from_dir(tiny_model_dir).encode(PROMPT)
+    engine = get_backend("cpu").load(bundle, EngineOptions())
+    reference = load_reference_decoder(bundle)
+    session = OrtBundleSession(bundle)
+    cpu_tokens = greedy(engine.prefill, engine.decode, ids)
+    reference_tokens = greedy(
+        lambda p: reference.prefill(torch.tensor([p]))[0, -1],
+        lambda t: reference.decode(torch.tensor([[t]]))[0, -1],
+        ids,
+    )
+    ort_tokens = greedy(
+        lambda p: session.prefill(np.array([p]))[0, -1], lambda t: session.decode(np.array([[t]]))[0, -1], ids
+    )
+    assert cpu_tokens == reference_tokens == ort_tokens
+
+
+def test_cpu_decode_is_deterministic_and_levels_change_the_result(bundles, tiny_model_dir):
+    bundle = bundles["svd-fp32"]
+    ids = Tokenizer.from_dir(tiny_model_dir).encode(PROMPT)
+    first = get_backend("cpu").load(bundle, EngineOptions(sparsity=0.8))
+    second = get_backend("cpu").load(bundle, EngineOptions(sparsity=0.8, threads=1))
+    runs = []
+    for engine in (first, second, first):
+        engine.prefill(ids)
+        runs.append(engine.decode(ids[-1]))
+    assert np.array_equal(runs[0], runs[1]) and np.array_equal(runs[0], runs[2])
+    dense = get_backend("cpu").load(bundle, EngineOptions(dense=True))
+    dense.prefill(ids)
+    assert not np.array_equal(dense.decode(ids[-1]), runs[0])
+
+
+def test_python_api_generates_and_reports(bundles):
+    session = edge_sdk.load(bundles["svd-fp32"].path, sparsity=0.8)
+    text = "".join(session.generate("def main():\n    ", max_new_tokens=12))
+    assert text and session.stats.generated_tokens <= 12
+    info = session.info
+    assert info["backend"] == "cpu" and info["sparsity_level"] == 0.8 and info["calibrated_levels"] == [0.5, 0.8]
+    assert (info["layers"], info["hidden_size"], info["intermediate_size"]) == (4, 192, 768)
+    greedy_again = "".join(session.generate("def main():\n    ", max_new_tokens=12))
+    assert greedy_again == text
+
+
+def test_run_streams_the_continuation_and_reports_speed(bundles):
+    result = CliRunner().invoke(
+        main, ["run", str(bundles["svd-fp32"].path), "--prompt", "import os\n", "--max-new-tokens", "10"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "backend cpu: selected" in result.stderr and "decode: " in result.stderr and "tok/s" in result.stderr
+    assert not result.stdout.startswith("import os")  # the prompt is not echoed
+
+
+def test_run_reads_the_prompt_from_stdin(bundles):
+    args = ["run", str(bundles["svd-fp32"].path), "--max-new-tokens", "5"]
+    from_stdin = CliRunner().invoke(main, args, input="import os\n")
+    from_option = CliRunner().invoke(main, [*args, "--prompt", "import os\n"])
+    assert from_stdin.exit_code == 0 and from_stdin.stdout == from_option.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--sparsity", "0.65"], "sparsity level 0.65 was not calibrated; calibrated levels: 0.5, 0.8"),
+        (["--backend", "tensorrt"], "backend 'tensorrt' (--backend) is not available here"),
+        (["--backend", "npu"], "unknown backend 'npu'"),
+    ],
+)
+def test_run_bad_options(bundles, extra, message):
+    result = CliRunner().invoke(main, ["run", str(bundles["svd-fp32"].path), "--prompt", "x", *extra])
+    assert result.exit_code == 2 and message in result.stderr and "Traceback" not in result.output
+
+
+def test_run_bad_bundles(bundles, tmp_path):
+    missing = CliRunner().invoke(main, ["run", str(tmp_path / "nothing"), "--prompt", "x"])
+    assert missing.exit_code == 2 and "bundle directory not found" in missing.stderr
+    copy = tmp_path / "copy"
+    shutil.copytree(bundles["svd-fp32"].path, copy)
+    manifest = json.loads((copy / "manifest.json").read_text()) | {"format_version": 2}
+    manifest[MANIFEST_DIGEST_FIELD] = manifest_digest(manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    newer = CliRunner().invoke(main, ["run", str(copy), "--prompt", "x"])
+    assert newer.exit_code == 2 and "format version 2 is newer" in newer.stderr
+    shutil.rmtree(copy)
+    shutil.copytree(bundles["svd-fp32"].path, copy)
+    weights = copy / "weights.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-100] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    corrupted = CliRunner().invoke(main, ["run", str(copy), "--prompt", "x"])
+    assert corrupted.exit_code == 2 and "weights.safetensors: sha256 is" in corrupted.stderr
