@@ -90,12 +90,15 @@ def test_python_api_generates_and_reports(bundles):
 
 
 def test_run_streams_the_continuation_and_reports_speed(bundles):
+    prompt = "def main():\n    "
     result = CliRunner().invoke(
-        main, ["run", str(bundles["svd-fp32"].path), "--prompt", "import os\n", "--max-new-tokens", "10"]
+        main, ["run", str(bundles["svd-fp32"].path), "--prompt", prompt, "--max-new-tokens", "10"]
     )
     assert result.exit_code == 0, result.output
     assert "backend cpu: selected" in result.stderr and "decode: " in result.stderr and "tok/s" in result.stderr
-    assert not result.stdout.startswith("import os")  # the prompt is not echoed
+    # stdout is exactly the greedy continuation (the prompt is not echoed), then a newline
+    continuation = "".join(edge_sdk.load(bundles["svd-fp32"].path).generate(prompt, max_new_tokens=10))
+    assert continuation and result.stdout == continuation + "\n"
 
 
 def test_run_reads_the_prompt_from_stdin(bundles):
