@@ -231,6 +231,12 @@ def _manifest(checkpoint, settings, calibration, max_seq_len, specs, report, sta
     return manifest
 
 
+def _is_predictor_tensor(name: str) -> bool:
+    """layers.{i}.{kind}.{tensor} for a predictor kind, as opposed to the model's own tensors."""
+    parts = name.split(".")
+    return len(parts) > 3 and parts[0] == "layers" and parts[2] in EXPORT_PREDICTORS
+
+
 def load_reference_decoder(
     bundle: Bundle,
     dtype: torch.dtype = torch.float32,
@@ -245,7 +251,7 @@ def load_reference_decoder(
     with torch.device("meta"):
         decoder = Decoder(config)
     for name in bundle.manifest["tensors"]:
-        if name.startswith(("rope.",)) or ".svd." in name or ".signbit." in name or ".threshold." in name:
+        if name.startswith("rope.") or _is_predictor_tensor(name):
             continue
         tensor = bundle.tensor(name)
         is_ffn_matrix = ".mlp." in name
@@ -272,7 +278,7 @@ def load_reference_decoder(
         tensors = {
             name.removeprefix(prefix): bundle.tensor(name)
             for name in bundle.manifest["tensors"]
-            if name.startswith(prefix) and name.split(".")[2] in ("svd", "signbit", "threshold")
+            if name.startswith(prefix) and _is_predictor_tensor(name)
         }
         predictors.append(LayerPredictor(sparsity.predictor, tensors, sparsity.core_alpha, sparsity.core_beta))
     model = SparseDecoder(decoder, predictors, ffn_class)

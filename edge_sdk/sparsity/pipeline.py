@@ -8,7 +8,9 @@ Predictor tensors are named `layers.{i}.{kind}.{tensor}`:
   svd        a [D, r], b [r, d], biases [levels, D]        (mask = x B^T A^T + biases[level] > 0)
   signbit    packed [D, ceil(d/32)] int32, alpha [1]      (SparseInfer; one alpha per layer)
   threshold  thresholds [levels, D]                       (CHESS; active = |act(g)| > t)
-  core       none: the mask is computed from the prompt at prefill (alpha, beta in the report)
+  core       none but capacity: the mask is computed from the prompt at prefill (alpha, beta in the report)
+and every kind has {kind}.capacity [levels or 1] int32: the 99th percentile of the per-token predicted-active
+count on the calibration tokens, for executors with static shapes.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ RELU_ONLY_KINDS = ("svd", "signbit", "core")
 DEFAULT_LEVELS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 DEFAULT_SPARSITY = 0.5
 MIN_CALIBRATION_TOKENS = 256
+CAPACITY_QUANTILE = 0.99
 PREDICTORS_FILE = "predictors.safetensors"
 REPORT_FILE = "report.json"
 PLOT_FILE = "report.png"
@@ -264,6 +267,20 @@ def _fit_core(capture, weights, gate_act, importance, settings, config) -> Fitte
     )
 
 
+def _capacities(fitted: FittedLayer, x: torch.Tensor, gate_act: torch.Tensor, settings) -> torch.Tensor:
+    """Per level (one entry when the predictor has no levels), the 99th percentile over calibration tokens of
+    how many neurons the predictor marks active: the static row count a fixed-shape executor gathers
+    (top-k to this capacity instead of a data-dependent nonzero; backends/cann)."""
+    if settings.predictor == "core":
+        return torch.tensor([math.ceil(settings.core_beta * gate_act.shape[1])], dtype=torch.int32)
+    levels = settings.all_levels if fitted.level_dependent else (settings.sparsity,)
+    capacities = []
+    for level in levels:
+        per_token = fitted.predict(x, gate_act, level)[0].sum(dim=1, dtype=torch.float64)
+        capacities.append(math.ceil(torch.quantile(per_token, CAPACITY_QUANTILE).item()))
+    return torch.tensor(capacities, dtype=torch.int32)
+
+
 FITTERS = {"svd": _fit_svd, "signbit": _fit_signbit, "threshold": _fit_threshold, "core": _fit_core}
 
 
@@ -326,11 +343,15 @@ def calibrate_model(
             calibration.ffn_input, weights.w_gate, weights.w_up, weights.w_down_t, config.activation
         )
         fitted = FITTERS[settings.predictor](calibration, weights, gate_act, importance, settings, config)
+        fitted.tensors[f"{settings.predictor}.capacity"] = _capacities(
+            fitted, calibration.ffn_input, gate_act, settings
+        )
         del gate_act, importance
         for name, tensor in fitted.tensors.items():
             tensors[f"layers.{calibration.index}.{name}"] = tensor.contiguous()
         evaluated = captures[-1]
         layer_report = {"layer": calibration.index, **fitted.details}
+        layer_report["capacity"] = fitted.tensors[f"{settings.predictor}.capacity"].tolist()
         layer_report |= _evaluate(fitted, evaluated, LayerWeights.of(evaluated), settings, config)
         layers.append(layer_report)
         if on_layer is not None:

@@ -35,10 +35,10 @@ def interpolated_weighted_recall(layer: dict, predicted_sparsity: float) -> floa
 @pytest.mark.parametrize(
     ("predictor", "tensor_shapes"),
     [
-        ("svd", {"svd.a": (768, 16), "svd.b": (16, 192), "svd.biases": (2, 768)}),
-        ("signbit", {"signbit.packed": (768, 6), "signbit.alpha": (1,)}),
-        ("threshold", {"threshold.thresholds": (2, 768)}),
-        ("core", {}),
+        ("svd", {"svd.a": (768, 16), "svd.b": (16, 192), "svd.biases": (2, 768), "svd.capacity": (2,)}),
+        ("signbit", {"signbit.packed": (768, 6), "signbit.alpha": (1,), "signbit.capacity": (1,)}),
+        ("threshold", {"threshold.thresholds": (2, 768), "threshold.capacity": (2,)}),
+        ("core", {"core.capacity": (1,)}),
     ],
 )
 def test_calibrate_writes_predictors_and_report(tiny_model_dir, tmp_path, predictor, tensor_shapes):
@@ -74,6 +74,9 @@ def test_svd_biases_rise_with_the_level(tiny_model_dir, tmp_path):
     assert (biases[1] <= biases[0]).all() and (biases[1] < biases[0]).any()
     per_level = report["layers"][2]["per_level"]
     assert per_level["0.8"]["predicted_sparsity"] > per_level["0.5"]["predicted_sparsity"]
+    # the static capacity covers 99% of calibration tokens: fewer rows at the sparser level, never above D
+    low, high = report["layers"][2]["capacity"]
+    assert 768 >= low > high > 0
 
 
 @pytest.fixture(scope="module")
