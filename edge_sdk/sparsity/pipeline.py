@@ -32,7 +32,7 @@ from edge_sdk.errors import CalibrationError
 from edge_sdk.model.checkpoint import Checkpoint
 from edge_sdk.model.config import ModelConfig
 from edge_sdk.model.tokenizer import Tokenizer
-from edge_sdk.sparsity.calibrate import calibrate_biases, neuron_importance
+from edge_sdk.sparsity.calibrate import calibrate_biases
 from edge_sdk.sparsity.collect import (
     DEFAULT_CALIBRATION_TOKENS,
     DEFAULT_CHUNK_TOKENS,
@@ -149,11 +149,36 @@ class LayerWeights:
 
 
 @dataclass
+class LayerActivations:
+    """One pass of a layer's gate and up GEMMs over a set of tokens, and what fitting and metrics derive from it.
+
+    At 7B shapes with 20k tokens each GEMM pass is ~1.8 TFLOP, so it is done once per token set and shared."""
+
+    x: torch.Tensor  # [N, d] FFN inputs
+    gate_act: torch.Tensor  # [N, D] act.gate(W_gate x)
+    importance: torch.Tensor  # [N, D] |act.gate(g) * act.up(u)|^2 ||W_down[:, i]||^2 (calibrate.neuron_importance)
+    up_act: torch.Tensor | None = None  # [N, D] act.up(W_up x), kept only when a fitter needs it
+
+    @property
+    def truly_active(self) -> torch.Tensor:
+        return self.gate_act != 0
+
+    @classmethod
+    def compute(cls, x: torch.Tensor, weights: LayerWeights, activation, keep_up: bool = False) -> LayerActivations:
+        gate_act, up_act = ffn_intermediates(x, weights.w_gate, weights.w_up, activation)
+        down_norm_sq = weights.w_down_t.square().sum(dim=1)  # [D]
+        importance = (gate_act * up_act).square_().mul_(down_norm_sq)
+        return cls(x, gate_act, importance, up_act if keep_up else None)
+
+
+@dataclass
 class FittedLayer:
-    """A layer's fitted predictor: its tensors, and how it predicts on [N, d] inputs at a given level."""
+    """A layer's fitted predictor: its tensors; `score` gives its raw scores on [N, d] inputs (None for
+    predictors without one) and `mask` turns (scores, activations, level) into predicted-active [N, D]."""
 
     tensors: dict[str, torch.Tensor]
-    predict: Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor | None]]
+    mask: Callable[[torch.Tensor | None, LayerActivations, float], torch.Tensor]
+    score: Callable[[torch.Tensor], torch.Tensor | None] = lambda x: None
     details: dict[str, Any] = field(default_factory=dict)
     level_dependent: bool = True
 
@@ -173,37 +198,36 @@ def uniform_biases(scores: torch.Tensor, levels: Sequence[float]) -> dict[float,
     return biases
 
 
-def _weighted_recall(predicted: torch.Tensor, importance: torch.Tensor, truly_active: torch.Tensor) -> float:
-    kept = importance[predicted & truly_active].double().sum()
-    return float(kept / importance[truly_active].double().sum().clamp_min(1e-300))
+def _weighted_recall(predicted: torch.Tensor, acts: LayerActivations) -> float:
+    truly_active = acts.truly_active
+    kept = acts.importance[predicted & truly_active].double().sum()
+    return float(kept / acts.importance[truly_active].double().sum().clamp_min(1e-300))
 
 
-def _fit_svd(capture, weights, gate_act, importance, settings, config) -> FittedLayer:
-    gram = input_gram([capture.ffn_input])[0] if settings.whiten else None
-    truly_active = gate_act != 0
+def _fit_svd(acts: LayerActivations, weights: LayerWeights, settings, config) -> FittedLayer:
+    gram = input_gram([acts.x])[0] if settings.whiten else None
     tried = []
     for rank in settings.rank_ladder(config):
         predictor = fit_svd_predictor(weights.w_gate, rank, gram=gram, whiten=settings.whiten, seed=settings.seed)
-        scores = predictor.scores(capture.ffn_input)
+        scores = predictor.scores(acts.x)
         if settings.rank is not None:
             break
-        bias = calibrate_biases(scores, importance, [settings.sparsity])[settings.sparsity]
-        recall = _weighted_recall(scores + bias > 0, importance, truly_active)
+        bias = calibrate_biases(scores, acts.importance, [settings.sparsity])[settings.sparsity]
+        recall = _weighted_recall(scores + bias > 0, acts)
         tried.append({"rank": rank, "calibration_weighted_recall": recall})
         if recall >= settings.min_weighted_recall:
             break
     levels = settings.all_levels
-    biases = calibrate_biases(scores, importance, levels) if settings.calibrate_bias else uniform_biases(scores, levels)
+    if settings.calibrate_bias:
+        biases = calibrate_biases(scores, acts.importance, levels)
+    else:
+        biases = uniform_biases(scores, levels)
     stacked = torch.stack([biases[level] for level in levels])
     level_index = {level: i for i, level in enumerate(levels)}
-
-    def predict(x, gate_act, level):
-        scores = predictor.scores(x)
-        return scores + stacked[level_index[level]] > 0, scores
-
     return FittedLayer(
         tensors={"svd.a": predictor.a, "svd.b": predictor.b, "svd.biases": stacked},
-        predict=predict,
+        mask=lambda scores, acts, level: scores + stacked[level_index[level]] > 0,
+        score=predictor.scores,
         details={
             "rank": predictor.rank,
             "rank_search": tried,
@@ -214,42 +238,36 @@ def _fit_svd(capture, weights, gate_act, importance, settings, config) -> Fitted
     )
 
 
-def _fit_signbit(capture, weights, gate_act, importance, settings, config) -> FittedLayer:
+def _fit_signbit(acts: LayerActivations, weights: LayerWeights, settings, config) -> FittedLayer:
     packed = pack_sign_bits(weights.w_gate)
     d = config.hidden_size
-    alpha = calibrate_alpha(packed, capture.ffn_input, gate_act != 0, settings.recall_target)
-
-    def predict(x, gate_act, level):
-        return signbit_mask(packed, x, alpha, d), None
-
+    alpha = calibrate_alpha(packed, acts.x, acts.truly_active, settings.recall_target)
     return FittedLayer(
         tensors={"signbit.packed": packed, "signbit.alpha": torch.tensor([alpha], dtype=torch.float32)},
-        predict=predict,
+        mask=lambda scores, acts, level: signbit_mask(packed, acts.x, alpha, d),
         details={"alpha": alpha},
         level_dependent=False,
     )
 
 
-def _fit_threshold(capture, weights, gate_act, importance, settings, config) -> FittedLayer:
+def _fit_threshold(acts: LayerActivations, weights: LayerWeights, settings, config) -> FittedLayer:
     levels = settings.all_levels
-    up = ffn_intermediates(capture.ffn_input, weights.w_gate, weights.w_up, config.activation)[1]
-    fitted = fit_channel_thresholds_levels(gate_act, up, levels)
-    del up
+    fitted = fit_channel_thresholds_levels(acts.gate_act, acts.up_act, levels)
     stacked = torch.stack([fitted[level].thresholds for level in levels])
     level_index = {level: i for i, level in enumerate(levels)}
+    return FittedLayer(
+        tensors={"threshold.thresholds": stacked},
+        mask=lambda scores, acts, level: acts.gate_act.abs() > stacked[level_index[level]],
+    )
 
-    def predict(x, gate_act, level):
-        return gate_act.abs() > stacked[level_index[level]], gate_act.abs()
 
-    return FittedLayer(tensors={"threshold.thresholds": stacked}, predict=predict)
-
-
-def _fit_core(capture, weights, gate_act, importance, settings, config) -> FittedLayer:
+def _fit_core(acts: LayerActivations, weights: LayerWeights, settings, config) -> FittedLayer:
     chunk_len = settings.chunk_tokens
 
-    def predict(x, gate_act, level):
+    def mask(scores, acts, level):
         # Each chunk is a sequence: its first tokens are the prompt (dense prefill), whose activations
         # choose the core neurons used for every following (decode) token of that chunk.
+        gate_act = acts.gate_act
         chunks = gate_act.view(-1, min(chunk_len, gate_act.shape[0]), gate_act.shape[1])
         prompt_len = max(1, int(chunks.shape[1] * settings.core_prompt_fraction))
         predicted = torch.ones_like(chunks, dtype=torch.bool)
@@ -257,26 +275,29 @@ def _fit_core(capture, weights, gate_act, importance, settings, config) -> Fitte
             predicted[index, prompt_len:] = core_neuron_mask(
                 chunk[:prompt_len], settings.core_alpha, settings.core_beta
             )
-        return predicted.view_as(gate_act), None
+        return predicted.view_as(gate_act)
 
     return FittedLayer(
         tensors={},
-        predict=predict,
+        mask=mask,
         details={"alpha": settings.core_alpha, "beta": settings.core_beta},
         level_dependent=False,
     )
 
 
-def _capacities(fitted: FittedLayer, x: torch.Tensor, gate_act: torch.Tensor, settings) -> torch.Tensor:
+def _levels(fitted: FittedLayer, settings) -> tuple[float, ...]:
+    return settings.all_levels if fitted.level_dependent else (settings.sparsity,)
+
+
+def _capacities(fitted: FittedLayer, acts: LayerActivations, scores, settings) -> torch.Tensor:
     """Per level (one entry when the predictor has no levels), the 99th percentile over calibration tokens of
     how many neurons the predictor marks active: the static row count a fixed-shape executor gathers
     (top-k to this capacity instead of a data-dependent nonzero; backends/cann)."""
     if settings.predictor == "core":
-        return torch.tensor([math.ceil(settings.core_beta * gate_act.shape[1])], dtype=torch.int32)
-    levels = settings.all_levels if fitted.level_dependent else (settings.sparsity,)
+        return torch.tensor([math.ceil(settings.core_beta * acts.gate_act.shape[1])], dtype=torch.int32)
     capacities = []
-    for level in levels:
-        per_token = fitted.predict(x, gate_act, level)[0].sum(dim=1, dtype=torch.float64)
+    for level in _levels(fitted, settings):
+        per_token = fitted.mask(scores, acts, level).sum(dim=1, dtype=torch.float64)
         capacities.append(math.ceil(torch.quantile(per_token, CAPACITY_QUANTILE).item()))
     return torch.tensor(capacities, dtype=torch.int32)
 
@@ -284,17 +305,15 @@ def _capacities(fitted: FittedLayer, x: torch.Tensor, gate_act: torch.Tensor, se
 FITTERS = {"svd": _fit_svd, "signbit": _fit_signbit, "threshold": _fit_threshold, "core": _fit_core}
 
 
-def _evaluate(fitted: FittedLayer, capture: LayerCapture, weights: LayerWeights, settings, config) -> dict:
-    x = capture.ffn_input
-    gate_act = ffn_intermediates(x, weights.w_gate, weights.w_up, config.activation)[0]
-    importance = neuron_importance(x, weights.w_gate, weights.w_up, weights.w_down_t, config.activation)
-    truly_active = gate_act != 0
+def _evaluate(fitted: FittedLayer, acts: LayerActivations, scores, settings, config) -> dict:
+    truly_active = acts.truly_active
     rank = fitted.details.get("rank", 0)
 
     def metrics_at(level: float, with_auroc: bool) -> dict:
-        predicted, scores = fitted.predict(x, gate_act, level)
-        scores = scores if with_auroc else None
-        return layer_metrics(truly_active, predicted, importance, scores, rank=rank, d=config.hidden_size)
+        predicted = fitted.mask(scores, acts, level)
+        return layer_metrics(
+            truly_active, predicted, acts.importance, scores if with_auroc else None, rank=rank, d=config.hidden_size
+        )
 
     # The AUROC ranks the predictor's scores, so it is computed once, at the default operating level.
     result = metrics_at(settings.sparsity, with_auroc=True)
@@ -338,21 +357,24 @@ def calibrate_model(
     for captures in zip(*streams, strict=True):
         calibration = captures[0]
         weights = LayerWeights.of(calibration)
-        gate_act = ffn_intermediates(calibration.ffn_input, weights.w_gate, weights.w_up, config.activation)[0]
-        importance = neuron_importance(
-            calibration.ffn_input, weights.w_gate, weights.w_up, weights.w_down_t, config.activation
+        acts = LayerActivations.compute(
+            calibration.ffn_input, weights, config.activation, keep_up=settings.predictor == "threshold"
         )
-        fitted = FITTERS[settings.predictor](calibration, weights, gate_act, importance, settings, config)
-        fitted.tensors[f"{settings.predictor}.capacity"] = _capacities(
-            fitted, calibration.ffn_input, gate_act, settings
-        )
-        del gate_act, importance
+        fitted = FITTERS[settings.predictor](acts, weights, settings, config)
+        acts.up_act = None
+        scores = fitted.score(acts.x)
+        capacity = _capacities(fitted, acts, scores, settings)
+        fitted.tensors[f"{settings.predictor}.capacity"] = capacity
         for name, tensor in fitted.tensors.items():
             tensors[f"layers.{calibration.index}.{name}"] = tensor.contiguous()
-        evaluated = captures[-1]
-        layer_report = {"layer": calibration.index, **fitted.details}
-        layer_report["capacity"] = fitted.tensors[f"{settings.predictor}.capacity"].tolist()
-        layer_report |= _evaluate(fitted, evaluated, LayerWeights.of(evaluated), settings, config)
+        layer_report = {"layer": calibration.index, **fitted.details, "capacity": capacity.tolist()}
+        if len(captures) > 1:
+            del acts, scores
+            held_out = LayerWeights.of(captures[1])
+            acts = LayerActivations.compute(captures[1].ffn_input, held_out, config.activation)
+            scores = fitted.score(acts.x)
+        layer_report |= _evaluate(fitted, acts, scores, settings, config)
+        del acts, scores
         layers.append(layer_report)
         if on_layer is not None:
             on_layer(calibration.index)
