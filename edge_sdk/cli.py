@@ -352,29 +352,59 @@ def _write_json(path: str | None, payload: dict) -> None:
 @bench.command("ffn")
 @click.option("--shape", default="llama2-7b", show_default=True, help="llama2-7b, mistral-7b, qwen2-7b or dxD.")
 @click.option("--sparsity", "sparsities", default="0.5,0.8,0.9,0.95", show_default=True)
-@click.option("--backend", type=click.Choice(["cpu"]), default="cpu", show_default=True)
+@click.option(
+    "--backend",
+    type=click.Choice(["cpu", "cann", "torch-cpu", "torch-cuda"]),
+    default="cpu",
+    show_default=True,
+    help="cpu: native C kernels; cann: the gather-plus-matmul path on an Ascend NPU; torch-cpu / torch-cuda: "
+    "the same gather path on a torch device, for comparison.",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["dynamic", "static"]),
+    default="dynamic",
+    show_default=True,
+    help="Gather paths: nonzero (dynamic) or top-k to the capacity (static shapes).",
+)
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
 @click.option("--threads", type=int, default=0, help="Threads for both torch and the kernel (default: all).")
 @click.option("--repeats", type=int, default=20, show_default=True)
 @click.option("--json", "json_path", default=None, help="Also write the rows as JSON (with the machine description).")
-def bench_ffn_command(shape, sparsities, backend, dtype, threads, repeats, json_path) -> None:
+def bench_ffn_command(shape, sparsities, backend, mode, dtype, threads, repeats, json_path) -> None:
     """Time one decode FFN: torch dense matmul vs our dense and sparse kernels."""
     from edge_sdk.bench.ffn import bench_ffn, parse_shape
+    from edge_sdk.bench.gather import bench_gather_ffn
 
+    devices = {"cann": "npu", "torch-cpu": "cpu", "torch-cuda": "cuda"}
     try:
         d, n_neurons = parse_shape(shape)
         levels = _parse_levels(sparsities)
-        rows = bench_ffn(d, n_neurons, levels, dtype=dtype, threads=threads, repeats=repeats)
+        if backend == "cpu":
+            rows = bench_ffn(d, n_neurons, levels, dtype=dtype, threads=threads, repeats=repeats)
+        else:
+            rows = bench_gather_ffn(
+                d,
+                n_neurons,
+                levels,
+                dtype=dtype,
+                device=devices[backend],
+                mode=mode,
+                repeats=repeats,
+                warmup=3,
+                threads=threads,
+            )
     except ValueError as error:
         raise click.BadParameter(str(error)) from None
-    click.echo(f"FFN d={d} D={n_neurons} {dtype} backend={backend}")
+    path = f", {mode}" if backend != "cpu" else ""
+    click.echo(f"FFN d={d} D={n_neurons} {dtype} backend={backend}{path}")
     click.echo(f"{'sparsity':>8} {'torch ms':>9} {'dense ms':>9} {'sparse ms':>10} {'vs torch':>9} {'GB/s':>7}")
     for row in rows:
         click.echo(
             f"{row['sparsity']:8.2f} {row['dense_torch_ms']:9.2f} {row['dense_kernel_ms']:9.2f} "
             f"{row['sparse_ms']:10.2f} {row['speedup_vs_torch']:8.2f}x {row['sparse_gb_per_s']:7.1f}"
         )
-    _write_json(json_path, {"benchmark": "ffn", "shape": shape, "backend": backend, "rows": rows})
+    _write_json(json_path, {"benchmark": "ffn", "shape": shape, "backend": backend, "mode": mode, "rows": rows})
 
 
 @bench.command("e2e")

@@ -1,25 +1,84 @@
-"""Ascend (CANN) backend through torch_npu.
+"""Ascend (CANN) backend: torch_npu, fp16, the decode FFN as gather-plus-matmul (SVDP Algorithm 4).
 
-Not part of this edge-sdk version: the probe reports why it cannot run, and load refuses.
+The engine is backends/cann/engine.py's TorchDeviceEngine on device "npu" in fp16: the Ascend 310P cube
+unit has no fp32 matmul, so fp32 and bf16 bundles are cast once at load, with a warning. The decode FFN
+runs in dynamic mode (nonzero: exact, one host synchronisation per nonzero) unless $EDGE_SDK_CANN_MODE
+is "static" (top-k to the bundle's calibrated capacity: static shapes, no synchronisation).
+See backends/cann/README.md.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
+import os
+import warnings
 
-from edge_sdk.runtime.backends import BackendUnavailable
+import torch
+
+from edge_sdk.errors import EdgeSdkError
+from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions
+
+from .engine import TorchDeviceEngine
+from .gather_ffn import MODES
+
+MODE_ENV = "EDGE_SDK_CANN_MODE"
+NOT_INSTALLED = "torch_npu is not installed (pip install edge-sdk[ascend] on a machine with CANN)"
+
+
+def npu_weight_dtype(bundle_dtype: str) -> tuple[torch.dtype, str | None]:
+    """The compute dtype on the NPU for a bundle stored in bundle_dtype ("fp32" | "fp16" | "bf16"), and the
+    notice to give when its weights must be cast (None when they are fp16 already)."""
+    if bundle_dtype == "fp16":
+        return torch.float16, None
+    return torch.float16, f"casting {bundle_dtype} bundle to fp16 for the Ascend cube unit"
+
+
+def _cann_version(torch_npu) -> str:
+    """The CANN toolkit version torch_npu runs on; older torch_npu releases lack the query."""
+    query = getattr(getattr(torch_npu, "utils", None), "get_cann_version", None)
+    if query is not None:
+        return str(query())
+    return str(getattr(getattr(torch_npu, "version", None), "cann", "unknown"))
 
 
 class CannBackend:
     name = "cann"
 
-    def probe(self) -> tuple[bool, str]:
-        if importlib.util.find_spec("torch_npu") is None:
-            return False, "torch_npu is not installed (pip install edge-sdk[ascend] on a machine with CANN)"
-        return False, "the torch_npu gather-plus-matmul engine is not part of this edge-sdk version yet"
+    def __init__(self, device: str = "npu"):
+        self.device = device
 
-    def load(self, bundle, options):
-        raise BackendUnavailable(f"backend 'cann' is not available here: {self.probe()[1]}")
+    def mode(self) -> str:
+        """The decode FFN mode: $EDGE_SDK_CANN_MODE, dynamic by default."""
+        mode = os.environ.get(MODE_ENV, "dynamic")
+        if mode not in MODES:
+            raise EdgeSdkError(f"${MODE_ENV}: expected one of {', '.join(MODES)}, found {mode!r}")
+        return mode
+
+    def probe(self) -> tuple[bool, str]:
+        try:
+            torch_npu = importlib.import_module("torch_npu")
+        # a missing libascendcl.so surfaces as ImportError or OSError, a CANN / torch mismatch as RuntimeError
+        except Exception as error:
+            if isinstance(error, ModuleNotFoundError) and error.name == "torch_npu":
+                return False, NOT_INSTALLED
+            return False, f"torch_npu import failed (CANN libraries missing?): {type(error).__name__}: {error}"
+        npu = torch_npu.npu
+        versions = f"torch_npu {torch_npu.__version__}, torch {torch.__version__}"
+        if not npu.is_available():
+            return False, f"no NPU visible ({versions}; check `npu-smi info` and ASCEND_RT_VISIBLE_DEVICES)"
+        device = f"{npu.get_device_name(0)} ({npu.device_count()} visible)"
+        mode = os.environ.get(MODE_ENV, "dynamic")
+        return True, f"{device}, CANN {_cann_version(torch_npu)}, {versions}, decode FFN {mode} gather-plus-matmul"
+
+    def load(self, bundle, options: EngineOptions) -> TorchDeviceEngine:
+        available, reason = self.probe()
+        if not available:
+            raise BackendUnavailable(f"backend 'cann' is not available here: {reason}")
+        mode = self.mode()
+        dtype, notice = npu_weight_dtype(bundle.manifest["dtype"])
+        if notice is not None:
+            warnings.warn(notice, stacklevel=2)
+        return TorchDeviceEngine(bundle, options, device=self.device, dtype=dtype, mode=mode)
 
 
 BACKEND = CannBackend()

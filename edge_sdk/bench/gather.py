@@ -1,0 +1,247 @@
+"""Decode-FFN benchmark of the gather-plus-matmul executor (backends/cann, SVDP Algorithm 4) on a torch device.
+
+The counterpart of bench/ffn.py for the torch path the CANN backend runs: the same data (random normal
+weights whose W_gate rows are sign-flipped so that relu(g) is nonzero exactly on a random active set of
+round((1 - s) D) neurons), the same interleaved timing with the caches flushed before every call, and the
+same row keys where they apply. The executor is GatherSparseFFN in `mode`:
+
+- dense_torch_ms: torch's dense FFN (F.linear gate and up, relu, F.linear down) in the compute dtype.
+- dense_kernel_ms: the executor with every neuron active (the weights re-signed so that all fire) and
+  dense decoding, i.e. a dense gate, then up/down over every row (gathered in dynamic mode).
+- no_predictor_ms: no predictor at this sparsity: the dense gate, then up/down on the active rows only
+  (compacted by nonzero in dynamic mode; in static mode the top-capacity |gate| rows, masked).
+- sparse_ms: a perfect predictor's mask (the active set) through candidate selection (nonzero, or top-k to
+  capacity = the active count in static mode), the gathered gate, false-positive elimination and the
+  gathered up/down. The predictors are timed separately (svd_predictor_ms, signbit_predictor_ms).
+
+Unlike the native kernel, the executor copies the selected rows before multiplying them, so it moves
+about twice the bytes it needs; sparse_gb_per_s counts only the needed ones (gate, up and down rows of
+the active neurons), like bench/ffn.py. Accelerators are synchronised around every timed call.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from edge_sdk.backends.cann.gather_ffn import MODES, DeviceSignBit, GatherSparseFFN
+from edge_sdk.bench.ffn import DTYPES
+from edge_sdk.model.activation import Activation
+from edge_sdk.sparsity.signbit import words_for
+from edge_sdk.sparsity.sparse_model import LayerPredictor
+from edge_sdk.sparsity.svd import default_rank
+
+DEVICES = ("cpu", "cuda", "npu")
+# Touching this many bytes between timed calls evicts the weights from every cache level (CPU L3, GPU/NPU L2).
+_FLUSH_BYTES = 256 << 20
+
+
+def _device(name: str) -> torch.device:
+    """The torch device to time on; "npu" imports torch_npu, which registers the device and torch.npu."""
+    if name == "npu":
+        try:
+            importlib.import_module("torch_npu")
+        except Exception as error:  # ImportError, or OSError / RuntimeError when CANN is missing or mismatched
+            raise ValueError(f"device npu: torch_npu does not import ({type(error).__name__}: {error})") from None
+    device = torch.device(name)
+    if device.type != "cpu" and not getattr(torch, device.type).is_available():
+        raise ValueError(f"device {name}: torch.{device.type}.is_available() is False")
+    return device
+
+
+def _synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (torch.cuda.synchronize / torch.npu.synchronize); no-op on the CPU."""
+    if device.type != "cpu":
+        getattr(torch, device.type).synchronize()
+
+
+def _median_ms(samples: list[float]) -> float:
+    return sorted(samples)[len(samples) // 2] * 1e3
+
+
+def _time_interleaved(
+    variants: dict[str, Callable[[], object]], device: torch.device, repeats: int, warmup: int
+) -> dict[str, float]:
+    """Median milliseconds of each variant, caches flushed and the device idle before every call."""
+    flush = torch.ones(_FLUSH_BYTES // 4, dtype=torch.float32, device=device)
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for step in range(warmup + repeats):
+        for name, run in variants.items():
+            flush.sum()
+            _synchronize(device)
+            start = time.perf_counter()
+            run()
+            _synchronize(device)
+            elapsed = time.perf_counter() - start
+            if step >= warmup:
+                samples[name].append(elapsed)
+    return {name: _median_ms(values) for name, values in samples.items()}
+
+
+def _check_arguments(d, n_neurons, sparsities, dtype, device, mode, repeats, warmup) -> None:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
+    if device not in DEVICES:
+        raise ValueError(f"device: expected one of {', '.join(DEVICES)}, found {device!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {', '.join(MODES)}, found {mode!r}")
+    if d < 1 or n_neurons < 1:
+        raise ValueError(f"d, D: expected sizes >= 1, found d={d}, D={n_neurons}")
+    for sparsity in sparsities:
+        if not 0.0 <= sparsity < 1.0:
+            raise ValueError(f"sparsities: expected values in [0, 1), found {sparsity}")
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats, warmup: expected >= 1 and >= 0, found {repeats}, {warmup}")
+
+
+def bench_gather_ffn(
+    d: int,
+    D: int,
+    sparsities: Sequence[float] = (0.5, 0.8, 0.9, 0.95),
+    dtype: str = "fp16",
+    device: str = "cpu",
+    mode: str = "dynamic",
+    repeats: int = 20,
+    warmup: int = 3,
+    threads: int = 0,
+    seed: int = 0,
+) -> list[dict]:
+    """Time torch dense vs the gather executor dense, without predictor and sparse for d x D relu FFN weights
+    on `device` in `dtype`, one row per sparsity (fields: see the module docstring and bench/ffn.bench_ffn).
+
+    An unusable device is a ValueError saying why. threads > 0 sets torch's CPU thread count (restored
+    afterwards). Rows also carry device, mode and capacity (the
+    static top-k size: the active count; D in dynamic mode, where nothing is padded)."""
+    n_neurons = D
+    _check_arguments(d, n_neurons, sparsities, dtype, device, mode, repeats, warmup)
+    target = _device(device)
+    compute_dtype = DTYPES[dtype]
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(d, generator=generator)  # [d]
+    # [D, d] each, rounded to the compute dtype first so that the sign fix-up below sees the stored values
+    w_gate, w_up, w_down_t = (torch.randn(n_neurons, d, generator=generator).to(compute_dtype) for _ in range(3))
+    relu = Activation("relu")
+    rank = min(default_rank(n_neurons), d)
+    svd_a = torch.randn(n_neurons, rank, generator=generator).to(target, compute_dtype)  # [D, r]
+    svd_b = torch.randn(rank, d, generator=generator).to(target, compute_dtype)  # [r, d]
+    packed = torch.randint(-(2**31), 2**31, (n_neurons, words_for(d)), dtype=torch.int32, generator=generator)
+    signbit = DeviceSignBit(packed, 1.0, d, target)
+    x_device = x.to(target, compute_dtype)
+    w_up_device, w_down_t_device = w_up.to(target), w_down_t.to(target)  # [D, d] each
+    w_down = w_down_t.T.contiguous().to(target)  # [d, D], as nn.Linear stores it
+
+    def executor(active: torch.Tensor, capacity: int | None) -> GatherSparseFFN:
+        """W_gate re-signed so that exactly `active` [D] fires, on the device, in a no-predictor executor."""
+        positive = (w_gate.to(torch.float32) @ x) > 0
+        signed = torch.where((positive != active).unsqueeze(1), -w_gate, w_gate)
+        return GatherSparseFFN(
+            signed.to(target),
+            w_up_device,
+            w_down_t_device,
+            relu,
+            LayerPredictor("none"),
+            device=target,
+            dtype=compute_dtype,
+            mode=mode,
+            capacity=capacity,
+        )
+
+    saved_threads = torch.get_num_threads()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            dense = executor(torch.ones(n_neurons, dtype=torch.bool), None)
+            dense.dense = True
+            fixed = _time_interleaved(
+                {
+                    "dense_kernel_ms": lambda: dense.step(x_device),
+                    "svd_predictor_ms": lambda: ((x_device @ svd_b.T) @ svd_a.T).float() > 0,
+                    "signbit_predictor_ms": lambda: signbit.scores(x_device) > 0,
+                },
+                target,
+                repeats,
+                warmup,
+            )
+            rows = []
+            for sparsity in sparsities:
+                n_active = round((1.0 - sparsity) * n_neurons)
+                active = torch.zeros(n_neurons, dtype=torch.bool)
+                active[torch.randperm(n_neurons, generator=generator)[:n_active]] = True
+                ffn = executor(active, n_active if mode == "static" else None)
+                perfect_scores = active.to(target, torch.float32)  # [D]: 1 on the active set
+
+                def sparse(ffn=ffn, scores=perfect_scores):
+                    return ffn.step_from_candidates(x_device, *ffn.candidates(scores))
+
+                def torch_dense(w_gate_device=ffn.w_gate):
+                    return F.linear(F.relu(F.linear(x_device, w_gate_device)) * F.linear(x_device, w_up_device), w_down)
+
+                realized = sparse().active(n_neurons).sum().item()
+                timings = _time_interleaved(
+                    {
+                        "dense_torch_ms": torch_dense,
+                        "no_predictor_ms": lambda ffn=ffn: ffn.step(x_device),
+                        "sparse_ms": sparse,
+                    },
+                    target,
+                    repeats,
+                    warmup,
+                )
+                row_bytes = d * ffn.w_gate.element_size()
+                rows.append(
+                    {
+                        "d": d,
+                        "D": n_neurons,
+                        "dtype": dtype,
+                        "device": device,
+                        "mode": mode,
+                        "threads": torch.get_num_threads(),
+                        "sparsity": sparsity,
+                        "realized_sparsity": 1.0 - realized / n_neurons,
+                        "capacity": n_active if mode == "static" else n_neurons,
+                        "dense_torch_ms": timings["dense_torch_ms"],
+                        "dense_kernel_ms": fixed["dense_kernel_ms"],
+                        "no_predictor_ms": timings["no_predictor_ms"],
+                        "sparse_ms": timings["sparse_ms"],
+                        "speedup_vs_torch": timings["dense_torch_ms"] / timings["sparse_ms"],
+                        "speedup_vs_dense_kernel": fixed["dense_kernel_ms"] / timings["sparse_ms"],
+                        "sparse_gb_per_s": 3 * n_active * row_bytes / timings["sparse_ms"] / 1e6,
+                        "svd_predictor_ms": fixed["svd_predictor_ms"],
+                        "signbit_predictor_ms": fixed["signbit_predictor_ms"],
+                    }
+                )
+                del ffn
+        return rows
+    finally:
+        torch.set_num_threads(saved_threads)
+
+
+COLUMNS = (
+    "sparsity",
+    "realized_sparsity",
+    "capacity",
+    "dense_torch_ms",
+    "dense_kernel_ms",
+    "no_predictor_ms",
+    "sparse_ms",
+    "speedup_vs_torch",
+    "speedup_vs_dense_kernel",
+    "sparse_gb_per_s",
+    "svd_predictor_ms",
+    "signbit_predictor_ms",
+)
+
+
+def format_table(rows: list[dict]) -> str:
+    """The rows as a fixed-width text table (one header line, one line per row)."""
+    widths = [max(len(name), 8) for name in COLUMNS]
+    lines = ["  ".join(name.rjust(width) for name, width in zip(COLUMNS, widths, strict=True))]
+    for row in rows:
+        cells = [f"{row[name]:.3f}" if isinstance(row[name], float) else str(row[name]) for name in COLUMNS]
+        lines.append("  ".join(cell.rjust(width) for cell, width in zip(cells, widths, strict=True)))
+    return "\n".join(lines)
