@@ -426,3 +426,17 @@ def bench_e2e_command(bundle_dir, backend, sparsity, tokens, repeats, threads, j
         f"{result['speedup']:.2f}x"
     )
     _write_json(json_path, {"benchmark": "e2e", **result})
+
+
+@main.command()
+@click.argument("bundle_dir", type=click.Path(path_type=str))
+@click.option("--cache-dir", default=None, help="Engine cache (default: $EDGE_SDK_ENGINE_CACHE or ~/.cache/edge-sdk).")
+@click.option("--force", is_flag=True, help="Rebuild even when a cached engine exists.")
+def build(bundle_dir: str, cache_dir: str | None, force: bool) -> None:
+    """Build and cache the TensorRT engines of a bundle on this device (ahead of `edge-sdk run`)."""
+    from edge_sdk.backends.tensorrt import build_engine
+    from edge_sdk.export.bundle import Bundle
+
+    Bundle.open(bundle_dir, verify_checksums=True)
+    engine_dir = build_engine(bundle_dir, cache_dir=cache_dir, force=force, log=lambda line: click.echo(line, err=True))
+    click.echo(f"engines cached in {engine_dir}")

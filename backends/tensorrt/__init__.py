@@ -1,25 +1,35 @@
-"""TensorRT backend with the edge-sdk CUDA plugins (Jetson Orin / Thor).
+"""TensorRT backend with the edge-sdk CUDA plugins (Jetson Orin / Thor, any NVIDIA GPU with TensorRT >= 10.3).
 
-Not part of this edge-sdk version: the probe reports why it cannot run, and load refuses.
+The engines are built on the device from the bundle's prefill.onnx and decode.onnx (reference functions of the
+custom ops removed, so the parser maps them to the plugins in libedge_trt_plugins.so) and cached, keyed by
+TensorRT version, GPU and bundle hash: build_engine(bundle_path, cache_dir=None, force=False) -> engine directory.
+Running uses cuda-python device buffers; this package does not import torch.
 """
 
 from __future__ import annotations
 
-import importlib.util
+from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions
 
-from edge_sdk.runtime.backends import BackendUnavailable
+from .availability import probe
+from .builder import EngineBuildError, build_engine
+from .cache import EngineCacheError, default_cache_dir
+
+__all__ = ["BACKEND", "EngineBuildError", "EngineCacheError", "TensorRTBackend", "build_engine", "default_cache_dir"]
 
 
 class TensorRTBackend:
     name = "tensorrt"
 
     def probe(self) -> tuple[bool, str]:
-        if importlib.util.find_spec("tensorrt") is None:
-            return False, "the tensorrt Python package is not installed (JetPack ships it on Jetson)"
-        return False, "the TensorRT engine builder and plugins are not part of this edge-sdk version yet"
+        return probe()
 
-    def load(self, bundle, options):
-        raise BackendUnavailable(f"backend 'tensorrt' is not available here: {self.probe()[1]}")
+    def load(self, bundle, options: EngineOptions):
+        available, reason = self.probe()
+        if not available:
+            raise BackendUnavailable(f"backend 'tensorrt' is not available here: {reason}")
+        from .runtime import TensorRTEngine
+
+        return TensorRTEngine(bundle, options)
 
 
 BACKEND = TensorRTBackend()

@@ -1,0 +1,100 @@
+"""Build the bundle's prefill and decode engines on this device, with the edge-sdk plugins, into the engine cache."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+from edge_sdk.errors import EdgeSdkError
+from edge_sdk.runtime.backends import BackendUnavailable
+
+from . import cuda
+from .availability import find_plugin_library, import_tensorrt, plugin_library_missing
+from .cache import ENGINE_FILES, EngineKey, default_cache_dir, engine_dir, is_complete, write_metadata
+from .graphs import graph_path, read_manifest, tensorrt_model
+from .profiles import PHASES, profile_shapes
+
+_loaded_plugin_libraries: dict[str, object] = {}
+
+
+class EngineBuildError(EdgeSdkError):
+    """TensorRT could not parse a graph or build an engine from it."""
+
+
+def load_plugin_library(trt: ModuleType) -> Path:
+    """Registers the plugin creators with TensorRT's plugin registry, once per process."""
+    path = find_plugin_library()
+    if path is None:
+        raise BackendUnavailable(f"backend 'tensorrt' is not available here: {plugin_library_missing()}")
+    if str(path) not in _loaded_plugin_libraries:
+        handle = trt.get_plugin_registry().load_library(str(path))
+        if handle is None:
+            raise EngineBuildError(f"{path}: TensorRT could not load the plugin library (see the TensorRT log above)")
+        _loaded_plugin_libraries[str(path)] = handle
+    return path
+
+
+def current_key(trt: ModuleType, manifest: dict) -> EngineKey:
+    name, capability = cuda.device_description()
+    return EngineKey(trt.__version__, name, capability, manifest["manifest_sha256"])
+
+
+def _build_one(trt: ModuleType, logger, path: Path, shapes: dict) -> bytes:
+    """One serialized engine from the graph at path, with one optimization profile covering `shapes`."""
+    builder = trt.Builder(logger)
+    # Strongly typed: TensorRT keeps the graph's types (fp32 activations, weights as stored) instead of choosing.
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    parser = trt.OnnxParser(network, logger)
+    # path lets the parser find the external initializers in weights.safetensors next to the graph
+    if not parser.parse(tensorrt_model(path).SerializeToString(), str(path)):
+        errors = "; ".join(str(parser.get_error(index)) for index in range(parser.num_errors))
+        raise EngineBuildError(f"{path}: TensorRT could not parse the graph: {errors}")
+    config = builder.create_builder_config()
+    # fp32 math stays IEEE fp32 (TF32 would round matmul inputs to 10 mantissa bits): decode is bound by memory,
+    # and the engines then match ONNX Runtime on the bundle as closely as the other backends do.
+    config.clear_flag(trt.BuilderFlag.TF32)
+    profile = builder.create_optimization_profile()
+    for name, shape in shapes.items():
+        profile.set_shape(name, shape.min, shape.opt, shape.max)
+    config.add_optimization_profile(profile)
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise EngineBuildError(f"{path}: TensorRT could not build an engine (see the TensorRT log above)")
+    return bytes(serialized)
+
+
+def build_engine(
+    bundle_path: str | Path,
+    cache_dir: str | Path | None = None,
+    force: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> Path:
+    """The engine directory of a bundle for this TensorRT and GPU, building it when absent (or when force).
+
+    Returns <cache>/<key digest>, holding prefill.engine, decode.engine and engine.json. cache_dir defaults to
+    default_cache_dir(). Raises BackendUnavailable when TensorRT, cuda-python, a GPU or the plugin library is
+    missing, EngineBuildError when TensorRT fails on the bundle's graphs.
+    """
+    bundle_path = Path(bundle_path)
+    trt = import_tensorrt()
+    manifest = read_manifest(bundle_path)
+    key = current_key(trt, manifest)
+    directory = engine_dir(Path(cache_dir) if cache_dir is not None else default_cache_dir(), key)
+    if not force and is_complete(directory, key):
+        return directory
+    load_plugin_library(trt)
+    directory.mkdir(parents=True, exist_ok=True)
+    logger = trt.Logger(trt.Logger.WARNING)
+    for phase in PHASES:
+        if log is not None:
+            log(f"building the {phase} engine of {bundle_path} for {key.describe()}")
+        shapes = profile_shapes(manifest["model"], manifest["max_seq_len"], phase, manifest["sparsity"]["predictor"])
+        serialized = _build_one(trt, logger, graph_path(bundle_path, manifest, phase), shapes)
+        target = directory / ENGINE_FILES[phase]
+        staging = target.with_suffix(".partial")
+        staging.write_bytes(serialized)
+        os.replace(staging, target)
+    write_metadata(directory, key, bundle_path)
+    return directory

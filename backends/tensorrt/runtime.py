@@ -1,0 +1,193 @@
+"""Run a bundle's engines: the Engine protocol (prefill, decode, reset) on TensorRT with cuda-python buffers.
+
+The graphs take the KV cache as inputs past_key_values.{i}.{key,value} [1, kv_heads, past, head_dim] and return
+it grown by the new tokens as present.{i}.{key,value}. Each of those tensors has two device buffers of the full
+capacity [1, kv_heads, max_seq_len, head_dim], allocated once: a step reads the cache from one and writes the
+grown cache into the other, and the next step swaps them. Nothing is allocated per token; per step only the
+token ids go to the device and the last position's logits come back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+from edge_sdk.errors import EdgeSdkError
+from edge_sdk.runtime.backends import EngineOptions
+
+from . import cuda
+from .availability import import_tensorrt
+from .builder import build_engine, current_key, load_plugin_library
+from .cache import ENGINE_FILES, EngineCacheError, unloadable_engine_message
+
+
+class EngineRunError(EdgeSdkError):
+    """TensorRT refused an input shape or failed to run a step."""
+
+
+class _Graph:
+    """One deserialized engine with its execution context."""
+
+    def __init__(self, trt: ModuleType, runtime, path: Path, key, bundle_path: Path):
+        engine = runtime.deserialize_cuda_engine(path.read_bytes()) if path.is_file() else None
+        if engine is None:
+            raise EngineCacheError(unloadable_engine_message(path, key, bundle_path))
+        self.engine = engine
+        self.context = engine.create_execution_context()
+        self.names = [engine.get_tensor_name(index) for index in range(engine.num_io_tensors)]
+        self.dtypes = {name: np.dtype(trt.nptype(engine.get_tensor_dtype(name))) for name in self.names}
+
+    def run(self, shapes: dict[str, tuple[int, ...]], addresses: dict[str, int], stream: cuda.Stream) -> None:
+        """shapes: every dynamic input; addresses: at least every input and output of the engine."""
+        missing = [name for name in self.names if name not in addresses]
+        if missing:
+            raise EngineRunError(f"no device buffer for the engine's tensors {', '.join(missing)}")
+        for name, shape in shapes.items():
+            if not self.context.set_input_shape(name, shape):
+                raise EngineRunError(f"TensorRT refused shape {shape} for input '{name}' (outside the engine profile)")
+        for name in self.names:
+            self.context.set_tensor_address(name, addresses[name])
+        if not self.context.execute_async_v3(stream.handle):
+            raise EngineRunError("TensorRT failed to run the engine (see the TensorRT log above)")
+        stream.synchronize()
+
+
+class TensorRTEngine:
+    """One sequence of a bundle on TensorRT. Not thread-safe."""
+
+    def __init__(self, bundle, options: EngineOptions):
+        trt = import_tensorrt()
+        manifest = bundle.manifest
+        self.config = manifest["model"]
+        self.vocab_size = self.config["vocab_size"]
+        self.max_seq_len = manifest["max_seq_len"]
+        self.layers = self.config["num_layers"]
+        self.sparsity = bundle.sparsity
+        directory = build_engine(bundle.path)
+        load_plugin_library(trt)
+        self.runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))  # kept alive with the engines it made
+        key = current_key(trt, manifest)
+        self.prefill_graph = _Graph(trt, self.runtime, directory / ENGINE_FILES["prefill"], key, bundle.path)
+        self.decode_graph = _Graph(trt, self.runtime, directory / ENGINE_FILES["decode"], key, bundle.path)
+        self.stream = cuda.Stream()
+        self._buffers: list[cuda.DeviceBuffer] = []
+        self._allocate(options)
+        self.reset()
+
+    def _buffer(self, nbytes: int) -> cuda.DeviceBuffer:
+        buffer = cuda.DeviceBuffer(nbytes)
+        self._buffers.append(buffer)
+        return buffer
+
+    def _allocate(self, options: EngineOptions) -> None:
+        kv_heads, head_dim, max_len = self.config["num_kv_heads"], self.config["head_dim"], self.max_seq_len
+        cache_bytes = kv_heads * max_len * head_dim * 4  # [1, kv_heads, max_seq_len, head_dim] float32
+        names = [f"{layer}.{part}" for layer in range(self.layers) for part in ("key", "value")]
+        self.kv = {name: (self._buffer(cache_bytes), self._buffer(cache_bytes)) for name in names}
+        self.ids = self._buffer(max_len * 8)  # input_ids [1, seq] int64
+        self.positions = self._buffer(max_len * 8)  # position_ids [1, seq] int64
+        self.logits = self._buffer(self.vocab_size * 4)  # [1, seq, vocab] float32, grown for longer prompts
+        # decode's scalars: the calibrated level's index and the dense switch
+        # (a level asked of a predictor without levels is an error from level_index, as on the CPU backend)
+        asked = options.sparsity is not None and not options.dense
+        level = self.sparsity.level_index(options.sparsity) if self.sparsity.levels or asked else 0
+        self.level = self._buffer(8)
+        self.level.upload(np.array(level, dtype=np.int64))
+        self.dense = self._buffer(1)
+        self.dense.upload(np.array(options.dense, dtype=np.bool_))
+        n_neurons = self.config["intermediate_size"]
+        self.core = self.sparsity.predictor == "core"
+        self.core_masks = [self._buffer(n_neurons) for _ in range(self.layers)] if self.core else []
+        self.core_counts = [self._buffer(n_neurons * 8) for _ in range(self.layers)] if self.core else []
+        self.core_sums = [self._buffer(n_neurons * 8) for _ in range(self.layers)] if self.core else []
+
+    def reset(self) -> None:
+        self.length = 0
+        self.current = 0  # which buffer of each KV pair holds the cache
+
+    def _kv_bindings(self, past: int) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+        kv_heads, head_dim = self.config["num_kv_heads"], self.config["head_dim"]
+        shapes, addresses = {}, {}
+        for name, pair in self.kv.items():
+            shapes[f"past_key_values.{name}"] = (1, kv_heads, past, head_dim)
+            addresses[f"past_key_values.{name}"] = pair[self.current].address
+            addresses[f"present.{name}"] = pair[1 - self.current].address
+        return shapes, addresses
+
+    def _step(
+        self, graph: _Graph, ids: list[int], extra: dict[str, int], extra_shapes: dict[str, tuple[int, ...]]
+    ) -> np.ndarray:
+        """Runs ids after the current cache through graph; returns the last position's logits [vocab].
+
+        extra: addresses of the graph's other tensors; extra_shapes: shapes of its other dynamic inputs."""
+        seq = len(ids)
+        if self.length + seq > self.max_seq_len:
+            raise EngineRunError(
+                f"sequence of {self.length + seq} tokens exceeds the bundle's max_seq_len {self.max_seq_len}"
+            )
+        self.ids.upload(np.array([ids], dtype=np.int64))
+        self.positions.upload(np.arange(self.length, self.length + seq, dtype=np.int64)[None, :])
+        if seq * self.vocab_size * 4 > self.logits.nbytes:
+            self.logits.free()
+            self._buffers.remove(self.logits)
+            self.logits = self._buffer(seq * self.vocab_size * 4)
+        shapes, addresses = self._kv_bindings(self.length)
+        shapes |= {"input_ids": (1, seq), "position_ids": (1, seq)} | extra_shapes
+        addresses |= {"input_ids": self.ids.address, "position_ids": self.positions.address}
+        addresses |= {"logits": self.logits.address} | extra
+        graph.run(shapes, addresses, self.stream)
+        self.current = 1 - self.current
+        self.length += seq
+        return self.logits.download((seq, self.vocab_size), np.float32)[-1]
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        if not ids:
+            raise EngineRunError("prefill needs at least one token")
+        self.reset()
+        extra = {}
+        if self.core:
+            for layer in range(self.layers):
+                extra[f"core_counts.{layer}"] = self.core_counts[layer].address
+                extra[f"core_sums.{layer}"] = self.core_sums[layer].address
+        logits = self._step(self.prefill_graph, ids, extra, {})
+        if self.core:
+            self._choose_core_neurons()
+        return logits
+
+    def _choose_core_neurons(self) -> None:
+        """The decode's fixed core masks from the prefill's counts (sparsity/core.py's rule).
+
+        The graph declares the sums float64, a type TensorRT does not have; they are read in whatever type the engine
+        gives them (float32 when the parser narrowed them).
+
+        The rule lives in edge_sdk.export.ort_session, which imports torch through the bundle reader; core bundles
+        are loaded by that reader anyway, so this adds no import a caller has not already made.
+        """
+        from edge_sdk.export.ort_session import core_mask_from_counts_numpy
+
+        n_neurons = self.config["intermediate_size"]
+        for layer in range(self.layers):
+            dtypes = self.prefill_graph.dtypes
+            counts = self.core_counts[layer].download((1, n_neurons), dtypes[f"core_counts.{layer}"])
+            sums = self.core_sums[layer].download((1, n_neurons), dtypes[f"core_sums.{layer}"])
+            mask = core_mask_from_counts_numpy(counts, sums, self.sparsity.core_beta)
+            self.core_masks[layer].upload(mask.astype(np.bool_))
+
+    def decode(self, token: int) -> np.ndarray:
+        if self.length == 0:
+            raise EngineRunError("decode called before prefill")
+        extra = {"sparsity_level": self.level.address, "dense": self.dense.address}
+        shapes = {}
+        for layer, mask in enumerate(self.core_masks):
+            extra[f"core_mask.{layer}"] = mask.address
+            shapes[f"core_mask.{layer}"] = (1, self.config["intermediate_size"])
+        return self._step(self.decode_graph, [int(token)], extra, shapes)
+
+    def close(self) -> None:
+        """Frees the device buffers and the stream; the engine cannot run afterwards."""
+        for buffer in self._buffers:
+            buffer.free()
+        self._buffers.clear()
+        self.stream.destroy()

@@ -1,0 +1,202 @@
+"""Time one decode-step SparseFFN (edge_sparse_ffn, plugins/kernels) against a dense cuBLAS FFN on the GPU.
+
+LLaMA-2-7B shapes by default (d=4096, D=11008, fp16 weights). For each sparsity s the mask keeps a random
+(1 - s) of the neurons, and every kept neuron fires (x and W_gate are positive), so the kernel reads exactly
+those rows of W_gate, W_up and W_down^T. The dense baseline is three cuBLAS GEMVs (cublasHgemm with n = 1 for fp16
+weights, cublasSgemv for fp32): gate, up and down, without the elementwise activation. Several copies of the
+weights ("layers") are cycled so that no run finds its rows in L2. Times are CUDA-event device times per FFN after
+warm-up, with the calls captured in a CUDA graph (launch overhead excluded), and also with plain launches from
+Python. Bandwidth counts the weight rows and the mask read, against a measured device-to-device copy rate.
+
+Needs an NVIDIA GPU, the kernel library built (`pip install -e .` with nvcc) and libcublas from the CUDA toolkit:
+
+    .venv/bin/python benchmarks/cuda_ffn.py
+    .venv/bin/python benchmarks/cuda_ffn.py --dtype fp32 --layers 4 --json results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib.util
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+HARNESS = Path(__file__).resolve().parent.parent / "tests" / "gpu" / "cuda_harness.py"
+SPARSITIES = (0.0, 0.5, 0.8, 0.9, 0.95)
+DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
+CUBLAS_LIBRARIES = ("libcublas.so.13", "libcublas.so.12", "libcublas.so")
+_CUBLAS_OP_N, _CUBLAS_OP_T = 0, 1
+_HALF_ONE, _HALF_ZERO = 0x3C00, 0x0000
+
+
+def load_harness():
+    """tests/gpu/cuda_harness.py: the ctypes bindings the GPU tests use."""
+    spec = importlib.util.spec_from_file_location("cuda_harness", HARNESS)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the harness is executed
+    spec.loader.exec_module(module)
+    return module
+
+
+class Cublas:
+    """The three GEMVs of a dense FFN through cuBLAS on the harness's stream."""
+
+    def __init__(self, stream: int):
+        self.library = None
+        for name in CUBLAS_LIBRARIES:
+            try:
+                self.library = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+        if self.library is None:
+            raise OSError(f"libcublas not found (tried {', '.join(CUBLAS_LIBRARIES)})")
+        handle = ctypes.c_void_p()
+        self._check(self.library.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
+        self.handle = handle
+        self._check(self.library.cublasSetStream_v2(handle, ctypes.c_void_p(stream)), "cublasSetStream")
+
+    @staticmethod
+    def _check(status: int, what: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"{what} failed with cuBLAS status {status}")
+
+    def matvec(self, dtype: torch.dtype, transpose: bool, rows: int, cols: int, matrix: int, vector: int, out: int):
+        """out = op(M) vector for the column-major [rows, cols] matrix M at `matrix` (lda = rows)."""
+        op = _CUBLAS_OP_T if transpose else _CUBLAS_OP_N
+        out_len, in_len = (cols, rows) if transpose else (rows, cols)
+        p = ctypes.c_void_p
+        if dtype == torch.float32:
+            one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+            operands = (p(matrix), rows, p(vector), 1, ctypes.byref(zero), p(out), 1)
+            status = self.library.cublasSgemv_v2(self.handle, op, rows, cols, ctypes.byref(one), *operands)
+        else:
+            one, zero = ctypes.c_uint16(_HALF_ONE), ctypes.c_uint16(_HALF_ZERO)
+            shape = (op, _CUBLAS_OP_N, out_len, 1, in_len)
+            operands = (p(matrix), rows, p(vector), in_len, ctypes.byref(zero), p(out), out_len)
+            status = self.library.cublasHgemm(self.handle, *shape, ctypes.byref(one), *operands)
+        self._check(status, "cuBLAS GEMV")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--d", type=int, default=4096, help="hidden size")
+    parser.add_argument("--D", type=int, default=11008, help="intermediate size (neurons)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp16", help="weight storage type")
+    parser.add_argument("--layers", type=int, default=8, help="weight copies cycled so that L2 never holds them")
+    parser.add_argument("--repeats", type=int, default=20, help="timed FFN calls per measurement (per layer cycle)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    return parser.parse_args()
+
+
+def copy_bandwidth(device, nbytes: int = 1 << 30) -> float:
+    """GB/s of a device-to-device copy (bytes read + bytes written), the practical ceiling of a streaming kernel."""
+    source, target = device.allocate(nbytes), device.allocate(nbytes)
+    device.copy_on_device(target, source, nbytes)  # warm-up
+    milliseconds = min(device.elapsed_ms(lambda: device.copy_on_device(target, source, nbytes)) for _ in range(5))
+    return 2 * nbytes / milliseconds / 1e6
+
+
+def timed(device, enqueue, repeats: int) -> tuple[float, float]:
+    """(graph, launches): microseconds per call of enqueue() when captured in a CUDA graph and when launched."""
+
+    def calls():
+        for _ in range(repeats):
+            enqueue()
+
+    calls()  # warm-up
+    graph = device.capture(calls)
+    try:
+        device.launch_graph(graph)
+        in_graph = min(device.elapsed_ms(lambda: device.launch_graph(graph)) for _ in range(5)) * 1e3 / repeats
+    finally:
+        device.destroy_graph(graph)
+    launched = min(device.elapsed_ms(calls) for _ in range(5)) * 1e3 / repeats
+    return in_graph, launched
+
+
+def device_name() -> str:
+    """The name of CUDA device 0, from the driver API (torch may be a CPU build)."""
+    driver = ctypes.CDLL("libcuda.so.1")
+    device, name = ctypes.c_int(), ctypes.create_string_buffer(256)
+    if driver.cuInit(0) != 0 or driver.cuDeviceGet(ctypes.byref(device), 0) != 0:
+        return "CUDA device 0"
+    driver.cuDeviceGetName(name, len(name), device)
+    return name.value.decode()
+
+
+def main() -> int:
+    args = parse_args()
+    harness = load_harness()
+    reason = harness.gpu_unavailable_reason()
+    if reason is not None:
+        print(f"benchmarks/cuda_ffn.py needs an NVIDIA GPU and the CUDA kernel library: {reason}", file=sys.stderr)
+        return 2
+    dtype, d, n_neurons = DTYPES[args.dtype], args.d, args.D
+    device = harness.Device()
+    kernels = harness.Kernels(device)
+    try:
+        generator = torch.Generator().manual_seed(0)
+        x = torch.rand(1, d, generator=generator) + 0.1  # positive, so every masked neuron fires
+        host_weights = [(torch.rand(n_neurons, d, generator=generator) / d).to(dtype) for _ in range(3)]
+        layers = [tuple(device.upload(w) for w in host_weights) for _ in range(args.layers)]
+        x_device, x_half = device.upload(x), device.upload(x.to(dtype))
+        y = device.empty((1, d), torch.float32)
+        workspace = device.allocate(kernels.workspace_size(d, n_neurons, 1))
+        dense_gate, dense_hidden = device.empty((n_neurons,), dtype), device.empty((d,), dtype)
+        element = torch.empty((), dtype=dtype).element_size()
+        peak = copy_bandwidth(device)
+        try:
+            cublas = Cublas(device.stream)
+        except OSError as error:
+            cublas = None
+            print(f"(no cuBLAS baseline: {error})", file=sys.stderr)
+
+        cycle = itertools.count()
+
+        def dense_ffn():
+            w_gate, w_up, w_down_t = layers[next(cycle) % args.layers]
+            # row-major [D, d] is column-major [d, D]: gate/up = M^T x, down = M h
+            cublas.matvec(dtype, True, d, n_neurons, w_gate.pointer, x_half.pointer, dense_gate.pointer)
+            cublas.matvec(dtype, True, d, n_neurons, w_up.pointer, x_half.pointer, dense_gate.pointer)
+            cublas.matvec(dtype, False, d, n_neurons, w_down_t.pointer, dense_gate.pointer, dense_hidden.pointer)
+
+        dense_us = timed(device, dense_ffn, args.repeats)[0] if cublas is not None else None
+        setup = f"d={d}, D={n_neurons}, {args.dtype} weights, {args.layers} weight copies"
+        print(f"{device_name()}: {setup}; device-to-device copy {peak:.0f} GB/s")
+        if dense_us is not None:
+            print(f"cuBLAS dense FFN: {dense_us:.1f} us ({3 * n_neurons * d * element / dense_us / 1e3:.0f} GB/s)")
+        print(f"{'sparsity':>8} {'graph us':>9} {'launch us':>10} {'GB/s':>7} {'% copy':>7} {'vs dense':>9}")
+        results = []
+        for sparsity in SPARSITIES:
+            mask = torch.zeros(1, n_neurons, dtype=torch.uint8)
+            kept = torch.randperm(n_neurons, generator=generator)[: round((1 - sparsity) * n_neurons)]
+            mask[0, kept] = 1
+            mask_device = device.upload(mask)
+
+            def sparse_ffn(mask_device=mask_device):
+                weights = layers[next(cycle) % args.layers]
+                kernels.sparse_ffn(x_device, weights, mask_device, None, "relu", 0.0, y, workspace)
+
+            graph_us, launch_us = timed(device, sparse_ffn, args.repeats)
+            weight_bytes = 3 * len(kept) * d * element + n_neurons
+            bandwidth = weight_bytes / graph_us / 1e3
+            speedup = dense_us / graph_us if dense_us is not None else float("nan")
+            row = f"{sparsity:>8.2f} {graph_us:>9.1f} {launch_us:>10.1f} {bandwidth:>7.0f}"
+            print(f"{row} {100 * bandwidth / peak:>6.0f}% {speedup:>8.2f}x")
+            results.append({"sparsity": sparsity, "graph_us": graph_us, "launch_us": launch_us, "gb_per_s": bandwidth})
+        if args.json is not None:
+            record = {"d": d, "D": n_neurons, "dtype": args.dtype, "copy_gb_per_s": peak, "dense_us": dense_us}
+            args.json.write_text(json.dumps(record | {"sparse": results}, indent=2) + "\n")
+    finally:
+        device.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

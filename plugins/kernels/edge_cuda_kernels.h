@@ -1,0 +1,93 @@
+/* edge-sdk CUDA kernels: one extern "C" launcher per op (DESIGN.md 3.6). The TensorRT plugins
+ * (plugins/tensorrt) call only these launchers, and the ctypes harness of tests/gpu calls the same ones.
+ *
+ * Each launcher mirrors its CPU kernel in cpu/edge_cpu_kernels.h: edge_cpu_<op>(x, d, D, ...) becomes
+ * edge_<op>(stream, x, x_dtype, tokens, d, D, ...), the rest of the arguments in the same order, and
+ * - x is [tokens, d] of x_dtype (enum edge_cuda_dtype) instead of one fp32 token; masks are [tokens, D];
+ * - every pointer is device memory; weight matrices are read in place (no copies);
+ * - the CPU's thread count has no equivalent.
+ *
+ * Conventions for every launcher below:
+ * - Returns cudaSuccess when the work was enqueued on `stream`, cudaErrorInvalidValue (nothing enqueued)
+ *   when an argument is invalid (a required pointer is NULL, a size is <= 0 or beyond the launch limits,
+ *   an enum is out of range), or the error of the kernel launch.
+ * - Asynchronous and capturable in a CUDA graph: no host synchronisation, no allocation, no device query.
+ *   Temporary storage is the caller's (scratch / workspace arguments).
+ * - Deterministic: the same inputs give bit-identical outputs run to run. Every sum has a fixed order
+ *   (per-lane sequences, a fixed butterfly across a warp, per-block partial sums reduced in index order);
+ *   there are no floating-point atomics.
+ * - Arithmetic is fp32 on fp32-converted values, whatever the storage type.
+ * - Thread safety: no global state; concurrent calls are safe when they share no output, scratch or
+ *   workspace buffer. */
+#ifndef EDGE_CUDA_KERNELS_H
+#define EDGE_CUDA_KERNELS_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "edge_cpu_kernels.h" /* enum edge_dtype, enum edge_activation */
+
+#if defined(__GNUC__)
+#define EDGE_CUDA_API __attribute__((visibility("default")))
+#else
+#define EDGE_CUDA_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Storage type of x and of weight matrices: enum edge_dtype's values, plus bf16, which only the CUDA
+ * kernels read. */
+enum edge_cuda_dtype { EDGE_CUDA_F32 = EDGE_F32, EDGE_CUDA_F16 = EDGE_F16, EDGE_CUDA_BF16 = 2 };
+
+/* SVD predictor (DESIGN 3.2): mask[t, i] = ((x_t B^T) A^T)_i + bias_i > 0.
+ * x: [tokens, d] of x_dtype; a: [D, rank]; b: [rank, d]; bias: [D] or NULL (zero bias); a, b, bias fp32.
+ * mask: [tokens, D] output, 1 = predicted active, 0 otherwise. scratch: [tokens, rank] floats (x B^T). */
+EDGE_CUDA_API cudaError_t edge_svd_predictor(cudaStream_t stream, const void *x, int x_dtype, int tokens, int d,
+                                             int D, int rank, const float *a, const float *b, const float *bias,
+                                             uint8_t *mask, float *scratch);
+
+/* Sign-bit predictor (DESIGN 3.2, edge_sdk/sparsity/signbit.py), one warp per row of `packed`.
+ * x: [tokens, d] of x_dtype; packed: [D, ceil(d/32)] int32 sign bits of W_gate (bit j of word k =
+ * w[32k+j] < 0, padding bits 0); alpha: the layer's alpha. x's sign bits (x_j < 0, so -0.0 and NaN count
+ * as non-negative) are packed on the device; N_neg = popcount(packed_i XOR bits(x_t)), N_pos = d - N_neg;
+ * mask[t, i] = 0 when alpha * N_pos < N_neg (compared in double), else 1. d <= 393216 (the packed bits of
+ * one token live in shared memory). */
+EDGE_CUDA_API cudaError_t edge_signbit_predictor(cudaStream_t stream, const void *x, int x_dtype, int tokens, int d,
+                                                 int D, const int32_t *packed, float alpha, uint8_t *mask);
+
+/* Bytes of workspace edge_sparse_ffn needs for `tokens` tokens of a d x D FFN (including the slack that
+ * lets the layout align a workspace pointer of any alignment): 4 * tokens * (3 D + d * (1 + ceil(D / 64)))
+ * bytes with D and d rounded up to multiples of 64, plus 4 * tokens rounded up to 256, plus 256. The partial
+ * sums of the down projection dominate. Returns 0 when a size is <= 0. */
+EDGE_CUDA_API size_t edge_sparse_ffn_workspace_size(int d, int D, int tokens);
+
+/* Sequential SparseFFN (DESIGN 3.1, edge_sdk/sparsity/ffn.py sparse_ffn), for each token t:
+ *   for i in mask_t:   g_i = w_gate_i . x_t ; a_i = act(g_i)           (one warp per predicted row)
+ *   active = { i in mask_t : a_i != 0 [and |a_i| > thresholds_i] }    (predictor false positives dropped;
+ *                                                                       compacted on the device, in order)
+ *   for i in active:   u_i = w_up_i . x_t [drelu: max(u_i, 0)] ; h_i = a_i * u_i   (one warp per row)
+ *   y_t = sum over active of h_i * w_down_t_i   (rows with h_i == 0 add exactly zero and are not read;
+ *                                                 partial sums per block of 64 rows, reduced in order)
+ * x: [tokens, d] of x_dtype; w_gate, w_up, w_down_t: [D, d] row-major, all of weight_dtype (enum
+ * edge_cuda_dtype), w_down_t is W_down transposed so neuron i's down weights are row i. mask: [tokens, D]
+ * uint8 (nonzero = predicted active) or NULL for dense. thresholds: [D] fp32 CHESS thresholds or NULL.
+ * activation: enum edge_activation; act_threshold: fatrelu's t (>= 0), ignored otherwise. y: [tokens, d]
+ * fp32 output. workspace: edge_sparse_ffn_workspace_size(d, D, tokens) bytes, any alignment, reusable
+ * across calls on the same stream. active_out: [tokens, D] uint8 or NULL; receives 1 for the neurons in
+ * `active`, 0 for the others. Loads are 16 bytes wide (weights with the evict-first hint: they are streamed
+ * once per token) when every weight matrix is 16-byte aligned and d * element size is a multiple of 16;
+ * other shapes take an element-wise path with the same semantics. */
+EDGE_CUDA_API cudaError_t edge_sparse_ffn(cudaStream_t stream, const void *x, int x_dtype, int tokens, int d, int D,
+                                          const void *w_gate, const void *w_up, const void *w_down_t,
+                                          int weight_dtype, const uint8_t *mask, const float *thresholds,
+                                          int activation, float act_threshold, float *y, void *workspace,
+                                          uint8_t *active_out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,100 @@
+#include "svd_predictor_plugin.h"
+
+#include <cstdint>
+#include <string>
+
+#include "edge_cuda_kernels.h"
+
+namespace edge_sdk::trt {
+namespace {
+
+enum Input { kX = 0, kA, kB, kBias };
+constexpr int32_t kInputs = 4;
+
+void expectCounts(int32_t nbInputs, int32_t nbOutputs) {
+  if (nbInputs != kInputs) throw PluginError("expected 4 inputs (x, a, b, bias), found " + std::to_string(nbInputs));
+  if (nbOutputs != 1) throw PluginError("expected 1 output (mask), found " + std::to_string(nbOutputs));
+}
+
+}  // namespace
+
+std::vector<nvinfer1::PluginField> SvdPredictorPlugin::fieldNames() { return {}; }
+
+SvdPredictorPlugin::SvdPredictorPlugin(nvinfer1::PluginFieldCollection const* fields) { Attributes(fields, {}); }
+
+int32_t SvdPredictorPlugin::getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
+                                               nvinfer1::DataType const*, int32_t nbInputs) const noexcept {
+  return reportFailure([&] {
+    expectCounts(nbInputs, nbOutputs);
+    outputTypes[0] = nvinfer1::DataType::kBOOL;
+  });
+}
+
+int32_t SvdPredictorPlugin::getOutputShapes(nvinfer1::DimsExprs const* inputs, int32_t nbInputs,
+                                            nvinfer1::DimsExprs const*, int32_t, nvinfer1::DimsExprs* outputs,
+                                            int32_t nbOutputs, nvinfer1::IExprBuilder&) noexcept {
+  return reportFailure([&] {
+    expectCounts(nbInputs, nbOutputs);
+    if (inputs[kX].nbDims != 2 || inputs[kA].nbDims != 2) {
+      throw PluginError("inputs 'x' and 'a': expected 2 dimensions each, found " + std::to_string(inputs[kX].nbDims) +
+                        " and " + std::to_string(inputs[kA].nbDims));
+    }
+    outputs[0].nbDims = 2;  // mask: [T, D]
+    outputs[0].d[0] = inputs[kX].d[0];
+    outputs[0].d[1] = inputs[kA].d[0];
+  });
+}
+
+bool SvdPredictorPlugin::supportsFormatCombination(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut,
+                                                   int32_t nbInputs, int32_t) noexcept {
+  nvinfer1::PluginTensorDesc const& desc = inOut[pos].desc;
+  if (desc.format != nvinfer1::TensorFormat::kLINEAR) return false;
+  if (pos == kX) return isFloatType(desc.type);
+  if (pos < nbInputs) return desc.type == nvinfer1::DataType::kFLOAT;  // a, b, bias
+  return desc.type == nvinfer1::DataType::kBOOL;                      // mask
+}
+
+int32_t SvdPredictorPlugin::configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
+                                            nvinfer1::DynamicPluginTensorDesc const*, int32_t nbOutputs) noexcept {
+  return reportFailure([&] {
+    expectCounts(nbInputs, nbOutputs);
+    nvinfer1::Dims const& x = in[kX].desc.dims;
+    nvinfer1::Dims const& a = in[kA].desc.dims;
+    nvinfer1::Dims const& b = in[kB].desc.dims;
+    expectRank("x", x, 2);
+    expectRank("a", a, 2);
+    expectRank("b", b, 2);
+    expectRank("bias", in[kBias].desc.dims, 1);
+    expectDim("input 'b' columns (d, as x)", x.d[1], b.d[1]);
+    expectDim("input 'b' rows (r, as a's columns)", a.d[1], b.d[0]);
+    expectDim("input 'bias' length (D, as a's rows)", a.d[0], in[kBias].desc.dims.d[0]);
+  });
+}
+
+size_t SvdPredictorPlugin::getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
+                                            nvinfer1::DynamicPluginTensorDesc const*, int32_t) const noexcept {
+  if (nbInputs != kInputs) return 0;
+  // scratch = x b^T: [T, r] floats
+  return static_cast<size_t>(inputs[kX].max.d[0]) * static_cast<size_t>(inputs[kA].max.d[1]) * sizeof(float);
+}
+
+int32_t SvdPredictorPlugin::enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const*,
+                                    void const* const* inputs, void* const* outputs, void* workspace,
+                                    cudaStream_t stream) noexcept {
+  return reportFailure([&] {
+    int const tokens = checkedDim("x", inputDesc[kX].dims.d[0]);
+    int const d = checkedDim("x", inputDesc[kX].dims.d[1]);
+    int const n_neurons = checkedDim("a", inputDesc[kA].dims.d[0]);
+    int const rank = checkedDim("a", inputDesc[kA].dims.d[1]);
+    if (tokens == 0) return;
+    cudaError_t const status = edge_svd_predictor(
+        stream, inputs[kX], cudaDtype(inputDesc[kX].type), tokens, d, n_neurons, rank,
+        static_cast<float const*>(inputs[kA]), static_cast<float const*>(inputs[kB]),
+        static_cast<float const*>(inputs[kBias]), static_cast<uint8_t*>(outputs[0]), static_cast<float*>(workspace));
+    if (status != cudaSuccess) throw PluginError(std::string("edge_svd_predictor: ") + cudaGetErrorString(status));
+  });
+}
+
+nvinfer1::PluginFieldCollection const* SvdPredictorPlugin::getFieldsToSerialize() noexcept { return &mNoFields; }
+
+}  // namespace edge_sdk::trt

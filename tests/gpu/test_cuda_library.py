@@ -1,0 +1,113 @@
+"""The CUDA kernel library's host side, which needs no GPU: exported symbols, argument checks, workspace sizes.
+
+Runs wherever the package build compiled libedge_cuda_kernels.so (nvcc present); skips otherwise.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import shutil
+import subprocess
+
+import pytest
+
+from .cuda_harness import CUDA_ERROR_INVALID_VALUE, LAUNCHERS, kernel_library_path, load_kernels
+
+LIBRARY = kernel_library_path()
+pytestmark = pytest.mark.skipif(LIBRARY is None, reason="libedge_cuda_kernels.so was not built (no nvcc at build time)")
+
+# A non-NULL address for arguments the launcher must reject before touching them.
+UNUSED = 256
+# Arguments of a valid edge_sparse_ffn call (after the stream), with fake addresses.
+FFN_ARGUMENTS = {
+    "x": UNUSED,
+    "x_dtype": 0,
+    "tokens": 1,
+    "d": 64,
+    "D": 128,
+    "w_gate": UNUSED,
+    "w_up": UNUSED,
+    "w_down_t": UNUSED,
+    "weight_dtype": 1,
+    "mask": None,
+    "thresholds": None,
+    "activation": 0,
+    "act_threshold": 0.0,
+    "y": UNUSED,
+    "workspace": UNUSED,
+    "active_out": None,
+}
+
+
+def test_exports_exactly_the_launchers():
+    if shutil.which("nm") is None:
+        pytest.skip("nm (binutils) is not installed")
+    listing = subprocess.run(
+        ["nm", "-D", "--defined-only", str(LIBRARY)], check=True, capture_output=True, text=True
+    ).stdout
+    exported = {line.split()[-1] for line in listing.splitlines() if line.strip()}
+    assert exported == set(LAUNCHERS)
+    library = load_kernels()
+    for name in LAUNCHERS:
+        assert ctypes.cast(getattr(library, name), ctypes.c_void_p).value is not None
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("x", None),
+        ("w_down_t", None),
+        ("y", None),
+        ("workspace", None),
+        ("d", 0),
+        ("D", -1),
+        ("tokens", 0),
+        ("tokens", 65536),
+        ("x_dtype", 3),
+        ("weight_dtype", -1),
+        ("activation", 4),
+        ("act_threshold", -0.5),
+        ("act_threshold", math.nan),
+    ],
+)
+def test_sparse_ffn_rejects_invalid_arguments(field, value):
+    arguments = FFN_ARGUMENTS | {field: value}
+    assert load_kernels().edge_sparse_ffn(None, *arguments.values()) == CUDA_ERROR_INVALID_VALUE
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        (None, 0, 1, 64, 128, 8, UNUSED, UNUSED, None, UNUSED, UNUSED),  # no x
+        (UNUSED, 0, 1, 64, 128, 0, UNUSED, UNUSED, None, UNUSED, UNUSED),  # rank 0
+        (UNUSED, 5, 1, 64, 128, 8, UNUSED, UNUSED, None, UNUSED, UNUSED),  # unknown x dtype
+        (UNUSED, 0, 1, 64, 128, 8, UNUSED, UNUSED, None, UNUSED, None),  # no scratch
+    ],
+)
+def test_svd_predictor_rejects_invalid_arguments(arguments):
+    assert load_kernels().edge_svd_predictor(None, *arguments) == CUDA_ERROR_INVALID_VALUE
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        (UNUSED, 0, 1, 64, 128, None, 1.0, UNUSED),  # no packed bits
+        (UNUSED, 0, 1, 393217, 128, UNUSED, 1.0, UNUSED),  # x's bits would not fit shared memory
+        (UNUSED, 0, 1, 64, 0, UNUSED, 1.0, UNUSED),  # no rows
+    ],
+)
+def test_signbit_predictor_rejects_invalid_arguments(arguments):
+    assert load_kernels().edge_signbit_predictor(None, *arguments) == CUDA_ERROR_INVALID_VALUE
+
+
+def test_workspace_size_grows_linearly_with_tokens():
+    size = load_kernels().edge_sparse_ffn_workspace_size
+    d, n_neurons = 4096, 11008
+    one, two, three = (size(d, n_neurons, tokens) for tokens in (1, 2, 3))
+    assert two - one == three - two > 0
+    # edge_cuda_kernels.h: 4 * tokens * (3 D + d * (1 + ceil(D / 64))) bytes (d, D multiples of 64 here) + 512
+    per_token = 4 * (3 * n_neurons + d * (1 + math.ceil(n_neurons / 64)))
+    assert two - one == per_token
+    assert one == per_token + 512
+    assert size(0, n_neurons, 1) == size(d, 0, 1) == size(d, n_neurons, 0) == 0

@@ -1,0 +1,23 @@
+"""Small bundles of the committed tiny model for the TensorRT backend tests (fp16 weights, max_seq_len 64)."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge_sdk.export.exporter import ExportSettings, export_bundle
+from edge_sdk.sparsity.pipeline import CalibrationSettings
+
+BUNDLE_KINDS = ("svd", "core")
+
+
+@pytest.fixture(scope="session")
+def trt_bundles(tiny_model_dir, tmp_path_factory):
+    """{predictor kind: bundle directory} for an SVD bundle and a core bundle."""
+    root = tmp_path_factory.mktemp("trt-bundles")
+    calibration = CalibrationSettings(rank=16, max_tokens=2048, levels=(0.5, 0.8))
+    paths = {}
+    for kind in BUNDLE_KINDS:
+        settings = ExportSettings(predictor=kind, dtype="fp16", max_seq_len=64, calibration=calibration)
+        export_bundle(tiny_model_dir, root / kind, settings, [tiny_model_dir / "calibration.txt"])
+        paths[kind] = root / kind
+    return paths

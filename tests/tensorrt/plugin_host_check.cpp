@@ -1,0 +1,310 @@
+// Host-side check of libedge_trt_plugins.so without a GPU and without libnvinfer: loads the library the way
+// IPluginRegistry::loadLibrary does (dlopen, setLoggerFinder, getCreators) and drives the creators and plugins
+// through TensorRT's interfaces: names, attribute validation and its messages, formats, output types and shapes,
+// build-time shape checks, workspace sizes, serialization round trips. Compiled and run by
+// test_plugin_library.py against the TensorRT headers; prints one line per failed check, exits 1 if any failed.
+//
+//   plugin_host_check <libedge_trt_plugins.so> <libedge_cuda_kernels.so>
+#include <NvInferRuntime.h>
+#include <dlfcn.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace nvinfer1;
+
+namespace {
+
+int gFailures = 0;
+
+void expect(bool condition, std::string const& what) {
+  if (!condition) {
+    std::printf("FAILED: %s\n", what.c_str());
+    ++gFailures;
+  }
+}
+
+class RecordingLogger : public ILogger {
+ public:
+  void log(Severity severity, AsciiChar const* message) noexcept override {
+    if (severity <= Severity::kERROR) last = message;
+  }
+  std::string last;
+};
+
+class Finder : public ILoggerFinder {
+ public:
+  explicit Finder(ILogger* logger) : mLogger(logger) {}
+  ILogger* findLogger() override { return mLogger; }
+
+ private:
+  ILogger* mLogger;
+};
+
+class UnusedExprBuilder : public IExprBuilder {};
+
+struct Fields {
+  std::vector<PluginField> fields;
+  PluginFieldCollection collection() const { return {static_cast<int32_t>(fields.size()), fields.data()}; }
+};
+
+// A string field as the ONNX parser passes it: the bytes and their NUL, counted in length.
+PluginField stringField(char const* name, char const* value) {
+  return PluginField(name, value, PluginFieldType::kCHAR, static_cast<int32_t>(std::strlen(value) + 1));
+}
+
+DynamicPluginTensorDesc tensor(DataType type, std::vector<int64_t> dims) {
+  DynamicPluginTensorDesc desc{};
+  desc.desc.type = type;
+  desc.desc.format = TensorFormat::kLINEAR;
+  desc.desc.dims.nbDims = static_cast<int32_t>(dims.size());
+  desc.min.nbDims = desc.max.nbDims = desc.opt.nbDims = desc.desc.dims.nbDims;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    desc.desc.dims.d[i] = desc.min.d[i] = desc.max.d[i] = desc.opt.d[i] = dims[i];
+  }
+  return desc;
+}
+
+IPluginV3* create(IPluginCreatorV3One* creator, std::vector<PluginField> fields, TensorRTPhase phase) {
+  Fields holder{std::move(fields)};
+  PluginFieldCollection const collection = holder.collection();
+  return creator->createPlugin("node", &collection, phase);
+}
+
+IPluginV3OneBuild* build(IPluginV3* plugin) {
+  return static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
+}
+
+IPluginV3OneRuntime* runtime(IPluginV3* plugin) {
+  return static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+}
+
+bool supports(IPluginV3* plugin, std::vector<DynamicPluginTensorDesc> const& inOut, int32_t nbInputs) {
+  for (int32_t pos = 0; pos < static_cast<int32_t>(inOut.size()); ++pos) {
+    if (!build(plugin)->supportsFormatCombination(pos, inOut.data(), nbInputs, 1)) return false;
+  }
+  return true;
+}
+
+void expectRejected(IPluginCreatorV3One* creator, std::vector<PluginField> fields, RecordingLogger& logger,
+                    std::string const& message) {
+  logger.last.clear();
+  IPluginV3* plugin = create(creator, std::move(fields), TensorRTPhase::kBUILD);
+  expect(plugin == nullptr, std::string("rejected: ") + message);
+  expect(logger.last.find(message) != std::string::npos, "message '" + message + "', logged '" + logger.last + "'");
+  delete plugin;
+}
+
+// The serialized fields, given back to the creator at runtime, make a plugin that serializes the same way.
+void expectRoundTrip(IPluginCreatorV3One* creator, IPluginV3* plugin) {
+  PluginFieldCollection const* serialized = runtime(plugin)->getFieldsToSerialize();
+  expect(serialized != nullptr, std::string(creator->getPluginName()) + " serializes");
+  if (serialized == nullptr) return;
+  IPluginV3* restored = creator->createPlugin("node", serialized, TensorRTPhase::kRUNTIME);
+  expect(restored != nullptr, std::string(creator->getPluginName()) + " restores from its serialized fields");
+  if (restored == nullptr) return;
+  PluginFieldCollection const* again = runtime(restored)->getFieldsToSerialize();
+  expect(again->nbFields == serialized->nbFields, "same number of serialized fields");
+  for (int32_t i = 0; i < again->nbFields && i < serialized->nbFields; ++i) {
+    PluginField const& a = serialized->fields[i];
+    PluginField const& b = again->fields[i];
+    size_t const bytes = a.type == PluginFieldType::kCHAR ? static_cast<size_t>(a.length) : sizeof(float);
+    expect(std::strcmp(a.name, b.name) == 0 && a.type == b.type && a.length == b.length &&
+               std::memcmp(a.data, b.data, bytes) == 0,
+           std::string("serialized field ") + a.name + " survives the round trip");
+  }
+  delete restored;
+}
+
+void checkSparseFfn(IPluginCreatorV3One* creator, RecordingLogger& logger, size_t (*workspaceSize)(int, int, int)) {
+  expectRejected(creator, {}, logger, "attribute 'activation' is required, found none");
+  expectRejected(creator, {stringField("activation", "gelu")}, logger,
+                 "attribute 'activation': expected one of relu, fatrelu, drelu, silu, found 'gelu'");
+  float const half = 0.5f;
+  float const negative = -1.0f;
+  PluginField const halfThreshold("activation_threshold", &half, PluginFieldType::kFLOAT32, 1);
+  expectRejected(creator, {stringField("activation", "relu"), halfThreshold}, logger,
+                 "attribute 'activation_threshold': expected 0 for activation 'relu' (only fatrelu has a threshold), "
+                 "found 0.5");
+  expectRejected(creator,
+                 {stringField("activation", "fatrelu"),
+                  PluginField("activation_threshold", &negative, PluginFieldType::kFLOAT32, 1)},
+                 logger, "attribute 'activation_threshold': expected a finite value >= 0");
+  expectRejected(creator, {stringField("activation", "relu"), stringField("beta", "1")}, logger,
+                 "unknown attribute 'beta'; expected only activation, activation_threshold");
+  int32_t const wrongType = 1;
+  expectRejected(creator,
+                 {stringField("activation", "fatrelu"),
+                  PluginField("activation_threshold", &wrongType, PluginFieldType::kINT32, 1)},
+                 logger, "attribute 'activation_threshold': expected type float32, found int32");
+
+  IPluginV3* plugin = create(creator, {stringField("activation", "fatrelu"), halfThreshold}, TensorRTPhase::kBUILD);
+  expect(plugin != nullptr, "SparseFFN fatrelu 0.5 is created");
+  if (plugin == nullptr) return;
+  auto const* core = static_cast<IPluginV3OneCore*>(plugin->getCapabilityInterface(PluginCapabilityType::kCORE));
+  expect(std::strcmp(core->getPluginName(), "SparseFFN") == 0 && std::strcmp(core->getPluginVersion(), "1") == 0 &&
+             std::strcmp(core->getPluginNamespace(), "edge_sdk") == 0,
+         "SparseFFN core names");
+
+  int64_t const T = 2, d = 192, D = 768;
+  std::vector<DynamicPluginTensorDesc> io = {
+      tensor(DataType::kFLOAT, {T, d}),  tensor(DataType::kHALF, {D, d}), tensor(DataType::kHALF, {D, d}),
+      tensor(DataType::kHALF, {D, d}),   tensor(DataType::kBOOL, {T, D}), tensor(DataType::kFLOAT, {T, d})};
+  expect(supports(plugin, io, 5), "SparseFFN: x fp32, weights fp16, mask bool, y fp32");
+  for (DataType weights : {DataType::kFLOAT, DataType::kBF16}) {
+    auto other = io;
+    other[1].desc.type = other[2].desc.type = other[3].desc.type = weights;
+    other[0].desc.type = DataType::kBF16;
+    expect(supports(plugin, other, 5), "SparseFFN: x bf16 and fp32 / bf16 weights");
+  }
+  auto mixed = io;
+  mixed[2].desc.type = DataType::kFLOAT;
+  expect(!supports(plugin, mixed, 5), "SparseFFN: w_up of another type than w_gate is refused");
+  auto intMask = io;
+  intMask[4].desc.type = DataType::kINT32;
+  expect(!supports(plugin, intMask, 5), "SparseFFN: an int32 mask is refused");
+  auto halfOutput = io;
+  halfOutput[5].desc.type = DataType::kHALF;
+  expect(!supports(plugin, halfOutput, 5), "SparseFFN: only fp32 y");
+  auto withThresholds = io;
+  withThresholds.insert(withThresholds.begin() + 5, tensor(DataType::kFLOAT, {D}));
+  expect(supports(plugin, withThresholds, 6), "SparseFFN: fp32 thresholds");
+  auto linear = io;
+  linear[0].desc.format = TensorFormat::kCHW32;
+  expect(!supports(plugin, linear, 5), "SparseFFN: only linear formats");
+
+  DataType inputTypes[5] = {DataType::kFLOAT, DataType::kHALF, DataType::kHALF, DataType::kHALF, DataType::kBOOL};
+  DataType outputType = DataType::kINT8;
+  expect(build(plugin)->getOutputDataTypes(&outputType, 1, inputTypes, 5) == 0 && outputType == DataType::kFLOAT,
+         "SparseFFN: y is fp32");
+
+  expect(build(plugin)->configurePlugin(io.data(), 5, &io[5], 1) == 0, "SparseFFN: consistent shapes configure");
+  auto narrow = io;
+  narrow[2].desc.dims.d[1] = d - 1;
+  logger.last.clear();
+  expect(build(plugin)->configurePlugin(narrow.data(), 5, &narrow[5], 1) != 0,
+         "SparseFFN: w_up [D, d-1] is refused");
+  expect(logger.last.find("input 'w_up' columns (d, as x): expected 192, found 191") != std::string::npos,
+         "SparseFFN shape message, logged '" + logger.last + "'");
+  auto dynamic = io;
+  dynamic[0].desc.dims.d[0] = dynamic[4].desc.dims.d[0] = -1;
+  dynamic[0].max.d[0] = dynamic[4].max.d[0] = 8;
+  expect(build(plugin)->configurePlugin(dynamic.data(), 5, &dynamic[5], 1) == 0, "SparseFFN: runtime T configures");
+  expect(build(plugin)->getWorkspaceSize(dynamic.data(), 5, &dynamic[5], 1) == workspaceSize(192, 768, 8),
+         "SparseFFN: workspace for the profile's largest T");
+
+  UnusedExprBuilder exprBuilder;
+  DimsExprs inputs[5]{};
+  for (auto& dims : inputs) dims.nbDims = 2;
+  DimsExprs output{};
+  expect(build(plugin)->getOutputShapes(inputs, 5, nullptr, 0, &output, 1, exprBuilder) == 0 && output.nbDims == 2,
+         "SparseFFN: y has x's shape");
+  expect(build(plugin)->getOutputShapes(inputs, 4, nullptr, 0, &output, 1, exprBuilder) != 0,
+         "SparseFFN: 4 inputs are refused");
+
+  IPluginV3* clone = plugin->clone();
+  expect(clone != nullptr, "SparseFFN clones");
+  expectRoundTrip(creator, clone != nullptr ? clone : plugin);
+  delete clone;
+  delete plugin;
+}
+
+void checkSignBit(IPluginCreatorV3One* creator, RecordingLogger& logger) {
+  expectRejected(creator, {}, logger, "attribute 'alpha' is required, found none");
+  float const zero = 0.0f;
+  expectRejected(creator, {PluginField("alpha", &zero, PluginFieldType::kFLOAT32, 1)}, logger,
+                 "attribute 'alpha': expected a finite value > 0, found 0");
+  float const nan = std::nanf("");
+  expectRejected(creator, {PluginField("alpha", &nan, PluginFieldType::kFLOAT32, 1)}, logger,
+                 "attribute 'alpha': expected a finite value > 0, found nan");
+  float const alpha = 1.25f;
+  IPluginV3* plugin =
+      create(creator, {PluginField("alpha", &alpha, PluginFieldType::kFLOAT32, 1)}, TensorRTPhase::kBUILD);
+  expect(plugin != nullptr, "SignBitPredictor alpha 1.25 is created");
+  if (plugin == nullptr) return;
+  std::vector<DynamicPluginTensorDesc> io = {tensor(DataType::kHALF, {1, 100}), tensor(DataType::kINT32, {700, 4}),
+                                             tensor(DataType::kBOOL, {1, 700})};
+  expect(supports(plugin, io, 2), "SignBitPredictor: x fp16, packed int32, mask bool");
+  DataType inputTypes[2] = {DataType::kHALF, DataType::kINT32};
+  DataType outputType = DataType::kFLOAT;
+  expect(build(plugin)->getOutputDataTypes(&outputType, 1, inputTypes, 2) == 0 && outputType == DataType::kBOOL,
+         "SignBitPredictor: mask is bool");
+  expect(build(plugin)->configurePlugin(io.data(), 2, &io[2], 1) == 0, "SignBitPredictor: ceil(100 / 32) = 4 words");
+  io[1].desc.dims.d[1] = 3;
+  expect(build(plugin)->configurePlugin(io.data(), 2, &io[2], 1) != 0,
+         "SignBitPredictor: 3 words for d = 100 is refused");
+  expectRoundTrip(creator, plugin);
+  delete plugin;
+}
+
+void checkSvd(IPluginCreatorV3One* creator, RecordingLogger& logger) {
+  float const alpha = 1.0f;
+  expectRejected(creator, {PluginField("alpha", &alpha, PluginFieldType::kFLOAT32, 1)}, logger,
+                 "unknown attribute 'alpha'; expected only none");
+  IPluginV3* plugin = create(creator, {}, TensorRTPhase::kBUILD);
+  expect(plugin != nullptr, "SvdPredictor is created");
+  if (plugin == nullptr) return;
+  std::vector<DynamicPluginTensorDesc> io = {tensor(DataType::kBF16, {3, 256}), tensor(DataType::kFLOAT, {1000, 32}),
+                                             tensor(DataType::kFLOAT, {32, 256}), tensor(DataType::kFLOAT, {1000}),
+                                             tensor(DataType::kBOOL, {3, 1000})};
+  expect(supports(plugin, io, 4), "SvdPredictor: x bf16, factors fp32, mask bool");
+  io[1].desc.type = DataType::kHALF;
+  expect(!supports(plugin, io, 4), "SvdPredictor: fp16 factors are refused");
+  io[1].desc.type = DataType::kFLOAT;
+  expect(build(plugin)->configurePlugin(io.data(), 4, &io[4], 1) == 0, "SvdPredictor: consistent shapes configure");
+  expect(build(plugin)->getWorkspaceSize(io.data(), 4, &io[4], 1) == 3 * 32 * sizeof(float),
+         "SvdPredictor: workspace holds x b^T");
+  io[2].desc.dims.d[0] = 31;
+  expect(build(plugin)->configurePlugin(io.data(), 4, &io[4], 1) != 0,
+         "SvdPredictor: b with 31 rows for rank 32 is refused");
+  expectRoundTrip(creator, plugin);
+  delete plugin;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s libedge_trt_plugins.so libedge_cuda_kernels.so\n", argv[0]);
+    return 2;
+  }
+  void* kernels = dlopen(argv[2], RTLD_NOW | RTLD_GLOBAL);
+  void* library = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+  if (kernels == nullptr || library == nullptr) {
+    std::fprintf(stderr, "dlopen failed: %s\n", dlerror());
+    return 2;
+  }
+  using GetCreators = IPluginCreatorInterface* const* (*)(int32_t&);
+  using SetLoggerFinder = void (*)(ILoggerFinder*);
+  using WorkspaceSize = size_t (*)(int, int, int);
+  auto getCreators = reinterpret_cast<GetCreators>(dlsym(library, "getCreators"));
+  auto setLoggerFinder = reinterpret_cast<SetLoggerFinder>(dlsym(library, "setLoggerFinder"));
+  auto workspaceSize = reinterpret_cast<WorkspaceSize>(dlsym(kernels, "edge_sparse_ffn_workspace_size"));
+  expect(getCreators != nullptr && setLoggerFinder != nullptr, "getCreators and setLoggerFinder are exported");
+  if (getCreators == nullptr || setLoggerFinder == nullptr || workspaceSize == nullptr) return 1;
+
+  RecordingLogger logger;
+  Finder finder(&logger);
+  setLoggerFinder(&finder);
+  int32_t count = 0;
+  IPluginCreatorInterface* const* creators = getCreators(count);
+  expect(count == 3, "three creators");
+  std::vector<std::string> names;
+  for (int32_t i = 0; i < count; ++i) {
+    expect(std::strcmp(creators[i]->getInterfaceInfo().kind, "PLUGIN CREATOR_V3ONE") == 0, "IPluginCreatorV3One");
+    auto* creator = static_cast<IPluginCreatorV3One*>(creators[i]);
+    expect(std::strcmp(creator->getPluginVersion(), "1") == 0, "creator version 1");
+    expect(std::strcmp(creator->getPluginNamespace(), "edge_sdk") == 0, "creator namespace edge_sdk");
+    std::string const name = creator->getPluginName();
+    names.push_back(name);
+    if (name == "SparseFFN") checkSparseFfn(creator, logger, workspaceSize);
+    if (name == "SignBitPredictor") checkSignBit(creator, logger);
+    if (name == "SvdPredictor") checkSvd(creator, logger);
+  }
+  expect(names == std::vector<std::string>{"SvdPredictor", "SignBitPredictor", "SparseFFN"}, "creator names");
+  std::printf("%s\n", gFailures == 0 ? "all checks passed" : "some checks failed");
+  return gFailures == 0 ? 0 : 1;
+}

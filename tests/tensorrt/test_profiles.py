@@ -1,0 +1,55 @@
+"""Optimization profiles cover every dynamic input of the real graphs, with the graphs' static dimensions."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+from edge_sdk.backends.tensorrt.graphs import graph_path, read_manifest
+from edge_sdk.backends.tensorrt.profiles import PHASES, PREFILL_OPT_TOKENS, profile_shapes
+
+
+def graph_inputs(path) -> dict[str, list[int | str]]:
+    model = onnx.load(str(path), load_external_data=False)
+    return {
+        value.name: [dim.dim_param or dim.dim_value for dim in value.type.tensor_type.shape.dim]
+        for value in model.graph.input
+    }
+
+
+@pytest.mark.parametrize("kind", ["svd", "core"])
+@pytest.mark.parametrize("phase", PHASES)
+def test_profile_matches_the_graph_inputs(trt_bundles, kind, phase):
+    bundle = trt_bundles[kind]
+    manifest = read_manifest(bundle)
+    shapes = profile_shapes(manifest["model"], manifest["max_seq_len"], phase, kind)
+    inputs = graph_inputs(graph_path(bundle, manifest, phase))
+    dynamic = {name for name, dims in inputs.items() if any(isinstance(dim, str) for dim in dims)}
+    assert set(shapes) == dynamic
+    for name, shape in shapes.items():
+        for bound in (shape.min, shape.opt, shape.max):
+            assert len(bound) == len(inputs[name])
+            for dim, value in zip(inputs[name], bound, strict=True):
+                assert isinstance(dim, str) or dim == value, f"{name}: static dimension {dim}, profile {bound}"
+        assert all(low <= opt <= high for low, opt, high in zip(shape.min, shape.opt, shape.max, strict=True))
+        assert shape.min[0] == shape.max[0] == 1  # one sequence
+
+
+def test_prefill_and_decode_ranges(trt_bundles):
+    manifest = read_manifest(trt_bundles["svd"])
+    model, max_len = manifest["model"], manifest["max_seq_len"]
+    prefill = profile_shapes(model, max_len, "prefill", "svd")
+    assert prefill["input_ids"].min == (1, 1) and prefill["input_ids"].max == (1, max_len)
+    assert prefill["input_ids"].opt == (1, min(PREFILL_OPT_TOKENS, max_len))
+    assert prefill["past_key_values.0.key"].max[2] == 0  # prefill starts a sequence
+    decode = profile_shapes(model, max_len, "decode", "svd")
+    assert decode["input_ids"].min == decode["input_ids"].max == (1, 1)
+    key = decode["past_key_values.3.value"]
+    assert (key.min[2], key.opt[2], key.max[2]) == (0, max_len // 2, max_len - 1)
+
+
+def test_profile_rejects_bad_arguments(trt_bundles):
+    model = read_manifest(trt_bundles["svd"])["model"]
+    with pytest.raises(ValueError, match="phase: expected one of prefill, decode"):
+        profile_shapes(model, 64, "verify", "svd")
+    with pytest.raises(ValueError, match="max_seq_len: expected >= 1"):
+        profile_shapes(model, 0, "decode", "svd")

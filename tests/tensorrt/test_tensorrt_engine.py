@@ -1,0 +1,48 @@
+"""End to end on a device with TensorRT >= 10.3, cuda-python and the plugin library: the engines built from a bundle
+give ONNX Runtime's logits (same fp16 weights, fp32 math) and the same greedy tokens, and the cache is reused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from edge_sdk.backends.tensorrt import BACKEND, build_engine
+
+from edge_sdk.export.bundle import Bundle
+from edge_sdk.export.ort_session import OrtBundleSession
+from edge_sdk.model import Tokenizer
+from edge_sdk.runtime.backends import EngineOptions
+
+AVAILABLE, REASON = BACKEND.probe()
+pytestmark = [pytest.mark.tensorrt, pytest.mark.skipif(not AVAILABLE, reason=REASON)]
+
+PROMPT = "def parse_args(self, args=None, namespace=None):\n    "
+DECODE_STEPS = 16
+# fp32 everywhere (TF32 off), summation orders differ from ONNX Runtime's
+LOGITS_TOLERANCE = 1e-3
+
+
+@pytest.mark.parametrize("kind", ["svd", "core"])
+def test_engine_matches_onnx_runtime(trt_bundles, tiny_model_dir, tmp_path, monkeypatch, kind):
+    monkeypatch.setenv("EDGE_SDK_ENGINE_CACHE", str(tmp_path))
+    bundle = Bundle.open(trt_bundles[kind])
+    ids = Tokenizer.from_dir(tiny_model_dir).encode(PROMPT)
+    engine = BACKEND.load(bundle, EngineOptions())
+    reference = OrtBundleSession(bundle)
+    try:
+        ours, theirs = engine.prefill(ids), reference.prefill(np.array([ids]))[0, -1]
+        for _ in range(DECODE_STEPS):
+            assert np.abs(ours - theirs).max() <= LOGITS_TOLERANCE
+            token = int(theirs.argmax())
+            assert int(ours.argmax()) == token
+            ours, theirs = engine.decode(token), reference.decode(np.array([[token]]))[0, -1]
+    finally:
+        engine.close()
+
+
+def test_engine_cache_is_reused(trt_bundles, tmp_path):
+    first = build_engine(trt_bundles["svd"], cache_dir=tmp_path)
+    stamps = {path.name: path.stat().st_mtime_ns for path in first.glob("*.engine")}
+    assert build_engine(trt_bundles["svd"], cache_dir=tmp_path) == first
+    assert {path.name: path.stat().st_mtime_ns for path in first.glob("*.engine")} == stamps
+    rebuilt = build_engine(trt_bundles["svd"], cache_dir=tmp_path, force=True)
+    assert rebuilt == first and any(path.stat().st_mtime_ns != stamps[path.name] for path in rebuilt.glob("*.engine"))
