@@ -143,7 +143,6 @@ class Checkpoint:
         self.entries = self._index_tensors()
         self.expected_shapes = hf_tensor_shapes(self.config)
         self._check_shapes()
-        self._handles: dict[Path, object] = {}
 
     def _weight_files(self) -> list[Path]:
         index_path = self.model_dir / SHARD_INDEX
@@ -192,10 +191,10 @@ class Checkpoint:
         entry = self.entries.get(name)
         if entry is None:
             raise CheckpointError(f"{self.model_dir}: tensor '{name}' is missing from the weight files")
-        handle = self._handles.get(entry.file)
-        if handle is None:
-            handle = self._handles[entry.file] = safe_open(str(entry.file), framework="pt")
-        tensor = handle.get_tensor(name)
+        # A handle per read: a tensor keeps only its own pages mapped, so pages of tensors a caller has
+        # dropped leave memory at once (a cached handle would keep every page ever touched mapped).
+        with safe_open(str(entry.file), framework="pt") as handle:
+            tensor = handle.get_tensor(name)
         return tensor if dtype is None or tensor.dtype == dtype else tensor.to(dtype)
 
     def layer_tensors(self, layer: int, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
