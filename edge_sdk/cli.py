@@ -440,3 +440,109 @@ def build(bundle_dir: str, cache_dir: str | None, force: bool) -> None:
     Bundle.open(bundle_dir, verify_checksums=True)
     engine_dir = build_engine(bundle_dir, cache_dir=cache_dir, force=force, log=lambda line: click.echo(line, err=True))
     click.echo(f"engines cached in {engine_dir}")
+
+
+@main.command("eval")
+@click.argument("target", type=click.Path(path_type=str))
+@click.option(
+    "--sweep", is_flag=True, help="TARGET is a checkpoint directory: export and evaluate every predictor kind."
+)
+@click.option("--text", "text_files", multiple=True, required=True, help="Held-out text. Repeatable.")
+@click.option("--backend", default="auto", show_default=True)
+@click.option("--sparsity", type=float, default=None, help="A calibrated level (bundle mode; default: the bundle's).")
+@click.option("--tokens", "max_tokens", type=int, default=4096, show_default=True, help="Held-out tokens to score.")
+@click.option("--context", type=int, default=None, help="Window length (default: min(256, max_seq_len)).")
+@click.option("--prompt-tokens", type=int, default=32, show_default=True, help="Dense prefill per window.")
+@click.option("--threads", type=int, default=0, help="CPU threads (1 is often fastest for tiny models).")
+@click.option("--no-layer-stats", is_flag=True, help="Skip the per-layer sparsity and recall statistics.")
+@click.option("--json", "json_path", default=None)
+@click.option("--plot", "plot_path", default=None)
+@click.option("--calib", "calibration_files", multiple=True, help="Sweep: calibration text. Repeatable.")
+@click.option("-o", "--output", "out_dir", default=None, help="Sweep: directory for bundles and results.")
+@click.option("--predictors", default=None, help="Sweep: comma-separated kinds (default: all six).")
+@click.option("--levels", default=None, help="Sweep: sparsity levels (default 0.3,...,0.9).")
+@click.option("--calib-tokens", type=int, default=4096, show_default=True, help="Sweep: calibration tokens.")
+@click.option("--markdown", "markdown_path", default=None, help="Sweep: also write the tables as markdown.")
+@click.option("--force", is_flag=True, help="Sweep: replace existing bundles in the output directory.")
+def eval_command(
+    target,
+    sweep,
+    text_files,
+    backend,
+    sparsity,
+    max_tokens,
+    context,
+    prompt_tokens,
+    threads,
+    no_layer_stats,
+    json_path,
+    plot_path,
+    calibration_files,
+    out_dir,
+    predictors,
+    levels,
+    calib_tokens,
+    markdown_path,
+    force,
+) -> None:
+    """Held-out perplexity of sparse vs dense decoding (teacher-forced), top-1 agreement and per-layer statistics;
+    with --sweep, the quality-vs-speed frontier of every predictor kind."""
+    from edge_sdk.eval import EvalError, evaluate_bundle, format_sweep_markdown
+
+    if not sweep:
+        result = evaluate_bundle(
+            target,
+            text_files,
+            None if backend == "auto" else backend,
+            sparsity,
+            max_tokens=max_tokens,
+            context=context,
+            prompt_tokens=prompt_tokens,
+            threads=threads,
+            layer_stats=not no_layer_stats,
+            json_path=json_path,
+            plot_path=plot_path,
+        )
+        click.echo(
+            f"{result['backend']}, {result['predictor']} at {result['sparsity_level']}: perplexity dense "
+            f"{result['dense_perplexity']:.3f}, sparse {result['sparse_perplexity']:.3f} "
+            f"({result['perplexity_change_percent']:+.2f}%), top-1 agreement {result['top1_agreement']:.4f} "
+            f"over {result['scored_tokens']} tokens"
+        )
+        for layer in result.get("layers", []):
+            click.echo(
+                f"  layer {layer['layer']:>3}: true {layer['true_sparsity']:.3f} predicted "
+                f"{layer['predicted_sparsity']:.3f} realized {layer['realized_sparsity']:.3f} recall "
+                f"{layer['recall']:.4f} weighted {layer['importance_weighted_recall']:.5f}"
+            )
+        return
+    from edge_sdk.eval import SWEEP_KINDS
+    from edge_sdk.eval import sweep as run_sweep
+
+    if not calibration_files or out_dir is None:
+        raise EvalError("--sweep needs --calib FILE and -o DIR (TARGET is the checkpoint directory)")
+    kinds = tuple(k for k in (predictors or ",".join(SWEEP_KINDS)).split(",") if k)
+    result = run_sweep(
+        target,
+        calibration_files,
+        text_files,
+        out_dir,
+        predictors=kinds,
+        **({"levels": _parse_levels(levels)} if levels else {}),
+        backend="cpu" if backend == "auto" else backend,
+        calibration_tokens=calib_tokens,
+        max_tokens=max_tokens,
+        context=context or 256,
+        prompt_tokens=prompt_tokens,
+        threads=threads,
+        layer_stats=not no_layer_stats,
+        force=force,
+        json_path=json_path,
+        plot_path=plot_path,
+        on_point=lambda kind, point: click.echo(f"{kind}: {point}", err=True),
+    )
+    markdown = format_sweep_markdown(result, command="edge-sdk " + " ".join(sys.argv[1:]))
+    if markdown_path:
+        with open(markdown_path, "w") as handle:
+            handle.write(markdown)
+    click.echo(markdown)

@@ -1,0 +1,302 @@
+"""Held-out evaluation of bundles and predictor sweeps on the tiny fixture: the teacher-forced decode scores
+what a full forward scores, sparsity costs quality in order, per-layer statistics match a direct
+computation, the sweep writes its frontier, and bad input fails with clear errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from edge_sdk.errors import EdgeSdkError
+from edge_sdk.eval import EvalError, evaluate_bundle, format_sweep_markdown, frontier_crossing, sweep
+from edge_sdk.eval.evaluate import (
+    DecodeStatisticsRecorder,
+    ReferenceEngine,
+    TeacherForcedRun,
+    held_out_windows,
+    pool_layer_metrics,
+    read_texts,
+    teacher_forced,
+    top1_agreement,
+)
+from edge_sdk.export.bundle import BundleError
+from edge_sdk.export.exporter import ExportSettings, export_bundle, load_reference_decoder
+from edge_sdk.model import Tokenizer
+from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions, get_backend
+from edge_sdk.sparsity.metrics import layer_metrics
+from edge_sdk.sparsity.pipeline import CalibrationSettings
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# Small windows keep every evaluation to a few hundred decode steps; one thread avoids oversubscribing a
+# shared CPU, which slows the tiny model's per-token ops by an order of magnitude.
+WINDOW = {"max_tokens": 256, "context": 64, "prompt_tokens": 8, "threads": 1}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def held_out(tiny_model_dir):
+    return tiny_model_dir / "held_out.txt"
+
+
+@pytest.fixture(scope="module")
+def svd_bundle(tiny_model_dir, tmp_path_factory):
+    calibration = CalibrationSettings(rank=16, max_tokens=2048, levels=(0.3, 0.9))
+    settings = ExportSettings(predictor="svd", dtype="fp32", max_seq_len=128, calibration=calibration)
+    out = tmp_path_factory.mktemp("eval") / "svd"
+    return export_bundle(tiny_model_dir, out, settings, [tiny_model_dir / "calibration.txt"])
+
+
+def test_dense_perplexity_equals_full_sequence_forward(svd_bundle, held_out):
+    result = evaluate_bundle(svd_bundle.path, [held_out], backend="cpu", layer_stats=False, **WINDOW)
+    windows = held_out_windows(Tokenizer.from_dir(svd_bundle.path), read_texts([held_out]), 256, 64, 8)
+    decoder = load_reference_decoder(svd_bundle).decoder
+    nll = []
+    for window in windows:
+        with torch.inference_mode():
+            logits = decoder.forward(torch.tensor([window]))[0].double()  # [L, V]
+        log_probs = torch.log_softmax(logits, dim=-1)
+        positions = torch.arange(8, len(window) - 1)  # the decode steps after an 8-token prefill
+        nll.append(-log_probs[positions, torch.tensor(window)[positions + 1]])
+    nll = torch.cat(nll)
+    assert result["windows"] == 4 and result["scored_tokens"] == nll.numel() == 4 * 55
+    assert result["dense_perplexity"] == pytest.approx(math.exp(nll.mean().item()), rel=1e-4)
+    assert result["sparse_perplexity"] != pytest.approx(result["dense_perplexity"], rel=1e-6)
+
+
+def test_more_sparsity_costs_more_perplexity(svd_bundle, held_out, tmp_path):
+    mild = evaluate_bundle(svd_bundle.path, [held_out], backend="cpu", sparsity=0.3, layer_stats=False, **WINDOW)
+    plot = tmp_path / "eval.png"
+    strong = evaluate_bundle(
+        svd_bundle.path,
+        [held_out],
+        backend="cpu",
+        sparsity=0.9,
+        json_path=tmp_path / "eval.json",
+        plot_path=plot,
+        **WINDOW,
+    )
+    assert strong["perplexity_change_percent"] > mild["perplexity_change_percent"]
+    assert strong["perplexity_change_percent"] > 1.0
+    assert 0.0 <= strong["top1_agreement"] < mild["top1_agreement"] <= 1.0
+    # the backend's sparse decode and the torch reference agree, so the statistics describe what was scored
+    assert strong["reference_sparse_perplexity"] == pytest.approx(strong["sparse_perplexity"], rel=1e-4)
+    assert [layer["layer"] for layer in strong["layers"]] == [0, 1, 2, 3]
+    for layer in strong["layers"]:
+        assert layer["realized_sparsity"] >= layer["predicted_sparsity"] > 0.5
+        assert layer["realized_sparsity"] >= layer["true_sparsity"]
+        assert 0.0 < layer["importance_weighted_recall"] <= 1.0
+    assert json.loads((tmp_path / "eval.json").read_text())["sparsity_level"] == 0.9
+    assert plot.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_top1_agreement(svd_bundle, held_out):
+    windows = held_out_windows(Tokenizer.from_dir(svd_bundle.path), read_texts([held_out]), 64, 64, 8)
+    runs = [
+        teacher_forced(get_backend("cpu").load(svd_bundle, EngineOptions(dense=True, threads=1)), windows, 8)
+        for _ in range(2)
+    ]
+    assert top1_agreement(runs[0], runs[1]) == 1.0
+    first = TeacherForcedRun(np.zeros(4), np.array([1, 2, 3, 4]))
+    second = TeacherForcedRun(np.zeros(4), np.array([1, 0, 3, 0]))
+    assert top1_agreement(first, second) == 0.5
+    with pytest.raises(EvalError, match="different positions"):
+        top1_agreement(first, TeacherForcedRun(np.zeros(3), np.array([1, 2, 3])))
+
+
+def test_layer_statistics_equal_direct_computation(svd_bundle, held_out):
+    """Two windows through the recorder against layer_metrics on the whole decode, with FFN inputs captured at
+    the post-attention norm and the svd predictor's formula applied directly."""
+    windows = held_out_windows(Tokenizer.from_dir(svd_bundle.path), read_texts([held_out]), 48, 24, 8)
+    model = load_reference_decoder(svd_bundle)
+    model.configure(level_index=svd_bundle.sparsity.level_index(0.9))
+    recorder = DecodeStatisticsRecorder(model, [16] * 4, 192)
+    inputs = {index: [] for index in range(4)}
+    realized = {index: [] for index in range(4)}
+
+    def capture(index, module, args, output):
+        if model.ffns[index].phase == "decode":
+            inputs[index].append(output.reshape(-1, 192).float())
+
+    handles = [
+        layer.post_attention_layernorm.register_forward_hook(lambda m, a, o, i=i: capture(i, m, a, o))
+        for i, layer in enumerate(model.decoder.layers)
+    ]
+    engine = ReferenceEngine(model, 128)
+    for window in windows:
+        engine.prefill(window[:8])
+        for token in window[8:-1]:
+            engine.decode(token)
+            for index, ffn in enumerate(model.ffns):
+                realized[index].append(ffn.last_active)
+        recorder.end_window()
+    for handle in handles:
+        handle.remove()
+    recorder.remove()
+
+    level = svd_bundle.sparsity.level_index(0.9)
+    for index, measured in enumerate(recorder.results()):
+        x = torch.cat(inputs[index])  # [30, d]
+        assert x.shape == (2 * 15, 192)
+        prefix = f"layers.{index}."
+        w_gate, w_up = (
+            svd_bundle.tensor(prefix + "mlp.gate_proj.weight"),
+            svd_bundle.tensor(prefix + "mlp.up_proj.weight"),
+        )
+        w_down = svd_bundle.tensor(prefix + "mlp.down_proj.weight_t")
+        a, b = svd_bundle.tensor(prefix + "svd.a"), svd_bundle.tensor(prefix + "svd.b")
+        bias = svd_bundle.tensor(prefix + "svd.biases")[level]
+        gate = torch.relu(x @ w_gate.T)
+        importance = (gate * (x @ w_up.T)).square() * w_down.square().sum(dim=1)
+        predicted = x @ b.T @ a.T + bias > 0
+        direct = layer_metrics(gate > 0, predicted, importance, rank=16, d=192)
+        assert measured.keys() == {"layer", *direct.keys()}
+        for key, value in direct.items():
+            assert measured[key] == pytest.approx(value, rel=1e-5, abs=1e-9), key
+        assert measured["realized_sparsity"] == pytest.approx(1 - torch.cat(realized[index]).float().mean().item())
+
+
+def test_threshold_statistics_count_only_neurons_above_their_threshold(tiny_model_dir, held_out, tmp_path):
+    """CHESS computes the gate densely and keeps |act(g)| > t: its predicted set lies inside the truly active
+    one, so predicted and realized sparsity coincide and exceed the true sparsity at a level above it."""
+    calibration = CalibrationSettings(max_tokens=1024, levels=(0.95,))
+    settings = ExportSettings(predictor="threshold", dtype="fp32", max_seq_len=128, calibration=calibration)
+    bundle = export_bundle(tiny_model_dir, tmp_path / "threshold", settings, [tiny_model_dir / "calibration.txt"])
+    result = evaluate_bundle(bundle.path, [held_out], backend="cpu", sparsity=0.95, **WINDOW)
+    for layer in result["layers"]:
+        assert layer["predicted_sparsity"] == pytest.approx(layer["realized_sparsity"])
+        assert layer["predicted_sparsity"] > layer["true_sparsity"] + 0.01
+        assert layer["recall"] < 1.0
+    assert result["perplexity_change_percent"] > 0.0
+
+
+def test_pool_layer_metrics_equals_metrics_of_the_concatenation():
+    generator = torch.Generator().manual_seed(0)
+    truly = torch.rand(50, 40, generator=generator) < 0.3
+    truly[:7] = False  # a part without any truly active pair
+    predicted = torch.rand(50, 40, generator=generator) < 0.6
+    importance = torch.rand(50, 40, generator=generator) * truly
+    parts = []
+    for start, end in ((0, 7), (7, 20), (20, 50)):
+        t, p, w = truly[start:end], predicted[start:end], importance[start:end]
+        parts.append((layer_metrics(t, p, w, rank=4, d=16), t.numel(), float(w[t].sum(dtype=torch.float64))))
+    pooled = pool_layer_metrics(parts)
+    whole = layer_metrics(truly, predicted, importance, rank=4, d=16)
+    assert parts[0][0]["recall"] == 1.0  # the empty part's recall must carry no weight
+    assert pooled.keys() == whole.keys()
+    for key in whole:
+        assert pooled[key] == pytest.approx(whole[key], rel=1e-12), key
+
+
+def test_frontier_crossing_interpolates_hand_numbers():
+    settings, speedups, changes = [0.3, 0.5, 0.7, 0.9], [1.1, 1.3, 1.7, 2.0], [0.2, 0.6, 2.6, 9.0]
+    one = frontier_crossing(settings, speedups, changes, 1.0)
+    # between 0.5 (0.6%) and 0.7 (2.6%): 1% is a fifth of the way
+    assert one["status"] == "crossed"
+    assert one["setting"] == pytest.approx(0.54) and one["speedup"] == pytest.approx(1.38)
+    three = frontier_crossing(settings, speedups, changes, 3.0)
+    assert three["setting"] == pytest.approx(0.7 + 0.2 * 0.4 / 6.4) and three["speedup"] == pytest.approx(
+        1.7 + 0.3 / 16
+    )
+    assert frontier_crossing(settings, speedups, changes, 10.0) == {
+        "threshold_percent": 10.0,
+        "status": "not reached",
+        "setting": None,
+        "speedup": None,
+    }
+    assert frontier_crossing(settings, speedups, changes, 0.1)["status"] == "exceeded at the mildest setting"
+    # the first upward crossing counts, even when a noisy later point dips back below
+    noisy = frontier_crossing([0.999, 0.99, 0.95], [1.0, 1.2, 1.4], [0.5, 1.5, 0.8], 1.0)
+    assert noisy["setting"] == pytest.approx(0.9945) and noisy["speedup"] == pytest.approx(1.1)
+    with pytest.raises(EvalError, match="one speedup and one perplexity change per setting"):
+        frontier_crossing([0.3, 0.5], [1.0], [0.1, 0.2], 1.0)
+
+
+def test_sweep_writes_frontier_json_plot_and_markdown(tiny_model_dir, held_out, tmp_path):
+    calib = tiny_model_dir / "calibration.txt"
+    measured = []
+    result = sweep(
+        tiny_model_dir,
+        [calib],
+        [held_out],
+        tmp_path / "sweep",
+        predictors=("svd", "signbit"),
+        levels=(0.9, 0.3),
+        recall_targets=(0.9, 0.999),
+        calibration_tokens=1024,
+        rank=16,
+        speed_repeats=1,
+        timer="cpu",
+        on_point=lambda kind, point: measured.append((kind, point["setting"])),
+        **WINDOW,
+    )
+    written = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    assert (tmp_path / "sweep" / "sweep.png").read_bytes()[:8] == PNG_MAGIC
+    assert written["kinds"].keys() == {"svd", "signbit"}
+    # mildest setting first: levels ascending, recall targets descending, one signbit bundle per target
+    assert measured == [("svd", 0.3), ("svd", 0.9), ("signbit", 0.999), ("signbit", 0.9)]
+    assert sorted(p.name for p in (tmp_path / "sweep" / "bundles").iterdir()) == ["signbit-0.9", "signbit-0.999", "svd"]
+    for kind in written["kinds"].values():
+        points = kind["points"]
+        assert points[0]["dense_perplexity"] == pytest.approx(points[1]["dense_perplexity"])
+        for point in points:
+            assert point["speedup"] == pytest.approx(
+                point["sparse_tokens_per_second"] / point["dense_tokens_per_second"]
+            )
+            assert len(point["layers"]) == 4
+        for label, threshold in (("1%", 1.0), ("3%", 3.0)):
+            expected = frontier_crossing(
+                [p["setting"] for p in points],
+                [p["speedup"] for p in points],
+                [p["perplexity_change_percent"] for p in points],
+                threshold,
+            )
+            assert kind["crossings"][label] == expected
+    svd = written["kinds"]["svd"]["points"]
+    assert svd[1]["perplexity_change_percent"] > svd[0]["perplexity_change_percent"]
+    assert svd[1]["mean_realized_sparsity"] > svd[0]["mean_realized_sparsity"]
+    assert written["target"]["status"] == "not measured (the sweep has no svd point at the default level)"
+    assert written["scored_tokens"] == 4 * 55 and written["commit"] == result["commit"]
+    assert written["settings"]["timer"] == "cpu" and written["settings"]["threads"] == 1
+    markdown = format_sweep_markdown(result, command="python benchmarks/eval_sweep.py")
+    assert f"| 0.9 | {svd[1]['perplexity_change_percent']:+.2f} | {svd[1]['top1_agreement']:.4f} |" in markdown
+    assert "| signbit |" in markdown and "python benchmarks/eval_sweep.py" in markdown
+
+
+def test_bad_input_raises_clear_errors(svd_bundle, held_out, tiny_model_dir, tmp_path, monkeypatch):
+    missing = tmp_path / "missing.txt"
+    with pytest.raises(EvalError, match=r"missing\.txt: held-out text file not found"):
+        evaluate_bundle(svd_bundle.path, [held_out, missing], backend="cpu")
+    with pytest.raises(
+        BundleError, match=r"sparsity level 0\.7 was not calibrated; calibrated levels: 0\.3, 0\.5, 0\.9"
+    ):
+        evaluate_bundle(svd_bundle.path, [held_out], backend="cpu", sparsity=0.7)
+    with pytest.raises(EvalError, match="context 256 exceeds the bundle's max_seq_len 128"):
+        evaluate_bundle(svd_bundle.path, [held_out], backend="cpu", context=256)
+    with pytest.raises(EdgeSdkError, match="unknown backend 'gpu'"):
+        evaluate_bundle(svd_bundle.path, [held_out], backend="gpu")
+    monkeypatch.setattr(type(get_backend("cpu")), "probe", lambda self: (False, "native library not built"))
+    with pytest.raises(BackendUnavailable, match=r"backend 'cpu' .* not available here: native library not built"):
+        evaluate_bundle(svd_bundle.path, [held_out], backend="cpu")
+    with pytest.raises(BundleError, match="bundle directory not found"):
+        evaluate_bundle(tmp_path / "no-bundle", [held_out])
+    out = tmp_path / "sweep"
+    with pytest.raises(EvalError, match="'svd-fast' not known"):
+        sweep(tiny_model_dir, [tiny_model_dir / "calibration.txt"], [held_out], out, predictors=("svd-fast",))
+    with pytest.raises(EvalError, match=r"missing\.txt: held-out text file not found"):
+        sweep(tiny_model_dir, [tiny_model_dir / "calibration.txt"], [missing], out)
+    with pytest.raises(EvalError, match=r"sweep core beta: expected a number in \(0, 1\], found 1\.5"):
+        sweep(tiny_model_dir, [tiny_model_dir / "calibration.txt"], [held_out], out, core_betas=(0.2, 1.5))
+    with pytest.raises(EvalError, match="timer 'cpu' adds up the CPU time of all threads: it needs threads=1, found 2"):
+        sweep(tiny_model_dir, [tiny_model_dir / "calibration.txt"], [held_out], out, timer="cpu", threads=2)
+    assert not out.exists()  # every check ran before any export
