@@ -546,3 +546,26 @@ def eval_command(
         with open(markdown_path, "w") as handle:
             handle.write(markdown)
     click.echo(markdown)
+
+
+@main.command()
+@click.argument("bundle_dir", type=click.Path(path_type=str))
+@click.argument("archive", type=click.Path(path_type=str))
+@click.option("--no-verify", is_flag=True, help="Skip checking the bundle's checksums before packing.")
+def pack(bundle_dir: str, archive: str, no_verify: bool) -> None:
+    """Pack a bundle into one deterministic .tar for shipping to a device."""
+    from edge_sdk.export.archive import pack_bundle
+
+    click.echo(f"wrote {pack_bundle(bundle_dir, archive, verify=not no_verify)}")
+
+
+@main.command()
+@click.argument("archive", type=click.Path(path_type=str))
+@click.argument("bundle_dir", type=click.Path(path_type=str))
+@click.option("--force", is_flag=True, help="Replace the output directory if it exists.")
+def unpack(archive: str, bundle_dir: str, force: bool) -> None:
+    """Unpack a bundle archive, refusing unsafe members, and verify every checksum."""
+    from edge_sdk.export.archive import unpack_bundle
+
+    bundle = unpack_bundle(archive, bundle_dir, force=force)
+    click.echo(f"unpacked and verified {bundle.path} ({len(bundle.manifest['files'])} files)")

@@ -1,0 +1,221 @@
+/* edge_sdk.h: the C API of the edge-sdk runtime (libedge_sdk).
+ *
+ * Runs an edge-sdk bundle (the directory `edge-sdk export` writes: manifest.json, weights.safetensors,
+ * tokenizer.json, ...) from C: open the bundle once as an edge_model, create one edge_session per
+ * concurrent sequence, prefill a prompt, then decode one token at a time or call edge_session_generate.
+ *
+ *   edge_model *model;
+ *   if (edge_model_open("bundle", NULL, &model) != EDGE_OK) { fprintf(stderr, "%s\n", edge_last_error()); ... }
+ *   edge_session *session;
+ *   edge_session_create(model, &session);
+ *   edge_session_generate(session, prompt_ids, n_prompt, 64, on_token, user_data, &n_generated, &reason);
+ *   edge_session_destroy(session);
+ *   edge_model_close(model);
+ *
+ * Conventions
+ * - Every call that can fail returns an edge_status; EDGE_OK (0) is success. Results come back through
+ *   out-parameters, which are written only on success unless a function says otherwise.
+ * - The message of a failure names the file, field or argument and the expected and found values. It is
+ *   kept per thread (edge_last_error: every failing call on this thread, including edge_model_open, which has
+ *   no handle yet) and per handle (edge_model_last_error, edge_session_last_error, edge_tokenizer_last_error).
+ * - The library never calls exit() or abort() and never prints; bad input is an error status.
+ * - Token ids are int32_t and must lie in [0, vocab_size).
+ * - Memory the library allocates for the caller (edge_tokenizer_encode / decode) is freed with edge_free.
+ *
+ * Thread safety
+ * - An edge_model is read-only after edge_model_open: any number of threads may create and use sessions and
+ *   tokenizers of one model concurrently. Close the model only after every session of it is destroyed.
+ * - An edge_session is not thread-safe: use each session from one thread at a time (one session per thread).
+ * - An edge_tokenizer is read-only after creation and may be shared by threads, except that its last-error
+ *   message is per handle (read it from the thread whose call failed, before that handle fails again).
+ * - Within one call the CPU engine runs its kernels on `threads` OpenMP threads.
+ *
+ * This header is plain C99 and C++-compatible.
+ */
+#ifndef EDGE_SDK_H
+#define EDGE_SDK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define EDGE_API
+#elif defined(__GNUC__)
+#define EDGE_API __attribute__((visibility("default")))
+#else
+#define EDGE_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define EDGE_SDK_VERSION_MAJOR 0
+#define EDGE_SDK_VERSION_MINOR 1
+#define EDGE_SDK_VERSION_PATCH 0
+
+/** Result of every fallible call. */
+typedef enum edge_status {
+  EDGE_OK = 0,
+  EDGE_ERROR_INVALID_ARGUMENT = 1, /**< a NULL pointer, a size or token id out of range, an unknown option value */
+  EDGE_ERROR_IO = 2,               /**< a file or directory is missing or unreadable */
+  EDGE_ERROR_BUNDLE = 3,           /**< the bundle is corrupt or inconsistent (JSON, checksum, size, shape, dtype) */
+  EDGE_ERROR_UNSUPPORTED = 4,      /**< a valid bundle uses something this library cannot run (bf16, tokenizer kind) */
+  EDGE_ERROR_UNAVAILABLE = 5,      /**< the requested backend is not part of this build or not usable here */
+  EDGE_ERROR_OUT_OF_MEMORY = 6,    /**< an allocation or memory map failed */
+  EDGE_ERROR_SEQUENCE_FULL = 7,    /**< the KV cache holds max_seq_len positions already */
+  EDGE_ERROR_STATE = 8,            /**< wrong call order, e.g. decode or sample before prefill */
+  EDGE_ERROR_INTERNAL = 9          /**< a bug in the library; the message says where */
+} edge_status;
+
+/** Why edge_session_generate stopped. */
+typedef enum edge_stop_reason {
+  EDGE_STOP_MAX_TOKENS = 0,   /**< max_new_tokens tokens were generated */
+  EDGE_STOP_EOS = 1,          /**< the model produced an eos token (not passed to the callback) */
+  EDGE_STOP_CALLBACK = 2,     /**< the callback returned nonzero */
+  EDGE_STOP_SEQUENCE_FULL = 3 /**< prompt + generated tokens reached max_seq_len */
+} edge_stop_reason;
+
+typedef struct edge_options edge_options;
+typedef struct edge_model edge_model;
+typedef struct edge_session edge_session;
+typedef struct edge_tokenizer edge_tokenizer;
+
+/** Version of edge-sdk this library was built from, e.g. "0.1.0". Never NULL. */
+EDGE_API const char *edge_version(void);
+
+/** Static name of a status, e.g. "EDGE_ERROR_BUNDLE"; "EDGE_UNKNOWN_STATUS" for values outside the enum. */
+EDGE_API const char *edge_status_name(edge_status status);
+
+/** Message of the last failed call on the calling thread ("" when none failed yet). Valid until the next
+ * failing call on this thread. */
+EDGE_API const char *edge_last_error(void);
+
+/** Frees memory the library returned to the caller (encode / decode results). NULL is a no-op. */
+EDGE_API void edge_free(void *memory);
+
+/* ---- Options ------------------------------------------------------------------------------------------ */
+
+/** Creates options with the defaults: backend "cpu", threads 0 (all cores), the bundle's default sparsity
+ * level, sparse decoding (dense 0), checksums verified, KV cache of the bundle's max_seq_len. */
+EDGE_API edge_status edge_options_create(edge_options **out);
+EDGE_API void edge_options_destroy(edge_options *options);
+
+/** "cpu" (the C engine) or "tensorrt". A build without TensorRT refuses "tensorrt" at edge_model_open
+ * with EDGE_ERROR_UNAVAILABLE; there is no silent fallback to another backend. */
+EDGE_API edge_status edge_options_set_backend(edge_options *options, const char *backend);
+/** Threads for the kernels; <= 0 uses OpenMP's maximum (all cores unless OMP_NUM_THREADS says otherwise). */
+EDGE_API edge_status edge_options_set_threads(edge_options *options, int threads);
+/** A sparsity level the bundle calibrated (manifest sparsity.levels, e.g. 0.5); a negative level means the
+ * bundle's default_level. Bundles without levels (signbit, core, none) accept only a negative level. */
+EDGE_API edge_status edge_options_set_sparsity(edge_options *options, double level);
+/** Nonzero: decode with every FFN neuron (the dense model through the same kernels); predictors are unused. */
+EDGE_API edge_status edge_options_set_dense(edge_options *options, int dense);
+/** Zero: skip the sha256 checks of the bundle's files (sizes and the manifest digest are still checked). */
+EDGE_API edge_status edge_options_set_verify_checksums(edge_options *options, int verify);
+/** KV cache length of each session, 1 <= max_seq_len <= the bundle's max_seq_len; 0 = the bundle's. */
+EDGE_API edge_status edge_options_set_max_seq_len(edge_options *options, int max_seq_len);
+
+/* ---- Model --------------------------------------------------------------------------------------------- */
+
+/** Opens and verifies a bundle directory: manifest.json (format, version, manifest_sha256), every listed
+ * file's size and sha256, the safetensors header, and every tensor's dtype and shape against the model
+ * config. Weights are memory-mapped read-only and used in place. options may be NULL (defaults).
+ * On failure *out is set to NULL and edge_last_error() says why. */
+EDGE_API edge_status edge_model_open(const char *bundle_dir, const edge_options *options, edge_model **out);
+/** Unmaps and frees the model. Every session of the model must be destroyed first. NULL is a no-op. */
+EDGE_API void edge_model_close(edge_model *model);
+/** Message of the last failed call on this model ("" when none). */
+EDGE_API const char *edge_model_last_error(const edge_model *model);
+
+EDGE_API int32_t edge_model_vocab_size(const edge_model *model);
+/** KV cache length of the model's sessions (the option, or the bundle's max_seq_len). */
+EDGE_API int32_t edge_model_max_seq_len(const edge_model *model);
+/** The bos token id, or -1 when the model has none. */
+EDGE_API int32_t edge_model_bos_token(const edge_model *model);
+/** The eos token ids: *ids points into the model (valid until it is closed), *count may be 0. */
+EDGE_API edge_status edge_model_eos_tokens(const edge_model *model, const int32_t **ids, size_t *count);
+/** "cpu" or "tensorrt": the engine that runs this model. */
+EDGE_API const char *edge_model_backend(const edge_model *model);
+/** The bundle's predictor: "svd", "signbit", "core", "threshold" or "none". */
+EDGE_API const char *edge_model_predictor(const edge_model *model);
+/** The sparsity level in use, or -1 when decoding dense or the predictor has no levels. */
+EDGE_API double edge_model_sparsity_level(const edge_model *model);
+
+/* ---- Session -------------------------------------------------------------------------------------------- */
+
+/** Creates a session with its own KV cache (preallocated: layers x max_seq_len x kv_heads x head_dim x 2
+ * floats) and buffers. Sampling starts greedy. On failure *out is NULL and edge_last_error() says why. */
+EDGE_API edge_status edge_session_create(edge_model *model, edge_session **out);
+EDGE_API void edge_session_destroy(edge_session *session);
+EDGE_API const char *edge_session_last_error(const edge_session *session);
+
+/** Starts a new sequence with the n_ids >= 1 prompt tokens (dense FFNs; the core predictor picks its neurons
+ * here) and keeps the logits of the last prompt position. Fails with EDGE_ERROR_SEQUENCE_FULL when
+ * n_ids > max_seq_len. */
+EDGE_API edge_status edge_session_prefill(edge_session *session, const int32_t *ids, size_t n_ids);
+/** Feeds one token at the next position (predictor + sparse FFN) and keeps its logits. */
+EDGE_API edge_status edge_session_decode(edge_session *session, int32_t token);
+/** The logits [vocab_size] fp32 of the last prefill / decode, valid until the next prefill, decode, reset or
+ * destroy of this session. EDGE_ERROR_STATE before the first prefill. */
+EDGE_API edge_status edge_session_logits(const edge_session *session, const float **logits, int32_t *vocab_size);
+/** Forgets the sequence; the next call must be edge_session_prefill. The sampling settings and RNG stay. */
+EDGE_API edge_status edge_session_reset(edge_session *session);
+/** Positions filled in the KV cache (prompt + decoded tokens). */
+EDGE_API int32_t edge_session_position(const edge_session *session);
+
+/** How edge_session_sample picks tokens. temperature 0 = greedy (argmax, ties to the lowest id); otherwise
+ * logits / temperature, then top-k (0 = off), then top-p in (0, 1] (1 = off; smallest set of most probable
+ * tokens with mass >= top_p, ties by lowest id), sampled with a PCG32 generator seeded with `seed`. The same
+ * seed gives the same tokens on every platform; the stream is not numpy's, so sampled ids differ from the
+ * Python runtime's (greedy ids are the same). Resets the RNG. */
+EDGE_API edge_status edge_session_set_sampling(edge_session *session, float temperature, float top_p, int top_k,
+                                               uint64_t seed);
+/** Picks a token from the current logits with the session's sampling settings. */
+EDGE_API edge_status edge_session_sample(edge_session *session, int32_t *token);
+
+/** Called once per generated token; return nonzero to stop generating. */
+typedef int (*edge_token_callback)(int32_t token, void *user_data);
+
+/** Prefills the prompt, then samples and decodes until max_new_tokens tokens, an eos token of the model (not
+ * passed to the callback), the callback returning nonzero, or a full sequence. The last token is not fed to
+ * the model, so prompt + generated tokens fill at most max_seq_len positions. n_generated (tokens passed to
+ * the callback, also written on failure) and reason may be NULL; callback may be NULL. The prompt must leave
+ * room for one new token (n_prompt < max_seq_len, else EDGE_ERROR_SEQUENCE_FULL). */
+EDGE_API edge_status edge_session_generate(edge_session *session, const int32_t *prompt, size_t n_prompt,
+                                           int max_new_tokens, edge_token_callback callback, void *user_data,
+                                           int32_t *n_generated, edge_stop_reason *reason);
+
+/* ---- Tokenizer ----------------------------------------------------------------------------------------- */
+
+/** Loads the bundle's tokenizer.json (and tokenizer_config.json for bos / add_bos_token). Supported:
+ * byte-level BPE (GPT-2 style: ByteLevel pre-tokenizer with its regex, BPE merges, no normalizer, special
+ * added tokens matched in the text). Anything else is EDGE_ERROR_UNSUPPORTED; the id-level API above works
+ * for every bundle regardless. On failure *out is NULL and edge_last_error() says why. */
+EDGE_API edge_status edge_tokenizer_create(const edge_model *model, edge_tokenizer **out);
+EDGE_API void edge_tokenizer_destroy(edge_tokenizer *tokenizer);
+EDGE_API const char *edge_tokenizer_last_error(const edge_tokenizer *tokenizer);
+
+/** Encodes UTF-8 text (text_len bytes) to ids, exactly as the `tokenizers` library encodes it without
+ * special-token templates. add_bos: 1 prepend bos, 0 do not, -1 as tokenizer_config.json's add_bos_token.
+ * *ids is allocated (free with edge_free; NULL when *n_ids is 0). Invalid UTF-8 is EDGE_ERROR_INVALID_ARGUMENT. */
+EDGE_API edge_status edge_tokenizer_encode(const edge_tokenizer *tokenizer, const char *text, size_t text_len,
+                                           int add_bos, int32_t **ids, size_t *n_ids);
+/** Decodes ids to UTF-8 text as `tokenizers` decode does (invalid byte sequences become U+FFFD).
+ * skip_special: nonzero leaves out special tokens (bos, eos). *text is allocated and NUL-terminated (free with
+ * edge_free); *text_len (may be NULL) excludes the NUL. */
+EDGE_API edge_status edge_tokenizer_decode(const edge_tokenizer *tokenizer, const int32_t *ids, size_t n_ids,
+                                           int skip_special, char **text, size_t *text_len);
+/** The raw bytes of one token (byte-level decoded, not necessarily a whole UTF-8 character), for streaming:
+ * writing the bytes of consecutive tokens reproduces the text. Special tokens give their text. *bytes points
+ * into the tokenizer, valid until it is destroyed. */
+EDGE_API edge_status edge_tokenizer_token_bytes(const edge_tokenizer *tokenizer, int32_t token,
+                                                const char **bytes, size_t *n_bytes);
+/** Nonzero when token is a special (added) token such as bos or eos. */
+EDGE_API int edge_tokenizer_is_special(const edge_tokenizer *tokenizer, int32_t token);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

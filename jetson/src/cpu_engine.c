@@ -1,0 +1,776 @@
+/* The CPU engine: the whole decoder in C (llama2.c layout), the FFN in the shared CPU kernels.
+ *
+ *   Config   struct model_config (model.h), read from the manifest
+ *   Weights  struct cpu_weights: pointers into the read-only mapping of weights.safetensors, never copied.
+ *            Matrices are F32 or F16 as stored; F16 rows are widened to fp32 on the fly inside each dot
+ *            product (attention, embedding, lm_head) or read as F16 by the FFN kernels.
+ *   RunState struct run_state: activation buffers and the preallocated KV cache of one session.
+ *
+ * Math of edge_sdk/model/decoder.py and edge_sdk/sparsity/sparse_model.py: RMSNorm x * rsqrt(mean(x^2) + eps)
+ * * weight; RoPE (rotate-half) from the bundle's rope.cos / rope.sin tables, so positions rotate exactly as
+ * in Python; GQA attention (query head h reads KV head h / (num_heads / num_kv_heads)), scale 1/sqrt(head_dim),
+ * causal and within the sliding window when the model has one; fp32 activations and logits.
+ * Prefill runs the prompt token by token with dense FFNs (edge_cpu_sparse_ffn with mask NULL); decode runs
+ * the bundle's predictor (svd, signbit, core mask from the prefill, threshold, none) and the sparse FFN. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "edge_cpu_kernels.h"
+#include "model.h"
+
+/* Below this many multiply-adds a matrix-vector product runs on one thread (thread start-up costs more). */
+#define PARALLEL_MIN_WORK (1 << 16)
+#define LANES 16
+
+struct matrix {
+  const void *data; /* [rows, cols] row-major, dtype EDGE_F32 or EDGE_F16 */
+  int dtype;
+  int rows, cols;
+};
+
+struct layer_weights {
+  const float *input_norm; /* [d] */
+  const float *post_norm;  /* [d] */
+  struct matrix wq;        /* [H * hd, d] */
+  struct matrix wk, wv;    /* [KV * hd, d] */
+  struct matrix wo;        /* [d, H * hd] */
+  const float *bq;         /* [H * hd] or NULL */
+  const float *bk, *bv;    /* [KV * hd] or NULL */
+  const float *bo;         /* [d] or NULL */
+  const void *w_gate;      /* [D, d] ffn_dtype */
+  const void *w_up;        /* [D, d] ffn_dtype */
+  const void *w_down_t;    /* [D, d] ffn_dtype, W_down transposed (neuron-major) */
+  int ffn_dtype;
+  const float *svd_a;      /* [D, svd_rank] */
+  const float *svd_b;      /* [svd_rank, d] */
+  const float *svd_bias;   /* [D]: the chosen level's row of svd.biases */
+  int svd_rank;
+  const int32_t *signbit_packed; /* [D, ceil(d / 32)] sign bits of W_gate */
+  float signbit_alpha;
+  const float *thresholds; /* [D]: the chosen level's row of threshold.thresholds */
+};
+
+struct cpu_weights {
+  struct matrix embed;     /* [V, d] */
+  struct matrix lm_head;   /* [V, d], the embedding when tied */
+  const float *final_norm; /* [d] */
+  const float *rope_cos;   /* [bundle_max_seq_len, hd] */
+  const float *rope_sin;   /* [bundle_max_seq_len, hd] */
+  struct layer_weights *layers; /* [L] */
+  int max_svd_rank;
+};
+
+struct cpu_engine {
+  const struct model_config *config;
+  const struct sparsity_config *sparsity;
+  struct cpu_weights weights;
+  int threads;
+};
+
+struct run_state {
+  const struct cpu_engine *engine;
+  float *x;           /* [d] residual stream */
+  float *xb;          /* [d] normalized input of attention / FFN */
+  float *out;         /* [d] attention projection or FFN output */
+  float *q;           /* [H * hd] */
+  float *attn;        /* [H * hd] attention output before o_proj */
+  float *scores;      /* [H, max_seq_len] */
+  float *key_cache;   /* [L, max_seq_len, KV * hd] */
+  float *value_cache; /* [L, max_seq_len, KV * hd] */
+  uint8_t *mask;      /* [D] predictor output */
+  float *svd_scratch; /* [max_svd_rank] */
+  void *ffn_workspace;
+  /* core predictor: counted over the prompt at prefill, masks fixed for the decode */
+  float *gate;          /* [D] act.gate(W_gate x) of one prompt token */
+  int32_t *order;       /* [D] */
+  int64_t *core_counts; /* [L, D] */
+  double *core_sums;    /* [L, D] */
+  uint8_t *core_masks;  /* [L, D] */
+  int core_ready;
+};
+
+/* ---- Weights ------------------------------------------------------------------------------------------ */
+
+static edge_status find_tensor(const struct bundle *bundle, const char *name, int float_weights, int rank,
+                               const int64_t *shape, const struct tensor **out) {
+  const struct tensor *tensor = bundle_tensor(bundle, name);
+  if (tensor == NULL) {
+    return edge_fail(EDGE_ERROR_BUNDLE, "%s/%s: tensor '%s' is missing", bundle->root, BUNDLE_WEIGHTS_FILE, name);
+  }
+  if (float_weights && tensor->dtype == DTYPE_BF16) {
+    return edge_fail(EDGE_ERROR_UNSUPPORTED, "%s/%s: tensor '%s' is BF16; the C runtime reads F32 and F16 weights: "
+                     "re-export the bundle with --dtype fp16 or --dtype fp32", bundle->root, BUNDLE_WEIGHTS_FILE, name);
+  }
+  int shape_ok = tensor->rank == rank;
+  for (int i = 0; shape_ok && i < rank; i++) shape_ok = shape[i] < 0 || tensor->shape[i] == shape[i];
+  if (!shape_ok) {
+    char expected[128] = "", found[128] = "";
+    for (int i = 0; i < rank; i++) {
+      size_t used = strlen(expected);
+      snprintf(expected + used, sizeof expected - used, i ? ", %lld" : "%lld", (long long)shape[i]);
+    }
+    for (int i = 0; i < tensor->rank; i++) {
+      size_t used = strlen(found);
+      snprintf(found + used, sizeof found - used, i ? ", %lld" : "%lld", (long long)tensor->shape[i]);
+    }
+    return edge_fail(EDGE_ERROR_BUNDLE, "%s/%s: tensor '%s' has shape [%s], the model config needs [%s] (-1: any)",
+                     bundle->root, BUNDLE_WEIGHTS_FILE, name, found, expected);
+  }
+  *out = tensor;
+  return EDGE_OK;
+}
+
+static edge_status need_dtype(const struct bundle *bundle, const struct tensor *tensor, enum tensor_dtype dtype) {
+  if (tensor->dtype == dtype) return EDGE_OK;
+  return edge_fail(EDGE_ERROR_BUNDLE, "%s/%s: tensor '%s' is %s, expected %s", bundle->root, BUNDLE_WEIGHTS_FILE,
+                   tensor->name, tensor_dtype_name(tensor->dtype), tensor_dtype_name(dtype));
+}
+
+/* A [rows, cols] F32 or F16 matrix. */
+static edge_status load_matrix(const struct bundle *bundle, const char *name, int rows, int cols, struct matrix *m) {
+  const struct tensor *tensor;
+  int64_t shape[2] = {rows, cols};
+  edge_status status = find_tensor(bundle, name, 1, 2, shape, &tensor);
+  if (status != EDGE_OK) return status;
+  if (tensor->dtype != DTYPE_F32 && tensor->dtype != DTYPE_F16) {
+    return edge_fail(EDGE_ERROR_BUNDLE, "%s/%s: tensor '%s' is %s, expected F32 or F16", bundle->root,
+                     BUNDLE_WEIGHTS_FILE, name, tensor_dtype_name(tensor->dtype));
+  }
+  m->data = tensor->data;
+  m->dtype = tensor->dtype == DTYPE_F16 ? EDGE_F16 : EDGE_F32;
+  m->rows = rows;
+  m->cols = cols;
+  return EDGE_OK;
+}
+
+/* An F32 tensor of the given shape (-1 entries: any size); NULL-safe name building by the caller. */
+static edge_status load_f32(const struct bundle *bundle, const char *name, int rank, const int64_t *shape,
+                            const struct tensor **out) {
+  edge_status status = find_tensor(bundle, name, 0, rank, shape, out);
+  return status == EDGE_OK ? need_dtype(bundle, *out, DTYPE_F32) : status;
+}
+
+static edge_status load_vector(const struct bundle *bundle, const char *name, int size, const float **out) {
+  const struct tensor *tensor;
+  int64_t shape[1] = {size};
+  edge_status status = load_f32(bundle, name, 1, shape, &tensor);
+  if (status == EDGE_OK) *out = tensor->data;
+  return status;
+}
+
+static edge_status load_predictor(const struct bundle *bundle, const struct model_config *c,
+                                  const struct sparsity_config *sparsity, int layer, struct layer_weights *w,
+                                  int *max_rank) {
+  char name[128];
+  const struct tensor *tensor;
+  edge_status status = EDGE_OK;
+  int d = c->hidden_size, D = c->intermediate_size;
+  switch (sparsity->predictor) {
+    case PREDICTOR_SVD: {
+      snprintf(name, sizeof name, "layers.%d.svd.a", layer);
+      int64_t a_shape[2] = {D, -1};
+      status = load_f32(bundle, name, 2, a_shape, &tensor);
+      if (status != EDGE_OK) return status;
+      if (tensor->shape[1] < 1 || tensor->shape[1] > d) {
+        return edge_fail(EDGE_ERROR_BUNDLE, "%s/%s: tensor '%s' has rank %lld, expected 1..%d", bundle->root,
+                         BUNDLE_WEIGHTS_FILE, name, (long long)tensor->shape[1], d);
+      }
+      w->svd_a = tensor->data;
+      w->svd_rank = (int)tensor->shape[1];
+      *max_rank = w->svd_rank > *max_rank ? w->svd_rank : *max_rank;
+      snprintf(name, sizeof name, "layers.%d.svd.b", layer);
+      int64_t b_shape[2] = {w->svd_rank, d};
+      status = load_f32(bundle, name, 2, b_shape, &tensor);
+      if (status != EDGE_OK) return status;
+      w->svd_b = tensor->data;
+      snprintf(name, sizeof name, "layers.%d.svd.biases", layer);
+      int64_t bias_shape[2] = {sparsity->n_levels, D};
+      status = load_f32(bundle, name, 2, bias_shape, &tensor);
+      if (status != EDGE_OK) return status;
+      w->svd_bias = (const float *)tensor->data + (size_t)sparsity->level_index * (size_t)D;
+      return EDGE_OK;
+    }
+    case PREDICTOR_SIGNBIT: {
+      snprintf(name, sizeof name, "layers.%d.signbit.packed", layer);
+      int64_t packed_shape[2] = {D, (d + 31) / 32};
+      status = find_tensor(bundle, name, 0, 2, packed_shape, &tensor);
+      if (status == EDGE_OK) status = need_dtype(bundle, tensor, DTYPE_I32);
+      if (status != EDGE_OK) return status;
+      w->signbit_packed = tensor->data;
+      snprintf(name, sizeof name, "layers.%d.signbit.alpha", layer);
+      int64_t alpha_shape[1] = {1};
+      status = load_f32(bundle, name, 1, alpha_shape, &tensor);
+      if (status != EDGE_OK) return status;
+      w->signbit_alpha = *(const float *)tensor->data;
+      if (!isfinite(w->signbit_alpha)) {
+        return edge_fail(EDGE_ERROR_BUNDLE, "%s/%s: tensor '%s' is not finite", bundle->root, BUNDLE_WEIGHTS_FILE, name);
+      }
+      return EDGE_OK;
+    }
+    case PREDICTOR_THRESHOLD: {
+      snprintf(name, sizeof name, "layers.%d.threshold.thresholds", layer);
+      int64_t shape[2] = {sparsity->n_levels, D};
+      status = load_f32(bundle, name, 2, shape, &tensor);
+      if (status != EDGE_OK) return status;
+      w->thresholds = (const float *)tensor->data + (size_t)sparsity->level_index * (size_t)D;
+      return EDGE_OK;
+    }
+    case PREDICTOR_CORE:
+    case PREDICTOR_NONE:
+      return EDGE_OK;
+  }
+  return EDGE_OK;
+}
+
+static edge_status load_layer(const struct bundle *bundle, const struct model_config *c,
+                              const struct sparsity_config *sparsity, int layer, struct layer_weights *w,
+                              int *max_rank) {
+  char name[128];
+  int d = c->hidden_size, D = c->intermediate_size;
+  int q_dim = c->num_heads * c->head_dim, kv_dim = c->num_kv_heads * c->head_dim;
+  edge_status status;
+#define LAYER_NAME(suffix) (snprintf(name, sizeof name, "layers.%d.%s", layer, suffix), name)
+  if ((status = load_vector(bundle, LAYER_NAME("input_layernorm.weight"), d, &w->input_norm)) != EDGE_OK ||
+      (status = load_vector(bundle, LAYER_NAME("post_attention_layernorm.weight"), d, &w->post_norm)) != EDGE_OK ||
+      (status = load_matrix(bundle, LAYER_NAME("self_attn.q_proj.weight"), q_dim, d, &w->wq)) != EDGE_OK ||
+      (status = load_matrix(bundle, LAYER_NAME("self_attn.k_proj.weight"), kv_dim, d, &w->wk)) != EDGE_OK ||
+      (status = load_matrix(bundle, LAYER_NAME("self_attn.v_proj.weight"), kv_dim, d, &w->wv)) != EDGE_OK ||
+      (status = load_matrix(bundle, LAYER_NAME("self_attn.o_proj.weight"), d, q_dim, &w->wo)) != EDGE_OK) {
+    return status;
+  }
+  if (c->qkv_bias &&
+      ((status = load_vector(bundle, LAYER_NAME("self_attn.q_proj.bias"), q_dim, &w->bq)) != EDGE_OK ||
+       (status = load_vector(bundle, LAYER_NAME("self_attn.k_proj.bias"), kv_dim, &w->bk)) != EDGE_OK ||
+       (status = load_vector(bundle, LAYER_NAME("self_attn.v_proj.bias"), kv_dim, &w->bv)) != EDGE_OK)) {
+    return status;
+  }
+  if (c->o_bias && (status = load_vector(bundle, LAYER_NAME("self_attn.o_proj.bias"), d, &w->bo)) != EDGE_OK) {
+    return status;
+  }
+  struct matrix gate = {0}, up = {0}, down_t = {0};
+  if ((status = load_matrix(bundle, LAYER_NAME("mlp.gate_proj.weight"), D, d, &gate)) != EDGE_OK ||
+      (status = load_matrix(bundle, LAYER_NAME("mlp.up_proj.weight"), D, d, &up)) != EDGE_OK ||
+      (status = load_matrix(bundle, LAYER_NAME("mlp.down_proj.weight_t"), D, d, &down_t)) != EDGE_OK) {
+    return status;
+  }
+#undef LAYER_NAME
+  if (up.dtype != gate.dtype || down_t.dtype != gate.dtype) {
+    return edge_fail(EDGE_ERROR_BUNDLE, "%s/%s: layer %d's gate, up and down FFN weights must share one dtype",
+                     bundle->root, BUNDLE_WEIGHTS_FILE, layer);
+  }
+  w->w_gate = gate.data;
+  w->w_up = up.data;
+  w->w_down_t = down_t.data;
+  w->ffn_dtype = gate.dtype;
+  return load_predictor(bundle, c, sparsity, layer, w, max_rank);
+}
+
+static void free_weights(struct cpu_weights *weights) {
+  free(weights->layers);
+  memset(weights, 0, sizeof *weights);
+}
+
+static edge_status build_weights(const struct bundle *bundle, const struct model_config *c,
+                                 const struct sparsity_config *sparsity, struct cpu_weights *weights) {
+  memset(weights, 0, sizeof *weights);
+  int d = c->hidden_size;
+  edge_status status = load_matrix(bundle, "embed_tokens.weight", c->vocab_size, d, &weights->embed);
+  if (status != EDGE_OK) return status;
+  weights->lm_head = weights->embed;
+  if (!c->tie_word_embeddings) {
+    status = load_matrix(bundle, "lm_head.weight", c->vocab_size, d, &weights->lm_head);
+    if (status != EDGE_OK) return status;
+  }
+  if ((status = load_vector(bundle, "norm.weight", d, &weights->final_norm)) != EDGE_OK) return status;
+  const struct tensor *tensor;
+  int64_t rope_shape[2] = {c->bundle_max_seq_len, c->head_dim};
+  if ((status = load_f32(bundle, "rope.cos", 2, rope_shape, &tensor)) != EDGE_OK) return status;
+  weights->rope_cos = tensor->data;
+  if ((status = load_f32(bundle, "rope.sin", 2, rope_shape, &tensor)) != EDGE_OK) return status;
+  weights->rope_sin = tensor->data;
+  weights->layers = calloc((size_t)c->num_layers, sizeof *weights->layers);
+  if (weights->layers == NULL) return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "CPU engine: out of memory for layer weights");
+  for (int layer = 0; layer < c->num_layers; layer++) {
+    status = load_layer(bundle, c, sparsity, layer, &weights->layers[layer], &weights->max_svd_rank);
+    if (status != EDGE_OK) {
+      free_weights(weights);
+      return status;
+    }
+  }
+  return EDGE_OK;
+}
+
+static edge_status cpu_load(struct edge_model *model, void **out) {
+  struct cpu_engine *engine = calloc(1, sizeof *engine);
+  if (engine == NULL) return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "CPU engine: out of memory");
+  engine->config = &model->config;
+  engine->sparsity = &model->sparsity;
+  engine->threads = model->options.threads > 0 ? model->options.threads : edge_cpu_max_threads();
+  edge_status status = build_weights(&model->bundle, &model->config, &model->sparsity, &engine->weights);
+  if (status != EDGE_OK) {
+    free(engine);
+    return status;
+  }
+  *out = engine;
+  return EDGE_OK;
+}
+
+static void cpu_unload(void *engine) {
+  if (engine == NULL) return;
+  free_weights(&((struct cpu_engine *)engine)->weights);
+  free(engine);
+}
+
+/* ---- RunState ------------------------------------------------------------------------------------------ */
+
+static void free_run_state(struct run_state *s) {
+  if (s == NULL) return;
+  free(s->x);
+  free(s->xb);
+  free(s->out);
+  free(s->q);
+  free(s->attn);
+  free(s->scores);
+  free(s->key_cache);
+  free(s->value_cache);
+  free(s->mask);
+  free(s->svd_scratch);
+  free(s->ffn_workspace);
+  free(s->gate);
+  free(s->order);
+  free(s->core_counts);
+  free(s->core_sums);
+  free(s->core_masks);
+  free(s);
+}
+
+static void *allocate(size_t count, size_t size, int *failed) {
+  void *memory = count == 0 ? NULL : calloc(count, size);
+  if (count != 0 && memory == NULL) *failed = 1;
+  return memory;
+}
+
+static edge_status cpu_session_create(const struct edge_model *model, void **out) {
+  const struct cpu_engine *engine = model->engine;
+  const struct model_config *c = engine->config;
+  struct run_state *s = calloc(1, sizeof *s);
+  if (s == NULL) return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "session: out of memory");
+  s->engine = engine;
+  size_t d = (size_t)c->hidden_size, D = (size_t)c->intermediate_size, L = (size_t)c->num_layers;
+  size_t q_dim = (size_t)c->num_heads * (size_t)c->head_dim, kv_dim = (size_t)c->num_kv_heads * (size_t)c->head_dim;
+  size_t seq = (size_t)c->max_seq_len;
+  int failed = 0;
+  s->x = allocate(d, sizeof(float), &failed);
+  s->xb = allocate(d, sizeof(float), &failed);
+  s->out = allocate(d, sizeof(float), &failed);
+  s->q = allocate(q_dim, sizeof(float), &failed);
+  s->attn = allocate(q_dim, sizeof(float), &failed);
+  s->scores = allocate((size_t)c->num_heads * seq, sizeof(float), &failed);
+  s->key_cache = allocate(L * seq * kv_dim, sizeof(float), &failed);
+  s->value_cache = allocate(L * seq * kv_dim, sizeof(float), &failed);
+  s->mask = allocate(D, 1, &failed);
+  s->svd_scratch = allocate((size_t)engine->weights.max_svd_rank, sizeof(float), &failed);
+  s->ffn_workspace = allocate(edge_cpu_sparse_ffn_workspace_size(c->hidden_size, c->intermediate_size, engine->threads),
+                              1, &failed);
+  if (engine->sparsity->predictor == PREDICTOR_CORE) {
+    s->gate = allocate(D, sizeof(float), &failed);
+    s->order = allocate(D, sizeof(int32_t), &failed);
+    s->core_counts = allocate(L * D, sizeof(int64_t), &failed);
+    s->core_sums = allocate(L * D, sizeof(double), &failed);
+    s->core_masks = allocate(L * D, 1, &failed);
+  }
+  if (failed) {
+    free_run_state(s);
+    return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "session: out of memory for the KV cache (%zu MiB for %zu positions) "
+                     "and buffers; lower max_seq_len", 2 * L * seq * kv_dim * sizeof(float) >> 20, seq);
+  }
+  *out = s;
+  return EDGE_OK;
+}
+
+static void cpu_session_destroy(void *state) { free_run_state(state); }
+
+/* ---- Math -------------------------------------------------------------------------------------------- */
+
+/* IEEE half -> float with integer operations and one multiply, so the loops below vectorise on any target
+ * (the magnitude bits shifted into float position and scaled by 2^112 rebias normal and subnormal halves
+ * exactly; infinities and NaNs get the all-ones exponent). */
+static inline float half_to_float(uint16_t h) {
+  uint32_t shifted = (uint32_t)(h & 0x7fffu) << 13;
+  float magnitude;
+  memcpy(&magnitude, &shifted, sizeof shifted);
+  magnitude *= 0x1p112f;
+  uint32_t bits;
+  memcpy(&bits, &magnitude, sizeof bits);
+  uint32_t special = 0u - (uint32_t)((h & 0x7c00u) == 0x7c00u);
+  bits = (bits & ~special) | ((shifted | 0x7f800000u) & special);
+  bits |= (uint32_t)(h & 0x8000u) << 16;
+  float value;
+  memcpy(&value, &bits, sizeof bits);
+  return value;
+}
+
+/* w . x in fixed lanes and a fixed pairwise final sum (deterministic for any thread count). */
+static float dot_f32(const float *restrict w, const float *restrict x, int n) {
+  float acc[LANES] = {0};
+  int j = 0;
+  for (; j + LANES <= n; j += LANES) {
+    for (int l = 0; l < LANES; l++) acc[l] += w[j + l] * x[j + l];
+  }
+  for (int l = 0; j + l < n; l++) acc[l] += w[j + l] * x[j + l];
+  for (int half = LANES / 2; half > 0; half /= 2) {
+    for (int l = 0; l < half; l++) acc[l] += acc[l + half];
+  }
+  return acc[0];
+}
+
+static float dot_f16(const uint16_t *restrict w, const float *restrict x, int n) {
+  float acc[LANES] = {0};
+  int j = 0;
+  for (; j + LANES <= n; j += LANES) {
+    for (int l = 0; l < LANES; l++) acc[l] += half_to_float(w[j + l]) * x[j + l];
+  }
+  for (int l = 0; j + l < n; l++) acc[l] += half_to_float(w[j + l]) * x[j + l];
+  for (int half = LANES / 2; half > 0; half /= 2) {
+    for (int l = 0; l < half; l++) acc[l] += acc[l + half];
+  }
+  return acc[0];
+}
+
+static inline float row_dot(const struct matrix *m, int row, const float *x) {
+  size_t offset = (size_t)row * (size_t)m->cols;
+  return m->dtype == EDGE_F16 ? dot_f16((const uint16_t *)m->data + offset, x, m->cols)
+                              : dot_f32((const float *)m->data + offset, x, m->cols);
+}
+
+/* y[rows] = m x (+ bias), rows split over threads. */
+static void matvec(const struct matrix *m, const float *x, const float *bias, float *y, int threads) {
+  int rows = m->rows;
+  int parallel = (int64_t)m->rows * m->cols >= PARALLEL_MIN_WORK && threads > 1;
+  (void)parallel;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (parallel)
+#endif
+  for (int r = 0; r < rows; r++) {
+    float value = row_dot(m, r, x);
+    y[r] = bias != NULL ? value + bias[r] : value;
+  }
+}
+
+static void embedding_row(const struct matrix *embed, int token, float *x) {
+  size_t offset = (size_t)token * (size_t)embed->cols;
+  if (embed->dtype == EDGE_F16) {
+    const uint16_t *row = (const uint16_t *)embed->data + offset;
+    for (int i = 0; i < embed->cols; i++) x[i] = half_to_float(row[i]);
+  } else {
+    memcpy(x, (const float *)embed->data + offset, (size_t)embed->cols * sizeof(float));
+  }
+}
+
+/* out = weight * (x * rsqrt(mean(x^2) + eps)) */
+static void rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
+  float sum = 0.0f;
+  for (int i = 0; i < n; i++) sum += x[i] * x[i];
+  float scale = 1.0f / sqrtf(sum / (float)n + eps);
+  for (int i = 0; i < n; i++) out[i] = weight[i] * (x[i] * scale);
+}
+
+/* Rotate-half RoPE of n_heads heads of v in place with one position's cos / sin rows [hd]. */
+static void rope(float *v, int n_heads, int hd, const float *cos_row, const float *sin_row) {
+  int half = hd / 2;
+  for (int h = 0; h < n_heads; h++) {
+    float *head = v + (size_t)h * (size_t)hd;
+    for (int i = 0; i < half; i++) {
+      float x1 = head[i], x2 = head[i + half];
+      head[i] = x1 * cos_row[i] - x2 * sin_row[i];
+      head[i + half] = x2 * cos_row[i + half] + x1 * sin_row[i + half];
+    }
+  }
+}
+
+/* Attention of the token at pos over positions [first, pos] of one layer's cache, every head. */
+static void attention(struct run_state *s, int layer, int pos) {
+  const struct model_config *c = s->engine->config;
+  int hd = c->head_dim, groups = c->num_heads / c->num_kv_heads;
+  size_t kv_dim = (size_t)c->num_kv_heads * (size_t)hd, seq = (size_t)c->max_seq_len;
+  int first = c->sliding_window > 0 && pos - c->sliding_window + 1 > 0 ? pos - c->sliding_window + 1 : 0;
+  const float *keys = s->key_cache + (size_t)layer * seq * kv_dim;
+  const float *values = s->value_cache + (size_t)layer * seq * kv_dim;
+  float scale = 1.0f / sqrtf((float)hd);
+  int n_heads = c->num_heads;
+  int parallel = (int64_t)n_heads * (pos - first + 1) * hd >= PARALLEL_MIN_WORK && s->engine->threads > 1;
+  (void)parallel;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(s->engine->threads) if (parallel)
+#endif
+  for (int h = 0; h < n_heads; h++) {
+    const float *q = s->q + (size_t)h * (size_t)hd;
+    size_t kv_offset = (size_t)(h / groups) * (size_t)hd;
+    float *scores = s->scores + (size_t)h * seq;
+    float max = -INFINITY;
+    for (int t = first; t <= pos; t++) {
+      scores[t] = dot_f32(q, keys + (size_t)t * kv_dim + kv_offset, hd) * scale;
+      max = scores[t] > max ? scores[t] : max;
+    }
+    float sum = 0.0f;
+    for (int t = first; t <= pos; t++) sum += scores[t] = expf(scores[t] - max);
+    float *out = s->attn + (size_t)h * (size_t)hd;
+    memset(out, 0, (size_t)hd * sizeof(float));
+    for (int t = first; t <= pos; t++) {
+      float p = scores[t] / sum;
+      const float *v = values + (size_t)t * kv_dim + kv_offset;
+      for (int i = 0; i < hd; i++) out[i] += p * v[i];
+    }
+  }
+}
+
+/* ---- Core predictor (edge_sdk/sparsity/core.py) -------------------------------------------------------- */
+
+/* ceil(ratio * n) with ratio read as the shortest decimal that round-trips (0.4 is 4/10, not the double
+ * nearest 0.4), in exact integer arithmetic, as core.py does with Fraction(repr(ratio)). ratio in (0, 1]. */
+static int64_t ceil_ratio_times(double ratio, int64_t n) {
+  char text[40];
+  int precision = 1;
+  for (; precision <= 17; precision++) {
+    snprintf(text, sizeof text, "%.*e", precision - 1, ratio);
+    if (strtod(text, NULL) == ratio) break;
+  }
+  /* text = D.DDDDe[+-]XX: mantissa digits and a decimal exponent */
+  unsigned __int128 mantissa = 0;
+  int digits = 0;
+  char *p = text;
+  for (; *p != 'e' && *p != '\0'; p++) {
+    if (*p >= '0' && *p <= '9') mantissa = mantissa * 10 + (unsigned)(*p - '0'), digits++;
+  }
+  int exponent = (*p == 'e' ? atoi(p + 1) : 0) - (digits - 1); /* ratio = mantissa * 10^exponent */
+  unsigned __int128 numerator = mantissa * (unsigned __int128)n;
+  if (exponent >= 0) return (int64_t)n; /* ratio = 1 (ratios are at most 1) */
+  if (exponent < -36) return numerator > 0 ? 1 : 0; /* numerator < 10^24, so 0 < ratio * n < 1 */
+  unsigned __int128 denominator = 1;
+  for (int i = 0; i < -exponent; i++) denominator *= 10;
+  return (int64_t)((numerator + denominator - 1) / denominator);
+}
+
+/* qsort contexts (sessions are used by one thread at a time; thread-local keeps sessions on different threads
+ * apart). */
+static _Thread_local const float *sort_activations;
+static _Thread_local const int64_t *sort_counts;
+static _Thread_local const double *sort_sums;
+
+static int by_activation(const void *a, const void *b) {
+  int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+  if (sort_activations[i] != sort_activations[j]) return sort_activations[i] > sort_activations[j] ? -1 : 1;
+  return (i > j) - (i < j);
+}
+
+static int by_count_then_sum(const void *a, const void *b) {
+  int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+  if (sort_counts[i] != sort_counts[j]) return sort_counts[i] > sort_counts[j] ? -1 : 1;
+  if (sort_sums[i] != sort_sums[j]) return sort_sums[i] > sort_sums[j] ? -1 : 1;
+  return (i > j) - (i < j);
+}
+
+static inline float gate_activation(int activation, float g, float threshold) {
+  switch (activation) {
+    case EDGE_ACT_FATRELU:
+      return g > threshold ? g : 0.0f;
+    case EDGE_ACT_SILU:
+      return g / (1.0f + expf(-g));
+    default:
+      return g < 0.0f ? 0.0f : g;
+  }
+}
+
+/* One prompt token: its ceil(alpha * n_pos) largest positive gate activations (ties: lower index) count. */
+static void core_count_token(struct run_state *s, int layer, const struct layer_weights *w) {
+  const struct model_config *c = s->engine->config;
+  int d = c->hidden_size, D = c->intermediate_size;
+  struct matrix gate = {w->w_gate, w->ffn_dtype, D, d};
+  matvec(&gate, s->xb, NULL, s->gate, s->engine->threads);
+  int n_positive = 0;
+  for (int i = 0; i < D; i++) {
+    s->gate[i] = gate_activation(c->activation, s->gate[i], c->act_threshold);
+    if (s->gate[i] > 0.0f) s->order[n_positive++] = i;
+  }
+  int64_t k = ceil_ratio_times(s->engine->sparsity->core_alpha, n_positive);
+  sort_activations = s->gate;
+  qsort(s->order, (size_t)n_positive, sizeof *s->order, by_activation);
+  int64_t *counts = s->core_counts + (size_t)layer * (size_t)D;
+  double *sums = s->core_sums + (size_t)layer * (size_t)D;
+  for (int64_t r = 0; r < k; r++) {
+    counts[s->order[r]] += 1;
+    sums[s->order[r]] += (double)s->gate[s->order[r]];
+  }
+}
+
+/* The ceil(beta * D) neurons by (count desc, sum desc, index asc), leaving out count 0. */
+static void core_build_masks(struct run_state *s) {
+  const struct model_config *c = s->engine->config;
+  int D = c->intermediate_size;
+  int64_t keep = ceil_ratio_times(s->engine->sparsity->core_beta, D);
+  for (int layer = 0; layer < c->num_layers; layer++) {
+    const int64_t *counts = s->core_counts + (size_t)layer * (size_t)D;
+    uint8_t *mask = s->core_masks + (size_t)layer * (size_t)D;
+    for (int i = 0; i < D; i++) s->order[i] = i;
+    sort_counts = counts;
+    sort_sums = s->core_sums + (size_t)layer * (size_t)D;
+    qsort(s->order, (size_t)D, sizeof *s->order, by_count_then_sum);
+    memset(mask, 0, (size_t)D);
+    for (int64_t r = 0; r < keep; r++) {
+      if (counts[s->order[r]] > 0) mask[s->order[r]] = 1;
+    }
+  }
+  s->core_ready = 1;
+}
+
+/* ---- Forward ------------------------------------------------------------------------------------------ */
+
+/* The FFN of one layer on s->xb into s->out: dense at prefill (counting core neurons when the predictor is
+ * core), through the predictor at decode. */
+static edge_status feed_forward(struct run_state *s, int layer, int prefill) {
+  const struct cpu_engine *e = s->engine;
+  const struct model_config *c = e->config;
+  const struct sparsity_config *sparsity = e->sparsity;
+  const struct layer_weights *w = &e->weights.layers[layer];
+  int d = c->hidden_size, D = c->intermediate_size;
+  const uint8_t *mask = NULL;
+  const float *thresholds = NULL;
+  int status = EDGE_CPU_OK;
+  if (prefill) {
+    if (sparsity->predictor == PREDICTOR_CORE) core_count_token(s, layer, w);
+  } else if (!sparsity->dense) {
+    switch (sparsity->predictor) {
+      case PREDICTOR_SVD:
+        status = edge_cpu_svd_predictor(s->xb, d, D, w->svd_rank, w->svd_a, w->svd_b, w->svd_bias, s->mask,
+                                        s->svd_scratch);
+        mask = s->mask;
+        break;
+      case PREDICTOR_SIGNBIT:
+        status = edge_cpu_signbit_predictor(s->xb, d, D, w->signbit_packed, w->signbit_alpha, s->mask);
+        mask = s->mask;
+        break;
+      case PREDICTOR_CORE:
+        if (!s->core_ready) return edge_fail(EDGE_ERROR_STATE, "decode: the core predictor needs a prefill first");
+        mask = s->core_masks + (size_t)layer * (size_t)D;
+        break;
+      case PREDICTOR_THRESHOLD:
+        thresholds = w->thresholds;
+        break;
+      case PREDICTOR_NONE:
+        break;
+    }
+  }
+  if (status == EDGE_CPU_OK) {
+    status = edge_cpu_sparse_ffn(s->xb, d, D, w->w_gate, w->w_up, w->w_down_t, w->ffn_dtype, mask, thresholds,
+                                 c->activation, c->act_threshold, s->out, s->ffn_workspace, e->threads, NULL);
+  }
+  if (status == EDGE_CPU_OUT_OF_MEMORY) return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "layer %d FFN: out of memory", layer);
+  if (status != EDGE_CPU_OK) {
+    return edge_fail(EDGE_ERROR_INTERNAL, "layer %d FFN: the CPU kernels rejected their arguments (status %d)", layer,
+                     status);
+  }
+  return EDGE_OK;
+}
+
+/* One token at pos through every layer; logits (when not NULL) from the final norm and lm_head. */
+static edge_status forward(struct run_state *s, int32_t token, int pos, int prefill, float *logits) {
+  const struct cpu_engine *e = s->engine;
+  const struct model_config *c = e->config;
+  const struct cpu_weights *weights = &e->weights;
+  int d = c->hidden_size, hd = c->head_dim;
+  size_t kv_dim = (size_t)c->num_kv_heads * (size_t)hd, seq = (size_t)c->max_seq_len;
+  const float *cos_row = weights->rope_cos + (size_t)pos * (size_t)hd;
+  const float *sin_row = weights->rope_sin + (size_t)pos * (size_t)hd;
+  embedding_row(&weights->embed, token, s->x);
+  for (int layer = 0; layer < c->num_layers; layer++) {
+    const struct layer_weights *w = &weights->layers[layer];
+    float *key = s->key_cache + ((size_t)layer * seq + (size_t)pos) * kv_dim;
+    float *value = s->value_cache + ((size_t)layer * seq + (size_t)pos) * kv_dim;
+    rmsnorm(s->xb, s->x, w->input_norm, d, c->rms_norm_eps);
+    matvec(&w->wq, s->xb, w->bq, s->q, e->threads);
+    matvec(&w->wk, s->xb, w->bk, key, e->threads);
+    matvec(&w->wv, s->xb, w->bv, value, e->threads);
+    rope(s->q, c->num_heads, hd, cos_row, sin_row);
+    rope(key, c->num_kv_heads, hd, cos_row, sin_row);
+    attention(s, layer, pos);
+    matvec(&w->wo, s->attn, w->bo, s->out, e->threads);
+    for (int i = 0; i < d; i++) s->x[i] += s->out[i];
+    rmsnorm(s->xb, s->x, w->post_norm, d, c->rms_norm_eps);
+    edge_status status = feed_forward(s, layer, prefill);
+    if (status != EDGE_OK) return status;
+    for (int i = 0; i < d; i++) s->x[i] += s->out[i];
+  }
+  if (logits != NULL) {
+    rmsnorm(s->xb, s->x, weights->final_norm, d, c->rms_norm_eps);
+    matvec(&weights->lm_head, s->xb, NULL, logits, e->threads);
+  }
+  return EDGE_OK;
+}
+
+/* The kernels' predictors use OpenMP's default team size: set it to the engine's threads for the call. */
+struct thread_scope {
+  int previous;
+};
+
+static struct thread_scope enter_threads(int threads) {
+  struct thread_scope scope = {0};
+#ifdef _OPENMP
+  scope.previous = omp_get_max_threads();
+  omp_set_num_threads(threads);
+#else
+  (void)threads;
+#endif
+  return scope;
+}
+
+static void leave_threads(struct thread_scope scope) {
+#ifdef _OPENMP
+  omp_set_num_threads(scope.previous);
+#else
+  (void)scope;
+#endif
+}
+
+static edge_status cpu_prefill(void *state, const int32_t *ids, int n, float *logits) {
+  struct run_state *s = state;
+  const struct model_config *c = s->engine->config;
+  struct thread_scope scope = enter_threads(s->engine->threads);
+  int core = s->engine->sparsity->predictor == PREDICTOR_CORE;
+  s->core_ready = 0;
+  if (core) {
+    size_t cells = (size_t)c->num_layers * (size_t)c->intermediate_size;
+    memset(s->core_counts, 0, cells * sizeof *s->core_counts);
+    memset(s->core_sums, 0, cells * sizeof *s->core_sums);
+  }
+  edge_status status = EDGE_OK;
+  for (int pos = 0; pos < n && status == EDGE_OK; pos++) {
+    status = forward(s, ids[pos], pos, 1, pos == n - 1 ? logits : NULL);
+  }
+  if (status == EDGE_OK && core) core_build_masks(s);
+  leave_threads(scope);
+  return status;
+}
+
+static edge_status cpu_decode(void *state, int32_t token, int position, float *logits) {
+  struct run_state *s = state;
+  struct thread_scope scope = enter_threads(s->engine->threads);
+  edge_status status = forward(s, token, position, 0, logits);
+  leave_threads(scope);
+  return status;
+}
+
+const struct engine_ops cpu_engine_ops = {
+    .name = "cpu",
+    .load = cpu_load,
+    .unload = cpu_unload,
+    .session_create = cpu_session_create,
+    .session_destroy = cpu_session_destroy,
+    .prefill = cpu_prefill,
+    .decode = cpu_decode,
+};

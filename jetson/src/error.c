@@ -1,0 +1,48 @@
+/* Thread-local error messages and status names. */
+#include "error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static _Thread_local char thread_message[EDGE_MESSAGE_SIZE];
+
+edge_status edge_fail(edge_status status, const char *format, ...) {
+  va_list args;
+  va_start(args, format);
+  vsnprintf(thread_message, sizeof thread_message, format, args);
+  va_end(args);
+  return status;
+}
+
+void edge_clear_error(void) { thread_message[0] = '\0'; }
+
+const char *edge_last_error(void) { return thread_message; }
+
+const char *edge_status_name(edge_status status) {
+  switch (status) {
+    case EDGE_OK:
+      return "EDGE_OK";
+    case EDGE_ERROR_INVALID_ARGUMENT:
+      return "EDGE_ERROR_INVALID_ARGUMENT";
+    case EDGE_ERROR_IO:
+      return "EDGE_ERROR_IO";
+    case EDGE_ERROR_BUNDLE:
+      return "EDGE_ERROR_BUNDLE";
+    case EDGE_ERROR_UNSUPPORTED:
+      return "EDGE_ERROR_UNSUPPORTED";
+    case EDGE_ERROR_UNAVAILABLE:
+      return "EDGE_ERROR_UNAVAILABLE";
+    case EDGE_ERROR_OUT_OF_MEMORY:
+      return "EDGE_ERROR_OUT_OF_MEMORY";
+    case EDGE_ERROR_SEQUENCE_FULL:
+      return "EDGE_ERROR_SEQUENCE_FULL";
+    case EDGE_ERROR_STATE:
+      return "EDGE_ERROR_STATE";
+    case EDGE_ERROR_INTERNAL:
+      return "EDGE_ERROR_INTERNAL";
+  }
+  return "EDGE_UNKNOWN_STATUS";
+}
+
+void edge_free(void *memory) { free(memory); }

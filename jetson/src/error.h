@@ -1,0 +1,22 @@
+/* Error messages: every failing internal call formats its message into the calling thread's buffer
+ * (edge_last_error); the public API then copies it into the handle the call was made on. */
+#ifndef EDGE_ERROR_H
+#define EDGE_ERROR_H
+
+#include "edge_sdk.h"
+
+#define EDGE_MESSAGE_SIZE 1024
+
+#if defined(__GNUC__)
+#define EDGE_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
+#else
+#define EDGE_PRINTF(fmt, args)
+#endif
+
+/* Formats the thread's message and returns status, so callers write `return edge_fail(STATUS, ...);`. */
+edge_status edge_fail(edge_status status, const char *format, ...) EDGE_PRINTF(2, 3);
+
+/* Clears the thread's message (at the start of a public call, so a message always belongs to its failure). */
+void edge_clear_error(void);
+
+#endif

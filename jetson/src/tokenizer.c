@@ -1,0 +1,874 @@
+/* Byte-level BPE tokenizer (GPT-2 style) read from a Hugging Face tokenizer.json, encoding and decoding exactly
+ * as the `tokenizers` library does for that kind of file:
+ *   1. added tokens (e.g. <s>, </s>) are found in the text first, leftmost-longest, and become their ids;
+ *   2. the text between them is split by the ByteLevel pre-tokenizer's regex
+ *        's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+ *      (matched by hand below; \s is Unicode White_Space, \p{L} / \p{N} the categories of unicode_tables.h);
+ *   3. each piece's UTF-8 bytes become byte-level symbols, merged by BPE: repeatedly the adjacent pair of lowest
+ *      merge rank, the leftmost on ties (the priority queue of tokenizers' Word::merge_all);
+ *   decode maps every token's characters back to bytes (ByteLevel decoder) and replaces invalid UTF-8 with
+ *   U+FFFD per maximal invalid subsequence (Rust's String::from_utf8_lossy).
+ * Anything else in tokenizer.json (normalizers, other pre-tokenizers or models, byte fallback, added tokens with
+ * lstrip / rstrip / single_word) is refused with EDGE_ERROR_UNSUPPORTED rather than encoded differently. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+#include "unicode_tables.h"
+
+#define MAX_TOKENS (1 << 24)
+
+struct token_entry {
+  char *bytes;   /* decoded bytes (ByteLevel decoder), NUL-terminated */
+  size_t n_bytes;
+  int present;   /* the id is in the vocabulary or the added tokens */
+  int special;
+};
+
+struct vocab_entry {
+  const char *text; /* the token as written in tokenizer.json (byte-level alphabet) */
+  size_t length;
+  int32_t id;
+};
+
+struct merge_slot {
+  uint64_t pair; /* left id << 32 | right id; UINT64_MAX = empty */
+  int32_t rank, merged;
+};
+
+struct added_token {
+  char *content;
+  size_t length;
+  int32_t id;
+};
+
+struct edge_tokenizer {
+  struct token_entry *tokens; /* [n_tokens] by id */
+  int32_t n_tokens;
+  struct vocab_entry *vocab;  /* sorted by text */
+  size_t n_vocab;
+  char *vocab_text;           /* storage of the vocab texts */
+  struct merge_slot *merges;  /* open addressing, capacity a power of two */
+  size_t merge_capacity;
+  struct added_token *added;
+  size_t n_added;
+  int32_t byte_ids[256];      /* symbol of each byte, -1 when the vocabulary lacks it */
+  int ignore_merges;
+  int32_t bos_id;             /* -1: none */
+  int add_bos;
+  char error[EDGE_MESSAGE_SIZE];
+};
+
+/* ---- Unicode ----------------------------------------------------------------------------------------- */
+
+static int in_ranges(uint32_t code, const struct code_range *ranges, size_t n) {
+  size_t low = 0, high = n;
+  while (low < high) {
+    size_t mid = (low + high) / 2;
+    if (code < ranges[mid].low) {
+      high = mid;
+    } else if (code > ranges[mid].high) {
+      low = mid + 1;
+    } else {
+      return 1;
+    }
+  }
+  return 0;
+}
+
+static int is_letter(uint32_t c) { return in_ranges(c, letter_ranges, sizeof letter_ranges / sizeof *letter_ranges); }
+
+static int is_number(uint32_t c) { return in_ranges(c, number_ranges, sizeof number_ranges / sizeof *number_ranges); }
+
+/* Unicode White_Space (what \s matches in the tokenizers library's regex engine). */
+static int is_space(uint32_t c) {
+  return (c >= 0x09 && c <= 0x0d) || c == 0x20 || c == 0x85 || c == 0xa0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+/* Length of the valid UTF-8 sequence at s[0:n] and its code point, or 0 when invalid (strict: no overlong
+ * forms, no surrogates, at most U+10FFFF). */
+static size_t utf8_decode(const unsigned char *s, size_t n, uint32_t *code) {
+  unsigned char b = s[0];
+  if (b < 0x80) {
+    *code = b;
+    return 1;
+  }
+  size_t length;
+  uint32_t value, low = 0x80, high = 0xbf; /* allowed range of the second byte */
+  if (b >= 0xc2 && b <= 0xdf) {
+    length = 2, value = b & 0x1f;
+  } else if (b >= 0xe0 && b <= 0xef) {
+    length = 3, value = b & 0x0f;
+    if (b == 0xe0) low = 0xa0;
+    if (b == 0xed) high = 0x9f;
+  } else if (b >= 0xf0 && b <= 0xf4) {
+    length = 4, value = b & 0x07;
+    if (b == 0xf0) low = 0x90;
+    if (b == 0xf4) high = 0x8f;
+  } else {
+    return 0;
+  }
+  for (size_t i = 1; i < length; i++) {
+    if (i >= n) return 0;
+    unsigned char c = s[i];
+    if (c < (i == 1 ? low : 0x80) || c > (i == 1 ? high : 0xbf)) return 0;
+    value = value << 6 | (c & 0x3f);
+  }
+  *code = value;
+  return length;
+}
+
+/* Bytes of the maximal prefix of a valid sequence at s (>= 1), for from_utf8_lossy's replacement. */
+static size_t utf8_invalid_length(const unsigned char *s, size_t n) {
+  unsigned char b = s[0];
+  size_t length;
+  unsigned char low = 0x80, high = 0xbf;
+  if (b >= 0xc2 && b <= 0xdf) {
+    length = 2;
+  } else if (b >= 0xe0 && b <= 0xef) {
+    length = 3, low = b == 0xe0 ? 0xa0 : 0x80, high = b == 0xed ? 0x9f : 0xbf;
+  } else if (b >= 0xf0 && b <= 0xf4) {
+    length = 4, low = b == 0xf0 ? 0x90 : 0x80, high = b == 0xf4 ? 0x8f : 0xbf;
+  } else {
+    return 1;
+  }
+  size_t i = 1;
+  for (; i < length && i < n; i++) {
+    unsigned char c = s[i];
+    if (c < (i == 1 ? low : 0x80) || c > (i == 1 ? high : 0xbf)) break;
+  }
+  return i;
+}
+
+static size_t utf8_encode(uint32_t code, char *out) {
+  if (code < 0x80) {
+    out[0] = (char)code;
+    return 1;
+  }
+  if (code < 0x800) {
+    out[0] = (char)(0xc0 | code >> 6), out[1] = (char)(0x80 | (code & 0x3f));
+    return 2;
+  }
+  if (code < 0x10000) {
+    out[0] = (char)(0xe0 | code >> 12), out[1] = (char)(0x80 | ((code >> 6) & 0x3f)), out[2] = (char)(0x80 | (code & 0x3f));
+    return 3;
+  }
+  out[0] = (char)(0xf0 | code >> 18), out[1] = (char)(0x80 | ((code >> 12) & 0x3f));
+  out[2] = (char)(0x80 | ((code >> 6) & 0x3f)), out[3] = (char)(0x80 | (code & 0x3f));
+  return 4;
+}
+
+/* GPT-2's bytes_to_unicode: printable bytes map to themselves, the others to U+0100 and up in byte order. */
+static void byte_alphabet(uint32_t byte_to_code[256]) {
+  uint32_t next = 256;
+  for (uint32_t b = 0; b < 256; b++) {
+    int printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+    byte_to_code[b] = printable ? b : next++;
+  }
+}
+
+/* ---- Growable byte buffer ---------------------------------------------------------------------------- */
+
+struct bytes {
+  char *data;
+  size_t size, capacity;
+  int failed;
+};
+
+static void bytes_append(struct bytes *b, const void *data, size_t n) {
+  if (b->failed) return;
+  if (b->size + n + 1 > b->capacity) {
+    size_t capacity = b->capacity ? b->capacity : 64;
+    while (capacity < b->size + n + 1) capacity *= 2;
+    char *grown = realloc(b->data, capacity);
+    if (grown == NULL) {
+      b->failed = 1;
+      return;
+    }
+    b->data = grown, b->capacity = capacity;
+  }
+  memcpy(b->data + b->size, data, n);
+  b->size += n;
+  b->data[b->size] = '\0';
+}
+
+/* ---- Loading ------------------------------------------------------------------------------------------ */
+
+static int compare_vocab(const void *a, const void *b) {
+  const struct vocab_entry *x = a, *y = b;
+  size_t n = x->length < y->length ? x->length : y->length;
+  int order = memcmp(x->text, y->text, n);
+  return order != 0 ? order : (x->length > y->length) - (x->length < y->length);
+}
+
+static int32_t vocab_lookup(const struct edge_tokenizer *t, const char *text, size_t length) {
+  struct vocab_entry key = {text, length, 0};
+  const struct vocab_entry *found = bsearch(&key, t->vocab, t->n_vocab, sizeof key, compare_vocab);
+  return found != NULL ? found->id : -1;
+}
+
+static uint64_t hash_pair(uint64_t pair) {
+  pair ^= pair >> 33;
+  pair *= 0xff51afd7ed558ccdULL;
+  pair ^= pair >> 33;
+  return pair;
+}
+
+static struct merge_slot *merge_find(const struct edge_tokenizer *t, int32_t left, int32_t right) {
+  uint64_t pair = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
+  size_t mask = t->merge_capacity - 1;
+  for (size_t i = hash_pair(pair) & mask;; i = (i + 1) & mask) {
+    struct merge_slot *slot = &t->merges[i];
+    if (slot->pair == pair || slot->pair == UINT64_MAX) return slot;
+  }
+}
+
+static edge_status unsupported(const char *where, const char *what) {
+  return edge_fail(EDGE_ERROR_UNSUPPORTED, "%s: %s; the C runtime supports byte-level BPE tokenizers (GPT-2 style) "
+                   "only; use the id-level API with another tokenizer", where, what);
+}
+
+/* The settings this tokenizer implements exactly; anything else is refused. */
+static edge_status check_kind(const cJSON *root, const char *where) {
+  const cJSON *normalizer = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
+  if (normalizer != NULL && !cJSON_IsNull(normalizer)) return unsupported(where, "a normalizer is set");
+  const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
+  const cJSON *type = cJSON_GetObjectItemCaseSensitive(pre, "type");
+  if (!cJSON_IsString(type) || strcmp(type->valuestring, "ByteLevel") != 0) {
+    return unsupported(where, "the pre_tokenizer is not ByteLevel");
+  }
+  if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(pre, "add_prefix_space"))) {
+    return unsupported(where, "the ByteLevel pre_tokenizer has add_prefix_space true");
+  }
+  if (cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(pre, "use_regex"))) {
+    return unsupported(where, "the ByteLevel pre_tokenizer has use_regex false");
+  }
+  const cJSON *decoder = cJSON_GetObjectItemCaseSensitive(root, "decoder");
+  type = cJSON_GetObjectItemCaseSensitive(decoder, "type");
+  if (!cJSON_IsString(type) || strcmp(type->valuestring, "ByteLevel") != 0) {
+    return unsupported(where, "the decoder is not ByteLevel");
+  }
+  const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+  type = cJSON_GetObjectItemCaseSensitive(model, "type");
+  if (!cJSON_IsString(type) || strcmp(type->valuestring, "BPE") != 0) return unsupported(where, "the model is not BPE");
+  static const char *must_be_null[] = {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix"};
+  for (size_t i = 0; i < sizeof must_be_null / sizeof *must_be_null; i++) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(model, must_be_null[i]);
+    int empty_string = cJSON_IsString(item) && item->valuestring[0] == '\0';
+    if (item != NULL && !cJSON_IsNull(item) && !empty_string) {
+      char what[96];
+      snprintf(what, sizeof what, "the BPE model sets '%s'", must_be_null[i]);
+      return unsupported(where, what);
+    }
+  }
+  if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback"))) {
+    return unsupported(where, "the BPE model uses byte_fallback");
+  }
+  return EDGE_OK;
+}
+
+static edge_status set_token(struct edge_tokenizer *t, int32_t id, const char *text, int special,
+                             const int16_t code_to_byte[512], const char *where) {
+  if (id < 0 || id >= t->n_tokens) return edge_fail(EDGE_ERROR_BUNDLE, "%s: token id %d out of range", where, id);
+  struct token_entry *entry = &t->tokens[id];
+  struct bytes decoded = {0};
+  const unsigned char *s = (const unsigned char *)text;
+  size_t n = strlen(text), i = 0;
+  int mapped = 1;
+  bytes_append(&decoded, "", 0);
+  while (i < n && mapped) {
+    uint32_t code;
+    size_t length = utf8_decode(s + i, n - i, &code);
+    if (length == 0) {
+      free(decoded.data);
+      return edge_fail(EDGE_ERROR_BUNDLE, "%s: token %d is not valid UTF-8", where, id);
+    }
+    if (code < 512 && code_to_byte[code] >= 0) {
+      uint8_t byte = (uint8_t)code_to_byte[code];
+      bytes_append(&decoded, &byte, 1);
+    } else {
+      mapped = 0; /* not in the byte-level alphabet: the ByteLevel decoder keeps the token's own UTF-8 */
+    }
+    i += length;
+  }
+  if (!mapped) {
+    decoded.size = 0;
+    bytes_append(&decoded, text, n);
+  }
+  if (decoded.failed) {
+    free(decoded.data);
+    return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "%s: out of memory", where);
+  }
+  free(entry->bytes);
+  entry->bytes = decoded.data;
+  entry->n_bytes = decoded.size;
+  entry->present = 1;
+  entry->special = entry->special || special;
+  return EDGE_OK;
+}
+
+static edge_status load_vocab(struct edge_tokenizer *t, const cJSON *vocab, const cJSON *added, const char *where,
+                              const int16_t code_to_byte[512]) {
+  const cJSON *item;
+  int32_t max_id = -1;
+  size_t text_bytes = 0;
+  cJSON_ArrayForEach(item, vocab) {
+    int64_t id;
+    if (!json_integer(item, 0, MAX_TOKENS - 1, &id)) return edge_fail(EDGE_ERROR_BUNDLE, "%s: vocab ids must be integers in [0, 2^24)", where);
+    max_id = (int32_t)id > max_id ? (int32_t)id : max_id;
+    text_bytes += strlen(item->string) + 1;
+  }
+  cJSON_ArrayForEach(item, added) {
+    int64_t id;
+    if (json_int_field(item, "id", where, 0, MAX_TOKENS - 1, &id) != EDGE_OK) return EDGE_ERROR_BUNDLE;
+    max_id = (int32_t)id > max_id ? (int32_t)id : max_id;
+  }
+  t->n_tokens = max_id + 1;
+  t->n_vocab = (size_t)cJSON_GetArraySize(vocab);
+  t->tokens = calloc((size_t)t->n_tokens + 1, sizeof *t->tokens);
+  t->vocab = calloc(t->n_vocab + 1, sizeof *t->vocab);
+  t->vocab_text = malloc(text_bytes + 1);
+  if (t->tokens == NULL || t->vocab == NULL || t->vocab_text == NULL) return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "%s: out of memory", where);
+  size_t at = 0, index = 0;
+  cJSON_ArrayForEach(item, vocab) {
+    size_t length = strlen(item->string);
+    memcpy(t->vocab_text + at, item->string, length + 1);
+    t->vocab[index++] = (struct vocab_entry){t->vocab_text + at, length, (int32_t)item->valuedouble};
+    at += length + 1;
+    edge_status status = set_token(t, (int32_t)item->valuedouble, item->string, 0, code_to_byte, where);
+    if (status != EDGE_OK) return status;
+  }
+  qsort(t->vocab, t->n_vocab, sizeof *t->vocab, compare_vocab);
+  for (size_t i = 1; i < t->n_vocab; i++) {
+    if (compare_vocab(&t->vocab[i - 1], &t->vocab[i]) == 0) return edge_fail(EDGE_ERROR_BUNDLE, "%s: a vocab entry appears twice", where);
+  }
+  size_t n_added = (size_t)cJSON_GetArraySize(added);
+  t->added = calloc(n_added + 1, sizeof *t->added);
+  if (t->added == NULL) return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "%s: out of memory", where);
+  cJSON_ArrayForEach(item, added) {
+    const char *content = NULL;
+    int special = 0;
+    if (json_string_field(item, "content", where, &content) != EDGE_OK) return EDGE_ERROR_BUNDLE;
+    if (content[0] == '\0') return edge_fail(EDGE_ERROR_BUNDLE, "%s: an added token has empty content", where);
+    static const char *flags[] = {"single_word", "lstrip", "rstrip"};
+    for (size_t i = 0; i < 3; i++) {
+      if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(item, flags[i]))) {
+        char what[160];
+        snprintf(what, sizeof what, "added token '%.64s' sets %s", content, flags[i]);
+        return unsupported(where, what);
+      }
+    }
+    special = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(item, "special"));
+    int32_t id = (int32_t)cJSON_GetObjectItemCaseSensitive(item, "id")->valuedouble;
+    edge_status status = set_token(t, id, content, special, code_to_byte, where);
+    if (status != EDGE_OK) return status;
+    struct added_token *token = &t->added[t->n_added++];
+    token->content = strdup(content);
+    if (token->content == NULL) return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "%s: out of memory", where);
+    token->length = strlen(content);
+    token->id = id;
+  }
+  return EDGE_OK;
+}
+
+/* One merge "a b" or ["a", "b"]: its two parts. */
+static int merge_parts(const cJSON *merge, const char **left, size_t *left_length, const char **right,
+                       size_t *right_length) {
+  if (cJSON_IsString(merge)) {
+    const char *space = strchr(merge->valuestring, ' ');
+    if (space == NULL || strchr(space + 1, ' ') != NULL) return 0;
+    *left = merge->valuestring, *left_length = (size_t)(space - merge->valuestring);
+    *right = space + 1, *right_length = strlen(space + 1);
+    return 1;
+  }
+  if (cJSON_IsArray(merge) && cJSON_GetArraySize(merge) == 2 && cJSON_IsString(cJSON_GetArrayItem(merge, 0)) &&
+      cJSON_IsString(cJSON_GetArrayItem(merge, 1))) {
+    *left = cJSON_GetArrayItem(merge, 0)->valuestring, *left_length = strlen(*left);
+    *right = cJSON_GetArrayItem(merge, 1)->valuestring, *right_length = strlen(*right);
+    return 1;
+  }
+  return 0;
+}
+
+static edge_status load_merges(struct edge_tokenizer *t, const cJSON *merges, const char *where) {
+  size_t n = (size_t)cJSON_GetArraySize(merges);
+  t->merge_capacity = 16;
+  while (t->merge_capacity < 2 * n + 2) t->merge_capacity *= 2;
+  t->merges = malloc(t->merge_capacity * sizeof *t->merges);
+  if (t->merges == NULL) return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "%s: out of memory", where);
+  for (size_t i = 0; i < t->merge_capacity; i++) t->merges[i].pair = UINT64_MAX;
+  char *joined = NULL;
+  size_t joined_capacity = 0;
+  const cJSON *merge;
+  int32_t rank = 0;
+  edge_status status = EDGE_OK;
+  cJSON_ArrayForEach(merge, merges) {
+    const char *left, *right;
+    size_t left_length, right_length;
+    if (!merge_parts(merge, &left, &left_length, &right, &right_length)) {
+      status = edge_fail(EDGE_ERROR_BUNDLE, "%s: merge %d is not \"a b\" or [\"a\", \"b\"]", where, rank);
+      break;
+    }
+    if (left_length + right_length > joined_capacity) {
+      joined_capacity = 2 * (left_length + right_length);
+      char *grown = realloc(joined, joined_capacity);
+      if (grown == NULL) {
+        status = edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "%s: out of memory", where);
+        break;
+      }
+      joined = grown;
+    }
+    memcpy(joined, left, left_length);
+    memcpy(joined + left_length, right, right_length);
+    int32_t a = vocab_lookup(t, left, left_length), b = vocab_lookup(t, right, right_length);
+    int32_t merged = vocab_lookup(t, joined, left_length + right_length);
+    if (a < 0 || b < 0 || merged < 0) {
+      status = edge_fail(EDGE_ERROR_BUNDLE, "%s: merge %d refers to a token that is not in the vocab", where, rank);
+      break;
+    }
+    struct merge_slot *slot = merge_find(t, a, b);
+    slot->pair = (uint64_t)(uint32_t)a << 32 | (uint32_t)b; /* a repeated pair keeps the last rank, as tokenizers */
+    slot->rank = rank++;
+    slot->merged = merged;
+  }
+  free(joined);
+  return status;
+}
+
+/* tokenizer_config.json: bos_token (a string or {"content": ...}) and add_bos_token. */
+static edge_status load_config(struct edge_tokenizer *t, const struct bundle *bundle) {
+  t->bos_id = -1;
+  t->add_bos = 0;
+  const cJSON *files = cJSON_GetObjectItemCaseSensitive(bundle->manifest, "files");
+  if (cJSON_GetObjectItemCaseSensitive(files, BUNDLE_TOKENIZER_CONFIG_FILE) == NULL) return EDGE_OK;
+  char *text;
+  size_t size;
+  edge_status status = bundle_read_file(bundle, BUNDLE_TOKENIZER_CONFIG_FILE, &text, &size);
+  if (status != EDGE_OK) return status;
+  cJSON *config = cJSON_ParseWithLength(text, size);
+  free(text);
+  if (!cJSON_IsObject(config)) {
+    cJSON_Delete(config);
+    return edge_fail(EDGE_ERROR_BUNDLE, "%s/%s: not a JSON object", bundle->root, BUNDLE_TOKENIZER_CONFIG_FILE);
+  }
+  const cJSON *bos = cJSON_GetObjectItemCaseSensitive(config, "bos_token");
+  if (cJSON_IsObject(bos)) bos = cJSON_GetObjectItemCaseSensitive(bos, "content");
+  if (cJSON_IsString(bos)) {
+    for (size_t i = 0; i < t->n_added && t->bos_id < 0; i++) {
+      if (strcmp(t->added[i].content, bos->valuestring) == 0) t->bos_id = t->added[i].id;
+    }
+    if (t->bos_id < 0) t->bos_id = vocab_lookup(t, bos->valuestring, strlen(bos->valuestring));
+    if (t->bos_id < 0) status = edge_fail(EDGE_ERROR_BUNDLE, "%s/%s: bos_token '%.64s' is not in the vocabulary",
+                                          bundle->root, BUNDLE_TOKENIZER_CONFIG_FILE, bos->valuestring);
+  }
+  const cJSON *add_bos = cJSON_GetObjectItemCaseSensitive(config, "add_bos_token");
+  t->add_bos = cJSON_IsBool(add_bos) ? cJSON_IsTrue(add_bos) : t->bos_id >= 0;
+  cJSON_Delete(config);
+  return status;
+}
+
+void edge_tokenizer_destroy(edge_tokenizer *t) {
+  if (t == NULL) return;
+  if (t->tokens != NULL) {
+    for (int32_t i = 0; i < t->n_tokens; i++) free(t->tokens[i].bytes);
+  }
+  for (size_t i = 0; i < t->n_added; i++) free(t->added[i].content);
+  free(t->tokens);
+  free(t->vocab);
+  free(t->vocab_text);
+  free(t->merges);
+  free(t->added);
+  free(t);
+}
+
+static edge_status build_tokenizer(const struct bundle *bundle, edge_tokenizer *t) {
+  char where[1024];
+  snprintf(where, sizeof where, "%s/%s", bundle->root, BUNDLE_TOKENIZER_FILE);
+  char *text;
+  size_t size;
+  edge_status status = bundle_read_file(bundle, BUNDLE_TOKENIZER_FILE, &text, &size);
+  if (status != EDGE_OK) return status;
+  cJSON *root = cJSON_ParseWithLength(text, size);
+  free(text);
+  if (!cJSON_IsObject(root)) {
+    cJSON_Delete(root);
+    return edge_fail(EDGE_ERROR_BUNDLE, "%s: not a JSON object", where);
+  }
+  status = check_kind(root, where);
+  const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+  const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+  const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+  const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
+  if (status == EDGE_OK && (!cJSON_IsObject(vocab) || !cJSON_IsArray(merges) || (added != NULL && !cJSON_IsArray(added)))) {
+    status = edge_fail(EDGE_ERROR_BUNDLE, "%s: model.vocab must be an object, model.merges and added_tokens lists", where);
+  }
+  uint32_t byte_to_code[256];
+  int16_t code_to_byte[512]; /* -1: not in the byte-level alphabet */
+  byte_alphabet(byte_to_code);
+  for (int code = 0; code < 512; code++) code_to_byte[code] = -1;
+  for (int b = 0; b < 256; b++) code_to_byte[byte_to_code[b]] = (int16_t)b;
+  if (status == EDGE_OK) status = load_vocab(t, vocab, added, where, code_to_byte);
+  if (status == EDGE_OK) status = load_merges(t, merges, where);
+  if (status == EDGE_OK) {
+    t->ignore_merges = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges"));
+    for (int b = 0; b < 256; b++) {
+      char symbol[4];
+      size_t length = utf8_encode(byte_to_code[b], symbol);
+      t->byte_ids[b] = vocab_lookup(t, symbol, length);
+    }
+  }
+  cJSON_Delete(root);
+  if (status == EDGE_OK) status = load_config(t, bundle);
+  return status;
+}
+
+/* ---- Encoding ------------------------------------------------------------------------------------------- */
+
+struct id_list {
+  int32_t *ids;
+  size_t n, capacity;
+  int failed;
+};
+
+static void push_id(struct id_list *list, int32_t id) {
+  if (list->failed) return;
+  if (list->n == list->capacity) {
+    size_t capacity = list->capacity ? 2 * list->capacity : 256;
+    int32_t *grown = realloc(list->ids, capacity * sizeof *grown);
+    if (grown == NULL) {
+      list->failed = 1;
+      return;
+    }
+    list->ids = grown, list->capacity = capacity;
+  }
+  list->ids[list->n++] = id;
+}
+
+struct symbol {
+  int32_t id;
+  int prev, next; /* neighbours in the word, -1 at the ends */
+  int merged_away;
+};
+
+struct merge_candidate {
+  int32_t rank, pos, merged;
+};
+
+/* Scratch reused across the words of one encode call. */
+struct bpe_scratch {
+  struct symbol *symbols;
+  struct merge_candidate *heap;
+  size_t capacity; /* symbols; the heap holds at most 2 * capacity entries */
+  struct bytes word; /* byte-level text of the word (ignore_merges lookups) */
+};
+
+static int candidate_before(const struct merge_candidate *a, const struct merge_candidate *b) {
+  return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+}
+
+static void heap_push(struct merge_candidate *heap, size_t *n, struct merge_candidate entry) {
+  size_t i = (*n)++;
+  while (i > 0 && candidate_before(&entry, &heap[(i - 1) / 2])) {
+    heap[i] = heap[(i - 1) / 2];
+    i = (i - 1) / 2;
+  }
+  heap[i] = entry;
+}
+
+static struct merge_candidate heap_pop(struct merge_candidate *heap, size_t *n) {
+  struct merge_candidate top = heap[0], last = heap[--*n];
+  size_t i = 0;
+  for (;;) {
+    size_t child = 2 * i + 1;
+    if (child >= *n) break;
+    if (child + 1 < *n && candidate_before(&heap[child + 1], &heap[child])) child++;
+    if (!candidate_before(&heap[child], &last)) break;
+    heap[i] = heap[child];
+    i = child;
+  }
+  if (*n > 0) heap[i] = last;
+  return top;
+}
+
+static void push_pair(const edge_tokenizer *t, struct bpe_scratch *scratch, size_t *n_heap, int pos) {
+  const struct symbol *left = &scratch->symbols[pos];
+  if (left->next < 0) return;
+  const struct merge_slot *slot = merge_find(t, left->id, scratch->symbols[left->next].id);
+  if (slot->pair == UINT64_MAX) return;
+  heap_push(scratch->heap, n_heap, (struct merge_candidate){slot->rank, pos, slot->merged});
+}
+
+/* BPE of one pre-tokenized piece (its UTF-8 bytes), as tokenizers' Word::merge_all. */
+static int encode_word(const edge_tokenizer *t, const unsigned char *bytes, size_t n, struct bpe_scratch *scratch,
+                       struct id_list *out) {
+  if (n > scratch->capacity) {
+    struct symbol *symbols = realloc(scratch->symbols, n * sizeof *symbols);
+    if (symbols != NULL) scratch->symbols = symbols;
+    struct merge_candidate *heap = realloc(scratch->heap, 2 * n * sizeof *heap);
+    if (heap != NULL) scratch->heap = heap;
+    if (symbols == NULL || heap == NULL) return 0;
+    scratch->capacity = n;
+  }
+  if (t->ignore_merges) {
+    uint32_t byte_to_code[256];
+    byte_alphabet(byte_to_code);
+    scratch->word.size = 0;
+    for (size_t i = 0; i < n; i++) {
+      char symbol[4];
+      bytes_append(&scratch->word, symbol, utf8_encode(byte_to_code[bytes[i]], symbol));
+    }
+    if (scratch->word.failed) return 0;
+    int32_t whole = vocab_lookup(t, scratch->word.data, scratch->word.size);
+    if (whole >= 0) {
+      push_id(out, whole);
+      return !out->failed;
+    }
+  }
+  int count = 0;
+  for (size_t i = 0; i < n; i++) {
+    int32_t id = t->byte_ids[bytes[i]];
+    if (id < 0) continue; /* a byte missing from the vocabulary is dropped (no unk token) */
+    scratch->symbols[count] = (struct symbol){id, count - 1, -1, 0};
+    if (count > 0) scratch->symbols[count - 1].next = count;
+    count++;
+  }
+  size_t n_heap = 0;
+  for (int pos = 0; pos + 1 < count; pos++) push_pair(t, scratch, &n_heap, pos);
+  while (n_heap > 0) {
+    struct merge_candidate top = heap_pop(scratch->heap, &n_heap);
+    struct symbol *left = &scratch->symbols[top.pos];
+    if (left->merged_away || left->next < 0) continue;
+    struct symbol *right = &scratch->symbols[left->next];
+    const struct merge_slot *slot = merge_find(t, left->id, right->id);
+    if (slot->pair == UINT64_MAX || slot->merged != top.merged) continue; /* stale: a neighbour changed */
+    left->id = top.merged;
+    right->merged_away = 1;
+    left->next = right->next;
+    if (right->next >= 0) scratch->symbols[right->next].prev = top.pos;
+    if (left->prev >= 0) push_pair(t, scratch, &n_heap, left->prev);
+    push_pair(t, scratch, &n_heap, top.pos);
+  }
+  for (int pos = 0; pos >= 0 && pos < count; pos = scratch->symbols[pos].next) push_id(out, scratch->symbols[pos].id);
+  return !out->failed;
+}
+
+enum char_class { CLASS_SPACE, CLASS_LETTER, CLASS_NUMBER, CLASS_OTHER };
+
+static enum char_class classify(uint32_t c) {
+  if (is_space(c)) return CLASS_SPACE;
+  if (is_letter(c)) return CLASS_LETTER;
+  if (is_number(c)) return CLASS_NUMBER;
+  return CLASS_OTHER;
+}
+
+/* End (code point index) of the regex match starting at i of the n code points. */
+static size_t match_piece(const uint32_t *codes, const uint8_t *classes, size_t n, size_t i) {
+  if (codes[i] == '\'' && i + 1 < n) {
+    uint32_t a = codes[i + 1], b = i + 2 < n ? codes[i + 2] : 0;
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
+    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
+  }
+  /* ' ?\p{L}+', ' ?\p{N}+', ' ?[^\s\p{L}\p{N}]+' */
+  size_t start = codes[i] == ' ' && i + 1 < n && classes[i + 1] != CLASS_SPACE ? i + 1 : i;
+  if (classes[start] != CLASS_SPACE) {
+    size_t j = start + 1;
+    while (j < n && classes[j] == classes[start]) j++;
+    return j;
+  }
+  /* '\s+(?!\S)' then '\s+' */
+  size_t j = i + 1;
+  while (j < n && classes[j] == CLASS_SPACE) j++;
+  if (j < n && j - i >= 2) return j - 1;
+  return j;
+}
+
+/* Pre-tokenizes one segment (no added tokens inside) and encodes every piece. */
+static edge_status encode_segment(const edge_tokenizer *t, const unsigned char *text, size_t size,
+                                  struct bpe_scratch *scratch, struct id_list *out) {
+  uint32_t *codes = malloc((size + 1) * sizeof *codes);
+  size_t *offsets = malloc((size + 1) * sizeof *offsets);
+  uint8_t *classes = malloc(size + 1);
+  edge_status status = EDGE_OK;
+  if (codes == NULL || offsets == NULL || classes == NULL) {
+    status = edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "encode: out of memory");
+  } else {
+    size_t n = 0;
+    for (size_t at = 0; at < size; n++) {
+      size_t length = utf8_decode(text + at, size - at, &codes[n]); /* validated by the caller */
+      offsets[n] = at;
+      classes[n] = (uint8_t)classify(codes[n]);
+      at += length;
+    }
+    offsets[n] = size;
+    for (size_t i = 0; i < n && status == EDGE_OK;) {
+      size_t j = match_piece(codes, classes, n, i);
+      if (!encode_word(t, text + offsets[i], offsets[j] - offsets[i], scratch, out)) {
+        status = edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "encode: out of memory");
+      }
+      i = j;
+    }
+  }
+  free(codes);
+  free(offsets);
+  free(classes);
+  return status;
+}
+
+/* The added token matched at text[at:], leftmost-longest, or NULL. */
+static const struct added_token *added_at(const edge_tokenizer *t, const unsigned char *text, size_t size, size_t at) {
+  const struct added_token *best = NULL;
+  for (size_t k = 0; k < t->n_added; k++) {
+    const struct added_token *token = &t->added[k];
+    if (token->length <= size - at && memcmp(text + at, token->content, token->length) == 0 &&
+        (best == NULL || token->length > best->length)) {
+      best = token;
+    }
+  }
+  return best;
+}
+
+static edge_status encode(const edge_tokenizer *t, const char *text, size_t size, int add_bos, struct id_list *out) {
+  const unsigned char *bytes = (const unsigned char *)text;
+  for (size_t at = 0; at < size;) {
+    uint32_t code;
+    size_t length = utf8_decode(bytes + at, size - at, &code);
+    if (length == 0) return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "encode: text is not valid UTF-8 at byte %zu", at);
+    at += length;
+  }
+  if (add_bos < 0) add_bos = t->add_bos;
+  if (add_bos) {
+    if (t->bos_id < 0) return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "encode: add_bos is set but the tokenizer has no bos token");
+    push_id(out, t->bos_id);
+  }
+  struct bpe_scratch scratch = {0};
+  edge_status status = EDGE_OK;
+  size_t segment = 0;
+  for (size_t at = 0; at <= size && status == EDGE_OK;) {
+    const struct added_token *token = at < size ? added_at(t, bytes, size, at) : NULL;
+    if (token == NULL && at < size) {
+      at++;
+      continue;
+    }
+    if (at > segment) status = encode_segment(t, bytes + segment, at - segment, &scratch, out);
+    if (token == NULL) break;
+    push_id(out, token->id);
+    at += token->length;
+    segment = at;
+  }
+  free(scratch.symbols);
+  free(scratch.heap);
+  free(scratch.word.data);
+  if (status == EDGE_OK && out->failed) status = edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "encode: out of memory");
+  return status;
+}
+
+/* ---- Public API ------------------------------------------------------------------------------------------ */
+
+static edge_status tokenizer_failed(const edge_tokenizer *t, edge_status status) {
+  snprintf(((edge_tokenizer *)t)->error, EDGE_MESSAGE_SIZE, "%s", edge_last_error());
+  return status;
+}
+
+edge_status edge_tokenizer_create(const edge_model *model, edge_tokenizer **out) {
+  edge_clear_error();
+  if (out == NULL) return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "edge_tokenizer_create: out is NULL");
+  *out = NULL;
+  if (model == NULL) return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "edge_tokenizer_create: model is NULL");
+  edge_tokenizer *t = calloc(1, sizeof *t);
+  if (t == NULL) return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "edge_tokenizer_create: out of memory");
+  edge_status status = build_tokenizer(&model->bundle, t);
+  if (status != EDGE_OK) {
+    edge_tokenizer_destroy(t);
+    return status;
+  }
+  *out = t;
+  return EDGE_OK;
+}
+
+const char *edge_tokenizer_last_error(const edge_tokenizer *t) { return t == NULL ? "tokenizer is NULL" : t->error; }
+
+edge_status edge_tokenizer_encode(const edge_tokenizer *t, const char *text, size_t text_len, int add_bos,
+                                  int32_t **ids, size_t *n_ids) {
+  edge_clear_error();
+  if (t == NULL || ids == NULL || n_ids == NULL || (text == NULL && text_len > 0)) {
+    edge_status status = edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "edge_tokenizer_encode: NULL argument");
+    return t == NULL ? status : tokenizer_failed(t, status);
+  }
+  if (add_bos < -1 || add_bos > 1) {
+    return tokenizer_failed(t, edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "add_bos: expected -1, 0 or 1, found %d", add_bos));
+  }
+  struct id_list list = {0};
+  edge_status status = encode(t, text, text_len, add_bos, &list);
+  if (status != EDGE_OK) {
+    free(list.ids);
+    return tokenizer_failed(t, status);
+  }
+  *ids = list.ids;
+  *n_ids = list.n;
+  return EDGE_OK;
+}
+
+edge_status edge_tokenizer_decode(const edge_tokenizer *t, const int32_t *ids, size_t n_ids, int skip_special,
+                                  char **text, size_t *text_len) {
+  edge_clear_error();
+  if (t == NULL || text == NULL || (ids == NULL && n_ids > 0)) {
+    edge_status status = edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "edge_tokenizer_decode: NULL argument");
+    return t == NULL ? status : tokenizer_failed(t, status);
+  }
+  struct bytes raw = {0}, decoded = {0};
+  bytes_append(&raw, "", 0);
+  for (size_t i = 0; i < n_ids; i++) {
+    if (ids[i] < 0) {
+      free(raw.data);
+      return tokenizer_failed(t, edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "decode: token id %d is negative", ids[i]));
+    }
+    if (ids[i] >= t->n_tokens || !t->tokens[ids[i]].present) continue; /* unknown ids decode to nothing */
+    const struct token_entry *token = &t->tokens[ids[i]];
+    if (skip_special && token->special) continue;
+    bytes_append(&raw, token->bytes, token->n_bytes);
+  }
+  bytes_append(&decoded, "", 0);
+  const unsigned char *s = (const unsigned char *)raw.data;
+  for (size_t at = 0; at < raw.size && !raw.failed;) {
+    uint32_t code;
+    size_t length = utf8_decode(s + at, raw.size - at, &code);
+    if (length > 0) {
+      bytes_append(&decoded, s + at, length);
+      at += length;
+    } else {
+      bytes_append(&decoded, "\xef\xbf\xbd", 3); /* U+FFFD */
+      at += utf8_invalid_length(s + at, raw.size - at);
+    }
+  }
+  int failed = raw.failed || decoded.failed;
+  free(raw.data);
+  if (failed) {
+    free(decoded.data);
+    return tokenizer_failed(t, edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "decode: out of memory"));
+  }
+  *text = decoded.data;
+  if (text_len != NULL) *text_len = decoded.size;
+  return EDGE_OK;
+}
+
+edge_status edge_tokenizer_token_bytes(const edge_tokenizer *t, int32_t token, const char **bytes, size_t *n_bytes) {
+  edge_clear_error();
+  if (t == NULL || bytes == NULL || n_bytes == NULL) {
+    edge_status status = edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "edge_tokenizer_token_bytes: NULL argument");
+    return t == NULL ? status : tokenizer_failed(t, status);
+  }
+  if (token < 0 || token >= t->n_tokens || !t->tokens[token].present) {
+    return tokenizer_failed(t, edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "token_bytes: token id %d is not in the vocabulary "
+                                         "of %d tokens", token, t->n_tokens));
+  }
+  *bytes = t->tokens[token].bytes;
+  *n_bytes = t->tokens[token].n_bytes;
+  return EDGE_OK;
+}
+
+int edge_tokenizer_is_special(const edge_tokenizer *t, int32_t token) {
+  return t != NULL && token >= 0 && token < t->n_tokens && t->tokens[token].special;
+}

@@ -1,0 +1,90 @@
+"""Helpers of the C runtime tests: building jetson/ and running what it builds.
+
+A build whose tools are missing skips its tests with the apt package to install; CI installs them all:
+cmake gcc pkg-config libcjson-dev gcc-aarch64-linux-gnu libcjson-dev:arm64 qemu-user (after
+`dpkg --add-architecture arm64`), and dpkg-deb (dpkg) for the package tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+JETSON = REPO / "jetson"
+AARCH64_TOOLCHAIN = JETSON / "cmake" / "aarch64-linux-gnu.cmake"
+AARCH64_SYSROOT = "/usr/aarch64-linux-gnu"
+PROMPT = "class Namespace(object):\n    def __init__(self"
+STEPS = 24
+BUNDLE_KINDS = {
+    "svd-fp32": ("svd", "fp32"),
+    "svd-fp16": ("svd", "fp16"),
+    "signbit-fp32": ("signbit", "fp32"),
+    "core-fp16": ("core", "fp16"),
+    "threshold-fp32": ("threshold", "fp32"),
+}
+BUILD_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class Build:
+    """A configured and built jetson/ tree: its directory and the build log (compiler output)."""
+
+    directory: Path
+    log: str
+
+    def binary(self, name: str) -> Path:
+        return self.directory / name
+
+
+def run(command: list[str | Path], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([str(part) for part in command], capture_output=True, text=True, **kwargs)
+
+
+def build_jetson(directory: Path, *cmake_args: str) -> Build:
+    """cmake -S jetson -B directory + build; skips when cJSON is missing, fails on any other build error."""
+    configure = run(["cmake", "-S", JETSON, "-B", directory, *cmake_args], timeout=BUILD_TIMEOUT_S)
+    if configure.returncode != 0:
+        if "cJSON not found" in configure.stdout + configure.stderr:
+            arm = any("aarch64" in arg for arg in cmake_args)
+            package = "libcjson-dev:arm64 (after dpkg --add-architecture arm64)" if arm else "libcjson-dev"
+            pytest.skip(f"cJSON headers/library not found for this build: apt-get install {package}")
+        pytest.fail(f"cmake configure failed:\n{configure.stdout}\n{configure.stderr}")
+    build = run(["cmake", "--build", directory, "-j", "2"], timeout=BUILD_TIMEOUT_S)
+    if build.returncode != 0:
+        pytest.fail(f"build failed:\n{build.stdout}\n{build.stderr}")
+    return Build(directory, build.stdout + build.stderr)
+
+
+def require_tools(*tools: tuple[str, str]) -> None:
+    """Skip unless every (executable, apt package) is on PATH."""
+    for tool, package in tools:
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} not found: apt-get install {package}")
+
+
+def qemu_command(binary: Path, library_path: Path | None = None) -> list[str | Path]:
+    """How to run an aarch64 binary here (a build's libedge_sdk is found through the binary's RPATH, an installed
+    one through library_path).
+
+    libcjson-dev:arm64 pulls in the multiarch libc6:arm64, whose libc.so.6 the cross loader of
+    /usr/aarch64-linux-gnu would otherwise pick up; the two glibc builds hang together in pthread_create, so
+    LD_LIBRARY_PATH puts the cross toolchain's own libc (and libgomp) first."""
+    paths = ":".join(str(path) for path in (library_path, f"{AARCH64_SYSROOT}/lib") if path is not None)
+    return ["qemu-aarch64", "-L", AARCH64_SYSROOT, "-E", f"LD_LIBRARY_PATH={paths}", binary]
+
+
+def generate_command(binary_prefix: list[str | Path], bundle: Path, *extra: str) -> list[str | Path]:
+    return [*binary_prefix, bundle, PROMPT, "-n", str(STEPS), "--threads", "1", *extra]
+
+
+def sanitizer_env() -> dict[str, str]:
+    return os.environ | {
+        "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:exitcode=86",
+        "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1:exitcode=87",
+    }

@@ -1,0 +1,138 @@
+"""Bundle archives (edge_sdk/export/archive.py): deterministic packing, a verified round trip, and unpacking that
+refuses every member that could write outside the target or is not a plain file or directory."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from edge_sdk.export.archive import ArchiveError, pack_bundle, unpack_bundle
+from edge_sdk.export.bundle import Bundle, BundleError
+from edge_sdk.export.exporter import ExportSettings, export_bundle
+
+
+@pytest.fixture(scope="module")
+def bundle_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("archive") / "bundle"
+    export_bundle(tiny_model_dir, out, ExportSettings(predictor="none", dtype="fp16", max_seq_len=32))
+    return out
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def leftovers(directory: Path) -> list[str]:
+    return sorted(path.name for path in directory.iterdir() if path.name.startswith("."))
+
+
+def test_pack_is_deterministic_and_normalizes_metadata(bundle_dir, tmp_path):
+    first = pack_bundle(bundle_dir, tmp_path / "first.tar")
+    for path in bundle_dir.iterdir():
+        os.utime(path, (1_700_000_000, 1_700_000_000))
+    second = pack_bundle(bundle_dir, tmp_path / "second.tar")
+    assert digest(first) == digest(second)
+    with tarfile.open(first) as tar:
+        members = tar.getmembers()
+    names = [member.name for member in members]
+    assert names == sorted(names) and "manifest.json" in names and "weights.safetensors" in names
+    assert {(m.mtime, m.uid, m.gid, m.uname, m.gname, m.mode) for m in members} == {(0, 0, 0, "", "", 0o644)}
+    assert leftovers(tmp_path) == []
+
+
+def test_round_trip_gives_the_same_verified_bundle(bundle_dir, tmp_path):
+    archive = pack_bundle(bundle_dir, tmp_path / "bundle.tar")
+    unpacked = unpack_bundle(archive, tmp_path / "out")
+    assert isinstance(unpacked, Bundle) and unpacked.root == tmp_path / "out"
+    for path in bundle_dir.iterdir():
+        assert digest(tmp_path / "out" / path.name) == digest(path)
+    with pytest.raises(ArchiveError, match="already exists"):
+        unpack_bundle(archive, tmp_path / "out")
+    assert unpack_bundle(archive, tmp_path / "out", force=True).config.vocab_size == 2048
+    assert leftovers(tmp_path) == []
+
+
+def test_pack_refuses_links_and_corrupt_bundles(bundle_dir, tmp_path):
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for path in bundle_dir.iterdir():
+        (copy / path.name).write_bytes(path.read_bytes())
+    (copy / "link").symlink_to(copy / "manifest.json")
+    with pytest.raises(ArchiveError, match="link"):
+        pack_bundle(copy, tmp_path / "x.tar")
+    (copy / "link").unlink()
+    with (copy / "tokenizer.json").open("ab") as handle:
+        handle.write(b" ")
+    with pytest.raises(BundleError, match=r"tokenizer\.json"):
+        pack_bundle(copy, tmp_path / "x.tar")
+    assert not (tmp_path / "x.tar").exists()
+
+
+def archive_with(bundle_dir: Path, path: Path, extra: tarfile.TarInfo, data: bytes = b"") -> Path:
+    """The bundle's files plus one extra member."""
+    with tarfile.open(path, "w") as tar:
+        for file in sorted(bundle_dir.iterdir()):
+            tar.add(file, arcname=file.name)
+        extra.size = len(data) if extra.isreg() else 0
+        tar.addfile(extra, io.BytesIO(data) if extra.isreg() else None)
+    return path
+
+
+def member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = link
+    return info
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (member("/etc/evil"), "relative path"),
+        (member("../evil"), "relative path"),
+        (member("sub/../../evil"), "relative path"),
+        (member("a\\b"), "relative path"),
+        (member("link", tarfile.SYMTYPE, "/etc/passwd"), "link, device or FIFO"),
+        (member("hard", tarfile.LNKTYPE, "manifest.json"), "link, device or FIFO"),
+        (member("device", tarfile.CHRTYPE), "link, device or FIFO"),
+        (member("fifo", tarfile.FIFOTYPE), "link, device or FIFO"),
+        (member("manifest.json"), "appears twice"),
+    ],
+)
+def test_unpack_refuses_unsafe_members(bundle_dir, tmp_path, extra, message):
+    archive = archive_with(bundle_dir, tmp_path / "bad.tar", extra, b"payload")
+    target = tmp_path / "out" / "bundle"
+    with pytest.raises(ArchiveError, match=message):
+        unpack_bundle(archive, target)
+    assert not target.exists() and leftovers(target.parent) == []
+    assert not (tmp_path / "evil").exists()
+
+
+def test_unpack_verifies_checksums(bundle_dir, tmp_path):
+    archive = tmp_path / "changed.tar"
+    with tarfile.open(archive, "w") as tar:
+        for file in sorted(bundle_dir.iterdir()):
+            data = file.read_bytes()
+            if file.name == "weights.safetensors":
+                data = data[:-1] + bytes([data[-1] ^ 1])
+            info = tarfile.TarInfo(file.name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(BundleError, match=r"weights\.safetensors: sha256 is"):
+        unpack_bundle(archive, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+def test_unpack_refuses_non_archives(tmp_path):
+    not_tar = tmp_path / "bundle.tar"
+    not_tar.write_bytes(b"this is not a tar file" * 100)
+    with pytest.raises(ArchiveError, match="not a readable tar archive"):
+        unpack_bundle(not_tar, tmp_path / "out")
+    with pytest.raises(ArchiveError, match="archive not found"):
+        unpack_bundle(tmp_path / "missing.tar", tmp_path / "out")
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []

@@ -1,0 +1,258 @@
+"""The C runtime (jetson/): built here for x86-64, under AddressSanitizer + UBSan and for aarch64 (run under qemu);
+greedy ids identical to the Python CPU backend on every predictor kind, the tokenizer identical to `tokenizers`,
+the API's error contracts, the bundle reader under fuzzing, and the library's dependencies."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer as HFTokenizer
+
+from edge_sdk.export.exporter import ExportSettings, export_bundle
+
+from .support import (
+    BUNDLE_KINDS,
+    PROMPT,
+    Build,
+    generate_command,
+    qemu_command,
+    run,
+    sanitizer_env,
+)
+
+ALLOWED_LIBRARIES = re.compile(
+    r"^(libc\.so\.6|libm\.so\.6|libgomp\.so\.1|libcjson\.so\.1|libpthread\.so\.0|ld-linux.*)$"
+)
+FUZZ_ITERATIONS = 300
+UNICODE_SAMPLE = (
+    "Héllo wörld² ³ ½ ٣ 𝔘nicode — “quotes” 日本語テキスト 😀👍🏽 tab\there  \u00a0nbsp \u2003em\u3000ideo\n\n\n"
+    "  x <s>a</s><s></s>b it's we'll I'M 12345 ½x ǅ\r\n\x0b\x0c\x85 end   "
+)
+
+
+def generated_ids(result: subprocess.CompletedProcess) -> list[int]:
+    assert result.returncode == 0, result.stderr
+    return [int(token) for token in result.stdout.split()]
+
+
+def test_build_is_warning_free(x86_build: Build):
+    assert "warning:" not in x86_build.log
+
+
+def test_library_depends_only_on_libc_libm_openmp_and_cjson(x86_build: Build):
+    dynamic = run(["readelf", "-d", x86_build.binary("libedge_sdk.so")], check=True).stdout
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dynamic)
+    assert "libcjson.so.1" in needed
+    assert [name for name in needed if not ALLOWED_LIBRARIES.match(name)] == []
+    symbols = run(["nm", "-D", "--defined-only", x86_build.binary("libedge_sdk.so")], check=True).stdout.split("\n")
+    exported = [line.split()[-1] for line in symbols if line.strip()]
+    assert "edge_model_open" in exported
+    assert [name for name in exported if not name.startswith("edge_")] == []
+    assert not any(name.startswith("edge_cpu_") for name in exported)  # the kernels stay internal
+
+
+@pytest.mark.parametrize("name", list(BUNDLE_KINDS))
+def test_greedy_ids_equal_python_cpu_backend(x86_build: Build, bundles, python_greedy_ids, name):
+    result = run(generate_command([x86_build.binary("edge_generate")], bundles[name], "--ids"))
+    assert generated_ids(result) == python_greedy_ids[name]
+    assert len(python_greedy_ids[name]) >= 8  # a real comparison, not an immediate eos
+
+
+def test_greedy_ids_do_not_depend_on_the_thread_count(x86_build: Build, bundles, python_greedy_ids):
+    command = generate_command([x86_build.binary("edge_generate")], bundles["svd-fp16"], "--ids")
+    command[command.index("--threads") + 1] = "2"
+    assert generated_ids(run(command)) == python_greedy_ids["svd-fp16"]
+
+
+def test_streamed_text_equals_python_decode(x86_build: Build, bundles, python_greedy_ids):
+    command = [str(part) for part in generate_command([x86_build.binary("edge_generate")], bundles["svd-fp32"])]
+    result = subprocess.run(command, capture_output=True)  # bytes: no newline translation
+    assert result.returncode == 0, result.stderr
+    expected = HFTokenizer.from_file(str(bundles["svd-fp32"] / "tokenizer.json")).decode(python_greedy_ids["svd-fp32"])
+    assert result.stdout.decode("utf-8") == expected + "\n"
+    assert re.search(rb"decode [0-9.]+ tokens/s", result.stderr)
+
+
+@pytest.mark.parametrize("name", list(BUNDLE_KINDS))
+def test_aarch64_build_under_qemu_gives_the_same_ids(aarch64_build: Build, bundles, python_greedy_ids, name):
+    elf = run(["readelf", "-h", aarch64_build.binary("libedge_sdk.so")], check=True).stdout
+    assert "AArch64" in elf
+    result = run(
+        generate_command(qemu_command(aarch64_build.binary("edge_generate")), bundles[name], "--ids"), timeout=300
+    )
+    assert generated_ids(result) == python_greedy_ids[name]
+
+
+def test_api_contracts(x86_build: Build, bundles):
+    result = run([x86_build.binary("edge_api_check"), bundles["svd-fp32"], bundles["signbit-fp32"]], timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"checks: \d{3} passed, 0 failed", result.stdout)
+
+
+def test_api_contracts_aarch64(aarch64_build: Build, bundles):
+    command = [*qemu_command(aarch64_build.binary("edge_api_check")), bundles["svd-fp32"], bundles["signbit-fp32"]]
+    result = run(command, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def c_encode(build: Build, bundle: Path, text_file: Path) -> list[int]:
+    result = run([build.binary("edge_tokenize"), bundle, "encode", text_file], check=True)
+    return [int(token) for token in result.stdout.split()]
+
+
+@pytest.mark.parametrize("source", ["calibration.txt", "held_out.txt", "unicode", "random"])
+def test_tokenizer_encodes_like_tokenizers(x86_build: Build, bundles, tiny_model_dir, tmp_path, source):
+    bundle = bundles["svd-fp32"]
+    if source == "unicode":
+        text = UNICODE_SAMPLE
+    elif source == "random":
+        generator = random.Random(0)
+        pool = [chr(code) for code in [*range(0x20, 0x7F), *range(0xA0, 0x250), 0x85, 0x1680, 0x2028, 0x3000, 0x200B]]
+        pool += ["\U0001f600", "\u0660", "\u2160", "\u0e01", "\u0301", "'s", "'ll", " ", "  ", "\n", "\t", "<s>"]
+        text = "".join(generator.choice(pool) for _ in range(5000))
+    else:
+        text = (tiny_model_dir / source).read_text(encoding="utf-8")
+    text_file = tmp_path / "text.txt"
+    text_file.write_bytes(text.encode("utf-8"))
+    expected = HFTokenizer.from_file(str(bundle / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+    assert len(expected) > 100
+    assert c_encode(x86_build, bundle, text_file) == expected
+
+
+def test_tokenizer_decodes_like_tokenizers(x86_build: Build, bundles, tiny_model_dir, tmp_path):
+    bundle = bundles["svd-fp32"]
+    reference = HFTokenizer.from_file(str(bundle / "tokenizer.json"))
+    held_out = reference.encode((tiny_model_dir / "held_out.txt").read_text(), add_special_tokens=False).ids
+    generator = random.Random(1)
+    cases = {
+        "held_out": held_out[:3000],
+        "random": [generator.randrange(2048) for _ in range(3000)],  # byte tokens that break UTF-8 included
+        "special": [0, *held_out[:20], 1, 0, 1],
+    }
+    for name, ids in cases.items():
+        ids_file = tmp_path / f"{name}.ids"
+        ids_file.write_text(" ".join(map(str, ids)))
+        tool = [str(x86_build.binary("edge_tokenize")), str(bundle)]
+        for skip in (True, False):
+            command = [*tool, "decode", str(ids_file)] + (["--skip"] if skip else [])
+            decoded = subprocess.run(command, capture_output=True, check=True).stdout.decode(
+                "utf-8"
+            )  # no newline mapping
+            assert decoded == reference.decode(ids, skip_special_tokens=skip), (name, skip)
+        pieces = subprocess.run([*tool, "pieces", str(ids_file)], capture_output=True, check=True).stdout
+        assert pieces.decode("utf-8", errors="replace") == reference.decode(ids, skip_special_tokens=False), name
+
+
+def test_example_and_api_checks_are_clean_under_asan_and_ubsan(asan_build: Build, bundles):
+    env = sanitizer_env()
+    for name in ("core-fp16", "svd-fp32", "threshold-fp32"):
+        command = generate_command([asan_build.binary("edge_generate")], bundles[name], "--ids")
+        command[command.index("--threads") + 1] = "2"
+        result = run(command, env=env, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert "Sanitizer" not in result.stderr and "runtime error" not in result.stderr
+    result = run(
+        [asan_build.binary("edge_api_check"), bundles["svd-fp32"], bundles["signbit-fp32"]], env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Sanitizer" not in result.stderr and "runtime error" not in result.stderr
+
+
+def test_fuzzed_bundles_give_errors_never_crashes(asan_build: Build, bundles, tmp_path):
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundles["svd-fp16"], copy)
+    result = run(
+        [asan_build.binary("edge_fuzz_bundle"), copy, str(FUZZ_ITERATIONS), "12345"], env=sanitizer_env(), timeout=600
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    summary = re.search(r"iterations (\d+): opened (\d+), bad (\d+), errors:(.*)", result.stdout)
+    assert summary, result.stdout
+    iterations, opened, bad = (int(summary.group(i)) for i in (1, 2, 3))
+    errors = sum(int(count) for count in re.findall(r"=(\d+)", summary.group(4)))
+    assert iterations == FUZZ_ITERATIONS and bad == 0
+    assert errors >= FUZZ_ITERATIONS // 2 and opened + errors == FUZZ_ITERATIONS  # the mutations reach the checks
+    assert "restored bundle opens: yes" in result.stdout
+
+
+def open_error(build: Build, bundle: Path, *extra: str) -> str:
+    result = run([build.binary("edge_generate"), bundle, "x", "-n", "2", *extra])
+    assert result.returncode == 1, result.stdout + result.stderr
+    return result.stderr
+
+
+def test_bad_bundles_and_backends_are_clear_errors(x86_build: Build, bundles, tmp_path):
+    assert "EDGE_ERROR_UNAVAILABLE: backend 'tensorrt': this build of libedge_sdk has no TensorRT engine" in open_error(
+        x86_build, bundles["svd-fp32"], "--backend", "tensorrt"
+    )
+    assert "EDGE_ERROR_IO" in open_error(x86_build, tmp_path / "missing")
+    changed = tmp_path / "changed-weights"
+    shutil.copytree(bundles["svd-fp32"], changed)
+    weights = changed / "weights.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0x40
+    weights.write_bytes(bytes(data))
+    message = open_error(x86_build, changed)
+    assert f"{weights}: sha256 is" in message and "manifest.json says" in message
+    weights.write_bytes(bytes(data[:-4]))
+    assert f"{weights}: size is {len(data) - 4} bytes, manifest.json says {len(data)}" in open_error(x86_build, changed)
+
+
+def test_manifest_digest_is_checked_like_python(x86_build: Build, bundles, tmp_path):
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundles["signbit-fp32"], copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps(manifest, indent=7))  # re-indenting is not a change
+    assert run([x86_build.binary("edge_generate"), copy, "x", "-n", "2"]).returncode == 0
+    manifest["model"]["rms_norm_eps"] = 1e-06
+    (copy / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    assert "field 'manifest_sha256' does not match the manifest's content" in open_error(x86_build, copy)
+
+
+def test_bf16_bundles_are_refused_with_the_reason(x86_build: Build, tiny_model_dir, tmp_path):
+    bundle = tmp_path / "bf16"
+    export_bundle(tiny_model_dir, bundle, ExportSettings(predictor="none", dtype="bf16", max_seq_len=32))
+    message = open_error(x86_build, bundle)
+    assert "EDGE_ERROR_UNSUPPORTED" in message and "is BF16" in message and "--dtype fp16" in message
+
+
+def test_prompt_encoding_matches_python(x86_build: Build, bundles, tmp_path):
+    from edge_sdk.model import Tokenizer
+
+    text_file = tmp_path / "prompt.txt"
+    text_file.write_text(PROMPT)
+    expected = Tokenizer.from_dir(bundles["svd-fp32"]).encode(PROMPT, add_bos=False)
+    assert c_encode(x86_build, bundles["svd-fp32"], text_file) == expected
+
+
+def test_aarch64_build_is_warning_free(aarch64_build: Build):
+    assert "warning:" not in aarch64_build.log
+
+
+@pytest.mark.parametrize("change", [{"sliding_window": 5}, {"tie_word_embeddings": True}])
+def test_model_config_variants_match_python(x86_build: Build, bundles, tmp_path, change):
+    """Config paths the fixture does not use (a Mistral-style sliding window, tied embeddings), switched on in the
+    manifest (digest re-stamped): the C engine and the Python CPU backend must still agree."""
+    import edge_sdk
+    from edge_sdk.export.bundle import MANIFEST_DIGEST_FIELD, manifest_digest
+    from edge_sdk.runtime.generator import SamplingSettings
+
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundles["signbit-fp32"], copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["model"].update(change)
+    manifest[MANIFEST_DIGEST_FIELD] = manifest_digest(manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    session = edge_sdk.load(copy, backend="cpu", threads=1)
+    expected = list(
+        session.generator.generate_ids(session.tokenizer.encode(PROMPT), SamplingSettings(max_new_tokens=24))
+    )
+    original = run(generate_command([x86_build.binary("edge_generate")], bundles["signbit-fp32"], "--ids"))
+    changed = run(generate_command([x86_build.binary("edge_generate")], copy, "--ids"))
+    assert generated_ids(changed) == expected
+    assert generated_ids(changed) != generated_ids(original)  # the change reached the computation
