@@ -37,6 +37,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--compare-D", type=int, default=2752, help="neurons of the randomized-vs-exact check")
     parser.add_argument("--compare-rank", type=int, default=64, help="rank of the randomized-vs-exact check")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     return parser.parse_args()
 
 
@@ -102,7 +103,8 @@ def compare_svd_methods(x: torch.Tensor, w_gate: torch.Tensor, d: int, n_neurons
 
 def main() -> None:
     args = parse_args()
-    torch.manual_seed(args.seed)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     print(f"layer d={args.d} D={args.D} rank={args.rank} tokens={args.tokens} threads={torch.get_num_threads()}")
     start = time.perf_counter()
     x, w_gate, w_up, w_down_t = synthetic_layer(args.d, args.D, args.tokens, args.seed)

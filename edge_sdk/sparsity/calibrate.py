@@ -71,10 +71,11 @@ def neuron_importance(
         raise CalibrationError(
             f"x: expected shape [T, d] with d = w_gate.shape[1], found x {list(x.shape)}, w_gate {list(w_gate.shape)}"
         )
-    if w_down_t.shape != w_gate.shape:
-        raise CalibrationError(
-            f"w_down_t: expected shape {list(w_gate.shape)} (same as w_gate), found {list(w_down_t.shape)}"
-        )
+    for name, w in (("w_up", w_up), ("w_down_t", w_down_t)):
+        if w.shape != w_gate.shape:
+            raise CalibrationError(
+                f"{name}: expected shape {list(w_gate.shape)} (same as w_gate), found {list(w.shape)}"
+            )
     n_tokens, n_neurons = x.shape[0], w_gate.shape[0]
     w_gate, w_up = w_gate.to(torch.float32), w_up.to(torch.float32)
     down_norm_sq = w_down_t.to(torch.float32).square().sum(dim=1)  # [D]

@@ -83,6 +83,8 @@ def test_neuron_importance_is_squared_output_contribution():
     assert importance.shape == (40, 96) and importance.dtype == torch.float32
     assert torch.allclose(importance, expected, rtol=1e-5, atol=1e-9)
     assert (importance == 0).float().mean() > 0.3  # relu: inactive neurons cost nothing
+    with pytest.raises(CalibrationError, match="w_up"):
+        neuron_importance(x, w_gate, w_up[:, :8], w_down_t, relu)
 
 
 @pytest.mark.parametrize("tied", [False, True], ids=["distinct", "tied"])
