@@ -203,11 +203,11 @@ COLUMNS = (
 )
 
 
-def format_table(rows: list[dict]) -> str:
+def format_table(rows: list[dict], columns: tuple[str, ...] = COLUMNS) -> str:
     """The rows as a fixed-width text table (one header line, one line per row)."""
-    widths = [max(len(name), 8) for name in COLUMNS]
-    lines = ["  ".join(name.rjust(width) for name, width in zip(COLUMNS, widths, strict=True))]
+    widths = [max(len(name), 8) for name in columns]
+    lines = ["  ".join(name.rjust(width) for name, width in zip(columns, widths, strict=True))]
     for row in rows:
-        cells = [f"{row[name]:.3f}" if isinstance(row[name], float) else str(row[name]) for name in COLUMNS]
+        cells = [f"{row[name]:.3f}" if isinstance(row[name], float) else str(row[name]) for name in columns]
         lines.append("  ".join(cell.rjust(width) for cell, width in zip(cells, widths, strict=True)))
     return "\n".join(lines)

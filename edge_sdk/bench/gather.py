@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from edge_sdk.backends.cann.gather_ffn import MODES, DeviceSignBit, GatherSparseFFN
+from edge_sdk.bench import ffn
 from edge_sdk.bench.ffn import DTYPES
 from edge_sdk.model.activation import Activation
 from edge_sdk.sparsity.signbit import words_for
@@ -239,9 +240,4 @@ COLUMNS = (
 
 def format_table(rows: list[dict]) -> str:
     """The rows as a fixed-width text table (one header line, one line per row)."""
-    widths = [max(len(name), 8) for name in COLUMNS]
-    lines = ["  ".join(name.rjust(width) for name, width in zip(COLUMNS, widths, strict=True))]
-    for row in rows:
-        cells = [f"{row[name]:.3f}" if isinstance(row[name], float) else str(row[name]) for name in COLUMNS]
-        lines.append("  ".join(cell.rjust(width) for cell, width in zip(cells, widths, strict=True)))
-    return "\n".join(lines)
+    return ffn.format_table(rows, COLUMNS)

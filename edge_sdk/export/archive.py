@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path, PurePosixPath
 
 from edge_sdk.export.bundle import Bundle, BundleError
+from edge_sdk.staging import staged_directory
 
 COPY_CHUNK_BYTES = 16 << 20
 FILE_MODE = 0o644
@@ -132,19 +133,11 @@ def unpack_bundle(tar_path: str | Path, out_dir: str | Path, force: bool = False
         raise ArchiveError(f"{tar_path}: archive not found")
     if out_dir.exists() and not force:
         raise ArchiveError(f"{out_dir}: output directory already exists (use --force to replace it)")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with staged_directory(out_dir) as staging:
         try:
             with tarfile.open(tar_path, mode="r:*") as tar:
                 _extract_members(tar, tar_path, staging)
         except tarfile.TarError as error:
             raise ArchiveError(f"{tar_path}: not a readable tar archive ({error})") from None
         Bundle.open(staging, verify_checksums=True)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return Bundle.open(out_dir, verify_checksums=False)

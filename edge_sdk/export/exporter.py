@@ -9,9 +9,7 @@ directory next to the target and renamed at the end: a failed or interrupted exp
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -49,6 +47,7 @@ from edge_sdk.sparsity.pipeline import (
 )
 from edge_sdk.sparsity.report import write_report_plot
 from edge_sdk.sparsity.sparse_model import LayerPredictor, SparseDecoder, SparseFeedForward
+from edge_sdk.staging import staged_directory
 
 EXPORT_PREDICTORS = ("svd", "signbit", "core", "threshold", "none")
 DEFAULT_MAX_SEQ_LEN = 2048
@@ -137,9 +136,7 @@ def export_bundle(
     specs += [TensorSpec(name, tensor.dtype, tuple(tensor.shape)) for name, tensor in extra_tensors.items()]
     hf_names = dict(names)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with staged_directory(out_dir) as staging:
         writer = SafetensorsWriter(staging / WEIGHTS_FILE, specs, metadata={"format": "pt", "producer": "edge-sdk"})
         with writer:
             for spec in writer.order:
@@ -179,12 +176,6 @@ def export_bundle(
             write_report_plot(report, staging / PLOT_FILE)
         manifest = _manifest(checkpoint, settings, calibration, max_seq_len, specs, report, staging)
         (staging / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return Bundle.open(out_dir, verify_checksums=False)
 
 

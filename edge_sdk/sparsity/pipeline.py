@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,6 +44,7 @@ from edge_sdk.sparsity.metrics import layer_metrics
 from edge_sdk.sparsity.signbit import calibrate_alpha, pack_sign_bits, signbit_mask
 from edge_sdk.sparsity.svd import default_rank, fit_svd_predictor, input_gram
 from edge_sdk.sparsity.threshold import fit_channel_thresholds_levels
+from edge_sdk.staging import staged_directory
 
 PREDICTOR_KINDS = ("svd", "signbit", "core", "threshold")
 RELU_ONLY_KINDS = ("svd", "signbit", "core")
@@ -417,16 +415,8 @@ def write_calibration(result: CalibrationResult, out_dir: str | Path, force: boo
 
     out_dir = Path(out_dir)
     check_output_dir(out_dir, force)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with staged_directory(out_dir) as staging:
         save_file(result.tensors, str(staging / PREDICTORS_FILE), metadata=predictor_metadata(result.report))
         (staging / REPORT_FILE).write_text(json.dumps(result.report, indent=2) + "\n")
         write_report_plot(result.report, staging / PLOT_FILE)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out_dir
