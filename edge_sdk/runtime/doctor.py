@@ -21,23 +21,39 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
+# GPU-side libraries: built only where nvcc (CUDA kernels) or TensorRT (plugins) were found at install time.
+OPTIONAL_LIBRARIES = {
+    "cuda_kernels": ("libedge_cuda_kernels.so", "EDGE_SDK_CUDA_KERNELS", "nvcc was not found when edge-sdk was built"),
+    "tensorrt_plugins": (
+        "libedge_trt_plugins.so",
+        "EDGE_SDK_TRT_PLUGINS",
+        "TensorRT was not found when edge-sdk was built",
+    ),
+}
+
+
 def native_libraries() -> dict[str, Any]:
     path = find_library()
     if path is None:
-        return {"cpu_kernels": {"built": False, "reason": "libedge_cpu_kernels.so not found; reinstall with pip"}}
-    try:
-        library = load_cpu_kernels()
-    except (NativeLibraryError, OSError) as error:
-        return {"cpu_kernels": {"built": True, "path": str(path), "loads": False, "reason": str(error)}}
-    return {
-        "cpu_kernels": {
-            "built": True,
-            "path": str(path),
-            "loads": True,
-            "version": library.edge_cpu_version().decode(),
-            "threads": library.edge_cpu_max_threads(),
-        }
-    }
+        libraries = {"cpu_kernels": {"built": False, "reason": "libedge_cpu_kernels.so not found; reinstall with pip"}}
+    else:
+        try:
+            library = load_cpu_kernels()
+            libraries = {
+                "cpu_kernels": {
+                    "built": True,
+                    "path": str(path),
+                    "loads": True,
+                    "version": library.edge_cpu_version().decode(),
+                    "threads": library.edge_cpu_max_threads(),
+                }
+            }
+        except (NativeLibraryError, OSError) as error:
+            libraries = {"cpu_kernels": {"built": True, "path": str(path), "loads": False, "reason": str(error)}}
+    for key, (name, env_var, reason) in OPTIONAL_LIBRARIES.items():
+        found = find_library(name, env_var)
+        libraries[key] = {"built": True, "path": str(found)} if found else {"built": False, "reason": reason}
+    return libraries
 
 
 def backend_status() -> dict[str, dict[str, Any]]:
