@@ -7,6 +7,9 @@
 
 #include "edge_sdk.h"
 #include "model.h"
+#ifdef EDGE_SDK_HAVE_TENSORRT
+#include "trt_engine.h"
+#endif
 
 #ifndef EDGE_SDK_VERSION
 #define EDGE_SDK_VERSION "unknown"
@@ -117,7 +120,11 @@ edge_status edge_model_open(const char *bundle_dir, const edge_options *options,
   if (strcmp(options->backend, "cpu") == 0) {
     ops = &cpu_engine_ops;
   } else if (strcmp(options->backend, "tensorrt") == 0) {
+#ifdef EDGE_SDK_HAVE_TENSORRT
+    ops = &trt_engine_ops;
+#else
     return edge_fail(EDGE_ERROR_UNAVAILABLE, TENSORRT_UNAVAILABLE);
+#endif
   } else {
     return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "backend: expected 'cpu' or 'tensorrt', found '%s'", options->backend);
   }

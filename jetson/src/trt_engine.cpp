@@ -1,0 +1,885 @@
+/* The TensorRT engine behind backend "tensorrt" (struct engine_ops of model.h): the C++ twin of
+ * backends/tensorrt/runtime.py. It never builds engines: it runs the prefill.engine and decode.engine that
+ * `edge-sdk build BUNDLE` cached under <cache>/<key digest>/ (backends/tensorrt/cache.py), with the edge-sdk plugin
+ * library (libedge_trt_plugins.so) registered through IPluginRegistry::loadLibrary.
+ *
+ * C++ inside, C outside: every entry point catches everything (Failure, std::bad_alloc, any std::exception) and
+ * turns it into an edge_status plus the thread's message (edge_fail), like the CPU engine.
+ *
+ * Model (load): the cache key, the plugin library, one IRuntime and the two deserialized ICudaEngines.
+ * Session (session_create): one execution context per engine, a CUDA stream and every device buffer, allocated once:
+ *  - KV cache, ping-pong: the graphs read past_key_values.{i}.{key,value} [1, kv_heads, past, head_dim] and write
+ *    present.{i}.{key,value} [1, kv_heads, past + seq, head_dim] (past and new tokens concatenated, packed for that
+ *    length). Each of those 2 * num_layers tensors has two device buffers of the full capacity
+ *    [1, kv_heads, max_seq_len, head_dim] float32: a step reads the cache from set `current` and writes the grown
+ *    cache into set 1 - current, and the next step swaps them. No copy of our own and nothing allocated per token;
+ *    the price is twice the KV memory (an in-place update is impossible: present is computed from past, and TensorRT
+ *    does not allow an input and an output to alias).
+ *  - input_ids / position_ids [1, max_seq_len] in the type the engine reports (int64, or int32),
+ *  - logits [1, seq, vocab] float32, grown when a longer prompt comes; only the last row is copied back,
+ *  - decode's scalars sparsity_level (the option's level index) and dense, uploaded once,
+ *  - core bundles: core_counts.{i} / core_sums.{i} [1, D] written by prefill, core_mask.{i} [1, D] bool read by
+ *    decode; the masks are chosen on the host with the rule of sparsity/core.py.
+ *  - one pinned host staging buffer for the uploads of ids and positions and the download of the logits row. */
+#include <NvInfer.h>
+#include <NvInferVersion.h>
+#include <cuda_runtime_api.h>
+
+#include <pwd.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <dirent.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+extern "C" {
+#include "sha256.h"
+}
+#include "trt_engine.h"
+
+#if NV_TENSORRT_MAJOR < 10
+#error "the TensorRT engine of libedge_sdk needs TensorRT 10.3 or later (IPluginV3 plugins, loadLibrary)"
+#endif
+
+namespace {
+
+using nvinfer1::DataType;
+
+/* backends/tensorrt/cache.py and availability.py */
+constexpr int kCacheLayoutVersion = 1;
+constexpr const char *kCacheEnv = "EDGE_SDK_ENGINE_CACHE";
+constexpr const char *kMetadataFile = "engine.json";
+constexpr const char *kPrefillFile = "prefill.engine";
+constexpr const char *kDecodeFile = "decode.engine";
+constexpr const char *kPluginLibrary = "libedge_trt_plugins.so";
+constexpr const char *kPluginEnv = "EDGE_SDK_TRT_PLUGINS";
+constexpr int kMinVersion = 100300; /* 10.3: IPluginV3 plugins loaded by IPluginRegistry::loadLibrary */
+constexpr size_t kAlignment = 256;  /* TensorRT wants I/O addresses 256-byte aligned */
+
+#ifndef EDGE_SDK_TRT_PLUGIN_DIR
+#define EDGE_SDK_TRT_PLUGIN_DIR ""
+#endif
+
+/* A failure on its way to the C boundary. */
+struct Failure {
+  edge_status status;
+  std::string message;
+};
+
+[[noreturn]] void fail(edge_status status, std::string message) {
+  throw Failure{status, "backend 'tensorrt': " + std::move(message)};
+}
+
+template <class Body>
+edge_status guarded(const char *what, Body &&body) noexcept {
+  try {
+    body();
+    return EDGE_OK;
+  } catch (const Failure &failure) {
+    return edge_fail(failure.status, "%s", failure.message.c_str());
+  } catch (const std::bad_alloc &) {
+    return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "backend 'tensorrt': %s: out of host memory", what);
+  } catch (const std::exception &error) {
+    return edge_fail(EDGE_ERROR_INTERNAL, "backend 'tensorrt': %s: %s", what, error.what());
+  } catch (...) {
+    return edge_fail(EDGE_ERROR_INTERNAL, "backend 'tensorrt': %s: unknown C++ exception", what);
+  }
+}
+
+/* ---- TensorRT logger: warnings and errors to stderr (as the Python backend's trt.Logger(WARNING)); the thread's
+ * last error is kept so failures can quote it. ---------------------------------------------------------------- */
+
+thread_local char last_tensorrt_error[512];
+
+class Logger final : public nvinfer1::ILogger {
+ public:
+  void log(Severity severity, const char *message) noexcept override {
+    if (severity > Severity::kWARNING || message == nullptr) return;
+    int error = severity <= Severity::kERROR;
+    std::fprintf(stderr, "[TensorRT] %s: %s\n", error ? "error" : "warning", message);
+    if (error) std::snprintf(last_tensorrt_error, sizeof last_tensorrt_error, "%s", message);
+  }
+};
+
+Logger &logger() {
+  static Logger instance;
+  return instance;
+}
+
+std::string tensorrt_said() {
+  if (last_tensorrt_error[0] == '\0') return " (see the TensorRT log on stderr)";
+  return std::string(" (TensorRT: ") + last_tensorrt_error + ")";
+}
+
+void check_cuda(cudaError_t error, const char *call) {
+  if (error == cudaSuccess) return;
+  cudaGetLastError(); /* reset the runtime's last error (non-sticky errors) */
+  fail(error == cudaErrorMemoryAllocation ? EDGE_ERROR_OUT_OF_MEMORY : EDGE_ERROR_INTERNAL,
+       std::string(call) + " failed: " + cudaGetErrorString(error));
+}
+
+/* ---- The cache key (cache.py EngineKey) ---------------------------------------------------------------------- */
+
+/* trt.__version__: MAJOR.MINOR.PATCH of the library (the Python bindings are stamped with exactly that). */
+std::string tensorrt_version(int32_t version) {
+  return std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." +
+         std::to_string(version % 100);
+}
+
+struct Device {
+  std::string name;       /* cudaDeviceProp.name */
+  std::string capability; /* "8.7" */
+};
+
+Device device_description() {
+  int count = 0;
+  cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess || count == 0) {
+    std::string why = error != cudaSuccess ? std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(error)
+                                           : std::string("cudaGetDeviceCount found 0 devices");
+    cudaGetLastError();
+    fail(EDGE_ERROR_UNAVAILABLE, "no CUDA device: " + why);
+  }
+  cudaDeviceProp properties;
+  check_cuda(cudaGetDeviceProperties(&properties, 0), "cudaGetDeviceProperties");
+  Device device;
+  device.name.assign(properties.name, strnlen(properties.name, sizeof properties.name));
+  device.capability = std::to_string(properties.major) + "." + std::to_string(properties.minor);
+  return device;
+}
+
+/* A JSON string as Python's json.dumps writes it (ensure_ascii): \" \\ \b \f \n \r \t, other characters outside
+ * ' '..'~' as \uXXXX (UTF-16, lowercase hex). */
+std::string json_string(const std::string &text) {
+  std::string out = "\"";
+  char escape[16];
+  auto unicode = [&](unsigned unit) {
+    std::snprintf(escape, sizeof escape, "\\u%04x", unit);
+    out += escape;
+  };
+  for (size_t i = 0; i < text.size();) {
+    unsigned char c = (unsigned char)text[i];
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += (char)c;
+      i++;
+    } else if (c >= 0x20 && c < 0x7f) {
+      out += (char)c;
+      i++;
+    } else if (c < 0x80) {
+      const char *named = c == '\b' ? "\\b" : c == '\f' ? "\\f" : c == '\n' ? "\\n" : c == '\r' ? "\\r" : c == '\t' ? "\\t" : nullptr;
+      if (named != nullptr) out += named; else unicode(c);
+      i++;
+    } else {
+      int extra = c >= 0xf0 ? 3 : c >= 0xe0 ? 2 : c >= 0xc0 ? 1 : 0;
+      unsigned point = extra == 3 ? c & 0x07u : extra == 2 ? c & 0x0fu : c & 0x1fu;
+      bool valid = extra > 0 && i + (size_t)extra < text.size();
+      for (int k = 1; valid && k <= extra; k++) {
+        unsigned char next = (unsigned char)text[i + (size_t)k];
+        if ((next & 0xc0) != 0x80) valid = false; else point = (point << 6) | (next & 0x3fu);
+      }
+      if (!valid) { /* not UTF-8 (a device name never is): escape the byte */
+        unicode(c);
+        i++;
+        continue;
+      }
+      if (point > 0xffff) {
+        point -= 0x10000;
+        unicode(0xd800 + (point >> 10));
+        unicode(0xdc00 + (point & 0x3ff));
+      } else {
+        unicode(point);
+      }
+      i += (size_t)extra + 1;
+    }
+  }
+  return out + "\"";
+}
+
+struct EngineKey {
+  std::string tensorrt_version, gpu_name, compute_capability, bundle_sha256;
+
+  /* sha256 of json.dumps(asdict(key) | {"cache_layout_version": 1}, sort_keys=True) */
+  std::string digest() const {
+    std::string text = "{\"bundle_sha256\": " + json_string(bundle_sha256) +
+                       ", \"cache_layout_version\": " + std::to_string(kCacheLayoutVersion) +
+                       ", \"compute_capability\": " + json_string(compute_capability) +
+                       ", \"gpu_name\": " + json_string(gpu_name) +
+                       ", \"tensorrt_version\": " + json_string(tensorrt_version) + "}";
+    struct sha256 hash;
+    uint8_t bytes[32];
+    char hex[65];
+    sha256_init(&hash);
+    sha256_update(&hash, text.data(), text.size());
+    sha256_final(&hash, bytes);
+    sha256_hex(bytes, hex);
+    return hex;
+  }
+
+  std::string describe() const {
+    return "TensorRT " + tensorrt_version + ", " + gpu_name + " (compute capability " + compute_capability +
+           "), bundle " + bundle_sha256.substr(0, 12);
+  }
+};
+
+/* cache.py default_cache_dir: $EDGE_SDK_ENGINE_CACHE, else $XDG_CACHE_HOME/edge-sdk/tensorrt, else
+ * ~/.cache/edge-sdk/tensorrt. */
+std::string cache_dir() {
+  const char *value = std::getenv(kCacheEnv);
+  if (value != nullptr && value[0] != '\0') return value;
+  value = std::getenv("XDG_CACHE_HOME");
+  if (value != nullptr && value[0] != '\0') return std::string(value) + "/edge-sdk/tensorrt";
+  const char *home = std::getenv("HOME");
+  if (home == nullptr || home[0] == '\0') {
+    const struct passwd *entry = getpwuid(getuid());
+    home = entry != nullptr ? entry->pw_dir : nullptr;
+  }
+  if (home == nullptr) fail(EDGE_ERROR_UNAVAILABLE, std::string("no engine cache: set $") + kCacheEnv);
+  return std::string(home) + "/.cache/edge-sdk/tensorrt";
+}
+
+bool is_file(const std::string &path) {
+  struct stat info;
+  return stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+}
+
+bool read_file(const std::string &path, std::vector<char> &data) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  data.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return !in.bad();
+}
+
+/* engine.json's string fields (missing or unreadable: an empty map). */
+std::map<std::string, std::string> read_metadata(const std::string &directory) {
+  std::map<std::string, std::string> fields;
+  std::vector<char> text;
+  if (!read_file(directory + "/" + kMetadataFile, text)) return fields;
+  text.push_back('\0');
+  cJSON *root = cJSON_Parse(text.data());
+  if (root == nullptr) return fields;
+  for (const char *name : {"tensorrt_version", "gpu_name", "compute_capability", "bundle_sha256", "bundle"}) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, name);
+    if (cJSON_IsString(item) && item->valuestring != nullptr) fields[name] = item->valuestring;
+  }
+  cJSON_Delete(root);
+  return fields;
+}
+
+std::string version_message(const std::string &built, const std::string &current, const std::string &directory,
+                            const std::string &bundle) {
+  return "engine built by TensorRT " + built + ", this is " + current + ": rebuild with `edge-sdk build " + bundle +
+         " --force` (engine in " + directory + ")";
+}
+
+/* The engine directory of key, checked like cache.py is_complete; the two messages of a missing or stale one. */
+std::string find_engine_dir(const EngineKey &key, const std::string &bundle) {
+  std::string cache = cache_dir();
+  std::string directory = cache + "/" + key.digest().substr(0, 32);
+  bool complete = is_file(directory + "/" + kPrefillFile) && is_file(directory + "/" + kDecodeFile);
+  std::map<std::string, std::string> recorded = read_metadata(directory);
+  if (complete && !recorded.empty()) {
+    if (recorded["tensorrt_version"] != key.tensorrt_version) {
+      fail(EDGE_ERROR_UNAVAILABLE, version_message(recorded["tensorrt_version"], key.tensorrt_version, directory, bundle));
+    }
+    if (recorded["gpu_name"] != key.gpu_name || recorded["compute_capability"] != key.compute_capability ||
+        recorded["bundle_sha256"] != key.bundle_sha256) {
+      fail(EDGE_ERROR_UNAVAILABLE, directory + "/" + kMetadataFile + " records another GPU or bundle than " +
+                                       key.describe() + ": rebuild with `edge-sdk build " + bundle + " --force`");
+    }
+    return directory;
+  }
+  /* Not cached for this key: an engine of this bundle and GPU built by another TensorRT is worth naming. */
+  if (DIR *entries = opendir(cache.c_str())) {
+    std::string other, other_dir;
+    while (const struct dirent *entry = readdir(entries)) {
+      if (entry->d_name[0] == '.') continue;
+      std::string candidate = cache + "/" + entry->d_name;
+      std::map<std::string, std::string> fields = read_metadata(candidate);
+      if (!fields.empty() && fields["bundle_sha256"] == key.bundle_sha256 && fields["gpu_name"] == key.gpu_name &&
+          fields["tensorrt_version"] != key.tensorrt_version) {
+        other = fields["tensorrt_version"];
+        other_dir = candidate;
+        break;
+      }
+    }
+    closedir(entries);
+    if (!other.empty()) fail(EDGE_ERROR_UNAVAILABLE, version_message(other, key.tensorrt_version, other_dir, bundle));
+  }
+  fail(EDGE_ERROR_UNAVAILABLE, "no TensorRT engine cached for this bundle on this device: run `edge-sdk build " +
+                                   bundle + "` first (looked in " + directory + ", for " + key.describe() + ")");
+}
+
+/* ---- The plugin library (availability.py): $EDGE_SDK_TRT_PLUGINS, else the install directory, else the
+ * dynamic loader's search path. Registered once per process: loadLibrary refuses plugins already registered. ---- */
+
+std::mutex plugin_lock;
+std::string plugin_loaded; /* guarded by plugin_lock */
+
+void load_plugin_library() {
+  std::lock_guard<std::mutex> guard(plugin_lock);
+  if (!plugin_loaded.empty()) return;
+  std::string path;
+  const char *value = std::getenv(kPluginEnv);
+  if (value != nullptr && value[0] != '\0') {
+    path = value;
+    if (!is_file(path)) fail(EDGE_ERROR_UNAVAILABLE, std::string("$") + kPluginEnv + " = " + path + " is not a file");
+  } else if (EDGE_SDK_TRT_PLUGIN_DIR[0] != '\0' && is_file(std::string(EDGE_SDK_TRT_PLUGIN_DIR) + "/" + kPluginLibrary)) {
+    path = std::string(EDGE_SDK_TRT_PLUGIN_DIR) + "/" + kPluginLibrary;
+  } else {
+    path = kPluginLibrary; /* dlopen's search: LD_LIBRARY_PATH, the ld.so cache */
+  }
+  nvinfer1::IPluginRegistry *registry = getPluginRegistry();
+  last_tensorrt_error[0] = '\0';
+  if (registry == nullptr || registry->loadLibrary(path.c_str()) == nullptr) {
+    fail(EDGE_ERROR_UNAVAILABLE,
+         "TensorRT could not load the plugin library " + path + tensorrt_said() + "; build " + kPluginLibrary +
+             " on this device (plugins/tensorrt/JETSON.md) and set $" + kPluginEnv + " to its path" +
+             (EDGE_SDK_TRT_PLUGIN_DIR[0] != '\0' ? std::string(" or install it in ") + EDGE_SDK_TRT_PLUGIN_DIR : ""));
+  }
+  plugin_loaded = path;
+}
+
+/* ---- Model ---------------------------------------------------------------------------------------------------- */
+
+const char *type_name(DataType type) {
+  switch (type) {
+    case DataType::kFLOAT: return "float32";
+    case DataType::kHALF: return "float16";
+    case DataType::kINT8: return "int8";
+    case DataType::kINT32: return "int32";
+    case DataType::kBOOL: return "bool";
+    case DataType::kUINT8: return "uint8";
+    case DataType::kFP8: return "fp8";
+    case DataType::kBF16: return "bfloat16";
+    case DataType::kINT64: return "int64";
+    case DataType::kINT4: return "int4";
+  }
+  return "an unknown type";
+}
+
+size_t type_size(DataType type) {
+  switch (type) {
+    case DataType::kINT64: return 8;
+    case DataType::kFLOAT: case DataType::kINT32: return 4;
+    case DataType::kHALF: case DataType::kBF16: return 2;
+    default: return 1;
+  }
+}
+
+struct Graph {
+  std::string path;
+  std::unique_ptr<nvinfer1::ICudaEngine> engine;
+  std::map<std::string, DataType> tensors; /* every I/O tensor and its type */
+
+  bool has(const std::string &name) const { return tensors.count(name) != 0; }
+
+  /* The type of a tensor the graph must have, one of `allowed`. */
+  DataType need(const std::string &name, std::initializer_list<DataType> allowed) const {
+    auto found = tensors.find(name);
+    if (found == tensors.end()) fail(EDGE_ERROR_BUNDLE, path + ": the engine has no tensor '" + name + "'");
+    if (std::find(allowed.begin(), allowed.end(), found->second) == allowed.end()) {
+      std::string expected;
+      for (DataType type : allowed) expected += std::string(expected.empty() ? "" : " or ") + type_name(type);
+      fail(EDGE_ERROR_UNSUPPORTED, path + ": the engine gives '" + name + "' as " + type_name(found->second) +
+                                       ", expected " + expected);
+    }
+    return found->second;
+  }
+};
+
+struct TrtModel {
+  const struct model_config *config = nullptr;
+  const struct sparsity_config *sparsity = nullptr;
+  std::string bundle;
+  bool core = false;
+  /* declared first, destroyed last: the engines it made go before it */
+  std::unique_ptr<nvinfer1::IRuntime> runtime;
+  Graph prefill, decode;
+  std::mutex context_lock; /* createExecutionContext from sessions on several threads */
+  DataType ids_type = DataType::kINT64, level_type = DataType::kINT64, counts_type = DataType::kINT64;
+  std::vector<std::string> past, present, counts, sums, masks; /* past/present: [layer * 2 + part] */
+};
+
+void deserialize(TrtModel &model, Graph &graph, const std::string &path, const EngineKey &key) {
+  graph.path = path;
+  std::vector<char> data;
+  if (!read_file(path, data)) fail(EDGE_ERROR_IO, path + ": cannot read the engine");
+  last_tensorrt_error[0] = '\0';
+  graph.engine.reset(model.runtime->deserializeCudaEngine(data.data(), data.size()));
+  if (!graph.engine) {
+    fail(EDGE_ERROR_UNAVAILABLE, path + ": TensorRT could not load this engine" + tensorrt_said() +
+                                     "; this process has " + key.describe() + "; rebuild it on this device with "
+                                     "`edge-sdk build " + model.bundle + " --force`");
+  }
+  for (int32_t index = 0; index < graph.engine->getNbIOTensors(); index++) {
+    const char *name = graph.engine->getIOTensorName(index);
+    graph.tensors[name] = graph.engine->getTensorDataType(name);
+  }
+}
+
+/* Every tensor both graphs exchange with us, in a type this engine can feed or read. */
+void check_interface(TrtModel &model) {
+  const int layers = model.config->num_layers;
+  for (int layer = 0; layer < layers; layer++) {
+    for (const char *part : {"key", "value"}) {
+      model.past.push_back("past_key_values." + std::to_string(layer) + "." + part);
+      model.present.push_back("present." + std::to_string(layer) + "." + part);
+    }
+    model.counts.push_back("core_counts." + std::to_string(layer));
+    model.sums.push_back("core_sums." + std::to_string(layer));
+    model.masks.push_back("core_mask." + std::to_string(layer));
+  }
+  const std::initializer_list<DataType> ints = {DataType::kINT64, DataType::kINT32};
+  for (Graph *graph : {&model.prefill, &model.decode}) {
+    DataType ids = graph->need("input_ids", ints);
+    if (graph->need("position_ids", ints) != ids || (graph == &model.decode && ids != model.ids_type)) {
+      fail(EDGE_ERROR_UNSUPPORTED, graph->path + ": input_ids and position_ids differ in type between the engines");
+    }
+    model.ids_type = ids;
+    graph->need("logits", {DataType::kFLOAT});
+    for (size_t i = 0; i < model.past.size(); i++) {
+      graph->need(model.past[i], {DataType::kFLOAT});
+      graph->need(model.present[i], {DataType::kFLOAT});
+    }
+  }
+  if (model.decode.has("sparsity_level")) model.level_type = model.decode.need("sparsity_level", ints);
+  if (model.decode.has("dense")) model.decode.need("dense", {DataType::kBOOL});
+  if (!model.core) return;
+  for (int layer = 0; layer < layers; layer++) {
+    model.counts_type = model.prefill.need(model.counts[layer], {DataType::kINT64, DataType::kINT32, DataType::kFLOAT});
+    /* float64 in the ONNX graph; TensorRT has no float64, so the parser narrows it to float32 or the engine has
+     * another type we refuse. */
+    if (model.prefill.has(model.sums[layer]) && model.prefill.tensors[model.sums[layer]] != DataType::kFLOAT) {
+      fail(EDGE_ERROR_UNSUPPORTED, model.prefill.path + ": the engine gives '" + model.sums[layer] + "' as " +
+                                       type_name(model.prefill.tensors[model.sums[layer]]) +
+                                       "; the core predictor reads float32 sums only (the graph's float64 has no "
+                                       "TensorRT type): rebuild with a TensorRT that narrows it to float32");
+    }
+    model.prefill.need(model.sums[layer], {DataType::kFLOAT});
+    model.decode.need(model.masks[layer], {DataType::kBOOL});
+  }
+}
+
+void load(struct edge_model *edge, TrtModel &model) {
+  model.config = &edge->config;
+  model.sparsity = &edge->sparsity;
+  model.bundle = edge->bundle.root;
+  model.core = edge->sparsity.predictor == PREDICTOR_CORE;
+  int32_t version = getInferLibVersion();
+  EngineKey key;
+  key.tensorrt_version = tensorrt_version(version);
+  if (version < kMinVersion) {
+    fail(EDGE_ERROR_UNAVAILABLE, "TensorRT " + key.tensorrt_version + " is too old: the edge-sdk plugins implement "
+                                 "IPluginV3, which needs TensorRT 10.3 or later (JetPack 6.1)");
+  }
+  Device device = device_description();
+  key.gpu_name = device.name;
+  key.compute_capability = device.capability;
+  const char *sha = nullptr;
+  if (json_string_field(edge->bundle.manifest, "manifest_sha256", "manifest.json", &sha) != EDGE_OK) {
+    fail(EDGE_ERROR_BUNDLE, std::string("the bundle's manifest: ") + edge_last_error());
+  }
+  key.bundle_sha256 = sha;
+  std::string directory = find_engine_dir(key, model.bundle);
+  load_plugin_library();
+  last_tensorrt_error[0] = '\0';
+  model.runtime.reset(nvinfer1::createInferRuntime(logger()));
+  if (!model.runtime) fail(EDGE_ERROR_INTERNAL, "createInferRuntime failed" + tensorrt_said());
+  deserialize(model, model.prefill, directory + "/" + kPrefillFile, key);
+  deserialize(model, model.decode, directory + "/" + kDecodeFile, key);
+  check_interface(model);
+}
+
+/* ---- Session -------------------------------------------------------------------------------------------------- */
+
+/* Device memory from cudaMalloc, or pinned host memory from cudaMallocHost; freed with its owner. */
+struct Memory {
+  void *pointer = nullptr;
+  size_t size = 0;
+  bool host = false;
+
+  Memory() = default;
+  Memory(const Memory &) = delete;
+  Memory &operator=(const Memory &) = delete;
+  ~Memory() { release(); }
+
+  void allocate(size_t bytes, bool pinned_host = false) {
+    release();
+    host = pinned_host;
+    bytes = std::max<size_t>(bytes, 1);
+    if (host) check_cuda(cudaMallocHost(&pointer, bytes), "cudaMallocHost");
+    else check_cuda(cudaMalloc(&pointer, bytes), "cudaMalloc");
+    size = bytes;
+  }
+  void release() noexcept {
+    if (pointer != nullptr) {
+      if (host) cudaFreeHost(pointer); else cudaFree(pointer);
+    }
+    pointer = nullptr;
+    size = 0;
+  }
+  char *bytes(size_t offset = 0) const { return static_cast<char *>(pointer) + offset; }
+};
+
+size_t aligned(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+
+void put_int(void *to, DataType type, int64_t value) {
+  if (type == DataType::kINT64) std::memcpy(to, &value, 8);
+  else {
+    int32_t narrow = (int32_t)value;
+    std::memcpy(to, &narrow, 4);
+  }
+}
+
+/* Bindings of one step: addresses of the tensors, shapes of the dynamic inputs. */
+struct Step {
+  std::map<std::string, void *> addresses;
+  std::vector<std::pair<std::string, nvinfer1::Dims>> shapes;
+};
+
+nvinfer1::Dims dims(std::initializer_list<int64_t> extents) {
+  nvinfer1::Dims result{};
+  result.nbDims = 0;
+  for (int64_t extent : extents) result.d[result.nbDims++] = extent;
+  return result;
+}
+
+std::string dims_text(const nvinfer1::Dims &shape) {
+  std::string text = "(";
+  for (int32_t i = 0; i < shape.nbDims; i++) text += (i ? ", " : "") + std::to_string(shape.d[i]);
+  return text + ")";
+}
+
+/* cache.py's rule for ceil(ratio * n), as cpu_engine.c: ratio read as its shortest round-tripping decimal. */
+int64_t ceil_ratio_times(double ratio, int64_t n) {
+  char text[40];
+  for (int precision = 1; precision <= 17; precision++) {
+    std::snprintf(text, sizeof text, "%.*e", precision - 1, ratio);
+    if (std::strtod(text, nullptr) == ratio) break;
+  }
+  unsigned __int128 mantissa = 0;
+  int digits = 0;
+  const char *p = text;
+  for (; *p != 'e' && *p != '\0'; p++) {
+    if (*p >= '0' && *p <= '9') mantissa = mantissa * 10 + (unsigned)(*p - '0'), digits++;
+  }
+  int exponent = (*p == 'e' ? std::atoi(p + 1) : 0) - (digits - 1);
+  unsigned __int128 numerator = mantissa * (unsigned __int128)n;
+  if (exponent >= 0) return n;
+  if (exponent < -36) return numerator > 0 ? 1 : 0;
+  unsigned __int128 denominator = 1;
+  for (int i = 0; i < -exponent; i++) denominator *= 10;
+  return (int64_t)((numerator + denominator - 1) / denominator);
+}
+
+struct TrtSession {
+  TrtModel *model = nullptr;
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<nvinfer1::IExecutionContext> prefill_context, decode_context;
+  Memory kv;        /* 2 sets x layers x {key, value}, each [1, kv_heads, max_seq_len, head_dim] float32 */
+  size_t kv_slot = 0;
+  Memory ids, positions, logits, level, dense, core; /* core: counts, sums and masks of every layer */
+  size_t core_slot = 0;
+  Memory staging;   /* pinned host */
+  int length = 0;   /* positions in the cache */
+  int current = 0;  /* the KV set holding the cache */
+
+  TrtSession() = default;
+  TrtSession(const TrtSession &) = delete;
+  TrtSession &operator=(const TrtSession &) = delete;
+  ~TrtSession() {
+    if (stream != nullptr) cudaStreamSynchronize(stream);
+    prefill_context.reset();
+    decode_context.reset();
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+
+  void *kv_buffer(int set, size_t index) const { return kv.bytes(((size_t)set * model->past.size() + index) * kv_slot); }
+  void *core_buffer(int which, int layer) const {
+    return core.bytes(((size_t)which * (size_t)model->config->num_layers + (size_t)layer) * core_slot);
+  }
+
+  void create(TrtModel &owner) {
+    model = &owner;
+    const struct model_config *c = owner.config;
+    {
+      std::lock_guard<std::mutex> guard(owner.context_lock);
+      last_tensorrt_error[0] = '\0';
+      prefill_context.reset(owner.prefill.engine->createExecutionContext());
+      if (prefill_context) decode_context.reset(owner.decode.engine->createExecutionContext());
+    }
+    if (!prefill_context || !decode_context) {
+      fail(EDGE_ERROR_OUT_OF_MEMORY, "TensorRT could not create an execution context" + tensorrt_said());
+    }
+    check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
+    size_t seq = (size_t)c->max_seq_len, D = (size_t)c->intermediate_size;
+    kv_slot = aligned((size_t)c->num_kv_heads * seq * (size_t)c->head_dim * sizeof(float));
+    try {
+      kv.allocate(2 * owner.past.size() * kv_slot);
+    } catch (const Failure &failure) {
+      if (failure.status != EDGE_ERROR_OUT_OF_MEMORY) throw;
+      fail(EDGE_ERROR_OUT_OF_MEMORY, "cudaMalloc of the KV cache (" + std::to_string(2 * owner.past.size() * kv_slot >> 20) +
+                                         " MiB: two buffer sets for " + std::to_string(seq) +
+                                         " positions) failed; lower max_seq_len");
+    }
+    size_t id_size = type_size(owner.ids_type);
+    ids.allocate(seq * id_size);
+    positions.allocate(seq * id_size);
+    logits.allocate((size_t)c->vocab_size * sizeof(float));
+    staging.allocate(std::max({2 * seq * 8, (size_t)c->vocab_size * sizeof(float), D * 8}), true);
+    /* decode's scalars: the level index (0 for predictors without levels) and the dense switch */
+    level.allocate(8);
+    dense.allocate(1);
+    put_int(staging.bytes(), owner.level_type, owner.sparsity->level_index < 0 ? 0 : owner.sparsity->level_index);
+    check_cuda(cudaMemcpy(level.pointer, staging.bytes(), type_size(owner.level_type), cudaMemcpyHostToDevice), "cudaMemcpy");
+    uint8_t dense_flag = owner.sparsity->dense ? 1 : 0;
+    check_cuda(cudaMemcpy(dense.pointer, &dense_flag, 1, cudaMemcpyHostToDevice), "cudaMemcpy");
+    if (owner.core) {
+      core_slot = aligned(D * 8);
+      core.allocate(3 * (size_t)c->num_layers * core_slot);
+      check_cuda(cudaMemset(core.pointer, 0, core.size), "cudaMemset");
+    }
+  }
+
+  /* Runs ids (at positions length..) through one graph; the last position's logits into out [vocab]. */
+  void run(bool prefill, const int32_t *tokens, int seq, float *out) {
+    const struct model_config *c = model->config;
+    const Graph &graph = prefill ? model->prefill : model->decode;
+    nvinfer1::IExecutionContext *context = prefill ? prefill_context.get() : decode_context.get();
+    if (prefill) length = 0, current = 0;
+    int past = length;
+    if (past + seq > c->max_seq_len) {
+      fail(EDGE_ERROR_SEQUENCE_FULL, std::to_string(past + seq) + " tokens do not fit the KV cache of " +
+                                         std::to_string(c->max_seq_len) + " positions");
+    }
+    size_t vocab = (size_t)c->vocab_size;
+    if ((size_t)seq * vocab * sizeof(float) > logits.size) logits.allocate((size_t)seq * vocab * sizeof(float));
+    size_t id_size = type_size(model->ids_type);
+    for (int i = 0; i < seq; i++) {
+      put_int(staging.bytes((size_t)i * id_size), model->ids_type, tokens[i]);
+      put_int(staging.bytes(((size_t)c->max_seq_len + (size_t)i) * id_size), model->ids_type, past + i);
+    }
+    check_cuda(cudaMemcpyAsync(ids.pointer, staging.bytes(), (size_t)seq * id_size, cudaMemcpyHostToDevice, stream),
+               "cudaMemcpyAsync");
+    check_cuda(cudaMemcpyAsync(positions.pointer, staging.bytes((size_t)c->max_seq_len * id_size), (size_t)seq * id_size,
+                               cudaMemcpyHostToDevice, stream),
+               "cudaMemcpyAsync");
+
+    Step step;
+    step.shapes.emplace_back("input_ids", dims({1, seq}));
+    step.shapes.emplace_back("position_ids", dims({1, seq}));
+    step.addresses["input_ids"] = ids.pointer;
+    step.addresses["position_ids"] = positions.pointer;
+    step.addresses["logits"] = logits.pointer;
+    for (size_t i = 0; i < model->past.size(); i++) {
+      step.shapes.emplace_back(model->past[i], dims({1, c->num_kv_heads, past, c->head_dim}));
+      step.addresses[model->past[i]] = kv_buffer(current, i);
+      step.addresses[model->present[i]] = kv_buffer(1 - current, i);
+    }
+    if (prefill && model->core) {
+      for (int layer = 0; layer < c->num_layers; layer++) {
+        step.addresses[model->counts[layer]] = core_buffer(0, layer);
+        step.addresses[model->sums[layer]] = core_buffer(1, layer);
+      }
+    }
+    if (!prefill) {
+      step.addresses["sparsity_level"] = level.pointer;
+      step.addresses["dense"] = dense.pointer;
+      if (model->core) {
+        for (int layer = 0; layer < c->num_layers; layer++) {
+          step.shapes.emplace_back(model->masks[layer], dims({1, c->intermediate_size}));
+          step.addresses[model->masks[layer]] = core_buffer(2, layer);
+        }
+      }
+    }
+    enqueue(graph, context, step);
+    nvinfer1::Dims shape = context->getTensorShape("logits");
+    if (shape.nbDims != 3 || shape.d[0] != 1 || shape.d[1] != seq || shape.d[2] != (int64_t)vocab) {
+      cudaStreamSynchronize(stream);
+      fail(EDGE_ERROR_BUNDLE, graph.path + ": logits of shape " + dims_text(shape) + ", expected (1, " +
+                                  std::to_string(seq) + ", " + std::to_string(vocab) + "): the engine does not match "
+                                  "the bundle; rebuild with `edge-sdk build " + model->bundle + " --force`");
+    }
+    check_cuda(cudaMemcpyAsync(staging.bytes(), logits.bytes((size_t)(seq - 1) * vocab * sizeof(float)),
+                               vocab * sizeof(float), cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpyAsync");
+    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    std::memcpy(out, staging.pointer, vocab * sizeof(float));
+    current = 1 - current;
+    length = past + seq;
+  }
+
+  void enqueue(const Graph &graph, nvinfer1::IExecutionContext *context, const Step &step) {
+    for (const auto &input : step.shapes) {
+      if (graph.has(input.first) && !context->setInputShape(input.first.c_str(), input.second)) {
+        fail(EDGE_ERROR_INVALID_ARGUMENT, graph.path + ": TensorRT refused shape " + dims_text(input.second) +
+                                              " for input '" + input.first + "' (outside the engine profile)" +
+                                              tensorrt_said());
+      }
+    }
+    for (const auto &tensor : graph.tensors) {
+      auto address = step.addresses.find(tensor.first);
+      if (address == step.addresses.end()) {
+        fail(EDGE_ERROR_BUNDLE, graph.path + ": no device buffer for the engine's tensor '" + tensor.first +
+                                    "' (an engine of another graph interface: rebuild with `edge-sdk build " +
+                                    model->bundle + " --force`)");
+      }
+      if (!context->setTensorAddress(tensor.first.c_str(), address->second)) {
+        fail(EDGE_ERROR_INTERNAL, graph.path + ": TensorRT refused the address of '" + tensor.first + "'" + tensorrt_said());
+      }
+    }
+    if (!context->allInputDimensionsSpecified()) {
+      fail(EDGE_ERROR_INTERNAL, graph.path + ": an input shape of the engine is not set" + tensorrt_said());
+    }
+    last_tensorrt_error[0] = '\0';
+    if (!context->enqueueV3(stream)) {
+      cudaStreamSynchronize(stream);
+      fail(EDGE_ERROR_INTERNAL, graph.path + ": TensorRT failed to run the engine" + tensorrt_said());
+    }
+  }
+
+  /* sparsity/core.py: per layer the ceil(beta * D) neurons by (count desc, sum desc, index asc), never count 0. */
+  void choose_core_masks() {
+    const struct model_config *c = model->config;
+    const size_t D = (size_t)c->intermediate_size;
+    const int64_t keep = ceil_ratio_times(model->sparsity->core_beta, (int64_t)D);
+    const size_t count_size = type_size(model->counts_type);
+    std::vector<char> raw_counts(D * count_size);
+    std::vector<float> raw_sums(D);
+    std::vector<int64_t> counts(D);
+    std::vector<int32_t> order(D);
+    std::vector<uint8_t> masks((size_t)c->num_layers * D, 0);
+    for (int layer = 0; layer < c->num_layers; layer++) {
+      check_cuda(cudaMemcpyAsync(raw_counts.data(), core_buffer(0, layer), D * count_size, cudaMemcpyDeviceToHost, stream),
+                 "cudaMemcpyAsync");
+      check_cuda(cudaMemcpyAsync(raw_sums.data(), core_buffer(1, layer), D * sizeof(float), cudaMemcpyDeviceToHost, stream),
+                 "cudaMemcpyAsync");
+      check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+      for (size_t i = 0; i < D; i++) {
+        if (model->counts_type == DataType::kINT64) {
+          std::memcpy(&counts[i], raw_counts.data() + i * 8, 8);
+        } else if (model->counts_type == DataType::kINT32) {
+          int32_t value;
+          std::memcpy(&value, raw_counts.data() + i * 4, 4);
+          counts[i] = value;
+        } else {
+          float value;
+          std::memcpy(&value, raw_counts.data() + i * 4, 4);
+          counts[i] = (int64_t)value;
+        }
+      }
+      for (size_t i = 0; i < D; i++) order[i] = (int32_t)i;
+      std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+        if (counts[a] != counts[b]) return counts[a] > counts[b];
+        if (raw_sums[a] != raw_sums[b]) return raw_sums[a] > raw_sums[b];
+        return a < b;
+      });
+      uint8_t *mask = masks.data() + (size_t)layer * D;
+      for (int64_t r = 0; r < keep && r < (int64_t)D; r++) {
+        if (counts[order[r]] > 0) mask[order[r]] = 1;
+      }
+    }
+    for (int layer = 0; layer < c->num_layers; layer++) {
+      check_cuda(cudaMemcpyAsync(core_buffer(2, layer), masks.data() + (size_t)layer * D, D, cudaMemcpyHostToDevice,
+                                 stream),
+                 "cudaMemcpyAsync");
+    }
+    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  }
+};
+
+/* ---- engine_ops ----------------------------------------------------------------------------------------------- */
+
+edge_status trt_load(struct edge_model *edge, void **out) {
+  *out = nullptr;
+  std::unique_ptr<TrtModel> model;
+  edge_status status = guarded("load", [&] {
+    model.reset(new TrtModel());
+    load(edge, *model);
+  });
+  if (status != EDGE_OK) {
+    if (model) {
+      try { model.reset(); } catch (...) {} /* destructors of TensorRT objects do not throw; be safe anyway */
+    }
+    return status;
+  }
+  *out = model.release();
+  return EDGE_OK;
+}
+
+void trt_unload(void *engine) {
+  try {
+    delete static_cast<TrtModel *>(engine);
+  } catch (...) {
+  }
+}
+
+edge_status trt_session_create(const struct edge_model *edge, void **out) {
+  *out = nullptr;
+  std::unique_ptr<TrtSession> session;
+  edge_status status = guarded("session", [&] {
+    session.reset(new TrtSession());
+    session->create(*static_cast<TrtModel *>(edge->engine));
+  });
+  if (status != EDGE_OK) return status; /* session's destructor freed what create made */
+  *out = session.release();
+  return EDGE_OK;
+}
+
+void trt_session_destroy(void *state) {
+  try {
+    delete static_cast<TrtSession *>(state);
+  } catch (...) {
+  }
+}
+
+edge_status trt_prefill(void *state, const int32_t *ids, int n, float *logits) {
+  auto *session = static_cast<TrtSession *>(state);
+  return guarded("prefill", [&] {
+    session->length = 0;
+    session->run(true, ids, n, logits);
+    if (session->model->core) {
+      try {
+        session->choose_core_masks();
+      } catch (...) {
+        session->length = 0; /* no masks: decode must not run */
+        throw;
+      }
+    }
+  });
+}
+
+edge_status trt_decode(void *state, int32_t token, int position, float *logits) {
+  auto *session = static_cast<TrtSession *>(state);
+  return guarded("decode", [&] {
+    if (session->length == 0) fail(EDGE_ERROR_STATE, "decode: call edge_session_prefill first");
+    if (position != session->length) {
+      fail(EDGE_ERROR_STATE, "decode at position " + std::to_string(position) + ", but the KV cache holds " +
+                                 std::to_string(session->length) + " positions");
+    }
+    session->run(false, &token, 1, logits);
+  });
+}
+
+}  // namespace
+
+extern "C" const struct engine_ops trt_engine_ops = {
+    "tensorrt", trt_load, trt_unload, trt_session_create, trt_session_destroy, trt_prefill, trt_decode,
+};
