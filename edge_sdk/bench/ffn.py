@@ -172,20 +172,28 @@ def bench_ffn(
                     "threads": threads if threads > 0 else max_threads(),
                     "sparsity": sparsity,
                     "realized_sparsity": 1.0 - realized.sum().item() / n_neurons,
-                    "dense_torch_ms": timings["dense_torch_ms"],
-                    "dense_kernel_ms": fixed["dense_kernel_ms"],
-                    "no_predictor_ms": timings["no_predictor_ms"],
-                    "sparse_ms": timings["sparse_ms"],
-                    "speedup_vs_torch": timings["dense_torch_ms"] / timings["sparse_ms"],
-                    "speedup_vs_dense_kernel": fixed["dense_kernel_ms"] / timings["sparse_ms"],
-                    "sparse_gb_per_s": 3 * n_active * row_bytes / timings["sparse_ms"] / 1e6,
-                    "svd_predictor_ms": fixed["svd_predictor_ms"],
-                    "signbit_predictor_ms": fixed["signbit_predictor_ms"],
+                    **timing_columns(timings, fixed, n_active, row_bytes),
                 }
             )
         return rows
     finally:
         torch.set_num_threads(saved_torch_threads)
+
+
+def timing_columns(timings: dict, fixed: dict, n_active: int, row_bytes: int) -> dict:
+    """The timing columns of one row: times (ms), speedups, and the bandwidth on the bytes the sparse step must
+    read (the gate, up and down rows of the n_active neurons, row_bytes each)."""
+    return {
+        "dense_torch_ms": timings["dense_torch_ms"],
+        "dense_kernel_ms": fixed["dense_kernel_ms"],
+        "no_predictor_ms": timings["no_predictor_ms"],
+        "sparse_ms": timings["sparse_ms"],
+        "speedup_vs_torch": timings["dense_torch_ms"] / timings["sparse_ms"],
+        "speedup_vs_dense_kernel": fixed["dense_kernel_ms"] / timings["sparse_ms"],
+        "sparse_gb_per_s": 3 * n_active * row_bytes / timings["sparse_ms"] / 1e6,
+        "svd_predictor_ms": fixed["svd_predictor_ms"],
+        "signbit_predictor_ms": fixed["signbit_predictor_ms"],
+    }
 
 
 COLUMNS = (

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from edge_sdk.backends.cann.gather_ffn import MODES, DeviceSignBit, GatherSparseFFN
-from edge_sdk.bench import ffn
+from edge_sdk.bench import ffn as ffn_bench
 from edge_sdk.bench.ffn import DTYPES
 from edge_sdk.model.activation import Activation
 from edge_sdk.sparsity.signbit import words_for
@@ -205,15 +205,7 @@ def bench_gather_ffn(
                         "sparsity": sparsity,
                         "realized_sparsity": 1.0 - realized / n_neurons,
                         "capacity": n_active if mode == "static" else n_neurons,
-                        "dense_torch_ms": timings["dense_torch_ms"],
-                        "dense_kernel_ms": fixed["dense_kernel_ms"],
-                        "no_predictor_ms": timings["no_predictor_ms"],
-                        "sparse_ms": timings["sparse_ms"],
-                        "speedup_vs_torch": timings["dense_torch_ms"] / timings["sparse_ms"],
-                        "speedup_vs_dense_kernel": fixed["dense_kernel_ms"] / timings["sparse_ms"],
-                        "sparse_gb_per_s": 3 * n_active * row_bytes / timings["sparse_ms"] / 1e6,
-                        "svd_predictor_ms": fixed["svd_predictor_ms"],
-                        "signbit_predictor_ms": fixed["signbit_predictor_ms"],
+                        **ffn_bench.timing_columns(timings, fixed, n_active, row_bytes),
                     }
                 )
                 del ffn
@@ -240,4 +232,4 @@ COLUMNS = (
 
 def format_table(rows: list[dict]) -> str:
     """The rows as a fixed-width text table (one header line, one line per row)."""
-    return ffn.format_table(rows, COLUMNS)
+    return ffn_bench.format_table(rows, COLUMNS)
