@@ -1,7 +1,8 @@
-"""CPU backend: attention and the dense prefill in torch, the decode FFN in the native C kernels.
+"""CPU backend: the decode step's matrices in the native C kernels, the rest in torch.
 
-The FFN weights stay the memory-mapped tensors of weights.safetensors (fp32 or fp16, read in place by
-the kernels); predictor masks come from the C predictor kernels; core masks from the torch prefill.
+At decode, the FFN (predictor + sequential SparseFFN), the attention projections and the LM head run in the C
+kernels on the memory-mapped tensors of weights.safetensors (fp32 or fp16, read in place); attention itself,
+norms and RoPE stay in torch. The prompt (prefill) runs through torch's GEMMs. Core masks come from the prefill.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import functools
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.export.bundle import Bundle
@@ -76,6 +79,44 @@ class NativeFeedForward(SparseFeedForward):
         return torch.stack(outputs).to(x.dtype).view_as(x)
 
 
+class NativeLinear(nn.Module):
+    """A linear layer whose single-token calls (the decode step) run the native matvec on the weight as stored
+    in weights.safetensors (fp32 or fp16, read in place); multi-token calls (the prompt) use torch's GEMM."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, threads: int):
+        super().__init__()
+        self.weight = weight  # [out, in], the memory-mapped stored tensor
+        self.bias = bias  # [out] float32 or None
+        self.threads = threads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in] float32 -> [..., out]
+        if x.shape[:-1].numel() != 1:
+            return F.linear(x, self.weight.to(x.dtype), self.bias)
+        y = kernels.matvec(x.reshape(-1).contiguous(), self.weight, self.bias, threads=self.threads)
+        return y.view(*x.shape[:-1], -1)
+
+
+def _use_native_linears(model, bundle: Bundle, threads: int) -> None:
+    """Point the attention projections and the LM head at the stored weights through NativeLinear, so the decode
+    step reads them once, in their stored precision, at the native kernel's bandwidth."""
+    decoder = model.decoder
+
+    def native(module: nn.Linear, weight_name: str) -> nn.Module:
+        weight = bundle.tensor(weight_name)
+        if weight.dtype not in NATIVE_WEIGHT_DTYPES:
+            return module  # bf16: the kernels read fp32 or fp16; keep torch on the widened copy
+        bias = module.bias.detach().float().contiguous() if module.bias is not None else None
+        return NativeLinear(weight, bias, threads)
+
+    for index, layer in enumerate(decoder.layers):
+        attention = layer.self_attn
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            setattr(attention, name, native(getattr(attention, name), f"layers.{index}.self_attn.{name}.weight"))
+    lm_head = "embed_tokens.weight" if decoder.config.tie_word_embeddings else "lm_head.weight"
+    decoder.lm_head = native(decoder.lm_head, lm_head)
+
+
 class CpuEngine:
     """Engine protocol over a bundle on the CPU."""
 
@@ -84,6 +125,7 @@ class CpuEngine:
             torch.set_num_threads(options.threads)
         feed_forward = functools.partial(NativeFeedForward, threads=options.threads)
         self.model = load_reference_decoder(bundle, ffn_class=feed_forward, ffn_as_stored=True)
+        _use_native_linears(self.model, bundle, options.threads)
         sparsity = bundle.sparsity
         self.level = None
         if sparsity.levels:

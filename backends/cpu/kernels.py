@@ -35,6 +35,8 @@ def _library() -> ctypes.CDLL:
         "edge_cpu_svd_predictor": [_ptr, _int, _int, _int, _ptr, _ptr, _ptr, _ptr, _ptr],
         # x, d, D, packed, alpha, mask
         "edge_cpu_signbit_predictor": [_ptr, _int, _int, _ptr, ctypes.c_float, _ptr],
+        # x, in, out, w, weight_dtype, bias, y, threads
+        "edge_cpu_matvec": [_ptr, _int, _int, _ptr, _int, _ptr, _ptr, _int],
         "edge_cpu_sparse_ffn": [
             _ptr,  # x
             _int,  # d
@@ -156,6 +158,40 @@ def signbit_predictor(
     )
     _check_status("edge_cpu_signbit_predictor", status)
     return mask.view(torch.bool)
+
+
+def matvec(
+    x: torch.Tensor,  # [in] float32
+    weight: torch.Tensor,  # [out, in] float32 or float16, read in place
+    bias: torch.Tensor | None = None,  # [out] float32
+    out: torch.Tensor | None = None,  # [out] float32, receives y
+    threads: int = 0,
+) -> torch.Tensor:
+    """y [out] float32 = weight @ x (+ bias), fp32 accumulation; bit-identical for any thread count."""
+    n_in = _vector_size("x", x)
+    _check_tensor("x", x, (torch.float32,), [n_in])
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError(f"weight: expected a 2-D tensor [out, in], found {getattr(weight, 'shape', type(weight))}")
+    n_out = weight.shape[0]
+    _check_tensor("weight", weight, tuple(WEIGHT_DTYPES), [n_out, n_in])
+    if bias is not None:
+        _check_tensor("bias", bias, (torch.float32,), [n_out])
+    if out is None:
+        out = torch.empty(n_out, dtype=torch.float32)
+    else:
+        _check_tensor("out", out, (torch.float32,), [n_out])
+    status = _library().edge_cpu_matvec(
+        x.data_ptr(),
+        n_in,
+        n_out,
+        weight.data_ptr(),
+        WEIGHT_DTYPES[weight.dtype],
+        _optional_ptr(bias),
+        out.data_ptr(),
+        threads,
+    )
+    _check_status("edge_cpu_matvec", status)
+    return out
 
 
 class SparseFFNKernel:

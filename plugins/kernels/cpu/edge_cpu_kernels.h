@@ -78,6 +78,14 @@ int edge_cpu_sparse_ffn(const float *x, int d, int D, const void *w_gate, const 
                         int weight_dtype, const uint8_t *mask, const float *thresholds, int activation,
                         float act_threshold, float *y, void *workspace, int threads, uint8_t *active_out);
 
+/* Dense y = W x (+ bias) for one token: the attention projections and the LM head of the decode step.
+ * x: [in] fp32; w: [out, in] row-major of weight_dtype (enum edge_dtype), read in place; bias: [out] fp32 or
+ * NULL; y: [out] fp32. Each output is one row's dot product computed by one thread with the same fixed lanes
+ * as the SparseFFN kernel, so the result is bit-identical for any thread count. threads <= 0 means
+ * omp_get_max_threads(). */
+int edge_cpu_matvec(const float *x, int in, int out, const void *w, int weight_dtype, const float *bias, float *y,
+                    int threads);
+
 #ifdef __cplusplus
 }
 #endif

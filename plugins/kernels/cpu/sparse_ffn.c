@@ -491,3 +491,19 @@ int edge_cpu_sparse_ffn(const float *x, int d, int D, const void *w_gate, const 
   }
   return EDGE_CPU_OK;
 }
+
+int edge_cpu_matvec(const float *x, int in, int out, const void *w, int weight_dtype, const float *bias, float *y,
+                    int threads) {
+  if (x == NULL || w == NULL || y == NULL || in <= 0 || out <= 0) return EDGE_CPU_INVALID_ARGUMENT;
+  if (weight_dtype != EDGE_F32 && weight_dtype != EDGE_F16) return EDGE_CPU_INVALID_ARGUMENT;
+  if (threads <= 0) threads = edge_cpu_max_threads();
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+  for (int r = 0; r < out; r++) {
+    const char *next = row_address(w, weight_dtype, r + 1 < out ? r + 1 : r, in); /* the row read next */
+    float value = row_dot(w, weight_dtype, r, x, in, next);
+    y[r] = bias != NULL ? value + bias[r] : value;
+  }
+  return EDGE_CPU_OK;
+}

@@ -1,0 +1,52 @@
+"""edge_cpu_matvec, the dense single-token projection of the CPU backend: values, precision, determinism, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from edge_sdk.backends.cpu import kernels
+
+TOLERANCE = 1e-5  # relative to max |y|: fp32 accumulation in a different order than float64
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("n_in", "n_out"), [(1, 1), (45, 7), (97, 300), (192, 2048)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_matvec_matches_float64(dtype, n_in, n_out, with_bias):
+    generator = torch.Generator().manual_seed(n_in * 1000 + n_out)
+    weight = torch.randn(n_out, n_in, generator=generator).to(dtype)
+    x = torch.randn(n_in, generator=generator)
+    bias = torch.randn(n_out, generator=generator) if with_bias else None
+    expected = weight.double() @ x.double() + (bias.double() if with_bias else 0)
+    found = kernels.matvec(x, weight, bias)
+    assert found.dtype == torch.float32 and found.shape == (n_out,)
+    assert (found.double() - expected).abs().max() <= TOLERANCE * expected.abs().max()
+
+
+def test_matvec_is_bit_identical_across_threads_and_calls():
+    generator = torch.Generator().manual_seed(7)
+    weight = torch.randn(513, 1000, generator=generator).half()
+    x = torch.randn(1000, generator=generator)
+    runs = [kernels.matvec(x, weight, threads=threads) for threads in (1, 2, 0, 2)]
+    assert all(torch.equal(runs[0], run) for run in runs[1:])
+
+
+def test_matvec_writes_into_out():
+    weight, x = torch.eye(3), torch.tensor([1.0, 2.0, 3.0])
+    out = torch.full((3,), float("nan"))
+    assert kernels.matvec(x, weight, torch.tensor([0.5, 0.0, -1.0]), out=out) is out
+    assert out.tolist() == [1.5, 2.0, 2.0]
+
+
+@pytest.mark.parametrize(
+    ("weight", "x", "message"),
+    [
+        (torch.zeros(4, 3), torch.zeros(5), "weight"),
+        (torch.zeros(4, 3, dtype=torch.bfloat16), torch.zeros(3), "weight"),
+        (torch.zeros(4, 3), torch.zeros(3, dtype=torch.float64), "x"),
+        (torch.zeros(3, 4).T, torch.zeros(3), "weight"),
+    ],
+)
+def test_matvec_rejects_bad_arguments(weight, x, message):
+    with pytest.raises(ValueError, match=message):
+        kernels.matvec(x, weight)
