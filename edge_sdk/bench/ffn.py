@@ -104,15 +104,7 @@ def bench_ffn(
     signbit_predictor_ms.
     """
     n_neurons = D
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
-    if d < 1 or n_neurons < 1:
-        raise ValueError(f"d, D: expected sizes >= 1, found d={d}, D={n_neurons}")
-    for sparsity in sparsities:
-        if not 0.0 <= sparsity < 1.0:
-            raise ValueError(f"sparsities: expected values in [0, 1), found {sparsity}")
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"repeats, warmup: expected >= 1 and >= 0, found {repeats}, {warmup}")
+    check_arguments(d, n_neurons, sparsities, dtype, repeats, warmup)
 
     generator = torch.Generator().manual_seed(seed)
     weights = _FFNWeights(d, n_neurons, DTYPES[dtype], generator)
@@ -178,6 +170,19 @@ def bench_ffn(
         return rows
     finally:
         torch.set_num_threads(saved_torch_threads)
+
+
+def check_arguments(d: int, n_neurons: int, sparsities, dtype: str, repeats: int, warmup: int) -> None:
+    """The settings every FFN benchmark shares; ValueError naming the setting, expected and found."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
+    if d < 1 or n_neurons < 1:
+        raise ValueError(f"d, D: expected sizes >= 1, found d={d}, D={n_neurons}")
+    for sparsity in sparsities:
+        if not 0.0 <= sparsity < 1.0:
+            raise ValueError(f"sparsities: expected values in [0, 1), found {sparsity}")
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats, warmup: expected >= 1 and >= 0, found {repeats}, {warmup}")
 
 
 def timing_columns(timings: dict, fixed: dict, n_active: int, row_bytes: int) -> dict:

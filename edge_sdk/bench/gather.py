@@ -84,19 +84,11 @@ def _time_interleaved(
 
 
 def _check_arguments(d, n_neurons, sparsities, dtype, device, mode, repeats, warmup) -> None:
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
+    ffn_bench.check_arguments(d, n_neurons, sparsities, dtype, repeats, warmup)
     if device not in DEVICES:
         raise ValueError(f"device: expected one of {', '.join(DEVICES)}, found {device!r}")
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {', '.join(MODES)}, found {mode!r}")
-    if d < 1 or n_neurons < 1:
-        raise ValueError(f"d, D: expected sizes >= 1, found d={d}, D={n_neurons}")
-    for sparsity in sparsities:
-        if not 0.0 <= sparsity < 1.0:
-            raise ValueError(f"sparsities: expected values in [0, 1), found {sparsity}")
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"repeats, warmup: expected >= 1 and >= 0, found {repeats}, {warmup}")
 
 
 def bench_gather_ffn(

@@ -165,7 +165,7 @@ Device device_description() {
 }
 
 /* A JSON string as Python's json.dumps writes it (ensure_ascii): \" \\ \b \f \n \r \t, other characters outside
- * ' '..'~' as \uXXXX (UTF-16, lowercase hex). */
+ * ' '..'~' as a \u escape with four lowercase hex digits (UTF-16). */
 std::string json_string(const std::string &text) {
   std::string out = "\"";
   char escape[16];
