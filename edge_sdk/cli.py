@@ -292,7 +292,7 @@ def verify(bundle_dir: str, steps: int, as_json: bool) -> None:
 @click.option("--seed", type=int, default=None)
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--sparsity", type=float, default=None, help="One of the bundle's calibrated levels.")
-@click.option("--dense", is_flag=True, help="Decode with every neuron active.")
+@click.option("--dense", is_flag=True, help="Decode the dense model: every FFN neuron computed (no sparsity).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the bundle's chat template.")
 @click.option("--threads", type=int, default=0, help="CPU threads (default: all cores).")
 def run(

@@ -52,3 +52,20 @@ def load_cpu_kernels() -> ctypes.CDLL:
     library.edge_cpu_max_threads.restype = ctypes.c_int
     library.edge_cpu_max_threads.argtypes = []
     return library
+
+
+RUNTIME_LIBRARY = "libedge_sdk.so"
+RUNTIME_ENV = "EDGE_SDK_RUNTIME_LIBRARY"
+
+
+@functools.cache
+def load_runtime() -> ctypes.CDLL:
+    """The C runtime libedge_sdk (jetson/), loaded once per process; its prototypes are set by the caller."""
+    path = find_library(RUNTIME_LIBRARY, RUNTIME_ENV)
+    if path is None:
+        searched = ", ".join(str(p) for p in _candidate_paths(RUNTIME_LIBRARY, RUNTIME_ENV))
+        raise NativeLibraryError(
+            f"the C runtime library {RUNTIME_LIBRARY} was not found (searched: {searched}); the package build "
+            f"makes it when cJSON is installed (Debian/Ubuntu: libcjson-dev): reinstall edge-sdk, or set {RUNTIME_ENV}"
+        )
+    return ctypes.CDLL(str(path))

@@ -1,13 +1,18 @@
-"""CPU backend: the decode step's matrices in the native C kernels, the rest in torch.
+"""CPU backend: the C runtime's decoder (runtime.py) when the package build made libedge_sdk, else this module's
+torch engine with the decode step's matrices in the native C kernels.
 
-At decode, the FFN (predictor + sequential SparseFFN), the attention projections and the LM head run in the C
-kernels on the memory-mapped tensors of weights.safetensors (fp32 or fp16, read in place); attention itself,
+$EDGE_SDK_CPU_ENGINE picks one: "runtime", "torch", or "auto" (the default: the runtime when it is built and
+runs the bundle -- fp32 and fp16 weights -- else torch, with the reason in the probe message).
+
+Torch engine: at decode, the FFN (predictor + sequential SparseFFN), the attention projections and the LM head run in
+the C kernels on the memory-mapped tensors of weights.safetensors (fp32 or fp16, read in place); attention itself,
 norms and RoPE stay in torch. The prompt (prefill) runs through torch's GEMMs. Core masks come from the prefill.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 import torch
@@ -22,6 +27,10 @@ from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions
 from edge_sdk.sparsity.sparse_model import SparseFeedForward
 
 from . import kernels
+from .runtime import RuntimeEngine, RuntimeUnsupported, runtime_version
+
+ENGINE_ENV = "EDGE_SDK_CPU_ENGINE"
+ENGINE_CHOICES = ("auto", "runtime", "torch")
 
 NATIVE_WEIGHT_DTYPES = (torch.float32, torch.float16)
 
@@ -33,11 +42,16 @@ class NativeFeedForward(SparseFeedForward):
         super().__init__(*args, **kwargs)
         if self.w_gate.dtype not in NATIVE_WEIGHT_DTYPES:
             # the kernels read fp32 or fp16; bf16 bundles are widened once at load
-            self.w_gate, self.w_up, self.w_down_t = (w.float() for w in (self.w_gate, self.w_up, self.w_down_t))
+            # (as frozen Parameters: the loaded decoder hands its weights over as Parameters)
+            weights = (self.w_gate, self.w_up, self.w_down_t)
+            widened = (nn.Parameter(w.detach().float(), requires_grad=False) for w in weights)
+            self.w_gate, self.w_up, self.w_down_t = widened
         self.w_down_t = self.w_down_t.contiguous()
         n_neurons, d = self.w_gate.shape
         self.kernel = kernels.SparseFFNKernel(d, n_neurons, threads)
         self.output = torch.empty(d, dtype=torch.float32)
+        if self.predictor.kind == "svd":
+            self.svd_a_t = self.predictor.tensors["svd.a"].t().contiguous()  # the layout the kernel reads
 
     def _native_mask(self, token: torch.Tensor, row: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The predictor mask [D] (None = every neuron) and CHESS thresholds for one decode token."""
@@ -46,7 +60,7 @@ class NativeFeedForward(SparseFeedForward):
             return None, None
         if kind == "svd":
             bias = tensors["svd.biases"][self.level_index]
-            return kernels.svd_predictor(token, tensors["svd.a"], tensors["svd.b"], bias), None
+            return kernels.svd_predictor(token, self.svd_a_t, tensors["svd.b"], bias), None
         if kind == "signbit":
             return kernels.signbit_predictor(token, tensors["signbit.packed"], float(tensors["signbit.alpha"][0])), None
         if kind == "core":
@@ -64,6 +78,12 @@ class NativeFeedForward(SparseFeedForward):
         tokens = x.reshape(-1, x.shape[-1]).float()
         outputs = []
         for row, token in enumerate(tokens):
+            if self.dense:
+                weights = (self.w_gate, self.w_up, self.w_down_t)
+                outputs.append(
+                    self.kernel.dense(token.contiguous(), *weights, self.activation, out=self.output).clone()
+                )
+                continue
             mask, thresholds = self._native_mask(token.contiguous(), row)
             y = self.kernel(
                 token.contiguous(),
@@ -117,8 +137,8 @@ def _use_native_linears(model, bundle: Bundle, threads: int) -> None:
     decoder.lm_head = native(decoder.lm_head, lm_head)
 
 
-class CpuEngine:
-    """Engine protocol over a bundle on the CPU."""
+class TorchCpuEngine:
+    """Engine protocol over a bundle on the CPU: torch modules with the decode matrices in the native kernels."""
 
     def __init__(self, bundle: Bundle, options: EngineOptions):
         if options.threads > 0:
@@ -149,6 +169,20 @@ class CpuEngine:
         self.model.reset()
 
 
+def _engine_choice() -> str:
+    choice = os.environ.get(ENGINE_ENV, "auto").strip().lower() or "auto"
+    if choice not in ENGINE_CHOICES:
+        raise EdgeSdkError(f"${ENGINE_ENV}={choice!r}: expected one of {', '.join(ENGINE_CHOICES)}")
+    return choice
+
+
+def _runtime_available() -> tuple[bool, str]:
+    try:
+        return True, f"C runtime libedge_sdk {runtime_version()}"
+    except (NativeLibraryError, OSError) as error:
+        return False, str(error)
+
+
 class CpuBackend:
     name = "cpu"
 
@@ -157,13 +191,29 @@ class CpuBackend:
             library = load_cpu_kernels()
         except (NativeLibraryError, OSError) as error:
             return False, str(error)
-        return True, f"native kernels {library.edge_cpu_version().decode()}, {library.edge_cpu_max_threads()} threads"
+        kernels_text = f"native kernels {library.edge_cpu_version().decode()}, {library.edge_cpu_max_threads()} threads"
+        choice = _engine_choice()
+        runtime, runtime_text = _runtime_available()
+        if choice == "torch":
+            return True, f"{kernels_text}; decode in torch + kernels (${ENGINE_ENV}=torch)"
+        if runtime:
+            return True, f"{kernels_text}; decode in the {runtime_text}"
+        if choice == "runtime":
+            return False, f"${ENGINE_ENV}=runtime, but {runtime_text}"
+        return True, f"{kernels_text}; decode in torch + kernels ({runtime_text})"
 
-    def load(self, bundle: Bundle, options: EngineOptions) -> CpuEngine:
+    def load(self, bundle: Bundle, options: EngineOptions) -> RuntimeEngine | TorchCpuEngine:
         available, reason = self.probe()
         if not available:
             raise BackendUnavailable(f"backend 'cpu' is not available here: {reason}")
-        return CpuEngine(bundle, options)
+        choice = _engine_choice()
+        if choice != "torch" and _runtime_available()[0]:
+            try:
+                return RuntimeEngine(bundle, options)
+            except RuntimeUnsupported as error:
+                if choice == "runtime":
+                    raise BackendUnavailable(f"backend 'cpu' (${ENGINE_ENV}=runtime): {error}") from error
+        return TorchCpuEngine(bundle, options)
 
 
 BACKEND = CpuBackend()

@@ -31,7 +31,7 @@ def _library() -> ctypes.CDLL:
     """The kernel library with every kernel's signature declared once."""
     library = load_cpu_kernels()
     signatures = {
-        # x, d, D, rank, a, b, bias, mask, scratch
+        # x, d, D, rank, a_t, b, bias, mask, scratch
         "edge_cpu_svd_predictor": [_ptr, _int, _int, _int, _ptr, _ptr, _ptr, _ptr, _ptr],
         # x, d, D, packed, alpha, mask
         "edge_cpu_signbit_predictor": [_ptr, _int, _int, _ptr, ctypes.c_float, _ptr],
@@ -54,6 +54,8 @@ def _library() -> ctypes.CDLL:
             _int,  # threads
             _ptr,  # active_out
         ],
+        # x, d, D, w_gate, w_up, w_down_t, weight_dtype, activation, act_threshold, y, workspace, threads
+        "edge_cpu_dense_ffn": [_ptr, _int, _int, _ptr, _ptr, _ptr, _int, _int, ctypes.c_float, _ptr, _ptr, _int],
     }
     for name, argtypes in signatures.items():
         function = getattr(library, name)
@@ -109,17 +111,17 @@ def max_threads() -> int:
 
 def svd_predictor(
     x: torch.Tensor,  # [d] float32
-    a: torch.Tensor,  # [D, rank] float32
+    a_t: torch.Tensor,  # [rank, D] float32: svd.a transposed (contiguous), made once per layer at load
     b: torch.Tensor,  # [rank, d] float32
     bias: torch.Tensor | None,  # [D] float32, or None for no bias
 ) -> torch.Tensor:
     """Predicted-active mask [D] bool: (x B^T) A^T + bias > 0 (SvdPredictor.scores plus the calibrated bias)."""
     d = _vector_size("x", x)
     _check_tensor("x", x, (torch.float32,), [d])
-    if not isinstance(a, torch.Tensor) or a.dim() != 2 or 0 in a.shape:
-        raise ValueError(f"a: expected a non-empty 2-D tensor [D, rank], found {getattr(a, 'shape', type(a))}")
-    n_neurons, rank = a.shape
-    _check_tensor("a", a, (torch.float32,), [n_neurons, rank])
+    if not isinstance(a_t, torch.Tensor) or a_t.dim() != 2 or 0 in a_t.shape:
+        raise ValueError(f"a_t: expected a non-empty 2-D tensor [rank, D], found {getattr(a_t, 'shape', type(a_t))}")
+    rank, n_neurons = a_t.shape
+    _check_tensor("a_t", a_t, (torch.float32,), [rank, n_neurons])
     _check_tensor("b", b, (torch.float32,), [rank, d])
     if bias is not None:
         _check_tensor("bias", bias, (torch.float32,), [n_neurons])
@@ -130,7 +132,7 @@ def svd_predictor(
         d,
         n_neurons,
         rank,
-        a.data_ptr(),
+        a_t.data_ptr(),
         b.data_ptr(),
         _optional_ptr(bias),
         mask.data_ptr(),
@@ -258,4 +260,43 @@ class SparseFFNKernel:
             _optional_ptr(active_out),
         )
         _check_status("edge_cpu_sparse_ffn", status)
+        return out
+
+    def dense(
+        self,
+        x: torch.Tensor,  # [d] float32
+        w_gate: torch.Tensor,  # [D, d] float32 or float16
+        w_up: torch.Tensor,  # [D, d], same dtype as w_gate
+        w_down_t: torch.Tensor,  # [D, d], W_down transposed, same dtype as w_gate
+        activation: Activation,
+        out: torch.Tensor | None = None,  # [d] float32, receives y
+    ) -> torch.Tensor:
+        """y [d] float32 = dense_ffn(x, ...): every neuron's gate, up and down rows, zeros included (the dense
+        baseline a runtime without activation sparsity computes)."""
+        d, n_neurons = self.d, self.n_neurons
+        if not isinstance(activation, Activation):
+            raise ValueError(f"activation: expected an Activation, found {type(activation).__name__}")
+        _check_tensor("x", x, (torch.float32,), [d])
+        _check_tensor("w_gate", w_gate, tuple(WEIGHT_DTYPES), [n_neurons, d])
+        _check_tensor("w_up", w_up, (w_gate.dtype,), [n_neurons, d])
+        _check_tensor("w_down_t", w_down_t, (w_gate.dtype,), [n_neurons, d])
+        if out is None:
+            out = torch.empty(d, dtype=torch.float32)
+        else:
+            _check_tensor("out", out, (torch.float32,), [d])
+        status = _library().edge_cpu_dense_ffn(
+            x.data_ptr(),
+            d,
+            n_neurons,
+            w_gate.data_ptr(),
+            w_up.data_ptr(),
+            w_down_t.data_ptr(),
+            WEIGHT_DTYPES[w_gate.dtype],
+            ACTIVATIONS[activation.kind],
+            activation.threshold,
+            out.data_ptr(),
+            self._workspace.data_ptr(),
+            self.threads,
+        )
+        _check_status("edge_cpu_dense_ffn", status)
         return out

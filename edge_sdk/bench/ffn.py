@@ -122,7 +122,10 @@ def bench_ffn(
         return kernel(w.x, w.w_gate, w.w_up, w.w_down_t, relu, mask=mask, out=out, active_out=active_out)
 
     rank = min(default_rank(n_neurons), d)
-    svd_factors = (torch.randn(n_neurons, rank, generator=generator), torch.randn(rank, d, generator=generator))
+    svd_factors = (
+        torch.randn(rank, n_neurons, generator=generator),
+        torch.randn(rank, d, generator=generator),
+    )  # A^T, B
     packed = torch.randint(-(2**31), 2**31, (n_neurons, words_for(d)), dtype=torch.int32, generator=generator)
 
     saved_torch_threads = torch.get_num_threads()

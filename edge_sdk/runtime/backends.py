@@ -27,7 +27,7 @@ class BackendUnavailable(EdgeSdkError):
 @dataclass(frozen=True)
 class EngineOptions:
     sparsity: float | None = None  # a calibrated level; None = the bundle's default
-    dense: bool = False  # predict every neuron active (the dense model through the same code path)
+    dense: bool = False  # the dense model: every FFN neuron computed, zeros included (the speedups' baseline)
     threads: int = 0  # <= 0: all cores
 
 

@@ -23,6 +23,11 @@ def package_versions() -> dict[str, str | None]:
 
 # GPU-side libraries: built only where nvcc (CUDA kernels) or TensorRT (plugins) were found at install time.
 OPTIONAL_LIBRARIES = {
+    "c_runtime": (
+        "libedge_sdk.so",
+        "EDGE_SDK_RUNTIME_LIBRARY",
+        "cJSON (libcjson-dev) was not found when edge-sdk was built",
+    ),
     "cuda_kernels": ("libedge_cuda_kernels.so", "EDGE_SDK_CUDA_KERNELS", "nvcc was not found when edge-sdk was built"),
     "tensorrt_plugins": (
         "libedge_trt_plugins.so",

@@ -109,7 +109,8 @@ EDGE_API edge_status edge_options_set_threads(edge_options *options, int threads
 /** A sparsity level the bundle calibrated (manifest sparsity.levels, e.g. 0.5); a negative level means the
  * bundle's default_level. Bundles without levels (signbit, core, none) accept only a negative level. */
 EDGE_API edge_status edge_options_set_sparsity(edge_options *options, double level);
-/** Nonzero: decode with every FFN neuron (the dense model through the same kernels); predictors are unused. */
+/** Nonzero: decode the dense model: every FFN neuron's gate, up and down rows read and multiplied, zeros included
+ * (what a runtime without activation sparsity computes: the baseline of the speedups); predictors are unused. */
 EDGE_API edge_status edge_options_set_dense(edge_options *options, int dense);
 /** Zero: skip the sha256 checks of the bundle's files (sizes and the manifest digest are still checked). */
 EDGE_API edge_status edge_options_set_verify_checksums(edge_options *options, int verify);

@@ -27,6 +27,8 @@
 /* Below this many multiply-adds a matrix-vector product runs on one thread (thread start-up costs more). */
 #define PARALLEL_MIN_WORK (1 << 16)
 #define LANES 16
+/* Positions whose attention scores are accumulated together over the head dimension. */
+#define SCORE_BLOCK 64
 
 struct matrix {
   const void *data; /* [rows, cols] row-major, dtype EDGE_F32 or EDGE_F16 */
@@ -47,7 +49,7 @@ struct layer_weights {
   const void *w_up;        /* [D, d] ffn_dtype */
   const void *w_down_t;    /* [D, d] ffn_dtype, W_down transposed (neuron-major) */
   int ffn_dtype;
-  const float *svd_a;      /* [D, svd_rank] */
+  float *svd_a_t;          /* [svd_rank, D]: the bundle's svd.a transposed at load (owned), as the kernel reads it */
   const float *svd_b;      /* [svd_rank, d] */
   const float *svd_bias;   /* [D]: the chosen level's row of svd.biases */
   int svd_rank;
@@ -81,7 +83,9 @@ struct run_state {
   float *q;           /* [H * hd] */
   float *attn;        /* [H * hd] attention output before o_proj */
   float *scores;      /* [H, max_seq_len] */
-  float *key_cache;   /* [L, max_seq_len, KV * hd] */
+  float *key;         /* [KV * hd] the new token's key, before it goes into the cache */
+  float *key_cache;   /* [L, KV, hd, key_stride]: position-minor, so the scores run over positions in vectors */
+  size_t key_stride;  /* max_seq_len padded so that the hd rows of a head do not alias in the L1 cache */
   float *value_cache; /* [L, max_seq_len, KV * hd] */
   uint8_t *mask;      /* [D] predictor output */
   float *svd_scratch; /* [max_svd_rank] */
@@ -181,8 +185,13 @@ static edge_status load_predictor(const struct bundle *bundle, const struct mode
         return edge_fail(EDGE_ERROR_BUNDLE, "%s/%s: tensor '%s' has rank %lld, expected 1..%d", bundle->root,
                          BUNDLE_WEIGHTS_FILE, name, (long long)tensor->shape[1], d);
       }
-      w->svd_a = tensor->data;
       w->svd_rank = (int)tensor->shape[1];
+      w->svd_a_t = malloc((size_t)D * (size_t)w->svd_rank * sizeof(float));
+      if (w->svd_a_t == NULL) return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "CPU engine: out of memory for '%s'", name);
+      const float *a = tensor->data;
+      for (int i = 0; i < D; i++) {
+        for (int r = 0; r < w->svd_rank; r++) w->svd_a_t[(size_t)r * (size_t)D + (size_t)i] = a[(size_t)i * w->svd_rank + r];
+      }
       *max_rank = w->svd_rank > *max_rank ? w->svd_rank : *max_rank;
       snprintf(name, sizeof name, "layers.%d.svd.b", layer);
       int64_t b_shape[2] = {w->svd_rank, d};
@@ -271,7 +280,8 @@ static edge_status load_layer(const struct bundle *bundle, const struct model_co
   return load_predictor(bundle, c, sparsity, layer, w, max_rank);
 }
 
-static void free_weights(struct cpu_weights *weights) {
+static void free_weights(struct cpu_weights *weights, int n_layers) {
+  for (int layer = 0; weights->layers != NULL && layer < n_layers; layer++) free(weights->layers[layer].svd_a_t);
   free(weights->layers);
   memset(weights, 0, sizeof *weights);
 }
@@ -299,7 +309,7 @@ static edge_status build_weights(const struct bundle *bundle, const struct model
   for (int layer = 0; layer < c->num_layers; layer++) {
     status = load_layer(bundle, c, sparsity, layer, &weights->layers[layer], &weights->max_svd_rank);
     if (status != EDGE_OK) {
-      free_weights(weights);
+      free_weights(weights, c->num_layers);
       return status;
     }
   }
@@ -323,7 +333,8 @@ static edge_status cpu_load(struct edge_model *model, void **out) {
 
 static void cpu_unload(void *engine) {
   if (engine == NULL) return;
-  free_weights(&((struct cpu_engine *)engine)->weights);
+  struct cpu_engine *cpu = engine;
+  free_weights(&cpu->weights, cpu->config->num_layers);
   free(engine);
 }
 
@@ -337,6 +348,7 @@ static void free_run_state(struct run_state *s) {
   free(s->q);
   free(s->attn);
   free(s->scores);
+  free(s->key);
   free(s->key_cache);
   free(s->value_cache);
   free(s->mask);
@@ -356,6 +368,13 @@ static void *allocate(size_t count, size_t size, int *failed) {
   return memory;
 }
 
+/* Rows of a power-of-two number of floats apart map to the same L1 sets: round the row length up to whole
+ * cache lines and add an odd number of lines. */
+static size_t key_stride(size_t max_seq_len) {
+  size_t lines = (max_seq_len + 15) / 16;
+  return 16 * (lines + (lines % 2 == 0 ? 1 : 2));
+}
+
 static edge_status cpu_session_create(const struct edge_model *model, void **out) {
   const struct cpu_engine *engine = model->engine;
   const struct model_config *c = engine->config;
@@ -372,7 +391,9 @@ static edge_status cpu_session_create(const struct edge_model *model, void **out
   s->q = allocate(q_dim, sizeof(float), &failed);
   s->attn = allocate(q_dim, sizeof(float), &failed);
   s->scores = allocate((size_t)c->num_heads * seq, sizeof(float), &failed);
-  s->key_cache = allocate(L * seq * kv_dim, sizeof(float), &failed);
+  s->key = allocate(kv_dim, sizeof(float), &failed);
+  s->key_stride = key_stride(seq);
+  s->key_cache = allocate(L * kv_dim * s->key_stride, sizeof(float), &failed);
   s->value_cache = allocate(L * seq * kv_dim, sizeof(float), &failed);
   s->mask = allocate(D, 1, &failed);
   s->svd_scratch = allocate((size_t)engine->weights.max_svd_rank, sizeof(float), &failed);
@@ -449,18 +470,10 @@ static inline float row_dot(const struct matrix *m, int row, const float *x) {
                               : dot_f32((const float *)m->data + offset, x, m->cols);
 }
 
-/* y[rows] = m x (+ bias), rows split over threads. */
+/* y[rows] = m x (+ bias): the kernels' matvec, rows split over threads. */
 static void matvec(const struct matrix *m, const float *x, const float *bias, float *y, int threads) {
-  int rows = m->rows;
   int parallel = (int64_t)m->rows * m->cols >= PARALLEL_MIN_WORK && threads > 1;
-  (void)parallel;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads) if (parallel)
-#endif
-  for (int r = 0; r < rows; r++) {
-    float value = row_dot(m, r, x);
-    y[r] = bias != NULL ? value + bias[r] : value;
-  }
+  edge_cpu_matvec(x, m->cols, m->rows, m->data, m->dtype, bias, y, parallel ? threads : 1);
 }
 
 static void embedding_row(const struct matrix *embed, int token, float *x) {
@@ -494,13 +507,38 @@ static void rope(float *v, int n_heads, int hd, const float *cos_row, const floa
   }
 }
 
-/* Attention of the token at pos over positions [first, pos] of one layer's cache, every head. */
+/* e^x for x <= 0 (softmax scores minus their maximum), within 2 ulp of expf; results below e^-87.3 (under
+ * FLT_MIN, negligible next to the maximum's e^0 = 1) are flushed to 0. Branch-free arithmetic that GCC
+ * vectorises, where a libm expf call per score cost most of the attention; with floating-point contraction off
+ * in this file it rounds identically on every target. Cephes' expf: e^x = 2^n e^r, |r| <= ln2 / 2. */
+static inline float exp_nonpositive(float x) {
+  float clamped = x < -87.3f ? -87.3f : x;
+  /* n = round(x / ln2): adding and subtracting 1.5 * 2^23 rounds to an integer (floorf does not vectorise) */
+  float n = (clamped * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = clamped - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  float y = p * (r * r) + r + 1.0f;
+  uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+  float scale;
+  memcpy(&scale, &bits, sizeof scale);
+  return x < -87.3f ? 0.0f : y * scale;
+}
+
+/* Attention of the token at pos over positions [first, pos] of one layer's cache, every head. The scores are
+ * accumulated over the head dimension in order, each step a vector operation over positions. */
 static void attention(struct run_state *s, int layer, int pos) {
   const struct model_config *c = s->engine->config;
   int hd = c->head_dim, groups = c->num_heads / c->num_kv_heads;
   size_t kv_dim = (size_t)c->num_kv_heads * (size_t)hd, seq = (size_t)c->max_seq_len;
   int first = c->sliding_window > 0 && pos - c->sliding_window + 1 > 0 ? pos - c->sliding_window + 1 : 0;
-  const float *keys = s->key_cache + (size_t)layer * seq * kv_dim;
+  size_t stride = s->key_stride;
+  const float *keys = s->key_cache + (size_t)layer * kv_dim * stride;
   const float *values = s->value_cache + (size_t)layer * seq * kv_dim;
   float scale = 1.0f / sqrtf((float)hd);
   int n_heads = c->num_heads;
@@ -511,23 +549,45 @@ static void attention(struct run_state *s, int layer, int pos) {
 #endif
   for (int h = 0; h < n_heads; h++) {
     const float *q = s->q + (size_t)h * (size_t)hd;
-    size_t kv_offset = (size_t)(h / groups) * (size_t)hd;
-    float *scores = s->scores + (size_t)h * seq;
-    float max = -INFINITY;
-    for (int t = first; t <= pos; t++) {
-      scores[t] = dot_f32(q, keys + (size_t)t * kv_dim + kv_offset, hd) * scale;
-      max = scores[t] > max ? scores[t] : max;
+    size_t kv_head = (size_t)(h / groups);
+    const float *head_keys = keys + kv_head * (size_t)hd * stride; /* [hd, stride] */
+    float *restrict scores = s->scores + (size_t)h * seq;
+    for (int t0 = first; t0 <= pos; t0 += SCORE_BLOCK) {
+      int m = pos - t0 + 1 < SCORE_BLOCK ? pos - t0 + 1 : SCORE_BLOCK;
+      float block[SCORE_BLOCK] = {0}; /* kept in registers across the head dimension */
+      for (int i = 0; i < hd; i++) {
+        const float *restrict key_row = head_keys + (size_t)i * stride + (size_t)t0;
+        float qi = q[i];
+        for (int l = 0; l < m; l++) block[l] += qi * key_row[l];
+      }
+      for (int l = 0; l < m; l++) scores[t0 + l] = block[l] * scale;
     }
-    float sum = 0.0f;
-    for (int t = first; t <= pos; t++) sum += scores[t] = expf(scores[t] - max);
+    float max = -INFINITY;
+    for (int t = first; t <= pos; t++) max = scores[t] > max ? scores[t] : max;
+    float partial[LANES] = {0}; /* fixed lanes and a fixed final order: the sum does not depend on threads */
+    int n = pos - first + 1;
+    for (int k = 0; k < n; k++) scores[first + k] = exp_nonpositive(scores[first + k] - max);
+    for (int k = 0; k < n; k++) partial[k % LANES] += scores[first + k];
+    for (int half = LANES / 2; half > 0; half /= 2) {
+      for (int l = 0; l < half; l++) partial[l] += partial[l + half];
+    }
+    float sum = partial[0];
+    for (int t = first; t <= pos; t++) scores[t] /= sum;
     float *out = s->attn + (size_t)h * (size_t)hd;
     memset(out, 0, (size_t)hd * sizeof(float));
     for (int t = first; t <= pos; t++) {
-      float p = scores[t] / sum;
-      const float *v = values + (size_t)t * kv_dim + kv_offset;
-      for (int i = 0; i < hd; i++) out[i] += p * v[i];
+      const float *v = values + (size_t)t * kv_dim + kv_head * (size_t)hd;
+      for (int i = 0; i < hd; i++) out[i] += scores[t] * v[i];
     }
   }
+}
+
+/* Writes the (rotated) key of position pos into layer's position-minor key cache. */
+static void store_key(struct run_state *s, int layer, int pos) {
+  const struct model_config *c = s->engine->config;
+  size_t kv_dim = (size_t)c->num_kv_heads * (size_t)c->head_dim, stride = s->key_stride;
+  float *keys = s->key_cache + (size_t)layer * kv_dim * stride;
+  for (size_t j = 0; j < kv_dim; j++) keys[j * stride + (size_t)pos] = s->key[j];
 }
 
 /* ---- Core predictor (edge_sdk/sparsity/core.py) -------------------------------------------------------- */
@@ -647,7 +707,7 @@ static edge_status feed_forward(struct run_state *s, int layer, int prefill) {
   } else if (!sparsity->dense) {
     switch (sparsity->predictor) {
       case PREDICTOR_SVD:
-        status = edge_cpu_svd_predictor(s->xb, d, D, w->svd_rank, w->svd_a, w->svd_b, w->svd_bias, s->mask,
+        status = edge_cpu_svd_predictor(s->xb, d, D, w->svd_rank, w->svd_a_t, w->svd_b, w->svd_bias, s->mask,
                                         s->svd_scratch);
         mask = s->mask;
         break;
@@ -666,7 +726,10 @@ static edge_status feed_forward(struct run_state *s, int layer, int prefill) {
         break;
     }
   }
-  if (status == EDGE_CPU_OK) {
+  if (status == EDGE_CPU_OK && sparsity->dense && !prefill) {
+    status = edge_cpu_dense_ffn(s->xb, d, D, w->w_gate, w->w_up, w->w_down_t, w->ffn_dtype, c->activation,
+                                c->act_threshold, s->out, s->ffn_workspace, e->threads);
+  } else if (status == EDGE_CPU_OK) {
     status = edge_cpu_sparse_ffn(s->xb, d, D, w->w_gate, w->w_up, w->w_down_t, w->ffn_dtype, mask, thresholds,
                                  c->activation, c->act_threshold, s->out, s->ffn_workspace, e->threads, NULL);
   }
@@ -690,14 +753,14 @@ static edge_status forward(struct run_state *s, int32_t token, int pos, int pref
   embedding_row(&weights->embed, token, s->x);
   for (int layer = 0; layer < c->num_layers; layer++) {
     const struct layer_weights *w = &weights->layers[layer];
-    float *key = s->key_cache + ((size_t)layer * seq + (size_t)pos) * kv_dim;
     float *value = s->value_cache + ((size_t)layer * seq + (size_t)pos) * kv_dim;
     rmsnorm(s->xb, s->x, w->input_norm, d, c->rms_norm_eps);
     matvec(&w->wq, s->xb, w->bq, s->q, e->threads);
-    matvec(&w->wk, s->xb, w->bk, key, e->threads);
+    matvec(&w->wk, s->xb, w->bk, s->key, e->threads);
     matvec(&w->wv, s->xb, w->bv, value, e->threads);
     rope(s->q, c->num_heads, hd, cos_row, sin_row);
-    rope(key, c->num_kv_heads, hd, cos_row, sin_row);
+    rope(s->key, c->num_kv_heads, hd, cos_row, sin_row);
+    store_key(s, layer, pos);
     attention(s, layer, pos);
     matvec(&w->wo, s->attn, w->bo, s->out, e->threads);
     for (int i = 0; i < d; i++) s->x[i] += s->out[i];

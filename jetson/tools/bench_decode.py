@@ -1,4 +1,4 @@
-"""Decode speed of the C runtime (edge_generate) against the Python CPU backend on one bundle and thread count.
+"""Decode speed of the C runtime (edge_generate) against the CPU backend's torch engine on one bundle and threads.
 
     .venv/bin/python jetson/tools/bench_decode.py BUNDLE --edge-generate build/jetson/edge_generate \
         [--tokens 128] [--threads 1] [--repeats 3]
@@ -10,11 +10,13 @@ Both run greedy from the same prompt for the same number of tokens; decode token
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import time
 
 import numpy as np
+from edge_sdk.backends.cpu.backend import ENGINE_ENV
 
 import edge_sdk
 from edge_sdk.model import Tokenizer
@@ -23,6 +25,8 @@ PROMPT = "class Namespace(object):\n    def __init__(self"
 
 
 def python_decode(bundle: str, tokens: int, threads: int) -> tuple[list[int], float]:
+    # the CPU backend's torch engine: by default the backend itself decodes through the C runtime
+    os.environ[ENGINE_ENV] = "torch"
     session = edge_sdk.load(bundle, backend="cpu", threads=threads)
     engine = session.engine
     ids = Tokenizer.from_dir(bundle).encode(PROMPT)

@@ -115,6 +115,21 @@ def test_full_mask_equals_dense_reference(activation, dtype):
     assert torch.equal(y_none, y_ones)  # an all-ones mask is the dense path, bit for bit
     dense = dense_ffn(x, *weights, activation)
     assert (y_none - dense).abs().max() <= FFN_RTOL * dense.abs().max()
+    # the dense kernel reads every row, zeros included: the same sums, since the skipped terms are exact zeros
+    y_dense = kernel.dense(x, *weights, activation)
+    assert torch.equal(y_dense, y_none)
+
+
+def test_dense_kernel_reads_the_rows_the_sparse_kernel_skips():
+    """A NaN in the up and down rows of an inactive neuron: the sparse kernel never reads them, the dense one
+    multiplies them (0 * NaN), as a dense FFN does."""
+    x, *weights = random_ffn(45, 77, torch.float32, seed=3)
+    inactive = int(torch.nonzero(weights[0] @ x <= 0)[0])
+    weights[1][inactive, 0] = float("nan")
+    weights[2][inactive, 0] = float("nan")
+    kernel = SparseFFNKernel(45, 77)
+    assert torch.isfinite(kernel(x, *weights, ACTIVATIONS["relu"])).all()
+    assert torch.isnan(kernel.dense(x, *weights, ACTIVATIONS["relu"])).any()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -184,7 +199,7 @@ def test_svd_predictor_matches_scores(d, n_neurons, rank, with_bias):
     x = torch.randn(d, generator=generator)
     bias = torch.randn(n_neurons, generator=generator) * 5 if with_bias else None
     scores = predictor.scores(x) + (0 if bias is None else bias)
-    mask = svd_predictor(x, predictor.a, predictor.b, bias)
+    mask = svd_predictor(x, predictor.a.t().contiguous(), predictor.b, bias)
     assert mask.dtype == torch.bool and mask.shape == (n_neurons,)
     clear = scores.abs() > SVD_SCORE_TOLERANCE
     assert clear.sum() >= n_neurons - 1
@@ -250,11 +265,11 @@ def test_ffn_binding_rejects_bad_tensors():
 def test_predictor_bindings_reject_bad_tensors():
     x = torch.randn(45)
     with pytest.raises(ValueError, match=r"b: expected shape \[4, 45\]"):
-        svd_predictor(x, torch.randn(77, 4), torch.randn(4, 44), None)
+        svd_predictor(x, torch.randn(4, 77), torch.randn(4, 44), None)
     with pytest.raises(ValueError, match=r"bias: expected dtype torch.float32"):
-        svd_predictor(x, torch.randn(77, 4), torch.randn(4, 45), torch.zeros(77, dtype=torch.float64))
+        svd_predictor(x, torch.randn(4, 77), torch.randn(4, 45), torch.zeros(77, dtype=torch.float64))
     with pytest.raises(ValueError, match="x: expected a non-empty 1-D tensor"):
-        svd_predictor(x[None], torch.randn(77, 4), torch.randn(4, 45), None)
+        svd_predictor(x[None], torch.randn(4, 77), torch.randn(4, 45), None)
     with pytest.raises(ValueError, match=r"packed: expected shape \[77, 2\]"):
         signbit_predictor(x, torch.zeros(77, 3, dtype=torch.int32), 1.0)
     with pytest.raises(ValueError, match=r"packed: expected dtype torch.int32"):
@@ -298,10 +313,16 @@ def test_c_kernels_return_an_error_status_for_invalid_arguments():
     assert torch.equal(y, torch.full((d,), 7.0))  # nothing written on failure
     assert library.edge_cpu_sparse_ffn(*good) == 0 and torch.equal(y, y_good)
     assert library.edge_cpu_sparse_ffn_workspace_size(0, n_neurons, 0) == 0
+    dense = [*good[:7], 0, 0.0, *good[11:14]]
+    assert library.edge_cpu_dense_ffn(*dense) == 0 and torch.equal(y, y_good)
+    for position, value in {0: None, 1: 0, 2: -1, 4: None, 6: 2, 7: 4, 9: None, 10: None}.items():
+        arguments = list(dense)
+        arguments[position] = value
+        assert library.edge_cpu_dense_ffn(*arguments) != 0, f"argument {position} = {value}"
 
     mask = torch.zeros(n_neurons, dtype=torch.uint8)
-    a, b, scratch = torch.randn(n_neurons, 4), torch.randn(4, d), torch.empty(4)
-    svd = [x.data_ptr(), d, n_neurons, 4, a.data_ptr(), b.data_ptr(), None, mask.data_ptr(), scratch.data_ptr()]
+    a_t, b, scratch = torch.randn(4, n_neurons), torch.randn(4, d), torch.empty(4)
+    svd = [x.data_ptr(), d, n_neurons, 4, a_t.data_ptr(), b.data_ptr(), None, mask.data_ptr(), scratch.data_ptr()]
     assert library.edge_cpu_svd_predictor(*svd) == 0
     for position, value in {0: None, 1: 0, 3: 0, 4: None, 7: None, 8: None}.items():
         arguments = list(svd)

@@ -18,6 +18,7 @@ from .support import (
     STEPS,
     Build,
     build_jetson,
+    python_cpu_engine,
     require_tools,
     run,
 )
@@ -71,8 +72,9 @@ def python_greedy_ids(bundles) -> dict[str, list[int]]:
     from edge_sdk.runtime.generator import SamplingSettings
 
     ids = {}
-    for name, path in bundles.items():
-        session = edge_sdk.load(path, backend="cpu", threads=1)
-        prompt_ids = session.tokenizer.encode(PROMPT)
-        ids[name] = list(session.generator.generate_ids(prompt_ids, SamplingSettings(max_new_tokens=STEPS)))
+    with python_cpu_engine():
+        for name, path in bundles.items():
+            session = edge_sdk.load(path, backend="cpu", threads=1)
+            prompt_ids = session.tokenizer.encode(PROMPT)
+            ids[name] = list(session.generator.generate_ids(prompt_ids, SamplingSettings(max_new_tokens=STEPS)))
     return ids

@@ -7,6 +7,7 @@ cmake gcc pkg-config libcjson-dev gcc-aarch64-linux-gnu libcjson-dev:arm64 qemu-
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -88,3 +89,20 @@ def sanitizer_env() -> dict[str, str]:
         "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:exitcode=86",
         "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1:exitcode=87",
     }
+
+
+@contextlib.contextmanager
+def python_cpu_engine():
+    """The CPU backend's torch engine: the comparisons here need the Python implementation, not the C runtime
+    that the backend otherwise runs."""
+    from edge_sdk.backends.cpu.backend import ENGINE_ENV
+
+    previous = os.environ.get(ENGINE_ENV)
+    os.environ[ENGINE_ENV] = "torch"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[ENGINE_ENV]
+        else:
+            os.environ[ENGINE_ENV] = previous

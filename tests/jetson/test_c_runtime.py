@@ -21,6 +21,7 @@ from .support import (
     PROMPT,
     Build,
     generate_command,
+    python_cpu_engine,
     qemu_command,
     run,
     sanitizer_env,
@@ -248,10 +249,11 @@ def test_model_config_variants_match_python(x86_build: Build, bundles, tmp_path,
     manifest["model"].update(change)
     manifest[MANIFEST_DIGEST_FIELD] = manifest_digest(manifest)
     (copy / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    session = edge_sdk.load(copy, backend="cpu", threads=1)
-    expected = list(
-        session.generator.generate_ids(session.tokenizer.encode(PROMPT), SamplingSettings(max_new_tokens=24))
-    )
+    with python_cpu_engine():
+        session = edge_sdk.load(copy, backend="cpu", threads=1)
+        expected = list(
+            session.generator.generate_ids(session.tokenizer.encode(PROMPT), SamplingSettings(max_new_tokens=24))
+        )
     original = run(generate_command([x86_build.binary("edge_generate")], bundles["signbit-fp32"], "--ids"))
     changed = run(generate_command([x86_build.binary("edge_generate")], copy, "--ids"))
     assert generated_ids(changed) == expected

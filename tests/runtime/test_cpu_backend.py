@@ -1,5 +1,5 @@
-"""The CPU backend (native kernels) on fixture bundles: same greedy tokens as the torch reference and ONNX
-Runtime; the Python API; `edge-sdk run` and its bad input."""
+"""The CPU backend on fixture bundles, with each of its engines (the C runtime's decoder and torch + kernels):
+same greedy tokens as the torch reference and ONNX Runtime; the Python API; `edge-sdk run` and its bad input."""
 
 from __future__ import annotations
 
@@ -10,14 +10,18 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from edge_sdk.backends.cpu.backend import ENGINE_ENV, TorchCpuEngine
+from edge_sdk.backends.cpu.runtime import RuntimeEngine
 
 import edge_sdk
 from edge_sdk.cli import main
+from edge_sdk.errors import EdgeSdkError
 from edge_sdk.export.bundle import MANIFEST_DIGEST_FIELD, manifest_digest
 from edge_sdk.export.exporter import ExportSettings, export_bundle, load_reference_decoder
 from edge_sdk.export.ort_session import OrtBundleSession
 from edge_sdk.model import Tokenizer
-from edge_sdk.runtime.backends import EngineOptions, get_backend
+from edge_sdk.native import NativeLibraryError, load_runtime
+from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions, get_backend
 from edge_sdk.sparsity.pipeline import CalibrationSettings
 
 PROMPT = "class Namespace(object):\n    def __init__(self"
@@ -37,6 +41,25 @@ def bundles(tiny_model_dir, tmp_path_factory):
     return made
 
 
+def runtime_built() -> bool:
+    try:
+        load_runtime()
+    except NativeLibraryError:
+        return False
+    return True
+
+
+needs_runtime = pytest.mark.skipif(not runtime_built(), reason="libedge_sdk was not built (cJSON missing at build)")
+ENGINES = [pytest.param("runtime", marks=needs_runtime), "torch"]
+
+
+@pytest.fixture(params=ENGINES)
+def cpu_engine(request, monkeypatch):
+    """Runs the test with $EDGE_SDK_CPU_ENGINE set to each engine."""
+    monkeypatch.setenv(ENGINE_ENV, request.param)
+    return request.param
+
+
 def greedy(prefill, decode, ids):
     tokens = [int(np.asarray(prefill(ids)).argmax())]
     for _ in range(STEPS - 1):
@@ -45,10 +68,11 @@ def greedy(prefill, decode, ids):
 
 
 @pytest.mark.parametrize("name", ["svd-fp32", "svd-fp16", "signbit-fp32", "core-fp16", "threshold-fp32"])
-def test_cpu_greedy_tokens_equal_reference_and_onnx_runtime(bundles, tiny_model_dir, name):
+def test_cpu_greedy_tokens_equal_reference_and_onnx_runtime(bundles, tiny_model_dir, name, cpu_engine):
     bundle = bundles[name]
     ids = Tokenizer.from_dir(tiny_model_dir).encode(PROMPT)
     engine = get_backend("cpu").load(bundle, EngineOptions())
+    assert isinstance(engine, RuntimeEngine if cpu_engine == "runtime" else TorchCpuEngine)
     reference = load_reference_decoder(bundle)
     session = OrtBundleSession(bundle)
     cpu_tokens = greedy(engine.prefill, engine.decode, ids)
@@ -63,7 +87,7 @@ def test_cpu_greedy_tokens_equal_reference_and_onnx_runtime(bundles, tiny_model_
     assert cpu_tokens == reference_tokens == ort_tokens
 
 
-def test_cpu_decode_is_deterministic_and_levels_change_the_result(bundles, tiny_model_dir):
+def test_cpu_decode_is_deterministic_and_levels_change_the_result(bundles, tiny_model_dir, cpu_engine):
     bundle = bundles["svd-fp32"]
     ids = Tokenizer.from_dir(tiny_model_dir).encode(PROMPT)
     first = get_backend("cpu").load(bundle, EngineOptions(sparsity=0.8))
@@ -76,6 +100,42 @@ def test_cpu_decode_is_deterministic_and_levels_change_the_result(bundles, tiny_
     dense = get_backend("cpu").load(bundle, EngineOptions(dense=True))
     dense.prefill(ids)
     assert not np.array_equal(dense.decode(ids[-1]), runs[0])
+
+
+@needs_runtime
+def test_engines_agree_on_logits(bundles, tiny_model_dir, monkeypatch):
+    """Dense and sparse decode logits of the C runtime and the torch engine agree to float32 rounding."""
+    ids = Tokenizer.from_dir(tiny_model_dir).encode(PROMPT)
+    for options in (EngineOptions(sparsity=0.5), EngineOptions(dense=True)):
+        logits = {}
+        for choice in ("runtime", "torch"):
+            monkeypatch.setenv(ENGINE_ENV, choice)
+            engine = get_backend("cpu").load(bundles["svd-fp16"], options)
+            engine.prefill(ids)
+            logits[choice] = [engine.decode(token) for token in ids[-4:]]
+        for runtime_step, torch_step in zip(logits["runtime"], logits["torch"], strict=True):
+            np.testing.assert_allclose(runtime_step, torch_step, rtol=1e-4, atol=1e-4)
+
+
+def test_engine_choice_is_validated(bundles, monkeypatch):
+    monkeypatch.setenv(ENGINE_ENV, "gpu")
+    with pytest.raises(EdgeSdkError, match=r"EDGE_SDK_CPU_ENGINE='gpu': expected one of auto, runtime, torch"):
+        get_backend("cpu").load(bundles["svd-fp32"], EngineOptions())
+    monkeypatch.setenv(ENGINE_ENV, "torch")
+    assert "decode in torch + kernels ($EDGE_SDK_CPU_ENGINE=torch)" in get_backend("cpu").probe()[1]
+
+
+@needs_runtime
+def test_runtime_engine_is_the_default_and_bf16_falls_back_to_torch(bundles, tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv(ENGINE_ENV, raising=False)
+    assert "decode in the C runtime libedge_sdk" in get_backend("cpu").probe()[1]
+    assert isinstance(get_backend("cpu").load(bundles["svd-fp32"], EngineOptions()), RuntimeEngine)
+    settings = ExportSettings(predictor="none", dtype="bf16", max_seq_len=64)
+    bf16 = export_bundle(tiny_model_dir, tmp_path / "bf16", settings, [])
+    assert isinstance(get_backend("cpu").load(bf16, EngineOptions()), TorchCpuEngine)
+    monkeypatch.setenv(ENGINE_ENV, "runtime")
+    with pytest.raises(BackendUnavailable, match=r"EDGE_SDK_CPU_ENGINE=runtime.*bf16"):
+        get_backend("cpu").load(bf16, EngineOptions())
 
 
 def test_python_api_generates_and_reports(bundles):

@@ -19,8 +19,8 @@ def test_doctor_reports_versions_libraries_and_backends():
     assert report["versions"]["torch"].startswith("2.")
     cpu = report["native"]["cpu_kernels"]
     assert cpu["built"] and cpu["loads"] and cpu["version"] == edge_sdk.__version__ and cpu["threads"] >= 1
-    assert set(report["native"]) == {"cpu_kernels", "cuda_kernels", "tensorrt_plugins"}
-    for library in ("cuda_kernels", "tensorrt_plugins"):
+    assert set(report["native"]) == {"cpu_kernels", "c_runtime", "cuda_kernels", "tensorrt_plugins"}
+    for library in ("c_runtime", "cuda_kernels", "tensorrt_plugins"):
         entry = report["native"][library]
         assert (
             entry["path"].endswith(".so")

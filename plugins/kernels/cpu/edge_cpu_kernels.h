@@ -43,9 +43,11 @@ const char *edge_cpu_version(void);
 int edge_cpu_max_threads(void);
 
 /* SVD predictor (DESIGN 3.2): mask[i] = ((x B^T) A^T)_i + bias_i > 0.
- * x: [d]; a: [D, rank]; b: [rank, d]; bias: [D] or NULL (zero bias); all fp32.
- * mask: [D] output, 1 = predicted active. scratch: [rank] floats (holds x B^T). Uses all OpenMP threads. */
-int edge_cpu_svd_predictor(const float *x, int d, int D, int rank, const float *a, const float *b, const float *bias,
+ * x: [d]; a_t: [rank, D], the bundle's svd.a [D, rank] transposed once at load, so the scores of consecutive
+ * neurons are vector operations; b: [rank, d]; bias: [D] or NULL (zero bias); all fp32. Each score sums its
+ * rank terms in order. mask: [D] output, 1 = predicted active. scratch: [rank] floats (holds x B^T). Uses all
+ * OpenMP threads. */
+int edge_cpu_svd_predictor(const float *x, int d, int D, int rank, const float *a_t, const float *b, const float *bias,
                            uint8_t *mask, float *scratch);
 
 /* Sign-bit predictor (DESIGN 3.2, edge_sdk/sparsity/signbit.py).
@@ -77,6 +79,15 @@ size_t edge_cpu_sparse_ffn_workspace_size(int d, int D, int threads);
 int edge_cpu_sparse_ffn(const float *x, int d, int D, const void *w_gate, const void *w_up, const void *w_down_t,
                         int weight_dtype, const uint8_t *mask, const float *thresholds, int activation,
                         float act_threshold, float *y, void *workspace, int threads, uint8_t *active_out);
+
+/* The dense FFN of one token through the same row primitives: y = W_down (act(W_gate x) * act_up(W_up x)) with
+ * every neuron's gate, up and down rows read and multiplied, zeros included -- what a runtime that does not
+ * exploit activation sparsity computes, and the baseline the sparse paths are measured against. Arguments as
+ * for edge_cpu_sparse_ffn without mask, thresholds and active_out; the same workspace size. The result equals
+ * edge_cpu_sparse_ffn with mask NULL up to the order of the additions of exact zeros (bit-identical for finite
+ * weights). */
+int edge_cpu_dense_ffn(const float *x, int d, int D, const void *w_gate, const void *w_up, const void *w_down_t,
+                       int weight_dtype, int activation, float act_threshold, float *y, void *workspace, int threads);
 
 /* Dense y = W x (+ bias) for one token: the attention projections and the LM head of the decode step.
  * x: [in] fp32; w: [out, in] row-major of weight_dtype (enum edge_dtype), read in place; bias: [out] fp32 or

@@ -12,6 +12,8 @@
 #define EDGE_BITS_PER_WORD 32
 /* Sign-bit predictor: x's packed bits stay on the stack up to this many words (d = 65536). */
 #define EDGE_SIGNBIT_STACK_WORDS 2048
+/* Neurons whose SVD scores one thread accumulates together (in registers and L1). */
+#define EDGE_SCORE_BLOCK 256
 
 /* Lane l accumulates elements l, l + 16, ...; a fixed-order pairwise sum ends it. */
 static float dot_f32(const float *restrict w, const float *restrict x, int n) {
@@ -27,9 +29,9 @@ static float dot_f32(const float *restrict w, const float *restrict x, int n) {
   return acc[0];
 }
 
-int edge_cpu_svd_predictor(const float *x, int d, int D, int rank, const float *a, const float *b, const float *bias,
+int edge_cpu_svd_predictor(const float *x, int d, int D, int rank, const float *a_t, const float *b, const float *bias,
                            uint8_t *mask, float *scratch) {
-  if (x == NULL || a == NULL || b == NULL || mask == NULL || scratch == NULL) return EDGE_CPU_INVALID_ARGUMENT;
+  if (x == NULL || a_t == NULL || b == NULL || mask == NULL || scratch == NULL) return EDGE_CPU_INVALID_ARGUMENT;
   if (d <= 0 || D <= 0 || rank <= 0) return EDGE_CPU_INVALID_ARGUMENT;
 #ifdef _OPENMP
 #pragma omp parallel
@@ -40,13 +42,21 @@ int edge_cpu_svd_predictor(const float *x, int d, int D, int rank, const float *
 #pragma omp for schedule(static)
 #endif
     for (int r = 0; r < rank; r++) scratch[r] = dot_f32(b + (size_t)r * (size_t)d, x, d);
-    /* (the implicit barrier of the loop above makes scratch complete here) */
+    /* (the implicit barrier of the loop above makes scratch complete here) Scores of a block of neurons,
+     * summed over the rank in order: each step is one vector operation over the block's contiguous run of
+     * A^T's row r. */
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
-    for (int i = 0; i < D; i++) {
-      float score = dot_f32(a + (size_t)i * (size_t)rank, scratch, rank) + (bias == NULL ? 0.0f : bias[i]);
-      mask[i] = score > 0.0f;
+    for (int i0 = 0; i0 < D; i0 += EDGE_SCORE_BLOCK) {
+      int n = D - i0 < EDGE_SCORE_BLOCK ? D - i0 : EDGE_SCORE_BLOCK;
+      float score[EDGE_SCORE_BLOCK] = {0};
+      for (int r = 0; r < rank; r++) {
+        const float *column = a_t + (size_t)r * (size_t)D + (size_t)i0;
+        float z = scratch[r];
+        for (int l = 0; l < n; l++) score[l] += column[l] * z;
+      }
+      for (int l = 0; l < n; l++) mask[i0 + l] = score[l] + (bias == NULL ? 0.0f : bias[i0 + l]) > 0.0f;
     }
   }
   return EDGE_CPU_OK;

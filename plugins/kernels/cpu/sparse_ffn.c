@@ -370,19 +370,20 @@ static inline float row_dot(const void *w, int dtype, int row, const float *x, i
   return dtype == EDGE_F16 ? dot_f16(start, x, d, next) : dot_f32(start, x, d, next);
 }
 
-/* Gate and up for candidates [k0, k1) of one chunk; returns how many were active, stored from k0 on.
- * While a gate row is read, the row read next is prefetched: the neuron's up row when a predictor marked
- * it (it is probably active), else the next candidate's gate row. */
+/* Gate and up for candidates [k0, k1) of one chunk; returns how many were active (every candidate when not
+ * skip_zeros), stored from k0 on. While a gate row is read, the row read next is prefetched: the neuron's up
+ * row when it will probably be read (a predictor marked the neuron, or nothing is skipped), else the next
+ * candidate's gate row. */
 static int gate_up_chunk(const struct ffn_workspace *ws, int k0, int k1, const float *x, int d, const void *w_gate,
-                         const void *w_up, int dtype, int predicted, const float *thresholds, int activation,
-                         float act_threshold) {
+                         const void *w_up, int dtype, int up_likely, int skip_zeros, const float *thresholds,
+                         int activation, float act_threshold) {
   int n_active = 0;
   for (int k = k0; k < k1; k++) {
     int i = ws->candidates[k];
     const char *next_gate = row_address(w_gate, dtype, ws->candidates[k + 1 < k1 ? k + 1 : k], d);
-    const char *while_gate = predicted ? row_address(w_up, dtype, i, d) : next_gate;
+    const char *while_gate = up_likely ? row_address(w_up, dtype, i, d) : next_gate;
     float a = gate_activation(activation, row_dot(w_gate, dtype, i, x, d, while_gate), act_threshold);
-    if (a == 0.0f || (thresholds != NULL && !(fabsf(a) > thresholds[i]))) continue;
+    if (skip_zeros && (a == 0.0f || (thresholds != NULL && !(fabsf(a) > thresholds[i])))) continue;
     float u = row_dot(w_up, dtype, i, x, d, next_gate);
     if (activation == EDGE_ACT_DRELU) u = u < 0.0f ? 0.0f : u;
     ws->active_index[k0 + n_active] = i;
@@ -392,11 +393,12 @@ static int gate_up_chunk(const struct ffn_workspace *ws, int k0, int k1, const f
   return n_active;
 }
 
-/* Walks the segments in order, yielding the down rows with h != 0 (rows with h == 0 would add exactly zero
- * and are not read) in groups of up to EDGE_DOWN_GROUP. */
+/* Walks the segments in order, yielding the down rows in groups of up to EDGE_DOWN_GROUP; with skip_zeros
+ * only those with h != 0 (rows with h == 0 would add exactly zero and are not read). */
 struct down_cursor {
   const struct ffn_workspace *ws;
   int n_segments;
+  int skip_zeros;
   int segment; /* current segment */
   int j;       /* next entry of the active list */
 };
@@ -411,7 +413,7 @@ static int next_down_group(struct down_cursor *cursor, size_t row_length, size_t
       continue;
     }
     int j = cursor->j++;
-    if (ws->active_hidden[j] == 0.0f) continue;
+    if (cursor->skip_zeros && ws->active_hidden[j] == 0.0f) continue;
     rows[n_rows] = (size_t)ws->active_index[j] * row_length + column;
     h[n_rows++] = ws->active_hidden[j];
   }
@@ -421,10 +423,10 @@ static int next_down_group(struct down_cursor *cursor, size_t row_length, size_t
 /* y[c0:c1] = sum over the active list (in order) of h_j * w_down_t[i_j][c0:c1], a group of rows at a time
  * while the next group is prefetched. */
 static void down_columns(float *y, int c0, int c1, int d, const void *w_down_t, int dtype,
-                         const struct ffn_workspace *ws, int n_segments) {
+                         const struct ffn_workspace *ws, int n_segments, int skip_zeros) {
   int n = c1 - c0;
   memset(y + c0, 0, (size_t)n * sizeof(float));
-  struct down_cursor cursor = {ws, n_segments, 0, 0};
+  struct down_cursor cursor = {ws, n_segments, skip_zeros, 0, 0};
   size_t rows[2][EDGE_DOWN_GROUP]; /* element offsets of the rows' pieces [c0, c1): this group and the next */
   float h[2][EDGE_DOWN_GROUP];
   int now = 0;
@@ -441,20 +443,35 @@ static void down_columns(float *y, int c0, int c1, int d, const void *w_down_t, 
   }
 }
 
-int edge_cpu_sparse_ffn(const float *x, int d, int D, const void *w_gate, const void *w_up, const void *w_down_t,
-                        int weight_dtype, const uint8_t *mask, const float *thresholds, int activation,
-                        float act_threshold, float *y, void *workspace, int threads, uint8_t *active_out) {
+static int check_ffn_arguments(const float *x, int d, int D, const void *w_gate, const void *w_up,
+                               const void *w_down_t, int weight_dtype, int activation, float act_threshold,
+                               const float *y, const void *workspace) {
   if (x == NULL || w_gate == NULL || w_up == NULL || w_down_t == NULL || y == NULL || workspace == NULL) {
     return EDGE_CPU_INVALID_ARGUMENT;
   }
   if (d <= 0 || D <= 0 || (weight_dtype != EDGE_F32 && weight_dtype != EDGE_F16)) return EDGE_CPU_INVALID_ARGUMENT;
   if (activation < EDGE_ACT_RELU || activation > EDGE_ACT_SILU) return EDGE_CPU_INVALID_ARGUMENT;
   if (activation == EDGE_ACT_FATRELU && !(act_threshold >= 0.0f)) return EDGE_CPU_INVALID_ARGUMENT;
+  return EDGE_CPU_OK;
+}
 
+/* The FFN over the mask's neurons (all when NULL); skip_zeros: drop neurons whose activation is zero (or under
+ * their threshold) before up and down, as the sparse FFN does, or compute every candidate as a dense FFN. */
+static void run_ffn(const float *x, int d, int D, const void *w_gate, const void *w_up, const void *w_down_t,
+                    int weight_dtype, const uint8_t *mask, const float *thresholds, int activation,
+                    float act_threshold, float *y, void *workspace, int threads, uint8_t *active_out, int skip_zeros) {
   struct ffn_workspace ws = layout_workspace(workspace, D);
   int n_candidates = 0;
-  for (int i = 0; i < D; i++) {
-    if (mask == NULL || mask[i]) ws.candidates[n_candidates++] = i;
+  if (mask == NULL) {
+    for (int i = 0; i < D; i++) ws.candidates[i] = i;
+    n_candidates = D;
+  } else {
+    /* branch-free: a predicted mask is close to random, and a mispredicted branch per neuron cost more than
+     * the gate rows it saves on small layers */
+    for (int i = 0; i < D; i++) {
+      ws.candidates[n_candidates] = i;
+      n_candidates += mask[i] != 0;
+    }
   }
   if (active_out != NULL) memset(active_out, 0, (size_t)D);
   int n_segments = ceil_div(n_candidates, EDGE_GATE_CHUNK);
@@ -462,6 +479,7 @@ int edge_cpu_sparse_ffn(const float *x, int d, int D, const void *w_gate, const 
   /* Down: one block of columns per thread, so each weight row is read in long contiguous pieces. */
   int n_units = ceil_div(d, EDGE_COLUMN_UNIT);
   int n_column_blocks = threads < n_units ? threads : n_units;
+  int up_likely = mask != NULL || !skip_zeros;
 
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
@@ -472,7 +490,7 @@ int edge_cpu_sparse_ffn(const float *x, int d, int D, const void *w_gate, const 
 #endif
     for (int s = 0; s < n_segments; s++) {
       int k0 = s * EDGE_GATE_CHUNK, k1 = k0 + EDGE_GATE_CHUNK < n_candidates ? k0 + EDGE_GATE_CHUNK : n_candidates;
-      int n_active = gate_up_chunk(&ws, k0, k1, x, d, w_gate, w_up, weight_dtype, mask != NULL, thresholds,
+      int n_active = gate_up_chunk(&ws, k0, k1, x, d, w_gate, w_up, weight_dtype, up_likely, skip_zeros, thresholds,
                                    activation, act_threshold);
       ws.segment_count[s] = n_active;
       if (active_out != NULL) {
@@ -486,9 +504,29 @@ int edge_cpu_sparse_ffn(const float *x, int d, int D, const void *w_gate, const 
     for (int b = 0; b < n_column_blocks; b++) {
       int c0 = EDGE_COLUMN_UNIT * split_point(n_units, n_column_blocks, b);
       int c1 = EDGE_COLUMN_UNIT * split_point(n_units, n_column_blocks, b + 1);
-      down_columns(y, c0, c1 < d ? c1 : d, d, w_down_t, weight_dtype, &ws, n_segments);
+      down_columns(y, c0, c1 < d ? c1 : d, d, w_down_t, weight_dtype, &ws, n_segments, skip_zeros);
     }
   }
+}
+
+int edge_cpu_sparse_ffn(const float *x, int d, int D, const void *w_gate, const void *w_up, const void *w_down_t,
+                        int weight_dtype, const uint8_t *mask, const float *thresholds, int activation,
+                        float act_threshold, float *y, void *workspace, int threads, uint8_t *active_out) {
+  int status = check_ffn_arguments(x, d, D, w_gate, w_up, w_down_t, weight_dtype, activation, act_threshold, y,
+                                   workspace);
+  if (status != EDGE_CPU_OK) return status;
+  run_ffn(x, d, D, w_gate, w_up, w_down_t, weight_dtype, mask, thresholds, activation, act_threshold, y, workspace,
+          threads, active_out, 1);
+  return EDGE_CPU_OK;
+}
+
+int edge_cpu_dense_ffn(const float *x, int d, int D, const void *w_gate, const void *w_up, const void *w_down_t,
+                       int weight_dtype, int activation, float act_threshold, float *y, void *workspace, int threads) {
+  int status = check_ffn_arguments(x, d, D, w_gate, w_up, w_down_t, weight_dtype, activation, act_threshold, y,
+                                   workspace);
+  if (status != EDGE_CPU_OK) return status;
+  run_ffn(x, d, D, w_gate, w_up, w_down_t, weight_dtype, NULL, NULL, activation, act_threshold, y, workspace,
+          threads, NULL, 0);
   return EDGE_CPU_OK;
 }
 
