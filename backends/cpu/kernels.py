@@ -212,19 +212,7 @@ class SparseFFNKernel:
         size = _library().edge_cpu_sparse_ffn_workspace_size(d, D, threads)
         self._workspace = torch.empty(size, dtype=torch.uint8)
 
-    def __call__(
-        self,
-        x: torch.Tensor,  # [d] float32
-        w_gate: torch.Tensor,  # [D, d] float32 or float16
-        w_up: torch.Tensor,  # [D, d], same dtype as w_gate
-        w_down_t: torch.Tensor,  # [D, d], W_down transposed, same dtype as w_gate
-        activation: Activation,
-        mask: torch.Tensor | None = None,  # [D] bool, None = dense
-        thresholds: torch.Tensor | None = None,  # [D] float32 CHESS thresholds on |act.gate(g)|
-        out: torch.Tensor | None = None,  # [d] float32, receives y
-        active_out: torch.Tensor | None = None,  # [D] bool, receives the neurons that reached up/down
-    ) -> torch.Tensor:
-        """y [d] float32 = sparse_ffn(x, w_gate, w_up, w_down_t, mask, activation, thresholds=...).output."""
+    def _check_ffn_inputs(self, x, w_gate, w_up, w_down_t, activation) -> None:
         d, n_neurons = self.d, self.n_neurons
         if not isinstance(activation, Activation):
             raise ValueError(f"activation: expected an Activation, found {type(activation).__name__}")
@@ -232,14 +220,33 @@ class SparseFFNKernel:
         _check_tensor("w_gate", w_gate, tuple(WEIGHT_DTYPES), [n_neurons, d])
         _check_tensor("w_up", w_up, (w_gate.dtype,), [n_neurons, d])
         _check_tensor("w_down_t", w_down_t, (w_gate.dtype,), [n_neurons, d])
+
+    def _output(self, out: torch.Tensor | None) -> torch.Tensor:
+        if out is None:
+            return torch.empty(self.d, dtype=torch.float32)
+        _check_tensor("out", out, (torch.float32,), [self.d])
+        return out
+
+    def __call__(
+        self,
+        x: torch.Tensor,  # [d] float32
+        w_gate: torch.Tensor,  # [D, d] float32 or float16
+        w_up: torch.Tensor,  # [D, d], same dtype as w_gate
+        w_down_t: torch.Tensor,  # [D, d], W_down transposed, same dtype as w_gate
+        activation: Activation,
+        mask: torch.Tensor | None = None,  # [D] bool, None = every neuron a candidate (zeros still skipped)
+        thresholds: torch.Tensor | None = None,  # [D] float32 CHESS thresholds on |act.gate(g)|
+        out: torch.Tensor | None = None,  # [d] float32, receives y
+        active_out: torch.Tensor | None = None,  # [D] bool, receives the neurons that reached up/down
+    ) -> torch.Tensor:
+        """y [d] float32 = sparse_ffn(x, w_gate, w_up, w_down_t, mask, activation, thresholds=...).output."""
+        d, n_neurons = self.d, self.n_neurons
+        self._check_ffn_inputs(x, w_gate, w_up, w_down_t, activation)
         if mask is not None:
             _check_tensor("mask", mask, (torch.bool,), [n_neurons])
         if thresholds is not None:
             _check_tensor("thresholds", thresholds, (torch.float32,), [n_neurons])
-        if out is None:
-            out = torch.empty(d, dtype=torch.float32)
-        else:
-            _check_tensor("out", out, (torch.float32,), [d])
+        out = self._output(out)
         if active_out is not None:
             _check_tensor("active_out", active_out, (torch.bool,), [n_neurons])
         status = _library().edge_cpu_sparse_ffn(
@@ -274,16 +281,8 @@ class SparseFFNKernel:
         """y [d] float32 = dense_ffn(x, ...): every neuron's gate, up and down rows, zeros included (the dense
         baseline a runtime without activation sparsity computes)."""
         d, n_neurons = self.d, self.n_neurons
-        if not isinstance(activation, Activation):
-            raise ValueError(f"activation: expected an Activation, found {type(activation).__name__}")
-        _check_tensor("x", x, (torch.float32,), [d])
-        _check_tensor("w_gate", w_gate, tuple(WEIGHT_DTYPES), [n_neurons, d])
-        _check_tensor("w_up", w_up, (w_gate.dtype,), [n_neurons, d])
-        _check_tensor("w_down_t", w_down_t, (w_gate.dtype,), [n_neurons, d])
-        if out is None:
-            out = torch.empty(d, dtype=torch.float32)
-        else:
-            _check_tensor("out", out, (torch.float32,), [d])
+        self._check_ffn_inputs(x, w_gate, w_up, w_down_t, activation)
+        out = self._output(out)
         status = _library().edge_cpu_dense_ffn(
             x.data_ptr(),
             d,

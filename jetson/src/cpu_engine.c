@@ -2,8 +2,8 @@
  *
  *   Config   struct model_config (model.h), read from the manifest
  *   Weights  struct cpu_weights: pointers into the read-only mapping of weights.safetensors, never copied.
- *            Matrices are F32 or F16 as stored; F16 rows are widened to fp32 on the fly inside each dot
- *            product (attention, embedding, lm_head) or read as F16 by the FFN kernels.
+ *            Matrices are F32 or F16 as stored; the kernels (edge_cpu_matvec for the attention projections
+ *            and lm_head, the FFN kernels) widen F16 rows to fp32 on the fly, as does the embedding lookup.
  *   RunState struct run_state: activation buffers and the preallocated KV cache of one session.
  *
  * Math of edge_sdk/model/decoder.py and edge_sdk/sparsity/sparse_model.py: RMSNorm x * rsqrt(mean(x^2) + eps)
@@ -435,39 +435,6 @@ static inline float half_to_float(uint16_t h) {
   float value;
   memcpy(&value, &bits, sizeof bits);
   return value;
-}
-
-/* w . x in fixed lanes and a fixed pairwise final sum (deterministic for any thread count). */
-static float dot_f32(const float *restrict w, const float *restrict x, int n) {
-  float acc[LANES] = {0};
-  int j = 0;
-  for (; j + LANES <= n; j += LANES) {
-    for (int l = 0; l < LANES; l++) acc[l] += w[j + l] * x[j + l];
-  }
-  for (int l = 0; j + l < n; l++) acc[l] += w[j + l] * x[j + l];
-  for (int half = LANES / 2; half > 0; half /= 2) {
-    for (int l = 0; l < half; l++) acc[l] += acc[l + half];
-  }
-  return acc[0];
-}
-
-static float dot_f16(const uint16_t *restrict w, const float *restrict x, int n) {
-  float acc[LANES] = {0};
-  int j = 0;
-  for (; j + LANES <= n; j += LANES) {
-    for (int l = 0; l < LANES; l++) acc[l] += half_to_float(w[j + l]) * x[j + l];
-  }
-  for (int l = 0; j + l < n; l++) acc[l] += half_to_float(w[j + l]) * x[j + l];
-  for (int half = LANES / 2; half > 0; half /= 2) {
-    for (int l = 0; l < half; l++) acc[l] += acc[l + half];
-  }
-  return acc[0];
-}
-
-static inline float row_dot(const struct matrix *m, int row, const float *x) {
-  size_t offset = (size_t)row * (size_t)m->cols;
-  return m->dtype == EDGE_F16 ? dot_f16((const uint16_t *)m->data + offset, x, m->cols)
-                              : dot_f32((const float *)m->data + offset, x, m->cols);
 }
 
 /* y[rows] = m x (+ bias): the kernels' matvec, rows split over threads. */

@@ -455,11 +455,15 @@ static int check_ffn_arguments(const float *x, int d, int D, const void *w_gate,
   return EDGE_CPU_OK;
 }
 
-/* The FFN over the mask's neurons (all when NULL); skip_zeros: drop neurons whose activation is zero (or under
- * their threshold) before up and down, as the sparse FFN does, or compute every candidate as a dense FFN. */
-static void run_ffn(const float *x, int d, int D, const void *w_gate, const void *w_up, const void *w_down_t,
-                    int weight_dtype, const uint8_t *mask, const float *thresholds, int activation,
-                    float act_threshold, float *y, void *workspace, int threads, uint8_t *active_out, int skip_zeros) {
+/* The FFN over the mask's neurons (all when NULL) after checking the arguments; skip_zeros: drop neurons whose
+ * activation is zero (or under their threshold) before up and down, as the sparse FFN does, or compute every
+ * candidate as a dense FFN. */
+static int run_ffn(const float *x, int d, int D, const void *w_gate, const void *w_up, const void *w_down_t,
+                   int weight_dtype, const uint8_t *mask, const float *thresholds, int activation, float act_threshold,
+                   float *y, void *workspace, int threads, uint8_t *active_out, int skip_zeros) {
+  int status = check_ffn_arguments(x, d, D, w_gate, w_up, w_down_t, weight_dtype, activation, act_threshold, y,
+                                   workspace);
+  if (status != EDGE_CPU_OK) return status;
   struct ffn_workspace ws = layout_workspace(workspace, D);
   int n_candidates = 0;
   if (mask == NULL) {
@@ -507,27 +511,20 @@ static void run_ffn(const float *x, int d, int D, const void *w_gate, const void
       down_columns(y, c0, c1 < d ? c1 : d, d, w_down_t, weight_dtype, &ws, n_segments, skip_zeros);
     }
   }
+  return EDGE_CPU_OK;
 }
 
 int edge_cpu_sparse_ffn(const float *x, int d, int D, const void *w_gate, const void *w_up, const void *w_down_t,
                         int weight_dtype, const uint8_t *mask, const float *thresholds, int activation,
                         float act_threshold, float *y, void *workspace, int threads, uint8_t *active_out) {
-  int status = check_ffn_arguments(x, d, D, w_gate, w_up, w_down_t, weight_dtype, activation, act_threshold, y,
-                                   workspace);
-  if (status != EDGE_CPU_OK) return status;
-  run_ffn(x, d, D, w_gate, w_up, w_down_t, weight_dtype, mask, thresholds, activation, act_threshold, y, workspace,
-          threads, active_out, 1);
-  return EDGE_CPU_OK;
+  return run_ffn(x, d, D, w_gate, w_up, w_down_t, weight_dtype, mask, thresholds, activation, act_threshold, y,
+                 workspace, threads, active_out, 1);
 }
 
 int edge_cpu_dense_ffn(const float *x, int d, int D, const void *w_gate, const void *w_up, const void *w_down_t,
                        int weight_dtype, int activation, float act_threshold, float *y, void *workspace, int threads) {
-  int status = check_ffn_arguments(x, d, D, w_gate, w_up, w_down_t, weight_dtype, activation, act_threshold, y,
-                                   workspace);
-  if (status != EDGE_CPU_OK) return status;
-  run_ffn(x, d, D, w_gate, w_up, w_down_t, weight_dtype, NULL, NULL, activation, act_threshold, y, workspace,
-          threads, NULL, 0);
-  return EDGE_CPU_OK;
+  return run_ffn(x, d, D, w_gate, w_up, w_down_t, weight_dtype, NULL, NULL, activation, act_threshold, y, workspace,
+                 threads, NULL, 0);
 }
 
 int edge_cpu_matvec(const float *x, int in, int out, const void *w, int weight_dtype, const float *bias, float *y,
