@@ -14,13 +14,22 @@ from edge_sdk import __version__
 
 
 def _commit() -> str | None:
+    """HEAD's short hash, with "-dirty" when tracked files differ from it: the figures then measured code that no
+    commit holds."""
     try:
-        result = subprocess.run(
+        head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        )
+        changes = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return result.stdout.strip()
+    return head.stdout.strip() + ("-dirty" if changes.stdout.strip() else "")
 
 
 def machine_description() -> dict[str, Any]:

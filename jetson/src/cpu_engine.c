@@ -22,13 +22,12 @@
 #endif
 
 #include "edge_cpu_kernels.h"
+#include "edge_cpu_vectors.h"
 #include "model.h"
 
 /* Below this many multiply-adds a matrix-vector product runs on one thread (thread start-up costs more). */
 #define PARALLEL_MIN_WORK (1 << 16)
 #define LANES 16
-/* Positions whose attention scores are accumulated together over the head dimension. */
-#define SCORE_BLOCK 64
 
 struct matrix {
   const void *data; /* [rows, cols] row-major, dtype EDGE_F32 or EDGE_F16 */
@@ -419,24 +418,6 @@ static void cpu_session_destroy(void *state) { free_run_state(state); }
 
 /* ---- Math -------------------------------------------------------------------------------------------- */
 
-/* IEEE half -> float with integer operations and one multiply, so the loops below vectorise on any target
- * (the magnitude bits shifted into float position and scaled by 2^112 rebias normal and subnormal halves
- * exactly; infinities and NaNs get the all-ones exponent). */
-static inline float half_to_float(uint16_t h) {
-  uint32_t shifted = (uint32_t)(h & 0x7fffu) << 13;
-  float magnitude;
-  memcpy(&magnitude, &shifted, sizeof shifted);
-  magnitude *= 0x1p112f;
-  uint32_t bits;
-  memcpy(&bits, &magnitude, sizeof bits);
-  uint32_t special = 0u - (uint32_t)((h & 0x7c00u) == 0x7c00u);
-  bits = (bits & ~special) | ((shifted | 0x7f800000u) & special);
-  bits |= (uint32_t)(h & 0x8000u) << 16;
-  float value;
-  memcpy(&value, &bits, sizeof bits);
-  return value;
-}
-
 /* y[rows] = m x (+ bias): the kernels' matvec, rows split over threads. */
 static void matvec(const struct matrix *m, const float *x, const float *bias, float *y, int threads) {
   int parallel = (int64_t)m->rows * m->cols >= PARALLEL_MIN_WORK && threads > 1;
@@ -497,56 +478,106 @@ static inline float exp_nonpositive(float x) {
   return x < -87.3f ? 0.0f : y * scale;
 }
 
-/* Attention of the token at pos over positions [first, pos] of one layer's cache, every head. The scores are
- * accumulated over the head dimension in order, each step a vector operation over positions. */
-static void attention(struct run_state *s, int layer, int pos) {
+/* scores[0:16 * n_vectors] = scale * (q . keys[:, 0:16 * n_vectors]) for n_vectors in 1..4, keys position-minor
+ * rows of `stride` floats; each score sums over the head dimension in order. */
+static inline void score_vectors(float *scores, const float *keys, size_t stride, const float *q, int hd,
+                                 float scale, int n_vectors) {
+  vec16 sum[4] = {{0}, {0}, {0}, {0}};
+  for (int i = 0; i < hd; i++) {
+    const float *row = keys + (size_t)i * stride;
+    for (int v = 0; v < n_vectors; v++) sum[v] += q[i] * load16(row + 16 * v);
+  }
+  for (int v = 0; v < n_vectors; v++) store16(scores + 16 * v, sum[v] * scale);
+}
+
+/* out[0:hd] = sum over t in [first, pos] of weights[t] * values[t][0:hd], positions in order, 32 or 16
+ * dimensions at a time in registers. */
+static void weighted_values(float *out, const float *weights, const float *values, size_t row_stride, int first,
+                            int pos, int hd) {
+  int i0 = 0;
+  for (; i0 + 32 <= hd; i0 += 32) {
+    vec16 low = {0}, high = {0};
+    for (int t = first; t <= pos; t++) {
+      const float *v = values + (size_t)t * row_stride + (size_t)i0;
+      low += weights[t] * load16(v);
+      high += weights[t] * load16(v + 16);
+    }
+    store16(out + i0, low);
+    store16(out + i0 + 16, high);
+  }
+  for (; i0 + 16 <= hd; i0 += 16) {
+    vec16 sum = {0};
+    for (int t = first; t <= pos; t++) sum += weights[t] * load16(values + (size_t)t * row_stride + (size_t)i0);
+    store16(out + i0, sum);
+  }
+  for (; i0 < hd; i0++) {
+    float sum = 0.0f;
+    for (int t = first; t <= pos; t++) sum += weights[t] * values[(size_t)t * row_stride + (size_t)i0];
+    out[i0] = sum;
+  }
+}
+
+/* Attention of head h for the token at pos over positions [first, pos] of one layer's cache. The maximum and
+ * the sum of the scores are taken in LANES lanes (k % LANES) with a fixed final order, so they do not depend
+ * on threads. */
+static void attend_head(struct run_state *s, int layer, int pos, int first, int h) {
   const struct model_config *c = s->engine->config;
   int hd = c->head_dim, groups = c->num_heads / c->num_kv_heads;
   size_t kv_dim = (size_t)c->num_kv_heads * (size_t)hd, seq = (size_t)c->max_seq_len;
-  int first = c->sliding_window > 0 && pos - c->sliding_window + 1 > 0 ? pos - c->sliding_window + 1 : 0;
   size_t stride = s->key_stride;
-  const float *keys = s->key_cache + (size_t)layer * kv_dim * stride;
-  const float *values = s->value_cache + (size_t)layer * seq * kv_dim;
   float scale = 1.0f / sqrtf((float)hd);
-  int n_heads = c->num_heads;
-  int parallel = (int64_t)n_heads * (pos - first + 1) * hd >= PARALLEL_MIN_WORK && s->engine->threads > 1;
-  (void)parallel;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(s->engine->threads) if (parallel)
-#endif
-  for (int h = 0; h < n_heads; h++) {
-    const float *q = s->q + (size_t)h * (size_t)hd;
-    size_t kv_head = (size_t)(h / groups);
-    const float *head_keys = keys + kv_head * (size_t)hd * stride; /* [hd, stride] */
-    float *restrict scores = s->scores + (size_t)h * seq;
-    for (int t0 = first; t0 <= pos; t0 += SCORE_BLOCK) {
-      int m = pos - t0 + 1 < SCORE_BLOCK ? pos - t0 + 1 : SCORE_BLOCK;
-      float block[SCORE_BLOCK] = {0}; /* kept in registers across the head dimension */
-      for (int i = 0; i < hd; i++) {
-        const float *restrict key_row = head_keys + (size_t)i * stride + (size_t)t0;
-        float qi = q[i];
-        for (int l = 0; l < m; l++) block[l] += qi * key_row[l];
-      }
-      for (int l = 0; l < m; l++) scores[t0 + l] = block[l] * scale;
-    }
-    float max = -INFINITY;
-    for (int t = first; t <= pos; t++) max = scores[t] > max ? scores[t] : max;
-    float partial[LANES] = {0}; /* fixed lanes and a fixed final order: the sum does not depend on threads */
-    int n = pos - first + 1;
-    for (int k = 0; k < n; k++) scores[first + k] = exp_nonpositive(scores[first + k] - max);
-    for (int k = 0; k < n; k++) partial[k % LANES] += scores[first + k];
-    for (int half = LANES / 2; half > 0; half /= 2) {
-      for (int l = 0; l < half; l++) partial[l] += partial[l + half];
-    }
-    float sum = partial[0];
-    for (int t = first; t <= pos; t++) scores[t] /= sum;
-    float *out = s->attn + (size_t)h * (size_t)hd;
-    memset(out, 0, (size_t)hd * sizeof(float));
-    for (int t = first; t <= pos; t++) {
-      const float *v = values + (size_t)t * kv_dim + kv_head * (size_t)hd;
-      for (int i = 0; i < hd; i++) out[i] += scores[t] * v[i];
-    }
+  const float *q = s->q + (size_t)h * (size_t)hd;
+  size_t kv_head = (size_t)(h / groups);
+  const float *layer_keys = s->key_cache + (size_t)layer * kv_dim * stride;
+  const float *head_keys = layer_keys + kv_head * (size_t)hd * stride + (size_t)first; /* [hd, stride] from first */
+  const float *values = s->value_cache + (size_t)layer * seq * kv_dim + kv_head * (size_t)hd;
+  float *scores = s->scores + (size_t)h * seq + first; /* scores[k]: position first + k */
+  int n = pos - first + 1;
+  int k = 0;
+  for (; k + 64 <= n; k += 64) score_vectors(scores + k, head_keys + k, stride, q, hd, scale, 4);
+  for (; k < n; k += 16) {
+    /* the last vector reads the cache up to 15 positions past pos (within key_stride) but keeps only n */
+    float tail[16];
+    score_vectors(tail, head_keys + k, stride, q, hd, scale, 1);
+    memcpy(scores + k, tail, (size_t)(n - k < 16 ? n - k : 16) * sizeof(float));
   }
+  float lane_max[LANES];
+  for (int l = 0; l < LANES; l++) lane_max[l] = -INFINITY;
+  for (k = 0; k + LANES <= n; k += LANES) {
+    for (int l = 0; l < LANES; l++) lane_max[l] = scores[k + l] > lane_max[l] ? scores[k + l] : lane_max[l];
+  }
+  for (int l = 0; k + l < n; l++) lane_max[l] = scores[k + l] > lane_max[l] ? scores[k + l] : lane_max[l];
+  float max = lane_max[0];
+  for (int l = 1; l < LANES; l++) max = lane_max[l] > max ? lane_max[l] : max;
+  for (k = 0; k < n; k++) scores[k] = exp_nonpositive(scores[k] - max);
+  float partial[LANES] = {0};
+  for (k = 0; k + LANES <= n; k += LANES) {
+    for (int l = 0; l < LANES; l++) partial[l] += scores[k + l];
+  }
+  for (int l = 0; k + l < n; l++) partial[l] += scores[k + l];
+  for (int half = LANES / 2; half > 0; half /= 2) {
+    for (int l = 0; l < half; l++) partial[l] += partial[l + half];
+  }
+  float sum = partial[0];
+  for (k = 0; k < n; k++) scores[k] /= sum;
+  weighted_values(s->attn + (size_t)h * (size_t)hd, scores - first, values, kv_dim, first, pos, hd);
+}
+
+/* Attention of the token at pos over one layer's cache (within the sliding window when the model has one),
+ * every head; the heads in parallel when there is enough work, without an OpenMP region otherwise (its cost
+ * per call is as large as a small model's whole attention). */
+static void attention(struct run_state *s, int layer, int pos) {
+  const struct model_config *c = s->engine->config;
+  int first = c->sliding_window > 0 && pos - c->sliding_window + 1 > 0 ? pos - c->sliding_window + 1 : 0;
+  int n_heads = c->num_heads;
+#ifdef _OPENMP
+  if ((int64_t)n_heads * (pos - first + 1) * c->head_dim >= PARALLEL_MIN_WORK && s->engine->threads > 1) {
+#pragma omp parallel for schedule(static) num_threads(s->engine->threads)
+    for (int h = 0; h < n_heads; h++) attend_head(s, layer, pos, first, h);
+    return;
+  }
+#endif
+  for (int h = 0; h < n_heads; h++) attend_head(s, layer, pos, first, h);
 }
 
 /* Writes the (rotated) key of position pos into layer's position-minor key cache. */

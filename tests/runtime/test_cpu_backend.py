@@ -117,6 +117,27 @@ def test_engines_agree_on_logits(bundles, tiny_model_dir, monkeypatch):
             np.testing.assert_allclose(runtime_step, torch_step, rtol=1e-4, atol=1e-4)
 
 
+@needs_runtime
+def test_runtime_logits_are_identical_with_one_thread_and_two_on_a_long_context(tiny_model_dir, tmp_path, monkeypatch):
+    """One thread runs every kernel without OpenMP, two threads run them in parallel regions: attention over 400
+    positions (enough work to split the heads), the LM head, the predictor and the FFN. Same bits either way."""
+    settings = ExportSettings(
+        predictor="svd", dtype="fp16", max_seq_len=512, calibration=CalibrationSettings(rank=16, max_tokens=2048)
+    )
+    bundle = export_bundle(tiny_model_dir, tmp_path / "long", settings, [tiny_model_dir / "calibration.txt"])
+    ids = Tokenizer.from_dir(tiny_model_dir).encode((tiny_model_dir / "held_out.txt").read_text())[:410]
+    assert len(ids) == 410
+    monkeypatch.setenv(ENGINE_ENV, "runtime")
+    runs = []
+    for threads in (1, 2):
+        engine = get_backend("cpu").load(bundle, EngineOptions(sparsity=0.5, threads=threads))
+        assert isinstance(engine, RuntimeEngine)
+        engine.prefill(ids[:400])
+        runs.append([engine.decode(token) for token in ids[400:]])
+    for one_thread, two_threads in zip(*runs, strict=True):
+        assert np.array_equal(one_thread, two_threads)
+
+
 def test_engine_choice_is_validated(bundles, monkeypatch):
     monkeypatch.setenv(ENGINE_ENV, "gpu")
     with pytest.raises(EdgeSdkError, match=r"EDGE_SDK_CPU_ENGINE='gpu': expected one of auto, runtime, torch"):

@@ -5,28 +5,58 @@
  * on the thread count. */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "edge_cpu_kernels.h"
+#include "edge_cpu_vectors.h"
 
-#define EDGE_LANES 16
 #define EDGE_BITS_PER_WORD 32
 /* Sign-bit predictor: x's packed bits stay on the stack up to this many words (d = 65536). */
 #define EDGE_SIGNBIT_STACK_WORDS 2048
-/* Neurons whose SVD scores one thread accumulates together (in registers and L1). */
-#define EDGE_SCORE_BLOCK 256
+/* Neurons whose SVD scores one thread accumulates together, in registers: EDGE_SCORE_VECTORS vectors of 16. */
+#define EDGE_SCORE_VECTORS 8
+#define EDGE_SCORE_BLOCK (16 * EDGE_SCORE_VECTORS)
 
-/* Lane l accumulates elements l, l + 16, ...; a fixed-order pairwise sum ends it. */
+/* Lane l accumulates elements l, l + 16, ...; a fixed-order pairwise sum of the lanes ends it (l + 8, l + 4,
+ * l + 2, l + 1), on vectors: as float arrays GCC kept the lanes on the stack and summed them one by one. */
 static float dot_f32(const float *restrict w, const float *restrict x, int n) {
-  float acc[EDGE_LANES] = {0};
+  vec16 acc = {0};
   int j = 0;
-  for (; j + EDGE_LANES <= n; j += EDGE_LANES) {
-    for (int l = 0; l < EDGE_LANES; l++) acc[l] += w[j + l] * x[j + l];
-  }
+  for (; j + 16 <= n; j += 16) acc += load16(w + j) * load16(x + j);
   for (int l = 0; j + l < n; l++) acc[l] += w[j + l] * x[j + l];
-  for (int half = EDGE_LANES / 2; half > 0; half /= 2) {
-    for (int l = 0; l < half; l++) acc[l] += acc[l + half];
+  vec8 low8, high8;
+  memcpy(&low8, &acc, sizeof low8);
+  memcpy(&high8, (const char *)&acc + sizeof low8, sizeof high8);
+  vec8 sum8 = low8 + high8;
+  vec4 low4, high4;
+  memcpy(&low4, &sum8, sizeof low4);
+  memcpy(&high4, (const char *)&sum8 + sizeof low4, sizeof high4);
+  vec4 sum4 = low4 + high4;
+  return (sum4[0] + sum4[2]) + (sum4[1] + sum4[3]);
+}
+
+/* mask[i0 : i0 + EDGE_SCORE_BLOCK) (fewer at the end) from scratch = x B^T: each neuron's score sums over the
+ * rank in order, each step one vector operation over the block's contiguous run of A^T's row r. */
+static void svd_mask_block(int D, int rank, const float *a_t, const float *bias, const float *scratch, int i0,
+                           uint8_t *mask) {
+  int n = D - i0 < EDGE_SCORE_BLOCK ? D - i0 : EDGE_SCORE_BLOCK;
+  float score[EDGE_SCORE_BLOCK] = {0};
+  if (n == EDGE_SCORE_BLOCK) {
+    vec16 sum[EDGE_SCORE_VECTORS] = {{0}};
+    for (int r = 0; r < rank; r++) {
+      const float *column = a_t + (size_t)r * (size_t)D + (size_t)i0;
+      float z = scratch[r];
+      for (int v = 0; v < EDGE_SCORE_VECTORS; v++) sum[v] += load16(column + 16 * v) * z;
+    }
+    memcpy(score, sum, sizeof sum);
+  } else {
+    for (int r = 0; r < rank; r++) {
+      const float *column = a_t + (size_t)r * (size_t)D + (size_t)i0;
+      float z = scratch[r];
+      for (int l = 0; l < n; l++) score[l] += column[l] * z;
+    }
   }
-  return acc[0];
+  for (int l = 0; l < n; l++) mask[i0 + l] = score[l] + (bias == NULL ? 0.0f : bias[i0 + l]) > 0.0f;
 }
 
 int edge_cpu_svd_predictor(const float *x, int d, int D, int rank, const float *a_t, const float *b, const float *bias,
@@ -34,31 +64,21 @@ int edge_cpu_svd_predictor(const float *x, int d, int D, int rank, const float *
   if (x == NULL || a_t == NULL || b == NULL || mask == NULL || scratch == NULL) return EDGE_CPU_INVALID_ARGUMENT;
   if (d <= 0 || D <= 0 || rank <= 0) return EDGE_CPU_INVALID_ARGUMENT;
 #ifdef _OPENMP
+  if (edge_cpu_max_threads() > 1) {
 #pragma omp parallel
-#endif
-  {
-    /* scratch = x B^T: [rank] */
-#ifdef _OPENMP
+    {
 #pragma omp for schedule(static)
-#endif
-    for (int r = 0; r < rank; r++) scratch[r] = dot_f32(b + (size_t)r * (size_t)d, x, d);
-    /* (the implicit barrier of the loop above makes scratch complete here) Scores of a block of neurons,
-     * summed over the rank in order: each step is one vector operation over the block's contiguous run of
-     * A^T's row r. */
-#ifdef _OPENMP
+      for (int r = 0; r < rank; r++) scratch[r] = dot_f32(b + (size_t)r * (size_t)d, x, d);
+      /* (the implicit barrier of the loop above makes scratch = x B^T complete here) */
 #pragma omp for schedule(static)
-#endif
-    for (int i0 = 0; i0 < D; i0 += EDGE_SCORE_BLOCK) {
-      int n = D - i0 < EDGE_SCORE_BLOCK ? D - i0 : EDGE_SCORE_BLOCK;
-      float score[EDGE_SCORE_BLOCK] = {0};
-      for (int r = 0; r < rank; r++) {
-        const float *column = a_t + (size_t)r * (size_t)D + (size_t)i0;
-        float z = scratch[r];
-        for (int l = 0; l < n; l++) score[l] += column[l] * z;
-      }
-      for (int l = 0; l < n; l++) mask[i0 + l] = score[l] + (bias == NULL ? 0.0f : bias[i0 + l]) > 0.0f;
+      for (int i0 = 0; i0 < D; i0 += EDGE_SCORE_BLOCK) svd_mask_block(D, rank, a_t, bias, scratch, i0, mask);
     }
+    return EDGE_CPU_OK;
   }
+#endif
+  /* one thread without an OpenMP region, whose cost per call is as large as a small layer's predictor */
+  for (int r = 0; r < rank; r++) scratch[r] = dot_f32(b + (size_t)r * (size_t)d, x, d);
+  for (int i0 = 0; i0 < D; i0 += EDGE_SCORE_BLOCK) svd_mask_block(D, rank, a_t, bias, scratch, i0, mask);
   return EDGE_CPU_OK;
 }
 
@@ -74,6 +94,13 @@ static void pack_signs(const float *x, int d, uint32_t *words) {
   }
 }
 
+/* Inactive when alpha * N_pos < N_neg, in double as signbit.py compares (every count is exact). */
+static inline uint8_t signbit_active(const uint32_t *row, const uint32_t *x_words, int n_words, int d, float alpha) {
+  int n_negative = 0;
+  for (int k = 0; k < n_words; k++) n_negative += __builtin_popcount(row[k] ^ x_words[k]);
+  return !((double)alpha * (double)(d - n_negative) < (double)n_negative);
+}
+
 int edge_cpu_signbit_predictor(const float *x, int d, int D, const int32_t *packed, float alpha, uint8_t *mask) {
   if (x == NULL || packed == NULL || mask == NULL || d <= 0 || D <= 0) return EDGE_CPU_INVALID_ARGUMENT;
   int n_words = (d + EDGE_BITS_PER_WORD - 1) / EDGE_BITS_PER_WORD;
@@ -85,15 +112,15 @@ int edge_cpu_signbit_predictor(const float *x, int d, int D, const int32_t *pack
   }
   pack_signs(x, d, x_words);
   const uint32_t *rows = (const uint32_t *)packed;
+  size_t row_words = (size_t)n_words;
 #ifdef _OPENMP
+  if (edge_cpu_max_threads() > 1) {
 #pragma omp parallel for schedule(static)
+    for (int i = 0; i < D; i++) mask[i] = signbit_active(rows + (size_t)i * row_words, x_words, n_words, d, alpha);
+  } else
 #endif
-  for (int i = 0; i < D; i++) {
-    const uint32_t *row = rows + (size_t)i * (size_t)n_words;
-    int n_negative = 0;
-    for (int k = 0; k < n_words; k++) n_negative += __builtin_popcount(row[k] ^ x_words[k]);
-    /* Inactive when alpha * N_pos < N_neg, in double as signbit.py compares (every count is exact). */
-    mask[i] = !((double)alpha * (double)(d - n_negative) < (double)n_negative);
+  {
+    for (int i = 0; i < D; i++) mask[i] = signbit_active(rows + (size_t)i * row_words, x_words, n_words, d, alpha);
   }
   if (x_words != stack_words) free(x_words);
   return EDGE_CPU_OK;

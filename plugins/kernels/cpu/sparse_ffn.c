@@ -2,10 +2,11 @@
  *
  * Decode is a GEMV, bound by memory bandwidth, so the kernel is organised around reading each needed weight
  * row once, in place, in long contiguous pieces, with every thread streaming:
- *   1. candidates = the mask's neurons in increasing order (serial, D bytes read);
- *   2. gate and up, per chunk of 32 candidates handed to one thread: g_i, a_i = act(g_i); if the neuron is
- *      active, u_i and h_i = a_i * act_up(u_i) right away. Chunk c writes its active neurons (index, h) to
- *      its own segment starting at c * 32, so the segments in chunk order list them in increasing order;
+ *   1. candidates = the mask's neurons in increasing order (D bytes read, no branches);
+ *   2. gate and up, per chunk of 32 candidates handed to one thread: first every candidate's gate row,
+ *      g_i and a_i = act(g_i); then the up rows of the neurons that fired, u_i and h_i = a_i * act_up(u_i).
+ *      Chunk c writes its active neurons (index, h) to its own segment starting at c * 32, so the segments
+ *      in chunk order list them in increasing order;
  *   3. down, after one barrier: y split into one column block per thread (whole cache lines); each block
  *      sums h_j * w_down_t[i_j] over the segments in order.
  * Every output value is computed by exactly one thread with an order that does not depend on which thread
@@ -14,11 +15,13 @@
  * does not hold the others up until the barrier.
  *
  * Rows are picked sparsely, so the hardware prefetchers, which follow one sequential stream, would restart
- * at every row; instead each row primitive also prefetches the row that will be read next, cache line by
- * cache line as it reads its own (the up row of a neuron the predictor marked active while its gate row is
- * read, the next candidate's gate row while an up row is read, the next group of down rows while a group is
- * summed). This took the single-thread read rate of a 50%-sparse llama2-7b step from 26 to 32 GB/s (fp32)
- * and from 21 to 30 GB/s (fp16) on the development machine.
+ * at every row; instead each row primitive also prefetches a row that will be read later, cache line by
+ * cache line as it reads its own: the gate or up row about 2 KiB of rows ahead (several rows ahead for the
+ * short rows of small models, the next one for 7B rows), going on from a chunk's gate rows into its up rows
+ * and from its up rows into the next chunk's gate rows; the next group of down rows while a group is summed.
+ * This took the single-thread read rate of a 50%-sparse llama2-7b step from 26 to 32 GB/s (fp32) and from 21
+ * to 30 GB/s (fp16) on the development machine, and the d = 192 fixture's sparse FFN from 7.1 to 6.4 us
+ * (fp16, 50% predicted).
  *
  * The row primitives below (dot products and row accumulation, fp32 and fp16 storage, fp32 arithmetic)
  * have three builds: AVX-512 and AVX2 intrinsics on x86-64, because GCC does not vectorise the fp16 -> fp32
@@ -28,6 +31,7 @@
 #include <string.h>
 
 #include "edge_cpu_kernels.h"
+#include "edge_cpu_vectors.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -48,6 +52,8 @@
 /* Rows summed per pass over a block of y in the down projection: fewer loads and stores of y per weight
  * byte, and several weight streams in flight (8 measured a little faster than 4 or 1). */
 #define EDGE_DOWN_GROUP 8
+/* Column blocks up to this many floats are summed 64 columns per step (see add_rows_f32). */
+#define EDGE_SHORT_BLOCK 512
 
 /* Read prefetch into all cache levels. Callers with nothing to prefetch pass the row they read (a branch in
  * the loop would keep GCC from vectorising the portable path). Prefetches never fault. */
@@ -107,10 +113,32 @@ static float dot_f16(const uint16_t *w, const float *x, int d, const char *next)
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
 }
 
-/* The ragged end uses masked FMAs: the same rounding as the full vectors. */
+/* In a short block, 64 columns per step keep four independent FMA chains in flight: one column vector at a
+ * time waited on the latency of each row's FMA (8-12% of a dense d = 192 FFN). A long block has enough
+ * independent column steps for the core to overlap them, and 64 at a time measured 8% slower there (fp16,
+ * 7B dense FFN). Then 16 at a time, and the ragged end with masked FMAs: the same rounding. */
 static void add_rows_f32(float *y, int n, const float *w, const size_t *rows, const float *h, int n_rows,
                          const size_t *next, int n_next) {
   int c = 0;
+  for (; n <= EDGE_SHORT_BLOCK && c + 64 <= n; c += 64) {
+    for (int r = 0; r < n_next; r++) {
+      for (int line = 0; line < 4; line++) EDGE_PREFETCH(w + next[r] + c, 64 * line);
+    }
+    __m512 acc0 = _mm512_loadu_ps(y + c), acc1 = _mm512_loadu_ps(y + c + 16);
+    __m512 acc2 = _mm512_loadu_ps(y + c + 32), acc3 = _mm512_loadu_ps(y + c + 48);
+    for (int r = 0; r < n_rows; r++) {
+      __m512 hr = _mm512_set1_ps(h[r]);
+      const float *row = w + rows[r] + c;
+      acc0 = _mm512_fmadd_ps(hr, _mm512_loadu_ps(row), acc0);
+      acc1 = _mm512_fmadd_ps(hr, _mm512_loadu_ps(row + 16), acc1);
+      acc2 = _mm512_fmadd_ps(hr, _mm512_loadu_ps(row + 32), acc2);
+      acc3 = _mm512_fmadd_ps(hr, _mm512_loadu_ps(row + 48), acc3);
+    }
+    _mm512_storeu_ps(y + c, acc0);
+    _mm512_storeu_ps(y + c + 16, acc1);
+    _mm512_storeu_ps(y + c + 32, acc2);
+    _mm512_storeu_ps(y + c + 48, acc3);
+  }
   for (; c + 16 <= n; c += 16) {
     for (int r = 0; r < n_next; r++) EDGE_PREFETCH(w + next[r] + c, 0);
     __m512 acc = _mm512_loadu_ps(y + c);
@@ -130,6 +158,25 @@ static void add_rows_f32(float *y, int n, const float *w, const size_t *rows, co
 static void add_rows_f16(float *y, int n, const uint16_t *w, const size_t *rows, const float *h, int n_rows,
                          const size_t *next, int n_next) {
   int c = 0;
+  for (; n <= EDGE_SHORT_BLOCK && c + 64 <= n; c += 64) {
+    for (int r = 0; r < n_next; r++) {
+      for (int line = 0; line < 2; line++) EDGE_PREFETCH(w + next[r] + c, 64 * line);
+    }
+    __m512 acc0 = _mm512_loadu_ps(y + c), acc1 = _mm512_loadu_ps(y + c + 16);
+    __m512 acc2 = _mm512_loadu_ps(y + c + 32), acc3 = _mm512_loadu_ps(y + c + 48);
+    for (int r = 0; r < n_rows; r++) {
+      __m512 hr = _mm512_set1_ps(h[r]);
+      const uint16_t *row = w + rows[r] + c;
+      acc0 = _mm512_fmadd_ps(hr, load_f16(row), acc0);
+      acc1 = _mm512_fmadd_ps(hr, load_f16(row + 16), acc1);
+      acc2 = _mm512_fmadd_ps(hr, load_f16(row + 32), acc2);
+      acc3 = _mm512_fmadd_ps(hr, load_f16(row + 48), acc3);
+    }
+    _mm512_storeu_ps(y + c, acc0);
+    _mm512_storeu_ps(y + c + 16, acc1);
+    _mm512_storeu_ps(y + c + 32, acc2);
+    _mm512_storeu_ps(y + c + 48, acc3);
+  }
   for (; c + 16 <= n; c += 16) {
     /* 16 halves are half a cache line: prefetch on every other step */
     for (int r = 0; r < n_next && c % 32 == 0; r++) EDGE_PREFETCH(w + next[r] + c, 0);
@@ -232,25 +279,6 @@ static void add_rows_f16(float *y, int n, const uint16_t *w, const size_t *rows,
 
 #define EDGE_LANES 16
 
-/* IEEE half -> float with integer operations and one multiply, which GCC vectorises on any target (a
- * _Float16 cast becomes a library call per element on x86-64 without F16C). Shifting the 15 magnitude
- * bits into float position and multiplying by 2^112 rebiases the exponent, exactly, for normal and
- * subnormal halves; infinities and NaNs get the all-ones float exponent. */
-static inline float half_to_float(uint16_t h) {
-  uint32_t shifted = (uint32_t)(h & 0x7fffu) << 13;
-  float magnitude;
-  memcpy(&magnitude, &shifted, sizeof shifted);
-  magnitude *= 0x1p112f;
-  uint32_t bits;
-  memcpy(&bits, &magnitude, sizeof bits);
-  uint32_t special = 0u - (uint32_t)((h & 0x7c00u) == 0x7c00u); /* all ones for inf / NaN; no branch */
-  bits = (bits & ~special) | ((shifted | 0x7f800000u) & special);
-  bits |= (uint32_t)(h & 0x8000u) << 16;
-  float value;
-  memcpy(&value, &bits, sizeof bits);
-  return value;
-}
-
 /* Lane l accumulates elements l, l + 16, ...; GCC turns the fixed-size lane loops into vector code. */
 static float dot_f32(const float *restrict w, const float *restrict x, int d, const char *next) {
   float acc[EDGE_LANES] = {0};
@@ -350,14 +378,24 @@ static struct ffn_workspace layout_workspace(void *workspace, int D) {
   return ws;
 }
 
+/* g when keep is nonzero, else +0.0f. With bit operations rather than a select, because GCC turns the select
+ * into a branch, and whether a gate fires is close to a coin toss: a mispredicted branch per neuron. */
+static inline float keep_or_zero(float g, int keep) {
+  uint32_t bits;
+  memcpy(&bits, &g, sizeof bits);
+  bits &= 0u - (uint32_t)(keep != 0);
+  memcpy(&g, &bits, sizeof bits);
+  return g;
+}
+
 static inline float gate_activation(int activation, float g, float threshold) {
   switch (activation) {
     case EDGE_ACT_FATRELU:
-      return g > threshold ? g : 0.0f;
+      return keep_or_zero(g, g > threshold);
     case EDGE_ACT_SILU:
       return g / (1.0f + expf(-g));
     default: /* relu, and drelu's gate part; NaN propagates as in torch.relu */
-      return g < 0.0f ? 0.0f : g;
+      return keep_or_zero(g, !(g < 0.0f));
   }
 }
 
@@ -370,25 +408,75 @@ static inline float row_dot(const void *w, int dtype, int row, const float *x, i
   return dtype == EDGE_F16 ? dot_f16(start, x, d, next) : dot_f32(start, x, d, next);
 }
 
-/* Gate and up for candidates [k0, k1) of one chunk; returns how many were active (every candidate when not
- * skip_zeros), stored from k0 on. While a gate row is read, the row read next is prefetched: the neuron's up
- * row when it will probably be read (a predictor marked the neuron, or nothing is skipped), else the next
- * candidate's gate row. */
-static int gate_up_chunk(const struct ffn_workspace *ws, int k0, int k1, const float *x, int d, const void *w_gate,
-                         const void *w_up, int dtype, int up_likely, int skip_zeros, const float *thresholds,
+/* Rows of one weight matrix: row rows[k] of w for k < n, or row first + k when rows is NULL. */
+struct row_list {
+  const void *w;
+  const int32_t *rows;
+  int first, n;
+};
+
+static inline int list_index(const struct row_list *list, int k) {
+  return list->rows != NULL ? list->rows[k] : list->first + k;
+}
+
+static inline const char *list_row(const struct row_list *list, int dtype, int k, int d) {
+  return row_address(list->w, dtype, list_index(list, k), d);
+}
+
+/* Bytes of rows to have in flight ahead of the row being read: one L3 latency's worth of reads. */
+#define EDGE_PREFETCH_BYTES 2048
+
+/* out[k] = row k of `rows` . x. While row k is read, the row `ahead` places later is prefetched, ahead rows
+ * making about EDGE_PREFETCH_BYTES (several for the short rows of small models, one for 7B rows); past the end
+ * of `rows` the look-ahead goes on into `then`, the rows the caller reads next, so they do not start cold. */
+static void rows_dot(const struct row_list *rows, const struct row_list *then, int dtype, const float *x, int d,
+                     float *out) {
+  size_t row_bytes = (size_t)d * (dtype == EDGE_F16 ? 2 : 4);
+  int ahead = row_bytes >= EDGE_PREFETCH_BYTES ? 1 : (int)(EDGE_PREFETCH_BYTES / row_bytes);
+  for (int k = 0; k < rows->n; k++) {
+    int later = k + ahead;
+    const char *next = list_row(rows, dtype, k, d); /* nothing left to prefetch: its own row, in cache */
+    if (later < rows->n) {
+      next = list_row(rows, dtype, later, d);
+    } else if (later - rows->n < then->n) {
+      next = list_row(then, dtype, later - rows->n, d);
+    }
+    out[k] = row_dot(rows->w, dtype, list_index(rows, k), x, d, next);
+  }
+}
+
+/* Gate and up for candidates [k0, k1) of one chunk (at most EDGE_GATE_CHUNK) of the n_candidates; returns how
+ * many were active (every candidate when not skip_zeros), stored from k0 on. Two passes: all gate rows, then
+ * the up rows of the neurons that fired. Whether a neuron fires is close to a coin toss, so deciding it
+ * between its gate and up rows cost a mispredicted branch per candidate; here the active list is compacted
+ * without branches. */
+static int gate_up_chunk(const struct ffn_workspace *ws, int k0, int k1, int n_candidates, const float *x, int d,
+                         const void *w_gate, const void *w_up, int dtype, int skip_zeros, const float *thresholds,
                          int activation, float act_threshold) {
+  float values[EDGE_GATE_CHUNK];
+  /* the gate pass looks ahead into the chunk's up rows (the predictor expects them to fire), the up pass into
+   * the next chunk's gate rows */
+  struct row_list gate_rows = {w_gate, ws->candidates + k0, 0, k1 - k0};
+  struct row_list likely_up_rows = {w_up, ws->candidates + k0, 0, k1 - k0};
+  rows_dot(&gate_rows, &likely_up_rows, dtype, x, d, values);
+  int32_t *index = ws->active_index + k0;
+  float *hidden = ws->active_hidden + k0;
   int n_active = 0;
-  for (int k = k0; k < k1; k++) {
-    int i = ws->candidates[k];
-    const char *next_gate = row_address(w_gate, dtype, ws->candidates[k + 1 < k1 ? k + 1 : k], d);
-    const char *while_gate = up_likely ? row_address(w_up, dtype, i, d) : next_gate;
-    float a = gate_activation(activation, row_dot(w_gate, dtype, i, x, d, while_gate), act_threshold);
-    if (skip_zeros && (a == 0.0f || (thresholds != NULL && !(fabsf(a) > thresholds[i])))) continue;
-    float u = row_dot(w_up, dtype, i, x, d, next_gate);
-    if (activation == EDGE_ACT_DRELU) u = u < 0.0f ? 0.0f : u;
-    ws->active_index[k0 + n_active] = i;
-    ws->active_hidden[k0 + n_active] = a * u;
-    n_active++;
+  for (int k = 0; k < k1 - k0; k++) {
+    int i = ws->candidates[k0 + k];
+    float a = gate_activation(activation, values[k], act_threshold);
+    int above_threshold = thresholds == NULL || fabsf(a) > thresholds[i];
+    int fires = (skip_zeros == 0) | ((a != 0.0f) & above_threshold);
+    index[n_active] = i;
+    hidden[n_active] = a;
+    n_active += fires;
+  }
+  struct row_list up_rows = {w_up, index, 0, n_active};
+  struct row_list next_gate_rows = {w_gate, ws->candidates + k1, 0, n_candidates - k1};
+  rows_dot(&up_rows, &next_gate_rows, dtype, x, d, values);
+  for (int j = 0; j < n_active; j++) {
+    float u = activation == EDGE_ACT_DRELU ? keep_or_zero(values[j], !(values[j] < 0.0f)) : values[j];
+    hidden[j] *= u;
   }
   return n_active;
 }
@@ -443,6 +531,29 @@ static void down_columns(float *y, int c0, int c1, int d, const void *w_down_t, 
   }
 }
 
+/* candidates = the neurons with mask[i] != 0, increasing; returns how many. Without branches: a predicted mask
+ * is close to random, and a mispredicted branch per neuron cost more than the gate rows it saves on small
+ * layers. With AVX-512, 16 neurons per step: their indices compressed into one store, which may write past
+ * the count but never past candidates[i + 16] <= candidates[D]. */
+static int list_candidates(const uint8_t *mask, int D, int32_t *candidates) {
+  int n = 0, i = 0;
+#if EDGE_ROWS_AVX512
+  __m512i index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (; i + 16 <= D; i += 16) {
+    __m128i bytes = _mm_loadu_si128((const __m128i *)(mask + i));
+    __mmask16 set = _mm_test_epi8_mask(bytes, bytes);
+    _mm512_storeu_si512(candidates + n, _mm512_maskz_compress_epi32(set, index));
+    n += __builtin_popcount(set);
+    index = _mm512_add_epi32(index, _mm512_set1_epi32(16));
+  }
+#endif
+  for (; i < D; i++) {
+    candidates[n] = i;
+    n += mask[i] != 0;
+  }
+  return n;
+}
+
 static int check_ffn_arguments(const float *x, int d, int D, const void *w_gate, const void *w_up,
                                const void *w_down_t, int weight_dtype, int activation, float act_threshold,
                                const float *y, const void *workspace) {
@@ -455,6 +566,43 @@ static int check_ffn_arguments(const float *x, int d, int D, const void *w_gate,
   return EDGE_CPU_OK;
 }
 
+/* One FFN call: its arguments and the workspace's lists, for the two phases below. */
+struct ffn_job {
+  const float *x;
+  int d;
+  const void *w_gate, *w_up, *w_down_t;
+  int dtype;
+  const float *thresholds;
+  int activation;
+  float act_threshold;
+  float *y;
+  uint8_t *active_out;
+  int skip_zeros;
+  struct ffn_workspace ws;
+  int n_candidates, n_segments;
+  int n_units, n_column_blocks;
+};
+
+/* Gate and up of candidate chunk s into segment s. */
+static void gate_up_segment(struct ffn_job *job, int s) {
+  int k0 = s * EDGE_GATE_CHUNK;
+  int k1 = k0 + EDGE_GATE_CHUNK < job->n_candidates ? k0 + EDGE_GATE_CHUNK : job->n_candidates;
+  int n_active = gate_up_chunk(&job->ws, k0, k1, job->n_candidates, job->x, job->d, job->w_gate, job->w_up,
+                               job->dtype, job->skip_zeros, job->thresholds, job->activation, job->act_threshold);
+  job->ws.segment_count[s] = n_active;
+  if (job->active_out != NULL) {
+    for (int j = k0; j < k0 + n_active; j++) job->active_out[job->ws.active_index[j]] = 1;
+  }
+}
+
+/* Down projection into column block b of y. */
+static void down_block(const struct ffn_job *job, int b) {
+  int c0 = EDGE_COLUMN_UNIT * split_point(job->n_units, job->n_column_blocks, b);
+  int c1 = EDGE_COLUMN_UNIT * split_point(job->n_units, job->n_column_blocks, b + 1);
+  down_columns(job->y, c0, c1 < job->d ? c1 : job->d, job->d, job->w_down_t, job->dtype, &job->ws, job->n_segments,
+               job->skip_zeros);
+}
+
 /* The FFN over the mask's neurons (all when NULL) after checking the arguments; skip_zeros: drop neurons whose
  * activation is zero (or under their threshold) before up and down, as the sparse FFN does, or compute every
  * candidate as a dense FFN. */
@@ -464,53 +612,37 @@ static int run_ffn(const float *x, int d, int D, const void *w_gate, const void 
   int status = check_ffn_arguments(x, d, D, w_gate, w_up, w_down_t, weight_dtype, activation, act_threshold, y,
                                    workspace);
   if (status != EDGE_CPU_OK) return status;
-  struct ffn_workspace ws = layout_workspace(workspace, D);
-  int n_candidates = 0;
+  struct ffn_job job = {x, d, w_gate, w_up, w_down_t, weight_dtype, thresholds, activation, act_threshold, y,
+                        active_out, skip_zeros, layout_workspace(workspace, D), 0, 0, 0, 0};
   if (mask == NULL) {
-    for (int i = 0; i < D; i++) ws.candidates[i] = i;
-    n_candidates = D;
+    for (int i = 0; i < D; i++) job.ws.candidates[i] = i;
+    job.n_candidates = D;
   } else {
-    /* branch-free: a predicted mask is close to random, and a mispredicted branch per neuron cost more than
-     * the gate rows it saves on small layers */
-    for (int i = 0; i < D; i++) {
-      ws.candidates[n_candidates] = i;
-      n_candidates += mask[i] != 0;
-    }
+    job.n_candidates = list_candidates(mask, D, job.ws.candidates);
   }
   if (active_out != NULL) memset(active_out, 0, (size_t)D);
-  int n_segments = ceil_div(n_candidates, EDGE_GATE_CHUNK);
+  job.n_segments = ceil_div(job.n_candidates, EDGE_GATE_CHUNK);
   if (threads <= 0) threads = edge_cpu_max_threads();
   /* Down: one block of columns per thread, so each weight row is read in long contiguous pieces. */
-  int n_units = ceil_div(d, EDGE_COLUMN_UNIT);
-  int n_column_blocks = threads < n_units ? threads : n_units;
-  int up_likely = mask != NULL || !skip_zeros;
-
+  job.n_units = ceil_div(d, EDGE_COLUMN_UNIT);
+  job.n_column_blocks = threads < job.n_units ? threads : job.n_units;
 #ifdef _OPENMP
+  if (threads > 1) {
 #pragma omp parallel num_threads(threads)
-#endif
-  {
-#ifdef _OPENMP
+    {
 #pragma omp for schedule(dynamic, 1)
-#endif
-    for (int s = 0; s < n_segments; s++) {
-      int k0 = s * EDGE_GATE_CHUNK, k1 = k0 + EDGE_GATE_CHUNK < n_candidates ? k0 + EDGE_GATE_CHUNK : n_candidates;
-      int n_active = gate_up_chunk(&ws, k0, k1, x, d, w_gate, w_up, weight_dtype, up_likely, skip_zeros, thresholds,
-                                   activation, act_threshold);
-      ws.segment_count[s] = n_active;
-      if (active_out != NULL) {
-        for (int j = k0; j < k0 + n_active; j++) active_out[ws.active_index[j]] = 1;
-      }
-    }
-    /* (the loop's implicit barrier: every h is known before any column of y is summed) */
-#ifdef _OPENMP
+      for (int s = 0; s < job.n_segments; s++) gate_up_segment(&job, s);
+      /* (the loop's implicit barrier: every h is known before any column of y is summed) */
 #pragma omp for schedule(dynamic, 1)
-#endif
-    for (int b = 0; b < n_column_blocks; b++) {
-      int c0 = EDGE_COLUMN_UNIT * split_point(n_units, n_column_blocks, b);
-      int c1 = EDGE_COLUMN_UNIT * split_point(n_units, n_column_blocks, b + 1);
-      down_columns(y, c0, c1 < d ? c1 : d, d, w_down_t, weight_dtype, &ws, n_segments, skip_zeros);
+      for (int b = 0; b < job.n_column_blocks; b++) down_block(&job, b);
     }
+    return EDGE_CPU_OK;
   }
+#endif
+  /* One thread without OpenMP: a parallel region of one thread and its dynamic loops cost several us per
+   * call, as much as a whole FFN of a small model. */
+  for (int s = 0; s < job.n_segments; s++) gate_up_segment(&job, s);
+  for (int b = 0; b < job.n_column_blocks; b++) down_block(&job, b);
   return EDGE_CPU_OK;
 }
 
@@ -527,18 +659,31 @@ int edge_cpu_dense_ffn(const float *x, int d, int D, const void *w_gate, const v
                  threads, NULL, 0);
 }
 
+/* Part `part` of `parts` contiguous runs of y = W x (+ bias). */
+static void matvec_rows(const float *x, int in, const void *w, int dtype, const float *bias, float *y, int out,
+                        int parts, int part) {
+  int r0 = split_point(out, parts, part), r1 = split_point(out, parts, part + 1);
+  struct row_list rows = {w, NULL, r0, r1 - r0}, nothing_after = {w, NULL, r1, 0};
+  rows_dot(&rows, &nothing_after, dtype, x, in, y + r0);
+  if (bias != NULL) {
+    for (int r = r0; r < r1; r++) y[r] += bias[r];
+  }
+}
+
 int edge_cpu_matvec(const float *x, int in, int out, const void *w, int weight_dtype, const float *bias, float *y,
                     int threads) {
   if (x == NULL || w == NULL || y == NULL || in <= 0 || out <= 0) return EDGE_CPU_INVALID_ARGUMENT;
   if (weight_dtype != EDGE_F32 && weight_dtype != EDGE_F16) return EDGE_CPU_INVALID_ARGUMENT;
   if (threads <= 0) threads = edge_cpu_max_threads();
+  int parts = threads < out ? threads : out;
+  /* one contiguous run of rows per thread, so each streams its rows with the next group prefetched */
 #ifdef _OPENMP
+  if (parts > 1) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-#endif
-  for (int r = 0; r < out; r++) {
-    const char *next = row_address(w, weight_dtype, r + 1 < out ? r + 1 : r, in); /* the row read next */
-    float value = row_dot(w, weight_dtype, r, x, in, next);
-    y[r] = bias != NULL ? value + bias[r] : value;
+    for (int part = 0; part < parts; part++) matvec_rows(x, in, w, weight_dtype, bias, y, out, parts, part);
+    return EDGE_CPU_OK;
   }
+#endif
+  matvec_rows(x, in, w, weight_dtype, bias, y, out, 1, 0); /* without OpenMP's per-call cost, as run_ffn */
   return EDGE_CPU_OK;
 }

@@ -1,0 +1,43 @@
+"""What benchmark result files record about the code they measured: the commit, marked when the tree differs."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from edge_sdk.bench.record import with_machine_info
+
+
+def git(repo, *args: str) -> str:
+    command = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t.invalid", *args]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    git(tmp_path, "init", "-q")
+    (tmp_path / "kernel.c").write_text("int x;\n")
+    git(tmp_path, "add", "kernel.c")
+    git(tmp_path, "commit", "-q", "-m", "first")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_clean_tree_records_the_commit(repo):
+    record = with_machine_info({"rows": []})
+    assert record["commit"] == git(repo, "rev-parse", "--short", "HEAD")
+    assert record["rows"] == [] and record["machine"]["cores"] >= 1
+
+
+def test_changed_tracked_file_marks_the_commit_dirty(repo):
+    (repo / "notes.txt").write_text("untracked files do not count\n")
+    assert not with_machine_info({})["commit"].endswith("-dirty")
+    (repo / "kernel.c").write_text("int x = 1;\n")
+    assert with_machine_info({})["commit"] == git(repo, "rev-parse", "--short", "HEAD") + "-dirty"
+
+
+def test_outside_a_repository_the_commit_is_unknown(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert with_machine_info({})["commit"] is None
