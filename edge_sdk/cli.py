@@ -343,8 +343,9 @@ def _write_json(path: str | None, payload: dict) -> None:
     from edge_sdk.bench.record import with_machine_info
 
     if path:
+        record = with_machine_info(payload)  # before the file is truncated: it may be a tracked result
         with open(path, "w") as handle:
-            json.dump(with_machine_info(payload), handle, indent=2)
+            json.dump(record, handle, indent=2)
             handle.write("\n")
         click.echo(f"wrote {path}", err=True)
 

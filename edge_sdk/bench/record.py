@@ -14,14 +14,14 @@ from edge_sdk import __version__
 
 
 def _commit() -> str | None:
-    """HEAD's short hash, with "-dirty" when tracked files differ from it: the figures then measured code that no
-    commit holds."""
+    """HEAD's short hash, with "-dirty" when tracked files other than the recorded results (benchmarks/results,
+    rewritten by the runs themselves) differ from it: the figures then measured code that no commit holds."""
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, timeout=10
         )
         changes = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top,exclude)benchmarks/results"],
             capture_output=True,
             text=True,
             check=True,

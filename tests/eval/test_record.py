@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
 
 from edge_sdk.bench.record import with_machine_info
+from edge_sdk.cli import _write_json
 
 
 def git(repo, *args: str) -> str:
@@ -18,7 +20,9 @@ def git(repo, *args: str) -> str:
 def repo(tmp_path, monkeypatch):
     git(tmp_path, "init", "-q")
     (tmp_path / "kernel.c").write_text("int x;\n")
-    git(tmp_path, "add", "kernel.c")
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "ffn.json").write_text("{}\n")
+    git(tmp_path, "add", "kernel.c", "benchmarks")
     git(tmp_path, "commit", "-q", "-m", "first")
     monkeypatch.chdir(tmp_path)
     return tmp_path
@@ -32,9 +36,18 @@ def test_clean_tree_records_the_commit(repo):
 
 def test_changed_tracked_file_marks_the_commit_dirty(repo):
     (repo / "notes.txt").write_text("untracked files do not count\n")
+    (repo / "benchmarks" / "results" / "ffn.json").write_text('{"rows": []}\n')  # nor rewritten results
     assert not with_machine_info({})["commit"].endswith("-dirty")
     (repo / "kernel.c").write_text("int x = 1;\n")
     assert with_machine_info({})["commit"] == git(repo, "rev-parse", "--short", "HEAD") + "-dirty"
+
+
+def test_cli_json_records_the_commit_before_it_overwrites_a_tracked_file(repo):
+    (repo / "e2e.json").write_text("{}\n")
+    git(repo, "add", "e2e.json")
+    git(repo, "commit", "-q", "-m", "result")
+    _write_json(str(repo / "e2e.json"), {"speedup": 1.5})
+    assert json.loads((repo / "e2e.json").read_text())["commit"] == git(repo, "rev-parse", "--short", "HEAD")
 
 
 def test_outside_a_repository_the_commit_is_unknown(tmp_path, monkeypatch):
