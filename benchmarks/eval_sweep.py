@@ -53,6 +53,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--timer", choices=("wall", "cpu"), default="cpu", help="cpu: process CPU time (one thread)")
     parser.add_argument("--backend", default="cpu")
+    parser.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32", help="weights of the exported bundles")
     parser.add_argument("--bundles", type=Path, default=None, help="where bundles go; default: a temporary directory")
     args = parser.parse_args()
 
@@ -88,6 +89,7 @@ def main() -> None:
             speed_repeats=args.repeats,
             timer=args.timer,
             threads=args.threads,
+            dtype=args.dtype,
             force=True,
             json_path=paths["json"],
             plot_path=paths["png"],

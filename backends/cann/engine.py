@@ -15,7 +15,7 @@ import torch
 
 from edge_sdk.export.bundle import Bundle
 from edge_sdk.export.exporter import load_reference_decoder
-from edge_sdk.runtime.backends import EngineOptions
+from edge_sdk.runtime.backends import EngineOptions, configure_sparse_decoder
 
 from .gather_ffn import GatherSparseFFN
 
@@ -40,13 +40,7 @@ class TorchDeviceEngine:
         decoder = self.model.decoder
         decoder.to(self.device)  # parameters and KV caches; the FFN weights are already there
         decoder.rope_cos, decoder.rope_sin = decoder.rope_cos.to(self.device), decoder.rope_sin.to(self.device)
-        sparsity = bundle.sparsity
-        if sparsity.levels:
-            self.model.configure(level_index=sparsity.level_index(options.sparsity), dense=options.dense)
-        elif options.sparsity is not None and not options.dense:
-            sparsity.level_index(options.sparsity)  # raises: this predictor has no levels
-        else:
-            self.model.configure(dense=options.dense)
+        self.level = configure_sparse_decoder(self.model, bundle.sparsity, options)
         self.vocab_size = bundle.config.vocab_size
         self.max_seq_len = bundle.manifest["max_seq_len"]
 

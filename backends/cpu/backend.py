@@ -23,7 +23,7 @@ from edge_sdk.errors import EdgeSdkError
 from edge_sdk.export.bundle import Bundle
 from edge_sdk.export.exporter import load_reference_decoder
 from edge_sdk.native import NativeLibraryError, load_cpu_kernels
-from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions
+from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions, configure_sparse_decoder
 from edge_sdk.sparsity.sparse_model import SparseFeedForward
 
 from . import kernels
@@ -146,16 +146,7 @@ class TorchCpuEngine:
         feed_forward = functools.partial(NativeFeedForward, threads=options.threads)
         self.model = load_reference_decoder(bundle, ffn_class=feed_forward, ffn_as_stored=True)
         _use_native_linears(self.model, bundle, options.threads)
-        sparsity = bundle.sparsity
-        self.level = None
-        if sparsity.levels:
-            index = sparsity.level_index(options.sparsity)
-            self.level = sparsity.levels[index]
-            self.model.configure(level_index=index, dense=options.dense)
-        elif options.sparsity is not None and not options.dense:
-            sparsity.level_index(options.sparsity)  # raises: this predictor has no levels
-        else:
-            self.model.configure(dense=options.dense)
+        self.level = configure_sparse_decoder(self.model, bundle.sparsity, options)
         self.vocab_size = bundle.config.vocab_size
         self.max_seq_len = bundle.manifest["max_seq_len"]
 

@@ -31,6 +31,20 @@ class EngineOptions:
     threads: int = 0  # <= 0: all cores
 
 
+def configure_sparse_decoder(model, sparsity, options: EngineOptions) -> float | None:
+    """Set a SparseDecoder (sparsity/sparse_model.py) to the options' calibrated level, or dense; returns the level
+    in use (None for predictors without levels). sparsity: the bundle's SparsityConfig, which raises the message
+    for a level it did not calibrate, or for any level when the predictor has none."""
+    if sparsity.levels:
+        index = sparsity.level_index(options.sparsity)
+        model.configure(level_index=index, dense=options.dense)
+        return sparsity.levels[index]
+    if options.sparsity is not None and not options.dense:
+        sparsity.level_index(options.sparsity)  # raises: this predictor has no levels
+    model.configure(dense=options.dense)
+    return None
+
+
 class Backend(Protocol):
     name: str
 
