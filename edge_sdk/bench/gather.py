@@ -206,20 +206,8 @@ def bench_gather_ffn(
         torch.set_num_threads(saved_threads)
 
 
-COLUMNS = (
-    "sparsity",
-    "realized_sparsity",
-    "capacity",
-    "dense_torch_ms",
-    "dense_kernel_ms",
-    "no_predictor_ms",
-    "sparse_ms",
-    "speedup_vs_torch",
-    "speedup_vs_dense_kernel",
-    "sparse_gb_per_s",
-    "svd_predictor_ms",
-    "signbit_predictor_ms",
-)
+# the native kernel benchmark's columns, with the static gather's capacity after the sparsity
+COLUMNS = (*ffn_bench.COLUMNS[:2], "capacity", *ffn_bench.COLUMNS[2:])
 
 
 def format_table(rows: list[dict]) -> str:

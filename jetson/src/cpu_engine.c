@@ -22,7 +22,7 @@
 #endif
 
 #include "edge_cpu_kernels.h"
-#include "edge_cpu_vectors.h"
+#include "edge_cpu_internal.h"
 #include "model.h"
 
 /* Below this many multiply-adds a matrix-vector product runs on one thread (thread start-up costs more). */
@@ -485,9 +485,9 @@ static inline void score_vectors(float *scores, const float *keys, size_t stride
   vec16 sum[4] = {{0}, {0}, {0}, {0}};
   for (int i = 0; i < hd; i++) {
     const float *row = keys + (size_t)i * stride;
-    for (int v = 0; v < n_vectors; v++) sum[v] += q[i] * load16(row + 16 * v);
+    for (int v = 0; v < n_vectors; v++) sum[v] += q[i] * VEC16_AT(row + 16 * v);
   }
-  for (int v = 0; v < n_vectors; v++) store16(scores + 16 * v, sum[v] * scale);
+  for (int v = 0; v < n_vectors; v++) VEC16_AT(scores + 16 * v) = sum[v] * scale;
 }
 
 /* out[0:hd] = sum over t in [first, pos] of weights[t] * values[t][0:hd], positions in order, 32 or 16
@@ -499,16 +499,16 @@ static void weighted_values(float *out, const float *weights, const float *value
     vec16 low = {0}, high = {0};
     for (int t = first; t <= pos; t++) {
       const float *v = values + (size_t)t * row_stride + (size_t)i0;
-      low += weights[t] * load16(v);
-      high += weights[t] * load16(v + 16);
+      low += weights[t] * VEC16_AT(v);
+      high += weights[t] * VEC16_AT(v + 16);
     }
-    store16(out + i0, low);
-    store16(out + i0 + 16, high);
+    VEC16_AT(out + i0) = low;
+    VEC16_AT(out + i0 + 16) = high;
   }
   for (; i0 + 16 <= hd; i0 += 16) {
     vec16 sum = {0};
-    for (int t = first; t <= pos; t++) sum += weights[t] * load16(values + (size_t)t * row_stride + (size_t)i0);
-    store16(out + i0, sum);
+    for (int t = first; t <= pos; t++) sum += weights[t] * VEC16_AT(values + (size_t)t * row_stride + (size_t)i0);
+    VEC16_AT(out + i0) = sum;
   }
   for (; i0 < hd; i0++) {
     float sum = 0.0f;
@@ -632,17 +632,6 @@ static int by_count_then_sum(const void *a, const void *b) {
   if (sort_counts[i] != sort_counts[j]) return sort_counts[i] > sort_counts[j] ? -1 : 1;
   if (sort_sums[i] != sort_sums[j]) return sort_sums[i] > sort_sums[j] ? -1 : 1;
   return (i > j) - (i < j);
-}
-
-static inline float gate_activation(int activation, float g, float threshold) {
-  switch (activation) {
-    case EDGE_ACT_FATRELU:
-      return g > threshold ? g : 0.0f;
-    case EDGE_ACT_SILU:
-      return g / (1.0f + expf(-g));
-    default:
-      return g < 0.0f ? 0.0f : g;
-  }
 }
 
 /* One prompt token: its ceil(alpha * n_pos) largest positive gate activations (ties: lower index) count. */

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "edge_cpu_kernels.h"
-#include "edge_cpu_vectors.h"
+#include "edge_cpu_internal.h"
 
 #define EDGE_BITS_PER_WORD 32
 /* Sign-bit predictor: x's packed bits stay on the stack up to this many words (d = 65536). */
@@ -22,7 +22,7 @@
 static float dot_f32(const float *restrict w, const float *restrict x, int n) {
   vec16 acc = {0};
   int j = 0;
-  for (; j + 16 <= n; j += 16) acc += load16(w + j) * load16(x + j);
+  for (; j + 16 <= n; j += 16) acc += VEC16_AT(w + j) * VEC16_AT(x + j);
   for (int l = 0; j + l < n; l++) acc[l] += w[j + l] * x[j + l];
   vec8 low8, high8;
   memcpy(&low8, &acc, sizeof low8);
@@ -46,7 +46,7 @@ static void svd_mask_block(int D, int rank, const float *a_t, const float *bias,
     for (int r = 0; r < rank; r++) {
       const float *column = a_t + (size_t)r * (size_t)D + (size_t)i0;
       float z = scratch[r];
-      for (int v = 0; v < EDGE_SCORE_VECTORS; v++) sum[v] += load16(column + 16 * v) * z;
+      for (int v = 0; v < EDGE_SCORE_VECTORS; v++) sum[v] += VEC16_AT(column + 16 * v) * z;
     }
     memcpy(score, sum, sizeof sum);
   } else {

@@ -31,7 +31,7 @@
 #include <string.h>
 
 #include "edge_cpu_kernels.h"
-#include "edge_cpu_vectors.h"
+#include "edge_cpu_internal.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -52,7 +52,7 @@
 /* Rows summed per pass over a block of y in the down projection: fewer loads and stores of y per weight
  * byte, and several weight streams in flight (8 measured a little faster than 4 or 1). */
 #define EDGE_DOWN_GROUP 8
-/* Column blocks up to this many floats are summed 64 columns per step (see add_rows_f32). */
+/* Column blocks up to this many floats are summed 64 columns per step (see add_rows). */
 #define EDGE_SHORT_BLOCK 512
 
 /* Read prefetch into all cache levels. Callers with nothing to prefetch pass the row they read (a branch in
@@ -60,55 +60,61 @@
 #define EDGE_PREFETCH(next, byte_offset) __builtin_prefetch((const char *)(next) + (byte_offset), 0, 3)
 
 /* ---- Row primitives ----------------------------------------------------------------------------------
- * dot_*(w, x, d, next): w . x over d elements, while prefetching the row `next` (the same byte length).
- * add_rows_*(y, n, w, rows, h, n_rows, next, n_next): y[0:n] += h[r] * w[rows[r] + 0:n] for r in order, one
- * FMA per row and element, so an element's value does not depend on where a block of y starts or ends;
- * meanwhile the rows at offsets next[0:n_next] are prefetched over the same columns. */
+ * dot_row(w, dtype, x, d, next): w . x over d elements, while prefetching the row `next` (the same byte length).
+ * add_rows(y, n, w, dtype, rows, h, n_rows, next, n_next): y[0:n] += h[r] * w[rows[r] + 0:n] for r in order,
+ * one FMA per row and element, so an element's value does not depend on where a block of y starts or ends;
+ * meanwhile the rows at element offsets next[0:n_next] are prefetched over the same columns.
+ * w holds fp32 or fp16 weights (dtype); both are always inlined into callers that pass dtype as a constant, so
+ * each dtype gets its own loop without a branch in it. */
+
+#define EDGE_CACHE_LINE 64
+#define EDGE_ALWAYS_INLINE static inline __attribute__((always_inline))
+
+static inline size_t weight_bytes(int dtype) { return dtype == EDGE_F16 ? 2 : 4; }
+
+/* Element i of w, widened to fp32 (exactly). */
+static inline float weight_at(const void *w, size_t i, int dtype) {
+  return dtype == EDGE_F16 ? half_to_float(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+}
+
+/* Prefetches the cache lines holding elements [i, i + count) of w, count * bytes a whole number of lines. */
+static inline void prefetch_elements(const void *w, size_t i, size_t count, int dtype) {
+  for (size_t byte = 0; byte < count * weight_bytes(dtype); byte += EDGE_CACHE_LINE) {
+    EDGE_PREFETCH(w, i * weight_bytes(dtype) + byte);
+  }
+}
 
 #if EDGE_ROWS_AVX512
 
 static inline __mmask16 tail_mask(int count) { return (__mmask16)((1u << count) - 1u); }
 
-static inline __m512 load_f16(const uint16_t *w) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)w)); }
+/* 16 weights from element i, as fp32; fewer (count, the rest zero) at a ragged end. */
+static inline __m512 load_weights(const void *w, size_t i, int dtype) {
+  return dtype == EDGE_F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i)))
+                           : _mm512_loadu_ps((const float *)w + i);
+}
 
-static inline __m512 load_f16_tail(const uint16_t *w, int count) {
-  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail_mask(count), w));
+static inline __m512 load_weights_tail(const void *w, size_t i, int count, int dtype) {
+  return dtype == EDGE_F16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail_mask(count), (const uint16_t *)w + i))
+                           : _mm512_maskz_loadu_ps(tail_mask(count), (const float *)w + i);
 }
 
 /* Four independent accumulators keep four FMAs in flight; lanes and the final sum have a fixed order. */
-static float dot_f32(const float *w, const float *x, int d, const char *next) {
+EDGE_ALWAYS_INLINE float dot_row(const void *w, int dtype, const float *x, int d, const char *next) {
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps();
   __m512 acc3 = _mm512_setzero_ps();
   int j = 0;
   for (; j + 64 <= d; j += 64) {
-    for (int line = 0; line < 4; line++) EDGE_PREFETCH(next, 4 * (size_t)j + 64 * line);
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + j), _mm512_loadu_ps(x + j), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + j + 16), _mm512_loadu_ps(x + j + 16), acc1);
-    acc2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + j + 32), _mm512_loadu_ps(x + j + 32), acc2);
-    acc3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + j + 48), _mm512_loadu_ps(x + j + 48), acc3);
+    prefetch_elements(next, (size_t)j, 64, dtype);
+    acc0 = _mm512_fmadd_ps(load_weights(w, j, dtype), _mm512_loadu_ps(x + j), acc0);
+    acc1 = _mm512_fmadd_ps(load_weights(w, j + 16, dtype), _mm512_loadu_ps(x + j + 16), acc1);
+    acc2 = _mm512_fmadd_ps(load_weights(w, j + 32, dtype), _mm512_loadu_ps(x + j + 32), acc2);
+    acc3 = _mm512_fmadd_ps(load_weights(w, j + 48, dtype), _mm512_loadu_ps(x + j + 48), acc3);
   }
-  for (; j + 16 <= d; j += 16) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + j), _mm512_loadu_ps(x + j), acc0);
+  for (; j + 16 <= d; j += 16) acc0 = _mm512_fmadd_ps(load_weights(w, j, dtype), _mm512_loadu_ps(x + j), acc0);
   if (j < d) {
-    __mmask16 m = tail_mask(d - j);
-    acc1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + j), _mm512_maskz_loadu_ps(m, x + j), acc1);
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
-}
-
-static float dot_f16(const uint16_t *w, const float *x, int d, const char *next) {
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps();
-  __m512 acc3 = _mm512_setzero_ps();
-  int j = 0;
-  for (; j + 64 <= d; j += 64) {
-    for (int line = 0; line < 2; line++) EDGE_PREFETCH(next, 2 * (size_t)j + 64 * line);
-    acc0 = _mm512_fmadd_ps(load_f16(w + j), _mm512_loadu_ps(x + j), acc0);
-    acc1 = _mm512_fmadd_ps(load_f16(w + j + 16), _mm512_loadu_ps(x + j + 16), acc1);
-    acc2 = _mm512_fmadd_ps(load_f16(w + j + 32), _mm512_loadu_ps(x + j + 32), acc2);
-    acc3 = _mm512_fmadd_ps(load_f16(w + j + 48), _mm512_loadu_ps(x + j + 48), acc3);
-  }
-  for (; j + 16 <= d; j += 16) acc0 = _mm512_fmadd_ps(load_f16(w + j), _mm512_loadu_ps(x + j), acc0);
-  if (j < d) {
-    acc1 = _mm512_fmadd_ps(load_f16_tail(w + j, d - j), _mm512_maskz_loadu_ps(tail_mask(d - j), x + j), acc1);
+    __m512 xj = _mm512_maskz_loadu_ps(tail_mask(d - j), x + j);
+    acc1 = _mm512_fmadd_ps(load_weights_tail(w, j, d - j, dtype), xj, acc1);
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
 }
@@ -116,23 +122,22 @@ static float dot_f16(const uint16_t *w, const float *x, int d, const char *next)
 /* In a short block, 64 columns per step keep four independent FMA chains in flight: one column vector at a
  * time waited on the latency of each row's FMA (8-12% of a dense d = 192 FFN). A long block has enough
  * independent column steps for the core to overlap them, and 64 at a time measured 8% slower there (fp16,
- * 7B dense FFN). Then 16 at a time, and the ragged end with masked FMAs: the same rounding. */
-static void add_rows_f32(float *y, int n, const float *w, const size_t *rows, const float *h, int n_rows,
-                         const size_t *next, int n_next) {
+ * 7B dense FFN). Then 16 at a time (prefetching whenever a new cache line of the rows starts), and the ragged
+ * end with masked FMAs: the same rounding. */
+EDGE_ALWAYS_INLINE void add_rows(float *y, int n, const void *w, int dtype, const size_t *rows, const float *h,
+                                 int n_rows, const size_t *next, int n_next) {
   int c = 0;
   for (; n <= EDGE_SHORT_BLOCK && c + 64 <= n; c += 64) {
-    for (int r = 0; r < n_next; r++) {
-      for (int line = 0; line < 4; line++) EDGE_PREFETCH(w + next[r] + c, 64 * line);
-    }
+    for (int r = 0; r < n_next; r++) prefetch_elements(w, next[r] + c, 64, dtype);
     __m512 acc0 = _mm512_loadu_ps(y + c), acc1 = _mm512_loadu_ps(y + c + 16);
     __m512 acc2 = _mm512_loadu_ps(y + c + 32), acc3 = _mm512_loadu_ps(y + c + 48);
     for (int r = 0; r < n_rows; r++) {
       __m512 hr = _mm512_set1_ps(h[r]);
-      const float *row = w + rows[r] + c;
-      acc0 = _mm512_fmadd_ps(hr, _mm512_loadu_ps(row), acc0);
-      acc1 = _mm512_fmadd_ps(hr, _mm512_loadu_ps(row + 16), acc1);
-      acc2 = _mm512_fmadd_ps(hr, _mm512_loadu_ps(row + 32), acc2);
-      acc3 = _mm512_fmadd_ps(hr, _mm512_loadu_ps(row + 48), acc3);
+      size_t row = rows[r] + c;
+      acc0 = _mm512_fmadd_ps(hr, load_weights(w, row, dtype), acc0);
+      acc1 = _mm512_fmadd_ps(hr, load_weights(w, row + 16, dtype), acc1);
+      acc2 = _mm512_fmadd_ps(hr, load_weights(w, row + 32, dtype), acc2);
+      acc3 = _mm512_fmadd_ps(hr, load_weights(w, row + 48, dtype), acc3);
     }
     _mm512_storeu_ps(y + c, acc0);
     _mm512_storeu_ps(y + c + 16, acc1);
@@ -140,55 +145,20 @@ static void add_rows_f32(float *y, int n, const float *w, const size_t *rows, co
     _mm512_storeu_ps(y + c + 48, acc3);
   }
   for (; c + 16 <= n; c += 16) {
-    for (int r = 0; r < n_next; r++) EDGE_PREFETCH(w + next[r] + c, 0);
+    for (int r = 0; r < n_next && (c * weight_bytes(dtype)) % EDGE_CACHE_LINE == 0; r++) {
+      EDGE_PREFETCH(w, (next[r] + c) * weight_bytes(dtype));
+    }
     __m512 acc = _mm512_loadu_ps(y + c);
-    for (int r = 0; r < n_rows; r++) acc = _mm512_fmadd_ps(_mm512_set1_ps(h[r]), _mm512_loadu_ps(w + rows[r] + c), acc);
+    for (int r = 0; r < n_rows; r++) {
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(h[r]), load_weights(w, rows[r] + c, dtype), acc);
+    }
     _mm512_storeu_ps(y + c, acc);
   }
   if (c < n) {
     __mmask16 m = tail_mask(n - c);
     __m512 acc = _mm512_maskz_loadu_ps(m, y + c);
     for (int r = 0; r < n_rows; r++) {
-      acc = _mm512_fmadd_ps(_mm512_set1_ps(h[r]), _mm512_maskz_loadu_ps(m, w + rows[r] + c), acc);
-    }
-    _mm512_mask_storeu_ps(y + c, m, acc);
-  }
-}
-
-static void add_rows_f16(float *y, int n, const uint16_t *w, const size_t *rows, const float *h, int n_rows,
-                         const size_t *next, int n_next) {
-  int c = 0;
-  for (; n <= EDGE_SHORT_BLOCK && c + 64 <= n; c += 64) {
-    for (int r = 0; r < n_next; r++) {
-      for (int line = 0; line < 2; line++) EDGE_PREFETCH(w + next[r] + c, 64 * line);
-    }
-    __m512 acc0 = _mm512_loadu_ps(y + c), acc1 = _mm512_loadu_ps(y + c + 16);
-    __m512 acc2 = _mm512_loadu_ps(y + c + 32), acc3 = _mm512_loadu_ps(y + c + 48);
-    for (int r = 0; r < n_rows; r++) {
-      __m512 hr = _mm512_set1_ps(h[r]);
-      const uint16_t *row = w + rows[r] + c;
-      acc0 = _mm512_fmadd_ps(hr, load_f16(row), acc0);
-      acc1 = _mm512_fmadd_ps(hr, load_f16(row + 16), acc1);
-      acc2 = _mm512_fmadd_ps(hr, load_f16(row + 32), acc2);
-      acc3 = _mm512_fmadd_ps(hr, load_f16(row + 48), acc3);
-    }
-    _mm512_storeu_ps(y + c, acc0);
-    _mm512_storeu_ps(y + c + 16, acc1);
-    _mm512_storeu_ps(y + c + 32, acc2);
-    _mm512_storeu_ps(y + c + 48, acc3);
-  }
-  for (; c + 16 <= n; c += 16) {
-    /* 16 halves are half a cache line: prefetch on every other step */
-    for (int r = 0; r < n_next && c % 32 == 0; r++) EDGE_PREFETCH(w + next[r] + c, 0);
-    __m512 acc = _mm512_loadu_ps(y + c);
-    for (int r = 0; r < n_rows; r++) acc = _mm512_fmadd_ps(_mm512_set1_ps(h[r]), load_f16(w + rows[r] + c), acc);
-    _mm512_storeu_ps(y + c, acc);
-  }
-  if (c < n) {
-    __mmask16 m = tail_mask(n - c);
-    __m512 acc = _mm512_maskz_loadu_ps(m, y + c);
-    for (int r = 0; r < n_rows; r++) {
-      acc = _mm512_fmadd_ps(_mm512_set1_ps(h[r]), load_f16_tail(w + rows[r] + c, n - c), acc);
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(h[r]), load_weights_tail(w, rows[r] + c, n - c, dtype), acc);
     }
     _mm512_mask_storeu_ps(y + c, m, acc);
   }
@@ -196,7 +166,11 @@ static void add_rows_f16(float *y, int n, const uint16_t *w, const size_t *rows,
 
 #elif EDGE_ROWS_AVX2
 
-static inline __m256 load_f16(const uint16_t *w) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w)); }
+/* 8 weights from element i, as fp32. */
+static inline __m256 load_weights(const void *w, size_t i, int dtype) {
+  return dtype == EDGE_F16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)))
+                           : _mm256_loadu_ps((const float *)w + i);
+}
 
 /* Fixed-order horizontal sum of 8 lanes. */
 static inline float hsum(__m256 v) {
@@ -205,73 +179,42 @@ static inline float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-static float dot_f32(const float *w, const float *x, int d, const char *next) {
+EDGE_ALWAYS_INLINE float dot_row(const void *w, int dtype, const float *x, int d, const char *next) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
   __m256 acc3 = _mm256_setzero_ps();
   int j = 0;
   for (; j + 32 <= d; j += 32) {
-    for (int line = 0; line < 2; line++) EDGE_PREFETCH(next, 4 * (size_t)j + 64 * line);
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + j), _mm256_loadu_ps(x + j), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + j + 8), _mm256_loadu_ps(x + j + 8), acc1);
-    acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + j + 16), _mm256_loadu_ps(x + j + 16), acc2);
-    acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + j + 24), _mm256_loadu_ps(x + j + 24), acc3);
+    prefetch_elements(next, (size_t)j, 32, dtype);
+    acc0 = _mm256_fmadd_ps(load_weights(w, j, dtype), _mm256_loadu_ps(x + j), acc0);
+    acc1 = _mm256_fmadd_ps(load_weights(w, j + 8, dtype), _mm256_loadu_ps(x + j + 8), acc1);
+    acc2 = _mm256_fmadd_ps(load_weights(w, j + 16, dtype), _mm256_loadu_ps(x + j + 16), acc2);
+    acc3 = _mm256_fmadd_ps(load_weights(w, j + 24, dtype), _mm256_loadu_ps(x + j + 24), acc3);
   }
-  for (; j + 8 <= d; j += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + j), _mm256_loadu_ps(x + j), acc0);
+  for (; j + 8 <= d; j += 8) acc0 = _mm256_fmadd_ps(load_weights(w, j, dtype), _mm256_loadu_ps(x + j), acc0);
   if (j < d) {
     float wt[8] = {0}, xt[8] = {0};
-    for (int l = 0; j + l < d; l++) wt[l] = w[j + l], xt[l] = x[j + l];
+    for (int l = 0; j + l < d; l++) wt[l] = weight_at(w, (size_t)(j + l), dtype), xt[l] = x[j + l];
     acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(wt), _mm256_loadu_ps(xt), acc1);
   }
   return hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
 }
 
-static float dot_f16(const uint16_t *w, const float *x, int d, const char *next) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
-  __m256 acc3 = _mm256_setzero_ps();
-  int j = 0;
-  for (; j + 32 <= d; j += 32) {
-    EDGE_PREFETCH(next, 2 * (size_t)j);
-    acc0 = _mm256_fmadd_ps(load_f16(w + j), _mm256_loadu_ps(x + j), acc0);
-    acc1 = _mm256_fmadd_ps(load_f16(w + j + 8), _mm256_loadu_ps(x + j + 8), acc1);
-    acc2 = _mm256_fmadd_ps(load_f16(w + j + 16), _mm256_loadu_ps(x + j + 16), acc2);
-    acc3 = _mm256_fmadd_ps(load_f16(w + j + 24), _mm256_loadu_ps(x + j + 24), acc3);
-  }
-  for (; j + 8 <= d; j += 8) acc0 = _mm256_fmadd_ps(load_f16(w + j), _mm256_loadu_ps(x + j), acc0);
-  if (j < d) {
-    uint16_t wt[8] = {0};
-    float xt[8] = {0};
-    for (int l = 0; j + l < d; l++) wt[l] = w[j + l], xt[l] = x[j + l];
-    acc1 = _mm256_fmadd_ps(load_f16(wt), _mm256_loadu_ps(xt), acc1);
-  }
-  return hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-}
-
 /* The ragged end uses scalar fmaf, which rounds exactly like a vector FMA lane (FMA is enabled here). */
-static void add_rows_f32(float *y, int n, const float *w, const size_t *rows, const float *h, int n_rows,
-                         const size_t *next, int n_next) {
+EDGE_ALWAYS_INLINE void add_rows(float *y, int n, const void *w, int dtype, const size_t *rows, const float *h,
+                                 int n_rows, const size_t *next, int n_next) {
   int c = 0;
   for (; c + 8 <= n; c += 8) {
-    for (int r = 0; r < n_next && c % 16 == 0; r++) EDGE_PREFETCH(w + next[r] + c, 0);
+    for (int r = 0; r < n_next && (c * weight_bytes(dtype)) % EDGE_CACHE_LINE == 0; r++) {
+      EDGE_PREFETCH(w, (next[r] + c) * weight_bytes(dtype));
+    }
     __m256 acc = _mm256_loadu_ps(y + c);
-    for (int r = 0; r < n_rows; r++) acc = _mm256_fmadd_ps(_mm256_set1_ps(h[r]), _mm256_loadu_ps(w + rows[r] + c), acc);
+    for (int r = 0; r < n_rows; r++) {
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(h[r]), load_weights(w, rows[r] + c, dtype), acc);
+    }
     _mm256_storeu_ps(y + c, acc);
   }
   for (; c < n; c++) {
-    for (int r = 0; r < n_rows; r++) y[c] = fmaf(h[r], w[rows[r] + c], y[c]);
-  }
-}
-
-static void add_rows_f16(float *y, int n, const uint16_t *w, const size_t *rows, const float *h, int n_rows,
-                         const size_t *next, int n_next) {
-  int c = 0;
-  for (; c + 8 <= n; c += 8) {
-    for (int r = 0; r < n_next && c % 32 == 0; r++) EDGE_PREFETCH(w + next[r] + c, 0);
-    __m256 acc = _mm256_loadu_ps(y + c);
-    for (int r = 0; r < n_rows; r++) acc = _mm256_fmadd_ps(_mm256_set1_ps(h[r]), load_f16(w + rows[r] + c), acc);
-    _mm256_storeu_ps(y + c, acc);
-  }
-  for (; c < n; c++) {
-    for (int r = 0; r < n_rows; r++) y[c] = fmaf(h[r], _cvtsh_ss(w[rows[r] + c]), y[c]);
+    for (int r = 0; r < n_rows; r++) y[c] = fmaf(h[r], weight_at(w, rows[r] + c, dtype), y[c]);
   }
 }
 
@@ -280,28 +223,14 @@ static void add_rows_f16(float *y, int n, const uint16_t *w, const size_t *rows,
 #define EDGE_LANES 16
 
 /* Lane l accumulates elements l, l + 16, ...; GCC turns the fixed-size lane loops into vector code. */
-static float dot_f32(const float *restrict w, const float *restrict x, int d, const char *next) {
+EDGE_ALWAYS_INLINE float dot_row(const void *w, int dtype, const float *restrict x, int d, const char *next) {
   float acc[EDGE_LANES] = {0};
   int j = 0;
   for (; j + EDGE_LANES <= d; j += EDGE_LANES) {
-    EDGE_PREFETCH(next, 4 * (size_t)j);
-    for (int l = 0; l < EDGE_LANES; l++) acc[l] += w[j + l] * x[j + l];
+    EDGE_PREFETCH(next, (size_t)j * weight_bytes(dtype));
+    for (int l = 0; l < EDGE_LANES; l++) acc[l] += weight_at(w, (size_t)(j + l), dtype) * x[j + l];
   }
-  for (int l = 0; j + l < d; l++) acc[l] += w[j + l] * x[j + l];
-  for (int half = EDGE_LANES / 2; half > 0; half /= 2) {
-    for (int l = 0; l < half; l++) acc[l] += acc[l + half];
-  }
-  return acc[0];
-}
-
-static float dot_f16(const uint16_t *restrict w, const float *restrict x, int d, const char *next) {
-  float acc[EDGE_LANES] = {0};
-  int j = 0;
-  for (; j + EDGE_LANES <= d; j += EDGE_LANES) {
-    EDGE_PREFETCH(next, 2 * (size_t)j);
-    for (int l = 0; l < EDGE_LANES; l++) acc[l] += half_to_float(w[j + l]) * x[j + l];
-  }
-  for (int l = 0; j + l < d; l++) acc[l] += half_to_float(w[j + l]) * x[j + l];
+  for (int l = 0; j + l < d; l++) acc[l] += weight_at(w, (size_t)(j + l), dtype) * x[j + l];
   for (int half = EDGE_LANES / 2; half > 0; half /= 2) {
     for (int l = 0; l < half; l++) acc[l] += acc[l + half];
   }
@@ -309,31 +238,16 @@ static float dot_f16(const uint16_t *restrict w, const float *restrict x, int d,
 }
 
 /* One row at a time (the same per-element operation sequence), prefetching the next group's row r. */
-static void add_rows_f32(float *restrict y, int n, const float *w, const size_t *rows, const float *h, int n_rows,
-                         const size_t *next, int n_next) {
+EDGE_ALWAYS_INLINE void add_rows(float *restrict y, int n, const void *w, int dtype, const size_t *rows,
+                                 const float *h, int n_rows, const size_t *next, int n_next) {
   for (int r = 0; r < n_rows; r++) {
-    const float *restrict row = w + rows[r];
-    const char *ahead = (const char *)(w + (r < n_next ? next[r] : rows[r]));
+    size_t ahead = r < n_next ? next[r] : rows[r];
     int c = 0;
     for (; c + EDGE_LANES <= n; c += EDGE_LANES) {
-      EDGE_PREFETCH(ahead, 4 * (size_t)c);
-      for (int l = 0; l < EDGE_LANES; l++) y[c + l] += h[r] * row[c + l];
+      EDGE_PREFETCH(w, (ahead + (size_t)c) * weight_bytes(dtype));
+      for (int l = 0; l < EDGE_LANES; l++) y[c + l] += h[r] * weight_at(w, rows[r] + (size_t)(c + l), dtype);
     }
-    for (; c < n; c++) y[c] += h[r] * row[c];
-  }
-}
-
-static void add_rows_f16(float *restrict y, int n, const uint16_t *w, const size_t *rows, const float *h,
-                         int n_rows, const size_t *next, int n_next) {
-  for (int r = 0; r < n_rows; r++) {
-    const uint16_t *restrict row = w + rows[r];
-    const char *ahead = (const char *)(w + (r < n_next ? next[r] : rows[r]));
-    int c = 0;
-    for (; c + EDGE_LANES <= n; c += EDGE_LANES) {
-      EDGE_PREFETCH(ahead, 2 * (size_t)c);
-      for (int l = 0; l < EDGE_LANES; l++) y[c + l] += h[r] * half_to_float(row[c + l]);
-    }
-    for (; c < n; c++) y[c] += h[r] * half_to_float(row[c]);
+    for (; c < n; c++) y[c] += h[r] * weight_at(w, rows[r] + (size_t)c, dtype);
   }
 }
 
@@ -349,8 +263,6 @@ struct ffn_workspace {
   float *active_hidden;   /* [D] h_i = a_i * act_up(u_i) of those */
   int32_t *segment_count; /* [ceil(D / GATE_CHUNK)] active neurons per segment */
 };
-
-#define EDGE_CACHE_LINE 64
 
 static size_t round_up(size_t bytes) { return (bytes + EDGE_CACHE_LINE - 1) / EDGE_CACHE_LINE * EDGE_CACHE_LINE; }
 
@@ -378,34 +290,13 @@ static struct ffn_workspace layout_workspace(void *workspace, int D) {
   return ws;
 }
 
-/* g when keep is nonzero, else +0.0f. With bit operations rather than a select, because GCC turns the select
- * into a branch, and whether a gate fires is close to a coin toss: a mispredicted branch per neuron. */
-static inline float keep_or_zero(float g, int keep) {
-  uint32_t bits;
-  memcpy(&bits, &g, sizeof bits);
-  bits &= 0u - (uint32_t)(keep != 0);
-  memcpy(&g, &bits, sizeof bits);
-  return g;
-}
-
-static inline float gate_activation(int activation, float g, float threshold) {
-  switch (activation) {
-    case EDGE_ACT_FATRELU:
-      return keep_or_zero(g, g > threshold);
-    case EDGE_ACT_SILU:
-      return g / (1.0f + expf(-g));
-    default: /* relu, and drelu's gate part; NaN propagates as in torch.relu */
-      return keep_or_zero(g, !(g < 0.0f));
-  }
-}
-
 static inline const char *row_address(const void *w, int dtype, int row, int d) {
   return (const char *)w + (size_t)row * (size_t)d * (dtype == EDGE_F16 ? 2 : 4);
 }
 
 static inline float row_dot(const void *w, int dtype, int row, const float *x, int d, const char *next) {
   const void *start = row_address(w, dtype, row, d);
-  return dtype == EDGE_F16 ? dot_f16(start, x, d, next) : dot_f32(start, x, d, next);
+  return dtype == EDGE_F16 ? dot_row(start, EDGE_F16, x, d, next) : dot_row(start, EDGE_F32, x, d, next);
 }
 
 /* Rows of one weight matrix: row rows[k] of w for k < n, or row first + k when rows is NULL. */
@@ -522,9 +413,9 @@ static void down_columns(float *y, int c0, int c1, int d, const void *w_down_t, 
   while (n_rows > 0) {
     int n_next = next_down_group(&cursor, (size_t)d, (size_t)c0, rows[!now], h[!now]);
     if (dtype == EDGE_F16) {
-      add_rows_f16(y + c0, n, w_down_t, rows[now], h[now], n_rows, rows[!now], n_next);
+      add_rows(y + c0, n, w_down_t, EDGE_F16, rows[now], h[now], n_rows, rows[!now], n_next);
     } else {
-      add_rows_f32(y + c0, n, w_down_t, rows[now], h[now], n_rows, rows[!now], n_next);
+      add_rows(y + c0, n, w_down_t, EDGE_F32, rows[now], h[now], n_rows, rows[!now], n_next);
     }
     now = !now;
     n_rows = n_next;
