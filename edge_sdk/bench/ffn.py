@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,7 @@ SHAPES = {"llama2-7b": (4096, 11008), "mistral-7b": (4096, 14336), "qwen2-7b": (
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 # Reading this many bytes between timed calls evicts the weights from every cache level.
 _FLUSH_BYTES = 256 << 20
+_CPU = torch.device("cpu")
 _SHAPE_PATTERN = re.compile(r"(\d+)x(\d+)")
 
 
@@ -67,19 +69,49 @@ def _median_ms(samples: list[float]) -> float:
     return sorted(samples)[len(samples) // 2] * 1e3
 
 
-def _time_interleaved(variants: dict[str, Callable[[], object]], repeats: int, warmup: int) -> dict[str, float]:
-    """Median milliseconds of each variant, with cold caches before every call."""
-    flush = torch.ones(_FLUSH_BYTES // 4, dtype=torch.float32)
+def _synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (torch.cuda.synchronize / torch.npu.synchronize); no-op on the CPU."""
+    if device.type != "cpu":
+        getattr(torch, device.type).synchronize()
+
+
+def time_interleaved(
+    variants: dict[str, Callable[[], object]], repeats: int, warmup: int, device: torch.device = _CPU
+) -> dict[str, float]:
+    """Median milliseconds of each variant, caches flushed and the device idle before every call."""
+    flush = torch.ones(_FLUSH_BYTES // 4, dtype=torch.float32, device=device)
     samples: dict[str, list[float]] = {name: [] for name in variants}
     for step in range(warmup + repeats):
         for name, run in variants.items():
             flush.sum()
+            _synchronize(device)
             start = time.perf_counter()
             run()
+            _synchronize(device)
             elapsed = time.perf_counter() - start
             if step >= warmup:
                 samples[name].append(elapsed)
     return {name: _median_ms(values) for name, values in samples.items()}
+
+
+def random_active(n_neurons: int, sparsity: float, generator: torch.Generator) -> tuple[int, torch.Tensor]:
+    """round((1 - sparsity) * n_neurons) neurons drawn at random: their count and the [D] bool active set."""
+    n_active = round((1.0 - sparsity) * n_neurons)
+    active = torch.zeros(n_neurons, dtype=torch.bool)
+    active[torch.randperm(n_neurons, generator=generator)[:n_active]] = True
+    return n_active, active
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op threads set to `threads` (0: left as they are) for the block, then restored."""
+    saved = torch.get_num_threads()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 def bench_ffn(
@@ -128,12 +160,9 @@ def bench_ffn(
     )  # A^T, B
     packed = torch.randint(-(2**31), 2**31, (n_neurons, words_for(d)), dtype=torch.int32, generator=generator)
 
-    saved_torch_threads = torch.get_num_threads()
-    if threads > 0:
-        torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         weights.make_active(torch.ones(n_neurons, dtype=torch.bool))
-        fixed = _time_interleaved(
+        fixed = time_interleaved(
             {
                 "dense_kernel_ms": kernel_call,
                 "svd_predictor_ms": lambda: svd_predictor(weights.x, *svd_factors, None),
@@ -144,13 +173,11 @@ def bench_ffn(
         )
         rows = []
         for sparsity in sparsities:
-            n_active = round((1.0 - sparsity) * n_neurons)
-            active = torch.zeros(n_neurons, dtype=torch.bool)
-            active[torch.randperm(n_neurons, generator=generator)[:n_active]] = True
+            n_active, active = random_active(n_neurons, sparsity, generator)
             weights.make_active(active)
             realized = torch.zeros(n_neurons, dtype=torch.bool)
             kernel_call(active, realized)
-            timings = _time_interleaved(
+            timings = time_interleaved(
                 {
                     "dense_torch_ms": torch_dense,
                     "no_predictor_ms": kernel_call,
@@ -171,8 +198,6 @@ def bench_ffn(
                 }
             )
         return rows
-    finally:
-        torch.set_num_threads(saved_torch_threads)
 
 
 def check_arguments(d: int, n_neurons: int, sparsities, dtype: str, repeats: int, warmup: int) -> None:

@@ -22,8 +22,7 @@ the active neurons), like bench/ffn.py. Accelerators are synchronised around eve
 from __future__ import annotations
 
 import importlib
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -37,8 +36,6 @@ from edge_sdk.sparsity.sparse_model import LayerPredictor
 from edge_sdk.sparsity.svd import default_rank
 
 DEVICES = ("cpu", "cuda", "npu")
-# Touching this many bytes between timed calls evicts the weights from every cache level (CPU L3, GPU/NPU L2).
-_FLUSH_BYTES = 256 << 20
 
 
 def _device(name: str) -> torch.device:
@@ -52,35 +49,6 @@ def _device(name: str) -> torch.device:
     if device.type != "cpu" and not getattr(torch, device.type).is_available():
         raise ValueError(f"device {name}: torch.{device.type}.is_available() is False")
     return device
-
-
-def _synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work (torch.cuda.synchronize / torch.npu.synchronize); no-op on the CPU."""
-    if device.type != "cpu":
-        getattr(torch, device.type).synchronize()
-
-
-def _median_ms(samples: list[float]) -> float:
-    return sorted(samples)[len(samples) // 2] * 1e3
-
-
-def _time_interleaved(
-    variants: dict[str, Callable[[], object]], device: torch.device, repeats: int, warmup: int
-) -> dict[str, float]:
-    """Median milliseconds of each variant, caches flushed and the device idle before every call."""
-    flush = torch.ones(_FLUSH_BYTES // 4, dtype=torch.float32, device=device)
-    samples: dict[str, list[float]] = {name: [] for name in variants}
-    for step in range(warmup + repeats):
-        for name, run in variants.items():
-            flush.sum()
-            _synchronize(device)
-            start = time.perf_counter()
-            run()
-            _synchronize(device)
-            elapsed = time.perf_counter() - start
-            if step >= warmup:
-                samples[name].append(elapsed)
-    return {name: _median_ms(values) for name, values in samples.items()}
 
 
 def _check_arguments(d, n_neurons, sparsities, dtype, device, mode, repeats, warmup) -> None:
@@ -143,28 +111,23 @@ def bench_gather_ffn(
             capacity=capacity,
         )
 
-    saved_threads = torch.get_num_threads()
-    if threads > 0:
-        torch.set_num_threads(threads)
-    try:
+    with ffn_bench.torch_threads(threads):
         with torch.inference_mode():
             dense = executor(torch.ones(n_neurons, dtype=torch.bool), None)
             dense.dense = True
-            fixed = _time_interleaved(
+            fixed = ffn_bench.time_interleaved(
                 {
                     "dense_kernel_ms": lambda: dense.step(x_device),
                     "svd_predictor_ms": lambda: ((x_device @ svd_b.T) @ svd_a.T).float() > 0,
                     "signbit_predictor_ms": lambda: signbit.scores(x_device) > 0,
                 },
-                target,
                 repeats,
                 warmup,
+                target,
             )
             rows = []
             for sparsity in sparsities:
-                n_active = round((1.0 - sparsity) * n_neurons)
-                active = torch.zeros(n_neurons, dtype=torch.bool)
-                active[torch.randperm(n_neurons, generator=generator)[:n_active]] = True
+                n_active, active = ffn_bench.random_active(n_neurons, sparsity, generator)
                 ffn = executor(active, n_active if mode == "static" else None)
                 perfect_scores = active.to(target, torch.float32)  # [D]: 1 on the active set
 
@@ -175,15 +138,15 @@ def bench_gather_ffn(
                     return F.linear(F.relu(F.linear(x_device, w_gate_device)) * F.linear(x_device, w_up_device), w_down)
 
                 realized = sparse().active(n_neurons).sum().item()
-                timings = _time_interleaved(
+                timings = ffn_bench.time_interleaved(
                     {
                         "dense_torch_ms": torch_dense,
                         "no_predictor_ms": lambda ffn=ffn: ffn.step(x_device),
                         "sparse_ms": sparse,
                     },
-                    target,
                     repeats,
                     warmup,
+                    target,
                 )
                 row_bytes = d * ffn.w_gate.element_size()
                 rows.append(
@@ -202,8 +165,6 @@ def bench_gather_ffn(
                 )
                 del ffn
         return rows
-    finally:
-        torch.set_num_threads(saved_threads)
 
 
 # the native kernel benchmark's columns, with the static gather's capacity after the sparsity

@@ -1,0 +1,39 @@
+"""The native FFN benchmark's data and bookkeeping (edge_sdk/bench/ffn.py); its timings are not asserted."""
+
+import pytest
+import torch
+
+from edge_sdk.bench.ffn import COLUMNS, bench_ffn, random_active, torch_threads
+
+
+def test_random_active_draws_the_requested_count_reproducibly():
+    n_active, active = random_active(1000, 0.83, torch.Generator().manual_seed(4))
+    again = random_active(1000, 0.83, torch.Generator().manual_seed(4))[1]
+    assert n_active == 170 and int(active.sum()) == 170 and active.dtype == torch.bool
+    assert torch.equal(active, again)
+    assert not torch.equal(active, random_active(1000, 0.83, torch.Generator().manual_seed(5))[1])
+
+
+def test_torch_threads_sets_and_restores():
+    before = torch.get_num_threads()
+    with torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError), torch_threads(1):
+        raise RuntimeError("restored even when the block fails")
+    assert torch.get_num_threads() == before
+    with torch_threads(0):
+        assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_bench_rows_realize_the_requested_sparsity(dtype):
+    before = torch.get_num_threads()
+    rows = bench_ffn(64, 512, sparsities=(0.5, 0.875), dtype=dtype, threads=1, repeats=1, warmup=0)
+    assert torch.get_num_threads() == before
+    assert [row["sparsity"] for row in rows] == [0.5, 0.875]
+    # the weights are arranged so that exactly the drawn active set fires: 256 and 64 of 512 neurons
+    assert [row["realized_sparsity"] for row in rows] == [0.5, 0.875]
+    for row in rows:
+        assert set(COLUMNS) <= set(row) and row["threads"] == 1 and row["dtype"] == dtype
+        assert all(row[column] > 0 for column in COLUMNS if column.endswith("_ms"))
