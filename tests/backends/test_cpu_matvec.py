@@ -10,7 +10,7 @@ TOLERANCE = 1e-5  # relative to max |y|: fp32 accumulation in a different order 
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(("n_in", "n_out"), [(1, 1), (45, 7), (97, 300), (192, 2048)])
+@pytest.mark.parametrize(("n_in", "n_out"), [(1, 1), (45, 7), (97, 300), (192, 2048), (512, 33), (513, 17)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_matvec_matches_float64(dtype, n_in, n_out, with_bias):
     generator = torch.Generator().manual_seed(n_in * 1000 + n_out)
@@ -21,6 +21,20 @@ def test_matvec_matches_float64(dtype, n_in, n_out, with_bias):
     found = kernels.matvec(x, weight, bias)
     assert found.dtype == torch.float32 and found.shape == (n_out,)
     assert (found.double() - expected).abs().max() <= TOLERANCE * expected.abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("n_in", "n_out"), [(192, 40), (512, 17), (45, 7), (513, 16)])
+def test_matvec_row_does_not_depend_on_the_other_rows(dtype, n_in, n_out):
+    """Each output is its own row's dot product, bit for bit, whether computed alone, among all rows or in
+    reverse order (the AVX-512 build dots short fp16 rows sixteen at a time, padding the last group)."""
+    generator = torch.Generator().manual_seed(n_in + n_out)
+    weight = torch.randn(n_out, n_in, generator=generator).to(dtype)
+    x = torch.randn(n_in, generator=generator)
+    together = kernels.matvec(x, weight)
+    assert torch.equal(kernels.matvec(x, weight.flip(0).contiguous()), together.flip(0))
+    for row in range(n_out):
+        assert torch.equal(kernels.matvec(x, weight[row : row + 1]), together[row : row + 1])
 
 
 def test_matvec_is_bit_identical_across_threads_and_calls():
