@@ -128,9 +128,11 @@ def test_any_mask_covering_the_active_neurons_equals_dense_bit_for_bit(d, n_neur
     positives or not, the sparse output is the dense one exactly."""
     x, *weights = random_ffn(d, n_neurons, dtype, seed=d + n_neurons)
     relu = ACTIVATIONS["relu"]
-    truly_active = weights[0].float() @ x > 0
-    false_positives = torch.rand(n_neurons, generator=torch.Generator().manual_seed(1)) < 0.3
     kernel = SparseFFNKernel(d, n_neurons)
+    truly_active = torch.zeros(n_neurons, dtype=torch.bool)
+    kernel(x, *weights, relu, active_out=truly_active)  # the kernel's own gates decide, not torch's rounding
+    assert 0 < truly_active.sum() < n_neurons
+    false_positives = torch.rand(n_neurons, generator=torch.Generator().manual_seed(1)) < 0.3
     dense = kernel.dense(x, *weights, relu)
     for mask in (truly_active, truly_active | false_positives):
         assert torch.equal(kernel(x, *weights, relu, mask=mask), dense)

@@ -37,10 +37,11 @@ def test_matvec_row_does_not_depend_on_the_other_rows(dtype, n_in, n_out):
         assert torch.equal(kernels.matvec(x, weight[row : row + 1]), together[row : row + 1])
 
 
-def test_matvec_is_bit_identical_across_threads_and_calls():
+@pytest.mark.parametrize(("n_out", "n_in"), [(513, 1000), (301, 192)])  # one-row and sixteen-row fp16 paths
+def test_matvec_is_bit_identical_across_threads_and_calls(n_out, n_in):
     generator = torch.Generator().manual_seed(7)
-    weight = torch.randn(513, 1000, generator=generator).half()
-    x = torch.randn(1000, generator=generator)
+    weight = torch.randn(n_out, n_in, generator=generator).half()
+    x = torch.randn(n_in, generator=generator)
     runs = [kernels.matvec(x, weight, threads=threads) for threads in (1, 2, 0, 2)]
     assert all(torch.equal(runs[0], run) for run in runs[1:])
 
