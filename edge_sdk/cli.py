@@ -34,6 +34,14 @@ def _print_table(rows: dict, indent: str = "") -> None:
             click.echo(f"{indent}{str(key).ljust(width)}  {value}")
 
 
+_SPARSITY_HELP = (
+    "Default operating level: target fraction of neurons predicted inactive (default: the most aggressive "
+    "calibrated level whose perplexity on validation tokens of the calibration text, which the predictors are not "
+    "fitted on, stays within --ppl-budget of dense)."
+)
+_PPL_BUDGET_HELP = "Choosing the default level: allowed perplexity increase over dense, in percent."
+
+
 @click.group(cls=EdgeSdkGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="edge-sdk")
 def main() -> None:
@@ -82,6 +90,20 @@ def _parse_levels(text: str | None) -> tuple[float, ...] | None:
         raise click.BadParameter(f"expected comma-separated numbers such as 0.5,0.7,0.9, found {text!r}") from None
 
 
+def _default_level_text(report: dict) -> str:
+    """One line on the default operating level: given, or chosen on validation perplexity (and how)."""
+    level, choice = report["default_level"], report["default_level_choice"]
+    if choice["method"] != "validation perplexity":
+        return f"default level {level:g} ({choice['method']}{': ' + choice['reason'] if 'reason' in choice else ''})"
+    changes = ", ".join(f"{key} {change:+.2f}%" for key, change in choice["perplexity_change_percent"].items())
+    verdict = "within" if choice["within_budget"] else "no level within"
+    hint = "" if choice["within_budget"] else "; more calibration tokens, a higher rank or milder levels may help"
+    return (
+        f"default level {level:g}: {verdict} the {choice['budget_percent']:g}% perplexity budget on "
+        f"{choice['scored_tokens']} validation tokens (dense {choice['dense_perplexity']:.3f}; {changes}){hint}"
+    )
+
+
 @main.command()
 @click.argument("model_dir", type=click.Path(path_type=str))
 @click.option(
@@ -107,13 +129,8 @@ def _parse_levels(text: str | None) -> tuple[float, ...] | None:
     help="SVD predictor rank for every layer (default: per layer, from ~2% of D doubling until the layer's "
     "importance-weighted recall on the calibration tokens reaches 0.998).",
 )
-@click.option(
-    "--sparsity",
-    type=float,
-    default=0.5,
-    show_default=True,
-    help="Default operating level: target fraction of neurons predicted inactive.",
-)
+@click.option("--sparsity", type=float, default=None, help=_SPARSITY_HELP)
+@click.option("--ppl-budget", type=float, default=0.5, show_default=True, help=_PPL_BUDGET_HELP)
 @click.option("--levels", default=None, help="Comma-separated sparsity levels to calibrate (default 0.3,...,0.9).")
 @click.option("--no-whiten", is_flag=True, help="Naive SVD of W_gate (ablation).")
 @click.option(
@@ -130,6 +147,7 @@ def calibrate(
     predictor,
     rank,
     sparsity,
+    ppl_budget,
     levels,
     no_whiten,
     no_bias_calibration,
@@ -157,6 +175,7 @@ def calibrate(
         predictor=predictor,
         rank=rank,
         sparsity=sparsity,
+        ppl_budget=ppl_budget,
         levels=_parse_levels(levels) or DEFAULT_LEVELS,
         whiten=not no_whiten,
         calibrate_bias=not no_bias_calibration,
@@ -178,9 +197,10 @@ def calibrate(
             f"{layer['layer']:>5}  {layer['true_sparsity']:6.3f}  {layer['predicted_sparsity']:6.3f}  "
             f"{layer['realized_sparsity']:6.3f}  {layer['recall']:7.4f}  {layer['importance_weighted_recall']:8.5f}"
         )
+    click.echo(_default_level_text(result.report))
     click.echo(
         f"wrote {written}/predictors.safetensors, report.json, report.png "
-        f"(metrics on {result.report['evaluated_on']} text at sparsity {sparsity:g})"
+        f"(metrics on {result.report['evaluated_on']} text at sparsity {result.report['default_level']:g})"
     )
 
 
@@ -202,7 +222,8 @@ def calibrate(
     help="SVD predictor rank for every layer (default: per layer, from ~2% of D doubling until the layer's "
     "importance-weighted recall on the calibration tokens reaches 0.998).",
 )
-@click.option("--sparsity", type=float, default=0.5, show_default=True, help="Default operating level.")
+@click.option("--sparsity", type=float, default=None, help=_SPARSITY_HELP)
+@click.option("--ppl-budget", type=float, default=0.5, show_default=True, help=_PPL_BUDGET_HELP)
 @click.option("--levels", default=None, help="Comma-separated sparsity levels to calibrate (default 0.3,...,0.9).")
 @click.option("--dtype", type=click.Choice(["fp16", "bf16", "fp32"]), default="fp16", show_default=True)
 @click.option("--max-seq-len", type=int, default=None, help="Longest sequence the bundle serves.")
@@ -216,6 +237,7 @@ def export(
     predictor,
     rank,
     sparsity,
+    ppl_budget,
     levels,
     dtype,
     max_seq_len,
@@ -235,6 +257,7 @@ def export(
         predictor=predictor if predictor != "none" else "svd",
         rank=rank,
         sparsity=sparsity,
+        ppl_budget=ppl_budget,
         levels=_parse_levels(levels) or DEFAULT_LEVELS,
         max_tokens=max_tokens,
     )
@@ -258,7 +281,9 @@ def export(
     for name, entry in bundle.manifest["files"].items():
         click.echo(f"  {name:<24} {entry['size'] / 1e6:10.2f} MB")
     if bundle.sparsity.predictor != "none":
-        click.echo(f"predictor {bundle.sparsity.predictor}, default level {bundle.sparsity.default_level}")
+        click.echo(f"predictor {bundle.sparsity.predictor}")
+        report = json.loads((bundle.path / "report.json").read_text())
+        click.echo(_default_level_text(report))
         for layer in bundle.sparsity.layers:
             click.echo(f"  layer {layer['layer']:>3}: predicted sparsity {layer.get('predicted_sparsity', 0):.3f}")
         click.echo(f"report: {bundle.path / 'report.json'} and report.png")

@@ -34,6 +34,7 @@ from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import EngineOptions, select_backend
 from edge_sdk.runtime.engine import Engine
 from edge_sdk.sparsity.calibrate import neuron_importance
+from edge_sdk.sparsity.collect import token_stream
 from edge_sdk.sparsity.ffn import ffn_intermediates
 from edge_sdk.sparsity.metrics import layer_metrics
 from edge_sdk.sparsity.sparse_model import SparseDecoder, SparseFeedForward
@@ -91,12 +92,8 @@ def held_out_windows(
 ) -> list[list[int]]:
     """Token windows: the documents (each with its bos) concatenated, cut into windows of `context` tokens,
     at most `max_tokens` tokens in all; text shorter than one window gives one shorter window."""
-    stream: list[int] = []
-    for text in texts:
-        stream += tokenizer.encode(text)
-        if len(stream) >= max_tokens:
-            break
-    usable = min(len(stream), max_tokens)
+    stream = token_stream(tokenizer, texts, max_tokens)
+    usable = len(stream)
     if usable < prompt_tokens + 2:
         raise EvalError(
             f"held-out text gives {usable} tokens (max tokens {max_tokens}); at least {prompt_tokens + 2} are needed "

@@ -206,7 +206,7 @@ def _manifest(checkpoint, settings, calibration, max_seq_len, specs, report, sta
         "sparsity": {
             "predictor": settings.predictor,
             "levels": levels,
-            "default_level": calibration.sparsity if levels else None,
+            "default_level": report["default_level"] if levels else None,
             "core_alpha": calibration.core_alpha,
             "core_beta": calibration.core_beta,
             "settings": asdict(calibration) if settings.predictor != "none" else None,

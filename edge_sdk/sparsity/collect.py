@@ -57,6 +57,28 @@ def read_calibration_texts(files: Sequence[str | Path]) -> list[str]:
     return texts
 
 
+def token_stream(tokenizer: Tokenizer, texts: Sequence[str], max_tokens: int) -> list[int]:
+    """The documents' tokens (each with its bos) concatenated, at most max_tokens."""
+    stream: list[int] = []
+    for text in texts:
+        stream += tokenizer.encode(text)
+        if len(stream) >= max_tokens:
+            break
+    return stream[:max_tokens]
+
+
+def token_chunks(tokens: Sequence[int], chunk_tokens: int, min_tokens: int = 1) -> torch.Tensor:
+    """Token ids [C, L]: tokens cut into equal chunks of at most chunk_tokens; the ragged end is dropped."""
+    if len(tokens) < min_tokens:
+        raise CalibrationError(
+            f"calibration data has {len(tokens)} tokens; at least {min_tokens} are needed (add text or lower the "
+            f"requirement; about {DEFAULT_CALIBRATION_TOKENS} tokens is the recommended amount)"
+        )
+    chunk_len = min(chunk_tokens, len(tokens))
+    chunks = len(tokens) // chunk_len
+    return torch.tensor(list(tokens[: chunks * chunk_len]), dtype=torch.long).view(chunks, chunk_len)
+
+
 def calibration_chunks(
     tokenizer: Tokenizer,
     texts: Sequence[str],
@@ -65,20 +87,7 @@ def calibration_chunks(
     min_tokens: int = 1,
 ) -> torch.Tensor:
     """Token ids [C, L]: documents (each with bos) concatenated and cut into equal chunks, at most max_tokens."""
-    stream: list[int] = []
-    for text in texts:
-        stream += tokenizer.encode(text)
-        if len(stream) >= max_tokens:
-            break
-    usable = min(len(stream), max_tokens)
-    if usable < min_tokens:
-        raise CalibrationError(
-            f"calibration data has {usable} tokens; at least {min_tokens} are needed (add text or lower the "
-            f"requirement; about {DEFAULT_CALIBRATION_TOKENS} tokens is the recommended amount)"
-        )
-    chunk_len = min(chunk_tokens, usable)
-    chunks = usable // chunk_len
-    return torch.tensor(stream[: chunks * chunk_len], dtype=torch.long).view(chunks, chunk_len)
+    return token_chunks(token_stream(tokenizer, texts, max_tokens), chunk_tokens, min_tokens)
 
 
 @dataclass

@@ -37,19 +37,31 @@ from edge_sdk.sparsity.collect import (
     calibration_chunks,
     read_calibration_texts,
     stream_layers,
+    token_chunks,
+    token_stream,
 )
 from edge_sdk.sparsity.core import core_neuron_mask
 from edge_sdk.sparsity.ffn import ffn_intermediates
 from edge_sdk.sparsity.metrics import layer_metrics
 from edge_sdk.sparsity.signbit import calibrate_alpha, pack_sign_bits, signbit_mask
+from edge_sdk.sparsity.sparse_model import LayerPredictor
 from edge_sdk.sparsity.svd import default_rank, fit_svd_predictor, input_gram
 from edge_sdk.sparsity.threshold import fit_channel_thresholds_levels
+from edge_sdk.sparsity.validation import (
+    DEFAULT_PPL_BUDGET_PERCENT,
+    DEFAULT_VALIDATION_TOKENS,
+    MIN_VALIDATION_TOKENS,
+    VALIDATION_PROMPT_TOKENS,
+    LevelValidation,
+    split_validation,
+)
 from edge_sdk.staging import staged_directory
 
 PREDICTOR_KINDS = ("svd", "signbit", "core", "threshold")
 RELU_ONLY_KINDS = ("svd", "signbit", "core")
+LEVEL_KINDS = ("svd", "threshold")  # predictors calibrated at several sparsity levels
 DEFAULT_LEVELS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-DEFAULT_SPARSITY = 0.5
+REFERENCE_SPARSITY = 0.5  # about the level the rank search and AUROC use while the default is still unknown
 MIN_CALIBRATION_TOKENS = 256
 CAPACITY_QUANTILE = 0.99
 PREDICTORS_FILE = "predictors.safetensors"
@@ -59,13 +71,16 @@ PLOT_FILE = "report.png"
 
 @dataclass(frozen=True)
 class CalibrationSettings:
-    """What to calibrate. `sparsity` is the default operating level; `levels` are all kept."""
+    """What to calibrate. `sparsity` is the default operating level, None to choose it on validation tokens
+    (sparsity/validation.py; predictors with levels only); `levels` are all kept."""
 
     predictor: str = "svd"
     rank: int | None = None  # svd; None = per layer, the smallest of 2% of D, x2, x4, ... meeting the bar below
     min_weighted_recall: float = 0.998  # svd with automatic rank: importance-weighted recall on calibration tokens
-    sparsity: float = DEFAULT_SPARSITY
+    sparsity: float | None = None
     levels: tuple[float, ...] = DEFAULT_LEVELS
+    ppl_budget: float = DEFAULT_PPL_BUDGET_PERCENT  # choosing the level: validation perplexity increase, percent
+    validation_tokens: int = DEFAULT_VALIDATION_TOKENS  # choosing the level: at most this many, not fitted on
     whiten: bool = True  # svd; False is the naive-SVD ablation
     calibrate_bias: bool = True  # svd; False uses one global threshold per level (the no-bias ablation)
     recall_target: float = 0.99  # signbit: per-layer alpha reaches this recall on calibration data
@@ -77,9 +92,22 @@ class CalibrationSettings:
     seed: int = 0
 
     @property
+    def chooses_level(self) -> bool:
+        """Whether calibration picks the default level from validation perplexity."""
+        return self.sparsity is None and self.predictor in LEVEL_KINDS
+
+    @property
+    def reference_level(self) -> float:
+        """The given default level; while it is to be chosen, the calibrated level nearest REFERENCE_SPARSITY."""
+        if self.sparsity is not None:
+            return self.sparsity
+        return min(self.all_levels, key=lambda level: abs(level - REFERENCE_SPARSITY), default=REFERENCE_SPARSITY)
+
+    @property
     def all_levels(self) -> tuple[float, ...]:
-        """The calibrated levels, sorted, always including the default operating level."""
-        return tuple(sorted({round(level, 6) for level in (*self.levels, self.sparsity)}))
+        """The calibrated levels, sorted, always including a given default operating level."""
+        given = () if self.sparsity is None else (self.sparsity,)
+        return tuple(sorted({round(level, 6) for level in (*self.levels, *given)}))
 
     def rank_ladder(self, config: ModelConfig) -> list[int]:
         """The svd ranks to try, in order: the fixed rank, or about 2% of D doubling up to half of min(d, D)
@@ -111,7 +139,17 @@ def validate_settings(config: ModelConfig, settings: CalibrationSettings) -> Non
             f"predictor '{settings.predictor}' needs a ReLU-family FFN (relu, fatrelu, drelu) whose inactive "
             f"neurons are exact zeros; this model's hidden_act is {config.activation.kind}: use --predictor threshold"
         )
-    _check_fraction("sparsity", settings.sparsity)
+    if settings.sparsity is not None:
+        _check_fraction("sparsity", settings.sparsity)
+    if settings.sparsity is None and settings.predictor in LEVEL_KINDS and not settings.levels:
+        raise CalibrationError("no sparsity levels to choose the default level from: give --levels or --sparsity")
+    budget = settings.ppl_budget
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 <= budget < math.inf:
+        raise CalibrationError(f"perplexity budget must be a percentage >= 0, found {budget!r}")
+    if settings.validation_tokens < MIN_VALIDATION_TOKENS:
+        raise CalibrationError(
+            f"validation tokens {settings.validation_tokens} is too few: at least {MIN_VALIDATION_TOKENS} are needed"
+        )
     for level in settings.levels:
         _check_fraction("sparsity level", level)
     _check_fraction("recall target", settings.recall_target, low_open=True)
@@ -210,7 +248,8 @@ def _fit_svd(acts: LayerActivations, weights: LayerWeights, settings, config) ->
         scores = predictor.scores(acts.x)
         if settings.rank is not None:
             break
-        bias = calibrate_biases(scores, acts.importance, [settings.sparsity])[settings.sparsity]
+        level = settings.reference_level
+        bias = calibrate_biases(scores, acts.importance, [level])[level]
         recall = _weighted_recall(scores + bias > 0, acts)
         tried.append({"rank": rank, "calibration_weighted_recall": recall})
         if recall >= settings.min_weighted_recall:
@@ -284,7 +323,7 @@ def _fit_core(acts: LayerActivations, weights: LayerWeights, settings, config) -
 
 
 def _levels(fitted: FittedLayer, settings) -> tuple[float, ...]:
-    return settings.all_levels if fitted.level_dependent else (settings.sparsity,)
+    return settings.all_levels if fitted.level_dependent else (settings.reference_level,)
 
 
 def _capacities(fitted: FittedLayer, acts: LayerActivations, scores, settings) -> torch.Tensor:
@@ -313,8 +352,9 @@ def _evaluate(fitted: FittedLayer, acts: LayerActivations, scores, settings, con
             truly_active, predicted, acts.importance, scores if with_auroc else None, rank=rank, d=config.hidden_size
         )
 
-    # The AUROC ranks the predictor's scores, so it is computed once, at the default operating level.
-    result = metrics_at(settings.sparsity, with_auroc=True)
+    # The AUROC ranks the predictor's scores, so it is computed once, at the reference level; the other
+    # top-level metrics are replaced by the chosen level's once it is known (_report_at_level).
+    result = metrics_at(settings.reference_level, with_auroc=True)
     if fitted.level_dependent:
         result["per_level"] = {f"{level:g}": metrics_at(level, with_auroc=False) for level in settings.all_levels}
     return result
@@ -333,16 +373,29 @@ def calibrate_model(
     evaluation_files: Sequence[str | Path] = (),
     on_layer: Callable[[int], None] | None = None,
 ) -> CalibrationResult:
-    """Fit the predictor of every layer on the calibration text; evaluate on held-out text when given."""
+    """Fit the predictor of every layer on the calibration text; evaluate on held-out text when given. Without
+    a given default level (settings.sparsity None), choose it on validation tokens of the calibration text
+    that the predictors are not fitted on (sparsity/validation.py)."""
     config = checkpoint.config
     validate_settings(config, settings)
     torch.manual_seed(settings.seed)
     tokenizer = Tokenizer.from_dir(checkpoint.model_dir, config.eos_token_ids)
     chunk_tokens = min(settings.chunk_tokens, config.max_position_embeddings)
-    settings = CalibrationSettings(**{**asdict(settings), "chunk_tokens": chunk_tokens})
-    chunks = calibration_chunks(
-        tokenizer, read_calibration_texts(calibration_files), settings.max_tokens, chunk_tokens, MIN_CALIBRATION_TOKENS
+    settings = CalibrationSettings(
+        **{**asdict(settings), "chunk_tokens": chunk_tokens, "levels": tuple(settings.levels)}
     )
+    texts = read_calibration_texts(calibration_files)
+    validation = None
+    if settings.chooses_level:
+        stream = token_stream(tokenizer, texts, settings.max_tokens + settings.validation_tokens)
+        fit, held = split_validation(stream, settings.max_tokens, settings.validation_tokens, MIN_CALIBRATION_TOKENS)
+        chunks = token_chunks(fit, chunk_tokens, MIN_CALIBRATION_TOKENS)
+        if held:
+            validation = LevelValidation(
+                checkpoint, token_chunks(held, chunk_tokens), settings.all_levels, VALIDATION_PROMPT_TOKENS
+            )
+    else:
+        chunks = calibration_chunks(tokenizer, texts, settings.max_tokens, chunk_tokens, MIN_CALIBRATION_TOKENS)
     streams = [stream_layers(checkpoint, chunks)]
     if evaluation_files:
         eval_chunks = calibration_chunks(
@@ -365,6 +418,8 @@ def calibrate_model(
         fitted.tensors[f"{settings.predictor}.capacity"] = capacity
         for name, tensor in fitted.tensors.items():
             tensors[f"layers.{calibration.index}.{name}"] = tensor.contiguous()
+        if validation is not None:
+            validation.advance(calibration.block, LayerPredictor(settings.predictor, fitted.tensors))
         layer_report = {"layer": calibration.index, **fitted.details, "capacity": capacity.tolist()}
         if len(captures) > 1:
             del acts, scores
@@ -377,6 +432,10 @@ def calibrate_model(
         if on_layer is not None:
             on_layer(calibration.index)
 
+    default_level, choice = _default_level(settings, validation)
+    for layer in layers:
+        if "per_level" in layer:
+            layer |= layer["per_level"][f"{default_level:g}"]
     report = {
         "model": str(checkpoint.model_dir),
         "architecture": config.architecture,
@@ -384,12 +443,29 @@ def calibrate_model(
         "predictor": settings.predictor,
         "settings": asdict(settings),
         "levels": list(settings.all_levels),
-        "default_level": settings.sparsity,
+        "default_level": default_level,
+        "default_level_choice": choice,
         "calibration_tokens": int(chunks.numel()),
         "evaluated_on": "held-out" if evaluation_files else "calibration",
         "layers": layers,
     }
     return CalibrationResult(tensors, report)
+
+
+def _default_level(settings: CalibrationSettings, validation: LevelValidation | None) -> tuple[float, dict[str, Any]]:
+    """The default operating level and how it was set, for the report."""
+    if settings.sparsity is not None:
+        return settings.sparsity, {"method": "given"}
+    if not settings.chooses_level:
+        return settings.reference_level, {"method": f"nominal ({settings.predictor} has no calibrated levels)"}
+    if validation is None:
+        return settings.reference_level, {
+            "method": "fallback",
+            "reason": f"the calibration text leaves fewer than {MIN_VALIDATION_TOKENS} validation tokens beside the "
+            f"{MIN_CALIBRATION_TOKENS} needed for fitting; give more text or --sparsity",
+        }
+    choice = validation.choose(settings.ppl_budget)
+    return choice.level, choice.to_report()
 
 
 def predictor_metadata(report: dict[str, Any]) -> dict[str, str]:

@@ -51,7 +51,7 @@ def held_out(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def svd_bundle(tiny_model_dir, tmp_path_factory):
-    calibration = CalibrationSettings(rank=16, max_tokens=2048, levels=(0.3, 0.9))
+    calibration = CalibrationSettings(rank=16, max_tokens=2048, sparsity=0.5, levels=(0.3, 0.9))
     settings = ExportSettings(predictor="svd", dtype="fp32", max_seq_len=128, calibration=calibration)
     out = tmp_path_factory.mktemp("eval") / "svd"
     return export_bundle(tiny_model_dir, out, settings, [tiny_model_dir / "calibration.txt"])
@@ -265,7 +265,15 @@ def test_sweep_writes_frontier_json_plot_and_markdown(tiny_model_dir, held_out, 
     svd = written["kinds"]["svd"]["points"]
     assert svd[1]["perplexity_change_percent"] > svd[0]["perplexity_change_percent"]
     assert svd[1]["mean_realized_sparsity"] > svd[0]["mean_realized_sparsity"]
-    assert written["target"]["status"] == "not measured (the sweep has no svd point at the default level)"
+    # the target is judged at the level the svd export chose by default (validation perplexity, 0.5% budget)
+    chosen = json.loads((tmp_path / "sweep" / "bundles" / "svd" / "manifest.json").read_text())["sparsity"]
+    target = written["target"]
+    assert target["level"] == written["kinds"]["svd"]["default_level"] == chosen["default_level"]
+    at_default = next(point for point in svd if point["setting"] == target["level"])
+    assert target["perplexity_change_percent"] == at_default["perplexity_change_percent"]
+    assert target["speedup"] == at_default["speedup"]
+    met = at_default["perplexity_change_percent"] <= 1.0 and at_default["speedup"] >= 1.5
+    assert target["status"] == ("met" if met else "not met")
     assert written["scored_tokens"] == 4 * 55 and written["commit"] == result["commit"]
     assert written["settings"]["timer"] == "cpu" and written["settings"]["threads"] == 1
     markdown = format_sweep_markdown(result, command="python benchmarks/eval_sweep.py")

@@ -81,9 +81,9 @@ def test_svd_biases_rise_with_the_level(tiny_model_dir, tmp_path):
 
 @pytest.fixture(scope="module")
 def auto_rank_report(tiny_model_dir):
-    """Default SVDP settings (20k calibration tokens, automatic rank), measured on held-out text."""
+    """Default SVDP settings (20k calibration tokens, automatic rank) at level 0.5, measured on held-out text."""
     files = ([tiny_model_dir / "calibration.txt"], [tiny_model_dir / "held_out.txt"])
-    return calibrate_model(Checkpoint(tiny_model_dir), CalibrationSettings(), *files).report
+    return calibrate_model(Checkpoint(tiny_model_dir), CalibrationSettings(sparsity=0.5), *files).report
 
 
 @pytest.fixture(scope="module")

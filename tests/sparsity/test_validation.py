@@ -1,0 +1,190 @@
+"""Choosing the default level on validation perplexity: the token split, the rule, the measurement itself
+(against the reference decoder decoding token by token) and calibration/export/CLI end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from edge_sdk.cli import main
+from edge_sdk.errors import CalibrationError
+from edge_sdk.export.exporter import ExportSettings, export_bundle, load_reference_decoder
+from edge_sdk.model import Checkpoint
+from edge_sdk.model.loader import load_layer
+from edge_sdk.model.tokenizer import Tokenizer
+from edge_sdk.sparsity.collect import read_calibration_texts, token_chunks, token_stream
+from edge_sdk.sparsity.pipeline import CalibrationSettings, calibrate_model, validate_settings
+from edge_sdk.sparsity.sparse_model import LayerPredictor
+from edge_sdk.sparsity.validation import (
+    DEFAULT_PPL_BUDGET_PERCENT,
+    LevelValidation,
+    choose_level,
+    split_validation,
+)
+
+LEVELS = (0.3, 0.6, 0.9)
+
+
+def test_validation_tokens_follow_the_fit_tokens_when_the_text_is_long_enough():
+    tokens = list(range(10_000))
+    fit, held = split_validation(tokens, fit_tokens=4000, validation_tokens=2048, min_fit_tokens=256)
+    assert fit == tokens[:4000] and held == tokens[4000:6048]
+
+
+def test_short_text_holds_back_its_last_fifth_for_validation():
+    tokens = list(range(3000))
+    fit, held = split_validation(tokens, fit_tokens=20_000, validation_tokens=2048, min_fit_tokens=256)
+    assert fit == tokens[:2400] and held == tokens[2400:]
+    # more text than the fit tokens but less than fit + validation: the spare tokens, at least a fifth
+    fit, held = split_validation(list(range(5000)), fit_tokens=4500, validation_tokens=2048, min_fit_tokens=256)
+    assert fit == list(range(4000)) and held == list(range(4000, 5000))
+
+
+def test_too_short_text_gets_no_validation():
+    tokens = list(range(600))  # a fifth is 120 tokens, under the 128 a validation chunk needs
+    assert split_validation(tokens, 20_000, 2048, 256) == (tokens, [])
+    tokens = list(range(300))  # holding back 128 would leave 172 < 256 to fit on
+    assert split_validation(tokens, 20_000, 2048, 256)[1] == []
+
+
+def test_the_level_rises_while_the_change_stays_within_the_budget():
+    changes = {0.3: 0.01, 0.5: 0.2, 0.7: 0.49, 0.8: 1.9}
+    assert choose_level(changes, 0.5) == (0.7, True)
+    assert choose_level(changes, 0.1) == (0.3, True)
+    assert choose_level(changes, 5.0) == (0.8, True)
+    # a level back under the budget after one over it is noise: the walk stops at the first one over
+    assert choose_level({0.3: 0.1, 0.5: 0.8, 0.7: 0.4}, 0.5) == (0.3, True)
+    # already the mildest is over: it is chosen, and flagged
+    assert choose_level({0.3: 2.0, 0.5: 3.0}, 0.5) == (0.3, False)
+
+
+@pytest.fixture(scope="module")
+def fp32_bundle(tiny_model_dir, tmp_path_factory):
+    calibration = CalibrationSettings(rank=16, max_tokens=1024, sparsity=0.3, levels=LEVELS)
+    settings = ExportSettings(predictor="svd", dtype="fp32", max_seq_len=64, calibration=calibration)
+    out = tmp_path_factory.mktemp("validation") / "svd"
+    return export_bundle(tiny_model_dir, out, settings, [tiny_model_dir / "calibration.txt"])
+
+
+def _teacher_forced_perplexity(reference, chunks: torch.Tensor, prompt: int) -> float:
+    """Dense prefill of each chunk's prompt, then one decode call per token, as `edge-sdk eval` does."""
+    nll = []
+    for chunk in chunks:
+        reference.prefill(chunk[None, :prompt])
+        for position in range(prompt, chunk.numel() - 1):
+            logits = reference.decode(chunk[None, position : position + 1])[0, -1].double()
+            nll.append(-torch.log_softmax(logits, dim=-1)[chunk[position + 1]].item())
+    return math.exp(sum(nll) / len(nll))
+
+
+def test_one_masked_forward_per_level_equals_decoding_token_by_token(fp32_bundle, tiny_model_dir):
+    checkpoint = Checkpoint(tiny_model_dir)
+    tokenizer = Tokenizer.from_dir(tiny_model_dir)
+    tokens = token_stream(tokenizer, read_calibration_texts([tiny_model_dir / "held_out.txt"]), 128)
+    chunks = token_chunks(tokens, 64)  # [2, 64]
+    validation = LevelValidation(checkpoint, chunks, LEVELS, prompt_tokens=8)
+    for index in range(checkpoint.config.num_layers):
+        prefix = f"layers.{index}.svd."
+        tensors = {
+            name.removeprefix(f"layers.{index}."): fp32_bundle.tensor(name)
+            for name in fp32_bundle.manifest["tensors"]
+            if name.startswith(prefix)
+        }
+        validation.advance(load_layer(checkpoint, index), LayerPredictor("svd", tensors))
+    measured = validation.perplexities()
+
+    reference = load_reference_decoder(fp32_bundle)
+    reference.configure(dense=True)
+    expected = {None: _teacher_forced_perplexity(reference, chunks, 8)}
+    for level_index, level in enumerate(LEVELS):
+        reference.configure(level_index=level_index)
+        expected[level] = _teacher_forced_perplexity(reference, chunks, 8)
+    assert measured.keys() == expected.keys()
+    for level, perplexity in expected.items():
+        assert measured[level] == pytest.approx(perplexity, rel=2e-5), level
+    # the levels really differ, so a stream mixed up with another would show
+    assert expected[0.9] > expected[0.3] * 1.01 and validation.scored_tokens == 2 * 55
+
+
+@pytest.fixture(scope="module")
+def chosen_report(tiny_model_dir):
+    settings = CalibrationSettings(rank=16, max_tokens=2048, levels=(0.3, 0.5, 0.7, 0.9))
+    return calibrate_model(Checkpoint(tiny_model_dir), settings, [tiny_model_dir / "calibration.txt"]).report
+
+
+def test_calibration_chooses_the_level_on_tokens_it_did_not_fit_on(chosen_report):
+    choice = chosen_report["default_level_choice"]
+    assert choice["method"] == "validation perplexity" and choice["budget_percent"] == DEFAULT_PPL_BUDGET_PERCENT
+    # the fit uses exactly the requested tokens; validation the 2048 after them (4 chunks of 512, 32-token prompts)
+    assert chosen_report["calibration_tokens"] == 2048
+    assert choice["validation_tokens"] == 2048 and choice["scored_tokens"] == 4 * (512 - 32 - 1)
+    changes = {float(level): change for level, change in choice["perplexity_change_percent"].items()}
+    assert sorted(changes) == [0.3, 0.5, 0.7, 0.9]
+    assert changes[0.9] > 3.0  # the fixture does not tolerate 0.9: a rule ignoring the budget would pick it
+    expected = choose_level(changes, DEFAULT_PPL_BUDGET_PERCENT)
+    assert (chosen_report["default_level"], choice["within_budget"]) == expected
+    assert choice["level"] == chosen_report["default_level"] < 0.9
+    # the per-layer headline metrics are those of the chosen level
+    for layer in chosen_report["layers"]:
+        at_level = layer["per_level"][f"{chosen_report['default_level']:g}"]
+        assert {key: layer[key] for key in at_level} == at_level
+
+
+def test_a_larger_budget_allows_a_sparser_default(tiny_model_dir, chosen_report):
+    changes = chosen_report["default_level_choice"]["perplexity_change_percent"]
+    budget = max(changes.values()) + 1.0
+    settings = CalibrationSettings(rank=16, max_tokens=2048, levels=(0.3, 0.5, 0.7, 0.9), ppl_budget=budget)
+    report = calibrate_model(Checkpoint(tiny_model_dir), settings, [tiny_model_dir / "calibration.txt"]).report
+    assert report["default_level"] == 0.9 and report["default_level_choice"]["within_budget"]
+    # the same fit and validation tokens give the same measurement, bit for bit
+    assert report["default_level_choice"]["perplexity_change_percent"] == changes
+
+
+def test_a_given_level_skips_validation_and_short_text_falls_back(tiny_model_dir, tmp_path):
+    checkpoint = Checkpoint(tiny_model_dir)
+    calibration = [tiny_model_dir / "calibration.txt"]
+    given = calibrate_model(checkpoint, CalibrationSettings(rank=16, max_tokens=1024, sparsity=0.7), calibration)
+    assert given.report["default_level"] == 0.7 and given.report["default_level_choice"] == {"method": "given"}
+    short = tmp_path / "short.txt"
+    tokens = token_stream(Tokenizer.from_dir(tiny_model_dir), read_calibration_texts(calibration), 400)
+    short.write_text(Tokenizer.from_dir(tiny_model_dir).decode(tokens[1:]))
+    fallback = calibrate_model(checkpoint, CalibrationSettings(rank=16), [short]).report
+    assert fallback["default_level"] == 0.5 and fallback["default_level_choice"]["method"] == "fallback"
+    assert "give more text or --sparsity" in fallback["default_level_choice"]["reason"]
+    signbit = calibrate_model(checkpoint, CalibrationSettings(predictor="signbit", max_tokens=1024), calibration)
+    assert signbit.report["default_level_choice"]["method"].startswith("nominal")
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"ppl_budget": -1.0}, "perplexity budget must be a percentage >= 0, found -1.0"),
+        ({"ppl_budget": math.nan}, "perplexity budget must be a percentage >= 0, found nan"),
+        ({"validation_tokens": 100}, "validation tokens 100 is too few: at least 128 are needed"),
+        ({"levels": ()}, "no sparsity levels to choose the default level from"),
+    ],
+)
+def test_bad_choice_settings_are_refused(tiny_model_dir, settings, message):
+    with pytest.raises(CalibrationError, match=message):
+        validate_settings(Checkpoint(tiny_model_dir).config, CalibrationSettings(**settings))
+
+
+def test_export_cli_reports_the_choice_and_writes_it_to_the_manifest(tiny_model_dir, tmp_path):
+    out = tmp_path / "bundle"
+    calibration = str(tiny_model_dir / "calibration.txt")
+    args = ["export", str(tiny_model_dir), "-o", str(out), "--calib", calibration, "--tokens", "1024"]
+    result = CliRunner().invoke(main, [*args, "--rank", "16", "--levels", "0.3,0.9", "--dtype", "fp32"])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    report = json.loads((out / "report.json").read_text())
+    level = manifest["sparsity"]["default_level"]
+    assert level == report["default_level"] and manifest["sparsity"]["levels"] == [0.3, 0.9]
+    within = "within" if report["default_level_choice"]["within_budget"] else "no level within"
+    assert f"default level {level:g}: {within} the 0.5% perplexity budget on 1916 validation tokens" in result.output
+    refused = CliRunner().invoke(main, [*args, "--ppl-budget", "-2", "--force"])
+    assert refused.exit_code == 2 and "perplexity budget must be a percentage >= 0, found -2.0" in refused.output
+    assert "Traceback" not in refused.output
