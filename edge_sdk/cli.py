@@ -40,6 +40,7 @@ _SPARSITY_HELP = (
     "fitted on, stays within --ppl-budget of dense)."
 )
 _PPL_BUDGET_HELP = "Choosing the default level: allowed perplexity increase over dense, in percent."
+_VALIDATION_TOKENS_HELP = "Choosing the default level: most calibration-text tokens to validate on, after --tokens."
 
 
 @click.group(cls=EdgeSdkGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -131,6 +132,7 @@ def _default_level_text(report: dict) -> str:
 )
 @click.option("--sparsity", type=float, default=None, help=_SPARSITY_HELP)
 @click.option("--ppl-budget", type=float, default=0.5, show_default=True, help=_PPL_BUDGET_HELP)
+@click.option("--validation-tokens", type=int, default=2048, show_default=True, help=_VALIDATION_TOKENS_HELP)
 @click.option("--levels", default=None, help="Comma-separated sparsity levels to calibrate (default 0.3,...,0.9).")
 @click.option("--no-whiten", is_flag=True, help="Naive SVD of W_gate (ablation).")
 @click.option(
@@ -148,6 +150,7 @@ def calibrate(
     rank,
     sparsity,
     ppl_budget,
+    validation_tokens,
     levels,
     no_whiten,
     no_bias_calibration,
@@ -176,6 +179,7 @@ def calibrate(
         rank=rank,
         sparsity=sparsity,
         ppl_budget=ppl_budget,
+        validation_tokens=validation_tokens,
         levels=_parse_levels(levels) or DEFAULT_LEVELS,
         whiten=not no_whiten,
         calibrate_bias=not no_bias_calibration,
@@ -224,6 +228,7 @@ def calibrate(
 )
 @click.option("--sparsity", type=float, default=None, help=_SPARSITY_HELP)
 @click.option("--ppl-budget", type=float, default=0.5, show_default=True, help=_PPL_BUDGET_HELP)
+@click.option("--validation-tokens", type=int, default=2048, show_default=True, help=_VALIDATION_TOKENS_HELP)
 @click.option("--levels", default=None, help="Comma-separated sparsity levels to calibrate (default 0.3,...,0.9).")
 @click.option("--dtype", type=click.Choice(["fp16", "bf16", "fp32"]), default="fp16", show_default=True)
 @click.option("--max-seq-len", type=int, default=None, help="Longest sequence the bundle serves.")
@@ -238,6 +243,7 @@ def export(
     rank,
     sparsity,
     ppl_budget,
+    validation_tokens,
     levels,
     dtype,
     max_seq_len,
@@ -258,6 +264,7 @@ def export(
         rank=rank,
         sparsity=sparsity,
         ppl_budget=ppl_budget,
+        validation_tokens=validation_tokens,
         levels=_parse_levels(levels) or DEFAULT_LEVELS,
         max_tokens=max_tokens,
     )

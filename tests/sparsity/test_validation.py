@@ -21,6 +21,7 @@ from edge_sdk.sparsity.pipeline import CalibrationSettings, calibrate_model, val
 from edge_sdk.sparsity.sparse_model import LayerPredictor
 from edge_sdk.sparsity.validation import (
     DEFAULT_PPL_BUDGET_PERCENT,
+    DEFAULT_VALIDATION_TOKENS,
     LevelValidation,
     choose_level,
     split_validation,
@@ -177,14 +178,28 @@ def test_export_cli_reports_the_choice_and_writes_it_to_the_manifest(tiny_model_
     out = tmp_path / "bundle"
     calibration = str(tiny_model_dir / "calibration.txt")
     args = ["export", str(tiny_model_dir), "-o", str(out), "--calib", calibration, "--tokens", "1024"]
-    result = CliRunner().invoke(main, [*args, "--rank", "16", "--levels", "0.3,0.9", "--dtype", "fp32"])
+    quick = ["--rank", "16", "--levels", "0.3,0.9", "--dtype", "fp32", "--validation-tokens", "1024"]
+    result = CliRunner().invoke(main, [*args, *quick])
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "manifest.json").read_text())
     report = json.loads((out / "report.json").read_text())
     level = manifest["sparsity"]["default_level"]
     assert level == report["default_level"] and manifest["sparsity"]["levels"] == [0.3, 0.9]
     within = "within" if report["default_level_choice"]["within_budget"] else "no level within"
-    assert f"default level {level:g}: {within} the 0.5% perplexity budget on 1916 validation tokens" in result.output
-    refused = CliRunner().invoke(main, [*args, "--ppl-budget", "-2", "--force"])
-    assert refused.exit_code == 2 and "perplexity budget must be a percentage >= 0, found -2.0" in refused.output
-    assert "Traceback" not in refused.output
+    # 1024 validation tokens: two chunks of 512, each scoring all but its 32-token prompt and its last token
+    assert f"default level {level:g}: {within} the 0.5% perplexity budget on 958 validation tokens" in result.output
+    assert report["default_level_choice"]["validation_tokens"] == 1024
+    for flag, value, message in (
+        ("--ppl-budget", "-2", "perplexity budget must be a percentage >= 0, found -2.0"),
+        ("--validation-tokens", "64", "validation tokens 64 is too few: at least 128 are needed"),
+    ):
+        refused = CliRunner().invoke(main, [*args, flag, value, "--force"])
+        assert refused.exit_code == 2 and message in refused.output and "Traceback" not in refused.output
+
+
+@pytest.mark.parametrize("command", ["calibrate", "export"])
+def test_cli_defaults_are_the_library_defaults(command):
+    options = {option.name: option.default for option in main.commands[command].params}
+    assert options["sparsity"] is None
+    assert options["ppl_budget"] == DEFAULT_PPL_BUDGET_PERCENT
+    assert options["validation_tokens"] == DEFAULT_VALIDATION_TOKENS
