@@ -544,28 +544,40 @@ static void weighted_values(float *const out[], const float *const weights[], co
 }
 
 /* scores[0:n] = softmax(scores[0:n]). The maximum and the sum are taken in LANES lanes (k % LANES) with a fixed
- * final order, so they do not depend on threads. */
+ * final order, so they do not depend on threads. The last n % LANES scores go through a full vector padded with
+ * -inf (whose exponentials are 0 and leave the lane sums exact), not through a scalar loop per pass; exponentials
+ * and their sum share one pass. */
 static void softmax(float *scores, int n) {
+  int full = n / LANES * LANES;
+  float tail[LANES];
+  for (int l = 0; l < LANES; l++) tail[l] = l < n - full ? scores[full + l] : -INFINITY;
   float lane_max[LANES];
-  for (int l = 0; l < LANES; l++) lane_max[l] = -INFINITY;
-  int k = 0;
-  for (; k + LANES <= n; k += LANES) {
+  for (int l = 0; l < LANES; l++) lane_max[l] = tail[l];
+  for (int k = 0; k < full; k += LANES) {
     for (int l = 0; l < LANES; l++) lane_max[l] = scores[k + l] > lane_max[l] ? scores[k + l] : lane_max[l];
   }
-  for (int l = 0; k + l < n; l++) lane_max[l] = scores[k + l] > lane_max[l] ? scores[k + l] : lane_max[l];
   float max = lane_max[0];
   for (int l = 1; l < LANES; l++) max = lane_max[l] > max ? lane_max[l] : max;
-  for (k = 0; k < n; k++) scores[k] = exp_nonpositive(scores[k] - max);
   float partial[LANES] = {0};
-  for (k = 0; k + LANES <= n; k += LANES) {
-    for (int l = 0; l < LANES; l++) partial[l] += scores[k + l];
+  for (int k = 0; k < full; k += LANES) {
+    for (int l = 0; l < LANES; l++) {
+      scores[k + l] = exp_nonpositive(scores[k + l] - max);
+      partial[l] += scores[k + l];
+    }
   }
-  for (int l = 0; k + l < n; l++) partial[l] += scores[k + l];
+  for (int l = 0; l < LANES; l++) {
+    tail[l] = exp_nonpositive(tail[l] - max);
+    partial[l] += tail[l];
+  }
   for (int half = LANES / 2; half > 0; half /= 2) {
     for (int l = 0; l < half; l++) partial[l] += partial[l + half];
   }
   float sum = partial[0];
-  for (k = 0; k < n; k++) scores[k] /= sum;
+  for (int k = 0; k < full; k += LANES) {
+    for (int l = 0; l < LANES; l++) scores[k + l] /= sum;
+  }
+  for (int l = 0; l < LANES; l++) tail[l] /= sum;
+  for (int l = 0; l < n - full; l++) scores[full + l] = tail[l];
 }
 
 /* Attention of heads [h0, h0 + n_heads) (n_heads <= HEAD_BLOCK) for the token at pos over positions
