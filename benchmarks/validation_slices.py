@@ -19,11 +19,11 @@ from pathlib import Path
 
 from edge_sdk.bench.record import with_machine_info
 from edge_sdk.export.bundle import Bundle
+from edge_sdk.export.exporter import bundle_predictors
 from edge_sdk.model import Checkpoint
 from edge_sdk.model.loader import load_layer
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.sparsity.collect import read_calibration_texts, token_chunks, token_stream
-from edge_sdk.sparsity.sparse_model import LayerPredictor
 from edge_sdk.sparsity.validation import (
     DEFAULT_PPL_BUDGET_PERCENT,
     DEFAULT_VALIDATION_TOKENS,
@@ -45,21 +45,15 @@ def main() -> None:
     args = parser.parse_args()
 
     bundle = Bundle.open(args.bundle)
-    predictor, levels = bundle.sparsity.predictor, bundle.sparsity.levels
+    predictors, levels = bundle_predictors(bundle), bundle.sparsity.levels
     checkpoint = Checkpoint(args.model)
     tokens = token_stream(Tokenizer.from_dir(args.model), read_calibration_texts(args.text), 10**12)
     slices = []
     for start in range(args.start, len(tokens) - args.slice_tokens + 1, args.slice_tokens):
         chunks = token_chunks(tokens[start : start + args.slice_tokens], args.chunk_tokens)
         validation = LevelValidation(checkpoint, chunks, levels, VALIDATION_PROMPT_TOKENS)
-        for index in range(checkpoint.config.num_layers):
-            prefix = f"layers.{index}."
-            tensors = {
-                name.removeprefix(prefix): bundle.tensor(name)
-                for name in bundle.manifest["tensors"]
-                if name.startswith(f"{prefix}{predictor}.")
-            }
-            validation.advance(load_layer(checkpoint, index), LayerPredictor(predictor, tensors))
+        for index, layer_predictor in enumerate(predictors):
+            validation.advance(load_layer(checkpoint, index), layer_predictor)
         choice = validation.choose(args.budget)
         slices.append({"start": start, **choice.to_report()})
         changes = "  ".join(

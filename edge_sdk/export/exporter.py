@@ -262,9 +262,17 @@ def load_reference_decoder(
     decoder.setup_cache(bundle.manifest["max_seq_len"])
     # the bundle's RoPE tables are what every backend uses, so the reference uses them too
     decoder.rope_cos, decoder.rope_sin = bundle.tensor("rope.cos"), bundle.tensor("rope.sin")
+    model = SparseDecoder(decoder, bundle_predictors(bundle), ffn_class)
+    if bundle.sparsity.levels:
+        model.configure(level_index=bundle.sparsity.level_index(None))
+    return model
+
+
+def bundle_predictors(bundle: Bundle) -> list[LayerPredictor]:
+    """Each layer's predictor as the bundle stores it (tensors memory-mapped, names without `layers.{i}.`)."""
     sparsity = bundle.sparsity
     predictors = []
-    for index in range(config.num_layers):
+    for index in range(bundle.config.num_layers):
         prefix = f"layers.{index}."
         tensors = {
             name.removeprefix(prefix): bundle.tensor(name)
@@ -272,7 +280,4 @@ def load_reference_decoder(
             if name.startswith(prefix) and _is_predictor_tensor(name)
         }
         predictors.append(LayerPredictor(sparsity.predictor, tensors, sparsity.core_alpha, sparsity.core_beta))
-    model = SparseDecoder(decoder, predictors, ffn_class)
-    if sparsity.levels:
-        model.configure(level_index=sparsity.level_index(None))
-    return model
+    return predictors

@@ -352,8 +352,8 @@ def _evaluate(fitted: FittedLayer, acts: LayerActivations, scores, settings, con
             truly_active, predicted, acts.importance, scores if with_auroc else None, rank=rank, d=config.hidden_size
         )
 
-    # The AUROC ranks the predictor's scores, so it is computed once, at the reference level; the other
-    # top-level metrics are replaced by the chosen level's once it is known (_report_at_level).
+    # The AUROC ranks the predictor's scores, so it is computed once, at the reference level; calibrate_model
+    # replaces the other top-level metrics by the default level's once that is known.
     result = metrics_at(settings.reference_level, with_auroc=True)
     if fitted.level_dependent:
         result["per_level"] = {f"{level:g}": metrics_at(level, with_auroc=False) for level in settings.all_levels}
@@ -381,9 +381,7 @@ def calibrate_model(
     torch.manual_seed(settings.seed)
     tokenizer = Tokenizer.from_dir(checkpoint.model_dir, config.eos_token_ids)
     chunk_tokens = min(settings.chunk_tokens, config.max_position_embeddings)
-    settings = CalibrationSettings(
-        **{**asdict(settings), "chunk_tokens": chunk_tokens, "levels": tuple(settings.levels)}
-    )
+    settings = CalibrationSettings(**{**asdict(settings), "chunk_tokens": chunk_tokens})
     texts = read_calibration_texts(calibration_files)
     validation = None
     if settings.chooses_level:

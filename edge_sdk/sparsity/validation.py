@@ -154,9 +154,7 @@ class LevelValidation:
         dense = perplexity[None]
         changes = {level: 100.0 * (perplexity[level] / dense - 1.0) for level in self.levels}
         level, within = choose_level(changes, budget_percent)
-        return LevelChoice(
-            level, within, budget_percent, dense, changes, int(self.chunks.numel()), int(self.scored_tokens)
-        )
+        return LevelChoice(level, within, budget_percent, dense, changes, int(self.chunks.numel()), self.scored_tokens)
 
     @property
     def scored_tokens(self) -> int:

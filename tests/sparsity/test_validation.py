@@ -12,13 +12,12 @@ from click.testing import CliRunner
 
 from edge_sdk.cli import main
 from edge_sdk.errors import CalibrationError
-from edge_sdk.export.exporter import ExportSettings, export_bundle, load_reference_decoder
+from edge_sdk.export.exporter import ExportSettings, bundle_predictors, export_bundle, load_reference_decoder
 from edge_sdk.model import Checkpoint
 from edge_sdk.model.loader import load_layer
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.sparsity.collect import read_calibration_texts, token_chunks, token_stream
 from edge_sdk.sparsity.pipeline import CalibrationSettings, calibrate_model, validate_settings
-from edge_sdk.sparsity.sparse_model import LayerPredictor
 from edge_sdk.sparsity.validation import (
     DEFAULT_PPL_BUDGET_PERCENT,
     DEFAULT_VALIDATION_TOKENS,
@@ -88,14 +87,8 @@ def test_one_masked_forward_per_level_equals_decoding_token_by_token(fp32_bundle
     tokens = token_stream(tokenizer, read_calibration_texts([tiny_model_dir / "held_out.txt"]), 128)
     chunks = token_chunks(tokens, 64)  # [2, 64]
     validation = LevelValidation(checkpoint, chunks, LEVELS, prompt_tokens=8)
-    for index in range(checkpoint.config.num_layers):
-        prefix = f"layers.{index}.svd."
-        tensors = {
-            name.removeprefix(f"layers.{index}."): fp32_bundle.tensor(name)
-            for name in fp32_bundle.manifest["tensors"]
-            if name.startswith(prefix)
-        }
-        validation.advance(load_layer(checkpoint, index), LayerPredictor("svd", tensors))
+    for index, predictor in enumerate(bundle_predictors(fp32_bundle)):
+        validation.advance(load_layer(checkpoint, index), predictor)
     measured = validation.perplexities()
 
     reference = load_reference_decoder(fp32_bundle)
