@@ -3,10 +3,11 @@
  * Decode is a GEMV, bound by memory bandwidth, so the kernel is organised around reading each needed weight
  * row once, in place, in long contiguous pieces, with every thread streaming:
  *   1. candidates = the mask's neurons in increasing order (D bytes read, no branches);
- *   2. gate and up, per chunk of 32 candidates handed to one thread: first every candidate's gate row,
- *      g_i and a_i = act(g_i); then the up rows of the neurons that fired, u_i and h_i = a_i * act_up(u_i).
- *      Chunk c writes its active neurons (index, h) to its own segment starting at c * 32, so the segments
- *      in chunk order list them in increasing order;
+ *   2. gate and up, per chunk of candidates handed to one thread (32 of them with several threads, all of
+ *      them as one chunk with one thread): first every candidate's gate row, g_i and a_i = act(g_i); then the
+ *      up rows of the neurons that fired, u_i and h_i = a_i * act_up(u_i). Chunk c writes its active neurons
+ *      (index, h) to its own segment starting at its first candidate, so the segments in chunk order list
+ *      them in increasing order;
  *   3. down, after one barrier: y split into one column block per thread (whole cache lines); each block
  *      sums h_j * w_down_t[i_j] over the segments in order.
  * Every output value is computed by exactly one thread with an order that does not depend on which thread
@@ -45,7 +46,12 @@
 #include <immintrin.h>
 #endif
 
-/* Candidates per unit of gate/up work, each handed to one thread (32 fp32 rows of d = 4096 are 512 KiB). */
+/* Candidates per unit of gate/up work with several threads, each unit handed to one thread (32 fp32 rows of
+ * d = 4096 are 512 KiB). One thread takes all candidates as one chunk: with chunks of 32, a chunk's up rows
+ * (often a few) filled a partial group of the grouped fp16 dot product and every chunk paid its own passes,
+ * and the fixture's fp16 decode step took 74.6 instead of 70.2 us sparse and 106.5 instead of 98.7 us dense
+ * (medians of per-step minima, a loaded machine). Which chunk computes a row changes no value: each row's dot
+ * product is its own, and the down sums run over the active neurons in increasing order whatever the chunks. */
 #define EDGE_GATE_CHUNK 32
 /* Column blocks of the down projection are made of whole units of this many floats (a cache line). */
 #define EDGE_COLUMN_UNIT 16
@@ -312,13 +318,14 @@ EDGE_ALWAYS_INLINE void add_rows(float *restrict y, int n, const void *w, int dt
 
 /* ---- Sparse FFN ----------------------------------------------------------------------------------------- */
 
-/* Workspace layout: candidates, segments and their counts, each starting on a cache line. Chunk c of the
- * candidates (GATE_CHUNK of them) writes its active neurons to the segment starting at c * GATE_CHUNK. */
+/* Workspace layout: candidates, row values, segments and their counts, each starting on a cache line. The chunk
+ * of candidates [k0, k1) uses values and writes its active neurons from k0 on (its segment). */
 struct ffn_workspace {
   int32_t *candidates;    /* [D] the mask's neurons, increasing */
+  float *values;          /* [D] dot products of each chunk's gate rows, then of its up rows, from its start */
   int32_t *active_index;  /* [D] segments of active neurons, increasing within and across segments */
   float *active_hidden;   /* [D] h_i = a_i * act_up(u_i) of those */
-  int32_t *segment_count; /* [ceil(D / GATE_CHUNK)] active neurons per segment */
+  int32_t *segment_count; /* [ceil(D / EDGE_GATE_CHUNK)] active neurons per segment */
 };
 
 static size_t round_up(size_t bytes) { return (bytes + EDGE_CACHE_LINE - 1) / EDGE_CACHE_LINE * EDGE_CACHE_LINE; }
@@ -332,7 +339,7 @@ size_t edge_cpu_sparse_ffn_workspace_size(int d, int D, int threads) {
   (void)threads;
   if (d <= 0 || D <= 0) return 0;
   /* The extra line lets the layout align a workspace pointer of any alignment. */
-  return 3 * round_up((size_t)D * 4) + round_up((size_t)ceil_div(D, EDGE_GATE_CHUNK) * 4) + EDGE_CACHE_LINE;
+  return 4 * round_up((size_t)D * 4) + round_up((size_t)ceil_div(D, EDGE_GATE_CHUNK) * 4) + EDGE_CACHE_LINE;
 }
 
 static struct ffn_workspace layout_workspace(void *workspace, int D) {
@@ -342,7 +349,8 @@ static struct ffn_workspace layout_workspace(void *workspace, int D) {
       .candidates = (int32_t *)base,
       .active_index = (int32_t *)(base + stride),
       .active_hidden = (float *)(base + 2 * stride),
-      .segment_count = (int32_t *)(base + 3 * stride),
+      .values = (float *)(base + 3 * stride),
+      .segment_count = (int32_t *)(base + 4 * stride),
   };
   return ws;
 }
@@ -416,15 +424,14 @@ static void rows_dot(const struct row_list *rows, const struct row_list *then, i
   }
 }
 
-/* Gate and up for candidates [k0, k1) of one chunk (at most EDGE_GATE_CHUNK) of the n_candidates; returns how
- * many were active (every candidate when not skip_zeros), stored from k0 on. Two passes: all gate rows, then
- * the up rows of the neurons that fired. Whether a neuron fires is close to a coin toss, so deciding it
- * between its gate and up rows cost a mispredicted branch per candidate; here the active list is compacted
- * without branches. */
+/* Gate and up for candidates [k0, k1) of one chunk of the n_candidates; returns how many were active (every
+ * candidate when not skip_zeros), stored from k0 on. Two passes: all gate rows, then the up rows of the neurons
+ * that fired. Whether a neuron fires is close to a coin toss, so deciding it between its gate and up rows cost a
+ * mispredicted branch per candidate; here the active list is compacted without branches. */
 static int gate_up_chunk(const struct ffn_workspace *ws, int k0, int k1, int n_candidates, const float *x, int d,
                          const void *w_gate, const void *w_up, int dtype, int skip_zeros, const float *thresholds,
                          int activation, float act_threshold) {
-  float values[EDGE_GATE_CHUNK];
+  float *values = ws->values + k0;
   /* the gate pass looks ahead into the chunk's up rows (the predictor expects them to fire), the up pass into
    * the next chunk's gate rows */
   struct row_list gate_rows = {w_gate, ws->candidates + k0, 0, k1 - k0};
@@ -456,6 +463,7 @@ static int gate_up_chunk(const struct ffn_workspace *ws, int k0, int k1, int n_c
  * only those with h != 0 (rows with h == 0 would add exactly zero and are not read). */
 struct down_cursor {
   const struct ffn_workspace *ws;
+  int chunk; /* candidates per chunk: segment s starts at s * chunk */
   int n_segments;
   int skip_zeros;
   int segment; /* current segment */
@@ -466,9 +474,9 @@ static int next_down_group(struct down_cursor *cursor, size_t row_length, size_t
   const struct ffn_workspace *ws = cursor->ws;
   int n_rows = 0;
   while (n_rows < EDGE_DOWN_GROUP && cursor->segment < cursor->n_segments) {
-    if (cursor->j >= cursor->segment * EDGE_GATE_CHUNK + ws->segment_count[cursor->segment]) {
+    if (cursor->j >= cursor->segment * cursor->chunk + ws->segment_count[cursor->segment]) {
       cursor->segment++;
-      cursor->j = cursor->segment * EDGE_GATE_CHUNK;
+      cursor->j = cursor->segment * cursor->chunk;
       continue;
     }
     int j = cursor->j++;
@@ -482,10 +490,10 @@ static int next_down_group(struct down_cursor *cursor, size_t row_length, size_t
 /* y[c0:c1] = sum over the active list (in order) of h_j * w_down_t[i_j][c0:c1], a group of rows at a time
  * while the next group is prefetched. */
 static void down_columns(float *y, int c0, int c1, int d, const void *w_down_t, int dtype,
-                         const struct ffn_workspace *ws, int n_segments, int skip_zeros) {
+                         const struct ffn_workspace *ws, int chunk, int n_segments, int skip_zeros) {
   int n = c1 - c0;
   memset(y + c0, 0, (size_t)n * sizeof(float));
-  struct down_cursor cursor = {ws, n_segments, skip_zeros, 0, 0};
+  struct down_cursor cursor = {ws, chunk, n_segments, skip_zeros, 0, 0};
   size_t rows[2][EDGE_DOWN_GROUP]; /* element offsets of the rows' pieces [c0, c1): this group and the next */
   float h[2][EDGE_DOWN_GROUP];
   int now = 0;
@@ -550,14 +558,14 @@ struct ffn_job {
   uint8_t *active_out;
   int skip_zeros;
   struct ffn_workspace ws;
-  int n_candidates, n_segments;
+  int n_candidates, chunk, n_segments;
   int n_units, n_column_blocks;
 };
 
 /* Gate and up of candidate chunk s into segment s. */
 static void gate_up_segment(struct ffn_job *job, int s) {
-  int k0 = s * EDGE_GATE_CHUNK;
-  int k1 = k0 + EDGE_GATE_CHUNK < job->n_candidates ? k0 + EDGE_GATE_CHUNK : job->n_candidates;
+  int k0 = s * job->chunk;
+  int k1 = k0 + job->chunk < job->n_candidates ? k0 + job->chunk : job->n_candidates;
   int n_active = gate_up_chunk(&job->ws, k0, k1, job->n_candidates, job->x, job->d, job->w_gate, job->w_up,
                                job->dtype, job->skip_zeros, job->thresholds, job->activation, job->act_threshold);
   job->ws.segment_count[s] = n_active;
@@ -570,8 +578,8 @@ static void gate_up_segment(struct ffn_job *job, int s) {
 static void down_block(const struct ffn_job *job, int b) {
   int c0 = EDGE_COLUMN_UNIT * split_point(job->n_units, job->n_column_blocks, b);
   int c1 = EDGE_COLUMN_UNIT * split_point(job->n_units, job->n_column_blocks, b + 1);
-  down_columns(job->y, c0, c1 < job->d ? c1 : job->d, job->d, job->w_down_t, job->dtype, &job->ws, job->n_segments,
-               job->skip_zeros);
+  down_columns(job->y, c0, c1 < job->d ? c1 : job->d, job->d, job->w_down_t, job->dtype, &job->ws, job->chunk,
+               job->n_segments, job->skip_zeros);
 }
 
 /* The FFN over the mask's neurons (all when NULL) after checking the arguments; skip_zeros: drop neurons whose
@@ -584,7 +592,7 @@ static int run_ffn(const float *x, int d, int D, const void *w_gate, const void 
                                    workspace);
   if (status != EDGE_CPU_OK) return status;
   struct ffn_job job = {x, d, w_gate, w_up, w_down_t, weight_dtype, thresholds, activation, act_threshold, y,
-                        active_out, skip_zeros, layout_workspace(workspace, D), 0, 0, 0, 0};
+                        active_out, skip_zeros, layout_workspace(workspace, D), 0, 0, 0, 0, 0};
   if (mask == NULL) {
     for (int i = 0; i < D; i++) job.ws.candidates[i] = i;
     job.n_candidates = D;
@@ -592,8 +600,9 @@ static int run_ffn(const float *x, int d, int D, const void *w_gate, const void 
     job.n_candidates = list_candidates(mask, D, job.ws.candidates);
   }
   if (active_out != NULL) memset(active_out, 0, (size_t)D);
-  job.n_segments = ceil_div(job.n_candidates, EDGE_GATE_CHUNK);
   if (threads <= 0) threads = edge_cpu_max_threads();
+  job.chunk = threads > 1 ? EDGE_GATE_CHUNK : (job.n_candidates > 0 ? job.n_candidates : 1);
+  job.n_segments = ceil_div(job.n_candidates, job.chunk);
   /* Down: one block of columns per thread, so each weight row is read in long contiguous pieces. */
   job.n_units = ceil_div(d, EDGE_COLUMN_UNIT);
   job.n_column_blocks = threads < job.n_units ? threads : job.n_units;
