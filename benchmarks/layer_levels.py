@@ -21,22 +21,28 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import struct
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from edge_sdk.bench.record import with_machine_info
-from edge_sdk.eval.evaluate import held_out_windows, perplexity_change_percent, teacher_forced
+from edge_sdk.eval.evaluate import held_out_windows, perplexity_change_percent, read_texts, teacher_forced
 from edge_sdk.eval.sweep import decode_speed
-from edge_sdk.export.bundle import MANIFEST_DIGEST_FIELD, MANIFEST_FILE, Bundle, manifest_digest, sha256_file
+from edge_sdk.export.bundle import (
+    MANIFEST_DIGEST_FIELD,
+    MANIFEST_FILE,
+    WEIGHTS_FILE,
+    Bundle,
+    manifest_digest,
+    sha256_file,
+)
+from edge_sdk.model.checkpoint import read_safetensors_header
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import EngineOptions, select_backend
 from edge_sdk.sparsity.collect import read_calibration_texts, token_stream
 from edge_sdk.sparsity.validation import DEFAULT_VALIDATION_TOKENS, MIN_VALIDATION_TOKENS, split_validation
 
-WEIGHTS_FILE = "weights.safetensors"
 # The fixture's four layers: uniform levels, then layer 0 held at 0.5 or 0.6 while the others go higher.
 DEFAULT_MIXES = (
     "0.5,0.5,0.5,0.5",
@@ -66,18 +72,13 @@ def write_mixed_copy(bundle: Bundle, mix: tuple[float, ...], out_dir: Path) -> N
     """A copy of the bundle whose lowest level's svd.biases row is, in layer l, the row of level mix[l]."""
     shutil.copytree(bundle.path, out_dir)
     weights = out_dir / WEIGHTS_FILE
-    with weights.open("r+b") as handle:
-        header_bytes = struct.unpack("<Q", handle.read(8))[0]
-        header = json.loads(handle.read(header_bytes))
-    data = np.memmap(weights, dtype=np.uint8, mode="r+", offset=8 + header_bytes)
+    entries, _, data_start = read_safetensors_header(weights)
     levels = list(bundle.sparsity.levels)
     for layer, level in enumerate(mix):
-        entry = header[f"layers.{layer}.svd.biases"]
-        start, end = entry["data_offsets"]
-        biases = data[start:end].view(np.float32).reshape(entry["shape"])
+        entry = entries[f"layers.{layer}.svd.biases"]
+        biases = np.memmap(weights, np.float32, "r+", data_start + entry.begin, entry.shape)
         biases[0] = biases[levels.index(level)]
-    data.flush()
-    del data
+        biases.flush()
     manifest = json.loads((out_dir / MANIFEST_FILE).read_text())
     manifest["files"][WEIGHTS_FILE]["sha256"] = sha256_file(weights)
     manifest[MANIFEST_DIGEST_FIELD] = manifest_digest(manifest)
@@ -111,7 +112,7 @@ def main() -> None:
     if bundle.sparsity.predictor != "svd":
         raise SystemExit(f"{args.bundle}: expected an svd bundle, found predictor {bundle.sparsity.predictor!r}")
     mixes = [_mix(text, bundle) for text in args.mix or DEFAULT_MIXES]
-    texts = [path.read_text() for path in args.text]
+    texts = read_texts(args.text)
     windows = {
         "held_out": held_out_windows(
             Tokenizer.from_dir(bundle.path), texts, args.tokens, args.context, args.prompt_tokens
