@@ -35,11 +35,23 @@ def _print_table(rows: dict, indent: str = "") -> None:
 
 
 _SPARSITY_HELP = (
-    "Default operating level: target fraction of neurons predicted inactive (default: the most aggressive "
+    "Default operating level: target fraction of neurons predicted inactive over all layers (default: the most "
+    "aggressive "
     "calibrated level whose perplexity on validation tokens of the calibration text, which the predictors are not "
     "fitted on, stays within --ppl-budget of dense)."
 )
 _PPL_BUDGET_HELP = "Choosing the default level: allowed perplexity increase over dense, in percent."
+_LEVEL_ALLOCATION_HELP = (
+    "How a level's sparsity is spread over the layers: 'importance' gives each layer the most it can take while "
+    "every layer misses the same share of its FFN output's importance; 'uniform' gives every layer the level."
+)
+_level_allocation_option = click.option(
+    "--level-allocation",
+    type=click.Choice(["importance", "uniform"]),
+    default="importance",
+    show_default=True,
+    help=_LEVEL_ALLOCATION_HELP,
+)
 _VALIDATION_TOKENS_HELP = "Choosing the default level: most calibration-text tokens to validate on, after --tokens."
 
 
@@ -134,6 +146,7 @@ def _default_level_text(report: dict) -> str:
 @click.option("--ppl-budget", type=float, default=0.5, show_default=True, help=_PPL_BUDGET_HELP)
 @click.option("--validation-tokens", type=int, default=2048, show_default=True, help=_VALIDATION_TOKENS_HELP)
 @click.option("--levels", default=None, help="Comma-separated sparsity levels to calibrate (default 0.3,...,0.9).")
+@_level_allocation_option
 @click.option("--no-whiten", is_flag=True, help="Naive SVD of W_gate (ablation).")
 @click.option(
     "--no-bias-calibration", is_flag=True, help="One global threshold instead of per-neuron biases (ablation)."
@@ -152,6 +165,7 @@ def calibrate(
     ppl_budget,
     validation_tokens,
     levels,
+    level_allocation,
     no_whiten,
     no_bias_calibration,
     recall_target,
@@ -181,6 +195,7 @@ def calibrate(
         ppl_budget=ppl_budget,
         validation_tokens=validation_tokens,
         levels=_parse_levels(levels) or DEFAULT_LEVELS,
+        level_allocation=level_allocation,
         whiten=not no_whiten,
         calibrate_bias=not no_bias_calibration,
         recall_target=recall_target,
@@ -230,6 +245,7 @@ def calibrate(
 @click.option("--ppl-budget", type=float, default=0.5, show_default=True, help=_PPL_BUDGET_HELP)
 @click.option("--validation-tokens", type=int, default=2048, show_default=True, help=_VALIDATION_TOKENS_HELP)
 @click.option("--levels", default=None, help="Comma-separated sparsity levels to calibrate (default 0.3,...,0.9).")
+@_level_allocation_option
 @click.option("--dtype", type=click.Choice(["fp16", "bf16", "fp32"]), default="fp16", show_default=True)
 @click.option("--max-seq-len", type=int, default=None, help="Longest sequence the bundle serves.")
 @click.option("--tokens", "max_tokens", type=int, default=20000, show_default=True, help="Calibration tokens.")
@@ -245,6 +261,7 @@ def export(
     ppl_budget,
     validation_tokens,
     levels,
+    level_allocation,
     dtype,
     max_seq_len,
     max_tokens,
@@ -266,6 +283,7 @@ def export(
         ppl_budget=ppl_budget,
         validation_tokens=validation_tokens,
         levels=_parse_levels(levels) or DEFAULT_LEVELS,
+        level_allocation=level_allocation,
         max_tokens=max_tokens,
     )
     settings = ExportSettings(predictor=predictor, dtype=dtype, max_seq_len=max_seq_len, calibration=calibration)

@@ -65,6 +65,7 @@ class SweepKind:
     setting: str  # "level" (one bundle, its calibrated levels) | "recall_target" | "core_beta" (one bundle each)
     whiten: bool = True
     calibrate_bias: bool = True
+    level_allocation: str = "importance"
     description: str = ""
 
 
@@ -72,6 +73,9 @@ SWEEP_KINDS = {
     "svd": SweepKind("svd", "level", description="SVDP: whitened low-rank predictor + greedy per-neuron bias"),
     "svd-no-whiten": SweepKind("svd", "level", whiten=False, description="SVDP ablation: naive SVD of W_gate"),
     "svd-no-bias": SweepKind("svd", "level", calibrate_bias=False, description="SVDP ablation: one global threshold"),
+    "svd-uniform": SweepKind(
+        "svd", "level", level_allocation="uniform", description="SVDP with the level itself in every layer"
+    ),
     "signbit": SweepKind("signbit", "recall_target", description="SparseInfer sign bits, alpha fit to a recall"),
     "core": SweepKind("core", "core_beta", description="SparseInfer core neurons fixed at prefill"),
     "threshold": SweepKind("threshold", "level", description="CHESS channel-wise thresholds (dense gate)"),
@@ -142,6 +146,7 @@ def _calibration(kind: SweepKind, value: float | None, levels, tokens: int, rank
         levels=tuple(levels),
         whiten=kind.whiten,
         calibrate_bias=kind.calibrate_bias,
+        level_allocation=kind.level_allocation,
         max_tokens=tokens,
     )
     if kind.setting == "recall_target":

@@ -187,9 +187,19 @@ def _manifest(checkpoint, settings, calibration, max_seq_len, specs, report, sta
         layer: dict[str, Any] = {"layer": index, "kind": settings.predictor}
         if report is not None:
             measured = report["layers"][index]
-            for key in ("rank", "alpha", "predicted_sparsity", "true_sparsity", "importance_weighted_recall"):
+            for key in (
+                "rank",
+                "alpha",
+                "layer_level",
+                "predicted_sparsity",
+                "true_sparsity",
+                "importance_weighted_recall",
+            ):
                 if key in measured:
                     layer[key] = measured[key]
+            if levels:
+                # this layer's own level under each model-wide level, in the order of `levels`
+                layer["layer_levels"] = [measured["per_level"][f"{level:g}"]["layer_level"] for level in levels]
         layers.append(layer)
     files = {
         path.name: {"size": path.stat().st_size, "sha256": sha256_file(path)}

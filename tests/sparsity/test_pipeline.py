@@ -12,7 +12,7 @@ from safetensors import safe_open
 
 from edge_sdk.cli import main
 from edge_sdk.model import Checkpoint
-from edge_sdk.sparsity.pipeline import CalibrationSettings, calibrate_model
+from edge_sdk.sparsity.pipeline import CalibrationSettings, allocate_levels, calibrate_model
 from edge_sdk.sparsity.svd import default_rank
 
 QUICK = ["--tokens", "2048", "--levels", "0.5,0.8"]
@@ -81,17 +81,20 @@ def test_svd_biases_rise_with_the_level(tiny_model_dir, tmp_path):
 
 @pytest.fixture(scope="module")
 def auto_rank_report(tiny_model_dir):
-    """Default SVDP settings (20k calibration tokens, automatic rank) at level 0.5, measured on held-out text."""
+    """Default SVDP settings (20k calibration tokens, automatic rank) at level 0.5 in every layer, as the paper
+    sets it, measured on held-out text."""
     files = ([tiny_model_dir / "calibration.txt"], [tiny_model_dir / "held_out.txt"])
-    return calibrate_model(Checkpoint(tiny_model_dir), CalibrationSettings(sparsity=0.5), *files).report
+    settings = CalibrationSettings(sparsity=0.5, level_allocation="uniform")
+    return calibrate_model(Checkpoint(tiny_model_dir), settings, *files).report
 
 
 @pytest.fixture(scope="module")
 def ablation_reports(tiny_model_dir):
-    """Full SVDP and its two ablations at the same rank (~2% of D), measured on their calibration distribution."""
+    """Full SVDP and its two ablations at the same rank (~2% of D) and the same sparsity in every layer, measured
+    on their calibration distribution."""
     checkpoint = Checkpoint(tiny_model_dir)
     rank = default_rank(checkpoint.config.intermediate_size)
-    common = {"rank": rank, "max_tokens": 8192, "levels": (0.5, 0.6, 0.7, 0.8, 0.9)}
+    common = {"rank": rank, "max_tokens": 8192, "levels": (0.5, 0.6, 0.7, 0.8, 0.9), "level_allocation": "uniform"}
     variants = {
         "svdp": CalibrationSettings(**common),
         "naive-svd": CalibrationSettings(**common, whiten=False),
@@ -193,3 +196,75 @@ def test_a_failure_while_writing_leaves_nothing_behind(tiny_model_dir, tmp_path,
     result = calibrate_cli(tiny_model_dir, tmp_path / "out", *QUICK)
     assert result.exit_code != 0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_allocation_takes_the_smallest_cost_bound_that_reaches_each_level():
+    # layer 1 has half its neurons free (inactive on every calibration token) and costs little further up
+    sparsities = [[0.0, 0.3, 0.6, 0.9], [0.5, 0.5, 0.6, 0.9]]
+    costs = [[0.0, 1e-3, 1e-2, 1e-1], [0.0, 0.0, 1e-5, 1e-4]]
+    allocation = allocate_levels((0.3, 0.6, 0.75, 0.95), sparsities, costs)
+    # 0.3: bound 0 admits [0.0, 0.5] (mean 0.25), 1e-5 admits [0.0, 0.6]; 0.6: 1e-3 admits [0.3, 0.9]
+    assert allocation == {0.3: [0, 2], 0.6: [1, 3], 0.75: [2, 3], 0.95: [3, 3]}  # 0.95: beyond reach, the most
+    # a cost that rounding left a step lower than the one before counts as the one before
+    assert allocate_levels((0.6,), sparsities, [[0.0, 1e-3, 0.9e-3, 1e-1], [0.0, 0.0, 1e-5, 1e-4]]) == {0.6: [2, 3]}
+
+
+@pytest.fixture(scope="module")
+def allocation_reports(tiny_model_dir):
+    """The default allocation across layers and the same levels in every layer, choosing the default level."""
+    common = {"max_tokens": 4096, "levels": (0.5, 0.6, 0.7, 0.8)}
+    files = [tiny_model_dir / "calibration.txt"]
+    return {
+        allocation: calibrate_model(
+            Checkpoint(tiny_model_dir), CalibrationSettings(**common, level_allocation=allocation), files
+        )
+        for allocation in ("importance", "uniform")
+    }
+
+
+def test_levels_allocated_across_layers_lose_less_perplexity(allocation_reports):
+    allocated, uniform = (allocation_reports[name].report for name in ("importance", "uniform"))
+    for level in ("0.5", "0.6", "0.7", "0.8"):
+        layers = [layer["per_level"][level] for layer in allocated["layers"]]
+        # the level is the model-wide predicted sparsity: layer 1 (95% truly sparse) takes more of it, layer 3
+        # (84%, whose misses cost more of its importance) less
+        assert sum(layer["predicted_sparsity"] for layer in layers) / 4 >= float(level)
+        assert layers[1]["layer_level"] > float(level) > layers[3]["layer_level"]
+        assert all(layer["layer_level"] == float(level) for layer in (u["per_level"][level] for u in uniform["layers"]))
+    changes = {
+        name: report.report["default_level_choice"]["perplexity_change_percent"]
+        for name, report in allocation_reports.items()
+    }
+    # the validation perplexity: 0.38% against 0.58% at 0.7, so 0.7 is within the 0.5% budget where uniform
+    # levels stop at 0.6
+    assert changes["importance"]["0.7"] < 0.8 * changes["uniform"]["0.7"]
+    assert (allocated["default_level"], uniform["default_level"]) == (0.7, 0.6)
+
+
+def test_allocated_tensors_are_the_rows_of_each_layers_level(allocation_reports):
+    result = allocation_reports["importance"]
+    for layer in result.report["layers"]:
+        biases = result.tensors[f"layers.{layer['layer']}.svd.biases"]
+        capacity = result.tensors[f"layers.{layer['layer']}.svd.capacity"]
+        assert biases.shape == (4, 768) and capacity.tolist() == layer["capacity"]
+        # a more aggressive layer level moves every neuron's threshold up (or leaves it)
+        assert (biases[1:] <= biases[:-1]).all()
+        assert capacity.tolist() == sorted(capacity.tolist(), reverse=True)
+
+
+def test_level_allocation_option(tiny_model_dir, tmp_path):
+    layer_levels = {}
+    for allocation in ("importance", "uniform"):
+        out = tmp_path / allocation
+        result = calibrate_cli(tiny_model_dir, out, "--rank", "16", "--level-allocation", allocation, *QUICK)
+        assert result.exit_code == 0, result.output
+        report = json.loads((out / "report.json").read_text())
+        assert report["settings"]["level_allocation"] == allocation
+        layer_levels[allocation] = [
+            [layer["per_level"][level]["layer_level"] for level in ("0.5", "0.8")] for layer in report["layers"]
+        ]
+    assert layer_levels["uniform"] == [[0.5, 0.8]] * 4
+    assert layer_levels["importance"] != layer_levels["uniform"]
+    result = calibrate_cli(tiny_model_dir, tmp_path / "bad", "--level-allocation", "even", *QUICK)
+    assert result.exit_code == 2 and "'even' is not one of 'importance', 'uniform'" in result.output
+    assert not (tmp_path / "bad").exists()
