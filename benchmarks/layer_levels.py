@@ -6,13 +6,15 @@ the predictor keeps about ten times more candidates than fire in layers 1-3, and
 gate row. This measures mixes such as `0.5,0.7,0.7,0.7` (layer 0 at 0.5, the others at 0.7): held-out and
 validation perplexity against dense, and decode speed against dense, on the CPU backend.
 
-The runtimes select one level for all layers, so each mix is measured on a scratch copy of the bundle whose
-`svd.biases` row of the bundle's lowest level holds, in each layer, the row of that layer's level in the mix.
+The bundle must have each level in every layer (`--level-allocation uniform`; by default calibration allocates
+a model-wide level across layers itself). The runtimes select one row of every layer's biases by the level, so
+each mix is measured on a scratch copy of the bundle whose `svd.biases` row of the bundle's lowest level holds,
+in each layer, the row of that layer's level in the mix.
 The copies exist only for this measurement (in a temporary directory); they are not a supported bundle form.
 
-    .venv/bin/edge-sdk export tests/fixtures/tiny-relu-llama -o out/tiny-relu-llama \\
-        --calib tests/fixtures/tiny-relu-llama/calibration.txt --force
-    .venv/bin/python benchmarks/layer_levels.py out/tiny-relu-llama \\
+    .venv/bin/edge-sdk export tests/fixtures/tiny-relu-llama -o out/tiny-relu-llama-uniform \\
+        --calib tests/fixtures/tiny-relu-llama/calibration.txt --level-allocation uniform --force
+    .venv/bin/python benchmarks/layer_levels.py out/tiny-relu-llama-uniform \\
         --json benchmarks/results/layer-levels-tiny-relu-llama-fp16.json
 """
 
@@ -111,6 +113,12 @@ def main() -> None:
     bundle = Bundle.open(args.bundle)
     if bundle.sparsity.predictor != "svd":
         raise SystemExit(f"{args.bundle}: expected an svd bundle, found predictor {bundle.sparsity.predictor!r}")
+    levels = list(bundle.sparsity.levels)
+    if any(layer.get("layer_levels", levels) != levels for layer in bundle.sparsity.layers):
+        raise SystemExit(
+            f"{args.bundle}: its levels are allocated across layers; mixes need the level in every layer: "
+            "export with --level-allocation uniform"
+        )
     mixes = [_mix(text, bundle) for text in args.mix or DEFAULT_MIXES]
     texts = read_texts(args.text)
     windows = {
