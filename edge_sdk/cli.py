@@ -36,9 +36,8 @@ def _print_table(rows: dict, indent: str = "") -> None:
 
 _SPARSITY_HELP = (
     "Default operating level: target fraction of neurons predicted inactive over all layers (default: the most "
-    "aggressive "
-    "calibrated level whose perplexity on validation tokens of the calibration text, which the predictors are not "
-    "fitted on, stays within --ppl-budget of dense)."
+    "aggressive calibrated level whose perplexity on validation tokens of the calibration text, which the "
+    "predictors are not fitted on, stays within --ppl-budget of dense)."
 )
 _PPL_BUDGET_HELP = "Choosing the default level: allowed perplexity increase over dense, in percent."
 _LEVEL_ALLOCATION_HELP = (

@@ -381,15 +381,13 @@ def _level_statistics(fitted: FittedLayer, acts: LayerActivations, scores, setti
     if settings.predictor == "core":
         capacity = math.ceil(settings.core_beta * acts.gate_act.shape[1])
         return LevelStatistics(torch.tensor([capacity], dtype=torch.int32), [1.0 - settings.core_beta], [0.0])
-    total_importance = acts.importance.sum(dtype=torch.float64).clamp_min(torch.finfo(torch.float64).tiny)
     capacities, sparsities, missed_shares = [], [], []
     for level in _levels(fitted, settings):
         predicted = fitted.mask(scores, acts, level)
         per_token = predicted.sum(dim=1, dtype=torch.float64)
         capacities.append(math.ceil(torch.quantile(per_token, CAPACITY_QUANTILE).item()))
         sparsities.append(1.0 - per_token.mean().item() / predicted.shape[1])
-        missed = acts.importance.masked_fill(predicted, 0.0).sum(dtype=torch.float64)
-        missed_shares.append((missed / total_importance).item())
+        missed_shares.append(1.0 - _weighted_recall(predicted, acts))
     return LevelStatistics(torch.tensor(capacities, dtype=torch.int32), sparsities, missed_shares)
 
 
@@ -518,7 +516,7 @@ def calibrate_model(
 
     tensors: dict[str, torch.Tensor] = {}
     layers = []
-    allocation = _allocation(settings, sparsity_curves, cost_curves)
+    allocation = _allocation(settings, sparsity_curves, cost_curves, len(fits))
     for index, (fitted, layer_report) in enumerate(fits):
         layer_tensors = _allocated_tensors(fitted, settings, allocation, index)
         tensors |= {f"layers.{index}.{name}": tensor.contiguous() for name, tensor in layer_tensors.items()}
@@ -527,6 +525,7 @@ def calibrate_model(
             layer_report["per_level"] = _allocated_metrics(layer_report["per_level"], settings, allocation, index)
         layers.append(layer_report)
         if validation is not None:
+            # the allocation needs every layer's curves first, so validation reads each layer again, one at a time
             validation.advance(load_layer(checkpoint, index), LayerPredictor(settings.predictor, layer_tensors))
 
     default_level, choice = _default_level(settings, validation)
@@ -550,13 +549,13 @@ def calibrate_model(
 
 
 def _allocation(
-    settings: CalibrationSettings, sparsity_curves: list[list[float]], cost_curves: list[list[float]]
+    settings: CalibrationSettings, sparsity_curves: list[list[float]], cost_curves: list[list[float]], n_layers: int
 ) -> dict[float, list[int]] | None:
     """Per model-wide level, each layer's index into settings.layer_levels; None for predictors without levels."""
     if settings.predictor not in LEVEL_KINDS:
         return None
     if settings.level_allocation == "uniform":
-        return {level: [settings.layer_levels.index(level)] * len(cost_curves) for level in settings.all_levels}
+        return {level: [settings.layer_levels.index(level)] * n_layers for level in settings.all_levels}
     return allocate_levels(settings.all_levels, sparsity_curves, cost_curves)
 
 

@@ -7,12 +7,13 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 from safetensors import safe_open
 
 from edge_sdk.cli import main
 from edge_sdk.model import Checkpoint
-from edge_sdk.sparsity.pipeline import CalibrationSettings, allocate_levels, calibrate_model
+from edge_sdk.sparsity.pipeline import ALLOCATION_GRID, CalibrationSettings, allocate_levels, calibrate_model
 from edge_sdk.sparsity.svd import default_rank
 
 QUICK = ["--tokens", "2048", "--levels", "0.5,0.8"]
@@ -211,14 +212,14 @@ def test_allocation_takes_the_smallest_cost_bound_that_reaches_each_level():
 
 @pytest.fixture(scope="module")
 def allocation_reports(tiny_model_dir):
-    """The default allocation across layers and the same levels in every layer, choosing the default level."""
-    common = {"max_tokens": 4096, "levels": (0.5, 0.6, 0.7, 0.8)}
-    files = [tiny_model_dir / "calibration.txt"]
+    """Levels 0.5-0.8 allocated across layers, and every level of the allocation grid in every layer (the rows the
+    allocation picks from), each choosing its default level."""
+    checkpoint, files = Checkpoint(tiny_model_dir), [tiny_model_dir / "calibration.txt"]
+    allocated = CalibrationSettings(max_tokens=4096, levels=(0.5, 0.6, 0.7, 0.8))
+    uniform = CalibrationSettings(max_tokens=4096, levels=ALLOCATION_GRID, level_allocation="uniform")
     return {
-        allocation: calibrate_model(
-            Checkpoint(tiny_model_dir), CalibrationSettings(**common, level_allocation=allocation), files
-        )
-        for allocation in ("importance", "uniform")
+        name: calibrate_model(checkpoint, settings, files)
+        for name, settings in [("importance", allocated), ("uniform", uniform)]
     }
 
 
@@ -242,14 +243,20 @@ def test_levels_allocated_across_layers_lose_less_perplexity(allocation_reports)
 
 
 def test_allocated_tensors_are_the_rows_of_each_layers_level(allocation_reports):
-    result = allocation_reports["importance"]
-    for layer in result.report["layers"]:
-        biases = result.tensors[f"layers.{layer['layer']}.svd.biases"]
-        capacity = result.tensors[f"layers.{layer['layer']}.svd.capacity"]
-        assert biases.shape == (4, 768) and capacity.tolist() == layer["capacity"]
+    allocated, uniform = allocation_reports["importance"], allocation_reports["uniform"]
+    for layer in allocated.report["layers"]:
+        prefix = f"layers.{layer['layer']}.svd."
+        grid_rows = [
+            ALLOCATION_GRID.index(layer["per_level"][level]["layer_level"]) for level in ("0.5", "0.6", "0.7", "0.8")
+        ]
+        # the same fit as with every grid level in every layer: row k is the row of the layer's own level for level k
+        for name in ("a", "b"):
+            assert torch.equal(allocated.tensors[prefix + name], uniform.tensors[prefix + name])
+        assert torch.equal(allocated.tensors[prefix + "biases"], uniform.tensors[prefix + "biases"][grid_rows])
+        assert torch.equal(allocated.tensors[prefix + "capacity"], uniform.tensors[prefix + "capacity"][grid_rows])
+        assert allocated.tensors[prefix + "capacity"].tolist() == layer["capacity"]
         # a more aggressive layer level moves every neuron's threshold up (or leaves it)
-        assert (biases[1:] <= biases[:-1]).all()
-        assert capacity.tolist() == sorted(capacity.tolist(), reverse=True)
+        assert (allocated.tensors[prefix + "biases"][1:] <= allocated.tensors[prefix + "biases"][:-1]).all()
 
 
 def test_level_allocation_option(tiny_model_dir, tmp_path):
