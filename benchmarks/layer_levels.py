@@ -29,17 +29,11 @@ from pathlib import Path
 import numpy as np
 
 from edge_sdk.bench.record import with_machine_info
+from edge_sdk.bundle import Bundle, manifest_digest
+from edge_sdk.bundle.format import MANIFEST_DIGEST_FIELD, MANIFEST_FILE, WEIGHTS_FILE
 from edge_sdk.eval.evaluate import held_out_windows, perplexity_change_percent, read_texts, teacher_forced
 from edge_sdk.eval.sweep import decode_speed
-from edge_sdk.export.bundle import (
-    MANIFEST_DIGEST_FIELD,
-    MANIFEST_FILE,
-    WEIGHTS_FILE,
-    Bundle,
-    manifest_digest,
-    sha256_file,
-)
-from edge_sdk.model.checkpoint import read_safetensors_header
+from edge_sdk.formats.files import sha256_of
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import EngineOptions, select_backend
 from edge_sdk.sparsity.collect import read_calibration_texts, token_stream
@@ -74,23 +68,22 @@ def write_mixed_copy(bundle: Bundle, mix: tuple[float, ...], out_dir: Path) -> N
     """A copy of the bundle whose lowest level's svd.biases row is, in layer l, the row of level mix[l]."""
     shutil.copytree(bundle.path, out_dir)
     weights = out_dir / WEIGHTS_FILE
-    entries, _, data_start = read_safetensors_header(weights)
     levels = list(bundle.sparsity.levels)
     for layer, level in enumerate(mix):
-        entry = entries[f"layers.{layer}.svd.biases"]
-        biases = np.memmap(weights, np.float32, "r+", data_start + entry.begin, entry.shape)
+        entry = bundle.header.tensors[f"layers.{layer}.svd.biases"]
+        biases = np.memmap(weights, np.float32, "r+", bundle.header.data_start + entry.begin, entry.shape)
         biases[0] = biases[levels.index(level)]
         biases.flush()
     manifest = json.loads((out_dir / MANIFEST_FILE).read_text())
-    manifest["files"][WEIGHTS_FILE]["sha256"] = sha256_file(weights)
+    manifest["files"][WEIGHTS_FILE]["sha256"] = sha256_of(weights, follow_symlinks=False)[1]
     manifest[MANIFEST_DIGEST_FIELD] = manifest_digest(manifest)
     (out_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
 
 
 def validation_windows(bundle: Bundle, calibration: list[Path], context: int) -> list[list[int]]:
     """The validation tokens export held back from the calibration text, cut into windows."""
-    fit_tokens = bundle.manifest["sparsity"]["settings"]["max_tokens"]
-    tokens = token_stream(Tokenizer.from_dir(bundle.path), read_calibration_texts(calibration), 10**12)
+    fit_tokens = bundle.manifest.raw["sparsity"]["settings"]["max_tokens"]
+    tokens = token_stream(Tokenizer.from_bundle(bundle), read_calibration_texts(calibration), 10**12)
     validation = split_validation(tokens, fit_tokens, DEFAULT_VALIDATION_TOKENS, MIN_VALIDATION_TOKENS)[1]
     return [validation[start : start + context] for start in range(0, len(validation) - context + 1, context)]
 
@@ -123,7 +116,7 @@ def main() -> None:
     texts = read_texts(args.text)
     windows = {
         "held_out": held_out_windows(
-            Tokenizer.from_dir(bundle.path), texts, args.tokens, args.context, args.prompt_tokens
+            Tokenizer.from_bundle(bundle), texts, args.tokens, args.context, args.prompt_tokens
         ),
         "validation": validation_windows(bundle, args.calib, args.context),
     }
@@ -154,7 +147,7 @@ def main() -> None:
         result = {
             "benchmark": "layer_levels",
             "bundle": str(args.bundle),
-            "dtype": bundle.manifest["dtype"],
+            "dtype": bundle.dtype,
             "backend": "cpu",
             "threads": 1,
             "timer": "cpu",

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from edge_sdk.bench.record import with_machine_info
-from edge_sdk.model import Checkpoint
+from edge_sdk.model.checkpoint import Checkpoint
 from edge_sdk.sparsity.pipeline import CalibrationSettings, calibrate_model
 from edge_sdk.sparsity.svd import default_rank
 

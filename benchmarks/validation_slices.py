@@ -18,11 +18,11 @@ import json
 from pathlib import Path
 
 from edge_sdk.bench.record import with_machine_info
-from edge_sdk.export.bundle import Bundle
-from edge_sdk.export.exporter import bundle_predictors
-from edge_sdk.model import Checkpoint
+from edge_sdk.bundle import Bundle
+from edge_sdk.model.checkpoint import Checkpoint
 from edge_sdk.model.loader import load_layer
 from edge_sdk.model.tokenizer import Tokenizer
+from edge_sdk.sparsity.bundle_model import bundle_predictors
 from edge_sdk.sparsity.collect import read_calibration_texts, token_chunks, token_stream
 from edge_sdk.sparsity.validation import (
     DEFAULT_PPL_BUDGET_PERCENT,

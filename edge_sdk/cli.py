@@ -1,27 +1,73 @@
-"""The `edge-sdk` command line: click commands only; the work happens in the library."""
+"""The `edge-sdk` command line: click commands only; the work happens in the library.
+
+Every failure a user can cause ends as one line on stderr and exit status 2, never a traceback: library errors
+(EdgeSdkError), operating-system errors (a full disk, a read-only file system), running out of memory, and input
+that is not UTF-8. An interrupt (Ctrl-C) exits with 130; outputs are published whole or not at all
+(edge_sdk.outputs), so an interrupted command leaves nothing half-written.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import click
 
 from edge_sdk import __version__
 from edge_sdk.errors import EdgeSdkError
+from edge_sdk.runtime.backends import MAX_THREADS
+from edge_sdk.runtime.generator import MAX_SEED
 
 USAGE_ERROR = 2
+INTERRUPTED = 130
+PROGRESS_DELAY = 1.0  # seconds before a progress bar shows: quick refusals print their one line and nothing else
+
+
+def _os_error_text(error: OSError) -> str:
+    where = error.filename if error.filename is not None else "edge-sdk"
+    return f"{where}: {error.strerror or error}"
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
 
 
 class EdgeSdkGroup(click.Group):
-    """Turns library errors into one line on stderr and exit status 2, never a traceback."""
+    """Turns every error a user can cause into one line on stderr and a nonzero exit status, never a traceback:
+    usage errors (a bad option value) included, which click would otherwise print as a usage block."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except EdgeSdkError as error:
-            click.echo(f"edge-sdk: error: {error}", err=True)
-            ctx.exit(USAGE_ERROR)
+            message = str(error)
+        except OSError as error:
+            message = _os_error_text(error)
+        except MemoryError:
+            message = "out of memory; use a smaller model, fewer tokens or a shorter max sequence length"
+        except UnicodeDecodeError as error:
+            message = f"not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset {error.start})"
+        click.echo(f"edge-sdk: error: {_one_line(message)}", err=True)
+        ctx.exit(USAGE_ERROR)
+
+    def main(self, *args, **kwargs):
+        if not kwargs.get("standalone_mode", True):
+            return super().main(*args, **kwargs)
+        try:
+            result = super().main(*args, **{**kwargs, "standalone_mode": False})
+        except click.UsageError as error:
+            hint = f" (see '{error.ctx.command_path} --help')" if error.ctx is not None else ""
+            click.echo(f"edge-sdk: error: {_one_line(error.format_message())}{hint}", err=True)
+            sys.exit(USAGE_ERROR)
+        except click.ClickException as error:
+            click.echo(f"edge-sdk: error: {_one_line(error.format_message())}", err=True)
+            sys.exit(error.exit_code)
+        except (click.Abort, KeyboardInterrupt):
+            click.echo("edge-sdk: interrupted; nothing was written", err=True)
+            sys.exit(INTERRUPTED)
+        sys.exit(result if isinstance(result, int) else 0)
 
 
 def _print_table(rows: dict, indent: str = "") -> None:
@@ -34,24 +80,119 @@ def _print_table(rows: dict, indent: str = "") -> None:
             click.echo(f"{indent}{str(key).ljust(width)}  {value}")
 
 
+def _needs_export(purpose: str) -> None:
+    from edge_sdk.runtime.extras import require_extra
+
+    require_extra("export", purpose)
+
+
+def _parse_levels(text: str | None) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated numbers such as 0.5,0.7,0.9, found {text!r}") from None
+
+
+def _options(*decorators: Callable) -> Callable:
+    """Several click options as one decorator (applied in the order written)."""
+
+    def apply(function: Callable) -> Callable:
+        for decorator in reversed(decorators):
+            function = decorator(function)
+        return function
+
+    return apply
+
+
 _SPARSITY_HELP = (
     "Default operating level: target fraction of neurons predicted inactive over all layers (default: the most "
     "aggressive calibrated level whose perplexity on validation tokens of the calibration text, which the "
     "predictors are not fitted on, stays within --ppl-budget of dense)."
 )
-_PPL_BUDGET_HELP = "Choosing the default level: allowed perplexity increase over dense, in percent."
 _LEVEL_ALLOCATION_HELP = (
     "How a level's sparsity is spread over the layers: 'importance' gives each layer the most it can take while "
     "every layer misses the same share of its FFN output's importance; 'uniform' gives every layer the level."
 )
-_level_allocation_option = click.option(
-    "--level-allocation",
-    type=click.Choice(["importance", "uniform"]),
-    default="importance",
-    show_default=True,
-    help=_LEVEL_ALLOCATION_HELP,
+_RANK_HELP = (
+    "SVD predictor rank for every layer (default: per layer, from ~2% of D doubling until the layer's "
+    "importance-weighted recall on the calibration tokens reaches 0.998)."
 )
-_VALIDATION_TOKENS_HELP = "Choosing the default level: most calibration-text tokens to validate on, after --tokens."
+_FORCE_HELP = "Replace an earlier edge-sdk output at that path (never anything edge-sdk did not write)."
+
+# what calibrate and export share: the predictor's fit and the choice of the default level
+_calibration_options = _options(
+    click.option("--eval", "evaluation_files", multiple=True, help="Held-out text for the report. Repeatable."),
+    click.option("--rank", type=click.IntRange(min=1), default=None, help=_RANK_HELP),
+    click.option("--sparsity", type=click.FloatRange(0, 1), default=None, help=_SPARSITY_HELP),
+    click.option(
+        "--ppl-budget",
+        type=click.FloatRange(min=0),
+        default=0.5,
+        show_default=True,
+        help="Choosing the default level: allowed perplexity increase over dense, in percent.",
+    ),
+    click.option(
+        "--validation-tokens",
+        type=click.IntRange(min=1),
+        default=2048,
+        show_default=True,
+        help="Choosing the default level: most calibration-text tokens to validate on, after --tokens.",
+    ),
+    click.option("--levels", default=None, help="Comma-separated sparsity levels to calibrate (default 0.3,...,0.9)."),
+    click.option(
+        "--level-allocation",
+        type=click.Choice(["importance", "uniform"]),
+        default="importance",
+        show_default=True,
+        help=_LEVEL_ALLOCATION_HELP,
+    ),
+    click.option(
+        "--tokens",
+        "max_tokens",
+        type=click.IntRange(min=1),
+        default=20000,
+        show_default=True,
+        help="Calibration tokens.",
+    ),
+)
+
+
+def _calibration_settings(predictor: str, options: dict[str, Any], **extra: Any):
+    from edge_sdk.sparsity.pipeline import DEFAULT_LEVELS, CalibrationSettings
+
+    return CalibrationSettings(
+        predictor=predictor,
+        rank=options["rank"],
+        sparsity=options["sparsity"],
+        ppl_budget=options["ppl_budget"],
+        validation_tokens=options["validation_tokens"],
+        levels=_parse_levels(options["levels"]) or DEFAULT_LEVELS,
+        level_allocation=options["level_allocation"],
+        max_tokens=options["max_tokens"],
+        **extra,
+    )
+
+
+def _default_level_text(report: dict) -> str:
+    """One line on the default operating level: given, or chosen on validation perplexity (and how)."""
+    level, choice = report["default_level"], report["default_level_choice"]
+    if choice["method"] != "validation perplexity":
+        return f"default level {level:g} ({choice['method']}{': ' + choice['reason'] if 'reason' in choice else ''})"
+    changes = ", ".join(f"{key} {change:+.2f}%" for key, change in choice["perplexity_change_percent"].items())
+    verdict = "within" if choice["within_budget"] else "no level within"
+    hint = "" if choice["within_budget"] else "; more calibration tokens, a higher rank or milder levels may help"
+    return (
+        f"default level {level:g}: {verdict} the {choice['budget_percent']:g}% perplexity budget on "
+        f"{choice['scored_tokens']} validation tokens (dense {choice['dense_perplexity']:.3f}; {changes}){hint}"
+    )
+
+
+def _predictor_choices(with_none: bool) -> list[str]:
+    from edge_sdk import predictors
+
+    return [name for name in predictors.KINDS if with_none or name != predictors.NO_PREDICTOR]
 
 
 @click.group(cls=EdgeSdkGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -65,6 +206,7 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def info(model_dir: str, as_json: bool) -> None:
     """Validate a Hugging Face checkpoint and show its architecture."""
+    _needs_export("`edge-sdk info`")
     from edge_sdk.model.summary import describe_checkpoint
 
     summary = describe_checkpoint(model_dir)
@@ -72,6 +214,7 @@ def info(model_dir: str, as_json: bool) -> None:
         click.echo(json.dumps(summary, indent=2))
         return
     summary["parameters"] = f"{summary['parameters']:,}"
+    summary["weight_bytes"] = f"{summary['weight_bytes']:,} ({summary['weight_bytes'] / 2**30:.2f} GiB)"
     _print_table(summary)
 
 
@@ -93,29 +236,6 @@ def doctor(as_json: bool) -> None:
         click.echo(f"  {name.ljust(8)}  {state}")
 
 
-def _parse_levels(text: str | None) -> tuple[float, ...] | None:
-    if text is None:
-        return None
-    try:
-        return tuple(float(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated numbers such as 0.5,0.7,0.9, found {text!r}") from None
-
-
-def _default_level_text(report: dict) -> str:
-    """One line on the default operating level: given, or chosen on validation perplexity (and how)."""
-    level, choice = report["default_level"], report["default_level_choice"]
-    if choice["method"] != "validation perplexity":
-        return f"default level {level:g} ({choice['method']}{': ' + choice['reason'] if 'reason' in choice else ''})"
-    changes = ", ".join(f"{key} {change:+.2f}%" for key, change in choice["perplexity_change_percent"].items())
-    verdict = "within" if choice["within_budget"] else "no level within"
-    hint = "" if choice["within_budget"] else "; more calibration tokens, a higher rank or milder levels may help"
-    return (
-        f"default level {level:g}: {verdict} the {choice['budget_percent']:g}% perplexity budget on "
-        f"{choice['scored_tokens']} validation tokens (dense {choice['dense_perplexity']:.3f}; {changes}){hint}"
-    )
-
-
 @main.command()
 @click.argument("model_dir", type=click.Path(path_type=str))
 @click.option(
@@ -125,80 +245,36 @@ def _default_level_text(report: dict) -> str:
     required=True,
     help="Calibration text: plain text or JSON lines with a 'text' field. Repeatable.",
 )
-@click.option(
-    "--eval",
-    "evaluation_files",
-    multiple=True,
-    help="Held-out text to measure the predictors on (default: the calibration text). Repeatable.",
-)
-@click.option(
-    "--predictor", type=click.Choice(["svd", "signbit", "core", "threshold"]), default="svd", show_default=True
-)
-@click.option(
-    "--rank",
-    type=int,
-    default=None,
-    help="SVD predictor rank for every layer (default: per layer, from ~2% of D doubling until the layer's "
-    "importance-weighted recall on the calibration tokens reaches 0.998).",
-)
-@click.option("--sparsity", type=float, default=None, help=_SPARSITY_HELP)
-@click.option("--ppl-budget", type=float, default=0.5, show_default=True, help=_PPL_BUDGET_HELP)
-@click.option("--validation-tokens", type=int, default=2048, show_default=True, help=_VALIDATION_TOKENS_HELP)
-@click.option("--levels", default=None, help="Comma-separated sparsity levels to calibrate (default 0.3,...,0.9).")
-@_level_allocation_option
+@click.option("--predictor", type=click.Choice(_predictor_choices(False)), default="svd", show_default=True)
+@_calibration_options
 @click.option("--no-whiten", is_flag=True, help="Naive SVD of W_gate (ablation).")
 @click.option(
     "--no-bias-calibration", is_flag=True, help="One global threshold instead of per-neuron biases (ablation)."
 )
-@click.option("--recall-target", type=float, default=0.99, show_default=True, help="signbit: per-layer recall.")
-@click.option("--tokens", "max_tokens", type=int, default=20000, show_default=True, help="Calibration tokens.")
+@click.option(
+    "--recall-target", type=click.FloatRange(0, 1), default=0.99, show_default=True, help="signbit: per-layer recall."
+)
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=str))
-@click.option("--force", is_flag=True, help="Replace the output directory if it exists.")
+@click.option("--force", is_flag=True, help=_FORCE_HELP)
 def calibrate(
-    model_dir,
-    calibration_files,
-    evaluation_files,
-    predictor,
-    rank,
-    sparsity,
-    ppl_budget,
-    validation_tokens,
-    levels,
-    level_allocation,
-    no_whiten,
-    no_bias_calibration,
-    recall_target,
-    max_tokens,
-    out_dir,
-    force,
+    model_dir, calibration_files, predictor, no_whiten, no_bias_calibration, recall_target, out_dir, force, **options
 ) -> None:
     """Build sparsity predictors from calibration text; write predictors.safetensors and a report."""
+    _needs_export("`edge-sdk calibrate`")
     from tqdm import tqdm
 
     from edge_sdk.model.checkpoint import Checkpoint
-    from edge_sdk.sparsity.pipeline import (
-        DEFAULT_LEVELS,
-        CalibrationSettings,
-        calibrate_model,
-        check_output_dir,
-        validate_settings,
-        write_calibration,
-    )
+    from edge_sdk.sparsity.pipeline import calibrate_model, check_output_dir, validate_settings, write_calibration
 
-    check_output_dir(out_dir, force)
+    evaluation_files = options.pop("evaluation_files")
+    target = check_output_dir(out_dir, force, model_dir, (*calibration_files, *evaluation_files))
     checkpoint = Checkpoint(model_dir)
-    settings = CalibrationSettings(
-        predictor=predictor,
-        rank=rank,
-        sparsity=sparsity,
-        ppl_budget=ppl_budget,
-        validation_tokens=validation_tokens,
-        levels=_parse_levels(levels) or DEFAULT_LEVELS,
-        level_allocation=level_allocation,
+    settings = _calibration_settings(
+        predictor,
+        options,
         whiten=not no_whiten,
         calibrate_bias=not no_bias_calibration,
         recall_target=recall_target,
-        max_tokens=max_tokens,
     )
     validate_settings(checkpoint.config, settings)
     with tqdm(
@@ -206,9 +282,10 @@ def calibrate(
         desc="calibrating layers",
         unit="layer",
         file=sys.stderr,
+        delay=PROGRESS_DELAY,
     ) as bar:
         result = calibrate_model(checkpoint, settings, calibration_files, evaluation_files, lambda _: bar.update())
-    written = write_calibration(result, out_dir, force=force)
+    written = write_calibration(result, target)
     click.echo(f"{'layer':>5}  {'true':>6}  {'pred':>6}  {'real':>6}  {'recall':>7}  {'w-recall':>8}")
     for layer in result.report["layers"]:
         click.echo(
@@ -226,70 +303,39 @@ def calibrate(
 @click.argument("model_dir", type=click.Path(path_type=str))
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=str), help="Bundle directory.")
 @click.option("--calib", "calibration_files", multiple=True, help="Calibration text (plain or JSON lines). Repeatable.")
-@click.option("--eval", "evaluation_files", multiple=True, help="Held-out text for the report. Repeatable.")
-@click.option(
-    "--predictor",
-    type=click.Choice(["svd", "signbit", "core", "threshold", "none"]),
-    default="svd",
-    show_default=True,
-)
-@click.option(
-    "--rank",
-    type=int,
-    default=None,
-    help="SVD predictor rank for every layer (default: per layer, from ~2% of D doubling until the layer's "
-    "importance-weighted recall on the calibration tokens reaches 0.998).",
-)
-@click.option("--sparsity", type=float, default=None, help=_SPARSITY_HELP)
-@click.option("--ppl-budget", type=float, default=0.5, show_default=True, help=_PPL_BUDGET_HELP)
-@click.option("--validation-tokens", type=int, default=2048, show_default=True, help=_VALIDATION_TOKENS_HELP)
-@click.option("--levels", default=None, help="Comma-separated sparsity levels to calibrate (default 0.3,...,0.9).")
-@_level_allocation_option
+@click.option("--predictor", type=click.Choice(_predictor_choices(True)), default="svd", show_default=True)
+@_calibration_options
 @click.option("--dtype", type=click.Choice(["fp16", "bf16", "fp32"]), default="fp16", show_default=True)
-@click.option("--max-seq-len", type=int, default=None, help="Longest sequence the bundle serves.")
-@click.option("--tokens", "max_tokens", type=int, default=20000, show_default=True, help="Calibration tokens.")
-@click.option("--force", is_flag=True, help="Replace the output directory if it exists.")
-def export(
-    model_dir,
-    out_dir,
-    calibration_files,
-    evaluation_files,
-    predictor,
-    rank,
-    sparsity,
-    ppl_budget,
-    validation_tokens,
-    levels,
-    level_allocation,
-    dtype,
-    max_seq_len,
-    max_tokens,
-    force,
-) -> None:
+@click.option(
+    "--max-seq-len",
+    type=click.IntRange(min=2),
+    default=None,
+    help="Longest sequence the bundle serves (default: min(2048, the model's max_position_embeddings)).",
+)
+@click.option("--force", is_flag=True, help=_FORCE_HELP)
+def export(model_dir, out_dir, calibration_files, predictor, dtype, max_seq_len, force, **options) -> None:
     """Export a checkpoint and its predictors to a bundle (ONNX + weights + tokenizer + manifest)."""
+    _needs_export("`edge-sdk export`")
     from tqdm import tqdm
 
     from edge_sdk.export.exporter import ExportSettings, check_output, export_bundle
     from edge_sdk.model.config import load_config
-    from edge_sdk.sparsity.pipeline import DEFAULT_LEVELS, CalibrationSettings
 
-    check_output(out_dir, force)
+    evaluation_files = options.pop("evaluation_files")
+    check_output(out_dir, force, model_dir, (*calibration_files, *evaluation_files))
     config = load_config(model_dir)
-    calibration = CalibrationSettings(
-        predictor=predictor if predictor != "none" else "svd",
-        rank=rank,
-        sparsity=sparsity,
-        ppl_budget=ppl_budget,
-        validation_tokens=validation_tokens,
-        levels=_parse_levels(levels) or DEFAULT_LEVELS,
-        level_allocation=level_allocation,
-        max_tokens=max_tokens,
+    settings = ExportSettings(
+        predictor=predictor, dtype=dtype, max_seq_len=max_seq_len, calibration=_calibration_settings(predictor, options)
     )
-    settings = ExportSettings(predictor=predictor, dtype=dtype, max_seq_len=max_seq_len, calibration=calibration)
     calibrating = tqdm(
-        total=config.num_layers, desc="calibrating", unit="layer", file=sys.stderr, disable=predictor == "none"
+        total=config.num_layers,
+        desc="calibrating",
+        unit="layer",
+        file=sys.stderr,
+        disable=predictor == "none",
+        delay=PROGRESS_DELAY,
     )
-    writing = tqdm(desc="writing tensors", unit="tensor", file=sys.stderr)
+    writing = tqdm(desc="writing tensors", unit="tensor", file=sys.stderr, delay=PROGRESS_DELAY)
     with calibrating, writing:
         bundle = export_bundle(
             model_dir,
@@ -302,11 +348,11 @@ def export(
             on_tensor_written=lambda _: writing.update(),
         )
     click.echo(f"bundle {bundle.path}")
-    for name, entry in bundle.manifest["files"].items():
-        click.echo(f"  {name:<24} {entry['size'] / 1e6:10.2f} MB")
+    for name, entry in bundle.manifest.files.items():
+        click.echo(f"  {name:<24} {entry.size / 1e6:10.2f} MB")
     if bundle.sparsity.predictor != "none":
         click.echo(f"predictor {bundle.sparsity.predictor}")
-        report = json.loads((bundle.path / "report.json").read_text())
+        report = bundle.read_json("report.json", 64 << 20)
         click.echo(_default_level_text(report))
         for layer in bundle.sparsity.layers:
             click.echo(f"  layer {layer['layer']:>3}: predicted sparsity {layer.get('predicted_sparsity', 0):.3f}")
@@ -315,43 +361,79 @@ def export(
 
 @main.command()
 @click.argument("bundle_dir", type=click.Path(path_type=str))
-@click.option("--steps", type=int, default=8, show_default=True, help="Greedy decode steps to compare.")
+@click.option(
+    "--steps", type=click.IntRange(1, 4096), default=8, show_default=True, help="Greedy decode steps to compare."
+)
+@click.option(
+    "--files-only",
+    is_flag=True,
+    help="Check the files (manifest, sizes, checksums, weights, graphs, tokenizer) without running the graphs.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def verify(bundle_dir: str, steps: int, as_json: bool) -> None:
+def verify(bundle_dir: str, steps: int, files_only: bool, as_json: bool) -> None:
     """Check a bundle's files and checksums, then ONNX Runtime against the torch reference."""
-    from edge_sdk.export.verify import verify_bundle
+    from edge_sdk.bundle.check import check_bundle
 
-    result = verify_bundle(bundle_dir, decode_steps=steps)
+    bundle, result = check_bundle(bundle_dir)
+    if not files_only:
+        _needs_export("Comparing the bundle's graphs with the torch reference (skip it with --files-only)")
+        from edge_sdk.export.verify import verify_graphs
+
+        result |= verify_graphs(bundle, decode_steps=steps)
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
     _print_table({k: v for k, v in result.items() if k != "text"})
-    click.echo(f"greedy continuation: {result['text']!r}")
+    if "text" in result:
+        click.echo(f"greedy continuation: {result['text']!r}")
     click.echo("OK")
+
+
+def _prompt_text(prompt: str | None) -> str:
+    """The prompt from --prompt or standard input; bytes that are not UTF-8 are refused, naming the offset."""
+    if prompt is None:
+        data = sys.stdin.buffer.read()
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise EdgeSdkError(
+                f"standard input: the prompt is not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start})"
+            ) from None
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise EdgeSdkError(
+            f"--prompt: not UTF-8 text (an undecodable byte at character {error.start}); give UTF-8 text"
+        ) from None
+    return prompt
+
+
+_threads_option = click.option(
+    "--threads", type=click.IntRange(0, MAX_THREADS), default=0, help="CPU threads (0: every core)."
+)
 
 
 @main.command()
 @click.argument("bundle_dir", type=click.Path(path_type=str))
 @click.option("--prompt", default=None, help="Prompt text (default: read standard input).")
 @click.option("--backend", default="auto", show_default=True, help="auto, tensorrt, cann or cpu ($EDGE_SDK_BACKEND).")
-@click.option("--max-new-tokens", type=int, default=128, show_default=True)
-@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
-@click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.")
-@click.option("--top-p", type=float, default=1.0, show_default=True)
-@click.option("--seed", type=int, default=None)
+@click.option("--max-new-tokens", type=click.IntRange(min=0), default=128, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=None, help="Sampling seed, 0 to 2^64-1.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
-@click.option("--sparsity", type=float, default=None, help="One of the bundle's calibrated levels.")
+@click.option("--sparsity", type=click.FloatRange(0, 1), default=None, help="One of the bundle's calibrated levels.")
 @click.option("--dense", is_flag=True, help="Decode the dense model: every FFN neuron computed (no sparsity).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the bundle's chat template.")
-@click.option("--threads", type=int, default=0, help="CPU threads (default: all cores).")
+@_threads_option
 def run(
     bundle_dir, prompt, backend, max_new_tokens, temperature, top_k, top_p, seed, stop, sparsity, dense, chat, threads
 ) -> None:
     """Generate text from a bundle: streams the continuation to stdout, timings to stderr."""
     import edge_sdk
 
-    if prompt is None:
-        prompt = sys.stdin.read()
+    prompt = _prompt_text(prompt)
     session = edge_sdk.load(
         bundle_dir,
         backend,
@@ -389,14 +471,21 @@ def bench() -> None:
 
 
 def _write_json(path: str | None, payload: dict) -> None:
+    from edge_sdk import outputs
     from edge_sdk.bench.record import with_machine_info
 
     if path:
-        record = with_machine_info(payload)  # before the file is truncated: it may be a tracked result
-        with open(path, "w") as handle:
-            json.dump(record, handle, indent=2)
-            handle.write("\n")
+        record = with_machine_info(payload)
+        outputs.write_report(path, lambda staging: staging.write_text(json.dumps(record, indent=2) + "\n"))
         click.echo(f"wrote {path}", err=True)
+
+
+def _check_report_paths(*paths: str | None) -> None:
+    from edge_sdk import outputs
+
+    for path in paths:
+        if path:
+            outputs.check_report(path)
 
 
 @bench.command("ffn")
@@ -418,11 +507,13 @@ def _write_json(path: str | None, payload: dict) -> None:
     help="Gather paths: nonzero (dynamic) or top-k to the capacity (static shapes).",
 )
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
-@click.option("--threads", type=int, default=0, help="Threads for both torch and the kernel (default: all).")
-@click.option("--repeats", type=int, default=20, show_default=True)
+@_threads_option
+@click.option("--repeats", type=click.IntRange(1, 10000), default=20, show_default=True)
 @click.option("--json", "json_path", default=None, help="Also write the rows as JSON (with the machine description).")
 def bench_ffn_command(shape, sparsities, backend, mode, dtype, threads, repeats, json_path) -> None:
     """Time one decode FFN: torch dense matmul vs our dense and sparse kernels."""
+    _needs_export("`edge-sdk bench ffn`")
+    _check_report_paths(json_path)
     from edge_sdk.bench.ffn import bench_ffn, parse_shape
     from edge_sdk.bench.gather import bench_gather_ffn
 
@@ -460,13 +551,16 @@ def bench_ffn_command(shape, sparsities, backend, mode, dtype, threads, repeats,
 @bench.command("e2e")
 @click.argument("bundle_dir", type=click.Path(path_type=str))
 @click.option("--backend", default="auto", show_default=True)
-@click.option("--sparsity", type=float, default=None, help="A calibrated level (default: the bundle's).")
-@click.option("--tokens", type=int, default=64, show_default=True, help="Decode steps per run.")
-@click.option("--repeats", type=int, default=3, show_default=True)
-@click.option("--threads", type=int, default=0)
+@click.option(
+    "--sparsity", type=click.FloatRange(0, 1), default=None, help="A calibrated level (default: the bundle's)."
+)
+@click.option("--tokens", type=click.IntRange(1, 1 << 20), default=64, show_default=True, help="Decode steps per run.")
+@click.option("--repeats", type=click.IntRange(1, 10000), default=3, show_default=True)
+@_threads_option
 @click.option("--json", "json_path", default=None)
 def bench_e2e_command(bundle_dir, backend, sparsity, tokens, repeats, threads, json_path) -> None:
     """Decode tokens/s of a bundle, dense vs sparse on the same backend."""
+    _check_report_paths(json_path)
     from edge_sdk.bench.e2e import bench_e2e
 
     result = bench_e2e(bundle_dir, None if backend == "auto" else backend, sparsity, tokens, repeats, threads)
@@ -485,105 +579,164 @@ def bench_e2e_command(bundle_dir, backend, sparsity, tokens, repeats, threads, j
 def build(bundle_dir: str, cache_dir: str | None, force: bool) -> None:
     """Build and cache the TensorRT engines of a bundle on this device (ahead of `edge-sdk run`)."""
     from edge_sdk.backends.tensorrt import build_engine
-    from edge_sdk.export.bundle import Bundle
+    from edge_sdk.bundle import Bundle
 
-    Bundle.open(bundle_dir, verify_checksums=True)
-    engine_dir = build_engine(bundle_dir, cache_dir=cache_dir, force=force, log=lambda line: click.echo(line, err=True))
+    bundle = Bundle.open(bundle_dir, verify_checksums=True)
+    engine_dir = build_engine(bundle, cache_dir=cache_dir, force=force, log=lambda line: click.echo(line, err=True))
     click.echo(f"engines cached in {engine_dir}")
 
 
-@main.command("eval")
-@click.argument("target", type=click.Path(path_type=str))
-@click.option(
-    "--sweep", is_flag=True, help="TARGET is a checkpoint directory: export and evaluate every predictor kind."
+_window_options = _options(
+    click.option("--text", "text_files", multiple=True, required=True, help="Held-out text. Repeatable."),
+    click.option("--backend", default="auto", show_default=True),
+    click.option(
+        "--tokens",
+        "max_tokens",
+        type=click.IntRange(1, 1 << 24),
+        default=4096,
+        show_default=True,
+        help="Held-out tokens to score.",
+    ),
+    click.option(
+        "--prompt-tokens", type=click.IntRange(min=1), default=32, show_default=True, help="Dense prefill per window."
+    ),
+    _threads_option,
+    click.option("--no-layer-stats", is_flag=True, help="Skip the per-layer sparsity and recall statistics."),
+    click.option("--json", "json_path", default=None, help="Also write the result as JSON."),
+    click.option("--plot", "plot_path", default=None, help="Also draw the result as a PNG."),
 )
-@click.option("--text", "text_files", multiple=True, required=True, help="Held-out text. Repeatable.")
-@click.option("--backend", default="auto", show_default=True)
-@click.option("--sparsity", type=float, default=None, help="A calibrated level (bundle mode; default: the bundle's).")
-@click.option("--tokens", "max_tokens", type=int, default=4096, show_default=True, help="Held-out tokens to score.")
-@click.option("--context", type=int, default=None, help="Window length (default: min(256, max_seq_len)).")
-@click.option("--prompt-tokens", type=int, default=32, show_default=True, help="Dense prefill per window.")
-@click.option("--threads", type=int, default=0, help="CPU threads (1 is often fastest for tiny models).")
-@click.option("--no-layer-stats", is_flag=True, help="Skip the per-layer sparsity and recall statistics.")
-@click.option("--json", "json_path", default=None)
-@click.option("--plot", "plot_path", default=None)
-@click.option("--calib", "calibration_files", multiple=True, help="Sweep: calibration text. Repeatable.")
-@click.option("-o", "--output", "out_dir", default=None, help="Sweep: directory for bundles and results.")
-@click.option("--predictors", default=None, help="Sweep: comma-separated kinds (default: all six).")
-@click.option("--levels", default=None, help="Sweep: sparsity levels (default 0.3,...,0.9).")
-@click.option("--calib-tokens", type=int, default=4096, show_default=True, help="Sweep: calibration tokens.")
-@click.option("--markdown", "markdown_path", default=None, help="Sweep: also write the tables as markdown.")
-@click.option("--force", is_flag=True, help="Sweep: replace existing bundles in the output directory.")
+
+
+@main.command("eval")
+@click.argument("bundle_dir", type=click.Path(path_type=str))
+@_window_options
+@click.option(
+    "--sparsity", type=click.FloatRange(0, 1), default=None, help="A calibrated level (default: the bundle's)."
+)
+@click.option(
+    "--context", type=click.IntRange(min=2), default=None, help="Window length (default: min(256, max_seq_len))."
+)
 def eval_command(
-    target,
-    sweep,
+    bundle_dir,
     text_files,
     backend,
-    sparsity,
     max_tokens,
-    context,
     prompt_tokens,
     threads,
     no_layer_stats,
     json_path,
     plot_path,
+    sparsity,
+    context,
+) -> None:
+    """Held-out perplexity of sparse vs dense decoding (teacher-forced), top-1 agreement and per-layer statistics."""
+    _needs_export("`edge-sdk eval`")
+    from edge_sdk.eval import evaluate_bundle
+
+    result = evaluate_bundle(
+        bundle_dir,
+        text_files,
+        None if backend == "auto" else backend,
+        sparsity,
+        max_tokens=max_tokens,
+        context=context,
+        prompt_tokens=prompt_tokens,
+        threads=threads,
+        layer_stats=not no_layer_stats,
+        json_path=json_path,
+        plot_path=plot_path,
+    )
+    click.echo(
+        f"{result['backend']}, {result['predictor']} at {result['sparsity_level']}: perplexity dense "
+        f"{result['dense_perplexity']:.3f}, sparse {result['sparse_perplexity']:.3f} "
+        f"({result['perplexity_change_percent']:+.2f}%), top-1 agreement {result['top1_agreement']:.4f} "
+        f"over {result['scored_tokens']} tokens"
+    )
+    for layer in result.get("layers", []):
+        click.echo(
+            f"  layer {layer['layer']:>3}: true {layer['true_sparsity']:.3f} predicted "
+            f"{layer['predicted_sparsity']:.3f} realized {layer['realized_sparsity']:.3f} recall "
+            f"{layer['recall']:.4f} weighted {layer['importance_weighted_recall']:.5f}"
+        )
+
+
+@main.command("sweep")
+@click.argument("model_dir", type=click.Path(path_type=str))
+@click.option("--calib", "calibration_files", multiple=True, required=True, help="Calibration text. Repeatable.")
+@click.option("-o", "--output", "out_dir", required=True, help="Directory for the bundles and results.")
+@_window_options
+@click.option("--context", type=click.IntRange(min=2), default=256, show_default=True, help="Window length.")
+@click.option("--predictors", default=None, help="Comma-separated kinds (default: all six).")
+@click.option("--levels", default=None, help="Sparsity levels of svd, its ablations and threshold.")
+@click.option("--recall-targets", default=None, help="signbit's recall targets (default 0.999,0.99,0.95,0.9).")
+@click.option("--core-betas", default=None, help="core's betas (default 0.5,0.4,0.3,0.2,0.1).")
+@click.option("--calib-tokens", type=click.IntRange(min=1), default=4096, show_default=True, help="Calibration tokens.")
+@click.option("--rank", type=click.IntRange(min=1), default=None, help=_RANK_HELP)
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True)
+@click.option("--repeats", type=click.IntRange(1, 1000), default=5, show_default=True, help="Timing runs (best of).")
+@click.option(
+    "--timer",
+    type=click.Choice(["wall", "cpu"]),
+    default="wall",
+    show_default=True,
+    help="Decode timing: wall clock, or process CPU time (one thread only; robust on a shared machine).",
+)
+@click.option("--markdown", "markdown_path", default=None, help="Also write the tables as markdown.")
+@click.option("--force", is_flag=True, help="Replace earlier edge-sdk bundles in the output directory.")
+def sweep_command(
+    model_dir,
     calibration_files,
     out_dir,
+    text_files,
+    backend,
+    max_tokens,
+    prompt_tokens,
+    threads,
+    no_layer_stats,
+    json_path,
+    plot_path,
+    context,
     predictors,
     levels,
+    recall_targets,
+    core_betas,
     calib_tokens,
+    rank,
+    dtype,
+    repeats,
+    timer,
     markdown_path,
     force,
 ) -> None:
-    """Held-out perplexity of sparse vs dense decoding (teacher-forced), top-1 agreement and per-layer statistics;
-    with --sweep, the quality-vs-speed frontier of every predictor kind."""
-    from edge_sdk.eval import EvalError, evaluate_bundle, format_sweep_markdown
-
-    if not sweep:
-        result = evaluate_bundle(
-            target,
-            text_files,
-            None if backend == "auto" else backend,
-            sparsity,
-            max_tokens=max_tokens,
-            context=context,
-            prompt_tokens=prompt_tokens,
-            threads=threads,
-            layer_stats=not no_layer_stats,
-            json_path=json_path,
-            plot_path=plot_path,
-        )
-        click.echo(
-            f"{result['backend']}, {result['predictor']} at {result['sparsity_level']}: perplexity dense "
-            f"{result['dense_perplexity']:.3f}, sparse {result['sparse_perplexity']:.3f} "
-            f"({result['perplexity_change_percent']:+.2f}%), top-1 agreement {result['top1_agreement']:.4f} "
-            f"over {result['scored_tokens']} tokens"
-        )
-        for layer in result.get("layers", []):
-            click.echo(
-                f"  layer {layer['layer']:>3}: true {layer['true_sparsity']:.3f} predicted "
-                f"{layer['predicted_sparsity']:.3f} realized {layer['realized_sparsity']:.3f} recall "
-                f"{layer['recall']:.4f} weighted {layer['importance_weighted_recall']:.5f}"
-            )
-        return
-    from edge_sdk.eval import SWEEP_KINDS
+    """The quality-vs-speed frontier of every predictor kind: export, evaluate and time each setting."""
+    _needs_export("`edge-sdk sweep`")
+    from edge_sdk import outputs
+    from edge_sdk.eval import SWEEP_KINDS, format_sweep_markdown
     from edge_sdk.eval import sweep as run_sweep
 
-    if not calibration_files or out_dir is None:
-        raise EvalError("--sweep needs --calib FILE and -o DIR (TARGET is the checkpoint directory)")
+    _check_report_paths(markdown_path)
     kinds = tuple(k for k in (predictors or ",".join(SWEEP_KINDS)).split(",") if k)
+    chosen = {
+        name: _parse_levels(value)
+        for name, value in (("levels", levels), ("recall_targets", recall_targets), ("core_betas", core_betas))
+        if value
+    }
     result = run_sweep(
-        target,
+        model_dir,
         calibration_files,
         text_files,
         out_dir,
         predictors=kinds,
-        **({"levels": _parse_levels(levels)} if levels else {}),
+        **chosen,
         backend="cpu" if backend == "auto" else backend,
         calibration_tokens=calib_tokens,
+        rank=rank,
+        dtype=dtype,
         max_tokens=max_tokens,
-        context=context or 256,
+        context=context,
         prompt_tokens=prompt_tokens,
+        speed_repeats=repeats,
+        timer=timer,
         threads=threads,
         layer_stats=not no_layer_stats,
         force=force,
@@ -593,8 +746,7 @@ def eval_command(
     )
     markdown = format_sweep_markdown(result, command="edge-sdk " + " ".join(sys.argv[1:]))
     if markdown_path:
-        with open(markdown_path, "w") as handle:
-            handle.write(markdown)
+        outputs.write_report(markdown_path, lambda path: path.write_text(markdown))
     click.echo(markdown)
 
 
@@ -602,20 +754,21 @@ def eval_command(
 @click.argument("bundle_dir", type=click.Path(path_type=str))
 @click.argument("archive", type=click.Path(path_type=str))
 @click.option("--no-verify", is_flag=True, help="Skip checking the bundle's checksums before packing.")
-def pack(bundle_dir: str, archive: str, no_verify: bool) -> None:
+@click.option("--force", is_flag=True, help="Replace an earlier edge-sdk archive at that path.")
+def pack(bundle_dir: str, archive: str, no_verify: bool, force: bool) -> None:
     """Pack a bundle into one deterministic .tar for shipping to a device."""
-    from edge_sdk.export.archive import pack_bundle
+    from edge_sdk.bundle.archive import pack_bundle
 
-    click.echo(f"wrote {pack_bundle(bundle_dir, archive, verify=not no_verify)}")
+    click.echo(f"wrote {pack_bundle(bundle_dir, archive, verify=not no_verify, force=force)}")
 
 
 @main.command()
 @click.argument("archive", type=click.Path(path_type=str))
 @click.argument("bundle_dir", type=click.Path(path_type=str))
-@click.option("--force", is_flag=True, help="Replace the output directory if it exists.")
+@click.option("--force", is_flag=True, help="Replace an earlier edge-sdk bundle at that path.")
 def unpack(archive: str, bundle_dir: str, force: bool) -> None:
     """Unpack a bundle archive, refusing unsafe members, and verify every checksum."""
-    from edge_sdk.export.archive import unpack_bundle
+    from edge_sdk.bundle.archive import unpack_bundle
 
     bundle = unpack_bundle(archive, bundle_dir, force=force)
-    click.echo(f"unpacked and verified {bundle.path} ({len(bundle.manifest['files'])} files)")
+    click.echo(f"unpacked and verified {bundle.path} ({len(bundle.manifest.files)} files)")

@@ -1,6 +1,6 @@
 """Ascend (CANN) backend: torch_npu, fp16, the decode FFN as gather-plus-matmul (SVDP Algorithm 4).
 
-The engine is backends/cann/engine.py's TorchDeviceEngine on device "npu" in fp16: the Ascend 310P cube
+The engine is backends/cann/engine.py's gather engine on device "npu" in fp16: the Ascend 310P cube
 unit has no fp32 matmul, so fp32 and bf16 bundles are cast once at load, with a warning. The decode FFN
 runs in dynamic mode (nonzero: exact, one host synchronisation per nonzero) unless $EDGE_SDK_CANN_MODE
 is "static" (top-k to the bundle's calibrated capacity: static shapes, no synchronisation).
@@ -13,24 +13,20 @@ import importlib
 import os
 import warnings
 
-import torch
-
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions
 
-from .engine import TorchDeviceEngine
-from .gather_ffn import MODES
-
+MODES = ("dynamic", "static")  # gather_ffn.py's decode FFN modes
 MODE_ENV = "EDGE_SDK_CANN_MODE"
 NOT_INSTALLED = "torch_npu is not installed (pip install edge-sdk[ascend] on a machine with CANN)"
+NPU_WEIGHT_DTYPE = "fp16"  # the 310P cube unit has no fp32 matmul
 
 
-def npu_weight_dtype(bundle_dtype: str) -> tuple[torch.dtype, str | None]:
-    """The compute dtype on the NPU for a bundle stored in bundle_dtype ("fp32" | "fp16" | "bf16"), and the
-    notice to give when its weights must be cast (None when they are fp16 already)."""
-    if bundle_dtype == "fp16":
-        return torch.float16, None
-    return torch.float16, f"casting {bundle_dtype} bundle to fp16 for the Ascend cube unit"
+def npu_weight_notice(bundle_dtype: str) -> str | None:
+    """The notice to give when a bundle's weights are cast to fp16 for the NPU (None when they are fp16 already)."""
+    if bundle_dtype == NPU_WEIGHT_DTYPE:
+        return None
+    return f"casting {bundle_dtype} bundle to fp16 for the Ascend cube unit"
 
 
 def _cann_version(torch_npu) -> str:
@@ -56,12 +52,14 @@ class CannBackend:
 
     def probe(self) -> tuple[bool, str]:
         try:
-            torch_npu = importlib.import_module("torch_npu")
+            torch_npu = importlib.import_module("torch_npu")  # without torch_npu this imports nothing, torch included
         # a missing libascendcl.so surfaces as ImportError or OSError, a CANN / torch mismatch as RuntimeError
         except Exception as error:
             if isinstance(error, ModuleNotFoundError) and error.name == "torch_npu":
                 return False, NOT_INSTALLED
             return False, f"torch_npu import failed (CANN libraries missing?): {type(error).__name__}: {error}"
+        import torch
+
         npu = torch_npu.npu
         versions = f"torch_npu {torch_npu.__version__}, torch {torch.__version__}"
         if not npu.is_available():
@@ -70,15 +68,19 @@ class CannBackend:
         mode = os.environ.get(MODE_ENV, "dynamic")
         return True, f"{device}, CANN {_cann_version(torch_npu)}, {versions}, decode FFN {mode} gather-plus-matmul"
 
-    def load(self, bundle, options: EngineOptions) -> TorchDeviceEngine:
+    def load(self, bundle, options: EngineOptions):
         available, reason = self.probe()
         if not available:
             raise BackendUnavailable(f"backend 'cann' is not available here: {reason}")
         mode = self.mode()
-        dtype, notice = npu_weight_dtype(bundle.manifest["dtype"])
+        notice = npu_weight_notice(bundle.dtype)
         if notice is not None:
             warnings.warn(notice, stacklevel=2)
-        return TorchDeviceEngine(bundle, options, device=self.device, dtype=dtype, mode=mode)
+        import torch
+
+        from .engine import load_gather_engine
+
+        return load_gather_engine(bundle, options, device=self.device, dtype=torch.float16, mode=mode)
 
 
 BACKEND = CannBackend()

@@ -40,7 +40,8 @@ from edge_sdk.sparsity.core import core_mask_from_counts, core_neuron_counts
 from edge_sdk.sparsity.signbit import BITS_PER_WORD
 from edge_sdk.sparsity.sparse_model import LayerPredictor, SparseFeedForward
 
-MODES = ("dynamic", "static")
+from . import MODES
+
 # Predictors whose mask exists before the gate; the others (and dense decoding) compute the gate densely.
 PREDICTOR_FIRST_KINDS = ("svd", "signbit", "core")
 # Value of bit j of a two's complement int32 word: 2^j, and -2^31 for bit 31 (as sparsity/signbit.py packs).

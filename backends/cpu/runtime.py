@@ -13,8 +13,8 @@ import ctypes
 
 import numpy as np
 
+from edge_sdk.bundle import Bundle
 from edge_sdk.errors import EdgeSdkError
-from edge_sdk.export.bundle import Bundle
 from edge_sdk.native import load_runtime
 from edge_sdk.runtime.backends import EngineOptions
 
@@ -72,9 +72,7 @@ class RuntimeEngine:
     """Engine protocol over one edge_model and one edge_session of libedge_sdk."""
 
     def __init__(self, bundle: Bundle, options: EngineOptions):
-        sparsity = bundle.sparsity
-        if sparsity.levels or (options.sparsity is not None and not options.dense):
-            sparsity.level_index(options.sparsity)  # the Python message for a level the bundle did not calibrate
+        bundle.sparsity.resolve(options.sparsity, options.dense)  # the message for a level the bundle lacks
         library = _library()
         self._library = library
         self._model = _handle()
@@ -98,7 +96,7 @@ class RuntimeEngine:
         level = library.edge_model_sparsity_level(self._model)
         self.level = None if level < 0 else level
         self.vocab_size = bundle.config.vocab_size
-        self.max_seq_len = bundle.manifest["max_seq_len"]
+        self.max_seq_len = bundle.max_seq_len
         self._logits = ctypes.POINTER(ctypes.c_float)()
         self._vocab = ctypes.c_int32()
         # bound once: a decode step of a small model takes ~100 us, so per-call lookups show in tokens/s

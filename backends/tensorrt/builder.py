@@ -7,13 +7,15 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+from edge_sdk.bundle import Bundle
+from edge_sdk.bundle.format import MANIFEST_DIGEST_FIELD
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.runtime.backends import BackendUnavailable
 
 from . import cuda
 from .availability import find_plugin_library, import_tensorrt, plugin_library_missing
 from .cache import ENGINE_FILES, EngineKey, default_cache_dir, engine_dir, is_complete, write_metadata
-from .graphs import graph_path, read_manifest, tensorrt_model
+from .graphs import tensorrt_model
 from .profiles import PHASES, profile_shapes
 
 _loaded_plugin_libraries: dict[str, object] = {}
@@ -36,9 +38,9 @@ def load_plugin_library(trt: ModuleType) -> Path:
     return path
 
 
-def current_key(trt: ModuleType, manifest: dict) -> EngineKey:
+def current_key(trt: ModuleType, bundle: Bundle) -> EngineKey:
     name, capability = cuda.device_description()
-    return EngineKey(trt.__version__, name, capability, manifest["manifest_sha256"])
+    return EngineKey(trt.__version__, name, capability, bundle.manifest.raw[MANIFEST_DIGEST_FIELD])
 
 
 def _build_one(trt: ModuleType, logger, path: Path, shapes: dict) -> bytes:
@@ -48,7 +50,7 @@ def _build_one(trt: ModuleType, logger, path: Path, shapes: dict) -> bytes:
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     parser = trt.OnnxParser(network, logger)
     # path lets the parser find the external initializers in weights.safetensors next to the graph
-    if not parser.parse(tensorrt_model(path).SerializeToString(), str(path)):
+    if not parser.parse(tensorrt_model(path), str(path)):
         errors = "; ".join(str(parser.get_error(index)) for index in range(parser.num_errors))
         raise EngineBuildError(f"{path}: TensorRT could not parse the graph: {errors}")
     config = builder.create_builder_config()
@@ -66,21 +68,20 @@ def _build_one(trt: ModuleType, logger, path: Path, shapes: dict) -> bytes:
 
 
 def build_engine(
-    bundle_path: str | Path,
+    bundle: Bundle,
     cache_dir: str | Path | None = None,
     force: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> Path:
-    """The engine directory of a bundle for this TensorRT and GPU, building it when absent (or when force).
+    """The engine directory of an opened bundle for this TensorRT and GPU, building it when absent (or when force).
 
     Returns <cache>/<key digest>, holding prefill.engine, decode.engine and engine.json. cache_dir defaults to
     default_cache_dir(). Raises BackendUnavailable when TensorRT, cuda-python, a GPU or the plugin library is
     missing, EngineBuildError when TensorRT fails on the bundle's graphs.
     """
-    bundle_path = Path(bundle_path)
+    bundle_path = bundle.path
     trt = import_tensorrt()
-    manifest = read_manifest(bundle_path)
-    key = current_key(trt, manifest)
+    key = current_key(trt, bundle)
     directory = engine_dir(Path(cache_dir) if cache_dir is not None else default_cache_dir(), key)
     if not force and is_complete(directory, key):
         return directory
@@ -90,8 +91,8 @@ def build_engine(
     for phase in PHASES:
         if log is not None:
             log(f"building the {phase} engine of {bundle_path} for {key.describe()}")
-        shapes = profile_shapes(manifest["model"], manifest["max_seq_len"], phase, manifest["sparsity"]["predictor"])
-        serialized = _build_one(trt, logger, graph_path(bundle_path, manifest, phase), shapes)
+        shapes = profile_shapes(bundle.config, bundle.max_seq_len, phase, bundle.sparsity.predictor)
+        serialized = _build_one(trt, logger, bundle.graph_path(phase), shapes)
         target = directory / ENGINE_FILES[phase]
         staging = target.with_suffix(".partial")
         staging.write_bytes(serialized)

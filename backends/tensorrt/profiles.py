@@ -8,7 +8,8 @@ symbolic dimension is listed; scalars (sparsity_level, dense) are static and nee
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from edge_sdk.model.config import ModelConfig
 
 PHASES = ("prefill", "decode")
 # The prompt length TensorRT tunes the prefill engine for (clipped to max_seq_len).
@@ -28,16 +29,13 @@ def _range(low: int, opt: int, high: int) -> tuple[int, int, int]:
     return low, min(max(opt, low), high), high
 
 
-def profile_shapes(model: dict[str, Any], max_seq_len: int, phase: str, predictor: str) -> dict[str, ShapeRange]:
-    """The shape range of every dynamic input of `phase`'s graph.
-
-    model: the manifest's "model" section (num_layers, num_kv_heads, head_dim, intermediate_size).
-    """
+def profile_shapes(model: ModelConfig, max_seq_len: int, phase: str, predictor: str) -> dict[str, ShapeRange]:
+    """The shape range of every dynamic input of `phase`'s graph."""
     if phase not in PHASES:
         raise ValueError(f"phase: expected one of {', '.join(PHASES)}, found {phase!r}")
     if max_seq_len < 1:
         raise ValueError(f"max_seq_len: expected >= 1, found {max_seq_len}")
-    kv_heads, head_dim = model["num_kv_heads"], model["head_dim"]
+    kv_heads, head_dim = model.num_kv_heads, model.head_dim
     if phase == "prefill":
         seq = _range(1, PREFILL_OPT_TOKENS, max_seq_len)
         past = (0, 0, 0)
@@ -45,11 +43,11 @@ def profile_shapes(model: dict[str, Any], max_seq_len: int, phase: str, predicto
         seq = (1, 1, 1)
         past = _range(0, max_seq_len // 2, max_seq_len - 1)
     ranges = {name: ShapeRange(*((1, s) for s in seq)) for name in ("input_ids", "position_ids")}
-    for layer in range(model["num_layers"]):
+    for layer in range(model.num_layers):
         for part in ("key", "value"):
             ranges[f"past_key_values.{layer}.{part}"] = ShapeRange(*((1, kv_heads, p, head_dim) for p in past))
     if phase == "decode" and predictor == "core":
-        mask = (1, model["intermediate_size"])
-        for layer in range(model["num_layers"]):
+        mask = (1, model.intermediate_size)
+        for layer in range(model.num_layers):
             ranges[f"core_mask.{layer}"] = ShapeRange(mask, mask, mask)
     return ranges

@@ -15,6 +15,7 @@ from types import ModuleType
 import numpy as np
 
 from edge_sdk.errors import EdgeSdkError
+from edge_sdk.predictors.core import core_mask_from_counts
 from edge_sdk.runtime.backends import EngineOptions
 
 from . import cuda
@@ -59,16 +60,15 @@ class TensorRTEngine:
 
     def __init__(self, bundle, options: EngineOptions):
         trt = import_tensorrt()
-        manifest = bundle.manifest
-        self.config = manifest["model"]
-        self.vocab_size = self.config["vocab_size"]
-        self.max_seq_len = manifest["max_seq_len"]
-        self.layers = self.config["num_layers"]
+        self.config = bundle.config
+        self.vocab_size = self.config.vocab_size
+        self.max_seq_len = bundle.max_seq_len
+        self.layers = self.config.num_layers
         self.sparsity = bundle.sparsity
-        directory = build_engine(bundle.path)
+        directory = build_engine(bundle)
         load_plugin_library(trt)
         self.runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))  # kept alive with the engines it made
-        key = current_key(trt, manifest)
+        key = current_key(trt, bundle)
         self.prefill_graph = _Graph(trt, self.runtime, directory / ENGINE_FILES["prefill"], key, bundle.path)
         self.decode_graph = _Graph(trt, self.runtime, directory / ENGINE_FILES["decode"], key, bundle.path)
         self.stream = cuda.Stream()
@@ -82,7 +82,7 @@ class TensorRTEngine:
         return buffer
 
     def _allocate(self, options: EngineOptions) -> None:
-        kv_heads, head_dim, max_len = self.config["num_kv_heads"], self.config["head_dim"], self.max_seq_len
+        kv_heads, head_dim, max_len = self.config.num_kv_heads, self.config.head_dim, self.max_seq_len
         cache_bytes = kv_heads * max_len * head_dim * 4  # [1, kv_heads, max_seq_len, head_dim] float32
         names = [f"{layer}.{part}" for layer in range(self.layers) for part in ("key", "value")]
         self.kv = {name: (self._buffer(cache_bytes), self._buffer(cache_bytes)) for name in names}
@@ -90,14 +90,12 @@ class TensorRTEngine:
         self.positions = self._buffer(max_len * 8)  # position_ids [1, seq] int64
         self.logits = self._buffer(self.vocab_size * 4)  # [1, seq, vocab] float32, grown for longer prompts
         # decode's scalars: the calibrated level's index and the dense switch
-        # (a level asked of a predictor without levels is an error from level_index, as on the CPU backend)
-        asked = options.sparsity is not None and not options.dense
-        level = self.sparsity.level_index(options.sparsity) if self.sparsity.levels or asked else 0
+        choice = self.sparsity.resolve(options.sparsity, options.dense)
         self.level = self._buffer(8)
-        self.level.upload(np.array(level, dtype=np.int64))
+        self.level.upload(np.array(choice.index or 0, dtype=np.int64))
         self.dense = self._buffer(1)
         self.dense.upload(np.array(options.dense, dtype=np.bool_))
-        n_neurons = self.config["intermediate_size"]
+        n_neurons = self.config.intermediate_size
         self.core = self.sparsity.predictor == "core"
         self.core_masks = [self._buffer(n_neurons) for _ in range(self.layers)] if self.core else []
         self.core_counts = [self._buffer(n_neurons * 8) for _ in range(self.layers)] if self.core else []
@@ -108,7 +106,7 @@ class TensorRTEngine:
         self.current = 0  # which buffer of each KV pair holds the cache
 
     def _kv_bindings(self, past: int) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
-        kv_heads, head_dim = self.config["num_kv_heads"], self.config["head_dim"]
+        kv_heads, head_dim = self.config.num_kv_heads, self.config.head_dim
         shapes, addresses = {}, {}
         for name, pair in self.kv.items():
             shapes[f"past_key_values.{name}"] = (1, kv_heads, past, head_dim)
@@ -161,18 +159,13 @@ class TensorRTEngine:
 
         The graph declares the sums float64, a type TensorRT does not have; they are read in whatever type the engine
         gives them (float32 when the parser narrowed them).
-
-        The rule lives in edge_sdk.export.ort_session, which imports torch through the bundle reader; core bundles
-        are loaded by that reader anyway, so this adds no import a caller has not already made.
         """
-        from edge_sdk.export.ort_session import core_mask_from_counts_numpy
-
-        n_neurons = self.config["intermediate_size"]
+        n_neurons = self.config.intermediate_size
         for layer in range(self.layers):
             dtypes = self.prefill_graph.dtypes
             counts = self.core_counts[layer].download((1, n_neurons), dtypes[f"core_counts.{layer}"])
             sums = self.core_sums[layer].download((1, n_neurons), dtypes[f"core_sums.{layer}"])
-            mask = core_mask_from_counts_numpy(counts, sums, self.sparsity.core_beta)
+            mask = core_mask_from_counts(counts, sums, self.sparsity.core_beta)
             self.core_masks[layer].upload(mask.astype(np.bool_))
 
     def decode(self, token: int) -> np.ndarray:
@@ -182,7 +175,7 @@ class TensorRTEngine:
         shapes = {}
         for layer, mask in enumerate(self.core_masks):
             extra[f"core_mask.{layer}"] = mask.address
-            shapes[f"core_mask.{layer}"] = (1, self.config["intermediate_size"])
+            shapes[f"core_mask.{layer}"] = (1, self.config.intermediate_size)
         return self._step(self.decode_graph, [int(token)], extra, shapes)
 
     def close(self) -> None:

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edge_sdk.export.bundle import Bundle
+from edge_sdk.bundle import Bundle
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import EngineOptions, select_backend
 
@@ -25,8 +25,8 @@ def bench_e2e(
     """Greedy decode tokens/s, dense and sparse, best of `repeats` runs each (same prompt, same token count)."""
     bundle = Bundle.open(bundle_path)
     selection = select_backend(backend)
-    ids = Tokenizer.from_dir(bundle.path).encode(prompt)
-    decode_tokens = min(decode_tokens, bundle.manifest["max_seq_len"] - len(ids))
+    ids = Tokenizer.from_bundle(bundle).encode(prompt)
+    decode_tokens = min(decode_tokens, bundle.max_seq_len - len(ids))
     results: dict[str, Any] = {
         "bundle": str(bundle.path),
         "backend": selection.backend.name,

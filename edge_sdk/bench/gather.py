@@ -27,7 +27,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from edge_sdk.backends.cann.gather_ffn import MODES, DeviceSignBit, GatherSparseFFN
+from edge_sdk.backends.cann import MODES
+from edge_sdk.backends.cann.gather_ffn import DeviceSignBit, GatherSparseFFN
 from edge_sdk.bench import ffn as ffn_bench
 from edge_sdk.bench.ffn import DTYPES
 from edge_sdk.model.activation import Activation

@@ -6,9 +6,8 @@ import datetime
 import os
 import platform
 import subprocess
+import sys
 from typing import Any
-
-import torch
 
 from edge_sdk import __version__
 
@@ -39,14 +38,16 @@ def machine_description() -> dict[str, Any]:
             cpu = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), cpu)
     except OSError:
         pass
-    return {
+    description = {
         "cpu": cpu,
         "cores": os.cpu_count(),
         "machine": platform.machine(),
         "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
     }
+    torch = sys.modules.get("torch")  # recorded when the benchmark ran through torch; never imported for this
+    if torch is not None:
+        description |= {"torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+    return description
 
 
 def with_machine_info(payload: dict[str, Any]) -> dict[str, Any]:

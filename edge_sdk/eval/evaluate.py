@@ -26,13 +26,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from edge_sdk import outputs
 from edge_sdk.bench.record import with_machine_info
+from edge_sdk.bundle import Bundle
 from edge_sdk.errors import EdgeSdkError
-from edge_sdk.export.bundle import Bundle
-from edge_sdk.export.exporter import load_reference_decoder
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import EngineOptions, select_backend
 from edge_sdk.runtime.engine import Engine
+from edge_sdk.sparsity.bundle_model import TorchEngine, configure, load_reference_decoder
 from edge_sdk.sparsity.calibrate import neuron_importance
 from edge_sdk.sparsity.collect import token_stream
 from edge_sdk.sparsity.ffn import ffn_intermediates
@@ -210,36 +211,11 @@ class DecodeStatisticsRecorder:
             handle.remove()
 
 
-class ReferenceEngine:
-    """The Engine protocol over a torch reference SparseDecoder (batch 1)."""
-
-    def __init__(self, model: SparseDecoder, max_seq_len: int):
-        self.model, self.max_seq_len = model, max_seq_len
-        self.vocab_size = model.decoder.config.vocab_size
-
-    def prefill(self, ids: list[int]) -> np.ndarray:
-        return self.model.prefill(torch.tensor([ids], dtype=torch.long))[0, -1].numpy()
-
-    def decode(self, token: int) -> np.ndarray:
-        return self.model.decode(torch.tensor([[token]], dtype=torch.long))[0, -1].numpy()
-
-    def reset(self) -> None:
-        self.model.reset()
-
-
 def _predictor_ranks(model: SparseDecoder) -> list[int]:
     """Per layer the predictor's rank r (svd.a is [D, r]); 0 for predictors without a low-rank product."""
     return [
         int(ffn.predictor.tensors["svd.a"].shape[1]) if "svd.a" in ffn.predictor.tensors else 0 for ffn in model.ffns
     ]
-
-
-def configure_level(model: SparseDecoder, bundle: Bundle, level: float | None) -> None:
-    """Put the reference decoder at a calibrated level (predictors without levels ignore it)."""
-    if bundle.sparsity.levels:
-        model.configure(level_index=bundle.sparsity.level_index(level))
-    else:
-        model.configure()
 
 
 def reference_layer_statistics(
@@ -248,7 +224,7 @@ def reference_layer_statistics(
     """Per-layer predictor statistics over the teacher-forced decode of the windows on the reference decoder
     (configured by the caller), and the reference's own scored run."""
     recorder = DecodeStatisticsRecorder(model, _predictor_ranks(model), bundle.config.hidden_size)
-    engine = ReferenceEngine(model, bundle.manifest["max_seq_len"])
+    engine = TorchEngine(model, bundle.max_seq_len)
     nll, top1 = [], []
     try:
         for window in windows:
@@ -291,16 +267,18 @@ def evaluate_bundle(
     layer_stats: also measure per-layer sparsity and recall on the torch reference. Returns the result dict
     (also written to json_path, and drawn to plot_path, when given).
     """
+    for path in (json_path, plot_path):
+        if path is not None:
+            outputs.check_report(path)
     bundle = Bundle.open(bundle_path)
     texts = read_texts(text_files)
-    if sparsity is not None:
-        bundle.sparsity.level_index(sparsity)  # raises, naming the calibrated levels, before any work
-    level = sparsity if sparsity is not None else bundle.sparsity.default_level
-    max_seq_len = bundle.manifest["max_seq_len"]
+    choice = bundle.sparsity.resolve(sparsity)  # raises, naming the calibrated levels, before any work
+    level = choice.level
+    max_seq_len = bundle.max_seq_len
     context = min(DEFAULT_CONTEXT, max_seq_len) if context is None else context
     check_window_settings(context, prompt_tokens, max_seq_len)
     selection = select_backend(backend)
-    windows = held_out_windows(Tokenizer.from_dir(bundle.path), texts, max_tokens, context, prompt_tokens)
+    windows = held_out_windows(Tokenizer.from_bundle(bundle), texts, max_tokens, context, prompt_tokens)
 
     runs = {}
     for mode, dense in (("dense", True), ("sparse", False)):
@@ -324,18 +302,16 @@ def evaluate_bundle(
     }
     if layer_stats:
         reference = load_reference_decoder(bundle)
-        configure_level(reference, bundle, level)
+        configure(reference, choice)
         layers, reference_run = reference_layer_statistics(reference, bundle, windows, prompt_tokens)
         result["reference_sparse_perplexity"] = reference_run.perplexity
         result["layers"] = layers
         result["layer_means"] = layer_means(layers)
     result = with_machine_info(result)
     if json_path is not None:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
+        outputs.write_report(json_path, lambda path: path.write_text(json.dumps(result, indent=2) + "\n"))
     if plot_path is not None:
         from edge_sdk.eval.plots import plot_evaluation
 
-        Path(plot_path).parent.mkdir(parents=True, exist_ok=True)
-        plot_evaluation(result, plot_path)
+        outputs.write_report(plot_path, lambda path: plot_evaluation(result, path))
     return result

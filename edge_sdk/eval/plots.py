@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from edge_sdk.outputs import PNG_METADATA
+
 _SPARSITY_BARS = (
     ("true_sparsity", "true", "#7f7f7f"),
     ("predicted_sparsity", "predicted", "#1f77b4"),
@@ -62,7 +64,7 @@ def plot_evaluation(result: dict[str, Any], path: str | Path) -> None:
         f"{result['bundle']} -- {result['predictor']} ({setting}) on {result['backend']}, "
         f"{result['scored_tokens']} scored tokens"
     )
-    figure.savefig(Path(path), dpi=110, format="png")
+    figure.savefig(Path(path), dpi=110, format="png", metadata=PNG_METADATA)
 
 
 def plot_frontier(sweep_result: dict[str, Any], path: str | Path) -> None:
@@ -103,4 +105,4 @@ def plot_frontier(sweep_result: dict[str, Any], path: str | Path) -> None:
     if with_sparsity:
         axes[1].set_title("Quality vs realized sparsity")
     figure.suptitle(f"{sweep_result['model']} on {sweep_result['backend']}: sparse decode frontier per predictor")
-    figure.savefig(Path(path), dpi=110, format="png")
+    figure.savefig(Path(path), dpi=110, format="png", metadata=PNG_METADATA)

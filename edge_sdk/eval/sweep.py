@@ -20,14 +20,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from edge_sdk import outputs
 from edge_sdk.bench.record import with_machine_info
+from edge_sdk.bundle import Bundle
 from edge_sdk.eval.evaluate import (
     DEFAULT_CONTEXT,
     DEFAULT_MAX_TOKENS,
     DEFAULT_PROMPT_TOKENS,
     EvalError,
     check_window_settings,
-    configure_level,
     held_out_windows,
     layer_means,
     perplexity_change_percent,
@@ -36,12 +37,12 @@ from edge_sdk.eval.evaluate import (
     teacher_forced,
     top1_agreement,
 )
-from edge_sdk.export.bundle import Bundle
-from edge_sdk.export.exporter import ExportSettings, export_bundle, load_reference_decoder
+from edge_sdk.export.exporter import ExportSettings, export_bundle
 from edge_sdk.model.checkpoint import Checkpoint
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import EngineOptions, select_backend
 from edge_sdk.runtime.engine import Engine
+from edge_sdk.sparsity.bundle_model import configure, load_reference_decoder
 from edge_sdk.sparsity.collect import read_calibration_texts
 from edge_sdk.sparsity.pipeline import DEFAULT_LEVELS, CalibrationSettings
 
@@ -218,13 +219,17 @@ def sweep(
     measured setting.
     """
     _validate(predictors, levels, recall_targets, core_betas, speed_repeats, timer, threads)
+    out_dir = Path(out_dir)
+    json_path = out_dir / "sweep.json" if json_path is None else Path(json_path)
+    plot_path = out_dir / "sweep.png" if plot_path is None else Path(plot_path)
+    for path in (json_path, plot_path):
+        outputs.check_report(path)
     checkpoint = Checkpoint(model_dir)
     read_calibration_texts(calibration_files)
     texts = read_texts(text_files)
     check_window_settings(context, prompt_tokens, checkpoint.config.max_position_embeddings)
     selection = select_backend(backend)
     windows = held_out_windows(Tokenizer.from_dir(model_dir), texts, max_tokens, context, prompt_tokens)
-    out_dir = Path(out_dir)
 
     kinds: dict[str, Any] = {}
     for name in predictors:
@@ -300,14 +305,10 @@ def sweep(
             "target": default_point_target(kinds),
         }
     )
-    json_path = out_dir / "sweep.json" if json_path is None else Path(json_path)
-    plot_path = out_dir / "sweep.png" if plot_path is None else Path(plot_path)
-    for path in (json_path, plot_path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(result, indent=2) + "\n")
     from edge_sdk.eval.plots import plot_frontier
 
-    plot_frontier(result, plot_path)
+    outputs.write_report(json_path, lambda path: path.write_text(json.dumps(result, indent=2) + "\n"))
+    outputs.write_report(plot_path, lambda path: plot_frontier(result, path))
     return result
 
 
@@ -338,7 +339,7 @@ def _measure_bundle(
             **decode_speed(dense, sparse, windows[0], prompt_tokens, speed_repeats, timer),
         }
         if reference is not None:
-            configure_level(reference, bundle, level)
+            configure(reference, bundle.sparsity.resolve(level))
             layers = reference_layer_statistics(reference, bundle, windows, prompt_tokens)[0]
             point |= {f"mean_{key}": mean for key, mean in layer_means(layers).items()}
             point["layers"] = layers

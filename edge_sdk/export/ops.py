@@ -5,8 +5,9 @@ plugins, the C kernels -- implements the contract declared in this module: input
 with their types and shapes (SCHEMAS), and the exact semantics, written once as a model-local ONNX function
 in standard ops (reference_functions). The exporter builds custom nodes with make_node, attaches
 reference_functions() to the model and imports function_opset_imports(); the TensorRT backend removes the
-functions again with strip_reference_functions. OPS.md, the plugin authors' documentation, embeds
-schema_markdown(), so this module is the source of truth: `python -m edge_sdk.export.ops` regenerates it.
+functions again (formats/onnx_wire.without_functions, no onnx needed on a device). OPS.md, the plugin authors'
+documentation, embeds schema_markdown(), so this module is the source of truth: `python -m edge_sdk.export.ops`
+regenerates it.
 
 The semantics are those of edge_sdk.sparsity: svd.SvdPredictor.scores + bias > 0, signbit.signbit_mask,
 and ffn.sparse_ffn with the sequential pipeline.
@@ -24,10 +25,9 @@ import onnx
 import onnx.parser
 from onnx import helper
 
-DOMAIN = "edge_sdk"
-OPSET_VERSION = 1
-PLUGIN_VERSION = "1"
-PLUGIN_NAMESPACE = "edge_sdk"
+from edge_sdk.bundle.graph_ops import DOMAIN, OPSET_VERSION, PLUGIN_NAMESPACE, PLUGIN_VERSION
+from edge_sdk.model.activation import SUPPORTED_ACTIVATIONS
+
 # The standard ("" domain) opset of the reference functions. ONNX requires a model that uses a function to
 # import the same version, so this is the decoder graph's opset too. 19 is the first with Equal on strings
 # (the activation selection below) and is inside TensorRT 10's parser range (opsets 9 to 20).
@@ -35,9 +35,8 @@ STANDARD_OPSET_VERSION = 19
 # onnx 1.23 writes IR version 14 by default, which ONNX Runtime 1.31 refuses; 10 is accepted by both.
 IR_VERSION = 10
 
-# The same as edge_sdk.model.activation.SUPPORTED_ACTIVATIONS, repeated so that the TensorRT backend, which
-# calls strip_reference_functions, does not import torch.
-ACTIVATIONS = ("relu", "fatrelu", "drelu", "silu")
+ACTIVATIONS = SUPPORTED_ACTIVATIONS
+
 FLOAT_TYPES = ("float16", "bfloat16", "float32")
 
 _ATTRIBUTE_TYPES = {"string": onnx.AttributeProto.STRING, "float": onnx.AttributeProto.FLOAT}
@@ -456,20 +455,6 @@ def _float32_not_below(value: float) -> float:
     if float(stored) < value:
         stored = np.nextafter(stored, np.float32(np.inf))
     return float(stored)
-
-
-def strip_reference_functions(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of model without the reference functions of our ops; other functions and all nodes stay.
-
-    The TensorRT backend parses this copy, so the parser maps the custom nodes to plugins whatever its
-    version's preference between a plugin and a model-local function.
-    """
-    stripped = onnx.ModelProto()
-    stripped.CopyFrom(model)
-    kept = [f for f in stripped.functions if not (f.domain == DOMAIN and f.name in SCHEMAS)]
-    del stripped.functions[:]
-    stripped.functions.extend(kept)
-    return stripped
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:

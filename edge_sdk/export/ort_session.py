@@ -7,22 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from edge_sdk.export.bundle import Bundle
-
-
-def core_mask_from_counts_numpy(counts: np.ndarray, sums: np.ndarray, beta: float) -> np.ndarray:
-    """sparsity/core.py's sentence-level selection on [B, D] counts and sums: top ceil(beta*D) neurons by
-    count, then larger sum, then lower index; neurons never picked are never in the mask."""
-    from fractions import Fraction
-
-    batch, n_neurons = counts.shape
-    keep = -(-Fraction(repr(float(beta))) * n_neurons // 1)  # ceil, with beta read as written
-    masks = np.zeros((batch, n_neurons), dtype=bool)
-    for row in range(batch):
-        order = np.lexsort((np.arange(n_neurons), -sums[row], -counts[row]))[: int(keep)]
-        chosen = order[counts[row, order] > 0]
-        masks[row, chosen] = True
-    return masks
+from edge_sdk.bundle import Bundle
+from edge_sdk.predictors.core import core_mask_from_counts
 
 
 class OrtBundleSession:
@@ -38,8 +24,8 @@ class OrtBundleSession:
         self.bundle = bundle
         self.prefill_session = ort.InferenceSession(str(bundle.graph_path("prefill")), options, providers=providers)
         self.decode_session = ort.InferenceSession(str(bundle.graph_path("decode")), options, providers=providers)
-        sparsity = bundle.sparsity
-        self.level_index = sparsity.level_index(level) if sparsity.levels else 0
+        choice = bundle.sparsity.resolve(level, dense)
+        self.level_index = choice.index or 0
         self.dense = dense
         self.reset()
 
@@ -73,7 +59,7 @@ class OrtBundleSession:
         sparsity = self.bundle.sparsity
         if sparsity.predictor == "core":
             for layer in range(self.bundle.config.num_layers):
-                self.core_masks[f"core_mask.{layer}"] = core_mask_from_counts_numpy(
+                self.core_masks[f"core_mask.{layer}"] = core_mask_from_counts(
                     values[f"core_counts.{layer}"], values[f"core_sums.{layer}"], sparsity.core_beta
                 )
         return self._advance(outputs, names, ids.shape[1])

@@ -1,10 +1,4 @@
-"""Hugging Face checkpoint loading and the reference decoder."""
+"""Hugging Face checkpoints (config, safetensors, tokenizer) and the torch reference decoder.
 
-from edge_sdk.model.activation import Activation
-from edge_sdk.model.checkpoint import Checkpoint
-from edge_sdk.model.config import ModelConfig, load_config
-from edge_sdk.model.decoder import Decoder
-from edge_sdk.model.loader import load_decoder
-from edge_sdk.model.tokenizer import Tokenizer
-
-__all__ = ["Activation", "Checkpoint", "Decoder", "ModelConfig", "Tokenizer", "load_config", "load_decoder"]
+The submodules are imported by name: config and tokenizer are torch-free and serve the device runtime, while
+checkpoint, decoder and loader need torch (the `export` extra)."""

@@ -7,9 +7,10 @@ exactly zero, which is what the sparse kernels exploit.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
+if TYPE_CHECKING:
+    import torch
 
 SUPPORTED_ACTIVATIONS = ("relu", "fatrelu", "drelu", "silu")
 
@@ -33,6 +34,9 @@ class Activation:
         return self.kind != "silu"
 
     def gate(self, g: torch.Tensor) -> torch.Tensor:
+        import torch
+        import torch.nn.functional as F
+
         if self.kind == "silu":
             return F.silu(g)
         if self.kind == "fatrelu":
@@ -40,4 +44,6 @@ class Activation:
         return F.relu(g)
 
     def up(self, u: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+
         return F.relu(u) if self.kind == "drelu" else u

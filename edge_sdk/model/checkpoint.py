@@ -1,26 +1,40 @@
 """Hugging Face checkpoint directories: config.json plus model.safetensors or sharded model-*.safetensors.
 
-Every safetensors header is parsed and checked against the file size before any tensor is read, so
-a truncated or corrupt file is reported by name instead of failing somewhere inside a read. Tensors
-are then read one at a time through safetensors' memory map: nothing holds the whole model twice.
+Every safetensors header is parsed and validated (formats/safetensors.py) before any tensor is read, so a
+truncated or corrupt file is reported by name instead of failing somewhere inside a read. Tensors are then read
+one at a time through safetensors' memory map: nothing holds the whole model twice.
+
+Checkpoints are often Hugging Face cache snapshots whose files are symbolic links into ../../blobs, so, unlike
+bundle readers, these readers follow links. A sharded checkpoint's model.safetensors.index.json is held to:
+- strict JSON (formats/strict_json.py), at most MAX_INDEX_BYTES, an object whose 'weight_map' is a non-empty
+  object of tensor name -> shard file name;
+- every shard name a relative path inside the model directory as written ('/'-separated names, none empty, '.'
+  or '..', no backslash): checked before links are followed, since a cache's links point outside by design;
+- the index and the shards agree exactly: every tensor is in one shard only, the one the index names, and every
+  tensor the index names is in its shard.
+The tensors the model uses must be F32, F16 or BF16 with the shapes config.json implies.
 """
 
 from __future__ import annotations
 
-import json
-import struct
+import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
 from edge_sdk.errors import CheckpointError
-from edge_sdk.model.config import ModelConfig, load_config
+from edge_sdk.formats import strict_json
+from edge_sdk.formats.files import read_bounded
+from edge_sdk.formats.safetensors import TensorEntry, read_header
+from edge_sdk.model.config import hf_tensor_shapes, load_config
 
 SINGLE_FILE = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
+# An index lists one line per tensor: a 400B-parameter model's is under 1 MiB.
+MAX_INDEX_BYTES = 16 << 20
+# torch dtypes of the safetensors dtype names (formats/safetensors.py DTYPE_SIZES) torch has
 SAFETENSORS_DTYPES = {
     "F64": torch.float64,
     "F32": torch.float32,
@@ -33,105 +47,70 @@ SAFETENSORS_DTYPES = {
     "U8": torch.uint8,
     "BOOL": torch.bool,
 }
-MAX_HEADER_BYTES = 100 * 1024 * 1024
+# The dtypes the decoder computes from; integer or packed (quantized) weights would be cast into garbage.
+MODEL_DTYPES = ("F32", "F16", "BF16")
 
 
-@dataclass(frozen=True)
-class TensorEntry:
-    """Where one tensor lives: file, dtype, shape and byte range inside the data section."""
-
-    file: Path
-    dtype: str
-    shape: tuple[int, ...]
-    begin: int
-    end: int
+def _shard_path(model_dir: Path, index_path: Path, shard: str) -> Path:
+    if "\\" in shard or "\0" in shard or any(part in ("", ".", "..") for part in shard.split("/")):
+        raise CheckpointError(
+            f"{index_path}: shard {shard[:200]!r} must be a relative path inside the model directory "
+            f"('/'-separated names, none empty, '.' or '..', no backslash)"
+        )
+    return model_dir / shard
 
 
-def read_safetensors_header(path: Path) -> tuple[dict[str, TensorEntry], dict[str, str], int]:
-    """Parse and validate a safetensors header: (tensors, metadata, byte offset of the data section)."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: file not found")
-    file_size = path.stat().st_size
-    with path.open("rb") as handle:
-        prefix = handle.read(8)
-        if len(prefix) < 8:
-            raise CheckpointError(f"{path}: truncated safetensors file ({file_size} bytes, expected at least 8)")
-        (header_size,) = struct.unpack("<Q", prefix)
-        if header_size > min(MAX_HEADER_BYTES, file_size - 8):
+def _read_weight_map(index_path: Path) -> dict[str, str]:
+    data = read_bounded(index_path, MAX_INDEX_BYTES, follow_symlinks=True, error=CheckpointError)
+    index = strict_json.parse_object(data, str(index_path), error=CheckpointError)
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        found = strict_json.json_type(weight_map) if "weight_map" in index else "nothing"
+        raise CheckpointError(
+            f"{index_path}: field 'weight_map' must be a non-empty object of tensor name -> shard file name, "
+            f"found {'an empty object' if weight_map == {} else found}"
+        )
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str):
             raise CheckpointError(
-                f"{path}: corrupt safetensors header: header length {header_size} does not fit in a "
-                f"{file_size}-byte file"
+                f"{index_path}: field 'weight_map' must map tensor names to shard file names, found "
+                f"{strict_json.json_type(shard)} for tensor {name[:200]!r}"
             )
-        raw_header = handle.read(header_size)
-    try:
-        header = json.loads(raw_header)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{path}: corrupt safetensors header: not valid JSON ({error})") from None
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path}: corrupt safetensors header: expected a JSON object")
-    metadata = header.pop("__metadata__", None) or {}
-    data_start = 8 + header_size
-    data_size = file_size - data_start
-    tensors = {}
-    for name, info in header.items():
-        try:
-            dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError(f"{path}: corrupt safetensors header entry for tensor '{name}'") from None
-        if dtype not in SAFETENSORS_DTYPES:
-            raise CheckpointError(f"{path}: tensor '{name}' has unsupported dtype {dtype!r}")
-        if any(not isinstance(n, int) or n < 0 for n in shape) or not 0 <= begin <= end:
-            raise CheckpointError(f"{path}: corrupt safetensors header entry for tensor '{name}'")
-        expected_bytes = SAFETENSORS_DTYPES[dtype].itemsize
-        for n in shape:
-            expected_bytes *= n
-        if end - begin != expected_bytes:
-            raise CheckpointError(
-                f"{path}: tensor '{name}' has {end - begin} bytes for shape {list(shape)} {dtype}, "
-                f"expected {expected_bytes}"
-            )
-        if end > data_size:
-            raise CheckpointError(
-                f"{path}: truncated: tensor '{name}' ends at byte {data_start + end} but the file has {file_size} bytes"
-            )
-        tensors[name] = TensorEntry(path, dtype, shape, begin, end)
-    return tensors, metadata, data_start
+    return weight_map
 
 
-def hf_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor a checkpoint of this config must hold, with its shape (Hugging Face names)."""
-    d, ffn, heads, kv, hd = (
-        config.hidden_size,
-        config.intermediate_size,
-        config.num_heads,
-        config.num_kv_heads,
-        config.head_dim,
-    )
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (config.vocab_size, d),
-        "model.norm.weight": (d,),
-    }
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (config.vocab_size, d)
-    for layer in range(config.num_layers):
-        prefix = f"model.layers.{layer}"
-        shapes[f"{prefix}.input_layernorm.weight"] = (d,)
-        shapes[f"{prefix}.post_attention_layernorm.weight"] = (d,)
-        shapes[f"{prefix}.self_attn.q_proj.weight"] = (heads * hd, d)
-        shapes[f"{prefix}.self_attn.k_proj.weight"] = (kv * hd, d)
-        shapes[f"{prefix}.self_attn.v_proj.weight"] = (kv * hd, d)
-        shapes[f"{prefix}.self_attn.o_proj.weight"] = (d, heads * hd)
-        if config.qkv_bias:
-            shapes[f"{prefix}.self_attn.q_proj.bias"] = (heads * hd,)
-            shapes[f"{prefix}.self_attn.k_proj.bias"] = (kv * hd,)
-            shapes[f"{prefix}.self_attn.v_proj.bias"] = (kv * hd,)
-        if config.o_bias:
-            shapes[f"{prefix}.self_attn.o_proj.bias"] = (d,)
-        shapes[f"{prefix}.mlp.gate_proj.weight"] = (ffn, d)
-        shapes[f"{prefix}.mlp.up_proj.weight"] = (ffn, d)
-        shapes[f"{prefix}.mlp.down_proj.weight"] = (d, ffn)
-    return shapes
+def _sharded_tensors(model_dir: Path, index_path: Path) -> dict[str, TensorEntry]:
+    """The tensors of a sharded checkpoint, once the index and the shards are known to agree."""
+    weight_map = _read_weight_map(index_path)
+    headers = {}
+    for shard in sorted(set(weight_map.values())):
+        path = _shard_path(model_dir, index_path, shard)
+        if not path.exists():  # follows links: a dangling cache link is missing too
+            tensor = next(name for name, listed in weight_map.items() if listed == shard)
+            raise CheckpointError(f"{path}: file not found; {index_path} maps tensor {tensor[:200]!r} to it")
+        headers[shard] = read_header(path, follow_symlinks=True, error=CheckpointError).tensors
+    holders: dict[str, list[str]] = {}
+    for shard, tensors in headers.items():
+        for name in tensors:
+            holders.setdefault(name, []).append(shard)
+    for name, shards in holders.items():
+        if len(shards) > 1:
+            raise CheckpointError(
+                f"{index_path}: tensor {name[:200]!r} is stored in {len(shards)} shards ({', '.join(shards[:2])}); "
+                f"each tensor must be in exactly one"
+            )
+        listed = weight_map.get(name)
+        if listed != shards[0]:
+            where = "does not list it" if listed is None else f"maps it to {listed!r}"
+            raise CheckpointError(
+                f"{index_path}: tensor {name[:200]!r} is in shard {shards[0]!r}, but 'weight_map' {where}"
+            )
+    for name, shard in weight_map.items():
+        if name not in holders:
+            raise CheckpointError(
+                f"{index_path}: 'weight_map' maps tensor {name[:200]!r} to {shard!r}, which does not hold it"
+            )
+    return {name: headers[shards[0]][name] for name, shards in holders.items()}
 
 
 class Checkpoint:
@@ -142,39 +121,28 @@ class Checkpoint:
         self.config = load_config(self.model_dir)
         self.entries = self._index_tensors()
         self.expected_shapes = hf_tensor_shapes(self.config)
-        self._check_shapes()
+        self._check_tensors()
 
-    def _weight_files(self) -> list[Path]:
+    def _index_tensors(self) -> dict[str, TensorEntry]:
         index_path = self.model_dir / SHARD_INDEX
-        if index_path.is_file():
-            try:
-                weight_map = json.loads(index_path.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise CheckpointError(f"{index_path}: expected a JSON object with a 'weight_map' field") from None
-            shards = sorted(set(weight_map.values()))
-            for shard in shards:
-                if Path(shard).is_absolute() or ".." in Path(shard).parts:
-                    raise CheckpointError(f"{index_path}: shard path {shard!r} points outside the checkpoint")
-            return [self.model_dir / shard for shard in shards]
+        if os.path.lexists(index_path):
+            return _sharded_tensors(self.model_dir, index_path)
         single = self.model_dir / SINGLE_FILE
-        if single.is_file():
-            return [single]
+        if os.path.lexists(single):
+            return read_header(single, follow_symlinks=True, error=CheckpointError).tensors
         raise CheckpointError(
             f"{self.model_dir}: no weights found (expected {SINGLE_FILE} or {SHARD_INDEX} with its shards)"
         )
 
-    def _index_tensors(self) -> dict[str, TensorEntry]:
-        entries: dict[str, TensorEntry] = {}
-        for weight_file in self._weight_files():
-            tensors, _, _ = read_safetensors_header(weight_file)
-            entries.update(tensors)
-        return entries
-
-    def _check_shapes(self) -> None:
+    def _check_tensors(self) -> None:
         for name, shape in self.expected_shapes.items():
             entry = self.entries.get(name)
             if entry is None:
                 raise CheckpointError(f"{self.model_dir}: tensor '{name}' is missing from the weight files")
+            if entry.dtype not in MODEL_DTYPES:
+                raise CheckpointError(
+                    f"{entry.file}: tensor '{name}' must be one of {', '.join(MODEL_DTYPES)}, found {entry.dtype}"
+                )
             if entry.shape != shape:
                 raise CheckpointError(
                     f"{entry.file}: tensor '{name}' has shape {list(entry.shape)}, expected {list(shape)} "
@@ -185,6 +153,13 @@ class Checkpoint:
     def stored_dtype(self) -> torch.dtype:
         """The dtype of the FFN weights as stored (what `edge-sdk info` reports)."""
         return SAFETENSORS_DTYPES[self.entries["model.layers.0.mlp.gate_proj.weight"].dtype]
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the model's tensors as stored: the memory loading them in their stored dtype takes, for callers
+        that check memory before loading (in another dtype: config.parameter_count() * dtype.itemsize). Tensors in
+        the files that the model does not use are not counted."""
+        return sum(self.entries[name].end - self.entries[name].begin for name in self.expected_shapes)
 
     def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Read one tensor from the memory-mapped file, cast to dtype when given."""

@@ -1,17 +1,37 @@
 """ModelConfig: one dataclass for a Llama / Mistral / Qwen2-family decoder, read from config.json.
 
+config.json comes from other tools and other people, so it is read like every other foreign JSON file: a regular
+file (through symbolic links, as in a Hugging Face cache snapshot) of at most MAX_CONFIG_BYTES, under the strict
+JSON rule (formats/strict_json.py). Every field the decoder uses is then checked against the rule the bundle
+manifest applies to the same value (bundle/manifest.py `_model`, jetson/src/config.c), so a config.json that
+passes here exports to a bundle that every reader accepts:
+
+- a field set to null counts as absent (transformers writes null for unset fields); an absent field takes
+  transformers' default where it has one and is an error where it has none;
+- integers are integral JSON numbers (1 and 1.0 alike, as in the manifest) within the limits below; booleans are
+  true or false; numbers are finite; strings are strings;
+- head_dim, when not given, is hidden_size / num_attention_heads and must divide exactly: a remainder is far more
+  likely a typo than a model whose heads leave part of the hidden state out (such a model states head_dim);
+- token ids lie in [0, vocab_size).
+
 Real checkpoints write RoPE settings two ways: `rope_theta` + `rope_scaling` (transformers < 5 and
-most published checkpoints) or `rope_parameters` (transformers >= 5). Both are accepted.
+most published checkpoints) or `rope_parameters` (transformers >= 5). Both are accepted: the scaling settings come
+from rope_scaling when it is set, else from rope_parameters; rope_theta from the top level when set, else from
+rope_parameters, else 10000.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from edge_sdk.errors import CheckpointError
+from edge_sdk.formats import strict_json
+from edge_sdk.formats.files import read_bounded
 from edge_sdk.model.activation import Activation
 
 ARCHITECTURES = {
@@ -23,6 +43,19 @@ ARCHITECTURES = {
 # "fatrelu" with the threshold in hidden_act_param; TurboSparse / SparseQwen2 style dReLU is "drelu".
 HIDDEN_ACTS = {"relu": "relu", "fatrelu": "fatrelu", "drelu": "drelu", "silu": "silu", "swish": "silu"}
 ROPE_TYPES = ("default", "linear", "llama3")
+# Limits of every reader (jetson/src/config.c has the same): far above any real model, low enough that every size
+# computed from them fits 64-bit arithmetic and a hostile file cannot ask for absurd allocations.
+MAX_VOCAB_SIZE = 1 << 24
+MAX_HIDDEN_SIZE = 1 << 20  # hidden_size, intermediate_size and num_heads * head_dim
+MAX_LAYERS = 1024
+MAX_HEADS = 4096
+MAX_HEAD_DIM = 16384
+MAX_POSITIONS = 1 << 24
+MAX_EOS_TOKENS = 16
+MAX_SLIDING_WINDOW = 2**31 - 1  # an int32 in the C runtime
+# Real config.json files are a few KiB; the bound keeps a hostile one from filling memory before it is parsed.
+MAX_CONFIG_BYTES = 16 << 20
+CONFIG_FILE = "config.json"
 
 
 @dataclass(frozen=True)
@@ -96,135 +129,260 @@ class ModelConfig:
         return cls(**fields)
 
 
-def _require(config: dict[str, Any], key: str, path: Path, kind: type = int) -> Any:
-    if key not in config:
-        raise CheckpointError(f"{path}: field '{key}' is missing")
-    value = config[key]
-    if kind is int and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
-        raise CheckpointError(f"{path}: field '{key}' must be a positive integer, found {value!r}")
-    if kind is float and not isinstance(value, (int, float)):
-        raise CheckpointError(f"{path}: field '{key}' must be a number, found {value!r}")
-    return value
+def hf_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint of this config must hold, with its shape (Hugging Face names)."""
+    d, ffn, heads, kv, hd = (
+        config.hidden_size,
+        config.intermediate_size,
+        config.num_heads,
+        config.num_kv_heads,
+        config.head_dim,
+    )
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (config.vocab_size, d),
+        "model.norm.weight": (d,),
+    }
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, d)
+    for layer in range(config.num_layers):
+        prefix = f"model.layers.{layer}"
+        shapes[f"{prefix}.input_layernorm.weight"] = (d,)
+        shapes[f"{prefix}.post_attention_layernorm.weight"] = (d,)
+        shapes[f"{prefix}.self_attn.q_proj.weight"] = (heads * hd, d)
+        shapes[f"{prefix}.self_attn.k_proj.weight"] = (kv * hd, d)
+        shapes[f"{prefix}.self_attn.v_proj.weight"] = (kv * hd, d)
+        shapes[f"{prefix}.self_attn.o_proj.weight"] = (d, heads * hd)
+        if config.qkv_bias:
+            shapes[f"{prefix}.self_attn.q_proj.bias"] = (heads * hd,)
+            shapes[f"{prefix}.self_attn.k_proj.bias"] = (kv * hd,)
+            shapes[f"{prefix}.self_attn.v_proj.bias"] = (kv * hd,)
+        if config.o_bias:
+            shapes[f"{prefix}.self_attn.o_proj.bias"] = (d,)
+        shapes[f"{prefix}.mlp.gate_proj.weight"] = (ffn, d)
+        shapes[f"{prefix}.mlp.up_proj.weight"] = (ffn, d)
+        shapes[f"{prefix}.mlp.down_proj.weight"] = (d, ffn)
+    return shapes
 
 
-def _model_type(config: dict[str, Any], path: Path) -> str:
-    model_type = config.get("model_type")
+_REQUIRED = object()  # default of the _Fields reads: the field must be present
+
+
+def _shown(value: Any) -> str:
+    """A found value as the user wrote it in config.json, on one line and shortened."""
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= 64 else text[:61] + "..."
+
+
+def _is_integer_in(value: Any, low: int, high: int) -> bool:
+    """An integral JSON number in [low, high] (1 and 1.0 alike, as the bundle manifest reads them)."""
+    integral = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    return integral and not isinstance(value, bool) and low <= value <= high
+
+
+class _Fields:
+    """Typed reads of one JSON object of config.json; every failure names the file, the field, what it must be and
+    what was found. `prefix` names the object's place for nested fields ("rope_scaling.")."""
+
+    def __init__(self, value: dict[str, Any], where: str, prefix: str = ""):
+        self.value, self.where, self.prefix = value, where, prefix
+
+    def fail(self, key: str, expected: str) -> CheckpointError:
+        if key not in self.value:
+            return CheckpointError(f"{self.where}: field '{self.prefix}{key}' is missing; it must be {expected}")
+        return CheckpointError(
+            f"{self.where}: field '{self.prefix}{key}' must be {expected}, found {_shown(self.value[key])}"
+        )
+
+    def has(self, key: str) -> bool:
+        return self.value.get(key) is not None
+
+    def integer(self, key: str, low: int, high: int, default: Any = _REQUIRED) -> Any:
+        if default is not _REQUIRED and not self.has(key):
+            return default
+        value = self.value.get(key)
+        if not _is_integer_in(value, low, high):
+            raise self.fail(key, f"an integer in [{low}, {high}]")
+        return int(value)
+
+    def number(
+        self, key: str, *, above: float | None = None, at_least: float | None = None, default: Any = _REQUIRED
+    ) -> Any:
+        if default is not _REQUIRED and not self.has(key):
+            return default
+        value = self.value.get(key)
+        limit = f" > {above:g}" if above is not None else f" >= {at_least:g}" if at_least is not None else ""
+        finite = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+        if not finite or (above is not None and not value > above) or (at_least is not None and not value >= at_least):
+            raise self.fail(key, "a finite number" + limit)
+        return float(value)
+
+    def boolean(self, key: str, default: bool) -> bool:
+        if not self.has(key):
+            return default
+        if not isinstance(self.value[key], bool):
+            raise self.fail(key, "true or false")
+        return self.value[key]
+
+    def string(self, key: str, choices: tuple[str, ...] | None = None, default: Any = _REQUIRED) -> Any:
+        if default is not _REQUIRED and not self.has(key):
+            return default
+        value = self.value.get(key)
+        if not isinstance(value, str) or (choices is not None and value not in choices):
+            raise self.fail(key, "one of " + ", ".join(choices) if choices else "a string")
+        return value
+
+    def object(self, key: str) -> _Fields:
+        """The nested object at key (an empty one when absent)."""
+        value = self.value.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise self.fail(key, "a JSON object")
+        return _Fields(value or {}, self.where, f"{self.prefix}{key}.")
+
+
+def _model_type(fields: _Fields) -> str:
+    model_type = fields.string("model_type", default=None)
     if model_type in ARCHITECTURES:
         return model_type
-    for architecture in config.get("architectures") or []:
+    if fields.has("architectures"):
+        architectures = fields.value["architectures"]
+        if not isinstance(architectures, list) or not all(isinstance(name, str) for name in architectures):
+            raise fields.fail("architectures", "a list of strings")
         for known_type, known_architecture in ARCHITECTURES.items():
-            if architecture == known_architecture:
+            if known_architecture in architectures:
                 return known_type
-    supported = ", ".join(f"{t} ({a})" for t, a in ARCHITECTURES.items())
-    raise CheckpointError(
-        f"{path}: field 'model_type' is {model_type!r} (architectures {config.get('architectures')}); "
-        f"supported: {supported}"
+    raise fields.fail(
+        "model_type",
+        f"one of {', '.join(ARCHITECTURES)} (or 'architectures' must name {', '.join(ARCHITECTURES.values())})",
     )
 
 
-def _activation(config: dict[str, Any], path: Path) -> Activation:
-    hidden_act = config.get("hidden_act", "silu")
-    if hidden_act not in HIDDEN_ACTS:
-        raise CheckpointError(f"{path}: field 'hidden_act' is {hidden_act!r}; supported: {', '.join(HIDDEN_ACTS)}")
-    kind = HIDDEN_ACTS[hidden_act]
+def _head_dim(fields: _Fields, hidden_size: int, num_heads: int) -> int:
+    given = fields.has("head_dim")
+    if given:
+        head_dim = fields.integer("head_dim", 1, MAX_HEAD_DIM)
+    elif hidden_size % num_heads:
+        raise CheckpointError(
+            f"{fields.where}: field 'hidden_size' ({hidden_size}) must be a multiple of num_attention_heads "
+            f"({num_heads}) when field 'head_dim' is not given"
+        )
+    else:
+        head_dim = hidden_size // num_heads
+    if head_dim % 2:
+        problem = "even (RoPE rotates pairs of dimensions)"
+    elif head_dim > MAX_HEAD_DIM:
+        problem = f"at most {MAX_HEAD_DIM}"
+    elif num_heads * head_dim > MAX_HIDDEN_SIZE:
+        problem = f"at most {MAX_HIDDEN_SIZE // num_heads}, so that num_attention_heads * head_dim <= {MAX_HIDDEN_SIZE}"
+    else:
+        return head_dim
+    if given:
+        raise fields.fail("head_dim", problem)
+    raise CheckpointError(
+        f"{fields.where}: head_dim, hidden_size / num_attention_heads when field 'head_dim' is not given, must be "
+        f"{problem}, found {head_dim}"
+    )
+
+
+def _activation(fields: _Fields) -> Activation:
+    kind = HIDDEN_ACTS[fields.string("hidden_act", tuple(HIDDEN_ACTS), default="silu")]
     if kind != "fatrelu":
         return Activation(kind)
-    threshold = config.get("hidden_act_param")
-    if not isinstance(threshold, (int, float)) or threshold < 0:
-        raise CheckpointError(
-            f"{path}: hidden_act 'fatrelu' needs field 'hidden_act_param' (the ReLU threshold, a number >= 0), "
-            f"found {threshold!r}"
-        )
-    return Activation("fatrelu", float(threshold))
+    # ProSparse's fatrelu keeps g only above this threshold; there is no default to fall back on
+    return Activation("fatrelu", fields.number("hidden_act_param", at_least=0.0))
 
 
-def _rope(config: dict[str, Any], path: Path) -> RopeConfig:
-    parameters = config.get("rope_parameters")
-    if isinstance(parameters, dict) and "rope_theta" in parameters and not config.get("rope_scaling"):
-        theta, scaling = parameters["rope_theta"], parameters
-    else:
-        theta, scaling = config.get("rope_theta", 10000.0), config.get("rope_scaling") or {}
-    if not isinstance(theta, (int, float)) or theta <= 0:
-        raise CheckpointError(f"{path}: field 'rope_theta' must be a positive number, found {theta!r}")
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type not in ROPE_TYPES:
-        raise CheckpointError(
-            f"{path}: rope scaling type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}"
-        )
+def _rope(fields: _Fields) -> RopeConfig:
+    parameters = fields.object("rope_parameters")
+    scaling = fields.object("rope_scaling") if fields.has("rope_scaling") else parameters
+    theta = (fields if fields.has("rope_theta") else parameters).number("rope_theta", above=0.0, default=10000.0)
+    # "type" is what transformers wrote before it was renamed "rope_type"
+    type_key = "type" if scaling.has("type") and not scaling.has("rope_type") else "rope_type"
+    rope_type = scaling.string(type_key, ROPE_TYPES, default="default")
     if rope_type == "default":
-        return RopeConfig(theta=float(theta))
-    factor = scaling.get("factor")
-    if not isinstance(factor, (int, float)) or factor <= 0:
-        raise CheckpointError(f"{path}: rope scaling '{rope_type}' needs a positive 'factor', found {factor!r}")
+        return RopeConfig(theta=theta)
+    factor = scaling.number("factor", above=0.0)
     if rope_type == "linear":
-        return RopeConfig(theta=float(theta), rope_type="linear", factor=float(factor))
+        return RopeConfig(theta=theta, rope_type="linear", factor=factor)
+    # llama3 interpolates between the two wavelengths by 1 / (high - low): equal factors divide by zero. Like
+    # transformers, which refuses a llama3 config without them, every field is required.
+    low_freq_factor = scaling.number("low_freq_factor", above=0.0)
+    high_freq_factor = scaling.number("high_freq_factor", above=0.0)
+    if not high_freq_factor > low_freq_factor:
+        raise scaling.fail("high_freq_factor", f"greater than low_freq_factor ({low_freq_factor:g})")
     return RopeConfig(
-        theta=float(theta),
+        theta=theta,
         rope_type="llama3",
-        factor=float(factor),
-        low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(scaling.get("original_max_position_embeddings", 8192)),
+        factor=factor,
+        low_freq_factor=low_freq_factor,
+        high_freq_factor=high_freq_factor,
+        original_max_position_embeddings=scaling.integer("original_max_position_embeddings", 1, MAX_POSITIONS),
     )
 
 
-def _eos_ids(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    return tuple(value) if isinstance(value, list) else (int(value),)
+def _sliding_window(fields: _Fields, model_type: str) -> int | None:
+    # Mistral always attends within its window (null: none); Qwen2 only with use_sliding_window; Llama has none
+    if model_type == "mistral" or (model_type == "qwen2" and fields.boolean("use_sliding_window", False)):
+        return fields.integer("sliding_window", 1, MAX_SLIDING_WINDOW, default=None)
+    return None
+
+
+def _eos_token_ids(fields: _Fields, vocab_size: int) -> tuple[int, ...]:
+    value = fields.value.get("eos_token_id")
+    ids = value if isinstance(value, list) else [] if value is None else [value]
+    if len(ids) > MAX_EOS_TOKENS or not all(_is_integer_in(token, 0, vocab_size - 1) for token in ids):
+        raise fields.fail(
+            "eos_token_id", f"a token id in [0, {vocab_size - 1}] or a list of at most {MAX_EOS_TOKENS} such ids"
+        )
+    return tuple(int(token) for token in ids)
 
 
 def parse_config(config: dict[str, Any], path: Path) -> ModelConfig:
-    """Validate a Hugging Face config.json dict; `path` names the file in error messages."""
-    model_type = _model_type(config, path)
-    hidden_size = _require(config, "hidden_size", path)
-    num_heads = _require(config, "num_attention_heads", path)
-    num_kv_heads = config.get("num_key_value_heads") or num_heads
+    """Validate a Hugging Face config.json dict (see the module docstring); `path` names the file in messages."""
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, found {strict_json.json_type(config)}")
+    fields = _Fields(config, str(path))
+    model_type = _model_type(fields)
+    vocab_size = fields.integer("vocab_size", 1, MAX_VOCAB_SIZE)
+    hidden_size = fields.integer("hidden_size", 1, MAX_HIDDEN_SIZE)
+    num_heads = fields.integer("num_attention_heads", 1, MAX_HEADS)
+    num_kv_heads = fields.integer("num_key_value_heads", 1, MAX_HEADS, default=num_heads)
     if num_heads % num_kv_heads:
-        raise CheckpointError(
-            f"{path}: num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads ({num_kv_heads})"
-        )
-    head_dim = config.get("head_dim") or hidden_size // num_heads
-    if config.get("mlp_bias"):
-        raise CheckpointError(f"{path}: field 'mlp_bias' is true; the sparse FFN supports bias-free FFNs only")
-    attention_bias = bool(config.get("attention_bias", False))
-    sliding_window = config.get("sliding_window") if model_type == "mistral" else None
-    if model_type == "qwen2" and config.get("use_sliding_window"):
-        sliding_window = config.get("sliding_window")
+        raise fields.fail("num_key_value_heads", f"a divisor of num_attention_heads ({num_heads})")
+    if fields.boolean("mlp_bias", False):
+        raise fields.fail("mlp_bias", "false (the sparse FFN supports bias-free FFNs only)")
+    attention_bias = fields.boolean("attention_bias", False)
     return ModelConfig(
         model_type=model_type,
-        vocab_size=_require(config, "vocab_size", path),
+        vocab_size=vocab_size,
         hidden_size=hidden_size,
-        intermediate_size=_require(config, "intermediate_size", path),
-        num_layers=_require(config, "num_hidden_layers", path),
+        intermediate_size=fields.integer("intermediate_size", 1, MAX_HIDDEN_SIZE),
+        num_layers=fields.integer("num_hidden_layers", 1, MAX_LAYERS),
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
-        activation=_activation(config, path),
-        rope=_rope(config, path),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        head_dim=_head_dim(fields, hidden_size, num_heads),
+        rms_norm_eps=fields.number("rms_norm_eps", above=0.0, default=1e-6),
+        max_position_embeddings=fields.integer("max_position_embeddings", 2, MAX_POSITIONS, default=2048),
+        activation=_activation(fields),
+        rope=_rope(fields),
+        tie_word_embeddings=fields.boolean("tie_word_embeddings", False),
         qkv_bias=model_type == "qwen2" or attention_bias,
         o_bias=model_type != "qwen2" and attention_bias,
-        sliding_window=sliding_window,
-        torch_dtype=str(config.get("torch_dtype") or config.get("dtype") or "float32"),
-        bos_token_id=config.get("bos_token_id"),
-        eos_token_ids=_eos_ids(config.get("eos_token_id")),
+        sliding_window=_sliding_window(fields, model_type),
+        # transformers >= 5 writes "dtype"
+        torch_dtype=fields.string("torch_dtype", default=None) or fields.string("dtype", default="float32"),
+        bos_token_id=fields.integer("bos_token_id", 0, vocab_size - 1, default=None),
+        eos_token_ids=_eos_token_ids(fields, vocab_size),
     )
 
 
-def load_config(model_dir: Path) -> ModelConfig:
+def load_config(model_dir: str | Path) -> ModelConfig:
     """Read and validate MODEL_DIR/config.json."""
-    path = Path(model_dir) / "config.json"
-    if not Path(model_dir).is_dir():
-        raise CheckpointError(f"{model_dir}: model directory not found")
-    if not path.is_file():
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        problem = "is not a directory" if model_dir.exists() else "model directory not found"
+        raise CheckpointError(f"{model_dir}: {problem} (expected a Hugging Face checkpoint directory)")
+    path = model_dir / CONFIG_FILE
+    if not os.path.lexists(path):
         raise CheckpointError(f"{path}: config.json is missing (expected a Hugging Face checkpoint directory)")
-    try:
-        config = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{path}: not valid JSON ({error})") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, found {type(config).__name__}")
-    return parse_config(config, path)
+    data = read_bounded(path, MAX_CONFIG_BYTES, follow_symlinks=True, error=CheckpointError)
+    return parse_config(strict_json.parse_object(data, str(path), error=CheckpointError), path)

@@ -34,6 +34,8 @@ def describe_checkpoint(model_dir: str | Path) -> dict[str, Any]:
         "tied_embeddings": config.tie_word_embeddings,
         "parameters": config.parameter_count(),
         "dtype": str(checkpoint.stored_dtype).removeprefix("torch."),
+        # what loading the model in its stored dtype takes, before a command that loads it checks memory
+        "weight_bytes": checkpoint.weight_bytes,
         "weight_files": len({entry.file for entry in checkpoint.entries.values()}),
         "tokenizer": (checkpoint.model_dir / TOKENIZER_FILE).is_file(),
         "sparse_ready": config.activation.is_relu_family,

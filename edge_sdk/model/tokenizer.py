@@ -1,26 +1,55 @@
-"""Tokenizer of a checkpoint: tokenizer.json through the `tokenizers` library, plus tokenizer_config.json
-(bos/eos tokens, whether to prepend bos, chat template)."""
+"""Tokenizer of a checkpoint or a bundle: tokenizer.json through the `tokenizers` library, plus tokenizer_config.json
+(bos/eos tokens, whether to prepend bos, chat template).
+
+Both files pass the strict JSON rule (formats/strict_json.py) before any library sees them, and a bundle's are read
+through the bundle (listed files only, no links), so the Python runtime and the C runtime (jetson/src/tokenizer.c)
+refuse the same tokenizer files. tokenizer_config.json fields edge-sdk reads must have their documented types:
+`bos_token` / `eos_token` a string or {"content": string}, `add_bos_token` a boolean, `chat_template` a string or
+a list of {"name", "template"} (the template called "default" is used, as transformers does).
+"""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from edge_sdk.errors import CheckpointError
+from edge_sdk.errors import CheckpointError, EdgeSdkError
+from edge_sdk.formats import strict_json
+from edge_sdk.formats.files import read_bounded
+
+if TYPE_CHECKING:
+    from edge_sdk.bundle import Bundle
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+MAX_TOKENIZER_JSON_BYTES = 64 << 20  # the C runtime reads JSON files of at most this size too
 
 
-def _token_content(value: Any) -> str | None:
-    # tokenizer_config.json writes special tokens as a string or as {"content": "...", ...}
-    if isinstance(value, dict):
-        return value.get("content")
-    return value if isinstance(value, str) else None
+def _token_content(config: dict[str, Any], field: str, where: str) -> str | None:
+    """tokenizer_config.json writes special tokens as a string or as {"content": "...", ...}."""
+    value = config.get(field)
+    content = value.get("content") if isinstance(value, dict) else value
+    if value is None or isinstance(content, str):
+        return content
+    raise CheckpointError(f"{where}: field '{field}' must be a string or an object with a string 'content'")
+
+
+def _chat_template(config: dict[str, Any], where: str) -> str | None:
+    template = config.get("chat_template")
+    if template is None or isinstance(template, str):
+        return template
+    if isinstance(template, list):
+        named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}
+        default = named.get("default")
+        if isinstance(default, str) and len(named) == len(template):
+            return default
+    raise CheckpointError(
+        f'{where}: field \'chat_template\' must be a string or a list of {{"name", "template"}} objects with one '
+        f"named 'default'"
+    )
 
 
 @dataclass
@@ -36,7 +65,17 @@ class Tokenizer:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+        """Token ids of text; a str that is not Unicode text (lone surrogates, as from undecodable bytes) is an
+        EdgeSdkError naming the first such character."""
+        try:
+            ids = self.backend.encode(text, add_special_tokens=False).ids
+        except Exception as error:  # the tokenizers library raises a bare Exception
+            bad = next((index for index, char in enumerate(text) if 0xD800 <= ord(char) <= 0xDFFF), None)
+            if bad is not None:
+                raise EdgeSdkError(
+                    f"text: not valid Unicode at character {bad} (bytes that are not UTF-8?); give UTF-8 text"
+                ) from None
+            raise EdgeSdkError(f"text: the tokenizer could not encode it ({error})") from None
         prepend = self.add_bos if add_bos is None else add_bos
         return [self.bos_token_id, *ids] if prepend and self.bos_token_id is not None else ids
 
@@ -45,42 +84,75 @@ class Tokenizer:
 
     @classmethod
     def from_dir(cls, directory: str | Path, eos_token_ids: tuple[int, ...] = ()) -> Tokenizer:
-        """Load DIR/tokenizer.json and, when present, DIR/tokenizer_config.json.
+        """DIR/tokenizer.json and, when present, DIR/tokenizer_config.json of a checkpoint directory.
 
-        eos_token_ids from config.json are added to the tokenizer config's eos token, since chat models
-        often stop on several ids."""
+        eos_token_ids from config.json are added to the tokenizer config's eos token, since chat models often stop
+        on several ids."""
         directory = Path(directory)
         path = directory / TOKENIZER_FILE
         if not path.is_file():
             raise CheckpointError(f"{path}: tokenizer.json is missing")
-        try:
-            backend = HFTokenizer.from_file(str(path))
-        except Exception as error:  # the tokenizers library raises a bare Exception on bad files
-            raise CheckpointError(f"{path}: not a valid tokenizers file ({error})") from None
-        config: dict[str, Any] = {}
+        text = read_bounded(path, MAX_TOKENIZER_JSON_BYTES, follow_symlinks=True, error=CheckpointError)
         config_path = directory / TOKENIZER_CONFIG_FILE
+        config_text = None
         if config_path.is_file():
-            try:
-                config = json.loads(config_path.read_text())
-            except json.JSONDecodeError as error:
-                raise CheckpointError(f"{config_path}: not valid JSON ({error})") from None
+            config_text = read_bounded(
+                config_path, MAX_TOKENIZER_JSON_BYTES, follow_symlinks=True, error=CheckpointError
+            )
+        return cls.from_bytes(text, str(path), config_text, str(config_path), eos_token_ids)
+
+    @classmethod
+    def from_bundle(cls, bundle: Bundle) -> Tokenizer:
+        """The bundle's tokenizer (its listed tokenizer.json and, when listed, tokenizer_config.json)."""
+        text = bundle.read_file(TOKENIZER_FILE, MAX_TOKENIZER_JSON_BYTES)
+        config_text = None
+        if bundle.has_file(TOKENIZER_CONFIG_FILE):
+            config_text = bundle.read_file(TOKENIZER_CONFIG_FILE, MAX_TOKENIZER_JSON_BYTES)
+        return cls.from_bytes(
+            text,
+            str(bundle.path / TOKENIZER_FILE),
+            config_text,
+            str(bundle.path / TOKENIZER_CONFIG_FILE),
+            bundle.config.eos_token_ids,
+        )
+
+    @classmethod
+    def from_bytes(
+        cls,
+        text: bytes,
+        where: str,
+        config_text: bytes | None,
+        config_where: str,
+        eos_token_ids: tuple[int, ...] = (),
+    ) -> Tokenizer:
+        strict_json.parse_object(text, where, error=CheckpointError)
+        try:
+            backend = HFTokenizer.from_str(text.decode("utf-8"))
+        except Exception as error:  # the tokenizers library raises a bare Exception on bad files
+            raise CheckpointError(f"{where}: not a valid tokenizers file ({error})") from None
+        config: dict[str, Any] = {}
+        if config_text is not None:
+            config = strict_json.parse_object(config_text, config_where, error=CheckpointError)
 
         def token_id(field: str) -> int | None:
-            content = _token_content(config.get(field))
+            content = _token_content(config, field, config_where)
             if content is None:
                 return None
             found = backend.token_to_id(content)
             if found is None:
-                raise CheckpointError(f"{config_path}: {field} {content!r} is not in the vocabulary of {path}")
+                raise CheckpointError(f"{config_where}: {field} {content!r} is not in the vocabulary of {where}")
             return found
 
         bos = token_id("bos_token")
         eos = token_id("eos_token")
+        add_bos = config.get("add_bos_token", bos is not None)
+        if not isinstance(add_bos, bool):
+            raise CheckpointError(f"{config_where}: field 'add_bos_token' must be true or false, found {add_bos!r}")
         eos_ids = tuple(dict.fromkeys(([eos] if eos is not None else []) + list(eos_token_ids)))
         return cls(
             backend=backend,
             bos_token_id=bos,
             eos_token_ids=eos_ids,
-            add_bos=bool(config.get("add_bos_token", bos is not None)),
-            chat_template=config.get("chat_template"),
+            add_bos=add_bos,
+            chat_template=_chat_template(config, config_where),
         )

@@ -24,25 +24,23 @@ class BackendUnavailable(EdgeSdkError):
     """The requested backend cannot run on this machine."""
 
 
+MAX_THREADS = 4096  # the C runtime's bound too
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     sparsity: float | None = None  # a calibrated level; None = the bundle's default
     dense: bool = False  # the dense model: every FFN neuron computed, zeros included (the speedups' baseline)
-    threads: int = 0  # <= 0: all cores
+    threads: int = 0  # 0: every core
 
-
-def configure_sparse_decoder(model, sparsity, options: EngineOptions) -> float | None:
-    """Set a SparseDecoder (sparsity/sparse_model.py) to the options' calibrated level, or dense; returns the level
-    in use (None for predictors without levels). sparsity: the bundle's SparsityConfig, which raises the message
-    for a level it did not calibrate, or for any level when the predictor has none."""
-    if sparsity.levels:
-        index = sparsity.level_index(options.sparsity)
-        model.configure(level_index=index, dense=options.dense)
-        return sparsity.levels[index]
-    if options.sparsity is not None and not options.dense:
-        sparsity.level_index(options.sparsity)  # raises: this predictor has no levels
-    model.configure(dense=options.dense)
-    return None
+    def __post_init__(self) -> None:
+        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or not 0 <= self.threads <= MAX_THREADS:
+            raise EdgeSdkError(f"threads: expected 0 (every core) to {MAX_THREADS}, found {self.threads!r}")
+        level = self.sparsity
+        if level is not None and (
+            isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 <= level <= 1
+        ):
+            raise EdgeSdkError(f"sparsity: expected a calibrated level in [0, 1] or None, found {level!r}")
 
 
 class Backend(Protocol):

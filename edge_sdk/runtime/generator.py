@@ -18,6 +18,7 @@ REPLACEMENT_CHARACTER = "\ufffd"
 # A character whose last bytes have not been generated yet decodes to at most 3 U+FFFD: one with a byte-level
 # decoder (from_utf8_lossy), one per byte with a byte-fallback decoder, and a UTF-8 character has at most 4 bytes.
 MAX_INCOMPLETE_CHARACTER_REPLACEMENTS = 3
+MAX_SEED = 2**64 - 1  # the seeds numpy's PCG64 and the C sampler both take
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class SamplingSettings:
             raise EdgeSdkError(f"top_k: expected an integer >= 0 (0 = off), found {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise EdgeSdkError(f"top_p: expected a number in (0, 1] (1 = off), found {self.top_p}")
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED
+        ):
+            raise EdgeSdkError(f"seed: expected an integer in [0, 2^64 - 1] or None, found {self.seed!r}")
         if isinstance(self.stop, str):
             raise EdgeSdkError(f"stop: expected a tuple of strings, found the string {self.stop!r}")
         stop = tuple(self.stop)  # accept a list; the dataclass is frozen, so it must hold a hashable tuple

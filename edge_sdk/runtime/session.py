@@ -6,11 +6,34 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from edge_sdk.export.bundle import Bundle
+from edge_sdk import memory
+from edge_sdk.bundle import Bundle
+from edge_sdk.bundle.format import WEIGHTS_FILE
+from edge_sdk.memory import GIB
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import EngineOptions, Selection, select_backend
 from edge_sdk.runtime.chat import chat_prompt_ids
 from edge_sdk.runtime.generator import GenerationStats, Generator, SamplingSettings
+
+
+def session_memory_bytes(bundle: Bundle) -> tuple[int, str]:
+    """What running a bundle keeps in memory: its weights (memory-mapped, every page read at each token) and the
+    float32 KV cache of max_seq_len positions; (bytes, the parts in words)."""
+    config = bundle.config
+    weights = bundle.manifest.files[WEIGHTS_FILE].size
+    kv_cache = 2 * config.num_layers * config.num_kv_heads * config.head_dim * bundle.max_seq_len * 4
+    parts = f"weights {weights / GIB:.2f} GiB, KV cache of {bundle.max_seq_len} positions {kv_cache / GIB:.2f} GiB"
+    return weights + kv_cache, parts
+
+
+def check_memory(bundle: Bundle) -> None:
+    needed, parts = session_memory_bytes(bundle)
+    memory.require(
+        f"running {bundle.path}",
+        needed,
+        parts,
+        "free memory, or export the model with a smaller --max-seq-len or --dtype",
+    )
 
 
 class Session:
@@ -21,18 +44,14 @@ class Session:
         self.selection = selection
         self.options = options
         self.engine = selection.backend.load(bundle, options)
-        self.tokenizer = Tokenizer.from_dir(bundle.path, bundle.config.eos_token_ids)
+        self.tokenizer = Tokenizer.from_bundle(bundle)
         self.generator = Generator(self.engine, self.tokenizer)
 
     @property
     def info(self) -> dict[str, Any]:
         config, sparsity = self.bundle.config, self.bundle.sparsity
-        if self.options.dense:
-            level: float | str | None = "dense"
-        elif sparsity.levels:
-            level = sparsity.levels[sparsity.level_index(self.options.sparsity)]
-        else:
-            level = None
+        choice = sparsity.resolve(self.options.sparsity, self.options.dense)
+        level: float | str | None = "dense" if choice.dense else choice.level
         return {
             "bundle": str(self.bundle.path),
             "backend": self.selection.backend.name,
@@ -46,7 +65,7 @@ class Session:
             "intermediate_size": config.intermediate_size,
             "vocab_size": config.vocab_size,
             "max_seq_len": self.engine.max_seq_len,
-            "dtype": self.bundle.manifest["dtype"],
+            "dtype": self.bundle.dtype,
         }
 
     def generate(self, prompt: str, *, chat: bool = False, **sampling: Any) -> Iterator[str]:
@@ -78,6 +97,7 @@ def load(
 
     log receives the selection report: why each earlier backend was skipped and which one was chosen."""
     opened = Bundle.open(bundle, verify_checksums=verify_checksums)
+    check_memory(opened)
     selection = select_backend(None if backend == "auto" else backend)
     if log is not None:
         for line in selection.describe():

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from edge_sdk import memory, outputs
 from edge_sdk.errors import CalibrationError
 from edge_sdk.model.checkpoint import Checkpoint
 from edge_sdk.model.config import ModelConfig
@@ -73,7 +74,6 @@ from edge_sdk.sparsity.validation import (
     LevelValidation,
     split_validation,
 )
-from edge_sdk.staging import staged_directory
 
 PREDICTOR_KINDS = ("svd", "signbit", "core", "threshold")
 RELU_ONLY_KINDS = ("svd", "signbit", "core")
@@ -86,9 +86,7 @@ LEVEL_ALLOCATIONS = ("importance", "uniform")
 ALLOCATION_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 MIN_CALIBRATION_TOKENS = 256
 CAPACITY_QUANTILE = 0.99
-PREDICTORS_FILE = "predictors.safetensors"
-REPORT_FILE = "report.json"
-PLOT_FILE = "report.png"
+PREDICTORS_FILE, REPORT_FILE, PLOT_FILE = outputs.PREDICTORS_FILES
 
 
 @dataclass(frozen=True)
@@ -203,6 +201,24 @@ def validate_settings(config: ModelConfig, settings: CalibrationSettings) -> Non
         raise CalibrationError(
             f"calibration tokens {settings.max_tokens} is too few: at least {MIN_CALIBRATION_TOKENS} are needed"
         )
+
+
+def check_calibration_memory(config: ModelConfig, settings: CalibrationSettings, evaluating: bool) -> None:
+    """Refuse, with the figure, a token count whose activations do not fit: the residual stream and FFN inputs of
+    every calibration token (and held-out token) [N, d], about five [N, D] float32 intermediates of the layer being
+    fitted (gate activations, importance, up activations, scores, masks), the validation streams (dense and one
+    per level), and one layer's weights twice in float32."""
+    d, n_neurons, tokens = config.hidden_size, config.intermediate_size, settings.max_tokens
+    held_out = tokens if evaluating else 0
+    validation = settings.validation_tokens * (1 + len(settings.all_levels)) if settings.chooses_level else 0
+    activations = 4 * (2 * d * (tokens + held_out) + 5 * n_neurons * tokens + d * validation)
+    weights = 4 * (2 * 3 * d * n_neurons + 4 * d * d + config.vocab_size * d)
+    memory.require(
+        f"calibrating on {tokens} tokens",
+        activations + weights,
+        f"activations {activations / memory.GIB:.2f} GiB, weights {weights / memory.GIB:.2f} GiB",
+        "use fewer --tokens (20000 suffice for a 7B model)",
+    )
 
 
 @dataclass
@@ -463,6 +479,7 @@ def calibrate_model(
     that the predictors are not fitted on (sparsity/validation.py)."""
     config = checkpoint.config
     validate_settings(config, settings)
+    check_calibration_memory(config, settings, evaluating=bool(evaluation_files))
     torch.manual_seed(settings.seed)
     tokenizer = Tokenizer.from_dir(checkpoint.model_dir, config.eos_token_ids)
     chunk_tokens = min(settings.chunk_tokens, config.max_position_embeddings)
@@ -602,7 +619,7 @@ def _default_level(settings: CalibrationSettings, validation: LevelValidation | 
 def predictor_metadata(report: dict[str, Any]) -> dict[str, str]:
     """safetensors metadata (string values) that makes predictors.safetensors self-describing."""
     return {
-        "format": "edge-sdk-predictors",
+        "format": outputs.PREDICTORS_FORMAT,
         "predictor": report["predictor"],
         "levels": json.dumps(report["levels"]),
         "default_level": json.dumps(report["default_level"]),
@@ -610,20 +627,21 @@ def predictor_metadata(report: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def check_output_dir(out_dir: str | Path, force: bool) -> None:
-    """Refuse to overwrite an existing output unless forced (checked before any work starts)."""
-    if Path(out_dir).exists() and not force:
-        raise CalibrationError(f"{out_dir}: output directory already exists (use --force to replace it)")
+def check_output_dir(
+    out_dir: str | Path, force: bool, model_dir: str | Path, inputs: Sequence[str | Path] = ()
+) -> outputs.Target:
+    """The predictors directory's location, checked before any work starts (edge_sdk.outputs: --force replaces only
+    an earlier edge-sdk predictors directory)."""
+    sources = (("input model", model_dir), *(("input file", path) for path in inputs))
+    return outputs.check_target(out_dir, outputs.PREDICTORS, replace=force, inputs=sources)
 
 
-def write_calibration(result: CalibrationResult, out_dir: str | Path, force: bool = False) -> Path:
-    """Write predictors.safetensors, report.json and report.png; all or nothing."""
+def write_calibration(result: CalibrationResult, target: outputs.Target) -> Path:
+    """Write predictors.safetensors, report.json and report.png to a checked target; all or nothing."""
     from edge_sdk.sparsity.report import write_report_plot
 
-    out_dir = Path(out_dir)
-    check_output_dir(out_dir, force)
-    with staged_directory(out_dir) as staging:
+    with outputs.staged_output(target) as staging:
         save_file(result.tensors, str(staging / PREDICTORS_FILE), metadata=predictor_metadata(result.report))
-        (staging / REPORT_FILE).write_text(json.dumps(result.report, indent=2) + "\n")
+        (staging / REPORT_FILE).write_text(json.dumps(result.report, indent=2, allow_nan=False) + "\n")
         write_report_plot(result.report, staging / PLOT_FILE)
-    return out_dir
+    return target.path

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from edge_sdk.outputs import PNG_METADATA
+
 _SPARSITY_KEYS = (
     ("true_sparsity", "true", "#7f7f7f", "--"),
     ("predicted_sparsity", "predicted", "#1f77b4", "-"),
@@ -114,4 +116,4 @@ def write_report_plot(report: dict, path: str | Path) -> None:
         subtitle.append("levels: " + ", ".join(str(level) for level in report["levels"]))
     title = f"{report.get('model', '?')} -- predictor: {report.get('predictor', '?')}"
     figure.suptitle("\n".join([title, *subtitle]), fontsize="large")
-    figure.savefig(Path(path), dpi=110, format="png")
+    figure.savefig(Path(path), dpi=110, format="png", metadata=PNG_METADATA)

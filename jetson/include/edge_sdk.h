@@ -104,7 +104,8 @@ EDGE_API void edge_options_destroy(edge_options *options);
 /** "cpu" (the C engine) or "tensorrt". A build without TensorRT refuses "tensorrt" at edge_model_open
  * with EDGE_ERROR_UNAVAILABLE; there is no silent fallback to another backend. */
 EDGE_API edge_status edge_options_set_backend(edge_options *options, const char *backend);
-/** Threads for the kernels; <= 0 uses OpenMP's maximum (all cores unless OMP_NUM_THREADS says otherwise). */
+/** Threads for the kernels, 1 to 4096; 0 uses OpenMP's maximum (all cores unless OMP_NUM_THREADS says otherwise).
+ * A negative count is EDGE_ERROR_INVALID_ARGUMENT. */
 EDGE_API edge_status edge_options_set_threads(edge_options *options, int threads);
 /** A sparsity level the bundle calibrated (manifest sparsity.levels, e.g. 0.5); a negative level means the
  * bundle's default_level. Bundles without levels (signbit, core, none) accept only a negative level. */
@@ -119,10 +120,12 @@ EDGE_API edge_status edge_options_set_max_seq_len(edge_options *options, int max
 
 /* ---- Model --------------------------------------------------------------------------------------------- */
 
-/** Opens and verifies a bundle directory: manifest.json (format, version, manifest_sha256), every listed
- * file's size and sha256, the safetensors header, and every tensor's dtype and shape against the model
- * config. Weights are memory-mapped read-only and used in place. options may be NULL (defaults).
- * On failure *out is set to NULL and edge_last_error() says why. */
+/** Opens and verifies a bundle directory with the rules of edge_sdk/bundle/README.md, the Python readers' rules:
+ * manifest.json (strict JSON, every field, manifest_sha256, exactly the model's tensors), every listed file (a
+ * regular file, no symbolic link, its size and sha256), the safetensors header against the manifest, and both
+ * graphs' external data against the safetensors header. Weights are memory-mapped read-only and used in place.
+ * options may be NULL (defaults). On failure *out is set to NULL and edge_last_error() says why (EDGE_ERROR_BUNDLE
+ * for a bundle that breaks a rule, EDGE_ERROR_UNSUPPORTED for a newer format_version). */
 EDGE_API edge_status edge_model_open(const char *bundle_dir, const edge_options *options, edge_model **out);
 /** Unmaps and frees the model. Every session of the model must be destroyed first. NULL is a no-op. */
 EDGE_API void edge_model_close(edge_model *model);
@@ -189,7 +192,8 @@ EDGE_API edge_status edge_session_generate(edge_session *session, const int32_t 
 
 /* ---- Tokenizer ----------------------------------------------------------------------------------------- */
 
-/** Loads the bundle's tokenizer.json (and tokenizer_config.json for bos / add_bos_token). Supported:
+/** Loads the bundle's tokenizer.json and, when the manifest lists it, tokenizer_config.json, whose bos_token /
+ * eos_token (in the vocabulary), add_bos_token and chat_template must have their documented types. Supported:
  * byte-level BPE (GPT-2 style: ByteLevel pre-tokenizer with its regex, BPE merges, no normalizer, special
  * added tokens matched in the text). Anything else is EDGE_ERROR_UNSUPPORTED; the id-level API above works
  * for every bundle regardless. On failure *out is NULL and edge_last_error() says why. */

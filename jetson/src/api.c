@@ -67,8 +67,10 @@ edge_status edge_options_set_backend(edge_options *options, const char *backend)
 edge_status edge_options_set_threads(edge_options *options, int threads) {
   edge_clear_error();
   if (options == NULL) return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "edge_options_set_threads: options is NULL");
-  if (threads > 4096) return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "threads: expected at most 4096, found %d", threads);
-  options->threads = threads < 0 ? 0 : threads;
+  if (threads < 0 || threads > 4096) {
+    return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "threads: expected 0 (every core) to 4096, found %d", threads);
+  }
+  options->threads = threads;
   return EDGE_OK;
 }
 
@@ -176,8 +178,7 @@ edge_status edge_model_eos_tokens(const edge_model *model, const int32_t **ids, 
 const char *edge_model_backend(const edge_model *model) { return model == NULL ? "" : model->ops->name; }
 
 const char *edge_model_predictor(const edge_model *model) {
-  static const char *names[] = {"none", "svd", "signbit", "core", "threshold"};
-  return model == NULL ? "" : names[model->sparsity.predictor];
+  return model == NULL ? "" : predictor_name(model->sparsity.predictor);
 }
 
 double edge_model_sparsity_level(const edge_model *model) {

@@ -1,6 +1,12 @@
-/* The bundle reader (DESIGN.md 3.4): manifest.json, file sizes and sha256, and weights.safetensors mapped
- * read-only with its header parsed and bounds-checked. Nothing here knows the model: engines look tensors up
- * by name and check their dtypes and shapes against the model config. */
+/* The bundle reader (edge_sdk/bundle/README.md, the rules of edge_sdk/bundle/reader.py): a bundle is one flat
+ * directory that is treated as hostile until every check passed:
+ * - manifest.json passes the strict JSON rule (json_strict.h) and every field's rule (manifest.h);
+ * - manifest.json and every file it lists is a regular file of the directory itself, opened without following a
+ *   symbolic link, of the listed size and (when verifying) sha256; files it does not list are never read;
+ * - weights.safetensors (mapped read-only) holds exactly the manifest's tensors with its dtypes and shapes,
+ *   tiling its data section (safetensors.h), each aligned to its element size, every signbit alpha finite;
+ * - each graph is a well-formed ONNX model whose external data all points at exactly the bytes of the tensor of
+ *   its name in weights.safetensors (onnx_wire.h). */
 #ifndef EDGE_BUNDLE_H
 #define EDGE_BUNDLE_H
 
@@ -10,41 +16,21 @@
 #include <cjson/cJSON.h>
 
 #include "edge_sdk.h"
+#include "json_fields.h"
+#include "manifest.h"
+#include "safetensors.h"
 
-#define BUNDLE_FORMAT "edge-sdk-bundle"
-#define BUNDLE_FORMAT_VERSION 1
-#define BUNDLE_MANIFEST_FILE "manifest.json"
-#define BUNDLE_WEIGHTS_FILE "weights.safetensors"
-#define BUNDLE_TOKENIZER_FILE "tokenizer.json"
-#define BUNDLE_TOKENIZER_CONFIG_FILE "tokenizer_config.json"
-#define BUNDLE_MAX_RANK 8
-
-/* safetensors dtypes; tensor_dtype_size gives their element sizes. */
-enum tensor_dtype {
-  DTYPE_BOOL, DTYPE_U8, DTYPE_I8, DTYPE_F8_E5M2, DTYPE_F8_E4M3, DTYPE_I16, DTYPE_U16, DTYPE_F16, DTYPE_BF16,
-  DTYPE_I32, DTYPE_U32, DTYPE_F32, DTYPE_F64, DTYPE_I64, DTYPE_U64, DTYPE_COUNT
-};
-
-struct tensor {
-  char *name;
-  enum tensor_dtype dtype;
-  int rank;
-  int64_t shape[BUNDLE_MAX_RANK];
-  const void *data; /* inside the read-only mapping of weights.safetensors, aligned to the element size */
-  size_t nbytes;
-};
+#define BUNDLE_MAX_RANK SAFETENSORS_MAX_RANK
 
 struct bundle {
   char *root;              /* the directory as given */
   cJSON *manifest;         /* parsed manifest.json */
+  struct manifest info;    /* its validated fields */
   void *weights;           /* mmap of weights.safetensors (PROT_READ, MAP_PRIVATE) */
   size_t weights_size;
-  struct tensor *tensors;  /* sorted by name */
+  struct tensor *tensors;  /* sorted by name; data inside `weights` */
   size_t n_tensors;
 };
-
-const char *tensor_dtype_name(enum tensor_dtype dtype);
-size_t tensor_dtype_size(enum tensor_dtype dtype);
 
 /* Opens root: every check of the file comment above. On failure the bundle is left empty (nothing to free). */
 edge_status bundle_open(const char *root, int verify_checksums, struct bundle *bundle);
@@ -53,18 +39,12 @@ void bundle_close(struct bundle *bundle);
 /* The tensor called name, or NULL. */
 const struct tensor *bundle_tensor(const struct bundle *bundle, const char *name);
 
-/* root/name read whole into a NUL-terminated buffer (free it); name must be listed in the manifest's files
- * (so its size and checksum were verified). EDGE_ERROR_IO when not listed or unreadable. */
-edge_status bundle_read_file(const struct bundle *bundle, const char *name, char **data, size_t *size);
+/* Nonzero when the manifest's files lists name. */
+int bundle_lists(const struct bundle *bundle, const char *name);
 
-/* JSON field readers: the message names `where` (e.g. "BUNDLE/manifest.json: model") and the field. */
-edge_status json_object_field(const cJSON *object, const char *field, const char *where, const cJSON **out);
-edge_status json_int_field(const cJSON *object, const char *field, const char *where, int64_t min, int64_t max,
-                           int64_t *out);
-edge_status json_number_field(const cJSON *object, const char *field, const char *where, double *out);
-edge_status json_bool_field(const cJSON *object, const char *field, const char *where, int *out);
-edge_status json_string_field(const cJSON *object, const char *field, const char *where, const char **out);
-/* An integer-valued JSON number in [min, max] (exact: |value| <= 2^53). */
-int json_integer(const cJSON *item, int64_t min, int64_t max, int64_t *out);
+/* root/name read whole (at most max_size bytes) into a NUL-terminated buffer (free it); name must be listed in the
+ * manifest's files, and is read as a regular file without following a link. */
+edge_status bundle_read_file(const struct bundle *bundle, const char *name, size_t max_size, char **data,
+                             size_t *size);
 
 #endif

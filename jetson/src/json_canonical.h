@@ -1,11 +1,13 @@
-/* The manifest digest: sha256 of the manifest's canonical JSON without its manifest_sha256 field, the same
- * bytes Python's json.dumps(content, sort_keys=True, separators=(",", ":")) writes (bundle.py manifest_digest).
- *
- * The canonical text is rebuilt from the manifest text itself: object keys sorted, whitespace dropped, and
- * every string and number token copied as written. That equals Python's output for any manifest Python's json
- * wrote (indent or not), because Python spells a number and escapes a string the same way in both. A manifest
- * rewritten by a tool that spells numbers or escapes strings differently (1.0e-5, "\u00e9" as raw UTF-8) fails
- * the check here although Python would accept it: re-export it, or rewrite it with Python's json. */
+/* The manifest digest: sha256 of the manifest's canonical JSON without its manifest_sha256 field, the bytes
+ * Python's json.dumps(content, sort_keys=True, separators=(",", ":")) writes (bundle/manifest.py manifest_digest,
+ * formats/strict_json.py canonical):
+ * - object keys sorted by code point, no whitespace;
+ * - strings re-escaped as Python's ensure_ascii does: \" \\ \n \r \t \b \f, every other character outside
+ *   ' '..'~' as lowercase \uXXXX (characters above U+FFFF as a surrogate pair);
+ * - integer literals as decimal integers ("-0" is 0), other numbers as Python's float repr (the shortest digits
+ *   that read back as the same float64; exponent form below 1e-4 and from 1e16 on: 1e-05, 1e+16, 100000.0).
+ * So a manifest re-indented or re-written by any JSON tool (1.0e-5, "\u00e9" as raw UTF-8) keeps its digest.
+ * The text must have passed the strict JSON rule (json_strict.h): its numbers are finite and its integers exact. */
 #ifndef EDGE_JSON_CANONICAL_H
 #define EDGE_JSON_CANONICAL_H
 
@@ -13,8 +15,12 @@
 
 #include "edge_sdk.h"
 
-/* hex = manifest digest of the JSON object in text[0:size], skipping the top-level key `skip_key`.
- * EDGE_ERROR_BUNDLE (message names `where`) on malformed JSON, duplicate keys or nesting deeper than 64. */
+/* The canonical form of the JSON value in text[0:size] (*out NUL-terminated, free it), leaving out the top-level
+ * key `skip_key` of an object (NULL: none). EDGE_ERROR_BUNDLE (message names `where`) on malformed JSON. */
+edge_status json_canonical_text(const char *text, size_t size, const char *skip_key, const char *where, char **out,
+                                size_t *out_size);
+
+/* hex = sha256 of json_canonical_text. */
 edge_status json_canonical_digest(const char *text, size_t size, const char *skip_key, const char *where,
                                   char hex[65]);
 

@@ -12,34 +12,6 @@
 #include "error.h"
 #include "sampler.h"
 
-#define MAX_SPARSITY_LEVELS 64
-#define MAX_EOS_TOKENS 16
-
-/* manifest "model" (ModelConfig.to_dict) plus max_seq_len; validated when read. */
-struct model_config {
-  int vocab_size;
-  int hidden_size;       /* d */
-  int intermediate_size; /* D */
-  int num_layers;
-  int num_heads;
-  int num_kv_heads;
-  int head_dim;
-  float rms_norm_eps;
-  int activation;       /* enum edge_activation of edge_cpu_kernels.h */
-  float act_threshold;  /* fatrelu's t */
-  int tie_word_embeddings;
-  int qkv_bias;
-  int o_bias;
-  int sliding_window; /* 0: none */
-  int bos_token_id;   /* -1: none */
-  int32_t eos_token_ids[MAX_EOS_TOKENS];
-  int n_eos_tokens;
-  int bundle_max_seq_len; /* manifest max_seq_len: rows of the RoPE tables */
-  int max_seq_len;        /* KV cache length of sessions (option, <= bundle_max_seq_len) */
-};
-
-enum predictor_kind { PREDICTOR_NONE, PREDICTOR_SVD, PREDICTOR_SIGNBIT, PREDICTOR_CORE, PREDICTOR_THRESHOLD };
-
 /* manifest "sparsity" resolved against the options. */
 struct sparsity_config {
   enum predictor_kind predictor;

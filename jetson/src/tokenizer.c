@@ -15,10 +15,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "json_strict.h"
 #include "model.h"
 #include "unicode_tables.h"
 
 #define MAX_TOKENS (1 << 24)
+#define MAX_TOKENIZER_JSON_BYTES ((size_t)64 << 20) /* tokenizer.json and tokenizer_config.json (model/tokenizer.py) */
 
 struct token_entry {
   char *bytes;   /* decoded bytes (ByteLevel decoder), NUL-terminated */
@@ -39,7 +41,7 @@ struct merge_slot {
 };
 
 struct added_token {
-  char *content;
+  char *content; /* its bytes (U+0000 a NUL byte) */
   size_t length;
   int32_t id;
 };
@@ -231,6 +233,28 @@ static edge_status unsupported(const char *where, const char *what) {
                    "only; use the id-level API with another tokenizer", where, what);
 }
 
+/* The top level of a tokenizers file as the tokenizers library reads it (Python's verdict on the same file): its
+ * known fields only, and version "1.0" when given. */
+static edge_status check_top_level(const cJSON *root, const char *where) {
+  static const char *const fields[] = {"version", "truncation", "padding", "added_tokens", "normalizer",
+                                       "pre_tokenizer", "post_processor", "decoder", "model"};
+  const cJSON *item;
+  cJSON_ArrayForEach(item, root) {
+    size_t i = 0;
+    while (i < sizeof fields / sizeof *fields && strcmp(item->string, fields[i]) != 0) i++;
+    if (i == sizeof fields / sizeof *fields) {
+      char shown[80];
+      return edge_fail(EDGE_ERROR_BUNDLE, "%s: not a valid tokenizers file (unknown field '%s')", where,
+                       json_shown(item->string, shown, sizeof shown));
+    }
+  }
+  const cJSON *version = cJSON_GetObjectItemCaseSensitive(root, "version");
+  if (version != NULL && !(cJSON_IsString(version) && strcmp(version->valuestring, "1.0") == 0)) {
+    return edge_fail(EDGE_ERROR_BUNDLE, "%s: not a valid tokenizers file (version must be \"1.0\")", where);
+  }
+  return EDGE_OK;
+}
+
 /* The settings this tokenizer implements exactly; anything else is refused. */
 static edge_status check_kind(const cJSON *root, const char *where) {
   const cJSON *normalizer = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
@@ -275,8 +299,10 @@ static edge_status set_token(struct edge_tokenizer *t, int32_t id, const char *t
   if (id < 0 || id >= t->n_tokens) return edge_fail(EDGE_ERROR_BUNDLE, "%s: token id %d out of range", where, id);
   struct token_entry *entry = &t->tokens[id];
   struct bytes decoded = {0};
-  const unsigned char *s = (const unsigned char *)text;
-  size_t n = strlen(text), i = 0;
+  char *raw = strdup(text); /* the token's own bytes: json_strict.h spells U+0000 as C0 80 */
+  if (raw == NULL) return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "%s: out of memory", where);
+  const unsigned char *s = (const unsigned char *)raw;
+  size_t n = json_string_bytes(raw), i = 0;
   int mapped = 1;
   bytes_append(&decoded, "", 0);
   while (i < n && mapped) {
@@ -284,6 +310,7 @@ static edge_status set_token(struct edge_tokenizer *t, int32_t id, const char *t
     size_t length = utf8_decode(s + i, n - i, &code);
     if (length == 0) {
       free(decoded.data);
+      free(raw);
       return edge_fail(EDGE_ERROR_BUNDLE, "%s: token %d is not valid UTF-8", where, id);
     }
     if (code < 512 && code_to_byte[code] >= 0) {
@@ -296,8 +323,9 @@ static edge_status set_token(struct edge_tokenizer *t, int32_t id, const char *t
   }
   if (!mapped) {
     decoded.size = 0;
-    bytes_append(&decoded, text, n);
+    bytes_append(&decoded, raw, n);
   }
+  free(raw);
   if (decoded.failed) {
     free(decoded.data);
     return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "%s: out of memory", where);
@@ -368,7 +396,7 @@ static edge_status load_vocab(struct edge_tokenizer *t, const cJSON *vocab, cons
     struct added_token *token = &t->added[t->n_added++];
     token->content = strdup(content);
     if (token->content == NULL) return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "%s: out of memory", where);
-    token->length = strlen(content);
+    token->length = json_string_bytes(token->content); /* matched against the text's bytes */
     token->id = id;
   }
   return EDGE_OK;
@@ -438,34 +466,128 @@ static edge_status load_merges(struct edge_tokenizer *t, const cJSON *merges, co
   return status;
 }
 
-/* tokenizer_config.json: bos_token (a string or {"content": ...}) and add_bos_token. */
-static edge_status load_config(struct edge_tokenizer *t, const struct bundle *bundle) {
+/* ---- tokenizer_config.json ------------------------------------------------------------------------------- */
+
+/* spelled (a string of json_strict_parse) stands for bytes[0:length]. */
+static int spells(const char *spelled, const char *bytes, size_t length) {
+  size_t at = 0;
+  for (const unsigned char *c = (const unsigned char *)spelled; *c != '\0'; c++, at++) {
+    int nul = c[0] == 0xc0 && c[1] == 0x80;
+    if (at >= length || bytes[at] != (nul ? '\0' : (char)*c)) return 0;
+    c += nul;
+  }
+  return at == length;
+}
+
+/* The id of a token's text, as tokenizers' token_to_id finds it: among the added tokens, then the vocabulary. */
+static int32_t token_id(const struct edge_tokenizer *t, const char *text) {
+  for (size_t i = 0; i < t->n_added; i++) {
+    if (spells(text, t->added[i].content, t->added[i].length)) return t->added[i].id;
+  }
+  return vocab_lookup(t, text, strlen(text));
+}
+
+/* bos_token / eos_token: absent, null, a string or {"content": string}, and then in the vocabulary. *id: -1 when
+ * none is given. */
+static edge_status special_token(const struct edge_tokenizer *t, const cJSON *config, const char *field,
+                                 const char *where, const char *tokenizer_where, int32_t *id) {
+  const cJSON *value = cJSON_GetObjectItemCaseSensitive(config, field);
+  *id = -1;
+  if (value == NULL || cJSON_IsNull(value)) return EDGE_OK;
+  const cJSON *content = cJSON_IsObject(value) ? cJSON_GetObjectItemCaseSensitive(value, "content") : value;
+  if (!cJSON_IsString(content)) {
+    return edge_fail(EDGE_ERROR_BUNDLE, "%s: field '%s' must be a string or an object with a string 'content'", where,
+                     field);
+  }
+  *id = token_id(t, content->valuestring);
+  if (*id >= 0) return EDGE_OK;
+  char shown[80];
+  return edge_fail(EDGE_ERROR_BUNDLE, "%s: %s '%s' is not in the vocabulary of %s", where, field,
+                   json_shown(content->valuestring, shown, sizeof shown), tokenizer_where);
+}
+
+/* A chat template entry's name as a key of a Python dict: None (absent or null), a string, or a number (booleans
+ * are the numbers 0 and 1 there). Lists and objects are no keys at all. */
+struct template_name {
+  int kind; /* 0 None, 1 number, 2 string */
+  double number;
+  const char *text;
+};
+
+static int compare_template_names(const void *a, const void *b) {
+  const struct template_name *x = a, *y = b;
+  if (x->kind != y->kind) return x->kind - y->kind;
+  if (x->kind == 2) return strcmp(x->text, y->text);
+  return (x->number > y->number) - (x->number < y->number);
+}
+
+static int template_name(const cJSON *entry, struct template_name *name) {
+  const cJSON *value = cJSON_GetObjectItemCaseSensitive(entry, "name");
+  *name = (struct template_name){0, 0.0, NULL};
+  if (value == NULL || cJSON_IsNull(value)) return 1;
+  if (cJSON_IsString(value)) *name = (struct template_name){2, 0.0, value->valuestring};
+  if (cJSON_IsNumber(value)) *name = (struct template_name){1, value->valuedouble, NULL};
+  if (cJSON_IsBool(value)) *name = (struct template_name){1, cJSON_IsTrue(value) ? 1.0 : 0.0, NULL};
+  return name->kind != 0;
+}
+
+/* A list of {"name", "template"} objects with distinct names, one of them "default" with a string template. */
+static int template_list_ok(const cJSON *list) {
+  size_t count = (size_t)cJSON_GetArraySize(list), n = 0;
+  struct template_name *names = calloc(count + 1, sizeof *names);
+  int ok = names != NULL, has_default = 0;
+  const cJSON *entry;
+  cJSON_ArrayForEach(entry, list) {
+    ok = ok && cJSON_IsObject(entry) && template_name(entry, &names[n++]);
+    if (ok && names[n - 1].kind == 2 && strcmp(names[n - 1].text, "default") == 0) {
+      has_default = cJSON_IsString(cJSON_GetObjectItemCaseSensitive(entry, "template"));
+    }
+  }
+  if (ok) qsort(names, n, sizeof *names, compare_template_names);
+  for (size_t i = 1; ok && i < n; i++) ok = compare_template_names(&names[i - 1], &names[i]) != 0;
+  free(names);
+  return ok && has_default;
+}
+
+/* chat_template: absent, null, a string, or a list of templates (model/tokenizer.py _chat_template). */
+static edge_status check_chat_template(const cJSON *config, const char *where) {
+  const cJSON *value = cJSON_GetObjectItemCaseSensitive(config, "chat_template");
+  if (value == NULL || cJSON_IsNull(value) || cJSON_IsString(value)) return EDGE_OK;
+  if (cJSON_IsArray(value) && template_list_ok(value)) return EDGE_OK;
+  return edge_fail(EDGE_ERROR_BUNDLE, "%s: field 'chat_template' must be a string or a list of {\"name\", "
+                   "\"template\"} objects with one named 'default'", where);
+}
+
+/* The fields of tokenizer_config.json edge-sdk reads must have their documented types (model/tokenizer.py). */
+static edge_status read_config_fields(struct edge_tokenizer *t, const cJSON *config, const char *where,
+                                      const char *tokenizer_where) {
+  int32_t eos_id;
+  edge_status status = special_token(t, config, "bos_token", where, tokenizer_where, &t->bos_id);
+  if (status == EDGE_OK) status = special_token(t, config, "eos_token", where, tokenizer_where, &eos_id);
+  if (status != EDGE_OK) return status;
+  const cJSON *add_bos = cJSON_GetObjectItemCaseSensitive(config, "add_bos_token");
+  if (add_bos != NULL && !cJSON_IsBool(add_bos)) {
+    return edge_fail(EDGE_ERROR_BUNDLE, "%s: field 'add_bos_token' must be true or false, found %s", where,
+                     json_type_name(add_bos));
+  }
+  t->add_bos = add_bos != NULL ? cJSON_IsTrue(add_bos) : t->bos_id >= 0;
+  return check_chat_template(config, where);
+}
+
+/* tokenizer_config.json, when the manifest lists it: bos_token, eos_token, add_bos_token and chat_template. */
+static edge_status load_config(struct edge_tokenizer *t, const struct bundle *bundle, const char *tokenizer_where) {
   t->bos_id = -1;
   t->add_bos = 0;
-  const cJSON *files = cJSON_GetObjectItemCaseSensitive(bundle->manifest, "files");
-  if (cJSON_GetObjectItemCaseSensitive(files, BUNDLE_TOKENIZER_CONFIG_FILE) == NULL) return EDGE_OK;
-  char *text;
+  if (!bundle_lists(bundle, BUNDLE_TOKENIZER_CONFIG_FILE)) return EDGE_OK;
+  char where[4096 + 32], *text;
   size_t size;
-  edge_status status = bundle_read_file(bundle, BUNDLE_TOKENIZER_CONFIG_FILE, &text, &size);
+  snprintf(where, sizeof where, "%s/%s", bundle->root, BUNDLE_TOKENIZER_CONFIG_FILE);
+  cJSON *config = NULL;
+  edge_status status = bundle_read_file(bundle, BUNDLE_TOKENIZER_CONFIG_FILE, MAX_TOKENIZER_JSON_BYTES, &text, &size);
   if (status != EDGE_OK) return status;
-  cJSON *config = cJSON_ParseWithLength(text, size);
+  status = json_strict_parse_object(text, size, JSON_ANY_NUMBERS, where, &config);
   free(text);
-  if (!cJSON_IsObject(config)) {
-    cJSON_Delete(config);
-    return edge_fail(EDGE_ERROR_BUNDLE, "%s/%s: not a JSON object", bundle->root, BUNDLE_TOKENIZER_CONFIG_FILE);
-  }
-  const cJSON *bos = cJSON_GetObjectItemCaseSensitive(config, "bos_token");
-  if (cJSON_IsObject(bos)) bos = cJSON_GetObjectItemCaseSensitive(bos, "content");
-  if (cJSON_IsString(bos)) {
-    for (size_t i = 0; i < t->n_added && t->bos_id < 0; i++) {
-      if (strcmp(t->added[i].content, bos->valuestring) == 0) t->bos_id = t->added[i].id;
-    }
-    if (t->bos_id < 0) t->bos_id = vocab_lookup(t, bos->valuestring, strlen(bos->valuestring));
-    if (t->bos_id < 0) status = edge_fail(EDGE_ERROR_BUNDLE, "%s/%s: bos_token '%.64s' is not in the vocabulary",
-                                          bundle->root, BUNDLE_TOKENIZER_CONFIG_FILE, bos->valuestring);
-  }
-  const cJSON *add_bos = cJSON_GetObjectItemCaseSensitive(config, "add_bos_token");
-  t->add_bos = cJSON_IsBool(add_bos) ? cJSON_IsTrue(add_bos) : t->bos_id >= 0;
+  if (status == EDGE_OK) status = read_config_fields(t, config, where, tokenizer_where);
   cJSON_Delete(config);
   return status;
 }
@@ -485,19 +607,18 @@ void edge_tokenizer_destroy(edge_tokenizer *t) {
 }
 
 static edge_status build_tokenizer(const struct bundle *bundle, edge_tokenizer *t) {
-  char where[1024];
+  char where[4096 + 32];
   snprintf(where, sizeof where, "%s/%s", bundle->root, BUNDLE_TOKENIZER_FILE);
   char *text;
   size_t size;
-  edge_status status = bundle_read_file(bundle, BUNDLE_TOKENIZER_FILE, &text, &size);
+  cJSON *root;
+  edge_status status = bundle_read_file(bundle, BUNDLE_TOKENIZER_FILE, MAX_TOKENIZER_JSON_BYTES, &text, &size);
   if (status != EDGE_OK) return status;
-  cJSON *root = cJSON_ParseWithLength(text, size);
+  status = json_strict_parse_object(text, size, JSON_ANY_NUMBERS, where, &root);
   free(text);
-  if (!cJSON_IsObject(root)) {
-    cJSON_Delete(root);
-    return edge_fail(EDGE_ERROR_BUNDLE, "%s: not a JSON object", where);
-  }
-  status = check_kind(root, where);
+  if (status != EDGE_OK) return status;
+  status = check_top_level(root, where);
+  if (status == EDGE_OK) status = check_kind(root, where);
   const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
   const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
   const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
@@ -521,7 +642,7 @@ static edge_status build_tokenizer(const struct bundle *bundle, edge_tokenizer *
     }
   }
   cJSON_Delete(root);
-  if (status == EDGE_OK) status = load_config(t, bundle);
+  if (status == EDGE_OK) status = load_config(t, bundle, where);
   return status;
 }
 

@@ -114,6 +114,10 @@ static void check_basics(void) {
   CHECK_STATUS(edge_options_set_sparsity(options, 1.5), EDGE_ERROR_INVALID_ARGUMENT);
   CHECK_STATUS(edge_options_set_max_seq_len(options, -1), EDGE_ERROR_INVALID_ARGUMENT);
   CHECK_STATUS(edge_options_set_threads(NULL, 1), EDGE_ERROR_INVALID_ARGUMENT);
+  CHECK_STATUS(edge_options_set_threads(options, -1), EDGE_ERROR_INVALID_ARGUMENT);
+  CHECK(strstr(edge_last_error(), "threads: expected 0 (every core) to 4096, found -1") != NULL);
+  CHECK_STATUS(edge_options_set_threads(options, 4097), EDGE_ERROR_INVALID_ARGUMENT);
+  CHECK_STATUS(edge_options_set_threads(options, 0), EDGE_OK);
   CHECK_STATUS(edge_options_set_backend(options, "cpu"), EDGE_OK);
   edge_options_destroy(options);
   edge_options_destroy(NULL);

@@ -19,7 +19,7 @@ import numpy as np
 from edge_sdk.backends.cpu.backend import ENGINE_ENV
 
 import edge_sdk
-from edge_sdk.model import Tokenizer
+from edge_sdk.model.tokenizer import Tokenizer
 
 PROMPT = "class Namespace(object):\n    def __init__(self"
 

@@ -1,5 +1,5 @@
 """The CANN backend's torch path (backends/cann) on the CPU: GatherSparseFFN against sparsity/ffn.py and
-SparseFeedForward, TorchDeviceEngine on fixture bundles against the torch reference and the CPU backend,
+SparseFeedForward, the gather engine on fixture bundles against the torch reference and the CPU backend,
 the probe's messages and the fp16 cast. Tests that need an Ascend NPU are marked npu."""
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ import numpy as np
 import pytest
 import torch
 from edge_sdk.backends import cann
-from edge_sdk.backends.cann.engine import TorchDeviceEngine
+from edge_sdk.backends.cann.engine import load_gather_engine
 from edge_sdk.backends.cann.gather_ffn import DeviceSignBit, GatherSparseFFN, signbit_max_negatives
 
 from edge_sdk.bench.gather import COLUMNS, bench_gather_ffn, format_table
-from edge_sdk.export.exporter import ExportSettings, export_bundle, load_reference_decoder
-from edge_sdk.model import Tokenizer
+from edge_sdk.export.exporter import ExportSettings, export_bundle
 from edge_sdk.model.activation import Activation
+from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions, get_backend, select_backend
+from edge_sdk.sparsity.bundle_model import load_reference_decoder
 from edge_sdk.sparsity.ffn import sparse_ffn
 from edge_sdk.sparsity.pipeline import CalibrationSettings
 from edge_sdk.sparsity.signbit import pack_sign_bits, signbit_mask
@@ -224,7 +225,7 @@ def test_unknown_mode_and_missing_capacity_are_errors():
         GatherSparseFFN(*weights, ACTIVATIONS["relu"], svd_predictor(), mode="static")
 
 
-# ---- TorchDeviceEngine on fixture bundles ----
+# ---- the gather engine on fixture bundles ----
 
 
 @pytest.fixture(scope="module")
@@ -273,7 +274,7 @@ def reference_tokens(bundles, prompt_ids):
 @pytest.mark.parametrize("mode", ["dynamic", "static"])
 @pytest.mark.parametrize("kind", ["svd", "signbit", "core", "threshold"])
 def test_engine_greedy_tokens_equal_reference_and_cpu_backend(bundles, prompt_ids, reference_tokens, kind, mode):
-    engine = TorchDeviceEngine(bundles[kind], EngineOptions(), device="cpu", dtype=torch.float32, mode=mode)
+    engine = load_gather_engine(bundles[kind], EngineOptions(), device="cpu", dtype=torch.float32, mode=mode)
     if mode == "static":  # the calibrated capacities, which must really cut
         capacities = [ffn.static_capacity() for ffn in engine.model.ffns]
         assert all(0 < capacity < bundles[kind].config.intermediate_size for capacity in capacities), capacities
@@ -287,8 +288,8 @@ def test_engine_greedy_tokens_equal_reference_and_cpu_backend(bundles, prompt_id
 
 def test_engine_levels_dense_and_reset(bundles, prompt_ids):
     bundle = bundles["svd"]
-    sparse = TorchDeviceEngine(bundle, EngineOptions(sparsity=0.8))
-    dense = TorchDeviceEngine(bundle, EngineOptions(dense=True))
+    sparse = load_gather_engine(bundle, EngineOptions(sparsity=0.8))
+    dense = load_gather_engine(bundle, EngineOptions(dense=True))
     assert [ffn.level_index for ffn in sparse.model.ffns] == [1] * bundle.config.num_layers
     first = sparse.prefill(prompt_ids), sparse.decode(prompt_ids[-1])
     sparse.reset()
@@ -352,10 +353,10 @@ def test_probe_distinguishes_no_npu_from_an_available_one(monkeypatch):
     assert reason.endswith("decode FFN static gather-plus-matmul")
 
 
-def test_npu_weight_dtype_casts_everything_but_fp16():
-    assert cann.npu_weight_dtype("fp16") == (torch.float16, None)
-    assert cann.npu_weight_dtype("fp32") == (torch.float16, "casting fp32 bundle to fp16 for the Ascend cube unit")
-    assert cann.npu_weight_dtype("bf16") == (torch.float16, "casting bf16 bundle to fp16 for the Ascend cube unit")
+def test_npu_weight_notice_names_every_cast_but_fp16():
+    assert cann.npu_weight_notice("fp16") is None
+    assert cann.npu_weight_notice("fp32") == "casting fp32 bundle to fp16 for the Ascend cube unit"
+    assert cann.npu_weight_notice("bf16") == "casting bf16 bundle to fp16 for the Ascend cube unit"
 
 
 def test_cann_load_casts_an_fp32_bundle_with_a_notice(bundles, prompt_ids, monkeypatch):
@@ -364,8 +365,7 @@ def test_cann_load_casts_an_fp32_bundle_with_a_notice(bundles, prompt_ids, monke
     monkeypatch.setenv(cann.MODE_ENV, "static")
     with pytest.warns(UserWarning, match="casting fp32 bundle to fp16 for the Ascend cube unit"):
         engine = backend.load(bundles["svd"], EngineOptions())
-    assert engine.mode == "static" and engine.dtype == torch.float16
-    assert all(ffn.w_gate.dtype == torch.float16 for ffn in engine.model.ffns)
+    assert all(ffn.mode == "static" and ffn.w_gate.dtype == torch.float16 for ffn in engine.model.ffns)
     assert engine.model.decoder.dtype == torch.float16
     logits = engine.prefill(prompt_ids)
     reference = load_reference_decoder(bundles["svd"]).prefill(torch.tensor([prompt_ids]))[0, -1].numpy()

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
+from edge_sdk.bundle import BundleError
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.eval import EvalError, evaluate_bundle, format_sweep_markdown, frontier_crossing, sweep
 from edge_sdk.eval.evaluate import (
     DecodeStatisticsRecorder,
-    ReferenceEngine,
     TeacherForcedRun,
     held_out_windows,
     pool_layer_metrics,
@@ -23,10 +23,10 @@ from edge_sdk.eval.evaluate import (
     teacher_forced,
     top1_agreement,
 )
-from edge_sdk.export.bundle import BundleError
-from edge_sdk.export.exporter import ExportSettings, export_bundle, load_reference_decoder
-from edge_sdk.model import Tokenizer
+from edge_sdk.export.exporter import ExportSettings, export_bundle
+from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions, get_backend
+from edge_sdk.sparsity.bundle_model import TorchEngine, bundle_tensor, load_reference_decoder
 from edge_sdk.sparsity.metrics import layer_metrics
 from edge_sdk.sparsity.pipeline import CalibrationSettings
 
@@ -59,7 +59,7 @@ def svd_bundle(tiny_model_dir, tmp_path_factory):
 
 def test_dense_perplexity_equals_full_sequence_forward(svd_bundle, held_out):
     result = evaluate_bundle(svd_bundle.path, [held_out], backend="cpu", layer_stats=False, **WINDOW)
-    windows = held_out_windows(Tokenizer.from_dir(svd_bundle.path), read_texts([held_out]), 256, 64, 8)
+    windows = held_out_windows(Tokenizer.from_bundle(svd_bundle), read_texts([held_out]), 256, 64, 8)
     decoder = load_reference_decoder(svd_bundle).decoder
     nll = []
     for window in windows:
@@ -101,7 +101,7 @@ def test_more_sparsity_costs_more_perplexity(svd_bundle, held_out, tmp_path):
 
 
 def test_top1_agreement(svd_bundle, held_out):
-    windows = held_out_windows(Tokenizer.from_dir(svd_bundle.path), read_texts([held_out]), 64, 64, 8)
+    windows = held_out_windows(Tokenizer.from_bundle(svd_bundle), read_texts([held_out]), 64, 64, 8)
     runs = [
         teacher_forced(get_backend("cpu").load(svd_bundle, EngineOptions(dense=True, threads=1)), windows, 8)
         for _ in range(2)
@@ -117,7 +117,7 @@ def test_top1_agreement(svd_bundle, held_out):
 def test_layer_statistics_equal_direct_computation(svd_bundle, held_out):
     """Two windows through the recorder against layer_metrics on the whole decode, with FFN inputs captured at
     the post-attention norm and the svd predictor's formula applied directly."""
-    windows = held_out_windows(Tokenizer.from_dir(svd_bundle.path), read_texts([held_out]), 48, 24, 8)
+    windows = held_out_windows(Tokenizer.from_bundle(svd_bundle), read_texts([held_out]), 48, 24, 8)
     model = load_reference_decoder(svd_bundle)
     model.configure(level_index=svd_bundle.sparsity.level_index(0.9))
     recorder = DecodeStatisticsRecorder(model, [16] * 4, 192)
@@ -132,7 +132,7 @@ def test_layer_statistics_equal_direct_computation(svd_bundle, held_out):
         layer.post_attention_layernorm.register_forward_hook(lambda m, a, o, i=i: capture(i, m, a, o))
         for i, layer in enumerate(model.decoder.layers)
     ]
-    engine = ReferenceEngine(model, 128)
+    engine = TorchEngine(model, 128)
     for window in windows:
         engine.prefill(window[:8])
         for token in window[8:-1]:
@@ -150,12 +150,12 @@ def test_layer_statistics_equal_direct_computation(svd_bundle, held_out):
         assert x.shape == (2 * 15, 192)
         prefix = f"layers.{index}."
         w_gate, w_up = (
-            svd_bundle.tensor(prefix + "mlp.gate_proj.weight"),
-            svd_bundle.tensor(prefix + "mlp.up_proj.weight"),
+            bundle_tensor(svd_bundle, prefix + "mlp.gate_proj.weight"),
+            bundle_tensor(svd_bundle, prefix + "mlp.up_proj.weight"),
         )
-        w_down = svd_bundle.tensor(prefix + "mlp.down_proj.weight_t")
-        a, b = svd_bundle.tensor(prefix + "svd.a"), svd_bundle.tensor(prefix + "svd.b")
-        bias = svd_bundle.tensor(prefix + "svd.biases")[level]
+        w_down = bundle_tensor(svd_bundle, prefix + "mlp.down_proj.weight_t")
+        a, b = bundle_tensor(svd_bundle, prefix + "svd.a"), bundle_tensor(svd_bundle, prefix + "svd.b")
+        bias = bundle_tensor(svd_bundle, prefix + "svd.biases")[level]
         gate = torch.relu(x @ w_gate.T)
         importance = (gate * (x @ w_up.T)).square() * w_down.square().sum(dim=1)
         predicted = x @ b.T @ a.T + bias > 0

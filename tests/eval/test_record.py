@@ -9,6 +9,7 @@ import pytest
 
 from edge_sdk.bench.record import with_machine_info
 from edge_sdk.cli import _write_json
+from edge_sdk.errors import EdgeSdkError
 
 
 def git(repo, *args: str) -> str:
@@ -43,11 +44,18 @@ def test_changed_tracked_file_marks_the_commit_dirty(repo):
 
 
 def test_cli_json_records_the_commit_before_it_overwrites_a_tracked_file(repo):
-    (repo / "e2e.json").write_text("{}\n")
+    (repo / "e2e.json").write_text('{"edge_sdk": "0.1.0", "speedup": 1.2}\n')  # an earlier edge-sdk result
     git(repo, "add", "e2e.json")
     git(repo, "commit", "-q", "-m", "result")
     _write_json(str(repo / "e2e.json"), {"speedup": 1.5})
     assert json.loads((repo / "e2e.json").read_text())["commit"] == git(repo, "rev-parse", "--short", "HEAD")
+
+
+def test_cli_json_never_overwrites_a_file_edge_sdk_did_not_write(repo):
+    (repo / "notes.json").write_text('{"mine": true}\n')
+    with pytest.raises(EdgeSdkError, match=r"notes\.json: is not a report edge-sdk wrote"):
+        _write_json(str(repo / "notes.json"), {"speedup": 1.5})
+    assert (repo / "notes.json").read_text() == '{"mine": true}\n'
 
 
 def test_outside_a_repository_the_commit_is_unknown(tmp_path, monkeypatch):

@@ -223,7 +223,7 @@ def test_bf16_bundles_are_refused_with_the_reason(x86_build: Build, tiny_model_d
 
 
 def test_prompt_encoding_matches_python(x86_build: Build, bundles, tmp_path):
-    from edge_sdk.model import Tokenizer
+    from edge_sdk.model.tokenizer import Tokenizer
 
     text_file = tmp_path / "prompt.txt"
     text_file.write_text(PROMPT)
@@ -235,20 +235,41 @@ def test_aarch64_build_is_warning_free(aarch64_build: Build):
     assert "warning:" not in aarch64_build.log
 
 
-@pytest.mark.parametrize("change", [{"sliding_window": 5}, {"tie_word_embeddings": True}])
-def test_model_config_variants_match_python(x86_build: Build, bundles, tmp_path, change):
-    """Config paths the fixture does not use (a Mistral-style sliding window, tied embeddings), switched on in the
-    manifest (digest re-stamped): the C engine and the Python CPU backend must still agree."""
+def tied_checkpoint(tiny_model_dir: Path, directory: Path) -> Path:
+    """The fixture with tied embeddings: lm_head.weight dropped, tie_word_embeddings set (the LM head becomes the
+    embedding matrix: another model, but a valid one)."""
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(tiny_model_dir, directory, ignore=shutil.ignore_patterns("*.txt"))
+    tensors = load_file(str(directory / "model.safetensors"))
+    del tensors["lm_head.weight"]
+    save_file(tensors, str(directory / "model.safetensors"))
+    config = json.loads((directory / "config.json").read_text()) | {"tie_word_embeddings": True}
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+@pytest.mark.parametrize("variant", ["sliding_window", "tie_word_embeddings"])
+def test_model_config_variants_match_python(x86_build: Build, bundles, tiny_model_dir, tmp_path, variant):
+    """Config paths the fixture does not use: a Mistral-style sliding window (switched on in the manifest, digest
+    re-stamped) and tied embeddings (a checkpoint without lm_head, exported). The C engine and the Python CPU
+    backend must still agree."""
     import edge_sdk
-    from edge_sdk.export.bundle import MANIFEST_DIGEST_FIELD, manifest_digest
+    from edge_sdk.bundle import manifest_digest
+    from edge_sdk.bundle.format import MANIFEST_DIGEST_FIELD
     from edge_sdk.runtime.generator import SamplingSettings
 
     copy = tmp_path / "bundle"
-    shutil.copytree(bundles["signbit-fp32"], copy)
-    manifest = json.loads((copy / "manifest.json").read_text())
-    manifest["model"].update(change)
-    manifest[MANIFEST_DIGEST_FIELD] = manifest_digest(manifest)
-    (copy / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    if variant == "sliding_window":
+        shutil.copytree(bundles["signbit-fp32"], copy)
+        manifest = json.loads((copy / "manifest.json").read_text())
+        manifest["model"]["sliding_window"] = 5
+        manifest[MANIFEST_DIGEST_FIELD] = manifest_digest(manifest)
+        (copy / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    else:
+        checkpoint = tied_checkpoint(tiny_model_dir, tmp_path / "tied")
+        settings = ExportSettings(predictor="none", dtype="fp32", max_seq_len=128)
+        export_bundle(checkpoint, copy, settings)
     with python_cpu_engine():
         session = edge_sdk.load(copy, backend="cpu", threads=1)
         expected = list(

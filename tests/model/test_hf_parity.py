@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from edge_sdk.model import load_decoder
 from edge_sdk.model.checkpoint import Checkpoint
+from edge_sdk.model.loader import load_decoder
 
 from .hf_models import VOCAB, family_configs, save_hf_model
 

@@ -10,18 +10,20 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from edge_sdk.backends.cpu.backend import ENGINE_ENV, TorchCpuEngine
+from edge_sdk.backends.cpu.backend import ENGINE_ENV
 from edge_sdk.backends.cpu.runtime import RuntimeEngine
 
 import edge_sdk
+from edge_sdk.bundle import manifest_digest
+from edge_sdk.bundle.format import MANIFEST_DIGEST_FIELD
 from edge_sdk.cli import main
 from edge_sdk.errors import EdgeSdkError
-from edge_sdk.export.bundle import MANIFEST_DIGEST_FIELD, manifest_digest
-from edge_sdk.export.exporter import ExportSettings, export_bundle, load_reference_decoder
+from edge_sdk.export.exporter import ExportSettings, export_bundle
 from edge_sdk.export.ort_session import OrtBundleSession
-from edge_sdk.model import Tokenizer
+from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.native import NativeLibraryError, load_runtime
 from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions, get_backend
+from edge_sdk.sparsity.bundle_model import TorchEngine, load_reference_decoder
 from edge_sdk.sparsity.pipeline import CalibrationSettings
 
 PROMPT = "class Namespace(object):\n    def __init__(self"
@@ -72,7 +74,7 @@ def test_cpu_greedy_tokens_equal_reference_and_onnx_runtime(bundles, tiny_model_
     bundle = bundles[name]
     ids = Tokenizer.from_dir(tiny_model_dir).encode(PROMPT)
     engine = get_backend("cpu").load(bundle, EngineOptions())
-    assert isinstance(engine, RuntimeEngine if cpu_engine == "runtime" else TorchCpuEngine)
+    assert isinstance(engine, RuntimeEngine if cpu_engine == "runtime" else TorchEngine)
     reference = load_reference_decoder(bundle)
     session = OrtBundleSession(bundle)
     cpu_tokens = greedy(engine.prefill, engine.decode, ids)
@@ -153,7 +155,7 @@ def test_runtime_engine_is_the_default_and_bf16_falls_back_to_torch(bundles, tin
     assert isinstance(get_backend("cpu").load(bundles["svd-fp32"], EngineOptions()), RuntimeEngine)
     settings = ExportSettings(predictor="none", dtype="bf16", max_seq_len=64)
     bf16 = export_bundle(tiny_model_dir, tmp_path / "bf16", settings, [])
-    assert isinstance(get_backend("cpu").load(bf16, EngineOptions()), TorchCpuEngine)
+    assert isinstance(get_backend("cpu").load(bf16, EngineOptions()), TorchEngine)
     monkeypatch.setenv(ENGINE_ENV, "runtime")
     with pytest.raises(BackendUnavailable, match=r"EDGE_SDK_CPU_ENGINE=runtime.*bf16"):
         get_backend("cpu").load(bf16, EngineOptions())

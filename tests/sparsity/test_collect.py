@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from edge_sdk.errors import CalibrationError
-from edge_sdk.model import Checkpoint, Tokenizer, load_decoder
+from edge_sdk.model.checkpoint import Checkpoint
+from edge_sdk.model.loader import load_decoder
+from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.sparsity.collect import calibration_chunks, read_calibration_texts, stream_layers
 
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from safetensors import safe_open
 
 from edge_sdk.cli import main
-from edge_sdk.model import Checkpoint
+from edge_sdk.model.checkpoint import Checkpoint
 from edge_sdk.sparsity.pipeline import ALLOCATION_GRID, CalibrationSettings, allocate_levels, calibrate_model
 from edge_sdk.sparsity.svd import default_rank
 
@@ -134,7 +134,7 @@ def test_whitening_and_bias_calibration_both_help(ablation_reports, ablation):
     ("extra", "message"),
     [
         (["--rank", "500"], "rank 500 is out of range: expected 1 <= rank <= min(d, D) = 192"),
-        (["--sparsity", "1.5"], "sparsity must be a number in [0, 1], found 1.5"),
+        (["--sparsity", "1.5"], "'--sparsity': 1.5 is not in the range 0<=x<=1"),
         (["--levels", "0.5,-0.1"], "sparsity level must be a number in [0, 1], found -0.1"),
         (["--tokens", "100"], "calibration tokens 100 is too few: at least 256 are needed"),
     ],

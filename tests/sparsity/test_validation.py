@@ -12,10 +12,11 @@ from click.testing import CliRunner
 
 from edge_sdk.cli import main
 from edge_sdk.errors import CalibrationError
-from edge_sdk.export.exporter import ExportSettings, bundle_predictors, export_bundle, load_reference_decoder
-from edge_sdk.model import Checkpoint
+from edge_sdk.export.exporter import ExportSettings, export_bundle
+from edge_sdk.model.checkpoint import Checkpoint
 from edge_sdk.model.loader import load_layer
 from edge_sdk.model.tokenizer import Tokenizer
+from edge_sdk.sparsity.bundle_model import bundle_predictors, load_reference_decoder
 from edge_sdk.sparsity.collect import read_calibration_texts, token_chunks, token_stream
 from edge_sdk.sparsity.pipeline import CalibrationSettings, calibrate_model, validate_settings
 from edge_sdk.sparsity.validation import (
@@ -183,7 +184,7 @@ def test_export_cli_reports_the_choice_and_writes_it_to_the_manifest(tiny_model_
     assert f"default level {level:g}: {within} the 0.5% perplexity budget on 958 validation tokens" in result.output
     assert report["default_level_choice"]["validation_tokens"] == 1024
     for flag, value, message in (
-        ("--ppl-budget", "-2", "perplexity budget must be a percentage >= 0, found -2.0"),
+        ("--ppl-budget", "-2", "'--ppl-budget': -2.0 is not in the range x>=0"),
         ("--validation-tokens", "64", "validation tokens 64 is too few: at least 128 are needed"),
     ):
         refused = CliRunner().invoke(main, [*args, flag, value, "--force"])

@@ -12,12 +12,11 @@ BUNDLE_KINDS = ("svd", "core")
 
 @pytest.fixture(scope="session")
 def trt_bundles(tiny_model_dir, tmp_path_factory):
-    """{predictor kind: bundle directory} for an SVD bundle and a core bundle."""
+    """{predictor kind: opened bundle} for an SVD bundle and a core bundle."""
     root = tmp_path_factory.mktemp("trt-bundles")
     calibration = CalibrationSettings(rank=16, max_tokens=2048, levels=(0.5, 0.8))
     paths = {}
     for kind in BUNDLE_KINDS:
         settings = ExportSettings(predictor=kind, dtype="fp16", max_seq_len=64, calibration=calibration)
-        export_bundle(tiny_model_dir, root / kind, settings, [tiny_model_dir / "calibration.txt"])
-        paths[kind] = root / kind
+        paths[kind] = export_bundle(tiny_model_dir, root / kind, settings, [tiny_model_dir / "calibration.txt"])
     return paths

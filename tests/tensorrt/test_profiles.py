@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import onnx
 import pytest
-from edge_sdk.backends.tensorrt.graphs import graph_path, read_manifest
 from edge_sdk.backends.tensorrt.profiles import PHASES, PREFILL_OPT_TOKENS, profile_shapes
 
 
@@ -20,9 +19,8 @@ def graph_inputs(path) -> dict[str, list[int | str]]:
 @pytest.mark.parametrize("phase", PHASES)
 def test_profile_matches_the_graph_inputs(trt_bundles, kind, phase):
     bundle = trt_bundles[kind]
-    manifest = read_manifest(bundle)
-    shapes = profile_shapes(manifest["model"], manifest["max_seq_len"], phase, kind)
-    inputs = graph_inputs(graph_path(bundle, manifest, phase))
+    shapes = profile_shapes(bundle.config, bundle.max_seq_len, phase, kind)
+    inputs = graph_inputs(bundle.graph_path(phase))
     dynamic = {name for name, dims in inputs.items() if any(isinstance(dim, str) for dim in dims)}
     assert set(shapes) == dynamic
     for name, shape in shapes.items():
@@ -35,8 +33,7 @@ def test_profile_matches_the_graph_inputs(trt_bundles, kind, phase):
 
 
 def test_prefill_and_decode_ranges(trt_bundles):
-    manifest = read_manifest(trt_bundles["svd"])
-    model, max_len = manifest["model"], manifest["max_seq_len"]
+    model, max_len = trt_bundles["svd"].config, trt_bundles["svd"].max_seq_len
     prefill = profile_shapes(model, max_len, "prefill", "svd")
     assert prefill["input_ids"].min == (1, 1) and prefill["input_ids"].max == (1, max_len)
     assert prefill["input_ids"].opt == (1, min(PREFILL_OPT_TOKENS, max_len))
@@ -48,7 +45,7 @@ def test_prefill_and_decode_ranges(trt_bundles):
 
 
 def test_profile_rejects_bad_arguments(trt_bundles):
-    model = read_manifest(trt_bundles["svd"])["model"]
+    model = trt_bundles["svd"].config
     with pytest.raises(ValueError, match="phase: expected one of prefill, decode"):
         profile_shapes(model, 64, "verify", "svd")
     with pytest.raises(ValueError, match="max_seq_len: expected >= 1"):

@@ -17,7 +17,6 @@ import pytest
 from edge_sdk.backends.tensorrt import runtime
 from edge_sdk.backends.tensorrt.cache import ENGINE_FILES
 
-from edge_sdk.export.bundle import Bundle
 from edge_sdk.export.ort_session import OrtBundleSession
 from edge_sdk.runtime.backends import EngineOptions
 
@@ -124,15 +123,15 @@ def fake_tensorrt() -> types.SimpleNamespace:
 def fake_backend(monkeypatch, tmp_path):
     """The runtime module wired to the fakes; engine files hold the path of the graph they stand for."""
 
-    def fake_build_engine(bundle_path):
+    def fake_build_engine(bundle):
         for phase, name in ENGINE_FILES.items():
-            (tmp_path / name).write_text(str(bundle_path / f"{phase}.onnx"))
+            (tmp_path / name).write_text(str(bundle.graph_path(phase)))
         return tmp_path
 
     monkeypatch.setattr(runtime, "import_tensorrt", fake_tensorrt)
     monkeypatch.setattr(runtime, "build_engine", fake_build_engine)
     monkeypatch.setattr(runtime, "load_plugin_library", lambda trt: None)
-    monkeypatch.setattr(runtime, "current_key", lambda trt, manifest: None)
+    monkeypatch.setattr(runtime, "current_key", lambda trt, bundle: None)
     monkeypatch.setattr(runtime.cuda, "DeviceBuffer", FakeDeviceBuffer)
     monkeypatch.setattr(runtime.cuda, "Stream", FakeStream)
     yield
@@ -141,7 +140,7 @@ def fake_backend(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("kind", ["svd", "core"])
 def test_backend_steps_reproduce_onnx_runtime(fake_backend, trt_bundles, kind):
-    bundle = Bundle.open(trt_bundles[kind])
+    bundle = trt_bundles[kind]
     engine = runtime.TensorRTEngine(bundle, EngineOptions(sparsity=0.8 if kind == "svd" else None))
     reference = OrtBundleSession(bundle, level=0.8 if kind == "svd" else None)
     ids = [5, 17, 300, 42, 7, 99, 1000]
@@ -158,11 +157,11 @@ def test_backend_steps_reproduce_onnx_runtime(fake_backend, trt_bundles, kind):
 
 
 def test_sequence_longer_than_max_seq_len_is_refused(fake_backend, trt_bundles):
-    engine = runtime.TensorRTEngine(Bundle.open(trt_bundles["svd"]), EngineOptions())
+    engine = runtime.TensorRTEngine(trt_bundles["svd"], EngineOptions())
     engine.prefill(list(range(60)))
     for token in range(4):
         engine.decode(token)
     with pytest.raises(runtime.EngineRunError, match="65 tokens exceeds the bundle's max_seq_len 64"):
         engine.decode(1)
     with pytest.raises(runtime.EngineRunError, match="decode called before prefill"):
-        runtime.TensorRTEngine(Bundle.open(trt_bundles["svd"]), EngineOptions()).decode(1)
+        runtime.TensorRTEngine(trt_bundles["svd"], EngineOptions()).decode(1)

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from edge_sdk.backends.tensorrt import BACKEND, build_engine
 
-from edge_sdk.export.bundle import Bundle
+from edge_sdk.bundle import Bundle
 from edge_sdk.export.ort_session import OrtBundleSession
-from edge_sdk.model import Tokenizer
+from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import EngineOptions
 
 AVAILABLE, REASON = BACKEND.probe()

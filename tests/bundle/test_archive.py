@@ -1,5 +1,5 @@
-"""Bundle archives (edge_sdk/export/archive.py): deterministic packing, a verified round trip, and unpacking that
-refuses every member that could write outside the target or is not a plain file or directory."""
+"""Bundle archives (edge_sdk/bundle/archive.py): deterministic packing, a verified round trip, and unpacking that
+refuses every member that is not one of the bundle's plain files."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from edge_sdk.export.archive import ArchiveError, pack_bundle, unpack_bundle
-from edge_sdk.export.bundle import Bundle, BundleError
+from edge_sdk.bundle import Bundle, BundleError
+from edge_sdk.bundle.archive import ArchiveError, pack_bundle, unpack_bundle
+from edge_sdk.errors import EdgeSdkError
 from edge_sdk.export.exporter import ExportSettings, export_bundle
 
 
@@ -51,21 +52,26 @@ def test_round_trip_gives_the_same_verified_bundle(bundle_dir, tmp_path):
     assert isinstance(unpacked, Bundle) and unpacked.root == tmp_path / "out"
     for path in bundle_dir.iterdir():
         assert digest(tmp_path / "out" / path.name) == digest(path)
-    with pytest.raises(ArchiveError, match="already exists"):
+    with pytest.raises(EdgeSdkError, match="already exists"):
         unpack_bundle(archive, tmp_path / "out")
     assert unpack_bundle(archive, tmp_path / "out", force=True).config.vocab_size == 2048
     assert leftovers(tmp_path) == []
 
 
-def test_pack_refuses_links_and_corrupt_bundles(bundle_dir, tmp_path):
+def test_pack_takes_only_listed_files_and_refuses_links_and_corrupt_bundles(bundle_dir, tmp_path):
     copy = tmp_path / "copy"
     copy.mkdir()
     for path in bundle_dir.iterdir():
         (copy / path.name).write_bytes(path.read_bytes())
-    (copy / "link").symlink_to(copy / "manifest.json")
-    with pytest.raises(ArchiveError, match="link"):
+    (copy / "notes.txt").write_text("the user's own notes")
+    with tarfile.open(pack_bundle(copy, tmp_path / "listed.tar")) as tar:
+        assert "notes.txt" not in tar.getnames()
+    (copy / "weights.safetensors").rename(tmp_path / "weights.safetensors")
+    (copy / "weights.safetensors").symlink_to(tmp_path / "weights.safetensors")
+    with pytest.raises(BundleError, match=r"weights\.safetensors: is a symbolic link"):
         pack_bundle(copy, tmp_path / "x.tar")
-    (copy / "link").unlink()
+    (copy / "weights.safetensors").unlink()
+    (tmp_path / "weights.safetensors").rename(copy / "weights.safetensors")
     with (copy / "tokenizer.json").open("ab") as handle:
         handle.write(b" ")
     with pytest.raises(BundleError, match=r"tokenizer\.json"):
@@ -93,15 +99,19 @@ def member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (member("/etc/evil"), "relative path"),
-        (member("../evil"), "relative path"),
-        (member("sub/../../evil"), "relative path"),
-        (member("a\\b"), "relative path"),
-        (member("link", tarfile.SYMTYPE, "/etc/passwd"), "link, device or FIFO"),
-        (member("hard", tarfile.LNKTYPE, "manifest.json"), "link, device or FIFO"),
-        (member("device", tarfile.CHRTYPE), "link, device or FIFO"),
-        (member("fifo", tarfile.FIFOTYPE), "link, device or FIFO"),
+        (member("/etc/evil"), "not a plain file name"),
+        (member("../evil"), "not a plain file name"),
+        (member("sub/../../evil"), "not a plain file name"),
+        (member("a\\b"), "not a plain file name"),
+        (member("zz/x"), "not a plain file name"),
+        (member(".hidden"), "not a plain file name"),
+        (member("sub", tarfile.DIRTYPE), "is a directory, link, device or FIFO"),
+        (member("link", tarfile.SYMTYPE, "/etc/passwd"), "is a directory, link, device or FIFO"),
+        (member("hard", tarfile.LNKTYPE, "manifest.json"), "is a directory, link, device or FIFO"),
+        (member("device", tarfile.CHRTYPE), "is a directory, link, device or FIFO"),
+        (member("fifo", tarfile.FIFOTYPE), "is a directory, link, device or FIFO"),
         (member("manifest.json"), "appears twice"),
+        (member("extra.bin"), "is not a file the bundle's manifest lists"),
     ],
 )
 def test_unpack_refuses_unsafe_members(bundle_dir, tmp_path, extra, message):

@@ -1,0 +1,140 @@
+"""The CPU backend's torch engine: torch modules with the decode step's matrices in the native C kernels.
+
+At decode, the FFN (predictor + sequential SparseFFN), the attention projections and the LM head run in the C
+kernels on the memory-mapped tensors of weights.safetensors (fp32 or fp16, read in place); attention itself, norms
+and RoPE stay in torch. The prompt (prefill) runs through torch's GEMMs. Core masks come from the prefill. It serves
+bundles the C runtime does not run (bf16) and needs torch (the `export` extra).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edge_sdk.bundle import Bundle
+from edge_sdk.errors import EdgeSdkError
+from edge_sdk.runtime.backends import EngineOptions
+from edge_sdk.sparsity.bundle_model import TorchEngine, bundle_tensor
+from edge_sdk.sparsity.sparse_model import SparseFeedForward
+
+from . import kernels
+
+NATIVE_WEIGHT_DTYPES = (torch.float32, torch.float16)
+
+
+class NativeFeedForward(SparseFeedForward):
+    """SparseFeedForward whose decode step runs the C predictor and SparseFFN kernels, one token at a time."""
+
+    def __init__(self, *args, threads: int = 0, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.w_gate.dtype not in NATIVE_WEIGHT_DTYPES:
+            # the kernels read fp32 or fp16; bf16 bundles are widened once at load
+            # (as frozen Parameters: the loaded decoder hands its weights over as Parameters)
+            weights = (self.w_gate, self.w_up, self.w_down_t)
+            widened = (nn.Parameter(w.detach().float(), requires_grad=False) for w in weights)
+            self.w_gate, self.w_up, self.w_down_t = widened
+        self.w_down_t = self.w_down_t.contiguous()
+        n_neurons, d = self.w_gate.shape
+        self.kernel = kernels.SparseFFNKernel(d, n_neurons, threads)
+        self.output = torch.empty(d, dtype=torch.float32)
+        if self.predictor.kind == "svd":
+            self.svd_a_t = self.predictor.tensors["svd.a"].t().contiguous()  # the layout the kernel reads
+
+    def _native_mask(self, token: torch.Tensor, row: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The predictor mask [D] (None = every neuron) and CHESS thresholds for one decode token."""
+        kind, tensors = self.predictor.kind, self.predictor.tensors
+        if self.dense:
+            return None, None
+        if kind == "svd":
+            bias = tensors["svd.biases"][self.level_index]
+            return kernels.svd_predictor(token, self.svd_a_t, tensors["svd.b"], bias), None
+        if kind == "signbit":
+            return kernels.signbit_predictor(token, tensors["signbit.packed"], float(tensors["signbit.alpha"][0])), None
+        if kind == "core":
+            if self.core_mask is None:
+                raise EdgeSdkError("core predictor: decode called before prefill chose the core neurons")
+            return self.core_mask[row].contiguous(), None
+        if kind == "threshold":
+            return None, tensors["threshold.thresholds"][self.level_index].contiguous()
+        return None, None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [B, S, d]
+        if self.phase == "prefill":
+            return self._prefill(x)
+        tokens = x.reshape(-1, x.shape[-1]).float()
+        outputs = []
+        for row, token in enumerate(tokens):
+            if self.dense:
+                weights = (self.w_gate, self.w_up, self.w_down_t)
+                outputs.append(
+                    self.kernel.dense(token.contiguous(), *weights, self.activation, out=self.output).clone()
+                )
+                continue
+            mask, thresholds = self._native_mask(token.contiguous(), row)
+            y = self.kernel(
+                token.contiguous(),
+                self.w_gate,
+                self.w_up,
+                self.w_down_t,
+                self.activation,
+                mask=mask,
+                thresholds=thresholds,
+                out=self.output,
+            )
+            outputs.append(y.clone())
+        return torch.stack(outputs).to(x.dtype).view_as(x)
+
+
+class NativeLinear(nn.Module):
+    """A linear layer whose single-token calls (the decode step) run the native matvec on the weight as stored
+    in weights.safetensors (fp32 or fp16, read in place); multi-token calls (the prompt) use torch's GEMM."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, threads: int):
+        super().__init__()
+        self.weight = weight  # [out, in], the memory-mapped stored tensor
+        self.bias = bias  # [out] float32 or None
+        self.threads = threads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in] float32 -> [..., out]
+        if x.shape[:-1].numel() != 1:
+            return F.linear(x, self.weight.to(x.dtype), self.bias)
+        y = kernels.matvec(x.reshape(-1).contiguous(), self.weight, self.bias, threads=self.threads)
+        return y.view(*x.shape[:-1], -1)
+
+
+def _use_native_linears(model, bundle: Bundle, threads: int) -> None:
+    """Point the attention projections and the LM head at the stored weights through NativeLinear, so the decode
+    step reads them once, in their stored precision, at the native kernel's bandwidth."""
+    decoder = model.decoder
+
+    def native(module: nn.Linear, weight_name: str) -> nn.Module:
+        weight = bundle_tensor(bundle, weight_name)
+        if weight.dtype not in NATIVE_WEIGHT_DTYPES:
+            return module  # bf16: the kernels read fp32 or fp16; keep torch on the widened copy
+        bias = module.bias.detach().float().contiguous() if module.bias is not None else None
+        return NativeLinear(weight, bias, threads)
+
+    for index, layer in enumerate(decoder.layers):
+        attention = layer.self_attn
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            setattr(attention, name, native(getattr(attention, name), f"layers.{index}.self_attn.{name}.weight"))
+    lm_head = "embed_tokens.weight" if decoder.config.tie_word_embeddings else "lm_head.weight"
+    decoder.lm_head = native(decoder.lm_head, lm_head)
+
+
+def load_torch_cpu_engine(bundle: Bundle, options: EngineOptions) -> TorchEngine:
+    """The CPU backend's torch engine: the reference decoder with the decode step's matrices in the native kernels."""
+    if options.threads > 0:
+        torch.set_num_threads(options.threads)
+    return TorchEngine.load(
+        bundle,
+        bundle.sparsity.resolve(options.sparsity, options.dense),
+        ffn_class=functools.partial(NativeFeedForward, threads=options.threads),
+        ffn_as_stored=True,
+        prepare=lambda model: _use_native_linears(model, bundle, options.threads),
+    )

@@ -1,0 +1,123 @@
+"""A bundle as one .tar file (DESIGN.md 3.4: "a directory (or a .tar of it)"), for `edge-sdk pack` / `unpack`.
+
+The archive holds manifest.json and the files the manifest lists, at its root. Packing is deterministic: the same
+bundle gives the same bytes on any machine (entries sorted by name, mtime 0, uid/gid 0, no user or group names,
+mode 0644, PAX format so files over 8 GiB fit). Unpacking trusts nothing in the archive: every member must be a
+regular file with a plain name (no path, no link, device or FIFO, no duplicate, at most MAX_MEMBERS of them, no
+more bytes than the disk has free), and after extraction the directory must hold exactly the manifest and the
+files it lists and open with every checksum verified. Both write through edge_sdk.outputs, so a failed pack or
+unpack leaves nothing behind and never replaces what edge-sdk did not write.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tarfile
+from pathlib import Path
+
+from edge_sdk import outputs
+from edge_sdk.bundle import format as bundle_format
+from edge_sdk.bundle.manifest import BundleError
+from edge_sdk.bundle.reader import Bundle
+
+COPY_CHUNK_BYTES = 16 << 20
+FILE_MODE = 0o644
+MAX_MEMBERS = 64
+
+
+class ArchiveError(BundleError):
+    """A bundle archive is unsafe, malformed, or cannot be written where asked."""
+
+
+def _tar_info(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.REGTYPE
+    info.mode = FILE_MODE
+    info.size = size
+    info.mtime = 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def pack_bundle(bundle_dir: str | Path, tar_path: str | Path, *, verify: bool = True, force: bool = False) -> Path:
+    """Write the bundle at bundle_dir to tar_path (uncompressed, deterministic); returns tar_path.
+
+    The bundle is opened first (with every checksum unless verify is off), so a corrupt bundle is never packed.
+    force: replace an earlier edge-sdk archive at tar_path."""
+    bundle_dir = Path(bundle_dir)
+    target = outputs.check_target(tar_path, outputs.ARCHIVE, replace=force, inputs=(("bundle", bundle_dir),))
+    bundle = Bundle.open(bundle_dir, verify_checksums=verify)
+    names = sorted([bundle_format.MANIFEST_FILE, *bundle.manifest.files])
+    with (
+        outputs.staged_output(target) as staging,
+        staging.open("wb") as raw,
+        tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        for name in names:
+            with (bundle_dir / name).open("rb") as source:
+                tar.addfile(_tar_info(name, os.fstat(source.fileno()).st_size), source)
+    return target.path
+
+
+def _member_name(member: tarfile.TarInfo, tar_path: Path) -> str:
+    name = member.name
+    if not member.isreg():
+        raise ArchiveError(
+            f"{tar_path}: member {name[:200]!r} is a directory, link, device or FIFO; a bundle archive holds only "
+            f"regular files"
+        )
+    if name != bundle_format.MANIFEST_FILE and not bundle_format.FILE_NAME.fullmatch(name):
+        raise ArchiveError(
+            f"{tar_path}: member {name[:200]!r} is not a plain file name; a bundle archive holds its files at its "
+            f"root, named without paths"
+        )
+    return name
+
+
+def _extract(tar: tarfile.TarFile, tar_path: Path, target: Path) -> set[str]:
+    members = []
+    for member in tar:
+        members.append(member)
+        if len(members) > MAX_MEMBERS:
+            raise ArchiveError(f"{tar_path}: more than {MAX_MEMBERS} members; a bundle has a handful of files")
+    names = [_member_name(member, tar_path) for member in members]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ArchiveError(f"{tar_path}: member {duplicates[0]!r} appears twice")
+    needed = sum(member.size for member in members)
+    free = shutil.disk_usage(target).free
+    if needed > free:
+        raise ArchiveError(f"{tar_path}: unpacking needs {needed} bytes, the file system of {target} has {free} free")
+    for member, name in zip(members, names, strict=True):
+        source = tar.extractfile(member)
+        if source is None:
+            raise ArchiveError(f"{tar_path}: member {name!r} has no data")
+        with source, open(target / name, "xb") as output:
+            shutil.copyfileobj(source, output, COPY_CHUNK_BYTES)
+        (target / name).chmod(FILE_MODE)
+    return set(names)
+
+
+def unpack_bundle(tar_path: str | Path, out_dir: str | Path, *, force: bool = False) -> Bundle:
+    """Unpack a bundle archive to out_dir and return the opened bundle (checksums verified).
+
+    out_dir must not exist unless force, and then only an earlier edge-sdk bundle is replaced (after the new one
+    verified). Raises ArchiveError for unsafe or malformed archives and BundleError when the unpacked bundle does
+    not verify."""
+    tar_path = Path(tar_path)
+    target = outputs.check_target(out_dir, outputs.BUNDLE, replace=force, inputs=(("archive", tar_path),))
+    if not tar_path.is_file():
+        raise ArchiveError(f"{tar_path}: archive not found")
+    with outputs.staged_output(target) as staging:
+        try:
+            with tarfile.open(tar_path, mode="r:*") as tar:
+                names = _extract(tar, tar_path, staging)
+        except (tarfile.TarError, EOFError) as error:
+            raise ArchiveError(f"{tar_path}: not a readable tar archive ({error})") from None
+        bundle = Bundle.open(staging, verify_checksums=True)
+        unlisted = sorted(names - {bundle_format.MANIFEST_FILE, *bundle.manifest.files})
+        if unlisted:
+            raise ArchiveError(f"{tar_path}: member {unlisted[0]!r} is not a file the bundle's manifest lists")
+    return Bundle.open(target.path, verify_checksums=False)

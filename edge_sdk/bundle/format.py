@@ -1,0 +1,29 @@
+"""The bundle format's names and limits (DESIGN.md 3.4), shared by the exporter, the readers and the archive.
+
+The C runtime's copies (jetson/src/bundle.h, config.c) are checked against these by tests/bundle.
+"""
+
+from __future__ import annotations
+
+import re
+
+FORMAT = "edge-sdk-bundle"
+FORMAT_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+WEIGHTS_FILE = "weights.safetensors"
+PREFILL_GRAPH = "prefill.onnx"
+DECODE_GRAPH = "decode.onnx"
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+REPORT_FILE = "report.json"
+PLOT_FILE = "report.png"
+MANIFEST_DIGEST_FIELD = "manifest_sha256"
+GRAPH_PHASES = ("prefill", "decode")
+# every file a bundle must list besides its graphs
+REQUIRED_FILES = (WEIGHTS_FILE, TOKENIZER_FILE)
+
+MAX_MANIFEST_BYTES = 64 << 20
+MAX_TOKENIZER_BYTES = 64 << 20  # tokenizer.json of real models: 2-35 MB
+MAX_TOKENIZER_CONFIG_BYTES = 16 << 20
+# a bundle is one flat directory; names never start with a dot (staging directories and editor files do)
+FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")

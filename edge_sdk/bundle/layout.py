@@ -1,0 +1,71 @@
+"""Which tensors a bundle holds, with their dtypes and shapes: what the exporter writes and every reader expects.
+
+Model tensors keep their Hugging Face names without the `model.` prefix; W_down is stored neuron-major as
+`layers.{i}.mlp.down_proj.weight_t` [D, d], so one neuron's gate, up and down weights are one row each. Matrices
+are stored in the bundle's weight dtype, vectors (norms, biases) in F32, and the RoPE tables `rope.cos` /
+`rope.sin` [max_seq_len, head_dim] in F32. Predictor tensors follow edge_sdk.predictors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edge_sdk import predictors
+from edge_sdk.model.config import ModelConfig, hf_tensor_shapes
+
+WEIGHT_DTYPES = {"fp32": "F32", "fp16": "F16", "bf16": "BF16"}
+TRANSPOSED_SUFFIX = "_t"
+
+
+@dataclass(frozen=True)
+class ExpectedTensor:
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def model_tensor_names(config: ModelConfig) -> list[tuple[str, str]]:
+    """(bundle name, Hugging Face name) of every model tensor, in the checkpoint's order."""
+    names = []
+    for hf_name in hf_tensor_shapes(config):
+        name = hf_name.removeprefix("model.")
+        if name.endswith("mlp.down_proj.weight"):
+            name += TRANSPOSED_SUFFIX
+        names.append((name, hf_name))
+    return names
+
+
+def model_tensors(config: ModelConfig, dtype: str, max_seq_len: int) -> dict[str, ExpectedTensor]:
+    """Every model tensor of a bundle with weight dtype `dtype` (fp32 | fp16 | bf16) serving max_seq_len."""
+    weight_dtype = WEIGHT_DTYPES[dtype]
+    hf_shapes = hf_tensor_shapes(config)
+    expected = {}
+    for name, hf_name in model_tensor_names(config):
+        shape = hf_shapes[hf_name]
+        if name.endswith(TRANSPOSED_SUFFIX):
+            shape = shape[::-1]
+        expected[name] = ExpectedTensor(weight_dtype if len(shape) > 1 else "F32", shape)
+    rope = ExpectedTensor("F32", (max_seq_len, config.head_dim))
+    return expected | {"rope.cos": rope, "rope.sin": rope}
+
+
+def predictor_tensors(
+    config: ModelConfig, predictor: str, levels: int, ranks: list[int] | None = None
+) -> dict[str, ExpectedTensor]:
+    """Every predictor tensor of a bundle; ranks: each layer's svd rank (svd only)."""
+    kind = predictors.kind(predictor)
+    d, n_neurons = config.hidden_size, config.intermediate_size
+    expected = {}
+    for layer in range(config.num_layers):
+        sizes = {"d": d, "D": n_neurons, "levels": levels, "words": (d + 31) // 32}
+        if ranks is not None:
+            sizes["rank"] = ranks[layer]
+        for tensor in kind.tensors:
+            shape = tuple(sizes[size] if isinstance(size, str) else size for size in tensor.shape)
+            expected[predictors.tensor_name(layer, predictor, tensor.name)] = ExpectedTensor(tensor.dtype, shape)
+    return expected
+
+
+def is_predictor_tensor(name: str) -> bool:
+    """layers.{i}.{kind}.{tensor} for a predictor kind, as opposed to the model's own tensors."""
+    parts = name.split(".")
+    return len(parts) > 3 and parts[0] == "layers" and parts[2] in predictors.KINDS

@@ -1,0 +1,414 @@
+"""Writing results where the user asked, without ever harming what edge-sdk did not write.
+
+Every command that writes (export, calibrate, unpack, pack, eval and bench reports) goes through this module:
+
+- `check_target` runs before any work and refuses, in one line naming the path and the reason: a symbolic link;
+  the current directory, one of its parents, the filesystem root or the home directory; an input of the command
+  (the model, the archive), a directory containing one or a path inside one; and, unless the command may replace
+  it (--force for directories and archives), anything that exists. What --force replaces must be an output
+  edge-sdk itself wrote, recognised by its own marks (a bundle's manifest, a predictors directory's header
+  metadata, an archive's manifest, a report's producer field) and holding nothing else.
+- `staged_output` builds the result in a hidden sibling (`.NAME.edge-sdk-staging-...`), held under a lock for
+  the writer's lifetime, and publishes it by one rename. Publishing is exclusive: if the target changed since
+  `check_target` looked (another writer got there first), this writer's result is discarded with a clear error and
+  nothing is replaced. A writer that dies (even by SIGKILL) leaves only its hidden staging entry, whose lock the
+  kernel releases; the next command writing into that directory removes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import secrets
+import shutil
+import stat
+import tarfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge_sdk import __version__
+from edge_sdk.errors import EdgeSdkError
+
+STAGING_MARK = ".edge-sdk-staging-"
+_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
+_AT_FDCWD = -100
+MAX_MARK_BYTES = 64 << 20  # the most of a file read to recognise it as ours
+
+
+class OutputError(EdgeSdkError):
+    """An output location edge-sdk must not write, or a write that could not complete."""
+
+
+@dataclass(frozen=True)
+class OutputKind:
+    """What a command writes: a directory or a file, its name in messages, and how to recognise one edge-sdk
+    wrote (ours returns None, or the reason it is not ours)."""
+
+    noun: str
+    is_directory: bool
+    ours: Callable[[Path], str | None]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A checked output location: the path, its kind, and the identity (device, inode) of the output it replaces,
+    or None when it did not exist when checked."""
+
+    path: Path
+    kind: OutputKind
+    replaces: tuple[int, int] | None
+
+
+def _real(path: Path) -> Path:
+    return Path(os.path.realpath(path))
+
+
+def _is_within(inner: Path, outer: Path) -> bool:
+    return inner == outer or outer in inner.parents
+
+
+def _protected_reason(path: Path, inputs: tuple[tuple[str, Path], ...]) -> str | None:
+    real = _real(path)
+    if real == real.parent:
+        return "is the filesystem root"
+    cwd = _real(Path.cwd())
+    if _is_within(cwd, real):
+        return "is the current directory" if real == cwd else "contains the current directory"
+    home = os.environ.get("HOME")
+    if home and real == _real(Path(home)):
+        return "is the home directory"
+    for noun, source in inputs:
+        source_real = _real(source)
+        if real == source_real:
+            return f"is the {noun}"
+        if _is_within(source_real, real):
+            return f"contains the {noun} {source}"
+        if _is_within(real, source_real):
+            return f"is inside the {noun} {source}"
+    return None
+
+
+def check_target(
+    path: str | Path, kind: OutputKind, *, replace: bool, inputs: tuple[tuple[str, str | Path], ...] = ()
+) -> Target:
+    """Refuse an output location edge-sdk must not write (see the module docstring); replace: the user allowed
+    replacing an earlier edge-sdk output there (--force)."""
+    path = Path(path)
+    if path.is_symlink():
+        raise OutputError(f"{path}: is a symbolic link; edge-sdk writes its {kind.noun} only to a real path")
+    reason = _protected_reason(path, tuple((noun, Path(source)) for noun, source in inputs))
+    if reason is not None:
+        raise OutputError(f"{path}: {reason}; edge-sdk never writes its {kind.noun} there")
+    try:
+        info = path.lstat()
+    except (FileNotFoundError, NotADirectoryError):
+        _check_parent(path, kind)
+        return Target(path, kind, None)
+    except OSError as problem:
+        raise OutputError(f"{path}: cannot inspect ({problem.strerror})") from None
+    if not replace:
+        raise OutputError(f"{path}: already exists (use --force to replace an earlier edge-sdk {kind.noun})")
+    if kind.is_directory != stat.S_ISDIR(info.st_mode):
+        found = "a directory" if stat.S_ISDIR(info.st_mode) else "a file"
+        raise OutputError(f"{path}: is {found}, not an edge-sdk {kind.noun}; refusing to replace it")
+    why_not = kind.ours(path)
+    if why_not is not None:
+        raise OutputError(f"{path}: {why_not}; --force replaces only an edge-sdk {kind.noun}")
+    return Target(path, kind, (info.st_dev, info.st_ino))
+
+
+def _check_parent(path: Path, kind: OutputKind) -> None:
+    """The nearest existing ancestor must be a directory we can write in (the rest is created)."""
+    for ancestor in path.absolute().parents:
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                raise OutputError(f"{path}: {ancestor} is a file, so the {kind.noun} cannot be created below it")
+            if not os.access(ancestor, os.W_OK | os.X_OK):
+                why = (
+                    "is on a read-only file system" if os.statvfs(ancestor).f_flag & os.ST_RDONLY else "is not writable"
+                )
+                raise OutputError(f"{path}: {ancestor} {why}, so the {kind.noun} cannot be created there")
+            return
+
+
+@contextlib.contextmanager
+def _directory_lock(directory: Path) -> Iterator[None]:
+    """An exclusive lock on directory (flock on its descriptor) while staging entries are created, swept or
+    published; where the file system has no such locks the lock is skipped (renames stay exclusive)."""
+    descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        except OSError as problem:
+            if problem.errno not in (errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        yield
+    finally:
+        os.close(descriptor)
+
+
+def sweep_stale_staging(directory: Path) -> list[Path]:
+    """Remove staging entries in directory whose writer died (its lock is free); returns what was removed.
+    The caller holds the directory lock, so no writer is between creating its entry and locking it."""
+    removed = []
+    try:
+        names = [name for name in os.listdir(directory) if name.startswith(".") and STAGING_MARK in name]
+    except OSError:
+        return removed
+    for name in names:
+        entry = directory / name
+        try:
+            descriptor = os.open(entry, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(descriptor)
+            continue  # alive: its writer holds the lock
+        try:
+            if stat.S_ISDIR(os.fstat(descriptor).st_mode):
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed.append(entry)
+        finally:
+            os.close(descriptor)
+    return removed
+
+
+def _renameat2(source: Path, destination: Path, flags: int) -> bool:
+    """rename(2) with RENAME_NOREPLACE / RENAME_EXCHANGE; False where the C library or file system lacks it.
+    OSError for other failures (EEXIST: RENAME_NOREPLACE found the destination taken)."""
+    libc = _libc()
+    function = getattr(libc, "renameat2", None) if libc is not None else None
+    if function is None:
+        return False
+    result = function(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(destination), flags)
+    if result == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(destination))
+
+
+_libc_handle: list[ctypes.CDLL | None] = []
+
+
+def _libc() -> ctypes.CDLL | None:
+    if not _libc_handle:
+        try:
+            _libc_handle.append(ctypes.CDLL(None, use_errno=True))
+        except OSError:
+            _libc_handle.append(None)
+    return _libc_handle[0]
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _changed_message(target: Target) -> str:
+    return (
+        f"{target.path}: changed while this command ran (another process wrote it); this {target.kind.noun} was "
+        f"discarded and nothing was replaced"
+    )
+
+
+def _publish(staging: Path, target: Target) -> None:
+    """Move staging to target.path if the target is still as check_target saw it (the directory lock is held)."""
+    path = target.path
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        info = None
+    if target.replaces is None:
+        if info is not None:
+            raise OutputError(_changed_message(target))
+        try:
+            if not _renameat2(staging, path, _RENAME_NOREPLACE):
+                os.rename(staging, path)
+        except FileExistsError:
+            raise OutputError(_changed_message(target)) from None
+        return
+    if info is None or (info.st_dev, info.st_ino) != target.replaces:
+        raise OutputError(_changed_message(target))
+    if _renameat2(staging, path, _RENAME_EXCHANGE):
+        _remove(staging)  # now the replaced output
+        return
+    retired = path.with_name(f".{path.name}{STAGING_MARK}{os.getpid()}-{secrets.token_hex(4)}-replaced")
+    os.rename(path, retired)
+    os.rename(staging, path)
+    _remove(retired)
+
+
+@contextlib.contextmanager
+def staged_output(target: Target) -> Iterator[Path]:
+    """Yield a fresh staging path next to target (an empty directory, or a file path not yet created); when the
+    block succeeds it becomes the target (see the module docstring). On any exception, or an interrupt, the
+    staging entry is removed and the target is left as it was."""
+    parent = target.path.absolute().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as problem:
+        raise OutputError(f"{target.path}: cannot create its directory {parent} ({problem.strerror})") from None
+    staging = parent / f".{target.path.name}{STAGING_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        with _directory_lock(parent):
+            sweep_stale_staging(parent)
+            if target.kind.is_directory:
+                staging.mkdir(mode=0o755)
+                lock = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            else:
+                lock = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+    except OSError as problem:
+        _remove(staging)
+        raise OutputError(f"{target.path}: cannot write in {parent} ({problem.strerror})") from None
+    try:
+        yield staging
+        with _directory_lock(parent):
+            _publish(staging, target)
+    except BaseException:
+        _remove(staging)
+        raise
+    finally:
+        os.close(lock)
+
+
+def check_report(path: str | Path) -> Target:
+    """A report file's location (--json, --plot, --markdown): new, or a report edge-sdk wrote there before."""
+    return check_target(path, REPORT, replace=True)
+
+
+def write_report(path: str | Path, write: Callable[[Path], object]) -> Path:
+    """Check path as a report location, let write(staging_path) write the file, then publish it."""
+    target = check_report(path)
+    with staged_output(target) as staging:
+        write(staging)
+    return target.path
+
+
+# ---- recognising edge-sdk's own outputs ------------------------------------------------------------------------
+
+
+def _json_object(path: Path) -> dict | None:
+    from edge_sdk.formats import strict_json
+    from edge_sdk.formats.files import read_bounded
+
+    try:
+        value = strict_json.parse(read_bounded(path, MAX_MARK_BYTES, follow_symlinks=False), str(path))
+    except EdgeSdkError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _foreign_entries(directory: Path, allowed: set[str]) -> list[str]:
+    return sorted(name for name in os.listdir(directory) if name not in allowed)
+
+
+def bundle_is_ours(directory: Path) -> str | None:
+    from edge_sdk.bundle import format as bundle_format
+
+    manifest = _json_object(directory / bundle_format.MANIFEST_FILE)
+    if (
+        manifest is None
+        or manifest.get("format") != bundle_format.FORMAT
+        or not isinstance(manifest.get("files"), dict)
+    ):
+        return f"has no edge-sdk {bundle_format.MANIFEST_FILE}, so it is not an edge-sdk bundle"
+    foreign = _foreign_entries(directory, {bundle_format.MANIFEST_FILE, *manifest["files"]})
+    if foreign:
+        return f"holds {foreign[0]!r}, which is not part of the bundle ({len(foreign)} such)"
+    return None
+
+
+PREDICTORS_FORMAT = "edge-sdk-predictors"
+PREDICTORS_FILES = ("predictors.safetensors", "report.json", "report.png")
+
+
+def predictors_dir_is_ours(directory: Path) -> str | None:
+    from edge_sdk.formats import safetensors
+
+    try:
+        header = safetensors.read_header(directory / PREDICTORS_FILES[0], follow_symlinks=False)
+    except EdgeSdkError:
+        header = None
+    if header is None or header.metadata.get("format") != PREDICTORS_FORMAT:
+        return f"has no edge-sdk {PREDICTORS_FILES[0]}, so it is not an edge-sdk predictors directory"
+    foreign = _foreign_entries(directory, set(PREDICTORS_FILES))
+    if foreign:
+        return f"holds {foreign[0]!r}, which edge-sdk did not write there ({len(foreign)} such)"
+    return None
+
+
+def archive_is_ours(path: Path) -> str | None:
+    from edge_sdk.bundle import format as bundle_format
+    from edge_sdk.formats import strict_json
+
+    try:
+        with tarfile.open(path, mode="r:") as archive:
+            member = archive.getmember(bundle_format.MANIFEST_FILE)
+            handle = archive.extractfile(member) if member.isreg() and member.size <= MAX_MARK_BYTES else None
+            manifest = strict_json.parse(handle.read(), str(path)) if handle is not None else None
+    except (tarfile.TarError, KeyError, OSError, EdgeSdkError):
+        manifest = None
+    if not isinstance(manifest, dict) or manifest.get("format") != bundle_format.FORMAT:
+        return "is not an edge-sdk bundle archive"
+    return None
+
+
+REPORT_PRODUCER_FIELD = "edge_sdk"
+PNG_SOFTWARE = "edge-sdk"
+PNG_METADATA = {"Software": f"{PNG_SOFTWARE} {__version__}"}  # matplotlib's savefig metadata for our plots
+MARKDOWN_MARK = "<!-- written by edge-sdk"
+
+
+def report_is_ours(path: Path) -> str | None:
+    """JSON reports carry a top-level "edge_sdk" (the version), PNG plots a Software text chunk "edge-sdk ...",
+    markdown a first-line comment."""
+    try:
+        head = path.open("rb").read(64)
+    except OSError as problem:
+        return f"cannot be read ({problem.strerror})"
+    if head.startswith(b"\x89PNG"):
+        return None if _png_software(path).startswith(PNG_SOFTWARE) else "is a PNG image edge-sdk did not draw"
+    if head.startswith(MARKDOWN_MARK.encode()):
+        return None
+    report = _json_object(path)
+    if report is not None and REPORT_PRODUCER_FIELD in report:
+        return None
+    return "is not a report edge-sdk wrote"
+
+
+def _png_software(path: Path) -> str:
+    """The Software tEXt chunk of a PNG file ("" when absent)."""
+    import struct
+
+    with path.open("rb") as handle:
+        handle.read(8)
+        while True:
+            head = handle.read(8)
+            if len(head) < 8:
+                return ""
+            length, chunk = struct.unpack(">I4s", head)
+            if chunk == b"IEND" or length > MAX_MARK_BYTES:
+                return ""
+            data = handle.read(length)
+            handle.read(4)
+            if chunk == b"tEXt" and data.startswith(b"Software\x00"):
+                return data[len(b"Software\x00") :].decode("latin-1")
+
+
+BUNDLE = OutputKind("bundle", True, bundle_is_ours)
+PREDICTORS = OutputKind("predictors directory", True, predictors_dir_is_ours)
+ARCHIVE = OutputKind("bundle archive", False, archive_is_ours)
+REPORT = OutputKind("report", False, report_is_ours)

@@ -1,0 +1,24 @@
+/* Which tensors a bundle holds (edge_sdk/bundle/layout.py with the predictor tensors of edge_sdk/predictors), and
+ * the check that manifest.json declares exactly those:
+ * - model tensors under their Hugging Face names without "model.", W_down stored as mlp.down_proj.weight_t [D, d];
+ *   matrices in the bundle's weight dtype, vectors (norms, biases) in F32, rope.cos / rope.sin [max_seq_len,
+ *   head_dim] in F32;
+ * - per layer i the predictor's layers.{i}.{kind}.{name}: svd a [D, rank], b [rank, d], biases [levels, D],
+ *   capacity I32 [levels]; signbit packed I32 [D, ceil(d / 32)], alpha [1], capacity I32 [1]; core capacity I32
+ *   [1]; threshold thresholds [levels, D], capacity I32 [levels]; none nothing. An svd layer's rank is read from
+ *   its declared svd.a, 1 <= rank <= min(d, D). */
+#ifndef EDGE_LAYOUT_H
+#define EDGE_LAYOUT_H
+
+#include <cjson/cJSON.h>
+
+#include "config.h"
+#include "edge_sdk.h"
+#include "safetensors.h"
+
+/* manifest "tensors" (name -> {dtype, shape}) must be exactly the tensors above; where: "BUNDLE/manifest.json:
+ * tensors". */
+edge_status layout_check_tensors(const cJSON *tensors, const struct model_config *config, enum tensor_dtype weight_dtype,
+                                 int max_seq_len, const struct sparsity_settings *sparsity, const char *where);
+
+#endif

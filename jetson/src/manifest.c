@@ -1,0 +1,165 @@
+/* manifest.json, field by field, in the order of bundle/manifest.py validate. */
+#include "manifest.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "error.h"
+#include "json_canonical.h"
+#include "json_fields.h"
+#include "json_strict.h"
+#include "layout.h"
+
+#define MAX_FILE_NAME_BYTES 255
+#define MAX_FILE_SIZE (INT64_C(1) << 53)
+#define SHOWN_NAME_BYTES 200
+
+int bundle_file_name_ok(const char *name) {
+  size_t length = strlen(name);
+  if (length == 0 || length > MAX_FILE_NAME_BYTES) return 0;
+  for (size_t i = 0; i < length; i++) {
+    char c = name[i];
+    int alphanumeric = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    if (!alphanumeric && (i == 0 || (c != '.' && c != '_' && c != '-'))) return 0;
+  }
+  return 1;
+}
+
+/* A field's object with its own `where` ("PATH: model"). */
+static edge_status section(const cJSON *manifest, const char *field, const char *where, const cJSON **out,
+                           char *inner, size_t inner_size) {
+  snprintf(inner, inner_size, "%s: %s", where, field);
+  return json_object_field(manifest, field, where, out);
+}
+
+static edge_status check_format(const cJSON *manifest, const char *text, size_t size, const char *where) {
+  static const char *const formats[] = {BUNDLE_FORMAT};
+  int format;
+  int64_t version;
+  edge_status status = json_choice_field(manifest, "format", where, formats, 1, &format);
+  if (status == EDGE_OK) status = json_int_field(manifest, "format_version", where, 1, INT32_MAX, &version);
+  if (status != EDGE_OK) return status;
+  if (version > BUNDLE_FORMAT_VERSION) {
+    return edge_fail(EDGE_ERROR_UNSUPPORTED, "%s: bundle format version %lld is newer than this edge-sdk supports (%d); "
+                     "upgrade libedge_sdk or re-export the bundle", where, (long long)version, BUNDLE_FORMAT_VERSION);
+  }
+  const char *recorded;
+  char digest[65];
+  if ((status = json_string_field(manifest, BUNDLE_MANIFEST_DIGEST_FIELD, where, &recorded)) != EDGE_OK ||
+      (status = json_canonical_digest(text, size, BUNDLE_MANIFEST_DIGEST_FIELD, where, digest)) != EDGE_OK) {
+    return status;
+  }
+  if (strcmp(recorded, digest) != 0) {
+    return edge_fail(EDGE_ERROR_BUNDLE, "%s: field '%s' does not match the manifest's content (the manifest changed)",
+                     where, BUNDLE_MANIFEST_DIGEST_FIELD);
+  }
+  return EDGE_OK;
+}
+
+/* exporter: optional; when present an object with string name and version. */
+static edge_status check_exporter(const cJSON *manifest, const char *where) {
+  if (cJSON_GetObjectItemCaseSensitive(manifest, "exporter") == NULL) return EDGE_OK;
+  const cJSON *exporter;
+  const char *text;
+  char inner[4096 + 16];
+  edge_status status = section(manifest, "exporter", where, &exporter, inner, sizeof inner);
+  if (status == EDGE_OK) status = json_string_field(exporter, "name", inner, &text);
+  if (status == EDGE_OK) status = json_string_field(exporter, "version", inner, &text);
+  return status;
+}
+
+static edge_status read_graphs(const cJSON *manifest, const char *where, struct manifest *out) {
+  static const char *const phases[BUNDLE_GRAPH_PHASES] = {"prefill", "decode"};
+  const cJSON *graphs;
+  char inner[4096 + 16];
+  edge_status status = section(manifest, "graphs", where, &graphs, inner, sizeof inner);
+  for (int i = 0; status == EDGE_OK && i < BUNDLE_GRAPH_PHASES; i++) {
+    status = json_string_field(graphs, phases[i], inner, &out->graphs[i]);
+    if (status == EDGE_OK && !bundle_file_name_ok(out->graphs[i])) {
+      status = json_field_fail(graphs, phases[i], inner, "a plain file name of the bundle directory");
+    }
+  }
+  return status;
+}
+
+/* One entry of files: {size: [0, 2^53], sha256: 64 lowercase hexadecimal digits}. */
+static edge_status check_file_entry(const cJSON *entry, const char *where) {
+  char shown[SHOWN_NAME_BYTES], inner[4096 + 2 * SHOWN_NAME_BYTES];
+  snprintf(inner, sizeof inner, "%s['%s']", where, json_shown(entry->string, shown, sizeof shown));
+  if (!bundle_file_name_ok(entry->string) || strcmp(entry->string, BUNDLE_MANIFEST_FILE) == 0) {
+    return edge_fail(EDGE_ERROR_BUNDLE, "%s: file name '%s' is not allowed: a bundle lists plain file names of its "
+                     "own directory (letters, digits, '.', '_', '-', not starting with '.'), never manifest.json itself",
+                     where, shown);
+  }
+  if (!cJSON_IsObject(entry)) {
+    return edge_fail(EDGE_ERROR_BUNDLE, "%s: expected a JSON object, found %s", inner, json_type_name(entry));
+  }
+  int64_t size;
+  const char *digest;
+  edge_status status = json_int_field(entry, "size", inner, 0, MAX_FILE_SIZE, &size);
+  if (status == EDGE_OK) status = json_string_field(entry, "sha256", inner, &digest);
+  if (status != EDGE_OK) return status;
+  int hex = strlen(digest) == 64;
+  for (int i = 0; hex && i < 64; i++) hex = (digest[i] >= '0' && digest[i] <= '9') || (digest[i] >= 'a' && digest[i] <= 'f');
+  return hex ? EDGE_OK : json_field_fail(entry, "sha256", inner, "64 lowercase hexadecimal digits");
+}
+
+static edge_status check_files(const cJSON *manifest, const char *where, const struct manifest *out) {
+  const cJSON *files, *entry;
+  char inner[4096 + 16];
+  edge_status status = section(manifest, "files", where, &files, inner, sizeof inner);
+  if (status != EDGE_OK) return status;
+  cJSON_ArrayForEach(entry, files) {
+    if ((status = check_file_entry(entry, inner)) != EDGE_OK) return status;
+  }
+  const char *required[] = {BUNDLE_WEIGHTS_FILE, BUNDLE_TOKENIZER_FILE, out->graphs[0], out->graphs[1]};
+  for (size_t i = 0; i < sizeof required / sizeof *required; i++) {
+    if (cJSON_GetObjectItemCaseSensitive(files, required[i]) == NULL) {
+      return edge_fail(EDGE_ERROR_BUNDLE, "%s: does not list %s, which every bundle needs", inner, required[i]);
+    }
+  }
+  return EDGE_OK;
+}
+
+/* model, dtype and max_seq_len. */
+static edge_status read_model(const cJSON *manifest, const char *where, struct manifest *out) {
+  static const char *const dtypes[] = {"fp32", "fp16", "bf16"};
+  static const enum tensor_dtype weight_dtypes[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
+  const cJSON *model;
+  char inner[4096 + 16];
+  int dtype, max_seq_len;
+  int64_t value;
+  edge_status status = section(manifest, "model", where, &model, inner, sizeof inner);
+  if (status == EDGE_OK) status = config_read_model(model, inner, &out->model);
+  if (status == EDGE_OK) status = json_choice_field(manifest, "dtype", where, dtypes, 3, &dtype);
+  if (status == EDGE_OK) {
+    status = json_int_field(manifest, "max_seq_len", where, 2, out->model.max_position_embeddings, &value);
+  }
+  if (status != EDGE_OK) return status;
+  max_seq_len = (int)value;
+  out->weight_dtype = weight_dtypes[dtype];
+  out->max_seq_len = max_seq_len;
+  return EDGE_OK;
+}
+
+edge_status manifest_validate(const cJSON *manifest, const char *text, size_t size, const char *where,
+                              struct manifest *out) {
+  memset(out, 0, sizeof *out);
+  if (!cJSON_IsObject(manifest)) {
+    return edge_fail(EDGE_ERROR_BUNDLE, "%s: expected a JSON object, found %s", where, json_type_name(manifest));
+  }
+  const cJSON *sparsity, *tensors;
+  char inner[4096 + 16];
+  edge_status status;
+  if ((status = check_format(manifest, text, size, where)) != EDGE_OK ||
+      (status = check_exporter(manifest, where)) != EDGE_OK || (status = read_model(manifest, where, out)) != EDGE_OK ||
+      (status = section(manifest, "sparsity", where, &sparsity, inner, sizeof inner)) != EDGE_OK ||
+      (status = config_read_sparsity(sparsity, out->model.num_layers, inner, &out->sparsity)) != EDGE_OK ||
+      (status = read_graphs(manifest, where, out)) != EDGE_OK ||
+      (status = section(manifest, "tensors", where, &tensors, inner, sizeof inner)) != EDGE_OK ||
+      (status = layout_check_tensors(tensors, &out->model, out->weight_dtype, out->max_seq_len, &out->sparsity,
+                                     inner)) != EDGE_OK) {
+    return status;
+  }
+  return check_files(manifest, where, out);
+}

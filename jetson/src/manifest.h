@@ -1,0 +1,40 @@
+/* manifest.json, validated field by field (edge_sdk/bundle/manifest.py, the table of edge_sdk/bundle/README.md):
+ * format and format_version, manifest_sha256 (json_canonical.h), exporter, the model config and sparsity
+ * settings (config.h), dtype, max_seq_len, graphs, exactly the tensors of the model (layout.h), and files. */
+#ifndef EDGE_MANIFEST_H
+#define EDGE_MANIFEST_H
+
+#include <stddef.h>
+
+#include <cjson/cJSON.h>
+
+#include "config.h"
+#include "edge_sdk.h"
+#include "safetensors.h"
+
+#define BUNDLE_FORMAT "edge-sdk-bundle"
+#define BUNDLE_FORMAT_VERSION 1
+#define BUNDLE_MANIFEST_FILE "manifest.json"
+#define BUNDLE_MANIFEST_DIGEST_FIELD "manifest_sha256"
+#define BUNDLE_WEIGHTS_FILE "weights.safetensors"
+#define BUNDLE_TOKENIZER_FILE "tokenizer.json"
+#define BUNDLE_TOKENIZER_CONFIG_FILE "tokenizer_config.json"
+#define BUNDLE_GRAPH_PHASES 2 /* prefill, decode */
+
+struct manifest {
+  struct model_config model;     /* bundle_max_seq_len and max_seq_len are 0: the options set them */
+  enum tensor_dtype weight_dtype; /* of the matrices: F32, F16 or BF16 (dtype fp32, fp16, bf16) */
+  int max_seq_len;               /* in [2, model.max_position_embeddings] */
+  struct sparsity_settings sparsity;
+  const char *graphs[BUNDLE_GRAPH_PHASES]; /* prefill, decode: file names the manifest lists (in its tree) */
+};
+
+/* Checks the parsed manifest (text[0:size], for its digest; where: its path) and fills *out. EDGE_ERROR_BUNDLE
+ * naming the field, EDGE_ERROR_UNSUPPORTED for a newer format_version. */
+edge_status manifest_validate(const cJSON *manifest, const char *text, size_t size, const char *where,
+                              struct manifest *out);
+
+/* A plain file name of the bundle directory: [A-Za-z0-9][A-Za-z0-9._-]{0,254}. */
+int bundle_file_name_ok(const char *name);
+
+#endif

@@ -1,0 +1,357 @@
+"""Writing outputs never harms what edge-sdk did not write (edge_sdk/outputs.py), asserted through real processes:
+exit status 2, one line on stderr, no traceback, and the file system around the target unchanged, with no
+staging left behind. Also: publishing is exclusive between two writers, a killed writer's staging is swept by the
+next writer, and operating-system errors (a full disk, a read-only file system) are one line too."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from edge_sdk.outputs import STAGING_MARK
+
+QUICK_EXPORT = ["--predictor", "none", "--max-seq-len", "32"]
+
+
+def edge_sdk(*args: str | Path, cwd: Path | None = None, env: dict | None = None, timeout: int = 300):
+    return subprocess.run(
+        [sys.executable, "-m", "edge_sdk", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Everything below root: path -> (kind, size, modification time, inode), links not followed."""
+    found = {}
+    for directory, names, files in os.walk(root):
+        for name in names + files:
+            path = Path(directory) / name
+            info = path.lstat()
+            found[str(path.relative_to(root))] = (info.st_mode >> 12, info.st_size, info.st_mtime_ns, info.st_ino)
+    return found
+
+
+def assert_refused(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    errors = [line for line in result.stderr.splitlines() if line.startswith("edge-sdk: error:")]
+    assert result.returncode == 2, result.stderr
+    assert len(errors) == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+
+
+def staging_left(root: Path) -> list[str]:
+    return [path for path in snapshot(root) if STAGING_MARK in path]
+
+
+@pytest.fixture
+def workspace(tmp_path, tiny_model_dir) -> Path:
+    """A user's directory: a model, notes of their own, and nothing of edge-sdk's yet."""
+    shutil.copytree(tiny_model_dir, tmp_path / "model", ignore=shutil.ignore_patterns("*.txt"))
+    (tmp_path / "notes.txt").write_text("my own notes\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "more.txt").write_text("more\n")
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def archive(tiny_model_dir, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("archive")
+    assert edge_sdk("export", tiny_model_dir, "-o", root / "bundle", *QUICK_EXPORT).returncode == 0
+    assert edge_sdk("pack", root / "bundle", root / "bundle.tar").returncode == 0
+    return root / "bundle.tar"
+
+
+@pytest.mark.parametrize(
+    ("target", "reason"),
+    [
+        (".", "is the current directory"),
+        ("..", "contains the current directory"),
+        ("/", "is the filesystem root"),
+        ("model", "is the input model"),
+        ("model/bundle", "is inside the input model"),
+        ("data", "has no edge-sdk manifest.json, so it is not an edge-sdk bundle"),
+        ("notes.txt", "is a file, not an edge-sdk bundle"),
+        ("link", "is a symbolic link"),
+        ("notes.txt/bundle", "is a file, so the bundle cannot be created below it"),
+    ],
+)
+def test_export_force_refuses_what_edge_sdk_did_not_write(workspace, target, reason):
+    (workspace / "link").symlink_to(workspace / "data")
+    before = snapshot(workspace)
+    result = edge_sdk("export", "model", "-o", target, "--force", *QUICK_EXPORT, cwd=workspace)
+    assert_refused(result, reason)
+    assert snapshot(workspace) == before
+
+
+def test_export_force_refuses_the_home_directory_and_a_directory_holding_the_model(workspace, tmp_path):
+    home = workspace / "data"
+    before = snapshot(workspace)
+    result = edge_sdk(
+        "export", "model", "-o", home, "--force", *QUICK_EXPORT, cwd=workspace, env=os.environ | {"HOME": str(home)}
+    )
+    assert_refused(result, "is the home directory")
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-cwd"
+    elsewhere.mkdir()
+    result = edge_sdk("export", workspace / "model", "-o", workspace, "--force", *QUICK_EXPORT, cwd=elsewhere)
+    assert_refused(result, "contains the input model")
+    assert snapshot(workspace) == before
+
+
+def test_force_replaces_an_earlier_bundle_but_not_one_holding_a_users_file(workspace):
+    first = edge_sdk("export", "model", "-o", "bundle", *QUICK_EXPORT, cwd=workspace)
+    assert first.returncode == 0, first.stderr
+    again = edge_sdk("export", "model", "-o", "bundle", *QUICK_EXPORT, cwd=workspace)
+    assert_refused(again, "already exists (use --force")
+    (workspace / "bundle" / "mine.txt").write_text("kept\n")
+    before = snapshot(workspace)
+    assert_refused(edge_sdk("export", "model", "-o", "bundle", "--force", *QUICK_EXPORT, cwd=workspace), "'mine.txt'")
+    assert snapshot(workspace) == before
+    (workspace / "bundle" / "mine.txt").unlink()
+    inode = (workspace / "bundle").stat().st_ino
+    replaced = edge_sdk("export", "model", "-o", "bundle", "--force", *QUICK_EXPORT, cwd=workspace)
+    assert replaced.returncode == 0, replaced.stderr
+    assert (workspace / "bundle").stat().st_ino != inode and (workspace / "notes.txt").read_text() == "my own notes\n"
+    assert staging_left(workspace) == []
+
+
+def test_unpack_force_refuses_the_current_directory_and_foreign_directories(workspace, archive):
+    before = snapshot(workspace)
+    assert_refused(edge_sdk("unpack", archive, ".", "--force", cwd=workspace), "is the current directory")
+    assert_refused(edge_sdk("unpack", archive, "data", "--force", cwd=workspace), "not an edge-sdk bundle")
+    assert_refused(edge_sdk("unpack", archive, archive.parent, "--force", cwd=workspace), "contains the archive")
+    assert snapshot(workspace) == before
+    assert edge_sdk("unpack", archive, "unpacked", cwd=workspace).returncode == 0
+    assert edge_sdk("unpack", archive, "unpacked", "--force", cwd=workspace).returncode == 0
+    assert staging_left(workspace) == []
+
+
+def test_pack_refuses_directories_and_files_it_did_not_write(workspace, archive):
+    bundle = archive.parent / "bundle"
+    before = snapshot(workspace)
+    assert_refused(edge_sdk("pack", bundle, "data", cwd=workspace), "data: already exists")
+    assert_refused(
+        edge_sdk("pack", bundle, "data", "--force", cwd=workspace), "is a directory, not an edge-sdk bundle archive"
+    )
+    assert_refused(edge_sdk("pack", bundle, "notes.txt", "--force", cwd=workspace), "is not an edge-sdk bundle archive")
+    assert snapshot(workspace) == before
+    assert edge_sdk("pack", bundle, "out.tar", cwd=workspace).returncode == 0
+    assert_refused(edge_sdk("pack", bundle, "out.tar", cwd=workspace), "already exists")
+    assert edge_sdk("pack", bundle, "out.tar", "--force", cwd=workspace).returncode == 0
+    assert staging_left(workspace) == []
+
+
+def test_unpack_refuses_a_member_path_below_a_later_file(workspace, archive):
+    hostile = workspace / "hostile.tar"
+    with tarfile.open(archive) as source, tarfile.open(hostile, "w") as tar:
+        info = tarfile.TarInfo("zz/x")
+        tar.addfile(info)
+        tar.addfile(tarfile.TarInfo("zz"))
+        for member in source:
+            tar.addfile(member, source.extractfile(member))
+    before = snapshot(workspace)
+    assert_refused(edge_sdk("unpack", hostile, "out", cwd=workspace), "'zz/x' is not a plain file name")
+    assert snapshot(workspace) == before
+
+
+def test_two_writers_to_one_target_one_wins_the_other_is_told(workspace):
+    calibration = Path(__file__).parents[1] / "fixtures" / "tiny-relu-llama" / "calibration.txt"
+    args = [
+        sys.executable,
+        "-m",
+        "edge_sdk",
+        "export",
+        "model",
+        "-o",
+        "bundle",
+        "--calib",
+        str(calibration),
+        "--tokens",
+        "1024",
+        "--levels",
+        "0.5",
+        "--sparsity",
+        "0.5",
+        "--max-seq-len",
+        "32",
+    ]
+    writers = [
+        subprocess.Popen(args, cwd=workspace, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    results = [(writer.wait(timeout=300), writer.stderr.read()) for writer in writers]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 2], results
+    loser = next(stderr for code, stderr in results if code == 2)
+    assert "changed while this command ran" in loser or "already exists" in loser, loser
+    assert "Traceback" not in loser
+    assert edge_sdk("verify", "bundle", "--files-only", cwd=workspace).returncode == 0
+    assert staging_left(workspace) == []
+
+
+def test_a_killed_writer_leaves_only_hidden_staging_which_the_next_writer_sweeps(workspace):
+    calibration = Path(__file__).parents[1] / "fixtures" / "tiny-relu-llama" / "calibration.txt"
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "edge_sdk",
+            "export",
+            "model",
+            "-o",
+            "bundle",
+            "--calib",
+            str(calibration),
+            "--max-seq-len",
+            "32",
+        ],
+        cwd=workspace,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while not staging_left(workspace) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert staging_left(workspace), "the export never started writing"
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    left = staging_left(workspace)
+    assert left and all(Path(path).parts[0].startswith(".") for path in left)
+    assert not (workspace / "bundle").exists()
+    result = edge_sdk("export", "model", "-o", "other", *QUICK_EXPORT, cwd=workspace)
+    assert result.returncode == 0, result.stderr
+    assert staging_left(workspace) == []
+
+
+def test_a_live_writers_staging_is_not_swept(workspace):
+    staging = workspace / f".bundle{STAGING_MARK}99999-live"
+    staging.mkdir()
+    lock = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        assert edge_sdk("export", "model", "-o", "other", *QUICK_EXPORT, cwd=workspace).returncode == 0
+        assert staging.is_dir()
+    finally:
+        os.close(lock)
+
+
+def in_mount_namespace(script: str) -> subprocess.CompletedProcess:
+    """Run a shell script in a private mount namespace (tmpfs and read-only mounts vanish with it)."""
+    return subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def mounts_available(tmp_path: Path) -> bool:
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    if shutil.which("unshare") is None:
+        return False
+    return in_mount_namespace(f"mount -t tmpfs -o size=1m tmpfs {probe}").returncode == 0
+
+
+def test_a_full_disk_and_a_read_only_file_system_are_one_line(workspace, tmp_path):
+    if not mounts_available(tmp_path):
+        pytest.skip("needs unshare and mount (root with CAP_SYS_ADMIN) to make a small tmpfs and a read-only mount")
+    command = f"{sys.executable} -m edge_sdk export {workspace / 'model'} {' '.join(QUICK_EXPORT)} -o"
+    full = tmp_path / "full"
+    full.mkdir()
+    result = in_mount_namespace(
+        f"mount -t tmpfs -o size=512k tmpfs {full} && {command} {full}/bundle; echo rc=$?; ls -A {full}"
+    )
+    lines = result.stdout.splitlines()
+    assert "rc=2" in lines and lines[-1] == "rc=2", result.stdout + result.stderr  # nothing listed after rc: empty
+    errors = [line for line in result.stderr.splitlines() if line.startswith("edge-sdk: error:")]
+    assert len(errors) == 1 and "No space left on device" in errors[0] and "Traceback" not in result.stderr
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    result = in_mount_namespace(
+        f"mount --bind -o ro {read_only} {read_only} && {command} {read_only}/bundle; echo rc=$?"
+    )
+    assert result.stdout.strip().endswith("rc=2"), result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("edge-sdk: error:")]
+    assert len(errors) == 1 and "read-only file system" in errors[0] and "Traceback" not in result.stderr
+    assert list(read_only.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--seed", "-1"], "'--seed': -1 is not in the range"),
+        (["--threads", "5000"], "'--threads': 5000 is not in the range"),
+        (["--max-new-tokens", "-3"], "'--max-new-tokens': -3 is not in the range"),
+        (["--prompt", b"\xff\xfeabc".decode("utf-8", "surrogateescape")], "--prompt: not UTF-8 text"),
+    ],
+)
+def test_run_refuses_bad_arguments_in_one_line(archive, args, fragment):
+    bundle = archive.parent / "bundle"
+    extra = [] if "--prompt" in args else ["--prompt", "x"]
+    assert_refused(edge_sdk("run", bundle, *extra, *args), fragment)
+
+
+def test_run_refuses_a_prompt_on_standard_input_that_is_not_utf8(archive):
+    result = subprocess.run(
+        [sys.executable, "-m", "edge_sdk", "run", str(archive.parent / "bundle")],
+        input=b"abc\xff\xfe",
+        capture_output=True,
+        timeout=120,
+    )
+    assert (
+        result.returncode == 2
+        and b"standard input: the prompt is not UTF-8 text (byte 0xff at offset 3)" in result.stderr
+    )
+    assert b"Traceback" not in result.stderr
+
+
+def test_export_refuses_sizes_beyond_the_model_and_the_machine(workspace):
+    calibration = Path(__file__).parents[1] / "fixtures" / "tiny-relu-llama" / "calibration.txt"
+    before = snapshot(workspace)
+    assert_refused(
+        edge_sdk("export", "model", "-o", "b", "--predictor", "none", "--max-seq-len", "1000000000", cwd=workspace),
+        "max sequence length must be in [2, 1024]",
+    )
+    assert_refused(
+        edge_sdk("export", "model", "-o", "b", "--calib", calibration, "--tokens", "4000000000", cwd=workspace),
+        "calibrating on 4000000000 tokens needs about",
+        "GiB available",
+    )
+    assert snapshot(workspace) == before
+
+
+def test_calibrate_force_refuses_what_edge_sdk_did_not_write(workspace):
+    calibration = Path(__file__).parents[1] / "fixtures" / "tiny-relu-llama" / "calibration.txt"
+    before = snapshot(workspace)
+    for target, reason in ((".", "is the current directory"), ("data", "not an edge-sdk predictors directory")):
+        result = edge_sdk("calibrate", "model", "--calib", calibration, "-o", target, "--force", cwd=workspace)
+        assert_refused(result, reason)
+    assert snapshot(workspace) == before
+
+
+def test_report_files_replace_only_edge_sdk_reports(workspace, archive):
+    bundle = archive.parent / "bundle"
+    before = snapshot(workspace)
+    result = edge_sdk("bench", "e2e", bundle, "--tokens", "2", "--repeats", "1", "--json", "notes.txt", cwd=workspace)
+    assert_refused(result, "notes.txt: is not a report edge-sdk wrote")
+    assert snapshot(workspace) == before
+    for _ in range(2):  # the second run replaces the first run's report
+        result = edge_sdk(
+            "bench", "e2e", bundle, "--tokens", "2", "--repeats", "1", "--json", "e2e.json", cwd=workspace
+        )
+        assert result.returncode == 0, result.stderr
+    assert staging_left(workspace) == []
