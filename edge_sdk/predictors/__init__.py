@@ -2,8 +2,9 @@
 FFN activations it serves, its default settings, and the tensors it stores in a bundle.
 
 Everything else derives from this table: the CLI's choices, the exporter, the bundle reader's expected tensors
-and the C runtime's kind table (jetson/src/predictor_kinds.h, checked against it by tests/bundle). It imports no
-torch: the device runtime reads it too.
+and the C runtime's kind table (jetson/src/predictor_kinds.{h,c}, generated from it by `python -m
+edge_sdk.predictors.c_table jetson/src`; tests/bundle/test_predictor_kinds.py fails when they are stale). It
+imports no torch: the device runtime reads it too.
 
 Tensor shapes are written in the bundle's sizes: d (hidden size), D (intermediate size), levels (the calibrated
 levels' count), rank (an svd layer's rank, read from its stored `svd.a`).

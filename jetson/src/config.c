@@ -12,13 +12,13 @@
 #include "json_strict.h"
 #include "model.h"
 
-static const char *const predictor_names[PREDICTOR_KINDS] = {"svd", "signbit", "core", "threshold", "none"};
-
 const char *predictor_name(enum predictor_kind kind) {
-  return (unsigned)kind < PREDICTOR_KINDS ? predictor_names[kind] : "?";
+  return (unsigned)kind < PREDICTOR_KINDS ? predictor_kind_specs[kind].name : "?";
 }
 
-int predictor_has_levels(enum predictor_kind kind) { return kind == PREDICTOR_SVD || kind == PREDICTOR_THRESHOLD; }
+int predictor_has_levels(enum predictor_kind kind) {
+  return (unsigned)kind < PREDICTOR_KINDS && predictor_kind_specs[kind].has_levels;
+}
 
 /* ---- Typed reads ------------------------------------------------------------------------------------------ */
 
@@ -272,6 +272,8 @@ edge_status config_read_sparsity(const cJSON *section, int num_layers, const cha
                                  struct sparsity_settings *settings) {
   memset(settings, 0, sizeof *settings);
   int kind;
+  const char *predictor_names[PREDICTOR_KINDS];
+  for (int i = 0; i < PREDICTOR_KINDS; i++) predictor_names[i] = predictor_kind_specs[i].name;
   edge_status status = json_choice_field(section, "predictor", where, predictor_names, PREDICTOR_KINDS, &kind);
   if (status != EDGE_OK) return status;
   settings->predictor = (enum predictor_kind)kind;

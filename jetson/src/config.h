@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 
 #include "edge_sdk.h"
+#include "predictor_kinds.h" /* the kinds of edge_sdk/predictors, generated from it */
 
 #define MAX_VOCAB_SIZE (1 << 24)
 #define MAX_HIDDEN_SIZE (1 << 20) /* hidden_size, intermediate_size and num_heads * head_dim */
@@ -42,9 +43,6 @@ struct model_config {
   int max_seq_len;        /* KV cache length of sessions (option, <= bundle_max_seq_len) */
 };
 
-/* The predictor kinds of edge_sdk/predictors, in its order. */
-enum predictor_kind { PREDICTOR_SVD, PREDICTOR_SIGNBIT, PREDICTOR_CORE, PREDICTOR_THRESHOLD, PREDICTOR_NONE };
-#define PREDICTOR_KINDS 5
 
 /* manifest "sparsity" as the bundle states it. */
 struct sparsity_settings {

@@ -134,35 +134,32 @@ static void add_layer(struct table *table, const struct model_config *c, enum te
 #undef LAYER
 }
 
-/* A layer's predictor tensors (edge_sdk/predictors KINDS); rank: the layer's svd rank. */
+/* The size a generated predictor_dim stands for in this bundle; rank: the layer's svd rank. */
+static int64_t predictor_dim_size(struct predictor_dim_spec dim, const struct model_config *c,
+                                  const struct sparsity_settings *s, int64_t rank) {
+  switch (dim.symbol) {
+    case DIM_HIDDEN: return c->hidden_size;
+    case DIM_INTERMEDIATE: return c->intermediate_size;
+    case DIM_LEVELS: return s->n_levels;
+    case DIM_RANK: return rank;
+    case DIM_WORDS: return (c->hidden_size + 31) / 32;
+    case DIM_FIXED: break;
+  }
+  return dim.size;
+}
+
+/* A layer's predictor tensors, as the registry (edge_sdk/predictors, generated into predictor_kinds.c) lists them. */
 static void add_predictor(struct table *table, const struct model_config *c, const struct sparsity_settings *s,
                           int layer, int64_t rank) {
-  int64_t d = c->hidden_size, D = c->intermediate_size, levels = s->n_levels, words = (d + 31) / 32;
-  char name[NAME_BYTES];
-#define PREDICTOR(tensor) (snprintf(name, sizeof name, "layers.%d.%s.%s", layer, predictor_name(s->predictor), tensor), name)
-  switch (s->predictor) {
-    case PREDICTOR_SVD:
-      add(table, PREDICTOR("a"), DTYPE_F32, 2, D, rank);
-      add(table, PREDICTOR("b"), DTYPE_F32, 2, rank, d);
-      add(table, PREDICTOR("biases"), DTYPE_F32, 2, levels, D);
-      add(table, PREDICTOR("capacity"), DTYPE_I32, 1, levels, 0);
-      break;
-    case PREDICTOR_SIGNBIT:
-      add(table, PREDICTOR("packed"), DTYPE_I32, 2, D, words);
-      add(table, PREDICTOR("alpha"), DTYPE_F32, 1, 1, 0);
-      add(table, PREDICTOR("capacity"), DTYPE_I32, 1, 1, 0);
-      break;
-    case PREDICTOR_CORE:
-      add(table, PREDICTOR("capacity"), DTYPE_I32, 1, 1, 0);
-      break;
-    case PREDICTOR_THRESHOLD:
-      add(table, PREDICTOR("thresholds"), DTYPE_F32, 2, levels, D);
-      add(table, PREDICTOR("capacity"), DTYPE_I32, 1, levels, 0);
-      break;
-    case PREDICTOR_NONE:
-      break;
+  const struct predictor_kind_spec *kind = &predictor_kind_specs[s->predictor];
+  for (int t = 0; t < kind->n_tensors; t++) {
+    const struct predictor_tensor_spec *tensor = &kind->tensors[t];
+    char name[NAME_BYTES];
+    snprintf(name, sizeof name, "layers.%d.%s.%s", layer, kind->name, tensor->name);
+    int64_t rows = predictor_dim_size(tensor->shape[0], c, s, rank);
+    int64_t cols = tensor->rank == 2 ? predictor_dim_size(tensor->shape[1], c, s, rank) : 0;
+    add(table, name, tensor->dtype, tensor->rank, rows, cols);
   }
-#undef PREDICTOR
 }
 
 /* Each layer's svd rank, from its declared svd.a [D, rank]: 1 <= rank <= min(d, D). */

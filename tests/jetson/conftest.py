@@ -7,9 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from edge_sdk.export.exporter import ExportSettings, export_bundle
-from edge_sdk.sparsity.pipeline import CalibrationSettings
-
 from .support import (
     AARCH64_SYSROOT,
     AARCH64_TOOLCHAIN,
@@ -53,16 +50,9 @@ def aarch64_build(tmp_path_factory) -> Build:
 
 
 @pytest.fixture(scope="session")
-def bundles(tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
-    """The fixture model exported with every predictor kind (small calibration: rank 16, levels 0.5 and 0.8)."""
-    root = tmp_path_factory.mktemp("c-runtime-bundles")
-    calibration = CalibrationSettings(rank=16, max_tokens=1024, levels=(0.5, 0.8))
-    made = {}
-    for name, (predictor, dtype) in BUNDLE_KINDS.items():
-        settings = ExportSettings(predictor=predictor, dtype=dtype, max_seq_len=128, calibration=calibration)
-        export_bundle(tiny_model_dir, root / name, settings, [tiny_model_dir / "calibration.txt"])
-        made[name] = root / name
-    return made
+def bundles(bundle_matrix) -> dict[str, Path]:
+    """The session's fixture bundles (tests/conftest.py) of every predictor kind, by BUNDLE_KINDS name."""
+    return {name: bundle_matrix.path(name) for name in BUNDLE_KINDS}
 
 
 @pytest.fixture(scope="session")

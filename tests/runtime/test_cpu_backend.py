@@ -31,16 +31,9 @@ STEPS = 24
 
 
 @pytest.fixture(scope="module")
-def bundles(tiny_model_dir, tmp_path_factory):
-    root = tmp_path_factory.mktemp("cpu-bundles")
-    calibration = CalibrationSettings(rank=16, max_tokens=2048, levels=(0.5, 0.8))
-    made = {}
-    for kind, dtype in (("svd", "fp32"), ("svd", "fp16"), ("signbit", "fp32"), ("core", "fp16"), ("threshold", "fp32")):
-        settings = ExportSettings(predictor=kind, dtype=dtype, max_seq_len=128, calibration=calibration)
-        made[f"{kind}-{dtype}"] = export_bundle(
-            tiny_model_dir, root / f"{kind}-{dtype}", settings, [tiny_model_dir / "calibration.txt"]
-        )
-    return made
+def bundles(bundle_matrix):
+    """The session's fixture bundles (tests/conftest.py), by "kind-dtype" name."""
+    return bundle_matrix
 
 
 def runtime_built() -> bool:
