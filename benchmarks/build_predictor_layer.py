@@ -20,8 +20,8 @@ import time
 import torch
 
 from edge_sdk.model.activation import Activation
-from edge_sdk.sparsity.calibrate import calibrate_biases, neuron_importance, predicted_inactive_fraction
 from edge_sdk.sparsity.svd import SvdPredictor, fit_svd_predictor, input_gram
+from edge_sdk.sparsity.svd_bias import calibrate_biases, neuron_importance, predicted_inactive_fraction
 
 LEVELS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 CHUNK_TOKENS = 2048

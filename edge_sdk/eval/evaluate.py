@@ -34,11 +34,11 @@ from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import EngineOptions, select_backend
 from edge_sdk.runtime.engine import Engine
 from edge_sdk.sparsity.bundle_model import TorchEngine, configure, load_reference_decoder
-from edge_sdk.sparsity.calibrate import neuron_importance
 from edge_sdk.sparsity.collect import token_stream
 from edge_sdk.sparsity.ffn import ffn_intermediates
 from edge_sdk.sparsity.metrics import layer_metrics
 from edge_sdk.sparsity.sparse_model import SparseDecoder, SparseFeedForward
+from edge_sdk.sparsity.svd_bias import neuron_importance
 
 DEFAULT_MAX_TOKENS = 4096
 DEFAULT_CONTEXT = 256

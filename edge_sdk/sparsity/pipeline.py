@@ -48,7 +48,6 @@ from edge_sdk.model.checkpoint import Checkpoint
 from edge_sdk.model.config import ModelConfig
 from edge_sdk.model.loader import load_layer
 from edge_sdk.model.tokenizer import Tokenizer
-from edge_sdk.sparsity.calibrate import calibrate_biases
 from edge_sdk.sparsity.collect import (
     DEFAULT_CALIBRATION_TOKENS,
     DEFAULT_CHUNK_TOKENS,
@@ -65,6 +64,7 @@ from edge_sdk.sparsity.metrics import layer_metrics
 from edge_sdk.sparsity.signbit import calibrate_alpha, pack_sign_bits, signbit_mask
 from edge_sdk.sparsity.sparse_model import LayerPredictor
 from edge_sdk.sparsity.svd import default_rank, fit_svd_predictor, input_gram
+from edge_sdk.sparsity.svd_bias import calibrate_biases
 from edge_sdk.sparsity.threshold import fit_channel_thresholds_levels
 from edge_sdk.sparsity.validation import (
     DEFAULT_PPL_BUDGET_PERCENT,

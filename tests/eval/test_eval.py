@@ -276,9 +276,9 @@ def test_sweep_writes_frontier_json_plot_and_markdown(tiny_model_dir, held_out, 
     assert target["status"] == ("met" if met else "not met")
     assert written["scored_tokens"] == 4 * 55 and written["commit"] == result["commit"]
     assert written["settings"]["timer"] == "cpu" and written["settings"]["threads"] == 1
-    markdown = format_sweep_markdown(result, command="python benchmarks/eval_sweep.py")
+    markdown = format_sweep_markdown(result, command="edge-sdk sweep tests/fixtures/tiny-relu-llama")
     assert f"| 0.9 | {svd[1]['perplexity_change_percent']:+.2f} | {svd[1]['top1_agreement']:.4f} |" in markdown
-    assert "| signbit |" in markdown and "python benchmarks/eval_sweep.py" in markdown
+    assert "| signbit |" in markdown and "edge-sdk sweep tests/fixtures/tiny-relu-llama" in markdown
 
 
 def test_bad_input_raises_clear_errors(svd_bundle, held_out, tiny_model_dir, tmp_path, monkeypatch):

@@ -3,7 +3,7 @@
 For each variant, importance-weighted recall per layer at equal predicted sparsity (interpolated along
 the calibrated levels), measured on the calibration distribution and on held-out text.
 
-    .venv/bin/python benchmarks/svdp_ablation.py --json benchmarks/results/svdp-ablation-tiny-relu-llama.json
+    .venv/bin/python benchmarks/studies/svdp_ablation.py --json benchmarks/results/svdp-ablation-tiny-relu-llama.json
 """
 
 from __future__ import annotations

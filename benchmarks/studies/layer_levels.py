@@ -14,7 +14,7 @@ The copies exist only for this measurement (in a temporary directory); they are 
 
     .venv/bin/edge-sdk export tests/fixtures/tiny-relu-llama -o out/tiny-relu-llama-uniform \\
         --calib tests/fixtures/tiny-relu-llama/calibration.txt --level-allocation uniform --force
-    .venv/bin/python benchmarks/layer_levels.py out/tiny-relu-llama-uniform \\
+    .venv/bin/python benchmarks/studies/layer_levels.py out/tiny-relu-llama-uniform \\
         --json benchmarks/results/layer-levels-tiny-relu-llama-fp16.json
 """
 

@@ -9,9 +9,9 @@ import torch
 
 from edge_sdk.errors import CalibrationError
 from edge_sdk.model.activation import Activation
-from edge_sdk.sparsity.calibrate import calibrate_biases, neuron_importance, predicted_inactive_fraction
 from edge_sdk.sparsity.ffn import dense_ffn, ffn_intermediates
 from edge_sdk.sparsity.svd import fit_svd_predictor, input_gram
+from edge_sdk.sparsity.svd_bias import calibrate_biases, neuron_importance, predicted_inactive_fraction
 
 LEVELS = [0.0, 0.1, 0.35, 0.5, 0.77, 0.9, 1.0]
 

@@ -6,7 +6,7 @@ of every calibrated level, teacher-forced with dense prompts, per slice, and the
 
     .venv/bin/edge-sdk export tests/fixtures/tiny-relu-llama -o out/tiny-relu-llama \\
         --calib tests/fixtures/tiny-relu-llama/calibration.txt --force
-    .venv/bin/python benchmarks/validation_slices.py out/tiny-relu-llama \\
+    .venv/bin/python benchmarks/studies/validation_slices.py out/tiny-relu-llama \\
         --text tests/fixtures/tiny-relu-llama/calibration.txt --start 20000 \\
         --json benchmarks/results/validation-slices-tiny-relu-llama.json
 """
