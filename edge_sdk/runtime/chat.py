@@ -2,11 +2,20 @@
 
 Templates usually write the bos token themselves, so the rendered text is encoded without adding another bos:
 use chat_prompt_ids, or tokenizer.encode(render_chat(...), add_bos=False).
+
+A chat template comes with the model, so it is untrusted code. It renders in jinja's immutable sandbox (no
+attribute access to Python internals, no mutation of the messages) with two more bounds: RENDER_SECONDS of
+time (a trace function checks the clock on every line the compiled template runs, so loops without output stop
+too) and MAX_RENDERED_CHARS of text, checked before an operation could build a larger string or list (`*`, a
+method or filter given a size beyond the bound) and on the output as it streams. Any failure, jinja's or
+Python's (`{{ 1/0 }}`), is one EdgeSdkError naming the template.
 """
 
 from __future__ import annotations
 
 import json
+import sys
+import time
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +27,14 @@ from edge_sdk.errors import EdgeSdkError
 from edge_sdk.model.tokenizer import Tokenizer
 
 NO_TEMPLATE_MESSAGE = "this bundle's tokenizer_config.json has no chat_template; run without --chat"
+TEMPLATE_SOURCE = "chat_template in tokenizer_config.json"
+RENDER_SECONDS = 2.0  # real templates render in about a millisecond
+MAX_RENDERED_CHARS = 1 << 20  # far more prompt text than any context window holds
+MAX_EXPONENT = 1024  # `**` with larger exponents builds huge integers in one step
+
+
+class TemplateBoundExceeded(Exception):
+    """A template ran longer or built more text than the bounds allow."""
 
 
 def _raise_exception(message: str) -> None:
@@ -35,9 +52,47 @@ def _strftime_now(date_format: str) -> str:
     return datetime.now().strftime(date_format)
 
 
+def _check_size(value: Any) -> None:
+    """Refuse an integer argument that asks for more than MAX_RENDERED_CHARS (a width, a count, a repeat)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_RENDERED_CHARS:
+        raise TemplateBoundExceeded(f"asks for a size of {value}, more than the {MAX_RENDERED_CHARS} allowed")
+
+
+def _bounded_filter(function):
+    def bounded(*args, **kwargs):
+        for value in (*args, *kwargs.values()):
+            _check_size(value)
+        return function(*args, **kwargs)
+
+    bounded.__dict__.update(getattr(function, "__dict__", {}))  # keeps jinja's pass_context / pass_environment marks
+    return bounded
+
+
+class _BoundedSandbox(ImmutableSandboxedEnvironment):
+    """The immutable sandbox, refusing operations whose result would exceed MAX_RENDERED_CHARS."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "**":
+            if isinstance(right, (int, float)) and abs(right) > MAX_EXPONENT:
+                raise TemplateBoundExceeded(f"raises to the power {right}, beyond the {MAX_EXPONENT} allowed")
+        else:
+            for sequence, count in ((left, right), (right, left)):
+                if isinstance(sequence, (str, list, tuple)) and isinstance(count, int):
+                    _check_size(len(sequence) * count)
+        return super().call_binop(context, operator, left, right)
+
+    def call(__self, __context, __obj, *args, **kwargs):
+        for value in (*args, *kwargs.values()):
+            _check_size(value)
+        return super().call(__context, __obj, *args, **kwargs)
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    environment.filters["tojson"] = _tojson
+    environment = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    environment.filters = {name: _bounded_filter(function) for name, function in environment.filters.items()}
+    environment.filters["tojson"] = _bounded_filter(_tojson)
     environment.globals["raise_exception"] = _raise_exception
     environment.globals["strftime_now"] = _strftime_now
     return environment
@@ -66,9 +121,38 @@ def render_chat(tokenizer: Tokenizer, messages: list[dict[str, str]], add_genera
         special_tokens["eos_token"] = tokenizer.backend.id_to_token(tokenizer.eos_token_ids[0])
     try:
         template = _environment().from_string(tokenizer.chat_template)
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **special_tokens)
-    except jinja2.TemplateError as error:
-        raise EdgeSdkError(f"chat_template in tokenizer_config.json: {error}") from None
+        return _render_bounded(
+            template, messages=messages, add_generation_prompt=add_generation_prompt, **special_tokens
+        )
+    except (jinja2.TemplateError, TemplateBoundExceeded) as error:
+        raise EdgeSdkError(f"{TEMPLATE_SOURCE}: {error}") from None
+    except RecursionError:
+        raise EdgeSdkError(f"{TEMPLATE_SOURCE}: recursion too deep") from None
+    except Exception as error:  # the template is untrusted code: whatever it raises is its failure
+        raise EdgeSdkError(f"{TEMPLATE_SOURCE}: {type(error).__name__}: {error}") from None
+
+
+def _render_bounded(template: jinja2.Template, **variables: Any) -> str:
+    """template.render(**variables) within RENDER_SECONDS and MAX_RENDERED_CHARS."""
+    deadline = time.monotonic() + RENDER_SECONDS
+
+    def trace(frame, event, arg):
+        if time.monotonic() > deadline:
+            raise TemplateBoundExceeded(f"took longer than {RENDER_SECONDS:g} s to render")
+        return trace
+
+    pieces, length = [], 0
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        for piece in template.generate(**variables):
+            length += len(piece)
+            if length > MAX_RENDERED_CHARS:
+                raise TemplateBoundExceeded(f"rendered more than {MAX_RENDERED_CHARS} characters")
+            pieces.append(piece)
+    finally:
+        sys.settrace(previous)
+    return "".join(pieces)
 
 
 def chat_prompt_ids(tokenizer: Tokenizer, messages: list[dict[str, str]]) -> list[int]:

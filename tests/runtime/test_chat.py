@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+import time
 
 import pytest
 
 from edge_sdk.errors import EdgeSdkError
+from edge_sdk.export.exporter import ExportSettings, export_bundle
 from edge_sdk.model.tokenizer import Tokenizer
-from edge_sdk.runtime.chat import chat_prompt_ids, render_chat
+from edge_sdk.runtime.chat import RENDER_SECONDS, chat_prompt_ids, render_chat
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -62,3 +68,69 @@ def test_template_errors_carry_the_jinja_message(tokenizer):
 def test_messages_without_role_or_content_are_refused(tokenizer):
     with pytest.raises(EdgeSdkError, match=r"messages\[1\]"):
         render_chat(tokenizer, [*HI, {"text": "no role"}])
+
+
+@pytest.mark.parametrize(
+    ("template", "fragment"),
+    [
+        ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "longer than 2 s"),
+        ("{% for i in range(100000) %}{{ 'x' * 100 }}{% endfor %}", "more than 1048576 characters"),
+        ("{{ 'x' * 1000000000 }}", "asks for a size of 1000000000"),
+        ("{{ [1] * 1000000000 }}", "asks for a size of 1000000000"),
+        ("{{ 'x'.ljust(1000000000) }}", "asks for a size of 1000000000"),
+        ("{{ 'x'|center(1000000000) }}", "asks for a size of 1000000000"),
+        ("{{ 10 ** 100000000 }}", "power 100000000"),
+        ("{{ range(200000)|list }}", "Range too big"),
+        ("{{ 1/0 }}", "ZeroDivisionError: division by zero"),
+        ("{{ messages.append(1) }}", "unsafe"),
+        ("{{ ''.__class__.__mro__ }}", "unsafe"),
+        ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "recursion too deep"),
+    ],
+)
+def test_a_hostile_template_fails_in_one_line_within_its_bounds(tokenizer, template, fragment):
+    started = time.monotonic()
+    with pytest.raises(EdgeSdkError) as refused:
+        render_chat(with_template(tokenizer, template), HI)
+    message = str(refused.value)
+    assert message.startswith("chat_template in tokenizer_config.json: ") and "\n" not in message
+    assert fragment in message, message
+    assert time.monotonic() - started < RENDER_SECONDS + 3
+    assert sys.gettrace() is None  # the bound's trace function is removed again
+
+
+def test_the_bounds_leave_real_templates_alone(tokenizer):
+    chatml = (
+        "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>'"
+        " + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+    long_chat = [{"role": "user", "content": "x" * 100000}] * 5
+    rendered = render_chat(with_template(tokenizer, chatml), long_chat)
+    assert rendered.count("<|im_start|>user\n" + "x" * 100000 + "<|im_end|>\n") == 5
+    assert rendered.endswith("<|im_start|>assistant\n")
+
+
+def test_run_chat_with_a_hanging_template_exits_2_in_one_line(tiny_model_dir, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    bundle = tmp_path / "bundle"
+    export_bundle(model, bundle, ExportSettings(predictor="none", max_seq_len=64))
+    command = [
+        sys.executable,
+        "-m",
+        "edge_sdk",
+        "run",
+        str(bundle),
+        "--chat",
+        "--prompt",
+        "hi",
+        "--max-new-tokens",
+        "2",
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("edge-sdk: error:")]
+    assert errors == ["edge-sdk: error: chat_template in tokenizer_config.json: took longer than 2 s to render"]
+    assert "Traceback" not in result.stderr
