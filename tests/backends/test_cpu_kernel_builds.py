@@ -16,7 +16,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL_SOURCES = sorted((ROOT / "plugins" / "kernels" / "cpu").glob("*.c"))
-KERNEL_TESTS = ["tests/backends/test_cpu_kernels.py", "tests/backends/test_cpu_matvec.py"]
+KERNEL_TESTS = [
+    "tests/backends/test_cpu_kernels.py",
+    "tests/backends/test_cpu_matvec.py",
+    "tests/backends/test_cpu_quant_kernels.py",
+]
 
 pytestmark = pytest.mark.skipif(
     platform.machine() != "x86_64" or shutil.which("gcc") is None or shutil.which("objdump") is None,
