@@ -1,4 +1,5 @@
 /* Sequential SparseFFN for one decode token (DESIGN 3.1): read only the weight rows of the neurons that fire.
+ * The rows are fp32, fp16, or INT8 / INT4 codes with fp16 group scales (QUANT.md); one pipeline serves them all.
  *
  * Decode is a GEMV, bound by memory bandwidth, so the kernel is organised around reading each needed weight
  * row once, in place, in long contiguous pieces, with every thread streaming:
@@ -320,8 +321,8 @@ EDGE_ALWAYS_INLINE void add_rows(float *restrict y, int n, const void *w, int dt
  * The codes of a block of 32 values are widened to two 16-lane fp32 vectors in registers and multiplied in fp32,
  * so a row's bytes are read once and nothing is dequantized in memory. The widening has its own AVX-512, AVX2 and
  * NEON intrinsics and a portable C path: GCC 12 turns __builtin_convertvector from 16 int8 to 16 floats into
- * 16 scalar conversions on every target, which made the INT8 step 4x and the INT4 step 5x slower than fp16 on a
- * llama2-7b FFN. The rest is written once with GCC vectors. The integer dot products of AVX-512 VNNI and NEON
+ * 16 scalar conversions on every target, which made the INT8 step 3x and the INT4 step 4.5x slower than fp16 on a
+ * llama2-7b FFN (1 thread, 50% sparse). The rest is written once with GCC vectors. The integer dot products of AVX-512 VNNI and NEON
  * dotprod would need x quantized to int8 per token, a change of the numbers: not done here (QUANT.md).
  * quant_dot_row(row, scales, dtype, group_size, x, d, next, next_scales): row . x, prefetching the row `next`.
  * add_quant_rows(y, c0, n, codes, scales, ...): y[c0 + c] += (h[r] * scale) * code for c < n, r in order. */
@@ -382,7 +383,8 @@ typedef int8_t codes16 __attribute__((vector_size(16)));
 typedef int8_t unaligned_codes16 __attribute__((vector_size(16), aligned(1), may_alias));
 static inline codes16 load_codes16(const char *p) { return *(const unaligned_codes16 *)p; }
 static inline codes16 low_nibbles(codes16 bytes) { return (bytes & 0x0f) - 8; }
-static inline codes16 high_nibbles(codes16 bytes) { return ((codes16)((uint8_t __attribute__((vector_size(16))))bytes >> 4)) - 8; }
+typedef uint8_t bytes16 __attribute__((vector_size(16)));
+static inline codes16 high_nibbles(codes16 bytes) { return (codes16)((bytes16)bytes >> 4) - 8; }
 EDGE_ALWAYS_INLINE void widen_codes(codes16 codes, vec16 *out) {
   float lanes[16];
   for (int l = 0; l < 16; l++) lanes[l] = (float)codes[l];
@@ -489,7 +491,9 @@ EDGE_ALWAYS_INLINE void add_quant_rows(float *y, int c0, int n, const char *code
   for (int column = c0; column < c0 + n; column += EDGE_QUANT_BLOCK) {
     int block = column / EDGE_QUANT_BLOCK, group = column / group_size;
     size_t offset = (size_t)block * block_bytes(dtype);
-    for (int r = 0; r < n_next && offset % EDGE_CACHE_LINE == 0; r++) EDGE_PREFETCH(codes, next[r] * row_bytes + offset);
+    for (int r = 0; r < n_next && offset % EDGE_CACHE_LINE == 0; r++) {
+      EDGE_PREFETCH(codes, next[r] * row_bytes + offset);
+    }
     for (int r = 0; r < n_next && (column % group_size == 0) && (group * sizeof(uint16_t)) % EDGE_CACHE_LINE == 0;
          r++) {
       EDGE_PREFETCH(scales, (next[r] * groups + group) * sizeof(uint16_t));
