@@ -506,18 +506,36 @@ def _check_report_paths(*paths: str | None) -> None:
     show_default=True,
     help="Gather paths: nonzero (dynamic) or top-k to the capacity (static shapes).",
 )
-@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
+@click.option(
+    "--dtype",
+    type=click.Choice(["fp32", "fp16", "int8", "int4"]),
+    default="fp32",
+    show_default=True,
+    help="int8 / int4 (cpu backend): the sparse kernel over quantized rows against the same step in fp16.",
+)
+@click.option(
+    "--group-size",
+    type=click.Choice(["32", "64", "128"]),
+    default="32",
+    show_default=True,
+    help="int8 / int4: values per fp16 scale.",
+)
 @_threads_option
 @click.option("--repeats", type=click.IntRange(1, 10000), default=20, show_default=True)
 @click.option("--json", "json_path", default=None, help="Also write the rows as JSON (with the machine description).")
-def bench_ffn_command(shape, sparsities, backend, mode, dtype, threads, repeats, json_path) -> None:
-    """Time one decode FFN: torch dense matmul vs our dense and sparse kernels."""
+def bench_ffn_command(shape, sparsities, backend, mode, dtype, group_size, threads, repeats, json_path) -> None:
+    """Time one decode FFN: torch dense matmul vs our dense and sparse kernels (int8 / int4: quantized vs fp16)."""
     _needs_export("`edge-sdk bench ffn`")
     _check_report_paths(json_path)
-    from edge_sdk.bench.ffn import bench_ffn, parse_shape
+    from edge_sdk.bench.ffn import QUANTIZED_DTYPES, bench_ffn, parse_shape
     from edge_sdk.bench.gather import bench_gather_ffn
 
     devices = {"cann": "npu", "torch-cpu": "cpu", "torch-cuda": "cuda"}
+    if dtype in QUANTIZED_DTYPES:
+        if backend != "cpu":
+            raise click.BadParameter(f"--dtype {dtype} runs on the cpu backend only, found --backend {backend}")
+        _bench_quantized_ffn(shape, sparsities, dtype, int(group_size), threads, repeats, json_path)
+        return
     try:
         d, n_neurons = parse_shape(shape)
         levels = _parse_levels(sparsities)
@@ -546,6 +564,31 @@ def bench_ffn_command(shape, sparsities, backend, mode, dtype, threads, repeats,
             f"{row['sparse_ms']:10.2f} {row['speedup_vs_torch']:8.2f}x {row['sparse_gb_per_s']:7.1f}"
         )
     _write_json(json_path, {"benchmark": "ffn", "shape": shape, "backend": backend, "mode": mode, "rows": rows})
+
+
+def _bench_quantized_ffn(shape, sparsities, dtype, group_size, threads, repeats, json_path) -> None:
+    """`bench ffn --dtype int8|int4`: the sparse kernel over quantized rows against fp16, interleaved."""
+    from edge_sdk.bench.ffn import bench_quantized_ffn, parse_shape
+
+    try:
+        d, n_neurons = parse_shape(shape)
+        levels = _parse_levels(sparsities)
+        rows = bench_quantized_ffn(
+            d, n_neurons, levels, dtype=dtype, group_size=group_size, threads=threads, repeats=repeats
+        )
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from None
+    click.echo(f"FFN d={d} D={n_neurons} {dtype} group size {group_size} backend=cpu, sparse kernel vs fp16")
+    click.echo(
+        f"{'sparsity':>8} {'fp16 ms':>8} {dtype + ' ms':>8} {'vs fp16':>8} {'MB read':>8} {'GB/s':>6} {'fp16 GB/s':>9}"
+    )
+    for row in rows:
+        click.echo(
+            f"{row['sparsity']:8.2f} {row['fp16_sparse_ms']:8.2f} {row['sparse_ms']:8.2f} "
+            f"{row['speedup_vs_fp16']:7.2f}x {row['sparse_mb_read']:8.1f} {row['sparse_gb_per_s']:6.1f} "
+            f"{row['fp16_gb_per_s']:9.1f}"
+        )
+    _write_json(json_path, {"benchmark": "ffn", "shape": shape, "backend": "cpu", "dtype": dtype, "rows": rows})
 
 
 @bench.command("e2e")

@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from dataclasses import dataclass
 
 import torch
 
 from edge_sdk.model.activation import Activation
 from edge_sdk.native import load_cpu_kernels
+from edge_sdk.quant import FORMATS, GROUP_SIZES, QuantizedMatrix
 
 # enum edge_dtype, enum edge_activation and enum edge_cpu_status of edge_cpu_kernels.h.
 WEIGHT_DTYPES = {torch.float32: 0, torch.float16: 1}
 ACTIVATIONS = {"relu": 0, "fatrelu": 1, "drelu": 2, "silu": 3}
+# enum edge_quant_format: the formats of edge_sdk.quant.
+QUANT_FORMATS = {"int8": 2, "int4": 3}
 _STATUS_OUT_OF_MEMORY = 2
 
 _ptr = ctypes.c_void_p
@@ -56,6 +60,29 @@ def _library() -> ctypes.CDLL:
         ],
         # x, d, D, w_gate, w_up, w_down_t, weight_dtype, activation, act_threshold, y, workspace, threads
         "edge_cpu_dense_ffn": [_ptr, _int, _int, _ptr, _ptr, _ptr, _int, _int, ctypes.c_float, _ptr, _ptr, _int],
+        # x, in, out, w, scales, quant_format, group_size, bias, y, threads
+        "edge_cpu_matvec_q": [_ptr, _int, _int, _ptr, _ptr, _int, _int, _ptr, _ptr, _int],
+        "edge_cpu_sparse_ffn_q": [
+            _ptr,  # x
+            _int,  # d
+            _int,  # D
+            _ptr,  # w_gate
+            _ptr,  # gate_scales
+            _ptr,  # w_up
+            _ptr,  # up_scales
+            _ptr,  # w_down_t
+            _ptr,  # down_scales
+            _int,  # quant_format
+            _int,  # group_size
+            _ptr,  # mask
+            _ptr,  # thresholds
+            _int,  # activation
+            ctypes.c_float,  # act_threshold
+            _ptr,  # y
+            _ptr,  # workspace
+            _int,  # threads
+            _ptr,  # active_out
+        ],
     }
     for name, argtypes in signatures.items():
         function = getattr(library, name)
@@ -83,6 +110,37 @@ def _check_tensor(name: str, tensor: object, dtypes: tuple[torch.dtype, ...], sh
             f"{list(tensor.stride())}"
         )
     return tensor
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A quantized [rows, cols] weight (edge_sdk/quant.py's format) as the tensors the kernels read in place."""
+
+    format: str  # "int8" or "int4"
+    group_size: int  # 32, 64 or 128
+    data: torch.Tensor  # int8 [rows, cols] (int8) or uint8 [rows, cols // 2] (int4)
+    scales: torch.Tensor  # float16 [rows, cols // group_size]
+
+    @classmethod
+    def from_matrix(cls, matrix: QuantizedMatrix) -> QuantizedWeight:
+        """The tensors over matrix's numpy arrays (shared memory, no copy)."""
+        return cls(matrix.format, matrix.group_size, torch.from_numpy(matrix.data), torch.from_numpy(matrix.scales))
+
+
+def _check_quantized(name: str, weight: object, rows: int, cols: int) -> QuantizedWeight:
+    """weight must be a QuantizedWeight of a known format and group size holding a [rows, cols] matrix."""
+    if not isinstance(weight, QuantizedWeight):
+        raise ValueError(f"{name}: expected a QuantizedWeight, found {type(weight).__name__}")
+    if weight.format not in FORMATS:
+        raise ValueError(f"{name}.format: expected one of {', '.join(FORMATS)}, found {weight.format!r}")
+    if weight.group_size not in GROUP_SIZES or cols % weight.group_size != 0:
+        raise ValueError(f"{name}.group_size: expected one of {GROUP_SIZES} dividing {cols}, found {weight.group_size}")
+    if weight.format == "int8":
+        _check_tensor(f"{name}.data", weight.data, (torch.int8,), [rows, cols])
+    else:
+        _check_tensor(f"{name}.data", weight.data, (torch.uint8,), [rows, cols // 2])
+    _check_tensor(f"{name}.scales", weight.scales, (torch.float16,), [rows, cols // weight.group_size])
+    return weight
 
 
 def _check_status(function: str, status: int) -> None:
@@ -196,6 +254,42 @@ def matvec(
     return out
 
 
+def matvec_quantized(
+    x: torch.Tensor,  # [in] float32
+    weight: QuantizedWeight,  # [out, in], read in place
+    bias: torch.Tensor | None = None,  # [out] float32
+    out: torch.Tensor | None = None,  # [out] float32, receives y
+    threads: int = 0,
+) -> torch.Tensor:
+    """y [out] float32 = dequantize(weight) @ x (+ bias), fp32 accumulation; bit-identical for any thread count."""
+    n_in = _vector_size("x", x)
+    _check_tensor("x", x, (torch.float32,), [n_in])
+    if not isinstance(weight, QuantizedWeight):
+        raise ValueError(f"weight: expected a QuantizedWeight, found {type(weight).__name__}")
+    n_out = weight.data.shape[0] if weight.data.dim() == 2 else 0
+    _check_quantized("weight", weight, n_out, n_in)
+    if bias is not None:
+        _check_tensor("bias", bias, (torch.float32,), [n_out])
+    if out is None:
+        out = torch.empty(n_out, dtype=torch.float32)
+    else:
+        _check_tensor("out", out, (torch.float32,), [n_out])
+    status = _library().edge_cpu_matvec_q(
+        x.data_ptr(),
+        n_in,
+        n_out,
+        weight.data.data_ptr(),
+        weight.scales.data_ptr(),
+        QUANT_FORMATS[weight.format],
+        weight.group_size,
+        _optional_ptr(bias),
+        out.data_ptr(),
+        threads,
+    )
+    _check_status("edge_cpu_matvec_q", status)
+    return out
+
+
 class SparseFFNKernel:
     """The sequential SparseFFN of sparsity/ffn.py for one token, on d x D weights, with its workspace.
 
@@ -298,4 +392,59 @@ class SparseFFNKernel:
             self.threads,
         )
         _check_status("edge_cpu_dense_ffn", status)
+        return out
+
+    def quantized(
+        self,
+        x: torch.Tensor,  # [d] float32
+        w_gate: QuantizedWeight,  # [D, d]
+        w_up: QuantizedWeight,  # [D, d], same format and group size as w_gate
+        w_down_t: QuantizedWeight,  # [D, d], W_down transposed, same format and group size as w_gate
+        activation: Activation,
+        mask: torch.Tensor | None = None,  # [D] bool, None = every neuron a candidate (zeros still skipped)
+        thresholds: torch.Tensor | None = None,  # [D] float32 CHESS thresholds on |act.gate(g)|
+        out: torch.Tensor | None = None,  # [d] float32, receives y
+        active_out: torch.Tensor | None = None,  # [D] bool, receives the neurons that reached up/down
+    ) -> torch.Tensor:
+        """As __call__ on the dequantized weights, reading the quantized rows in place (edge_cpu_sparse_ffn_q)."""
+        d, n_neurons = self.d, self.n_neurons
+        if not isinstance(activation, Activation):
+            raise ValueError(f"activation: expected an Activation, found {type(activation).__name__}")
+        _check_tensor("x", x, (torch.float32,), [d])
+        for name, weight in (("w_gate", w_gate), ("w_up", w_up), ("w_down_t", w_down_t)):
+            _check_quantized(name, weight, n_neurons, d)
+            if (weight.format, weight.group_size) != (w_gate.format, w_gate.group_size):
+                raise ValueError(
+                    f"{name}: expected format {w_gate.format} and group_size {w_gate.group_size} as w_gate, found "
+                    f"{weight.format} and {weight.group_size}"
+                )
+        if mask is not None:
+            _check_tensor("mask", mask, (torch.bool,), [n_neurons])
+        if thresholds is not None:
+            _check_tensor("thresholds", thresholds, (torch.float32,), [n_neurons])
+        out = self._output(out)
+        if active_out is not None:
+            _check_tensor("active_out", active_out, (torch.bool,), [n_neurons])
+        status = _library().edge_cpu_sparse_ffn_q(
+            x.data_ptr(),
+            d,
+            n_neurons,
+            w_gate.data.data_ptr(),
+            w_gate.scales.data_ptr(),
+            w_up.data.data_ptr(),
+            w_up.scales.data_ptr(),
+            w_down_t.data.data_ptr(),
+            w_down_t.scales.data_ptr(),
+            QUANT_FORMATS[w_gate.format],
+            w_gate.group_size,
+            _optional_ptr(mask),
+            _optional_ptr(thresholds),
+            ACTIVATIONS[activation.kind],
+            activation.threshold,
+            out.data_ptr(),
+            self._workspace.data_ptr(),
+            self.threads,
+            _optional_ptr(active_out),
+        )
+        _check_status("edge_cpu_sparse_ffn_q", status)
         return out

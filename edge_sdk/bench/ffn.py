@@ -8,6 +8,10 @@ whose g_i = W_gate_i . x has the wrong sign is negated, so relu(g) is nonzero ex
 The mask given to the sparse kernel is that active set (a perfect predictor); predictor costs are timed
 separately (svd_predictor_ms, signbit_predictor_ms) and not included in sparse_ms.
 
+bench_quantized_ffn times the same sparse step over INT8 or INT4 rows (edge_sdk/quant.py) quantized from the fp16
+weights, interleaved with the fp16 kernel: decode reads fewer bytes per token, so it should run closer to the
+bandwidth limit at fewer bytes, as long as widening the codes in registers keeps up with memory.
+
 Variants are timed interleaved (one call of each per repetition, median of the repetitions after warm-up),
 so a machine whose load changes during the run affects all of them alike. Before every timed call the
 caches are flushed by reading a buffer larger than any last-level cache: in a real decode step the other
@@ -25,13 +29,22 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from edge_sdk.backends.cpu.kernels import SparseFFNKernel, max_threads, signbit_predictor, svd_predictor
+from edge_sdk import quant
+from edge_sdk.backends.cpu.kernels import (
+    QuantizedWeight,
+    SparseFFNKernel,
+    matvec_quantized,
+    max_threads,
+    signbit_predictor,
+    svd_predictor,
+)
 from edge_sdk.model.activation import Activation
 from edge_sdk.sparsity.signbit import words_for
 from edge_sdk.sparsity.svd import default_rank
 
 SHAPES = {"llama2-7b": (4096, 11008), "mistral-7b": (4096, 14336), "qwen2-7b": (3584, 18944)}
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+QUANTIZED_DTYPES = quant.FORMATS  # "int8", "int4": bench_quantized_ffn
 # Reading this many bytes between timed calls evicts the weights from every cache level.
 _FLUSH_BYTES = 256 << 20
 _CPU = torch.device("cpu")
@@ -252,3 +265,103 @@ def format_table(rows: list[dict], columns: tuple[str, ...] = COLUMNS) -> str:
         cells = [f"{row[name]:.3f}" if isinstance(row[name], float) else str(row[name]) for name in columns]
         lines.append("  ".join(cell.rjust(width) for cell, width in zip(cells, widths, strict=True)))
     return "\n".join(lines)
+
+
+def bench_quantized_ffn(
+    d: int,
+    D: int,
+    sparsities: Sequence[float] = (0.5, 0.9),
+    dtype: str = "int8",
+    group_size: int = 32,
+    threads: int = 0,
+    repeats: int = 20,
+    warmup: int = 3,
+    seed: int = 0,
+) -> list[dict]:
+    """Time the native sparse FFN over `dtype` ("int8" or "int4") rows against the same step over the fp16 rows
+    they were quantized from, interleaved, one row per sparsity (relu, mask = the active set as in bench_ffn).
+
+    Row fields: the setup (d, D, dtype, group_size, threads), sparsity, realized_sparsity (measured by the
+    quantized kernel), fp16_sparse_ms, sparse_ms (the quantized kernel), speedup_vs_fp16, sparse_mb_read (codes
+    and scales of the gate, up and down rows of the active neurons), sparse_gb_per_s and fp16_gb_per_s (bytes
+    each step must read per second).
+    """
+    n_neurons = D
+    check_arguments(d, n_neurons, sparsities, "fp16", repeats, warmup)
+    if dtype not in QUANTIZED_DTYPES:
+        raise ValueError(f"dtype: expected one of {', '.join(QUANTIZED_DTYPES)}, found {dtype!r}")
+    if group_size not in quant.GROUP_SIZES or d % group_size != 0:
+        raise ValueError(f"group_size: expected one of {quant.GROUP_SIZES} dividing d={d}, found {group_size}")
+
+    generator = torch.Generator().manual_seed(seed)
+    weights = _FFNWeights(d, n_neurons, torch.float16, generator)
+    quantized = [
+        QuantizedWeight.from_matrix(quant.quantize(w.numpy(), dtype, group_size))
+        for w in (weights.w_gate, weights.w_up, weights.w_down_t)
+    ]
+    gate_scales = quantized[0].scales
+    quantized_row_bytes = quantized[0].data[0].nbytes + gate_scales[0].nbytes
+    kernel = SparseFFNKernel(d, n_neurons, threads)
+    relu = Activation("relu")
+    out = torch.empty(d, dtype=torch.float32)
+
+    def make_active(active: torch.Tensor) -> None:
+        """Both weight sets fire exactly on `active`: the fp16 gate rows as in bench_ffn, the quantized ones by
+        negating their scales (which negates every value of the row exactly)."""
+        weights.make_active(active)
+        positive = matvec_quantized(weights.x, quantized[0]) > 0
+        gate_scales[positive != active] *= -1
+
+    def fp16_call(mask: torch.Tensor) -> torch.Tensor:
+        w = weights
+        return kernel(w.x, w.w_gate, w.w_up, w.w_down_t, relu, mask=mask, out=out)
+
+    def quantized_call(mask: torch.Tensor, active_out: torch.Tensor | None = None) -> torch.Tensor:
+        return kernel.quantized(weights.x, *quantized, relu, mask=mask, out=out, active_out=active_out)
+
+    rows = []
+    with torch_threads(threads):
+        for sparsity in sparsities:
+            n_active, active = random_active(n_neurons, sparsity, generator)
+            make_active(active)
+            realized = torch.zeros(n_neurons, dtype=torch.bool)
+            quantized_call(active, realized)
+            timings = time_interleaved(
+                {
+                    "fp16_sparse_ms": lambda mask=active: fp16_call(mask),
+                    "sparse_ms": lambda mask=active: quantized_call(mask),
+                },
+                repeats,
+                warmup,
+            )
+            read_bytes = 3 * n_active * quantized_row_bytes
+            rows.append(
+                {
+                    "d": d,
+                    "D": n_neurons,
+                    "dtype": dtype,
+                    "group_size": group_size,
+                    "threads": threads if threads > 0 else max_threads(),
+                    "sparsity": sparsity,
+                    "realized_sparsity": 1.0 - realized.sum().item() / n_neurons,
+                    "fp16_sparse_ms": timings["fp16_sparse_ms"],
+                    "sparse_ms": timings["sparse_ms"],
+                    "speedup_vs_fp16": timings["fp16_sparse_ms"] / timings["sparse_ms"],
+                    "sparse_mb_read": read_bytes / 1e6,
+                    "sparse_gb_per_s": read_bytes / timings["sparse_ms"] / 1e6,
+                    "fp16_gb_per_s": 3 * n_active * d * 2 / timings["fp16_sparse_ms"] / 1e6,
+                }
+            )
+    return rows
+
+
+QUANTIZED_COLUMNS = (
+    "sparsity",
+    "realized_sparsity",
+    "fp16_sparse_ms",
+    "sparse_ms",
+    "speedup_vs_fp16",
+    "sparse_mb_read",
+    "sparse_gb_per_s",
+    "fp16_gb_per_s",
+)

@@ -3,7 +3,14 @@
 import pytest
 import torch
 
-from edge_sdk.bench.ffn import COLUMNS, bench_ffn, random_active, torch_threads
+from edge_sdk.bench.ffn import (
+    COLUMNS,
+    QUANTIZED_COLUMNS,
+    bench_ffn,
+    bench_quantized_ffn,
+    random_active,
+    torch_threads,
+)
 
 
 def test_random_active_draws_the_requested_count_reproducibly():
@@ -37,3 +44,17 @@ def test_bench_rows_realize_the_requested_sparsity(dtype):
     for row in rows:
         assert set(COLUMNS) <= set(row) and row["threads"] == 1 and row["dtype"] == dtype
         assert all(row[column] > 0 for column in COLUMNS if column.endswith("_ms"))
+
+
+@pytest.mark.parametrize(("dtype", "row_bytes"), [("int8", 128 + 4 * 2), ("int4", 64 + 4 * 2)])
+def test_quantized_bench_rows_realize_the_sparsity_and_count_the_bytes(dtype, row_bytes):
+    rows = bench_quantized_ffn(128, 512, sparsities=(0.5, 0.875), dtype=dtype, group_size=32, threads=1, repeats=1,
+                               warmup=0)  # fmt: skip
+    # negating quantized gate rows through their scales makes exactly the drawn set fire: 256 and 64 neurons
+    assert [row["realized_sparsity"] for row in rows] == [0.5, 0.875]
+    for row, n_active in zip(rows, (256, 64), strict=True):
+        assert set(QUANTIZED_COLUMNS) <= set(row) and row["dtype"] == dtype and row["group_size"] == 32
+        assert row["sparse_mb_read"] == pytest.approx(3 * n_active * row_bytes / 1e6)  # codes and scales
+        assert row["sparse_ms"] > 0 and row["fp16_sparse_ms"] > 0
+    with pytest.raises(ValueError, match="group_size"):
+        bench_quantized_ffn(96, 64, dtype=dtype, group_size=64)

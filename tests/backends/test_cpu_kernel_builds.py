@@ -1,7 +1,8 @@
 """The CPU kernels' other builds on this machine: the AVX2 path (x86-64-v3) and the portable C path (baseline
 x86-64, what GCC vectorises without intrinsics) each pass the kernel tests against the torch reference. The package
 build compiles for the build machine (-march=native), which here takes the AVX-512 path, so without this test the
-other two paths would only run on the machines that need them."""
+other two paths would only run on the machines that need them. The quantized kernels' NEON path is cross-built for
+aarch64 and run under qemu through a small C harness (quant_kernels_check.c), its outputs checked here."""
 
 from __future__ import annotations
 
@@ -12,13 +13,28 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+
+from edge_sdk import quant
+from edge_sdk.model.activation import Activation
+from edge_sdk.sparsity.ffn import sparse_ffn
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL_SOURCES = sorted((ROOT / "plugins" / "kernels" / "cpu").glob("*.c"))
-KERNEL_TESTS = ["tests/backends/test_cpu_kernels.py", "tests/backends/test_cpu_matvec.py"]
+KERNEL_TESTS = [
+    "tests/backends/test_cpu_kernels.py",
+    "tests/backends/test_cpu_matvec.py",
+    "tests/backends/test_cpu_quant_kernels.py",
+]
 
-pytestmark = pytest.mark.skipif(
+AARCH64_SYSROOT = Path("/usr/aarch64-linux-gnu")
+QUANT_CHECK = ROOT / "tests" / "backends" / "quant_kernels_check.c"
+# As test_cpu_quant_kernels.py: the same real numbers as the reference on the dequantized weights, in another fp32
+# order; relative to max |y|.
+KERNEL_RTOL = 1e-5
+x86_64_gcc = pytest.mark.skipif(
     platform.machine() != "x86_64" or shutil.which("gcc") is None or shutil.which("objdump") is None,
     reason="builds x86-64 variants of the kernels with gcc (and checks them with objdump)",
 )
@@ -39,6 +55,7 @@ def vector_registers(library: Path) -> set[str]:
     return {register for register in ("xmm", "ymm", "zmm") if f"%{register}" in code}
 
 
+@x86_64_gcc
 @pytest.mark.parametrize(
     ("march", "registers"),
     [("x86-64-v3", {"xmm", "ymm"}), ("x86-64", {"xmm"})],
@@ -62,3 +79,66 @@ def test_kernel_build_passes_the_kernel_tests(tmp_path, march, registers):
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and " skipped" not in result.stdout
+
+
+def qemu_case(path: Path, d: int, n_neurons: int, format: str, group_size: int, activation: Activation, seed: int):
+    """Writes one input of quant_kernels_check.c; returns x, the dequantized weights and the mask for the reference."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(d).astype(np.float32)
+    matrices = [quant.quantize(rng.standard_normal((n_neurons, d)) / d**0.5, format, group_size) for _ in range(3)]
+    mask = (rng.random(n_neurons) < 0.6).astype(np.uint8)
+    codes = {"int8": 2, "int4": 3}[format]
+    kinds = {"relu": 0, "fatrelu": 1, "drelu": 2, "silu": 3}
+    with path.open("wb") as file:
+        file.write(np.array([d, n_neurons, codes, group_size, kinds[activation.kind]], dtype="<i4").tobytes())
+        file.write(np.array([activation.threshold], dtype="<f4").tobytes() + x.tobytes())
+        for matrix in matrices:
+            file.write(matrix.data.tobytes() + matrix.scales.tobytes())
+        file.write(mask.tobytes())
+    return torch.from_numpy(x), [torch.from_numpy(quant.dequantize(m)) for m in matrices], torch.from_numpy(mask).bool()
+
+
+@pytest.mark.skipif(
+    shutil.which("aarch64-linux-gnu-gcc") is None
+    or shutil.which("qemu-aarch64") is None
+    or not (AARCH64_SYSROOT / "lib" / "ld-linux-aarch64.so.1").exists(),
+    reason="needs gcc-aarch64-linux-gnu, libc6-arm64-cross and qemu-user",
+)
+def test_quantized_kernels_aarch64_under_qemu(tmp_path):
+    binary = tmp_path / "quant_kernels_check"
+    command = ["aarch64-linux-gnu-gcc", "-std=c11", "-O3", "-fopenmp", "-Wall", "-Wextra", "-Werror",
+               f"-I{ROOT / 'plugins' / 'kernels' / 'cpu'}", "-o", str(binary), str(QUANT_CHECK),
+               *map(str, KERNEL_SOURCES), "-lm"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    code = subprocess.run(["aarch64-linux-gnu-objdump", "-d", str(binary)], capture_output=True, text=True).stdout
+    assert "sxtl" in code and "scvtf\tv" in code  # the NEON widening of the codes, not a scalar loop
+    # the cross toolchain's own libc and libgomp first (see tests/jetson/support.py qemu_command)
+    qemu = ["qemu-aarch64", "-L", str(AARCH64_SYSROOT), "-E", f"LD_LIBRARY_PATH={AARCH64_SYSROOT / 'lib'}"]
+    d, n_neurons = 384, 301
+    cases = [
+        ("int8", 32, Activation("relu")),
+        ("int4", 64, Activation("fatrelu", 0.05)),
+        ("int4", 128, Activation("silu")),
+    ]
+    for index, (format, group_size, activation) in enumerate(cases):
+        case, outputs = tmp_path / f"case{index}.bin", tmp_path / f"out{index}.bin"
+        x, dequantized, mask = qemu_case(case, d, n_neurons, format, group_size, activation, seed=index)
+        run = subprocess.run([*qemu, str(binary), str(case), str(outputs)], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        raw = outputs.read_bytes()
+        ffn_bytes = d * 4 + n_neurons
+        runs = [raw[k * ffn_bytes : (k + 1) * ffn_bytes] for k in range(3)]
+        assert runs[1] == runs[0] and runs[2] == runs[0]  # threads 1, 2, 4: bit-identical
+        y = torch.from_numpy(np.frombuffer(runs[0][: d * 4], dtype="<f4").copy())
+        active = torch.from_numpy(np.frombuffer(runs[0][d * 4 :], dtype=np.uint8).copy()).bool()
+        gate = dequantized[0].double() @ x.double() - activation.threshold
+        assert gate[mask].abs().min() > 1e-4, "test data on a decision boundary: change the seed"
+        reference = sparse_ffn(x, *dequantized, mask, activation)
+        assert torch.equal(active, reference.active)
+        assert (y - reference.output).abs().max() <= KERNEL_RTOL * reference.output.abs().max()
+        matvecs = raw[3 * ffn_bytes :]
+        assert len(matvecs) == 2 * n_neurons * 4 and matvecs[: n_neurons * 4] == matvecs[n_neurons * 4 :]
+        gate_x = torch.from_numpy(np.frombuffer(matvecs[: n_neurons * 4], dtype="<f4").copy()).double()
+        expected = dequantized[0].double() @ x.double()
+        assert (gate_x - expected).abs().max() <= KERNEL_RTOL * expected.abs().max()

@@ -32,6 +32,13 @@ enum edge_cpu_status {
 /* Storage type of weight matrices. Accumulation is always fp32. */
 enum edge_dtype { EDGE_F32 = 0, EDGE_F16 = 1 };
 
+/* Group-wise quantized weight rows (plugins/kernels/cpu/QUANT.md, edge_sdk/quant.py), numbered on from enum
+ * edge_dtype so that one number names any storage type. Each row of d values is cut into d / group_size groups
+ * (group_size 32, 64 or 128) with one fp16 scale each: scales [rows, d / group_size], IEEE half bits.
+ * EDGE_Q8: int8 codes [rows, d], value = code * scale. EDGE_Q4: [rows, d / 2] bytes; per block of 32 values,
+ * byte k holds value k in its low nibble and value k + 16 in its high nibble, each as code + 8 (codes -8..7). */
+enum edge_quant_format { EDGE_Q8 = 2, EDGE_Q4 = 3 };
+
 /* Gated-FFN activation (edge_sdk/model/activation.py): gate part act(g), up part for drelu only.
  * relu: max(g, 0); fatrelu: g > t ? g : 0; drelu: max(g, 0) * max(u, 0); silu: g * sigmoid(g). */
 enum edge_activation { EDGE_ACT_RELU = 0, EDGE_ACT_FATRELU = 1, EDGE_ACT_DRELU = 2, EDGE_ACT_SILU = 3 };
@@ -96,6 +103,24 @@ int edge_cpu_dense_ffn(const float *x, int d, int D, const void *w_gate, const v
  * omp_get_max_threads(). */
 int edge_cpu_matvec(const float *x, int in, int out, const void *w, int weight_dtype, const float *bias, float *y,
                     int threads);
+
+/* edge_cpu_sparse_ffn over quantized rows: w_gate, w_up, w_down_t hold the codes of quant_format (enum
+ * edge_quant_format), each [D, d] in that format, with gate_scales, up_scales, down_scales [D, d / group_size]
+ * fp16; d must be a multiple of group_size (32, 64 or 128). Every other argument, the workspace size and the
+ * determinism as for edge_cpu_sparse_ffn. Each dot product sums code * x over a group in fp32 and adds it times
+ * the group's scale; each down row adds (h_i * scale) * code to y. The codes are widened to fp32 in registers,
+ * so a row's bytes are read once and nothing is dequantized in memory. */
+int edge_cpu_sparse_ffn_q(const float *x, int d, int D, const void *w_gate, const uint16_t *gate_scales,
+                          const void *w_up, const uint16_t *up_scales, const void *w_down_t,
+                          const uint16_t *down_scales, int quant_format, int group_size, const uint8_t *mask,
+                          const float *thresholds, int activation, float act_threshold, float *y, void *workspace,
+                          int threads, uint8_t *active_out);
+
+/* edge_cpu_matvec over quantized rows: w [out, in] in quant_format with scales [out, in / group_size] fp16; in a
+ * multiple of group_size. Each output's dot product as in edge_cpu_sparse_ffn_q, bit-identical for any thread
+ * count. */
+int edge_cpu_matvec_q(const float *x, int in, int out, const void *w, const uint16_t *scales, int quant_format,
+                      int group_size, const float *bias, float *y, int threads);
 
 #ifdef __cplusplus
 }

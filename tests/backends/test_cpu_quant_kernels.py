@@ -1,0 +1,292 @@
+"""Quantized rows (edge_sdk/quant.py, plugins/kernels/cpu/QUANT.md): the format's round trip, and the CPU kernels
+edge_cpu_sparse_ffn_q / edge_cpu_matvec_q against the reference on the dequantized weights (sparsity/ffn.py)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+import torch
+
+from edge_sdk import quant
+from edge_sdk.model.activation import Activation
+from edge_sdk.native import NativeLibraryError, load_cpu_kernels
+from edge_sdk.sparsity.ffn import sparse_ffn
+
+try:
+    load_cpu_kernels()
+except (NativeLibraryError, OSError) as error:  # the package build must have compiled it; say why if not
+    pytest.skip(f"CPU kernel library not loadable: {error}", allow_module_level=True)
+
+from edge_sdk.backends.cpu import kernels
+from edge_sdk.backends.cpu.kernels import QuantizedWeight, SparseFFNKernel
+
+# Kernel bound: the kernel sums code * x per group and multiplies by the scale, the reference multiplies the
+# dequantized fp32 weights (code * scale, exact) by x: the same real numbers in another fp32 order, so the bound
+# is the fp kernels' one, relative to the output's scale: max |y - y_ref| <= KERNEL_RTOL * max |y_ref|. Quantization
+# error is not in it: the reference runs on the same quantized values.
+KERNEL_RTOL = 1e-5
+# Test data keep every masked neuron this far from its activity boundary (g = 0, g = t, |a| = threshold), so the
+# kernel's rounding cannot flip it and `active` must match exactly.
+DECISION_MARGIN = 1e-4
+# Round trip, per value, in units of its group's scale s: int8 rounds to the nearest code, |w - w_hat| <= s / 2;
+# int4 too except for values beyond +7.5 s (only the positive side of a group whose extreme is negative, or the
+# other way round), clamped to code 7: |w - w_hat| <= s. The extra 1e-6 is float64 rounding of w / s.
+INT8_ROUND_TRIP = 0.5 + 1e-6
+INT4_ROUND_TRIP = {"rounded": 0.5 + 1e-6, "clamped": 1.0 + 1e-6}
+# Scales are rounded to fp16 away from zero: at most one fp16 step above the ideal max / code, relative 2^-10 for
+# normal halves, absolute 2^-24 for subnormal ones.
+SCALE_ROUNDING = 2.0**-10
+SUBNORMAL_STEP = 2.0**-24
+
+FORMATS = quant.FORMATS
+GROUP_SIZES = quant.GROUP_SIZES
+ACTIVATIONS = {
+    "relu": Activation("relu"),
+    "fatrelu": Activation("fatrelu", 0.05),
+    "drelu": Activation("drelu"),
+    "silu": Activation("silu"),
+}
+
+
+def random_weights(shape, seed, scale=1.0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * scale
+
+
+def quantized_ffn(d, n_neurons, format, group_size, seed):
+    """x [d] and the gate, up, down_t [D, d] weights quantized, plus their dequantized fp32 torch tensors."""
+    x = torch.from_numpy(random_weights(d, seed))
+    matrices = [
+        quant.quantize(random_weights((n_neurons, d), seed + k + 1, d**-0.5), format, group_size) for k in range(3)
+    ]
+    return (
+        x,
+        [QuantizedWeight.from_matrix(m) for m in matrices],
+        [torch.from_numpy(quant.dequantize(m)) for m in matrices],
+    )
+
+
+def clear_of_boundaries(x, w_gate, activation, thresholds=None):
+    """[D] bool: the neurons whose gate value is at least DECISION_MARGIN from every activity boundary."""
+    g = w_gate.double() @ x.double()
+    clear = ((g - activation.threshold).abs() if activation.kind == "fatrelu" else g.abs()) > DECISION_MARGIN
+    if thresholds is not None:
+        clear &= (activation.gate(g).abs() - thresholds.double()).abs() > DECISION_MARGIN
+    return clear
+
+
+def assert_matches_reference(x, weights, dequantized, activation, mask, thresholds=None, threads=0):
+    """The quantized kernel's y and active set against sparse_ffn on the dequantized weights; returns both."""
+    n_neurons, d = dequantized[0].shape
+    active = torch.zeros(n_neurons, dtype=torch.bool)
+    y = SparseFFNKernel(d, n_neurons, threads).quantized(
+        x, *weights, activation, mask=mask, thresholds=thresholds, active_out=active
+    )
+    computed = torch.ones(n_neurons, dtype=torch.bool) if mask is None else mask
+    reference = sparse_ffn(x, *dequantized, computed, activation, thresholds=thresholds)
+    assert torch.equal(active, reference.active)
+    assert (y - reference.output).abs().max() <= KERNEL_RTOL * reference.output.abs().max()
+    return y, reference
+
+
+# ---- the format -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("group_size", GROUP_SIZES)
+@pytest.mark.parametrize("format", FORMATS)
+def test_round_trip_error_is_within_the_format_bound(format, group_size):
+    weight = random_weights((40, 512), seed=group_size, scale=0.02)
+    weight[3, :group_size] = 0.0  # an all-zero group: scale 0, exact zeros back
+    weight[5, 7] = 3.0  # an outlier: its group's scale grows, the others' do not
+    weight[6, :group_size] *= 1e-4  # a group whose scale is an fp16 subnormal
+    matrix = quant.quantize(weight, format, group_size)
+    restored = quant.dequantize(matrix)
+    assert restored.dtype == np.float32 and restored.shape == weight.shape
+    scales = np.repeat(np.abs(matrix.scales.astype(np.float64)), group_size, axis=1)
+    error = np.abs(restored.astype(np.float64) - weight)
+    groups = np.abs(weight.astype(np.float64)).reshape(40, -1, group_size).max(axis=2)
+    extreme_code = 127 if format == "int8" else 8
+    ideal = groups / extreme_code
+    found = np.abs(matrix.scales.astype(np.float64))
+    assert np.all(found >= ideal) and np.all(found <= ideal + np.maximum(ideal * SCALE_ROUNDING, SUBNORMAL_STEP))
+    assert np.all(restored[3, :group_size] == 0.0) and np.all(matrix.scales[3, 0] == 0)
+    if format == "int8":
+        assert np.all(error <= INT8_ROUND_TRIP * scales)
+        assert np.abs(matrix.data).max() == 127 and matrix.data.min() >= -127
+    else:
+        with np.errstate(divide="ignore", invalid="ignore"):  # the all-zero group: 0 / 0, not clamped
+            codes_ideal = weight / np.repeat(matrix.scales.astype(np.float64), group_size, axis=1)
+        clamped = codes_ideal > 7.5
+        assert np.all(error[~clamped] <= INT4_ROUND_TRIP["rounded"] * scales[~clamped])
+        assert np.all(error[clamped] <= INT4_ROUND_TRIP["clamped"] * scales[clamped])
+        codes = quant.unpack_int4(matrix.data)
+        assert codes.min() == -8 and codes.max() <= 7  # the extreme of each group takes code -8
+    # the outlier takes the extreme code (off by the scale's fp16 rounding only); the next group keeps a fine scale
+    assert error[5, 7] <= 3.0 * SCALE_ROUNDING
+    assert abs(float(matrix.scales[5, 1])) < 0.1 / extreme_code
+    relative = np.sqrt((error[7:] ** 2).mean() / (weight[7:] ** 2).mean())
+    assert relative < (0.008 if format == "int8" else 0.12)
+
+
+def test_int4_nibble_order_is_value_k_low_and_k_plus_16_high():
+    codes = np.arange(64, dtype=np.int64).reshape(1, 64) % 16 - 8
+    codes[0, 16:32] = -codes[0, 16:32] - 1  # high halves differ from the low ones
+    codes = codes.astype(np.int8)
+    packed = quant.pack_int4(codes)
+    assert packed.shape == (1, 32) and packed.dtype == np.uint8
+    for block in range(2):
+        for k in range(16):
+            low, high = int(codes[0, 32 * block + k]) + 8, int(codes[0, 32 * block + 16 + k]) + 8
+            assert packed[0, 16 * block + k] == low | (high << 4)
+    assert np.array_equal(quant.unpack_int4(packed), codes)
+
+
+def test_quantize_hand_computed_int8_and_int4():
+    weight = np.zeros((1, 32), dtype=np.float32)
+    weight[0, :4] = [1.27, -0.635, 0.004, -1.0]
+    int8 = quant.quantize(weight, "int8", 32)
+    assert float(int8.scales[0, 0]) == pytest.approx(0.01, rel=1e-3) and float(int8.scales[0, 0]) >= 0.01
+    assert int8.data[0, :4].tolist() == [127, -63, 0, -100]
+    weight[0, :4] = [-2.0, 1.0, 2.0, 0.1]
+    int4 = quant.quantize(weight, "int4", 32)
+    assert float(int4.scales[0, 0]) == 0.25  # -(-2.0) / 8, exact in fp16
+    assert quant.unpack_int4(int4.data)[0, :4].tolist() == [-8, 4, 7, 0]  # 2.0 / 0.25 = 8 clamps to 7
+
+
+@pytest.mark.parametrize(
+    ("weight", "format", "group_size", "message"),
+    [
+        (np.zeros((2, 48)), "int8", 32, "multiple of group_size"),
+        (np.zeros((2, 64)), "int3", 32, "format"),
+        (np.zeros((2, 64)), "int8", 16, "group_size"),
+        (np.full((2, 64), np.nan), "int4", 32, "finite"),
+        (np.full((2, 64), 1e7), "int8", 32, "fp16"),
+        (np.zeros(64), "int8", 32, "2-D"),
+    ],
+)
+def test_quantize_rejects_bad_input(weight, format, group_size, message):
+    with pytest.raises(ValueError, match=message):
+        quant.quantize(weight, format, group_size)
+
+
+# ---- the kernels ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS.values(), ids=ACTIVATIONS)
+@pytest.mark.parametrize("group_size", GROUP_SIZES)
+@pytest.mark.parametrize("format", FORMATS)
+@pytest.mark.parametrize("mask_kind", ["empty", "all", "random"])
+def test_sparse_ffn_matches_reference(format, group_size, activation, mask_kind):
+    d, n_neurons = 384, 301  # three groups of 128 and a partial chunk of neurons
+    x, weights, dequantized = quantized_ffn(d, n_neurons, format, group_size, seed=group_size)
+    clear = clear_of_boundaries(x, dequantized[0], activation)
+    random = torch.rand(n_neurons, generator=torch.Generator().manual_seed(3)) < 0.5
+    mask = {"empty": torch.zeros(n_neurons, dtype=torch.bool), "all": clear, "random": random & clear}[mask_kind]
+    y, reference = assert_matches_reference(x, weights, dequantized, activation, mask)
+    if mask_kind == "empty":
+        assert torch.equal(y, torch.zeros(d))
+    else:
+        assert 0 < reference.active.sum() <= mask.sum()
+        assert (reference.active != mask).any() == activation.is_relu_family  # false positives dropped
+
+
+@pytest.mark.parametrize("format", FORMATS)
+def test_sparse_ffn_without_mask_and_with_chess_thresholds(format):
+    d, n_neurons = 256, 200
+    silu = ACTIVATIONS["silu"]
+    x, weights, dequantized = quantized_ffn(d, n_neurons, format, 64, seed=11)
+    gate_act = silu.gate(dequantized[0] @ x).abs()
+    thresholds = gate_act.median() * 2 * torch.rand(n_neurons, generator=torch.Generator().manual_seed(4))
+    assert clear_of_boundaries(x, dequantized[0], silu, thresholds).all(), "data on a decision boundary: reseed"
+    _, reference = assert_matches_reference(x, weights, dequantized, silu, None, thresholds)
+    assert 0 < reference.active.sum() < n_neurons  # the thresholds drop some neurons
+    relu = ACTIVATIONS["relu"]
+    assert clear_of_boundaries(x, dequantized[0], relu).all(), "data on a decision boundary: reseed"
+    assert_matches_reference(x, weights, dequantized, relu, None)
+
+
+@pytest.mark.parametrize("format", FORMATS)
+def test_sparse_ffn_is_bit_identical_across_thread_counts(format):
+    d, n_neurons = 1024, 700  # many chunks of 32 candidates, several column blocks of the down projection
+    x, weights, dequantized = quantized_ffn(d, n_neurons, format, 32, seed=5)
+    mask = torch.rand(n_neurons, generator=torch.Generator().manual_seed(6)) < 0.6
+    relu = ACTIVATIONS["relu"]
+    runs = [SparseFFNKernel(d, n_neurons, threads).quantized(x, *weights, relu, mask=mask) for threads in (1, 2, 4, 2)]
+    assert all(torch.equal(runs[0], run) for run in runs[1:])
+    reference = sparse_ffn(x, *dequantized, mask, relu).output
+    assert (runs[0] - reference).abs().max() <= KERNEL_RTOL * reference.abs().max()
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("group_size", GROUP_SIZES)
+@pytest.mark.parametrize("format", FORMATS)
+@pytest.mark.parametrize(("n_in", "n_out"), [(128, 1), (384, 77), (1024, 300)])
+def test_matvec_matches_float64(format, group_size, n_in, n_out, with_bias):
+    matrix = quant.quantize(random_weights((n_out, n_in), seed=n_in + n_out), format, group_size)
+    weight = QuantizedWeight.from_matrix(matrix)
+    x = torch.from_numpy(random_weights(n_in, seed=1))
+    bias = torch.from_numpy(random_weights(n_out, seed=2)) if with_bias else None
+    expected = torch.from_numpy(quant.dequantize(matrix)).double() @ x.double() + (bias.double() if with_bias else 0)
+    found = kernels.matvec_quantized(x, weight, bias)
+    assert found.dtype == torch.float32 and found.shape == (n_out,)
+    assert (found.double() - expected).abs().max() <= KERNEL_RTOL * expected.abs().max()
+
+
+@pytest.mark.parametrize("format", FORMATS)
+def test_matvec_is_bit_identical_across_threads_and_rows(format):
+    matrix = quant.quantize(random_weights((301, 512), seed=9), format, 128)
+    weight = QuantizedWeight.from_matrix(matrix)
+    x = torch.from_numpy(random_weights(512, seed=10))
+    runs = [kernels.matvec_quantized(x, weight, threads=threads) for threads in (1, 2, 4, 0)]
+    assert all(torch.equal(runs[0], run) for run in runs[1:])
+    for row in (0, 150, 300):  # a row's value is its own dot product, whichever other rows are computed
+        alone = QuantizedWeight(format, 128, weight.data[row : row + 1], weight.scales[row : row + 1])
+        assert torch.equal(kernels.matvec_quantized(x, alone), runs[0][row : row + 1])
+
+
+def test_a_scale_or_code_in_the_wrong_place_is_caught():
+    """Swapping two groups' scales or a row's nibble halves changes the output far beyond the bound."""
+    x, weights, _ = quantized_ffn(256, 64, "int4", 32, seed=12)
+    reference = kernels.matvec_quantized(x, weights[0])
+    swapped_scales = weights[0].scales.clone()
+    swapped_scales[:, [0, 1]] = swapped_scales[:, [1, 0]]
+    swapped = QuantizedWeight("int4", 32, weights[0].data, swapped_scales)
+    assert (kernels.matvec_quantized(x, swapped) - reference).abs().max() > 100 * KERNEL_RTOL * reference.abs().max()
+    nibbles_swapped = (weights[0].data >> 4) | (weights[0].data << 4)
+    flipped = QuantizedWeight("int4", 32, nibbles_swapped, weights[0].scales)
+    assert (kernels.matvec_quantized(x, flipped) - reference).abs().max() > 100 * KERNEL_RTOL * reference.abs().max()
+
+
+def test_bindings_reject_bad_quantized_weights():
+    x, weights, _ = quantized_ffn(128, 16, "int8", 32, seed=13)
+    kernel = SparseFFNKernel(128, 16)
+    relu = ACTIVATIONS["relu"]
+    int4 = QuantizedWeight("int4", 32, torch.zeros(16, 64, dtype=torch.uint8), torch.zeros(16, 4, dtype=torch.float16))
+    with pytest.raises(ValueError, match="w_up: expected format int8"):
+        kernel.quantized(x, weights[0], int4, weights[2], relu)
+    with pytest.raises(ValueError, match=r"w_gate\.data"):
+        kernel.quantized(x, QuantizedWeight("int8", 32, int4.data, int4.scales), *weights[1:], relu)
+    with pytest.raises(ValueError, match="scales"):
+        kernels.matvec_quantized(x, QuantizedWeight("int8", 64, weights[0].data, weights[0].scales))
+    with pytest.raises(ValueError, match="QuantizedWeight"):
+        kernels.matvec_quantized(x, weights[0].data)
+
+
+def test_c_kernels_return_an_error_status_for_invalid_arguments():
+    library = load_cpu_kernels()
+    library.edge_cpu_matvec_q.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                          ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                          ctypes.c_void_p, ctypes.c_int]  # fmt: skip
+    x = torch.zeros(64)
+    codes = torch.zeros(4, 64, dtype=torch.int8)
+    scales = torch.zeros(4, 2, dtype=torch.float16)
+    y = torch.full((4,), 7.0)
+    valid = (x.data_ptr(), 64, 4, codes.data_ptr(), scales.data_ptr(), 2, 32, None, y.data_ptr(), 1)
+    assert library.edge_cpu_matvec_q(*valid) == 0 and torch.equal(y, torch.zeros(4))
+    y.fill_(7.0)
+    for position, bad in [(4, None), (5, 1), (5, 4), (6, 48), (6, 0), (1, 48)]:  # no scales, fp16, bad groups
+        arguments = list(valid)
+        arguments[position] = bad
+        assert library.edge_cpu_matvec_q(*arguments) == 1
+    assert torch.equal(y, torch.full((4,), 7.0))  # nothing written on failure
