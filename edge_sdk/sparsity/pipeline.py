@@ -15,10 +15,9 @@ bound, the smallest bound that reaches the level: every layer keeps the same sha
 gives every layer the level itself, as the SVDP paper does (its ablations compare predictors at equal per-layer
 sparsity).
 
-On the fixture the allocation moved the level chosen on validation perplexity (0.5% budget, 20k calibration
-tokens) from 0.5 to 0.6: uniform levels lost 0.22% at 0.5 and 0.65% at 0.6, allocated ones 0.07% and 0.26%.
-Measuring the cost against the residual stream after the layer instead (layer 1's FFN output is 1.5% of it)
-pushed layers 1 and 2 to 0.9-0.95 at level 0.8 and lost 2.0% where uniform levels lost 1.1% (4k tokens).
+The cost is measured on the layer's own FFN output, not on the residual stream after the layer: a layer whose
+FFN output is a small share of the stream looked nearly free that way, took the most aggressive levels and lost
+more perplexity than uniform levels (benchmarks/README.md, "Where a sparse fp16 token goes, and per-layer levels").
 
 Predictor tensors are named `layers.{i}.{kind}.{tensor}`:
   svd        a [D, r], b [r, d], biases [levels, D]        (mask = x B^T A^T + biases[level] > 0)

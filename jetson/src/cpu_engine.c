@@ -480,7 +480,7 @@ static inline float exp_nonpositive(float x) {
 
 /* Heads attended together. A head's value sums add one position after the other, and with AVX-512 a vec16 is one
  * register, so a lone head of 32 dimensions is two dependency chains waiting on the adder's latency; four heads'
- * chains are independent and interleave (attention 11.0 -> 8.1 us per token on the fixture). Each head's
+ * chains are independent and interleave (benchmarks/README.md: "Attention of four heads at once"). Each head's
  * arithmetic and its order stay exactly those of the head alone. Elsewhere a vec16 is two (AVX2) or four (NEON)
  * registers, already as many independent chains, and more heads would only spill registers. */
 #ifdef __AVX512F__

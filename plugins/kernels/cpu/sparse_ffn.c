@@ -20,10 +20,8 @@
  * at every row; instead each row primitive also prefetches a row that will be read later, cache line by
  * cache line as it reads its own: the gate or up row about 2 KiB of rows ahead (several rows ahead for the
  * short rows of small models, the next one for 7B rows), going on from a chunk's gate rows into its up rows
- * and from its up rows into the next chunk's gate rows; the next group of down rows while a group is summed.
- * This took the single-thread read rate of a 50%-sparse llama2-7b step from 26 to 32 GB/s (fp32) and from 21
- * to 30 GB/s (fp16) on the development machine, and the d = 192 fixture's sparse FFN from 7.1 to 6.4 us
- * (fp16, 50% predicted).
+ * and from its up rows into the next chunk's gate rows; the next group of down rows while a group is summed
+ * (the gain, measured: benchmarks/README.md, "Sparse FFN on the CPU").
  *
  * The row primitives below (dot products and row accumulation, fp32 and fp16 storage, fp32 arithmetic)
  * have three builds: AVX-512 and AVX2 intrinsics on x86-64, because GCC does not vectorise the fp16 -> fp32
@@ -49,15 +47,14 @@
 
 /* Candidates per unit of gate/up work with several threads, each unit handed to one thread (32 fp32 rows of
  * d = 4096 are 512 KiB). One thread takes all candidates as one chunk: with chunks of 32, a chunk's up rows
- * (often a few) filled a partial group of the grouped fp16 dot product and every chunk paid its own passes,
- * and the fixture's fp16 decode step took 74.6 instead of 70.2 us sparse and 106.5 instead of 98.7 us dense
- * (medians of per-step minima, a loaded machine). Which chunk computes a row changes no value: each row's dot
+ * (often a few) filled a partial group of the grouped fp16 dot product and every chunk paid its own passes.
+ * Which chunk computes a row changes no value: each row's dot
  * product is its own, and the down sums run over the active neurons in increasing order whatever the chunks. */
 #define EDGE_GATE_CHUNK 32
 /* Column blocks of the down projection are made of whole units of this many floats (a cache line). */
 #define EDGE_COLUMN_UNIT 16
 /* Rows summed per pass over a block of y in the down projection: fewer loads and stores of y per weight
- * byte, and several weight streams in flight (8 measured a little faster than 4 or 1). */
+ * byte, and several weight streams in flight (8 beat 4 and 1 in the FFN benchmark). */
 #define EDGE_DOWN_GROUP 8
 /* Column blocks up to this many floats are summed 64 columns per step (see add_rows). */
 #define EDGE_SHORT_BLOCK 512
@@ -131,13 +128,12 @@ EDGE_ALWAYS_INLINE float dot_row(const void *w, int dtype, const float *x, int d
 #define EDGE_GROUP_MAX_D 512
 
 /* out[r] = rows[r] . x for EDGE_DOT_GROUP fp16 rows of d elements. A short row is too few FMAs to hide its own
- * chain's latency and horizontal sum: one row at a time took 5.6 ns per d = 192 fp16 row (2048 rows in L2), sixteen
- * at a time 4.1 ns, and the fixture's fp16 decode step went from 65-67 to 57-58 us sparse and from 89-93 to 84 us
- * dense. Each row has one accumulator over its 16-column steps in order; then its 16 lanes are added by the pairwise
+ * chain's latency and horizontal sum, so sixteen rows are dotted together (benchmarks/README.md has the figures).
+ * Each row has one accumulator over its 16-column steps in order; then its 16 lanes are added by the pairwise
  * tree of _mm512_reduce_add_ps (lanes l and l + 8, then l + 4, l + 2, l + 1), sixteen rows at once by shuffles that
  * pair rows up, so a row's value does not depend on the other rows of its group. Without the look-ahead prefetches
- * of dot_row: issuing them for sixteen rows cost more than they saved on these short rows. With fp32 rows the
- * grouped loop measured slower than dot_row (2048 rows of 192: 13.8 against 11.9 us), so they keep dot_row. */
+ * of dot_row: issuing them for sixteen rows cost more than they saved on these short rows. fp32 rows keep
+ * dot_row, which the grouped loop did not beat for them. */
 EDGE_ALWAYS_INLINE void dot_rows_group(const uint16_t *const rows[EDGE_DOT_GROUP], const float *x, int d,
                                        float out[EDGE_DOT_GROUP]) {
   __m512 acc[EDGE_DOT_GROUP];
@@ -184,9 +180,8 @@ EDGE_ALWAYS_INLINE void dot_rows_group(const uint16_t *const rows[EDGE_DOT_GROUP
 }
 
 /* In a short block, 64 columns per step keep four independent FMA chains in flight: one column vector at a
- * time waited on the latency of each row's FMA (8-12% of a dense d = 192 FFN). A long block has enough
- * independent column steps for the core to overlap them, and 64 at a time measured 8% slower there (fp16,
- * 7B dense FFN). Then 16 at a time (prefetching whenever a new cache line of the rows starts), and the ragged
+ * time waited on the latency of each row's FMA. A long block has enough independent column steps for the core
+ * to overlap them, and 64 at a time was slower there. Then 16 at a time (prefetching whenever a new cache line of the rows starts), and the ragged
  * end with masked FMAs: the same rounding. */
 EDGE_ALWAYS_INLINE void add_rows(float *y, int n, const void *w, int dtype, const size_t *rows, const float *h,
                                  int n_rows, const size_t *next, int n_next) {
@@ -321,9 +316,9 @@ EDGE_ALWAYS_INLINE void add_rows(float *restrict y, int n, const void *w, int dt
  * The codes of a block of 32 values are widened to two 16-lane fp32 vectors in registers and multiplied in fp32,
  * so a row's bytes are read once and nothing is dequantized in memory. The widening has its own AVX-512, AVX2 and
  * NEON intrinsics and a portable C path: GCC 12 turns __builtin_convertvector from 16 int8 to 16 floats into
- * 16 scalar conversions on every target, which made the INT8 step 3x and the INT4 step 4.5x slower than fp16 on a
- * llama2-7b FFN (1 thread, 50% sparse). The rest is written once with GCC vectors. The integer dot products of AVX-512 VNNI and NEON
- * dotprod would need x quantized to int8 per token, a change of the numbers: not done here (QUANT.md).
+ * 16 scalar conversions on every target, several times slower than the fp16 path. The rest is written once with
+ * GCC vectors. The integer dot products of AVX-512 VNNI and NEON dotprod would need x quantized to int8 per token,
+ * a change of the numbers: not done here (QUANT.md).
  * quant_dot_row(row, scales, dtype, group_size, x, d, next, next_scales): row . x, prefetching the row `next`.
  * add_quant_rows(y, c0, n, codes, scales, ...): y[c0 + c] += (h[r] * scale) * code for c < n, r in order. */
 
