@@ -13,8 +13,9 @@ transformers, and read_tokenizer_files puts it into the tokenizer_config.json a 
 (Python and C) keep reading two tokenizer files.
 
 Whether encode prepends bos follows transformers' AutoTokenizer: tokenizer_config.json's `add_bos_token` when
-present; otherwise the default of its `tokenizer_class` (Llama-style SentencePiece classes add bos, GPT-2 and Qwen2
-do not), and for any other class whether tokenizer.json's post-processor puts the bos token first.
+present, otherwise whether tokenizer.json's post-processor puts the bos token first, whatever the tokenizer class
+(transformers 5 leaves a saved post-processor as it is). Llama-2-style files have that template and add bos;
+Qwen2 and GPT-2/SmolLM2-style files have none, so they add no bos even when they name one.
 """
 
 from __future__ import annotations
@@ -38,19 +39,6 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 CHAT_TEMPLATE_JINJA_FILE = "chat_template.jinja"
 CHAT_TEMPLATE_JSON_FILE = "chat_template.json"
 MAX_TOKENIZER_JSON_BYTES = 64 << 20  # the C runtime reads JSON files of at most this size too
-# transformers tokenizer classes whose add_bos_token default decides, when tokenizer_config.json does not
-ADD_BOS_DEFAULTS = {
-    "LlamaTokenizer": True,
-    "LlamaTokenizerFast": True,
-    "CodeLlamaTokenizer": True,
-    "CodeLlamaTokenizerFast": True,
-    "GemmaTokenizer": True,
-    "GemmaTokenizerFast": True,
-    "GPT2Tokenizer": False,
-    "GPT2TokenizerFast": False,
-    "Qwen2Tokenizer": False,
-    "Qwen2TokenizerFast": False,
-}
 
 
 def _token_content(config: dict[str, Any], field: str, where: str) -> str | None:
@@ -89,14 +77,9 @@ def _post_processor_adds(processor: Any, token: str) -> bool:
     return isinstance(special, dict) and special.get("id") == token
 
 
-def _add_bos_default(config: dict[str, Any], tokenizer_json: dict[str, Any], bos_token: str | None) -> bool:
+def _add_bos_default(tokenizer_json: dict[str, Any], bos_token: str | None) -> bool:
     """AutoTokenizer's choice when tokenizer_config.json has no add_bos_token (see the module docstring)."""
-    if bos_token is None:
-        return False
-    tokenizer_class = config.get("tokenizer_class")
-    if tokenizer_class in ADD_BOS_DEFAULTS:
-        return ADD_BOS_DEFAULTS[tokenizer_class]
-    return _post_processor_adds(tokenizer_json.get("post_processor"), bos_token)
+    return bos_token is not None and _post_processor_adds(tokenizer_json.get("post_processor"), bos_token)
 
 
 def _separate_chat_template(directory: Path) -> str | None:
@@ -230,7 +213,7 @@ class Tokenizer:
         bos = token_id("bos_token")
         eos = token_id("eos_token")
         bos_token = _token_content(config, "bos_token", config_where)
-        add_bos = config.get("add_bos_token", _add_bos_default(config, tokenizer_json, bos_token))
+        add_bos = config.get("add_bos_token", _add_bos_default(tokenizer_json, bos_token))
         if not isinstance(add_bos, bool):
             raise CheckpointError(f"{config_where}: field 'add_bos_token' must be true or false, found {add_bos!r}")
         eos_ids = tuple(dict.fromkeys(([eos] if eos is not None else []) + list(eos_token_ids)))

@@ -34,7 +34,7 @@ HF_LAYER_TO_GGUF = {
     "mlp.down_proj.weight": "ffn_down.weight",
 }
 # byte offsets of the fp16 scale fields in one K-quant block (ggml-common.h block_q4_K / q5_K / q6_K)
-K_QUANT_SCALE_OFFSETS = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+K_QUANT_SCALE_OFFSETS = {Q.Q2_K: (80, 82), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
 
 
 def gguf_name(hf_name: str) -> str:
@@ -69,7 +69,7 @@ def write_gguf(
     path: Path,
     tensor_type: gguf.GGMLQuantizationType = Q.F32,
     *,
-    tokenizer: dict | None = None,
+    extra_keys: dict | None = None,
     hidden_act: bool = True,
     extra_tensors: dict[str, np.ndarray] | None = None,
     skip_keys: tuple[str, ...] = (),
@@ -78,13 +78,16 @@ def write_gguf(
     """Write model_dir (config.json + model.safetensors) as a GGUF at path; returns the Hugging Face tensors the
     GGUF holds, dequantized (for K-quants: the random weights written, which replace the checkpoint's).
 
-    tokenizer: the tokenizer.ggml.* keys to write ({} for none). hidden_act: state config.json's activation under
-    {arch}.hidden_act. skip_keys: metadata keys to leave out (error tests)."""
+    extra_keys: more metadata keys as {key: (kind, value)}, such as tokenizer_keys(); they replace written ones.
+    hidden_act: state config.json's activation under {arch}.hidden_act. skip_keys: metadata keys to leave out."""
     config = json.loads((model_dir / "config.json").read_text())
     arch = architecture or ("qwen2" if config["model_type"] == "qwen2" else "llama")
     heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
     writer = gguf.GGUFWriter(str(path), arch)
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    # transformers >= 5 writes the RoPE settings as rope_parameters
+    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    theta = config.get("rope_theta") or scaling.get("rope_theta", 10000.0)
     keys = {
         f"{arch}.context_length": ("uint32", config["max_position_embeddings"]),
         f"{arch}.embedding_length": ("uint32", config["hidden_size"]),
@@ -93,18 +96,21 @@ def write_gguf(
         f"{arch}.attention.head_count": ("uint32", heads),
         f"{arch}.attention.head_count_kv": ("uint32", kv_heads),
         f"{arch}.attention.layer_norm_rms_epsilon": ("float32", config["rms_norm_eps"]),
-        f"{arch}.rope.freq_base": ("float32", config.get("rope_theta", 10000.0)),
+        f"{arch}.rope.freq_base": ("float32", theta),
         f"{arch}.rope.dimension_count": ("uint32", head_dim),
         f"{arch}.attention.key_length": ("uint32", head_dim),
         f"{arch}.attention.value_length": ("uint32", head_dim),
     }
-    scaling = config.get("rope_scaling") or {}
     if scaling.get("rope_type", scaling.get("type")) == "linear":
         keys[f"{arch}.rope.scaling.type"] = ("string", "linear")
         keys[f"{arch}.rope.scaling.factor"] = ("float32", scaling["factor"])
+    # llama.cpp's converter writes config.json's special token ids even without a tokenizer (gguf.SpecialVocab)
+    for name in ("bos_token_id", "eos_token_id"):
+        if isinstance(config.get(name), int):
+            keys[f"tokenizer.ggml.{name}"] = ("uint32", config[name])
     if hidden_act:
         keys[f"{arch}.hidden_act"] = ("string", config.get("hidden_act", "silu"))
-    for key, (kind, value) in {**keys, **(tokenizer or {})}.items():
+    for key, (kind, value) in {**keys, **(extra_keys or {})}.items():
         if key in skip_keys:
             continue
         if kind == "array":
@@ -139,3 +145,43 @@ def write_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return written
+
+
+def tokenizer_keys(model_dir: Path, kind: str) -> dict[str, tuple[str, object]]:
+    """The tokenizer.ggml.* keys llama.cpp's converter writes for model_dir's tokenizer: `gpt2` (byte-level BPE with
+    merges) or `llama` (SentencePiece: scores instead of merges, the score of a token ranking the merge that makes
+    it, as in a SentencePiece BPE model)."""
+    from edge_sdk.model.tokenizer import Tokenizer
+
+    backend = json.loads((model_dir / "tokenizer.json").read_text())
+    config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    vocab = backend["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.get)
+    merges = [merge if isinstance(merge, str) else " ".join(merge) for merge in backend["model"]["merges"]]
+    specials = {token["content"] for token in backend["added_tokens"] if token["special"]}
+    tokenizer = Tokenizer.from_dir(model_dir)
+    keys: dict[str, tuple[str, object]] = {
+        "tokenizer.ggml.model": ("string", kind),
+        "tokenizer.ggml.tokens": ("array", tokens),
+        "tokenizer.ggml.add_bos_token": ("bool", tokenizer.add_bos),
+    }
+    if tokenizer.bos_token_id is not None:
+        keys["tokenizer.ggml.bos_token_id"] = ("uint32", tokenizer.bos_token_id)
+    if tokenizer.eos_token_ids:
+        keys["tokenizer.ggml.eos_token_id"] = ("uint32", tokenizer.eos_token_ids[0])
+    if tokenizer.chat_template is not None:
+        keys["tokenizer.chat_template"] = ("string", tokenizer.chat_template)
+    if kind == "gpt2":
+        keys["tokenizer.ggml.pre"] = ("string", "gpt-2")
+        keys["tokenizer.ggml.merges"] = ("array", merges)
+        keys["tokenizer.ggml.token_type"] = ("array", [3 if token in specials else 1 for token in tokens])
+        return keys
+    rank = {"".join(merge.split(" ")): index for index, merge in reversed(list(enumerate(merges)))}
+    keys["tokenizer.ggml.scores"] = ("array", [-float(rank.get(token, len(merges))) for token in tokens])
+    unknown = config.get("unk_token")
+    types = [
+        2 if token == unknown else 3 if token in specials else 6 if token.startswith("<0x") else 1 for token in tokens
+    ]
+    keys["tokenizer.ggml.token_type"] = ("array", types)
+    keys["tokenizer.ggml.unknown_token_id"] = ("uint32", vocab[unknown])
+    return keys
