@@ -205,7 +205,7 @@ def main() -> None:
 @click.argument("model_dir", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def info(model_dir: str, as_json: bool) -> None:
-    """Validate a Hugging Face checkpoint and show its architecture."""
+    """Validate a Hugging Face checkpoint or a GGUF file and show its architecture."""
     _needs_export("`edge-sdk info`")
     from edge_sdk.model.summary import describe_checkpoint
 
