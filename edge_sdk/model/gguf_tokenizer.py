@@ -66,7 +66,7 @@ def _byte_alphabet() -> dict[int, str]:
     return spelling
 
 
-def _merges(metadata: GgufMetadata, tokens: list[str]) -> list[tuple[str, str]] | None:
+def _merges(metadata: GgufMetadata) -> list[tuple[str, str]] | None:
     merges = metadata.strings("tokenizer.ggml.merges", default=None)
     if merges is None:
         return None
@@ -89,13 +89,8 @@ def _merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[st
     merges = []
     for token, score in zip(tokens, scores, strict=True):
         splits = [(token[:cut], token[cut:]) for cut in range(1, len(token))]
-        found = sorted(
-            (pair for pair in splits if pair[0] in vocab and pair[1] in vocab),
-            key=lambda pair: (
-                vocab[pair[0]],
-                vocab[pair[1]],
-            ),
-        )
+        found = [(left, right) for left, right in splits if left in vocab and right in vocab]
+        found.sort(key=lambda pair: (vocab[pair[0]], vocab[pair[1]]))
         merges += [(score, left, right) for left, right in found]
     merges.sort(key=lambda merge: (merge[0], len(merge[1]), len(merge[2])), reverse=True)
     return [(left, right) for _, left, right in merges]
@@ -108,7 +103,7 @@ def _byte_level(metadata: GgufMetadata, tokens: list[str]) -> HFTokenizer:
             f"{metadata.path}: metadata key 'tokenizer.ggml.pre' must be one of {', '.join(PRE_TOKENIZER_SPLITS)} "
             f"(the pre-tokenizers edge-sdk rebuilds), found {pre!r}"
         )
-    merges = _merges(metadata, tokens)
+    merges = _merges(metadata)
     if merges is None:
         raise CheckpointError(
             f"{metadata.path}: metadata key 'tokenizer.ggml.merges' is missing; a gpt2 tokenizer needs its merges"
@@ -138,7 +133,7 @@ def _byte_level(metadata: GgufMetadata, tokens: list[str]) -> HFTokenizer:
 
 
 def _sentencepiece(metadata: GgufMetadata, tokens: list[str], unknown: str | None) -> HFTokenizer:
-    merges = _merges(metadata, tokens)
+    merges = _merges(metadata)
     if merges is None:
         scores = metadata.numbers("tokenizer.ggml.scores")
         if len(scores) != len(tokens):
