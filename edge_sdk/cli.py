@@ -205,7 +205,7 @@ def main() -> None:
 @click.argument("model_dir", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def info(model_dir: str, as_json: bool) -> None:
-    """Validate a Hugging Face checkpoint and show its architecture."""
+    """Validate a Hugging Face checkpoint or a GGUF file and show its architecture."""
     _needs_export("`edge-sdk info`")
     from edge_sdk.model.summary import describe_checkpoint
 
@@ -263,12 +263,12 @@ def calibrate(
     _needs_export("`edge-sdk calibrate`")
     from tqdm import tqdm
 
-    from edge_sdk.model.checkpoint import Checkpoint
+    from edge_sdk.model.checkpoint import open_checkpoint
     from edge_sdk.sparsity.pipeline import calibrate_model, check_output_dir, validate_settings, write_calibration
 
     evaluation_files = options.pop("evaluation_files")
     target = check_output_dir(out_dir, force, model_dir, (*calibration_files, *evaluation_files))
-    checkpoint = Checkpoint(model_dir)
+    checkpoint = open_checkpoint(model_dir)
     settings = _calibration_settings(
         predictor,
         options,
@@ -319,11 +319,11 @@ def export(model_dir, out_dir, calibration_files, predictor, dtype, max_seq_len,
     from tqdm import tqdm
 
     from edge_sdk.export.exporter import ExportSettings, check_output, export_bundle
-    from edge_sdk.model.config import load_config
+    from edge_sdk.model.checkpoint import open_checkpoint
 
     evaluation_files = options.pop("evaluation_files")
     check_output(out_dir, force, model_dir, (*calibration_files, *evaluation_files))
-    config = load_config(model_dir)
+    config = open_checkpoint(model_dir).config
     settings = ExportSettings(
         predictor=predictor, dtype=dtype, max_seq_len=max_seq_len, calibration=_calibration_settings(predictor, options)
     )

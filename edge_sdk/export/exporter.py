@@ -9,7 +9,6 @@ directory next to the target and renamed at the end: a failed or interrupted exp
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -27,10 +26,10 @@ from edge_sdk.errors import EdgeSdkError
 from edge_sdk.export import graph as graphs
 from edge_sdk.export.safetensors_writer import TORCH_TO_SAFETENSORS, SafetensorsWriter, TensorSpec
 from edge_sdk.formats.files import sha256_of
-from edge_sdk.model.checkpoint import Checkpoint
+from edge_sdk.model.checkpoint import Checkpoint, open_checkpoint
 from edge_sdk.model.decoder import rope_tables
+from edge_sdk.model.gguf_checkpoint import GgufCheckpoint
 from edge_sdk.model.loader import parse_dtype
-from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.sparsity.pipeline import CalibrationSettings, calibrate_model, validate_settings
 from edge_sdk.sparsity.report import write_report_plot
 
@@ -50,7 +49,9 @@ class ExportSettings:
     calibration: CalibrationSettings = field(default_factory=CalibrationSettings)
 
 
-def _model_tensor_spec(checkpoint: Checkpoint, name: str, hf_name: str, dtype: torch.dtype) -> TensorSpec:
+def _model_tensor_spec(
+    checkpoint: Checkpoint | GgufCheckpoint, name: str, hf_name: str, dtype: torch.dtype
+) -> TensorSpec:
     shape = checkpoint.expected_shapes[hf_name]
     stored = dtype if len(shape) > 1 else torch.float32  # norms and biases stay fp32: tiny, and precise
     if name.endswith("_t"):
@@ -67,7 +68,7 @@ def check_output(
     return outputs.check_target(out_dir, outputs.BUNDLE, replace=force, inputs=sources)
 
 
-def _validate(checkpoint: Checkpoint, settings: ExportSettings) -> int:
+def _validate(checkpoint: Checkpoint | GgufCheckpoint, settings: ExportSettings) -> int:
     if settings.predictor not in EXPORT_PREDICTORS:
         raise ExportError(f"predictor {settings.predictor!r} is not one of {', '.join(EXPORT_PREDICTORS)}")
     parse_dtype(settings.dtype)
@@ -92,16 +93,16 @@ def export_bundle(
     on_layer_calibrated: Callable[[int], None] | None = None,
     on_tensor_written: Callable[[str], None] | None = None,
 ) -> Bundle:
-    """Export a checkpoint to a bundle at out_dir; returns the opened bundle.
+    """Export a checkpoint directory or a GGUF file to a bundle at out_dir; returns the opened bundle.
 
     force: replace an earlier edge-sdk bundle at out_dir (nothing else is ever replaced)."""
     target = check_output(out_dir, force, model_dir, (*calibration_files, *evaluation_files))
-    checkpoint = Checkpoint(model_dir)
+    checkpoint = open_checkpoint(model_dir)
     config = checkpoint.config
     max_seq_len = _validate(checkpoint, settings)
     # a bundle carries a tokenizer its readers load; every runtime stops on the manifest's eos ids, so they include
     # the tokenizer config's eos token (chat models often stop on several)
-    eos_token_ids = Tokenizer.from_dir(checkpoint.model_dir, config.eos_token_ids).eos_token_ids
+    eos_token_ids = checkpoint.tokenizer().eos_token_ids
     if settings.predictor != predictors.NO_PREDICTOR and not calibration_files:
         raise ExportError(f"predictor '{settings.predictor}' needs calibration text: pass --calib FILE")
     dtype = parse_dtype(settings.dtype)
@@ -154,9 +155,8 @@ def export_bundle(
             model = graphs.build_graph(graph_spec, decode)
             onnx.save(model, str(staging / file))
             onnx.checker.check_model(str(staging / file), full_check=True)
-        for file in (bundle_format.TOKENIZER_FILE, bundle_format.TOKENIZER_CONFIG_FILE):
-            if (checkpoint.model_dir / file).is_file():
-                shutil.copyfile(checkpoint.model_dir / file, staging / file)
+        for file, contents in checkpoint.tokenizer_files().items():
+            (staging / file).write_bytes(contents)
         if report is not None:
             (staging / bundle_format.REPORT_FILE).write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
             write_report_plot(report, staging / bundle_format.PLOT_FILE)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
@@ -29,6 +30,10 @@ from edge_sdk.formats import strict_json
 from edge_sdk.formats.files import read_bounded
 from edge_sdk.formats.safetensors import TensorEntry, read_header
 from edge_sdk.model.config import hf_tensor_shapes, load_config
+from edge_sdk.model.tokenizer import Tokenizer, read_tokenizer_files
+
+if TYPE_CHECKING:
+    from edge_sdk.model.gguf_checkpoint import GgufCheckpoint
 
 SINGLE_FILE = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
@@ -178,3 +183,19 @@ class Checkpoint:
         for name in self.expected_shapes:
             if name.startswith(prefix):
                 yield name[len(prefix) :], self.tensor(name, dtype)
+
+    def tokenizer_files(self) -> dict[str, bytes]:
+        """The tokenizer files a bundle of this checkpoint carries (tokenizer.read_tokenizer_files)."""
+        return read_tokenizer_files(self.model_dir)
+
+    def tokenizer(self) -> Tokenizer:
+        return Tokenizer.from_dir(self.model_dir, self.config.eos_token_ids)
+
+
+def open_checkpoint(path: str | Path) -> Checkpoint | GgufCheckpoint:
+    """A Hugging Face checkpoint directory, or a GGUF file (or a directory holding exactly one, without config.json),
+    behind the same interface."""
+    from edge_sdk.model.gguf_checkpoint import GgufCheckpoint, gguf_file
+
+    found = gguf_file(path)
+    return Checkpoint(path) if found is None else GgufCheckpoint(found)

@@ -1,4 +1,4 @@
-"""Build a Decoder from a checkpoint directory, materializing one tensor at a time.
+"""Build a Decoder from a checkpoint directory or a GGUF file, materializing one tensor at a time.
 
 The decoder is created on the meta device (no memory), then each parameter is replaced by the
 tensor read from the memory-mapped safetensors file, so peak memory is the model once plus the
@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 from edge_sdk.errors import CheckpointError
-from edge_sdk.model.checkpoint import Checkpoint
+from edge_sdk.model.checkpoint import Checkpoint, open_checkpoint
 from edge_sdk.model.decoder import Decoder, TransformerBlock
+from edge_sdk.model.gguf_checkpoint import GgufCheckpoint
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -33,13 +34,13 @@ def _assign(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
 
 
 def load_decoder(
-    source: str | Path | Checkpoint,
+    source: str | Path | Checkpoint | GgufCheckpoint,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     max_seq_len: int | None = None,
 ) -> Decoder:
     """Load a checkpoint into the reference decoder, in eval mode, with a KV cache when max_seq_len is given."""
-    checkpoint = source if isinstance(source, Checkpoint) else Checkpoint(source)
+    checkpoint = open_checkpoint(source) if isinstance(source, (str, Path)) else source
     with torch.device("meta"):
         decoder = Decoder(checkpoint.config)
     for name in checkpoint.expected_shapes:
@@ -56,7 +57,9 @@ def load_decoder(
     return decoder
 
 
-def load_layer(checkpoint: Checkpoint, layer: int, dtype: torch.dtype = torch.float32) -> TransformerBlock:
+def load_layer(
+    checkpoint: Checkpoint | GgufCheckpoint, layer: int, dtype: torch.dtype = torch.float32
+) -> TransformerBlock:
     """One decoder layer with its weights, for code that streams through a model layer by layer."""
     with torch.device("meta"):
         block = TransformerBlock(checkpoint.config)

@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from edge_sdk.model.checkpoint import Checkpoint
+from edge_sdk.model.checkpoint import open_checkpoint
+from edge_sdk.model.gguf_checkpoint import GgufCheckpoint
 from edge_sdk.model.tokenizer import TOKENIZER_FILE
 
 
 def describe_checkpoint(model_dir: str | Path) -> dict[str, Any]:
-    """Validate a checkpoint (config, headers, shapes) and summarize it."""
-    checkpoint = Checkpoint(model_dir)
+    """Validate a checkpoint directory or GGUF file (config, headers, shapes, tokenizer) and summarize it."""
+    checkpoint = open_checkpoint(model_dir)
     config = checkpoint.config
     activation = config.activation.kind
     if activation == "fatrelu":
@@ -19,7 +20,7 @@ def describe_checkpoint(model_dir: str | Path) -> dict[str, Any]:
     rope = config.rope.rope_type
     if rope != "default":
         rope += f" x{config.rope.factor:g}"
-    return {
+    summary = {
         "path": str(checkpoint.model_dir),
         "architecture": config.architecture,
         "layers": config.num_layers,
@@ -40,3 +41,8 @@ def describe_checkpoint(model_dir: str | Path) -> dict[str, Any]:
         "tokenizer": (checkpoint.model_dir / TOKENIZER_FILE).is_file(),
         "sparse_ready": config.activation.is_relu_family,
     }
+    if isinstance(checkpoint, GgufCheckpoint):
+        summary["tokenizer"] = bool(checkpoint.tokenizer_files())
+        # quantized types are dequantized on export: `dtype` above is what they are read into
+        summary["gguf_tensor_types"] = checkpoint.tensor_types()
+    return summary

@@ -6,10 +6,21 @@ through the bundle (listed files only, no links), so the Python runtime and the 
 refuse the same tokenizer files. tokenizer_config.json fields edge-sdk reads must have their documented types:
 `bos_token` / `eos_token` a string or {"content": string}, `add_bos_token` a boolean, `chat_template` a string or
 a list of {"name", "template"} (the template called "default" is used, as transformers does).
+
+Current transformers saves the chat template beside tokenizer_config.json as chat_template.jinja (processors as
+chat_template.json, {"chat_template": ...}); such a file takes priority over the config's field, as in
+transformers, and read_tokenizer_files puts it into the tokenizer_config.json a bundle carries, so bundle readers
+(Python and C) keep reading two tokenizer files.
+
+Whether encode prepends bos follows transformers' AutoTokenizer: tokenizer_config.json's `add_bos_token` when
+present, otherwise whether tokenizer.json's post-processor puts the bos token first, whatever the tokenizer class
+(transformers 5 leaves a saved post-processor as it is). Llama-2-style files have that template and add bos;
+Qwen2 and GPT-2/SmolLM2-style files have none, so they add no bos even when they name one.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +36,8 @@ if TYPE_CHECKING:
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+CHAT_TEMPLATE_JINJA_FILE = "chat_template.jinja"
+CHAT_TEMPLATE_JSON_FILE = "chat_template.json"
 MAX_TOKENIZER_JSON_BYTES = 64 << 20  # the C runtime reads JSON files of at most this size too
 
 
@@ -50,6 +63,63 @@ def _chat_template(config: dict[str, Any], where: str) -> str | None:
         f'{where}: field \'chat_template\' must be a string or a list of {{"name", "template"}} objects with one '
         f"named 'default'"
     )
+
+
+def _post_processor_adds(processor: Any, token: str) -> bool:
+    """Whether a tokenizer.json post-processor puts `token` first in a single sequence."""
+    if not isinstance(processor, dict):
+        return False
+    if processor.get("type") == "Sequence":
+        return any(_post_processor_adds(step, token) for step in processor.get("processors") or [])
+    single = processor.get("single") if processor.get("type") == "TemplateProcessing" else None
+    first = single[0] if isinstance(single, list) and single else None
+    special = first.get("SpecialToken") if isinstance(first, dict) else None
+    return isinstance(special, dict) and special.get("id") == token
+
+
+def _add_bos_default(tokenizer_json: dict[str, Any], bos_token: str | None) -> bool:
+    """AutoTokenizer's choice when tokenizer_config.json has no add_bos_token (see the module docstring)."""
+    return bos_token is not None and _post_processor_adds(tokenizer_json.get("post_processor"), bos_token)
+
+
+def _separate_chat_template(directory: Path) -> str | None:
+    """The chat template transformers saved beside tokenizer_config.json, if any."""
+    jinja = directory / CHAT_TEMPLATE_JINJA_FILE
+    if jinja.is_file():
+        return read_bounded(jinja, MAX_TOKENIZER_JSON_BYTES, follow_symlinks=True, error=CheckpointError).decode()
+    path = directory / CHAT_TEMPLATE_JSON_FILE
+    if not path.is_file():
+        return None
+    data = read_bounded(path, MAX_TOKENIZER_JSON_BYTES, follow_symlinks=True, error=CheckpointError)
+    template = _chat_template(strict_json.parse_object(data, str(path), error=CheckpointError), str(path))
+    if template is None:
+        raise CheckpointError(f"{path}: field 'chat_template' is missing; it must be a string")
+    return template
+
+
+def read_tokenizer_files(directory: str | Path) -> dict[str, bytes]:
+    """DIR/tokenizer.json and DIR/tokenizer_config.json as a bundle carries them: the config (when there is one or
+    a separate chat template) with the chat template of chat_template.jinja / .json in its 'chat_template'."""
+    directory = Path(directory)
+    path = directory / TOKENIZER_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{path}: tokenizer.json is missing")
+    files = {TOKENIZER_FILE: read_bounded(path, MAX_TOKENIZER_JSON_BYTES, follow_symlinks=True, error=CheckpointError)}
+    config_path = directory / TOKENIZER_CONFIG_FILE
+    config_text = None
+    if config_path.is_file():
+        config_text = read_bounded(config_path, MAX_TOKENIZER_JSON_BYTES, follow_symlinks=True, error=CheckpointError)
+    template = _separate_chat_template(directory)
+    if template is not None:
+        config = (
+            {}
+            if config_text is None
+            else strict_json.parse_object(config_text, str(config_path), error=CheckpointError)
+        )
+        config_text = (json.dumps({**config, "chat_template": template}, indent=2, ensure_ascii=False) + "\n").encode()
+    if config_text is not None:
+        files[TOKENIZER_CONFIG_FILE] = config_text
+    return files
 
 
 @dataclass
@@ -89,17 +159,14 @@ class Tokenizer:
         eos_token_ids from config.json are added to the tokenizer config's eos token, since chat models often stop
         on several ids."""
         directory = Path(directory)
-        path = directory / TOKENIZER_FILE
-        if not path.is_file():
-            raise CheckpointError(f"{path}: tokenizer.json is missing")
-        text = read_bounded(path, MAX_TOKENIZER_JSON_BYTES, follow_symlinks=True, error=CheckpointError)
-        config_path = directory / TOKENIZER_CONFIG_FILE
-        config_text = None
-        if config_path.is_file():
-            config_text = read_bounded(
-                config_path, MAX_TOKENIZER_JSON_BYTES, follow_symlinks=True, error=CheckpointError
-            )
-        return cls.from_bytes(text, str(path), config_text, str(config_path), eos_token_ids)
+        files = read_tokenizer_files(directory)
+        return cls.from_bytes(
+            files[TOKENIZER_FILE],
+            str(directory / TOKENIZER_FILE),
+            files.get(TOKENIZER_CONFIG_FILE),
+            str(directory / TOKENIZER_CONFIG_FILE),
+            eos_token_ids,
+        )
 
     @classmethod
     def from_bundle(cls, bundle: Bundle) -> Tokenizer:
@@ -125,7 +192,7 @@ class Tokenizer:
         config_where: str,
         eos_token_ids: tuple[int, ...] = (),
     ) -> Tokenizer:
-        strict_json.parse_object(text, where, error=CheckpointError)
+        tokenizer_json = strict_json.parse_object(text, where, error=CheckpointError)
         try:
             backend = HFTokenizer.from_str(text.decode("utf-8"))
         except Exception as error:  # the tokenizers library raises a bare Exception on bad files
@@ -145,7 +212,8 @@ class Tokenizer:
 
         bos = token_id("bos_token")
         eos = token_id("eos_token")
-        add_bos = config.get("add_bos_token", bos is not None)
+        bos_token = _token_content(config, "bos_token", config_where)
+        add_bos = config.get("add_bos_token", _add_bos_default(tokenizer_json, bos_token))
         if not isinstance(add_bos, bool):
             raise CheckpointError(f"{config_where}: field 'add_bos_token' must be true or false, found {add_bos!r}")
         eos_ids = tuple(dict.fromkeys(([eos] if eos is not None else []) + list(eos_token_ids)))

@@ -45,8 +45,8 @@ from edge_sdk import memory, outputs
 from edge_sdk.errors import CalibrationError
 from edge_sdk.model.checkpoint import Checkpoint
 from edge_sdk.model.config import ModelConfig
+from edge_sdk.model.gguf_checkpoint import GgufCheckpoint
 from edge_sdk.model.loader import load_layer
-from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.sparsity.collect import (
     DEFAULT_CALIBRATION_TOKENS,
     DEFAULT_CHUNK_TOKENS,
@@ -467,7 +467,7 @@ class CalibrationResult:
 
 
 def calibrate_model(
-    checkpoint: Checkpoint,
+    checkpoint: Checkpoint | GgufCheckpoint,
     settings: CalibrationSettings,
     calibration_files: Sequence[str | Path],
     evaluation_files: Sequence[str | Path] = (),
@@ -480,7 +480,7 @@ def calibrate_model(
     validate_settings(config, settings)
     check_calibration_memory(config, settings, evaluating=bool(evaluation_files))
     torch.manual_seed(settings.seed)
-    tokenizer = Tokenizer.from_dir(checkpoint.model_dir, config.eos_token_ids)
+    tokenizer = checkpoint.tokenizer()
     chunk_tokens = min(settings.chunk_tokens, config.max_position_embeddings)
     settings = CalibrationSettings(**{**asdict(settings), "chunk_tokens": chunk_tokens})
     texts = read_calibration_texts(calibration_files)

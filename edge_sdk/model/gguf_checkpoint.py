@@ -1,0 +1,314 @@
+"""A GGUF file (llama.cpp's format) read behind the Checkpoint interface: config, tokenizer and HF-named tensors.
+
+Supported: general.architecture `llama` (which is also what llama.cpp writes for Mistral models) and `qwen2`, with
+tensors of the types in TENSOR_TYPES. The metadata becomes the equivalent config.json dict, validated by
+config.parse_config like any checkpoint's:
+
+- context_length, embedding_length, block_count, feed_forward_length, attention.head_count and
+  attention.layer_norm_rms_epsilon are required; attention.head_count_kv (default: head_count),
+  attention.key_length (default: embedding_length / head_count), rope.freq_base (default 10000) and linear rope
+  scaling (rope.scaling.type + rope.scaling.factor) are read when present;
+- llama.cpp stores no sliding window for Mistral and attends over the whole context; so does the loaded model;
+- GGUF has no activation key: edge-sdk reads `{arch}.hidden_act` (config.json's hidden_act values, with
+  `{arch}.hidden_act_param` for fatrelu) when a file states it, and otherwise uses silu, as llama.cpp does;
+- tied embeddings: no `output.weight` tensor.
+
+Quantized weights are dequantized (gguf.quants.dequantize) one tensor at a time when read; llama.cpp's converter
+permutes the rows of the llama q/k projections for its RoPE layout (convert_hf_to_gguf.py LlamaModel.permute),
+which is undone here. Files this reader refuses, in one line naming the key or tensor: other architectures,
+PowerInfer GGUFs (transposed `ffn_down_t` weights and predictor tensors), per-dimension RoPE factors
+(`rope_freqs`, llama3 scaling), tensor types outside TENSOR_TYPES and tensors the architecture does not have.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+
+from edge_sdk.errors import CheckpointError
+from edge_sdk.model.config import hf_tensor_shapes, parse_config
+from edge_sdk.model.gguf_metadata import GgufMetadata, open_reader
+from edge_sdk.model.gguf_tokenizer import gguf_tokenizer_files
+from edge_sdk.model.tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, Tokenizer
+
+GGUF_SUFFIX = ".gguf"
+ARCHITECTURES = ("llama", "qwen2")
+Q = gguf.GGMLQuantizationType
+TENSOR_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+# the dtype a tensor of each type is read into when the caller names none: float types as stored, the rest fp32
+STORED_DTYPES = {Q.F16: torch.float16, Q.BF16: torch.bfloat16}
+GLOBAL_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+LAYER_TENSORS = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(.+)")
+# PowerInfer's GGUFs store W_down transposed and their own predictor MLPs; their layout is not llama.cpp's
+POWERINFER_TENSOR = re.compile(r"blk\.\d+\.(ffn_down_t|fc1|fc2)\.weight")
+HIDDEN_ACT_KEY = "{arch}.hidden_act"
+HIDDEN_ACT_PARAM_KEY = "{arch}.hidden_act_param"
+
+
+def gguf_file(path: str | Path) -> Path | None:
+    """The GGUF file a model path names: a .gguf file, or a directory without config.json holding exactly one;
+    None for anything else (a Hugging Face checkpoint directory)."""
+    path = Path(path)
+    if path.suffix == GGUF_SUFFIX and not path.is_dir():
+        return path
+    if not path.is_dir() or (path / "config.json").exists():
+        return None
+    found = sorted(child for child in path.iterdir() if child.suffix == GGUF_SUFFIX)
+    if len(found) > 1:
+        names = ", ".join(child.name for child in found[:3])
+        raise CheckpointError(
+            f"{path}: holds {len(found)} GGUF files ({names}{', ...' if len(found) > 3 else ''}); name the one to read"
+        )
+    return found[0] if found else None
+
+
+@dataclass(frozen=True)
+class GgufTensorEntry:
+    """Where one Hugging Face-named tensor is in the GGUF file."""
+
+    file: Path
+    gguf_name: str
+    tensor_type: gguf.GGMLQuantizationType
+    shape: tuple[int, ...]  # Hugging Face order (rows first), as dequantized
+    begin: int  # byte range in the file
+    end: int
+    data: np.ndarray  # the memory-mapped bytes (or values, for float types)
+
+
+def _reverse_permute(rows: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo llama.cpp's LlamaModel.permute of q/k rows (weights [heads * head_dim, d] or biases [heads * head_dim]):
+    it interleaves each head's two RoPE halves; this restores the halves Hugging Face's rotate_half expects."""
+    half = rows.shape[0] // heads // 2
+    return rows.reshape(heads, half, 2, *rows.shape[1:]).transpose(1, 2).reshape(rows.shape)
+
+
+class GgufCheckpoint:
+    """A validated GGUF file whose tensors are dequantized lazily, one at a time, under Hugging Face names.
+
+    `model_dir` is the GGUF file: the Checkpoint interface's name for where the model was read from."""
+
+    def __init__(self, path: str | Path):
+        self.model_dir = Path(path)
+        if not self.model_dir.is_file():
+            problem = "is not a file" if self.model_dir.exists() else "file not found"
+            raise CheckpointError(f"{self.model_dir}: {problem} (expected a GGUF file)")
+        reader = open_reader(self.model_dir)
+        self.metadata = GgufMetadata(reader, self.model_dir)
+        self.architecture = self.metadata.string("general.architecture")
+        if self.architecture not in ARCHITECTURES:
+            raise CheckpointError(
+                f"{self.model_dir}: metadata key 'general.architecture' must be one of {', '.join(ARCHITECTURES)} "
+                f"(llama.cpp writes Mistral models as llama), found {self.architecture!r}"
+            )
+        self._tensors = {tensor.name: tensor for tensor in reader.tensors}
+        self._check_tensor_names()
+        self.config = parse_config(self._hf_config(), Path(f"{self.model_dir} (metadata read as config.json)"))
+        self.expected_shapes = hf_tensor_shapes(self.config)
+        self.entries = self._index_tensors()
+
+    def _check_tensor_names(self) -> None:
+        for name in self._tensors:
+            if POWERINFER_TENSOR.fullmatch(name):
+                raise CheckpointError(
+                    f"{self.model_dir}: tensor '{name}' marks a PowerInfer GGUF (transposed FFN down weights and "
+                    f"predictor tensors), which edge-sdk does not read; export the original Hugging Face checkpoint"
+                )
+            if name == "rope_freqs.weight":
+                raise CheckpointError(
+                    f"{self.model_dir}: tensor '{name}' holds per-dimension RoPE frequency factors (llama3 rope "
+                    f"scaling), which edge-sdk reads only from a Hugging Face config.json; export that checkpoint"
+                )
+            layer = LAYER_TENSOR.fullmatch(name)
+            if name not in GLOBAL_TENSORS and (layer is None or layer.group(2) not in LAYER_TENSORS):
+                raise CheckpointError(
+                    f"{self.model_dir}: tensor '{name}' is not one of the {self.architecture} architecture (expected "
+                    f"{', '.join(GLOBAL_TENSORS)} and blk.N.{{{', '.join(LAYER_TENSORS)}}})"
+                )
+        if "token_embd.weight" not in self._tensors:
+            raise CheckpointError(f"{self.model_dir}: tensor 'token_embd.weight' is missing")
+
+    def _key(self, name: str) -> str:
+        return f"{self.architecture}.{name}"
+
+    def _rope_scaling(self) -> dict[str, Any] | None:
+        meta = self.metadata
+        scaling = meta.string(self._key("rope.scaling.type"), default="none")
+        if scaling == "none":
+            # older converters wrote a linear factor alone
+            factor = meta.number(self._key("rope.scale_linear"), default=None)
+            return None if factor is None or factor == 1.0 else {"rope_type": "linear", "factor": factor}
+        if scaling != "linear":
+            raise CheckpointError(
+                f"{self.model_dir}: metadata key '{self._key('rope.scaling.type')}' must be none or linear, "
+                f"found {scaling!r}"
+            )
+        return {"rope_type": "linear", "factor": meta.number(self._key("rope.scaling.factor"))}
+
+    def _hf_config(self) -> dict[str, Any]:
+        """The config.json dict this file's metadata states (see the module docstring)."""
+        meta, key = self.metadata, self._key
+        embedding = self._tensors["token_embd.weight"]
+        heads = meta.integer(key("attention.head_count"))
+        key_length = meta.integer(key("attention.key_length"), default=None)
+        value_length = meta.integer(key("attention.value_length"), default=key_length)
+        if value_length != key_length:
+            raise CheckpointError(
+                f"{self.model_dir}: metadata key '{key('attention.value_length')}' must equal "
+                f"{key('attention.key_length')} ({key_length}), found {value_length}"
+            )
+        rope_dimensions = meta.integer(key("rope.dimension_count"), default=None)
+        config: dict[str, Any] = {
+            "model_type": self.architecture,
+            "vocab_size": int(embedding.shape[1]),  # GGUF shapes list the fastest-varying dimension first
+            "max_position_embeddings": meta.integer(key("context_length")),
+            "hidden_size": meta.integer(key("embedding_length")),
+            "num_hidden_layers": meta.integer(key("block_count")),
+            "intermediate_size": meta.integer(key("feed_forward_length")),
+            "num_attention_heads": heads,
+            "num_key_value_heads": meta.integer(key("attention.head_count_kv"), default=heads),
+            "head_dim": key_length,
+            "rms_norm_eps": meta.number(key("attention.layer_norm_rms_epsilon")),
+            "rope_theta": meta.number(key("rope.freq_base"), default=10000.0),
+            "rope_scaling": self._rope_scaling(),
+            "hidden_act": meta.string(HIDDEN_ACT_KEY.format(arch=self.architecture), default="silu"),
+            "hidden_act_param": meta.number(HIDDEN_ACT_PARAM_KEY.format(arch=self.architecture), default=None),
+            "tie_word_embeddings": "output.weight" not in self._tensors,
+            "attention_bias": self.architecture == "llama" and "blk.0.attn_q.bias" in self._tensors,
+            "torch_dtype": self._stored_dtype_name(),
+        }
+        vocab_size = config["vocab_size"]
+        config["bos_token_id"] = meta.token_id("tokenizer.ggml.bos_token_id", vocab_size)
+        config["eos_token_id"] = meta.token_id("tokenizer.ggml.eos_token_id", vocab_size)
+        head_dim = key_length or config["hidden_size"] // heads
+        if rope_dimensions is not None and rope_dimensions != head_dim:
+            raise CheckpointError(
+                f"{self.model_dir}: metadata key '{key('rope.dimension_count')}' must equal the head dimension "
+                f"({head_dim}: RoPE over part of each head is not supported), found {rope_dimensions}"
+            )
+        return config
+
+    def _stored_dtype_name(self) -> str:
+        """config.json's torch_dtype for this file: that of its FFN weights (quantized ones read as fp32)."""
+        gate = self._tensors.get("blk.0.ffn_gate.weight")
+        dtype = torch.float32 if gate is None else STORED_DTYPES.get(gate.tensor_type, torch.float32)
+        return str(dtype).removeprefix("torch.")
+
+    def _index_tensors(self) -> dict[str, GgufTensorEntry]:
+        hf_to_gguf = {hf: name for name, hf in GLOBAL_TENSORS.items()}
+        for layer in range(self.config.num_layers):
+            hf_to_gguf |= {f"model.layers.{layer}.{hf}": f"blk.{layer}.{name}" for name, hf in LAYER_TENSORS.items()}
+        used = {}
+        for hf_name, shape in self.expected_shapes.items():
+            gguf_name = hf_to_gguf[hf_name]
+            tensor = self._tensors.get(gguf_name)
+            if tensor is None:
+                raise CheckpointError(f"{self.model_dir}: tensor '{gguf_name}' ({hf_name}) is missing")
+            if tensor.tensor_type not in TENSOR_TYPES:
+                raise CheckpointError(
+                    f"{self.model_dir}: tensor '{gguf_name}' has type {tensor.tensor_type.name}, expected one of "
+                    f"{', '.join(kind.name for kind in TENSOR_TYPES)}"
+                )
+            found = tuple(int(size) for size in reversed(tensor.shape.tolist()))
+            if found != shape:
+                raise CheckpointError(
+                    f"{self.model_dir}: tensor '{gguf_name}' has shape {list(found)} (rows first), expected "
+                    f"{list(shape)} from the metadata"
+                )
+            used[hf_name] = GgufTensorEntry(
+                self.model_dir,
+                gguf_name,
+                tensor.tensor_type,
+                shape,
+                tensor.data_offset,
+                tensor.data_offset + int(tensor.n_bytes),
+                tensor.data,
+            )
+        unused = sorted(set(self._tensors) - {entry.gguf_name for entry in used.values()})
+        if unused:
+            raise CheckpointError(
+                f"{self.model_dir}: tensor '{unused[0]}' is not used by the model the metadata describes "
+                f"({self.config.num_layers} layers, tied embeddings {self.config.tie_word_embeddings})"
+            )
+        return used
+
+    @property
+    def stored_dtype(self) -> torch.dtype:
+        """The dtype the FFN weights are read into: fp16 / bf16 as stored, fp32 for quantized types."""
+        return STORED_DTYPES.get(self.entries["model.layers.0.mlp.gate_proj.weight"].tensor_type, torch.float32)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the model's tensors once read (dequantized into stored_dtype, norms and biases fp32)."""
+        total = 0
+        for entry in self.entries.values():
+            dtype = STORED_DTYPES.get(entry.tensor_type, torch.float32)
+            total += int(np.prod(entry.shape)) * dtype.itemsize
+        return total
+
+    def tensor_types(self) -> dict[str, int]:
+        """How many of the model's tensors are stored in each GGUF type (what `edge-sdk info` shows)."""
+        return dict(Counter(entry.tensor_type.name for entry in self.entries.values()).most_common())
+
+    def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """One tensor, dequantized, with llama's q/k rows back in Hugging Face order, cast to dtype when given."""
+        entry = self.entries.get(name)
+        if entry is None:
+            raise CheckpointError(f"{self.model_dir}: tensor '{name}' is not one the model uses")
+        array = gguf.quants.dequantize(entry.data, entry.tensor_type).reshape(entry.shape)
+        # F32 comes back as a view of the read-only memory map: the caller gets its own copy
+        values = torch.from_numpy(array if array.flags.writeable else array.copy())
+        if self.architecture == "llama" and ".self_attn.q_proj." in name:
+            values = _reverse_permute(values, self.config.num_heads)
+        elif self.architecture == "llama" and ".self_attn.k_proj." in name:
+            values = _reverse_permute(values, self.config.num_kv_heads)
+        return values.to(dtype or STORED_DTYPES.get(entry.tensor_type, torch.float32)).contiguous()
+
+    def layer_tensors(self, layer: int, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name without the layer prefix, tensor) for every tensor of one decoder layer."""
+        prefix = f"model.layers.{layer}."
+        for name in self.expected_shapes:
+            if name.startswith(prefix):
+                yield name[len(prefix) :], self.tensor(name, dtype)
+
+    def tokenizer_files(self) -> dict[str, bytes]:
+        """tokenizer.json and tokenizer_config.json rebuilt from the metadata (gguf_tokenizer.py)."""
+        return gguf_tokenizer_files(self.metadata)
+
+    def tokenizer(self) -> Tokenizer:
+        files = self.tokenizer_files()
+        if not files:
+            raise CheckpointError(f"{self.model_dir}: metadata key 'tokenizer.ggml.model' is missing (no tokenizer)")
+        return Tokenizer.from_bytes(
+            files[TOKENIZER_FILE],
+            f"{self.model_dir} (tokenizer.json from metadata)",
+            files[TOKENIZER_CONFIG_FILE],
+            f"{self.model_dir} (tokenizer_config.json from metadata)",
+            self.config.eos_token_ids,
+        )

@@ -1,0 +1,275 @@
+"""GGUF input: config, tokenizer and logits of GGUF files the tests write against the safetensors checkpoints they
+come from, the CLI end to end, and the files it must refuse."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from edge_sdk.bundle import Bundle
+from edge_sdk.bundle.layout import model_tensor_names
+from edge_sdk.errors import CheckpointError
+from edge_sdk.model.checkpoint import Checkpoint, open_checkpoint
+from edge_sdk.model.gguf_checkpoint import GgufCheckpoint
+from edge_sdk.model.loader import load_decoder
+from edge_sdk.model.tokenizer import Tokenizer
+
+from .gguf_files import K_QUANT_SCALE_OFFSETS, Q, tokenizer_keys, write_gguf
+from .hf_models import VOCAB, family_configs, save_hf_model
+from .tokenizer_files import save_llama2_style
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "tiny-relu-llama"
+IDS = torch.tensor([list(range(5, 1900, 47))])  # 41 tokens spread over the fixture's vocabulary
+# Each supported tensor type with the bound on max |logit - source logit| / max |source logit| on the fixture's
+# 41 tokens. Every type must also give exactly the logits of a checkpoint holding the weights it dequantizes to.
+# F32 / F16 are exact (the fixture is fp16); the K-quants are written as random blocks (the gguf package cannot
+# quantize them), so their source is what the blocks dequantize to and the bound is 0 too.
+TENSOR_TYPE_BOUNDS = {
+    Q.F32: 0.0,
+    Q.F16: 0.0,
+    Q.BF16: 0.01,  # measured 0.0032
+    Q.Q8_0: 0.02,  # measured 0.0077
+    Q.Q5_0: 0.15,  # measured 0.067
+    Q.Q5_1: 0.15,  # measured 0.072
+    Q.Q4_0: 0.3,  # measured 0.143
+    Q.Q4_1: 0.3,  # measured 0.155
+    Q.Q4_K: 0.0,
+    Q.Q5_K: 0.0,
+    Q.Q6_K: 0.0,
+}
+TEXTS = [
+    "def main(argv=None):\n    return 0\n",
+    "Hello, wörld! 12345 \t tabs  and  spaces",
+    "<s> special tokens </s> inside text",
+]
+
+
+def k_quant_model(directory: Path) -> Path:
+    """A transformers tiny Llama whose rows are whole 256-value K-quant blocks."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_act="relu",
+        rms_norm_eps=1e-5,
+    )
+    save_hf_model(config, directory)
+    return directory
+
+
+def dequantized_checkpoint(source: Path, tensors: dict[str, np.ndarray], directory: Path) -> Path:
+    """A safetensors checkpoint of source's config holding `tensors` (what a GGUF dequantizes to)."""
+    directory.mkdir()
+    shutil.copy(source / "config.json", directory / "config.json")
+    save_file(
+        {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in tensors.items()},
+        directory / "model.safetensors",
+    )
+    return directory
+
+
+def fixture_gguf(path: Path, tensor_type=Q.F16) -> Path:
+    write_gguf(FIXTURE, path, tensor_type, extra_keys=tokenizer_keys(FIXTURE, "gpt2"))
+    return path
+
+
+def test_fixture_config_round_trips(tmp_path):
+    found = open_checkpoint(fixture_gguf(tmp_path / "tiny.gguf")).config
+    expected = Checkpoint(FIXTURE).config
+    # GGUF stores the epsilon as float32
+    assert found.rms_norm_eps == pytest.approx(expected.rms_norm_eps, rel=1e-6)
+    assert found == replace(expected, rms_norm_eps=found.rms_norm_eps)
+    assert found.activation.kind == "relu"  # from llama.hidden_act: silu otherwise
+
+
+@pytest.mark.parametrize("family", ["llama-relu", "mistral-gqa", "qwen2-bias-tied", "llama-rope-linear"])
+def test_family_config_and_logits_match_safetensors(family, tmp_path):
+    source = tmp_path / "hf"
+    save_hf_model(family_configs()[family], source)
+    path = tmp_path / f"{family}.gguf"
+    write_gguf(source, path, Q.F32)
+    checkpoint = open_checkpoint(path)
+    expected = Checkpoint(source).config
+    if family == "mistral-gqa":
+        # llama.cpp writes Mistral as llama and stores no sliding window (4096 here, beyond the test's 41 tokens)
+        expected = replace(expected, model_type="llama", sliding_window=None)
+    assert checkpoint.config == replace(expected, rms_norm_eps=checkpoint.config.rms_norm_eps, torch_dtype="float32")
+    ids = IDS % VOCAB
+    assert torch.equal(load_decoder(checkpoint)(ids), load_decoder(source)(ids))
+
+
+def test_silu_is_the_default_activation(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    write_gguf(FIXTURE, path, Q.F16, hidden_act=False)
+    assert open_checkpoint(path).config.activation.kind == "silu"
+
+
+@pytest.mark.parametrize("tensor_type", list(TENSOR_TYPE_BOUNDS), ids=lambda kind: kind.name)
+def test_logits_match_safetensors_within_the_type_bound(tensor_type, tmp_path):
+    source = k_quant_model(tmp_path / "hf") if tensor_type in K_QUANT_SCALE_OFFSETS else FIXTURE
+    ids = IDS % open_checkpoint(source).config.vocab_size
+    path = tmp_path / f"model-{tensor_type.name}.gguf"
+    written = write_gguf(source, path, tensor_type)
+    checkpoint = open_checkpoint(path)
+    assert checkpoint.entries["model.layers.0.mlp.up_proj.weight"].tensor_type == tensor_type
+    logits = load_decoder(checkpoint)(ids)
+
+    dequantized = load_decoder(dequantized_checkpoint(source, written, tmp_path / "dequantized"))(ids)
+    assert torch.equal(logits, dequantized)
+    if tensor_type in K_QUANT_SCALE_OFFSETS:
+        return  # their source is the dequantized checkpoint itself
+    reference = load_decoder(source)(ids)
+    relative = ((logits - reference).abs().max() / reference.abs().max()).item()
+    assert relative <= TENSOR_TYPE_BOUNDS[tensor_type], f"{tensor_type.name}: relative logit error {relative}"
+    if tensor_type not in (Q.F32, Q.F16):
+        assert relative > 0  # the file really holds the type
+
+
+def test_llama_q_and_k_rows_are_unpermuted(tmp_path):
+    checkpoint = open_checkpoint(fixture_gguf(tmp_path / "tiny.gguf", Q.F32))
+    with safe_open(str(FIXTURE / "model.safetensors"), framework="pt") as handle:
+        for name in ("model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight"):
+            expected = handle.get_tensor(name).float()
+            assert torch.equal(checkpoint.tensor(name), expected)
+            # the file holds llama.cpp's permuted rows
+            assert not np.array_equal(checkpoint.entries[name].data, expected.numpy())
+
+
+def test_gpt2_tokenizer_matches_the_fixture(tmp_path):
+    ours = open_checkpoint(fixture_gguf(tmp_path / "tiny.gguf")).tokenizer()
+    theirs = Tokenizer.from_dir(FIXTURE)
+    texts = [*TEXTS, *(FIXTURE / "held_out.txt").read_text().splitlines()[:200]]
+    for text in texts:
+        assert ours.encode(text) == theirs.encode(text), text
+    assert ours.encode("<s>")[-1] == 0  # a control token stays whole
+    assert (ours.bos_token_id, ours.eos_token_ids, ours.add_bos) == (0, (1,), True)
+    assert ours.chat_template == theirs.chat_template
+    assert ours.vocab_size == theirs.vocab_size == 2048
+
+
+def test_sentencepiece_tokenizer_matches_a_llama2_style_tokenizer(tmp_path):
+    """`llama` vocabularies carry scores, not merges: the merges are recovered from the scores."""
+    reference = tmp_path / "llama2-tokenizer"
+    reference.mkdir()
+    save_llama2_style(reference)
+    keys = tokenizer_keys(reference, "llama")
+    assert "tokenizer.ggml.merges" not in keys
+    path = tmp_path / "spm.gguf"
+    write_gguf(FIXTURE, path, Q.F16, extra_keys=keys)
+    ours = open_checkpoint(path).tokenizer()
+    theirs = Tokenizer.from_dir(reference)
+    texts = [*TEXTS, "héllo ☃ 日本語", *(FIXTURE / "held_out.txt").read_text().splitlines()[:200]]
+    for text in texts:
+        assert ours.encode(text) == theirs.encode(text), text
+    assert ours.encode("x")[0] == 1  # llama vocabularies add bos
+    assert ours.decode(ours.encode("héllo ☃ 日本語")) == "héllo ☃ 日本語"  # byte fallback round trip
+
+
+def test_a_directory_holding_one_gguf_is_read(tmp_path):
+    fixture_gguf(tmp_path / "tiny.gguf")
+    assert isinstance(open_checkpoint(tmp_path), GgufCheckpoint)
+    fixture_gguf(tmp_path / "other.gguf")
+    with pytest.raises(CheckpointError, match=r"holds 2 GGUF files \(other.gguf, tiny.gguf\)"):
+        open_checkpoint(tmp_path)
+
+
+def edge_sdk(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "edge_sdk", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_cli_info_and_export(tmp_path):
+    path = fixture_gguf(tmp_path / "tiny.gguf")
+    info = edge_sdk("info", str(path), "--json")
+    assert info.returncode == 0, info.stderr
+    summary = json.loads(info.stdout)
+    assert summary["architecture"] == "LlamaForCausalLM"
+    assert (summary["layers"], summary["hidden_size"], summary["vocab_size"]) == (4, 192, 2048)
+    assert summary["gguf_tensor_types"] == {"F16": 30, "F32": 9}
+    assert summary["tokenizer"] is True
+
+    out = tmp_path / "bundle"
+    export = edge_sdk("export", str(path), "-o", str(out), "--predictor", "none")
+    assert export.returncode == 0, export.stderr
+    bundle = Bundle.open(out)
+    expected = Checkpoint(FIXTURE).config
+    assert bundle.config == replace(expected, rms_norm_eps=bundle.config.rms_norm_eps)
+    tokenizer = Tokenizer.from_bundle(bundle)
+    assert tokenizer.encode(TEXTS[0]) == Tokenizer.from_dir(FIXTURE).encode(TEXTS[0])
+    assert tokenizer.chat_template == Tokenizer.from_dir(FIXTURE).chat_template
+    # fp16 bundle of an fp16 source: the weights are the fixture's, bit for bit
+    with (
+        safe_open(str(out / "weights.safetensors"), framework="pt") as weights,
+        safe_open(str(FIXTURE / "model.safetensors"), framework="pt") as source,
+    ):
+        for name, hf_name in model_tensor_names(expected):
+            tensor = weights.get_tensor(name)
+            stored = source.get_tensor(hf_name).to(tensor.dtype)
+            assert torch.equal(tensor.T if name.endswith("_t") else tensor, stored), name
+
+
+def _unsupported_type_gguf(path: Path) -> None:
+    write_gguf(k_quant_model(path.parent / "hf"), path, Q.Q2_K)
+
+
+REFUSED_FILES = [  # (case, write the file, the message)
+    (
+        "unknown architecture",
+        lambda path: write_gguf(FIXTURE, path, Q.F16, architecture="gpt2"),
+        "metadata key 'general.architecture' must be one of llama, qwen2",
+    ),
+    (
+        "PowerInfer",
+        lambda path: write_gguf(
+            FIXTURE, path, Q.F16, extra_tensors={"blk.0.ffn_down_t.weight": np.zeros((768, 192), np.float32)}
+        ),
+        "tensor 'blk.0.ffn_down_t.weight' marks a PowerInfer GGUF",
+    ),
+    (
+        "llama3 rope factors",
+        lambda path: write_gguf(FIXTURE, path, Q.F16, extra_tensors={"rope_freqs.weight": np.ones(16, np.float32)}),
+        "tensor 'rope_freqs.weight' holds per-dimension RoPE frequency factors",
+    ),
+    ("unsupported tensor type", _unsupported_type_gguf, "tensor 'token_embd.weight' has type Q2_K, expected one of"),
+    (
+        "missing metadata key",
+        lambda path: write_gguf(FIXTURE, path, Q.F16, skip_keys=("llama.attention.head_count",)),
+        "metadata key 'llama.attention.head_count' is missing; it must be an integer",
+    ),
+    (
+        "mistyped metadata key",
+        lambda path: write_gguf(FIXTURE, path, Q.F16, extra_keys={"llama.context_length": ("string", "1024")}),
+        "metadata key 'llama.context_length' must be an integer, found a value of type STRING",
+    ),
+    ("not a GGUF file", lambda path: path.write_bytes(b"GGML" + bytes(60)), "not a readable GGUF file"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("case", "make", "message"), REFUSED_FILES, ids=[case for case, _, _ in REFUSED_FILES])
+def test_refused_files_exit_2_with_one_line(case, make, message, tmp_path):
+    path = tmp_path / "model.gguf"
+    make(path)
+    for command in (["info", str(path)], ["export", str(path), "-o", str(tmp_path / "out"), "--predictor", "none"]):
+        result = edge_sdk(*command)
+        assert result.returncode == 2, (case, result.stderr)
+        assert "Traceback" not in result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("edge-sdk: error: "), result.stderr
+        assert message in lines[0], lines[0]
+        assert not (tmp_path / "out").exists()
