@@ -6,10 +6,12 @@ file the same verdict. Python's json module and cJSON each accept things the oth
 lone surrogates, 1000-deep nesting, trailing text), so both sides apply this rule first:
 
 - UTF-8 text without a byte order mark, holding one RFC 8259 value with only JSON whitespace around it;
-- no NaN or Infinity, every number finite as a float64, every integer within +-2^53 (exact in a double);
+- no NaN or Infinity, every number finite as a float64; an integer literal beyond +-2^53 (not exact in a double)
+  is read as the nearest float64, as if written with an exponent (transformers writes model_max_length as
+  1000000000000000019884624838656 when a tokenizer sets none);
 - no lone UTF-16 surrogate in a \\u escape, no raw control character in a string;
 - at most MAX_DEPTH levels of arrays and objects, no key twice in one object;
-- where the caller says so (safetensors headers), integer literals only.
+- where the caller says so (safetensors headers), integer literals only, each within +-2^53.
 
 `canonical` is the form manifest_sha256 is taken over: keys sorted, no whitespace, non-ASCII escaped, numbers as
 Python writes them (json.dumps(sort_keys=True, separators=(",", ":"))); the C side writes the same bytes.
@@ -42,9 +44,16 @@ def _refuse_constant(name: str) -> Any:
     raise _Refused(f"{name} is not a JSON number")
 
 
-def _integer(token: str) -> int:
-    digits = token.lstrip("-")
-    if len(digits) > _MAX_INTEGER_DIGITS or abs(int(token)) > MAX_SAFE_INTEGER:
+def _is_safe_integer(token: str) -> bool:
+    return len(token.lstrip("-")) <= _MAX_INTEGER_DIGITS and abs(int(token)) <= MAX_SAFE_INTEGER
+
+
+def _integer(token: str) -> int | float:
+    return int(token) if _is_safe_integer(token) else _float(token)
+
+
+def _exact_integer(token: str) -> int:
+    if not _is_safe_integer(token):
         raise _Refused(f"integer {token[:24]}{'...' if len(token) > 24 else ''} is outside +-2^53")
     return int(token)
 
@@ -115,7 +124,7 @@ def parse(data: bytes, where: str, *, integers_only: bool = False, error: type[E
             text,
             object_pairs_hook=_object_without_duplicates,
             parse_constant=_refuse_constant,
-            parse_int=_integer,
+            parse_int=_exact_integer if integers_only else _integer,
             parse_float=_integers_only if integers_only else _float,
         )
         if _SURROGATE_ESCAPE.search(text):

@@ -11,7 +11,7 @@
 #include "json_strict.h"
 #include "sha256.h"
 
-#define MAX_INTEGER_DIGITS 17 /* the strict rule's bound: every integer literal is within +-2^53 */
+#define MAX_INTEGER_DIGITS 17 /* 2^53 has 16 digits: a longer integer literal is beyond it */
 #define MAX_SIGNIFICANT_DIGITS 17 /* every float64 reads back from 17 significant digits */
 
 struct text_buffer {
@@ -270,12 +270,16 @@ static int append_float_repr(struct text_buffer *out, double x) {
 
 static int is_digit(struct parser *p) { return p->at < p->size && p->text[p->at] >= '0' && p->text[p->at] <= '9'; }
 
-/* An integer literal as Python's int: its decimal value. */
+static int append_float(struct parser *p, struct text_buffer *out, const char *token, size_t length);
+
+/* An integer literal as the strict reader reads it: within +-2^53 Python's int, its decimal value; beyond, the
+ * nearest float64, written as Python writes that float. */
 static int append_integer(struct parser *p, struct text_buffer *out, const char *token, size_t length) {
   int negative = token[0] == '-';
-  if (length - (size_t)negative > MAX_INTEGER_DIGITS) return fail(p, EDGE_ERROR_BUNDLE, "an integer outside +-2^53");
+  if (length - (size_t)negative > MAX_INTEGER_DIGITS) return append_float(p, out, token, length);
   int64_t value = 0;
   for (size_t i = (size_t)negative; i < length; i++) value = value * 10 + (token[i] - '0');
+  if (value > (INT64_C(1) << 53)) return append_float(p, out, token, length);
   char text[32];
   snprintf(text, sizeof text, "%lld", (long long)(negative ? -value : value));
   return append_text(out, text) ? 1 : out_of_memory(p);

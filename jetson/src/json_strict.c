@@ -317,12 +317,17 @@ static int is_digit_at(const struct reader *r, size_t at) { return at < r->size 
 
 static cJSON *read_value(struct reader *r);
 
+static cJSON *float_value(struct reader *r, const char *token, size_t length);
+
+/* An integer literal within +-2^53 is exact in a double; beyond, it is read as the nearest double, as if written
+ * with an exponent, except in files of integers only, which refuse it. */
 static cJSON *integer_value(struct reader *r, const char *token, size_t length) {
   int negative = token[0] == '-';
   size_t digits = length - (size_t)negative;
   int64_t value = 0;
   for (size_t i = (size_t)negative; digits <= MAX_INTEGER_DIGITS && i < length; i++) value = value * 10 + (token[i] - '0');
   if (digits > MAX_INTEGER_DIGITS || value > (INT64_C(1) << 53)) {
+    if (r->numbers != JSON_INTEGERS_ONLY) return float_value(r, token, length);
     refuse(r, "integer %.*s%s is outside +-2^53", (int)(length < SHOWN_NUMBER_BYTES ? length : SHOWN_NUMBER_BYTES),
            token, length > SHOWN_NUMBER_BYTES ? "..." : "");
     return NULL;

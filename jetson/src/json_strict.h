@@ -2,7 +2,8 @@
  * (manifest.json, the safetensors header, tokenizer.json, tokenizer_config.json), so that the Python readers and
  * this library give every such file the same verdict:
  * - UTF-8 text without a byte order mark, holding one RFC 8259 value with only JSON whitespace around it;
- * - no NaN or Infinity, every number finite as a float64, every integer literal within +-2^53;
+ * - no NaN or Infinity, every number finite as a float64; an integer literal beyond +-2^53 read as the nearest
+ *   double (files of integers only refuse it);
  * - no lone UTF-16 surrogate in a \u escape, no raw control character in a string;
  * - at most JSON_MAX_DEPTH levels of arrays and objects, no key twice in one object;
  * - where the caller says so (safetensors headers), integer literals only.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
 from collections.abc import Callable
@@ -495,6 +496,10 @@ def graph_cases() -> list[Case]:
     return cases + [Case(f"graph: {name}", mutate, REFUSE) for name, mutate in refused.items()]
 
 
+# transformers writes int(1e30) when a tokenizer sets no length: an integer literal beyond 2^53, read as a float64
+UNSET_MODEL_MAX_LENGTH = b'"model_max_length": 1000000000000000019884624838656'
+
+
 def tokenizer_cases() -> list[Case]:
     config = "tokenizer_config.json"
 
@@ -526,6 +531,9 @@ def tokenizer_cases() -> list[Case]:
             ]
         ),
         "unknown fields": update(x={"\u0000": [1e300, None]}),
+        "model_max_length as transformers writes it": replace_bytes(
+            config, lambda d: re.sub(rb'"model_max_length": *\d+', UNSET_MODEL_MAX_LENGTH, d)
+        ),
         "tokenizer.json model with an unknown key holding U+0000": replace_json_file(
             "tokenizer.json", lambda t: t["model"].update({"x\u0000": "\u0000"})
         ),
@@ -555,13 +563,13 @@ def tokenizer_cases() -> list[Case]:
         "chat_template default twice": update(
             chat_template=[{"name": "default", "template": "y"}, {"name": "default", "template": "z"}]
         ),
+        "tokenizer.json integer beyond 2^53": replace_bytes(
+            "tokenizer.json", lambda d: d[:-1] + b', "x": 9007199254740993}'
+        ),
         "tokenizer.json with an unknown top-level key": replace_json_file("tokenizer.json", lambda t: t.update(x=1)),
         "tokenizer.json version 2.0": replace_json_file("tokenizer.json", lambda t: t.update(version="2.0")),
         "tokenizer.json version 1": replace_json_file("tokenizer.json", lambda t: t.update(version=1)),
         "config 1e400": replace_bytes(config, lambda d: d.rstrip()[:-1] + b', "x": 1e400}'),
-        "tokenizer.json integer beyond 2^53": replace_bytes(
-            "tokenizer.json", lambda d: d[:-1] + b', "x": 9007199254740993}'
-        ),
         "tokenizer.json lone surrogate": replace_bytes("tokenizer.json", lambda d: d[:-1] + b', "x": "\\udfff"}'),
     }
     cases = [Case(f"tokenizer: {name}", mutate, ACCEPT) for name, mutate in accepted.items()]
