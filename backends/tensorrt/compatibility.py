@@ -53,6 +53,7 @@ SUPPORTED_TYPES: dict[str, tuple[str, ...]] = {
     "Cast": (*_NUMBERS, "UINT8", _B),
     "Ceil": _FLOATS,
     "Concat": _ANY,
+    "Constant": _ANY,
     "ConstantOfShape": _ANY,
     "Div": _NUMBERS,
     "Expand": _ANY,
@@ -88,6 +89,7 @@ SUPPORTED_TYPES: dict[str, tuple[str, ...]] = {
 # Which tensors of a node carry the types above: (input positions, output positions). Ops not listed: every input.
 _TYPED_TENSORS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "Cast": ((0,), (0,)),
+    "Constant": ((), (0,)),
     "ConstantOfShape": ((), (0,)),
     "Expand": ((0,), ()),
     "Gather": ((0,), ()),
