@@ -50,6 +50,7 @@
 
 extern "C" {
 #include "sha256.h"
+#include "trt_version.h"
 }
 #include "trt_engine.h"
 
@@ -136,11 +137,7 @@ void check_cuda(cudaError_t error, const char *call) {
 
 /* ---- The cache key (cache.py EngineKey) ---------------------------------------------------------------------- */
 
-/* trt.__version__: MAJOR.MINOR.PATCH of the library (the Python bindings are stamped with exactly that). */
-std::string tensorrt_version(int32_t version) {
-  return std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." +
-         std::to_string(version % 100);
-}
+/* tensorrt_version(getInferLibVersion()): trt_version.h, the rule cache.py's tensorrt_version_key applies too. */
 
 struct Device {
   std::string name;       /* cudaDeviceProp.name */
