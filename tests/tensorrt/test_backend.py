@@ -51,7 +51,7 @@ def test_engine_from_another_tensorrt_is_a_clear_error(tmp_path):
     refusing_runtime = types.SimpleNamespace(deserialize_cuda_engine=lambda data: None)
     now = cache.EngineKey("10.7.0", "Orin", "8.7", "cd" * 32)
     with pytest.raises(cache.EngineCacheError, match=r"built for TensorRT 10\.3\.0,.*edge-sdk build /bundles/tiny"):
-        _Graph(types.SimpleNamespace(), refusing_runtime, engine, now, Path("/bundles/tiny"))
+        _Graph(refusing_runtime, engine, now, Path("/bundles/tiny"))
 
 
 def test_backend_modules_do_not_import_torch():

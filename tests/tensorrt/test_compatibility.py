@@ -213,7 +213,6 @@ SAFETENSORS_ITEMSIZE = {"F16": 2, "BF16": 2, "F32": 4, "I32": 4}
 
 MASK_FIX = "issue 21: the predictor mask crosses the plugin boundary as BOOL; needs an INT32 or float mask"
 COPY_FIX = "DESIGN 3: fp16/bf16 weights are Cast to fp32 where standard ops read them; needs weights kept as stored"
-CORE_FIX = "issue 21 item 2: core prefill runs TopK(K = D) and scatters BOOL and float64; needs core off the graph"
 
 
 def stored_tensors(config: ModelConfig, kind: str, dtype: str) -> dict[str, graphs.ExternalTensor]:
@@ -257,8 +256,6 @@ def failing_today(kind: str, dtype: str) -> dict[tuple[str, str], str]:
     failing = {("decode.onnx", "plugin-io-dtype"): MASK_FIX}
     if dtype != "fp32":
         failing |= {("prefill.onnx", "fp32-weight-copy"): COPY_FIX, ("decode.onnx", "fp32-weight-copy"): COPY_FIX}
-    if kind == "core":
-        failing |= {("prefill.onnx", rule): CORE_FIX for rule in ("topk-k", "op-dtype", "float64")}
     return failing
 
 
@@ -291,16 +288,28 @@ def test_graph_keeps_the_rule(model, kind, dtype, graph, rule):
 
 
 @pytest.mark.parametrize("kind", ["svd", "core"])
-def test_core_and_plugin_violations_name_the_offending_values(kind):
+def test_plugin_violations_name_the_offending_values(kind):
     violations = violations_of("qwen2-7b", kind, "fp16")
     plugin = [v for v in violations if v.rule == "plugin-io-dtype"]
     # svd: the predictor's BOOL output and SparseFFN's BOOL mask input; core: only the mask input
     assert [(v.node.split("_")[0], "found BOOL" in v.message) for v in plugin] == (
         [("SvdPredictor", True), ("SparseFFN", True)] if kind == "svd" else [("SparseFFN", True)]
     )
-    if kind == "core":
-        (topk,) = [v for v in violations if v.rule == "topk-k"]
-        assert "expected at most 3840, found 18944" in topk.message
+
+
+def test_core_prefill_hands_the_selection_to_the_host():
+    """Issue 21 item 2: core prefill outputs the gate activations; no TopK (K = D = 18944 > 3840), no scatter, no
+    float64 is left in the graph TensorRT parses."""
+    prefill = built_graphs("qwen2-7b", "core", "fp32")["prefill"]
+    assert {"TopK", "ScatterElements"}.isdisjoint(node.op_type for node in prefill.graph.node)
+    outputs = {value.name: value.type.tensor_type for value in prefill.graph.output}
+    assert outputs["core_activations.0"].elem_type == TensorProto.FLOAT
+    assert [dim.dim_param or dim.dim_value for dim in outputs["core_activations.0"].shape.dim] == [
+        "batch",
+        "seq",
+        18944,
+    ]
+    assert compatibility.check_models({"prefill": prefill}) == []
 
 
 def test_every_op_is_in_the_table_and_every_tensor_typed():
