@@ -8,10 +8,11 @@ Sources, as cited by the rules:
 - operators.md: onnx/onnx-tensorrt docs/operators.md, the operator support matrix of the 10.x parser (the rows used
   here read at tag 10.1-GA, the parser generation TensorRT 10.3 ships; its notes: "limited support for DOUBLE",
   "UINT8 is only supported as network input or output tensor types").
-- NvInfer.h 10.3, ITopKLayer: "K must be less than or equal to 3840".
-- NvInferRuntimePlugin.h / NvInferRuntime.h 10.3, IPluginV3OneBuild::getOutputDataTypes: kBOOL and kUINT8 are not
-  supported as plugin output types; NVIDIA/TensorRT issue 3959: BOOL / INT8 plugin inputs fail the build with
-  "could not find any supported formats".
+- NvInfer.h 10.3, ITopKLayer::setK: "Currently only values of K up to 3840 are supported." (operators.md says
+  "less than 3840"; the header, which the builder follows, allows 3840).
+- NvInferRuntime.h 10.3, IPluginV3OneBuild::getOutputDataTypes: "DataType:kBOOL and DataType::kUINT8 are not
+  supported."; NVIDIA/TensorRT issue 3959: BOOL / INT8 plugin inputs fail the build with "could not find any
+  supported formats".
 - onnx-tensorrt onnxOpImporters.cpp FallbackPluginImporter (10.x): the creator is looked up by op type,
   `plugin_version` (default "1") and `plugin_namespace` (default "", not ours).
 - onnx-tensorrt ModelImporter.cpp (10.x): an empty input name becomes a null ITensor, which reaches addPluginV3.
@@ -37,7 +38,7 @@ from edge_sdk.bundle.graph_ops import DOMAIN, PLUGIN_NAMESPACE, PLUGIN_VERSION
 
 from .profiles import PHASES
 
-TOPK_MAX_K = 3840  # NvInfer.h 10.3, ITopKLayer: "K must be less than or equal to 3840"
+TOPK_MAX_K = 3840  # NvInfer.h 10.3, ITopKLayer::setK: "Currently only values of K up to 3840 are supported."
 
 _F, _H, _BF = "FLOAT", "FLOAT16", "BFLOAT16"
 _I32, _I64, _B = "INT32", "INT64", "BOOL"
@@ -104,15 +105,15 @@ _TYPED_TENSORS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "Unsqueeze": ((0,), ()),
     "Where": ((1, 2), ()),
 }
-# NvInferRuntimePlugin.h 10.3 (getOutputDataTypes: no kBOOL / kUINT8 outputs), TensorRT issue 3959 (no BOOL / INT8
-# inputs: "could not find any supported formats"), and TensorRT's DataType enum, which has no double.
+# NvInferRuntime.h 10.3 (IPluginV3OneBuild::getOutputDataTypes: no kBOOL / kUINT8 outputs), TensorRT issue 3959
+# (no BOOL / INT8 inputs: "could not find any supported formats"), and TensorRT's DataType enum, which has no double.
 PLUGIN_FORBIDDEN_TYPES = ("BOOL", "UINT8", "INT8", "DOUBLE")
 
 SOURCES = {
     "unsupported-op": "onnx-tensorrt docs/operators.md (10.x operator support matrix)",
     "op-dtype": "onnx-tensorrt docs/operators.md (10.x, Supported Types)",
     "topk-k": "NvInfer.h 10.3 ITopKLayer: K <= 3840; operators.md 10.x: K an initializer, sorted = 1",
-    "plugin-io-dtype": "NvInferRuntimePlugin.h 10.3 getOutputDataTypes (no kBOOL/kUINT8); NVIDIA/TensorRT#3959",
+    "plugin-io-dtype": "NvInferRuntime.h 10.3 getOutputDataTypes (no kBOOL/kUINT8); NVIDIA/TensorRT#3959",
     "float64": "TensorRT 10.3 DataType has no double; operators.md 10.x: limited support for DOUBLE",
     "uint8-intermediate": "operators.md 10.x: UINT8 only as network input or output",
     "plugin-attributes": "onnx-tensorrt FallbackPluginImporter (10.x): plugin_version / plugin_namespace",

@@ -9,7 +9,8 @@
 #include <string>
 
 /* getInferLibVersion() as "M.m.p": TensorRT 10 encodes it as MAJOR * 10000 + MINOR * 100 + PATCH
- * (NvInferVersion.h, NV_TENSORRT_VERSION), so 100300 is 10.3.0 and 101303 is 10.13.3. */
+ * (NvInferRuntimeBase.h 10.3: NV_TENSORRT_VERSION = NV_TENSORRT_VERSION_INT(major, minor, patch)), so 100300 is
+ * 10.3.0 and 101303 is 10.13.3. */
 inline std::string tensorrt_version(int32_t version) {
   return std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." +
          std::to_string(version % 100);
