@@ -369,12 +369,30 @@ def export(model_dir, out_dir, calibration_files, predictor, dtype, max_seq_len,
     is_flag=True,
     help="Check the files (manifest, sizes, checksums, weights, graphs, tokenizer) without running the graphs.",
 )
+@click.option(
+    "--target",
+    type=click.Choice(["onnxruntime", "tensorrt"]),
+    default="onnxruntime",
+    show_default=True,
+    help="tensorrt: also check the graphs against TensorRT 10.3's parser rules (static, no GPU needed).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def verify(bundle_dir: str, steps: int, files_only: bool, as_json: bool) -> None:
-    """Check a bundle's files and checksums, then ONNX Runtime against the torch reference."""
+def verify(bundle_dir: str, steps: int, files_only: bool, target: str, as_json: bool) -> None:
+    """Check a bundle's files and checksums, then ONNX Runtime against the torch reference (and, with --target
+    tensorrt, the graphs against TensorRT 10.3's parser rules)."""
     from edge_sdk.bundle.check import check_bundle
 
     bundle, result = check_bundle(bundle_dir)
+    if target == "tensorrt":
+        _needs_export("Checking the graphs against TensorRT's rules")
+        from edge_sdk.backends.tensorrt.compatibility import check_bundle as check_tensorrt
+
+        violations, memory = check_tensorrt(bundle)
+        for violation in violations:
+            click.echo(f"edge-sdk: error: {violation}", err=True)
+        if violations:
+            click.get_current_context().exit(USAGE_ERROR)
+        result["tensorrt_engine_weight_bytes"] = memory.engines | {"bundle weights": memory.bundle_weights}
     if not files_only:
         _needs_export("Comparing the bundle's graphs with the torch reference (skip it with --files-only)")
         from edge_sdk.export.verify import verify_graphs

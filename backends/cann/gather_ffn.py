@@ -24,7 +24,13 @@ Two modes:
   lowest-scoring ones are dropped; with the calibrated capacity that happens on about 1% of tokens.
 
 The same code runs on every torch device; the compute dtype is fp16 on the NPU (the 310P cube has no fp32
-matmul) and fp32 on the CPU, where it is tested against sparsity/ffn.py.
+matmul) and fp32 on the CPU, where it is tested against sparsity/ffn.py. Two parts never run in fp16:
+- the svd predictor's scores: x B^T A^T + b in fp32 from the unrounded x. B is whitened (V_r^T S^-1), so a channel
+  of small calibration variance has a large factor and x B^T can pass fp16's 65504: inf - inf is NaN, and a NaN
+  score is "inactive". The two GEMVs are r (d + D) multiply-adds, about 2% of the FFN's.
+- the FFN input's cast to fp16 clamps to the finite fp16 range first (to_compute_dtype): an activation beyond
+  65504 would become inf and turn the layer's output into inf or NaN. Clamping keeps the fp16 cube path and a
+  finite result; keeping such tokens in fp32 would need an fp32 matmul the 310P cube does not have.
 """
 
 from __future__ import annotations
@@ -41,6 +47,17 @@ from edge_sdk.sparsity.signbit import BITS_PER_WORD
 from edge_sdk.sparsity.sparse_model import LayerPredictor, SparseFeedForward
 
 from . import MODES
+
+FP16_MAX = torch.finfo(torch.float16).max  # 65504
+
+
+def to_compute_dtype(x: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """x on the device in the compute dtype; for fp16 clamped to +-65504 first, so no entry becomes inf."""
+    x = x.to(device=device)
+    if dtype == torch.float16:
+        x = x.float().clamp(-FP16_MAX, FP16_MAX)
+    return x.to(dtype)
+
 
 # Predictors whose mask exists before the gate; the others (and dense decoding) compute the gate densely.
 PREDICTOR_FIRST_KINDS = ("svd", "signbit", "core")
@@ -146,8 +163,8 @@ class GatherSparseFFN(SparseFeedForward):
         kind, tensors = predictor.kind, predictor.tensors
         self.svd_a = self.svd_b = self.svd_biases = self.thresholds = self.signbit = None
         if kind == "svd":
-            self.svd_a = tensors["svd.a"].to(device=device, dtype=dtype)  # [D, r]
-            self.svd_b = tensors["svd.b"].to(device=device, dtype=dtype)  # [r, d]
+            self.svd_a = tensors["svd.a"].to(device=device, dtype=torch.float32)  # [D, r], scores in fp32
+            self.svd_b = tensors["svd.b"].to(device=device, dtype=torch.float32)  # [r, d]
             self.svd_biases = tensors["svd.biases"].to(device=device, dtype=torch.float32)  # [levels, D]
         elif kind == "signbit":
             self.signbit = DeviceSignBit(tensors["signbit.packed"], float(tensors["signbit.alpha"][0]), d, device)
@@ -191,7 +208,7 @@ class GatherSparseFFN(SparseFeedForward):
 
     def _prefill(self, x: torch.Tensor) -> torch.Tensor:
         # x: [B, S, d]; dense, in the compute dtype; core masks are chosen on the host (once per prompt)
-        x_c = x.to(self.dtype)
+        x_c = to_compute_dtype(x, self.device, self.dtype)
         gate = self.activation.gate(x_c @ self.w_gate.T)  # [B, S, D]
         hidden = gate * self.activation.up(x_c @ self.w_up.T)
         if self.predictor.kind == "core":
@@ -207,8 +224,8 @@ class GatherSparseFFN(SparseFeedForward):
         (svd, signbit and core; the other kinds select after the gate)."""
         kind = self.predictor.kind
         if kind == "svd":
-            x_c = x.to(device=self.device, dtype=self.dtype).unsqueeze(0)  # [1, d], as sparse_model computes it
-            low_rank = ((x_c @ self.svd_b.T) @ self.svd_a.T)[0].float()  # [D]
+            x_f = x.to(device=self.device, dtype=torch.float32).unsqueeze(0)  # [1, d], unrounded
+            low_rank = ((x_f @ self.svd_b.T) @ self.svd_a.T)[0]  # [D] float32
             return low_rank + self.svd_biases[self.level_index]
         if kind == "signbit":
             return self.signbit.scores(x.to(self.device))
@@ -244,7 +261,7 @@ class GatherSparseFFN(SparseFeedForward):
     def step(self, x: torch.Tensor, batch_row: int = 0) -> GatherStep:
         """One decode token x [d] (any device, any float dtype) through predictor and gather executor.
         batch_row picks the sequence's core mask."""
-        x_c = x.to(device=self.device, dtype=self.dtype)  # [d]
+        x_c = to_compute_dtype(x, self.device, self.dtype)  # [d]
         if self.gate_first:
             return self.step_dense_gate(x_c)
         if self.predictor.kind == "core":

@@ -14,7 +14,15 @@ from edge_sdk.runtime.backends import BackendUnavailable
 
 from . import cuda
 from .availability import find_plugin_library, import_tensorrt, plugin_library_missing
-from .cache import ENGINE_FILES, EngineKey, default_cache_dir, engine_dir, is_complete, write_metadata
+from .cache import (
+    ENGINE_FILES,
+    EngineKey,
+    default_cache_dir,
+    engine_dir,
+    is_complete,
+    tensorrt_version_key,
+    write_metadata,
+)
 from .graphs import tensorrt_model
 from .profiles import PHASES, profile_shapes
 
@@ -40,7 +48,9 @@ def load_plugin_library(trt: ModuleType) -> Path:
 
 def current_key(trt: ModuleType, bundle: Bundle) -> EngineKey:
     name, capability = cuda.device_description()
-    return EngineKey(trt.__version__, name, capability, bundle.manifest.raw[MANIFEST_DIGEST_FIELD])
+    return EngineKey(
+        tensorrt_version_key(trt.__version__), name, capability, bundle.manifest.raw[MANIFEST_DIGEST_FIELD]
+    )
 
 
 def _build_one(trt: ModuleType, logger, path: Path, shapes: dict) -> bytes:

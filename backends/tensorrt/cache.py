@@ -32,7 +32,7 @@ class EngineCacheError(EdgeSdkError):
 class EngineKey:
     """What a TensorRT engine is only valid for."""
 
-    tensorrt_version: str
+    tensorrt_version: str  # tensorrt_version_key(): MAJOR.MINOR.PATCH
     gpu_name: str
     compute_capability: str
     bundle_sha256: str  # the bundle manifest's manifest_sha256
@@ -46,6 +46,18 @@ class EngineKey:
             f"TensorRT {self.tensorrt_version}, {self.gpu_name} (compute capability {self.compute_capability}), "
             f"bundle {self.bundle_sha256[:12]}"
         )
+
+
+def tensorrt_version_key(version: str) -> str:
+    """MAJOR.MINOR.PATCH of a TensorRT version string, the version an engine key records.
+
+    JetPack's python3-libnvinfer reports four parts (TensorRT 10.3.0.30 on JetPack 6.1 and 6.2), while the C runtime
+    reads getInferLibVersion(), which holds only major, minor and patch (jetson/src/trt_version.h): both sides key on
+    those three, so an engine `edge-sdk build` cached is found by the C runtime and the other way round."""
+    parts = version.split(".")
+    if len(parts) < 3 or not all(part.isdigit() for part in parts[:3]):
+        raise EngineCacheError(f"TensorRT version: expected MAJOR.MINOR.PATCH[.BUILD], found {version!r}")
+    return ".".join(str(int(part)) for part in parts[:3])
 
 
 def default_cache_dir() -> Path:

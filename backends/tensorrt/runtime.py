@@ -10,12 +10,11 @@ token ids go to the device and the last position's logits come back.
 from __future__ import annotations
 
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 
 from edge_sdk.errors import EdgeSdkError
-from edge_sdk.predictors.core import core_mask_from_counts
+from edge_sdk.predictors.core import core_masks_from_activations
 from edge_sdk.runtime.backends import EngineOptions
 
 from . import cuda
@@ -31,14 +30,13 @@ class EngineRunError(EdgeSdkError):
 class _Graph:
     """One deserialized engine with its execution context."""
 
-    def __init__(self, trt: ModuleType, runtime, path: Path, key, bundle_path: Path):
+    def __init__(self, runtime, path: Path, key, bundle_path: Path):
         engine = runtime.deserialize_cuda_engine(path.read_bytes()) if path.is_file() else None
         if engine is None:
             raise EngineCacheError(unloadable_engine_message(path, key, bundle_path))
         self.engine = engine
         self.context = engine.create_execution_context()
         self.names = [engine.get_tensor_name(index) for index in range(engine.num_io_tensors)]
-        self.dtypes = {name: np.dtype(trt.nptype(engine.get_tensor_dtype(name))) for name in self.names}
 
     def run(self, shapes: dict[str, tuple[int, ...]], addresses: dict[str, int], stream: cuda.Stream) -> None:
         """shapes: every dynamic input; addresses: at least every input and output of the engine."""
@@ -69,8 +67,8 @@ class TensorRTEngine:
         load_plugin_library(trt)
         self.runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))  # kept alive with the engines it made
         key = current_key(trt, bundle)
-        self.prefill_graph = _Graph(trt, self.runtime, directory / ENGINE_FILES["prefill"], key, bundle.path)
-        self.decode_graph = _Graph(trt, self.runtime, directory / ENGINE_FILES["decode"], key, bundle.path)
+        self.prefill_graph = _Graph(self.runtime, directory / ENGINE_FILES["prefill"], key, bundle.path)
+        self.decode_graph = _Graph(self.runtime, directory / ENGINE_FILES["decode"], key, bundle.path)
         self.stream = cuda.Stream()
         self._buffers: list[cuda.DeviceBuffer] = []
         self._allocate(options)
@@ -98,8 +96,9 @@ class TensorRTEngine:
         n_neurons = self.config.intermediate_size
         self.core = self.sparsity.predictor == "core"
         self.core_masks = [self._buffer(n_neurons) for _ in range(self.layers)] if self.core else []
-        self.core_counts = [self._buffer(n_neurons * 8) for _ in range(self.layers)] if self.core else []
-        self.core_sums = [self._buffer(n_neurons * 8) for _ in range(self.layers)] if self.core else []
+        # prefill's gate activations [1, seq, D] float32 per layer, for the host's core selection
+        activation_bytes = max_len * n_neurons * 4
+        self.core_activations = [self._buffer(activation_bytes) for _ in range(self.layers)] if self.core else []
 
     def reset(self) -> None:
         self.length = 0
@@ -147,25 +146,18 @@ class TensorRTEngine:
         extra = {}
         if self.core:
             for layer in range(self.layers):
-                extra[f"core_counts.{layer}"] = self.core_counts[layer].address
-                extra[f"core_sums.{layer}"] = self.core_sums[layer].address
+                extra[f"core_activations.{layer}"] = self.core_activations[layer].address
         logits = self._step(self.prefill_graph, ids, extra, {})
         if self.core:
-            self._choose_core_neurons()
+            self._choose_core_neurons(len(ids))
         return logits
 
-    def _choose_core_neurons(self) -> None:
-        """The decode's fixed core masks from the prefill's counts (sparsity/core.py's rule).
-
-        The graph declares the sums float64, a type TensorRT does not have; they are read in whatever type the engine
-        gives them (float32 when the parser narrowed them).
-        """
+    def _choose_core_neurons(self, seq: int) -> None:
+        """The decode's fixed core masks from the prompt's gate activations (sparsity/core.py's rule, on the host)."""
         n_neurons = self.config.intermediate_size
         for layer in range(self.layers):
-            dtypes = self.prefill_graph.dtypes
-            counts = self.core_counts[layer].download((1, n_neurons), dtypes[f"core_counts.{layer}"])
-            sums = self.core_sums[layer].download((1, n_neurons), dtypes[f"core_sums.{layer}"])
-            mask = core_mask_from_counts(counts, sums, self.sparsity.core_beta)
+            activations = self.core_activations[layer].download((1, seq, n_neurons), np.float32)
+            mask = core_masks_from_activations(activations, self.sparsity.core_alpha, self.sparsity.core_beta)
             self.core_masks[layer].upload(mask.astype(np.bool_))
 
     def decode(self, token: int) -> np.ndarray:

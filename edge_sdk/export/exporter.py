@@ -148,9 +148,7 @@ def export_bundle(
             for i in range(config.num_layers)
             if settings.predictor == "signbit"
         )
-        graph_spec = graphs.GraphSpec(
-            config, bundle_format.WEIGHTS_FILE, external, settings.predictor, calibration.core_alpha, signbit_alphas
-        )
+        graph_spec = graphs.GraphSpec(config, bundle_format.WEIGHTS_FILE, external, settings.predictor, signbit_alphas)
         for file, decode in ((bundle_format.PREFILL_GRAPH, False), (bundle_format.DECODE_GRAPH, True)):
             model = graphs.build_graph(graph_spec, decode)
             onnx.save(model, str(staging / file))

@@ -8,8 +8,11 @@ Inputs of both graphs:
 Outputs: logits [batch, seq, vocab] float32, present.{i}.key / .value [batch, kv_heads, past_seq + seq, head_dim].
 Decode adds: sparsity_level int64 scalar (index into the calibrated levels; svd and threshold),
 dense bool scalar (true = every neuron predicted active), core_mask.{i} [batch, D] bool (core).
-Prefill adds for core: core_counts.{i} [batch, D] int64 and core_sums.{i} [batch, D] float64, from which
-the runtime picks each layer's core neurons (sparsity/core.py's rule) for the decode.
+Prefill adds for core: core_activations.{i} [batch, seq, D] float32, the prompt's gate activations, from which
+the runtime picks each layer's core neurons on the host (predictors/core.py, sparsity/core.py's rule) for the
+decode. The selection stays off the graph: per token it takes the top alpha share of the positive activations, a
+TopK over all D neurons, which TensorRT 10.3 cannot build past K = 3840 (ITopKLayer), and its ties and float64
+sums have no TensorRT formulation either.
 
 Activations are float32 throughout; weights stored as fp16/bf16 are cast where standard ops read them,
 and given to the custom ops as stored (SparseFFN accepts fp16/bf16/fp32 weights).
@@ -56,7 +59,6 @@ class GraphSpec:
     weights_file: str
     tensors: dict[str, ExternalTensor]
     predictor: str  # svd | signbit | core | threshold | none
-    core_alpha: float = 0.4
     signbit_alphas: tuple[float, ...] = ()
 
 
@@ -243,55 +245,19 @@ def _dense_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, outpu
         up = g.op("Relu", [up])
     hidden = g.op("Mul", [gate, up])
     if g.spec.predictor == "core":
-        _core_counts(g, config, layer, gate, outputs)
+        _core_activations(g, config, layer, gate, outputs)
     return g.op("MatMul", [hidden, g.weight_f32(f"{prefix}.down_proj.weight_t")])
 
 
-def _core_counts(g: GraphBuilder, config: ModelConfig, layer: int, gate: str, outputs: list) -> None:
-    """Per batch row, how often each neuron is among its token's top-alpha positive activations, and the
-    float64 sum of those activations (sparsity/core.py's token-wise rule; TopK orders ties by lower index)."""
+def _core_activations(g: GraphBuilder, config: ModelConfig, layer: int, gate: str, outputs: list) -> None:
+    """The layer's gate activations [T, D] as the prefill output core_activations.{layer} [B, S, D] float32."""
     n_neurons = config.intermediate_size
-    positive = g.op(
-        "Cast", [g.op("Greater", [gate, g.constant(np.array(0.0, dtype=np.float32))])], to=TensorProto.DOUBLE
-    )
-    n_positive = g.op("ReduceSum", [positive, g.ints(-1)], keepdims=1)  # [T, 1]
-    # ceil(alpha * n) with alpha read as the decimal written: the float64 product is within 1e-12 of it
-    alpha = g.constant(np.array(g.spec.core_alpha, dtype=np.float64))
-    epsilon = g.constant(np.array(1e-9, dtype=np.float64))
-    keep = g.op("Ceil", [g.op("Sub", [g.op("Mul", [alpha, n_positive]), epsilon])])  # [T, 1]
-    values, indices = g.op("TopK", [gate, g.ints(n_neurons)], outputs=2, axis=-1, largest=1, sorted=1)
-    ranks = g.constant(np.arange(n_neurons, dtype=np.float64), "ranks")  # position in the sorted order
-    chosen_sorted = g.op(
-        "And", [g.op("Less", [ranks, keep]), g.op("Greater", [values, g.constant(np.array(0.0, dtype=np.float32))])]
-    )
-    chosen = g.op(
-        "ScatterElements",
-        [
-            g.op(
-                "ConstantOfShape",
-                [g.op("Shape", [gate])],
-                value=helper.make_tensor("zero", TensorProto.BOOL, [1], [False]),
-            ),
-            indices,
-            chosen_sorted,
-        ],
-        axis=1,
-    )  # [T, D]
+    name = f"core_activations.{layer}"
     per_row = g.op(
         "Concat", [g.op("Slice", [g.op("Shape", ["input_ids"]), g.ints(0), g.ints(2)]), g.ints(n_neurons)], axis=0
     )
-    chosen_rows = g.op("Reshape", [chosen, per_row])  # [B, S, D]
-    counts_name, sums_name = f"core_counts.{layer}", f"core_sums.{layer}"
-    g.nodes.append(
-        helper.make_node(
-            "ReduceSum", [g.op("Cast", [chosen_rows], to=TensorProto.INT64), g.ints(1)], [counts_name], keepdims=0
-        )
-    )
-    gate_rows = g.op("Reshape", [g.op("Cast", [gate], to=TensorProto.DOUBLE), per_row])
-    picked = g.op("Where", [chosen_rows, gate_rows, g.constant(np.array(0.0, dtype=np.float64))])
-    g.nodes.append(helper.make_node("ReduceSum", [picked, g.ints(1)], [sums_name], keepdims=0))
-    outputs.append(helper.make_tensor_value_info(counts_name, TensorProto.INT64, ["batch", n_neurons]))
-    outputs.append(helper.make_tensor_value_info(sums_name, TensorProto.DOUBLE, ["batch", n_neurons]))
+    g.nodes.append(helper.make_node("Reshape", [gate, per_row], [name]))
+    outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", "seq", n_neurons]))
 
 
 def _sparse_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, ctx: _Context) -> str:

@@ -48,7 +48,8 @@ class TensorSpec:
 
     shape lists the dimension symbols (T tokens, d hidden size, D neurons, r predictor rank, W = ceil(d / 32)).
     dtypes lists the accepted element types; tensors naming the same type_var must share one. An optional
-    input may be left off the end of the node's inputs or given the empty name.
+    input is absent only by being left off the end of the node's inputs: TensorRT 10.x's ONNX parser turns an
+    empty input name into a null ITensor and hands it to addPluginV3 (onnx-tensorrt ModelImporter.cpp).
     """
 
     name: str
@@ -374,6 +375,12 @@ def _check_io(node: onnx.NodeProto, schema: OpSchema) -> None:
     for spec, name in zip(schema.inputs, node.input, strict=False):
         if not name and not spec.optional:
             raise _error(node, f"input {spec.name!r} is required, found an empty name")
+        if not name:
+            raise _error(
+                node,
+                f"optional input {spec.name!r}: expected it left off the end of the inputs, found the empty name "
+                "(TensorRT's ONNX parser passes a null tensor to the plugin for an empty name)",
+            )
     if len(node.output) != len(schema.outputs) or not all(node.output):
         names = ", ".join(spec.name for spec in schema.outputs)
         raise _error(node, f"expected {len(schema.outputs)} named outputs ({names}), found {list(node.output)}")
@@ -425,7 +432,7 @@ def make_node(
 ) -> onnx.NodeProto:
     """A custom node of domain edge_sdk, validated against SCHEMAS[op_type].
 
-    inputs / outputs: tensor names in schema order (an absent optional input: "" or left off the end).
+    inputs / outputs: tensor names in schema order (an absent optional input is left off the end).
     Attributes left out get their defaults written explicitly, plugin_version and plugin_namespace included,
     so every implementation sees the same values. Float attributes are stored as float32: alpha rounded up
     (never less conservative than asked), the others to nearest; an int is accepted for a float.

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from edge_sdk.bundle import Bundle
-from edge_sdk.predictors.core import core_mask_from_counts
+from edge_sdk.predictors.core import core_masks_from_activations
 
 
 class OrtBundleSession:
@@ -59,8 +59,8 @@ class OrtBundleSession:
         sparsity = self.bundle.sparsity
         if sparsity.predictor == "core":
             for layer in range(self.bundle.config.num_layers):
-                self.core_masks[f"core_mask.{layer}"] = core_mask_from_counts(
-                    values[f"core_counts.{layer}"], values[f"core_sums.{layer}"], sparsity.core_beta
+                self.core_masks[f"core_mask.{layer}"] = core_masks_from_activations(
+                    values[f"core_activations.{layer}"], sparsity.core_alpha, sparsity.core_beta
                 )
         return self._advance(outputs, names, ids.shape[1])
 

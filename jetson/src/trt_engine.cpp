@@ -18,8 +18,9 @@
  *  - input_ids / position_ids [1, max_seq_len] in the type the engine reports (int64, or int32),
  *  - logits [1, seq, vocab] float32, grown when a longer prompt comes; only the last row is copied back,
  *  - decode's scalars sparsity_level (the option's level index) and dense, uploaded once,
- *  - core bundles: core_counts.{i} / core_sums.{i} [1, D] written by prefill, core_mask.{i} [1, D] bool read by
- *    decode; the masks are chosen on the host with the rule of sparsity/core.py.
+ *  - core bundles: core_activations.{i} [1, seq, D] float32 (the prompt's gate activations) written by prefill,
+ *    core_mask.{i} [1, D] bool read by decode; the token-wise core neurons are counted and the masks chosen on the
+ *    host with the rule of sparsity/core.py.
  *  - one pinned host staging buffer for the uploads of ids and positions and the download of the logits row. */
 #include <NvInfer.h>
 #include <NvInferVersion.h>
@@ -50,6 +51,7 @@
 
 extern "C" {
 #include "sha256.h"
+#include "trt_version.h"
 }
 #include "trt_engine.h"
 
@@ -136,11 +138,7 @@ void check_cuda(cudaError_t error, const char *call) {
 
 /* ---- The cache key (cache.py EngineKey) ---------------------------------------------------------------------- */
 
-/* trt.__version__: MAJOR.MINOR.PATCH of the library (the Python bindings are stamped with exactly that). */
-std::string tensorrt_version(int32_t version) {
-  return std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." +
-         std::to_string(version % 100);
-}
+/* tensorrt_version(getInferLibVersion()): trt_version.h, the rule cache.py's tensorrt_version_key applies too. */
 
 struct Device {
   std::string name;       /* cudaDeviceProp.name */
@@ -413,8 +411,8 @@ struct TrtModel {
   std::unique_ptr<nvinfer1::IRuntime> runtime;
   Graph prefill, decode;
   std::mutex context_lock; /* createExecutionContext from sessions on several threads */
-  DataType ids_type = DataType::kINT64, level_type = DataType::kINT64, counts_type = DataType::kINT64;
-  std::vector<std::string> past, present, counts, sums, masks; /* past/present: [layer * 2 + part] */
+  DataType ids_type = DataType::kINT64, level_type = DataType::kINT64;
+  std::vector<std::string> past, present, activations, masks; /* past/present: [layer * 2 + part] */
 };
 
 void deserialize(TrtModel &model, Graph &graph, const std::string &path, const EngineKey &key) {
@@ -442,8 +440,7 @@ void check_interface(TrtModel &model) {
       model.past.push_back("past_key_values." + std::to_string(layer) + "." + part);
       model.present.push_back("present." + std::to_string(layer) + "." + part);
     }
-    model.counts.push_back("core_counts." + std::to_string(layer));
-    model.sums.push_back("core_sums." + std::to_string(layer));
+    model.activations.push_back("core_activations." + std::to_string(layer));
     model.masks.push_back("core_mask." + std::to_string(layer));
   }
   const std::initializer_list<DataType> ints = {DataType::kINT64, DataType::kINT32};
@@ -463,16 +460,7 @@ void check_interface(TrtModel &model) {
   if (model.decode.has("dense")) model.decode.need("dense", {DataType::kBOOL});
   if (!model.core) return;
   for (int layer = 0; layer < layers; layer++) {
-    model.counts_type = model.prefill.need(model.counts[layer], {DataType::kINT64, DataType::kINT32, DataType::kFLOAT});
-    /* float64 in the ONNX graph; TensorRT has no float64, so the parser narrows it to float32 or the engine has
-     * another type we refuse. */
-    if (model.prefill.has(model.sums[layer]) && model.prefill.tensors[model.sums[layer]] != DataType::kFLOAT) {
-      fail(EDGE_ERROR_UNSUPPORTED, model.prefill.path + ": the engine gives '" + model.sums[layer] + "' as " +
-                                       type_name(model.prefill.tensors[model.sums[layer]]) +
-                                       "; the core predictor reads float32 sums only (the graph's float64 has no "
-                                       "TensorRT type): rebuild with a TensorRT that narrows it to float32");
-    }
-    model.prefill.need(model.sums[layer], {DataType::kFLOAT});
+    model.prefill.need(model.activations[layer], {DataType::kFLOAT});
     model.decode.need(model.masks[layer], {DataType::kBOOL});
   }
 }
@@ -595,8 +583,9 @@ struct TrtSession {
   std::unique_ptr<nvinfer1::IExecutionContext> prefill_context, decode_context;
   Memory kv;        /* 2 sets x layers x {key, value}, each [1, kv_heads, max_seq_len, head_dim] float32 */
   size_t kv_slot = 0;
-  Memory ids, positions, logits, level, dense, core; /* core: counts, sums and masks of every layer */
-  size_t core_slot = 0;
+  Memory ids, positions, logits, level, dense;
+  Memory core_activations, core_masks; /* per layer: [1, max_seq_len, D] float32 and [1, D] bool */
+  size_t activation_slot = 0, mask_slot = 0;
   Memory staging;   /* pinned host */
   int length = 0;   /* positions in the cache */
   int current = 0;  /* the KV set holding the cache */
@@ -612,9 +601,8 @@ struct TrtSession {
   }
 
   void *kv_buffer(int set, size_t index) const { return kv.bytes(((size_t)set * model->past.size() + index) * kv_slot); }
-  void *core_buffer(int which, int layer) const {
-    return core.bytes(((size_t)which * (size_t)model->config->num_layers + (size_t)layer) * core_slot);
-  }
+  void *activation_buffer(int layer) const { return core_activations.bytes((size_t)layer * activation_slot); }
+  void *mask_buffer(int layer) const { return core_masks.bytes((size_t)layer * mask_slot); }
 
   void create(TrtModel &owner) {
     model = &owner;
@@ -652,9 +640,11 @@ struct TrtSession {
     uint8_t dense_flag = owner.sparsity->dense ? 1 : 0;
     check_cuda(cudaMemcpy(dense.pointer, &dense_flag, 1, cudaMemcpyHostToDevice), "cudaMemcpy");
     if (owner.core) {
-      core_slot = aligned(D * 8);
-      core.allocate(3 * (size_t)c->num_layers * core_slot);
-      check_cuda(cudaMemset(core.pointer, 0, core.size), "cudaMemset");
+      activation_slot = aligned(seq * D * sizeof(float));
+      mask_slot = aligned(D);
+      core_activations.allocate((size_t)c->num_layers * activation_slot);
+      core_masks.allocate((size_t)c->num_layers * mask_slot);
+      check_cuda(cudaMemset(core_masks.pointer, 0, core_masks.size), "cudaMemset");
     }
   }
 
@@ -695,8 +685,7 @@ struct TrtSession {
     }
     if (prefill && model->core) {
       for (int layer = 0; layer < c->num_layers; layer++) {
-        step.addresses[model->counts[layer]] = core_buffer(0, layer);
-        step.addresses[model->sums[layer]] = core_buffer(1, layer);
+        step.addresses[model->activations[layer]] = activation_buffer(layer);
       }
     }
     if (!prefill) {
@@ -705,7 +694,7 @@ struct TrtSession {
       if (model->core) {
         for (int layer = 0; layer < c->num_layers; layer++) {
           step.shapes.emplace_back(model->masks[layer], dims({1, c->intermediate_size}));
-          step.addresses[model->masks[layer]] = core_buffer(2, layer);
+          step.addresses[model->masks[layer]] = mask_buffer(layer);
         }
       }
     }
@@ -755,40 +744,43 @@ struct TrtSession {
     }
   }
 
-  /* sparsity/core.py: per layer the ceil(beta * D) neurons by (count desc, sum desc, index asc), never count 0. */
-  void choose_core_masks() {
+  /* sparsity/core.py, from the prompt's seq tokens of gate activations: per token its ceil(alpha * n_pos) largest
+   * positive activations (equal values: lower index first) are counted and summed per neuron; per layer the
+   * ceil(beta * D) neurons by (count desc, sum desc, index asc) form the mask, never one of count 0. */
+  void choose_core_masks(int seq) {
     const struct model_config *c = model->config;
     const size_t D = (size_t)c->intermediate_size;
     const int64_t keep = ceil_ratio_times(model->sparsity->core_beta, (int64_t)D);
-    const size_t count_size = type_size(model->counts_type);
-    std::vector<char> raw_counts(D * count_size);
-    std::vector<float> raw_sums(D);
+    std::vector<float> activations((size_t)seq * D);
     std::vector<int64_t> counts(D);
+    std::vector<double> sums(D);
     std::vector<int32_t> order(D);
     std::vector<uint8_t> masks((size_t)c->num_layers * D, 0);
     for (int layer = 0; layer < c->num_layers; layer++) {
-      check_cuda(cudaMemcpyAsync(raw_counts.data(), core_buffer(0, layer), D * count_size, cudaMemcpyDeviceToHost, stream),
-                 "cudaMemcpyAsync");
-      check_cuda(cudaMemcpyAsync(raw_sums.data(), core_buffer(1, layer), D * sizeof(float), cudaMemcpyDeviceToHost, stream),
+      check_cuda(cudaMemcpyAsync(activations.data(), activation_buffer(layer), activations.size() * sizeof(float),
+                                 cudaMemcpyDeviceToHost, stream),
                  "cudaMemcpyAsync");
       check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-      for (size_t i = 0; i < D; i++) {
-        if (model->counts_type == DataType::kINT64) {
-          std::memcpy(&counts[i], raw_counts.data() + i * 8, 8);
-        } else if (model->counts_type == DataType::kINT32) {
-          int32_t value;
-          std::memcpy(&value, raw_counts.data() + i * 4, 4);
-          counts[i] = value;
-        } else {
-          float value;
-          std::memcpy(&value, raw_counts.data() + i * 4, 4);
-          counts[i] = (int64_t)value;
+      std::fill(counts.begin(), counts.end(), 0);
+      std::fill(sums.begin(), sums.end(), 0.0);
+      for (int token = 0; token < seq; token++) {
+        const float *row = activations.data() + (size_t)token * D;
+        size_t n_positive = 0;
+        for (size_t i = 0; i < D; i++) {
+          if (row[i] > 0.0f) order[n_positive++] = (int32_t)i;
+        }
+        const int64_t taken = ceil_ratio_times(model->sparsity->core_alpha, (int64_t)n_positive);
+        std::partial_sort(order.begin(), order.begin() + taken, order.begin() + (int64_t)n_positive,
+                          [&](int32_t a, int32_t b) { return row[a] != row[b] ? row[a] > row[b] : a < b; });
+        for (int64_t r = 0; r < taken; r++) {
+          counts[order[r]] += 1;
+          sums[order[r]] += (double)row[order[r]];
         }
       }
       for (size_t i = 0; i < D; i++) order[i] = (int32_t)i;
       std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
         if (counts[a] != counts[b]) return counts[a] > counts[b];
-        if (raw_sums[a] != raw_sums[b]) return raw_sums[a] > raw_sums[b];
+        if (sums[a] != sums[b]) return sums[a] > sums[b];
         return a < b;
       });
       uint8_t *mask = masks.data() + (size_t)layer * D;
@@ -797,7 +789,7 @@ struct TrtSession {
       }
     }
     for (int layer = 0; layer < c->num_layers; layer++) {
-      check_cuda(cudaMemcpyAsync(core_buffer(2, layer), masks.data() + (size_t)layer * D, D, cudaMemcpyHostToDevice,
+      check_cuda(cudaMemcpyAsync(mask_buffer(layer), masks.data() + (size_t)layer * D, D, cudaMemcpyHostToDevice,
                                  stream),
                  "cudaMemcpyAsync");
     }
@@ -857,7 +849,7 @@ edge_status trt_prefill(void *state, const int32_t *ids, int n, float *logits) {
     session->run(true, ids, n, logits);
     if (session->model->core) {
       try {
-        session->choose_core_masks();
+        session->choose_core_masks(n);
       } catch (...) {
         session->length = 0; /* no masks: decode must not run */
         throw;

@@ -420,3 +420,48 @@ def test_bench_gather_ffn_realizes_the_requested_sparsity(mode):
     assert [row["capacity"] for row in rows] == ([200, 40] if mode == "static" else [400, 400])
     assert all(row[column] > 0 for row in rows for column in COLUMNS)
     assert len(format_table(rows).splitlines()) == 3
+
+
+# ---- fp16 compute: predictor scores in fp32, the FFN input clamped to the fp16 range ----
+
+
+def test_fp16_svd_scores_stay_fp32_where_fp16_would_overflow():
+    """A whitened factor with a large row: x B^T is 240000 and 239999, beyond fp16 (inf - inf = NaN there, which
+    would mark both neurons inactive); in fp32 the scores are exactly +1 and -1."""
+    d, n_neurons = 8, 2
+    x = torch.ones(d)
+    b = torch.full((2, d), 30000.0)
+    b[1, -1] = 29999.0
+    tensors = {
+        "svd.a": torch.tensor([[1.0, -1.0], [-1.0, 1.0]]),
+        "svd.b": b,
+        "svd.biases": torch.zeros(1, n_neurons),
+    }
+    assert torch.isnan((x.half() @ b.half().T) @ tensors["svd.a"].half().T).all()  # what fp16 scores would give
+    weights = [torch.full((n_neurons, d), 0.01) for _ in range(3)]
+    ffn = GatherSparseFFN(*weights, Activation("relu"), LayerPredictor("svd", tensors), dtype=torch.float16)
+    ffn.phase = "decode"
+    assert torch.equal(ffn.scores(x), torch.tensor([1.0, -1.0]))
+    step = ffn.step(x)
+    assert step.rows.tolist() == [0]  # the fp32 mask: neuron 0 active, neuron 1 not
+    torch.testing.assert_close(step.output, torch.full((d,), 0.08 * 0.08 * 0.01), rtol=1e-2, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+def test_fp16_input_beyond_the_fp16_range_is_clamped_not_inf(mode):
+    tokens, *weights = random_layer(seed=3)
+    weights = [w / 1000 for w in weights]  # keep products with a 65504 entry inside fp16
+    x = tokens[0].clone()
+    x[5] = 1e6  # a massive activation: inf in fp16
+    predictor = svd_predictor(capacity=N_NEURONS)
+    ffn = GatherSparseFFN(*weights, ACTIVATIONS["relu"], predictor, dtype=torch.float16, mode=mode)
+    ffn.phase = "decode"
+    output = ffn.step(x).output
+    assert torch.isfinite(output).all()
+    clamped = x.clamp(-65504.0, 65504.0)
+    mask = svd_scores(predictor, x) > 0  # the predictor sees the unclamped input, in fp32
+    reference = sparse_ffn(clamped.half().float(), *(w.half().float() for w in weights), mask, ACTIVATIONS["relu"])
+    assert not torch.isfinite(weights[0].half() @ x.half()).all()  # what an unclamped cast gives the gate
+    scale = reference.output.abs().max().item()
+    assert scale > 0.05
+    torch.testing.assert_close(output, reference.output, rtol=2e-2, atol=2e-2 * scale)

@@ -272,7 +272,7 @@ def test_predictor_feeds_sparse_ffn() -> None:
     packed = pack_sign_bits(weights["w_gate"].float())
     nodes = [
         ops.make_node("SignBitPredictor", ["x", "packed"], ["mask"], name="predict", alpha=1.03),
-        ops.make_node("SparseFFN", ["x", *weights, "mask", ""], ["y"], name="ffn", activation="relu"),
+        ops.make_node("SparseFFN", ["x", *weights, "mask"], ["y"], name="ffn", activation="relu"),
     ]
     model = _model(
         nodes,
@@ -380,6 +380,12 @@ def test_make_node_rounds_alpha_up_to_float32() -> None:
         ),
         ("SparseFFN", ["x", "g", "u", "d"], {"activation": "relu"}, "expected 5 to 6 inputs"),
         ("SparseFFN", ["x", "", "u", "d", "m"], {"activation": "relu"}, "input 'w_gate' is required"),
+        (
+            "SparseFFN",
+            ["x", "g", "u", "d", "m", ""],
+            {"activation": "relu"},
+            "optional input 'thresholds': expected it left off the end of the inputs, found the empty name",
+        ),
         ("SvdPredictor", ["x", "a", "b", "bias", "extra"], {}, "expected 4 to 4 inputs"),
     ],
 )

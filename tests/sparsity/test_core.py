@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from edge_sdk.errors import CalibrationError
+from edge_sdk.predictors import core as host_core
 from edge_sdk.sparsity.core import core_mask_from_counts, core_neuron_counts, core_neuron_mask
 
 # Token-wise core neurons at alpha = 0.5:
@@ -111,3 +112,20 @@ def test_bad_activations_are_reported():
         core_neuron_mask(PROMPT[0])
     with pytest.raises(CalibrationError, match="gate_activations"):
         core_neuron_mask(torch.tensor([[1.0, math.nan]]))
+
+
+@pytest.mark.parametrize("alpha", [0.4, 0.15, 1.0])
+def test_host_counts_equal_the_torch_rule_with_ties_and_chunks(alpha, monkeypatch):
+    """predictors/core.py (numpy, what ONNX Runtime and TensorRT runtimes use after prefill) against the torch rule,
+    on activations with many equal values (ties go to the lower index) and counted in several chunks."""
+    generator = torch.Generator().manual_seed(11)
+    acts = torch.relu(torch.randn(37, 50, generator=generator)).mul(4).round().div(4)  # quarter steps: many ties
+    acts[3] = 0.0  # a token with no positive activation
+    monkeypatch.setattr(host_core, "CHUNK_ELEMENTS", 50 * 8)  # 8 tokens per chunk
+    counts, sums = host_core.core_counts_from_activations(acts.numpy(), alpha)
+    expected_counts, expected_sums = core_neuron_counts(acts, alpha)
+    assert counts.tolist() == expected_counts.tolist()
+    assert sums.tolist() == expected_sums.tolist()
+    assert counts.sum() == sum(math.ceil(alpha * int(n)) for n in (acts > 0).sum(1))
+    masks = host_core.core_masks_from_activations(acts.numpy()[None], alpha, 0.2)
+    assert masks[0].tolist() == core_mask_from_counts(expected_counts, expected_sums, 0.2).tolist()

@@ -9,7 +9,7 @@ import pytest
 from edge_sdk.backends.tensorrt import cache
 from edge_sdk.backends.tensorrt.cache import EngineKey
 
-KEY = EngineKey("10.3.0.30", "Orin", "8.7", "ab" * 32)
+KEY = EngineKey("10.3.0", "Orin", "8.7", "ab" * 32)
 
 
 @pytest.mark.parametrize("field", [field.name for field in dataclasses.fields(EngineKey)])
@@ -50,7 +50,7 @@ def test_unloadable_engine_says_what_built_it_and_how_to_rebuild(tmp_path):
     now = dataclasses.replace(KEY, tensorrt_version="10.7.0.23")
     message = cache.unloadable_engine_message(directory / "decode.engine", now, "/bundles/tiny")
     assert "TensorRT could not load this engine" in message
-    assert "built for TensorRT 10.3.0.30, Orin (compute capability 8.7)" in message
+    assert "built for TensorRT 10.3.0, Orin (compute capability 8.7)" in message
     assert "this process has TensorRT 10.7.0.23" in message
     assert message.endswith("rebuild it on this device with `edge-sdk build /bundles/tiny --force`")
     (directory / cache.METADATA_FILE).unlink()

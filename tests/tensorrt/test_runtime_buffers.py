@@ -99,9 +99,6 @@ class FakeEngine:
     def get_tensor_name(self, index: int) -> str:
         return self.names[index]
 
-    def get_tensor_dtype(self, name: str) -> np.dtype:
-        return numpy_type({**self.inputs, **self.outputs}[name])
-
     def create_execution_context(self) -> FakeContext:
         return FakeContext(self)
 
@@ -116,7 +113,7 @@ def fake_tensorrt() -> types.SimpleNamespace:
     def make_runtime(logger):
         return types.SimpleNamespace(deserialize_cuda_engine=lambda data: FakeEngine(data.decode()))
 
-    return types.SimpleNamespace(Runtime=make_runtime, Logger=Logger, nptype=lambda dtype: dtype)
+    return types.SimpleNamespace(Runtime=make_runtime, Logger=Logger)
 
 
 @pytest.fixture

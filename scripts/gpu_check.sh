@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# The GPU side of edge-sdk, on any machine with an NVIDIA GPU, in one command from the repository root (after
+# scripts/setup.sh):
+#
+#     bash scripts/gpu_check.sh
+#
+# 1. builds the package's native libraries with the CUDA kernels for this GPU's architecture only
+#    (nvidia-smi --query-gpu=compute_cap, e.g. 8.7 -> EDGE_SDK_CUDA_ARCHITECTURES=87);
+# 2. runs the tests marked `gpu`;
+# 3. runs them again under compute-sanitizer, once per tool: memcheck, racecheck, synccheck;
+# 4. runs benchmarks/cuda_ffn.py at LLaMA-2-7B shapes (d 4096, D 11008, fp16);
+# 5. writes everything (commit, GPU, driver, CUDA, each step's status, time and figures) to
+#    benchmarks/results/gpu-check-<gpu>.json, and keeps each step's log under benchmarks/results/gpu-check-logs/.
+#
+# Every step runs even when an earlier one failed (a failed build is the exception: nothing after it could run);
+# the exit status is 0 when every step passed, 1 otherwise. Without an NVIDIA GPU it exits 2 with one line.
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+PYTHON=.venv/bin/python
+
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+    echo "gpu_check.sh: no NVIDIA GPU here (nvidia-smi not found); run it on a machine with one" >&2
+    exit 2
+fi
+if ! GPU_NAME=$(nvidia-smi --id=0 --query-gpu=name --format=csv,noheader 2>/dev/null) || [ -z "$GPU_NAME" ]; then
+    echo "gpu_check.sh: no NVIDIA GPU here (nvidia-smi lists none); run it on a machine with one" >&2
+    exit 2
+fi
+if [ ! -x "$PYTHON" ]; then
+    echo "gpu_check.sh: $PYTHON not found; run bash scripts/setup.sh first" >&2
+    exit 2
+fi
+
+COMPUTE_CAP=$(nvidia-smi --id=0 --query-gpu=compute_cap --format=csv,noheader)
+DRIVER=$(nvidia-smi --id=0 --query-gpu=driver_version --format=csv,noheader)
+ARCH=${COMPUTE_CAP//./}
+# one GPU, the one described above, for every step
+export CUDA_VISIBLE_DEVICES=0
+SLUG=$(printf '%s' "$GPU_NAME" | tr '[:upper:]' '[:lower:]' | tr -cs 'a-z0-9' '-' | sed 's/^-//; s/-$//')
+RESULTS=benchmarks/results
+LOGS=$RESULTS/gpu-check-logs/$SLUG
+OUTPUT=$RESULTS/gpu-check-$SLUG.json
+# what is checked, taken before the steps write their logs into the work tree
+COMMIT=$(git rev-parse --verify --quiet HEAD || echo unknown)
+if [ -n "$(git status --porcelain 2>/dev/null)" ]; then
+    COMMIT="$COMMIT (with uncommitted changes)"
+fi
+mkdir -p "$LOGS"
+STEPS=$(mktemp)
+trap 'rm -f "$STEPS"' EXIT
+
+# run_step NAME COMMAND...: runs COMMAND with its output in $LOGS/NAME.log and records NAME, passed|failed, the exit
+# status and the seconds it took (tab-separated) in $STEPS.
+run_step() {
+    local name=$1
+    shift
+    local log=$LOGS/$name.log start end status rc
+    echo "gpu_check.sh: $name ..." >&2
+    start=$(date +%s)
+    "$@" >"$log" 2>&1
+    rc=$?
+    end=$(date +%s)
+    status=passed
+    [ "$rc" -eq 0 ] || status=failed
+    printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$rc" "$((end - start))" >>"$STEPS"
+    echo "gpu_check.sh: $name $status (exit $rc, $((end - start)) s; log $log)" >&2
+    return "$rc"
+}
+
+skip_step() {
+    printf '%s\t%s\t%s\t%s\n' "$1" skipped "" 0 >>"$STEPS"
+}
+
+SANITIZER_TOOLS=(memcheck racecheck synccheck)
+SANITIZER=$(command -v compute-sanitizer || true)
+if [ -z "$SANITIZER" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
+    SANITIZER=/usr/local/cuda/bin/compute-sanitizer
+fi
+
+if run_step build "$PYTHON" -m pip install --no-deps -e . \
+    -C "cmake.define.EDGE_SDK_CUDA_ARCHITECTURES=$ARCH"; then
+    run_step gpu-tests "$PYTHON" -m pytest -q -rs -m gpu tests/gpu --junitxml="$LOGS/gpu-tests.xml"
+    for tool in "${SANITIZER_TOOLS[@]}"; do
+        if [ -z "$SANITIZER" ]; then
+            skip_step "sanitizer-$tool"
+            continue
+        fi
+        # --error-exitcode: a sanitizer finding fails the step even when every test passed
+        run_step "sanitizer-$tool" "$SANITIZER" --tool "$tool" --target-processes all --error-exitcode 86 \
+            "$PYTHON" -m pytest -q -m gpu tests/gpu --junitxml="$LOGS/sanitizer-$tool.xml"
+    done
+    run_step benchmark "$PYTHON" benchmarks/cuda_ffn.py --d 4096 --D 11008 --dtype fp16 --json "$LOGS/benchmark.json"
+else
+    for name in gpu-tests "${SANITIZER_TOOLS[@]/#/sanitizer-}" benchmark; do
+        skip_step "$name"
+    done
+fi
+
+CUDA_VERSION=$(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+
+"$PYTHON" - "$STEPS" "$LOGS" "$OUTPUT" "$COMMIT" "$GPU_NAME" "$COMPUTE_CAP" "$DRIVER" "${CUDA_VERSION:-unknown}" \
+    "${SANITIZER:-not found}" <<'EOF'
+"""Assemble the JSON record from the steps file, the junit reports, the sanitizer logs and the benchmark JSON."""
+import json
+import re
+import sys
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+steps_file, logs, output, commit, gpu, capability, driver, cuda, sanitizer = sys.argv[1:]
+logs = Path(logs)
+
+
+def junit_counts(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    root = ElementTree.parse(path).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    return counts
+
+
+steps = {}
+for line in Path(steps_file).read_text().splitlines():
+    name, status, exit_code, seconds = line.split("\t")
+    step = {"status": status, "exit_code": int(exit_code) if exit_code else None, "seconds": int(seconds)}
+    log = logs / f"{name}.log"
+    if log.is_file():
+        step["log"] = str(log)
+    if name == "gpu-tests" or name.startswith("sanitizer-"):
+        step["tests"] = junit_counts(logs / f"{name}.xml")
+    if name.startswith("sanitizer-") and log.is_file():
+        summaries = re.findall(r"ERROR SUMMARY: (\d+) error", log.read_text(errors="replace"))
+        step["sanitizer_errors"] = sum(int(count) for count in summaries) if summaries else None
+    if name == "benchmark" and (logs / "benchmark.json").is_file():
+        step["results"] = json.loads((logs / "benchmark.json").read_text())
+    steps[name] = step
+
+record = {
+    "commit": commit,
+    "gpu": gpu,
+    "compute_capability": capability,
+    "driver": driver,
+    "cuda": cuda,
+    "compute_sanitizer": sanitizer,
+    "steps": steps,
+    "passed": all(step["status"] == "passed" for step in steps.values()),
+}
+Path(output).write_text(json.dumps(record, indent=2) + "\n")
+print(f"gpu_check.sh: wrote {output}", file=sys.stderr)
+sys.exit(0 if record["passed"] else 1)
+EOF
