@@ -174,7 +174,7 @@ def main() -> int:
         print(f"{'sparsity':>8} {'graph us':>9} {'launch us':>10} {'GB/s':>7} {'% copy':>7} {'vs dense':>9}")
         results = []
         for sparsity in SPARSITIES:
-            mask = torch.zeros(1, n_neurons, dtype=torch.uint8)
+            mask = torch.zeros(1, n_neurons, dtype=torch.int32)  # OPS.md: int32 masks
             kept = torch.randperm(n_neurons, generator=generator)[: round((1 - sparsity) * n_neurons)]
             mask[0, kept] = 1
             mask_device = device.upload(mask)

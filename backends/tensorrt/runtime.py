@@ -95,7 +95,8 @@ class TensorRTEngine:
         self.dense.upload(np.array(options.dense, dtype=np.bool_))
         n_neurons = self.config.intermediate_size
         self.core = self.sparsity.predictor == "core"
-        self.core_masks = [self._buffer(n_neurons) for _ in range(self.layers)] if self.core else []
+        # decode's core masks [1, D] int32 (1 = core neuron): OPS.md, no BOOL tensor at a plugin
+        self.core_masks = [self._buffer(n_neurons * 4) for _ in range(self.layers)] if self.core else []
         # prefill's gate activations [1, seq, D] float32 per layer, for the host's core selection
         activation_bytes = max_len * n_neurons * 4
         self.core_activations = [self._buffer(activation_bytes) for _ in range(self.layers)] if self.core else []
@@ -158,7 +159,7 @@ class TensorRTEngine:
         for layer in range(self.layers):
             activations = self.core_activations[layer].download((1, seq, n_neurons), np.float32)
             mask = core_masks_from_activations(activations, self.sparsity.core_alpha, self.sparsity.core_beta)
-            self.core_masks[layer].upload(mask.astype(np.bool_))
+            self.core_masks[layer].upload(mask.astype(np.int32))
 
     def decode(self, token: int) -> np.ndarray:
         if self.length == 0:

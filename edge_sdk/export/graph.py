@@ -7,7 +7,8 @@ Inputs of both graphs:
   past_key_values.{i}.key / .value [batch, kv_heads, past_seq, head_dim] float32
 Outputs: logits [batch, seq, vocab] float32, present.{i}.key / .value [batch, kv_heads, past_seq + seq, head_dim].
 Decode adds: sparsity_level int64 scalar (index into the calibrated levels; svd and threshold),
-dense bool scalar (true = every neuron predicted active), core_mask.{i} [batch, D] bool (core).
+dense bool scalar (true = every neuron predicted active), core_mask.{i} [batch, D] int32, 1 = core neuron (core).
+Every mask is int32 (1 = predicted active): no BOOL tensor crosses a plugin boundary (OPS.md).
 Prefill adds for core: core_activations.{i} [batch, seq, D] float32, the prompt's gate activations, from which
 the runtime picks each layer's core neurons on the host (predictors/core.py, sparsity/core.py's rule) for the
 decode. The selection stays off the graph: per token it takes the top alpha share of the positive activations, a
@@ -280,13 +281,14 @@ def _sparse_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, ctx:
         per_token = g.op("Expand", [rows, g.op("Concat", [ctx.batch_seq, g.ints(n_neurons)], axis=0)])
         mask = g.op("Reshape", [per_token, g.ints(-1, n_neurons)])
     else:
-        true = helper.make_tensor("true", TensorProto.BOOL, [1], [True])
-        mask = g.op("ConstantOfShape", [g.op("Concat", [ctx.tokens, g.ints(n_neurons)], axis=0)], value=true)
+        every = helper.make_tensor("every", TensorProto.INT32, [1], [1])
+        mask = g.op("ConstantOfShape", [g.op("Concat", [ctx.tokens, g.ints(n_neurons)], axis=0)], value=every)
         if kind == "threshold":
             level = g.op("Gather", [g.weight(f"{prefix}.threshold.thresholds"), "sparsity_level"], axis=0)
             zero = g.constant(np.zeros(n_neurons, dtype=np.float32))
             thresholds = g.op("Where", ["dense", zero, level])
-    mask = g.op("Or", [mask, "dense"])
+    # dense decoding predicts every neuron active; the mask stays int32 into the plugin (OPS.md, the mask)
+    mask = g.op("Where", ["dense", g.constant(np.array(1, dtype=np.int32)), mask])
     inputs = [
         x2d,
         g.weight(f"{prefix}.mlp.gate_proj.weight"),
@@ -322,7 +324,7 @@ def _io(config: ModelConfig, decode: bool, predictor: str) -> tuple[list, list]:
             for layer in range(config.num_layers):
                 inputs.append(
                     helper.make_tensor_value_info(
-                        f"core_mask.{layer}", TensorProto.BOOL, ["batch", config.intermediate_size]
+                        f"core_mask.{layer}", TensorProto.INT32, ["batch", config.intermediate_size]
                     )
                 )
     return inputs, outputs

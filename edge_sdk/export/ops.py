@@ -110,7 +110,14 @@ _PLUGIN_ATTRIBUTES = (
 )
 
 _X = TensorSpec("x", ("T", "d"), FLOAT_TYPES, "FFN input tokens (the normalised hidden states); T >= 1.", type_var="TX")
-_MASK = TensorSpec("mask", ("T", "D"), ("bool",), "True where neuron i is predicted active for token t.")
+# int32, not bool: TensorRT 10.3 plugins can neither output kBOOL / kUINT8 (NvInferRuntime.h 10.3,
+# IPluginV3OneBuild::getOutputDataTypes) nor reliably take BOOL / INT8 inputs (NVIDIA/TensorRT#3959).
+_MASK = TensorSpec(
+    "mask",
+    ("T", "D"),
+    ("int32",),
+    "1 where neuron i is predicted active for token t, 0 elsewhere; consumers treat any nonzero as active.",
+)
 
 SCHEMAS: dict[str, OpSchema] = {
     schema.name: schema
@@ -241,7 +248,8 @@ _FUNCTION_BODIES = {
     low = Gemm <transB = 1> (xf, b)                         # [T, r] = x b^T
     scores = Gemm <transB = 1> (low, a, bias)               # [T, D] = (x b^T) a^T + bias
     zero = Constant <value_float = 0.0> ()
-    mask = Greater (scores, zero)                           # [T, D]
+    fires = Greater (scores, zero)                          # [T, D] bool
+    mask = Cast <to = 6> (fires)                            # [T, D] int32 of 0/1
 }""",
     "SignBitPredictor": f"""{{
     # unpack the weight sign bits: [D, W] int32 -> [D, d] float32 of 0/1
@@ -280,7 +288,8 @@ _FUNCTION_BODIES = {
     alpha_double = Cast <to = 11> (alpha_float)
     scaled_pos = Mul (alpha_double, n_pos)
     inactive = Less (scaled_pos, n_neg)
-    mask = Not (inactive)                                   # [T, D]
+    active = Not (inactive)                                 # [T, D] bool
+    mask = Cast <to = 6> (active)                           # [T, D] int32 of 0/1
 }}""",
     "SparseFFN": """{
     # the activation kind, as booleans selecting between the branches below
@@ -324,7 +333,8 @@ _FUNCTION_BODIES = {
     a_abs = Abs (a)
     above_t = Greater (a_abs, t)
     fires = And (a_nonzero, above_t)
-    active = And (mask, fires)                              # [T, D]
+    predicted = Cast <to = 9> (mask)                        # [T, D] bool: nonzero is active
+    active = And (predicted, fires)                         # [T, D]
     product = Mul (a, up)
     h = Where (active, product, zero)                       # [T, D]
     y = MatMul (h, down_w)                                  # [T, d]

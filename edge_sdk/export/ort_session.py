@@ -59,9 +59,10 @@ class OrtBundleSession:
         sparsity = self.bundle.sparsity
         if sparsity.predictor == "core":
             for layer in range(self.bundle.config.num_layers):
+                # decode's core_mask inputs are int32 (1 = core neuron), as every mask of the graphs
                 self.core_masks[f"core_mask.{layer}"] = core_masks_from_activations(
                     values[f"core_activations.{layer}"], sparsity.core_alpha, sparsity.core_beta
-                )
+                ).astype(np.int32)
         return self._advance(outputs, names, ids.shape[1])
 
     def decode(self, ids: np.ndarray) -> np.ndarray:

@@ -19,7 +19,7 @@
  *  - logits [1, seq, vocab] float32, grown when a longer prompt comes; only the last row is copied back,
  *  - decode's scalars sparsity_level (the option's level index) and dense, uploaded once,
  *  - core bundles: core_activations.{i} [1, seq, D] float32 (the prompt's gate activations) written by prefill,
- *    core_mask.{i} [1, D] bool read by decode; the token-wise core neurons are counted and the masks chosen on the
+ *    core_mask.{i} [1, D] int32 (1 = core neuron) read by decode; the token-wise core neurons are counted and the masks chosen on the
  *    host with the rule of sparsity/core.py.
  *  - one pinned host staging buffer for the uploads of ids and positions and the download of the logits row. */
 #include <NvInfer.h>
@@ -461,7 +461,7 @@ void check_interface(TrtModel &model) {
   if (!model.core) return;
   for (int layer = 0; layer < layers; layer++) {
     model.prefill.need(model.activations[layer], {DataType::kFLOAT});
-    model.decode.need(model.masks[layer], {DataType::kBOOL});
+    model.decode.need(model.masks[layer], {DataType::kINT32}); /* OPS.md: masks are int32 */
   }
 }
 
@@ -584,7 +584,7 @@ struct TrtSession {
   Memory kv;        /* 2 sets x layers x {key, value}, each [1, kv_heads, max_seq_len, head_dim] float32 */
   size_t kv_slot = 0;
   Memory ids, positions, logits, level, dense;
-  Memory core_activations, core_masks; /* per layer: [1, max_seq_len, D] float32 and [1, D] bool */
+  Memory core_activations, core_masks; /* per layer: [1, max_seq_len, D] float32 and [1, D] int32 */
   size_t activation_slot = 0, mask_slot = 0;
   Memory staging;   /* pinned host */
   int length = 0;   /* positions in the cache */
@@ -641,7 +641,7 @@ struct TrtSession {
     check_cuda(cudaMemcpy(dense.pointer, &dense_flag, 1, cudaMemcpyHostToDevice), "cudaMemcpy");
     if (owner.core) {
       activation_slot = aligned(seq * D * sizeof(float));
-      mask_slot = aligned(D);
+      mask_slot = aligned(D * sizeof(int32_t));
       core_activations.allocate((size_t)c->num_layers * activation_slot);
       core_masks.allocate((size_t)c->num_layers * mask_slot);
       check_cuda(cudaMemset(core_masks.pointer, 0, core_masks.size), "cudaMemset");
@@ -755,7 +755,7 @@ struct TrtSession {
     std::vector<int64_t> counts(D);
     std::vector<double> sums(D);
     std::vector<int32_t> order(D);
-    std::vector<uint8_t> masks((size_t)c->num_layers * D, 0);
+    std::vector<int32_t> masks((size_t)c->num_layers * D, 0);
     for (int layer = 0; layer < c->num_layers; layer++) {
       check_cuda(cudaMemcpyAsync(activations.data(), activation_buffer(layer), activations.size() * sizeof(float),
                                  cudaMemcpyDeviceToHost, stream),
@@ -783,14 +783,14 @@ struct TrtSession {
         if (sums[a] != sums[b]) return sums[a] > sums[b];
         return a < b;
       });
-      uint8_t *mask = masks.data() + (size_t)layer * D;
+      int32_t *mask = masks.data() + (size_t)layer * D;
       for (int64_t r = 0; r < keep && r < (int64_t)D; r++) {
         if (counts[order[r]] > 0) mask[order[r]] = 1;
       }
     }
     for (int layer = 0; layer < c->num_layers; layer++) {
-      check_cuda(cudaMemcpyAsync(mask_buffer(layer), masks.data() + (size_t)layer * D, D, cudaMemcpyHostToDevice,
-                                 stream),
+      check_cuda(cudaMemcpyAsync(mask_buffer(layer), masks.data() + (size_t)layer * D, D * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, stream),
                  "cudaMemcpyAsync");
     }
     check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");

@@ -44,19 +44,19 @@ enum edge_cuda_dtype { EDGE_CUDA_F32 = EDGE_F32, EDGE_CUDA_F16 = EDGE_F16, EDGE_
 
 /* SVD predictor (DESIGN 3.2): mask[t, i] = ((x_t B^T) A^T)_i + bias_i > 0.
  * x: [tokens, d] of x_dtype; a: [D, rank]; b: [rank, d]; bias: [D] or NULL (zero bias); a, b, bias fp32.
- * mask: [tokens, D] output, 1 = predicted active, 0 otherwise. scratch: [tokens, rank] floats (x B^T). */
+ * mask: [tokens, D] int32 output, 1 = predicted active, 0 otherwise. scratch: [tokens, rank] floats (x B^T). */
 EDGE_CUDA_API cudaError_t edge_svd_predictor(cudaStream_t stream, const void *x, int x_dtype, int tokens, int d,
                                              int D, int rank, const float *a, const float *b, const float *bias,
-                                             uint8_t *mask, float *scratch);
+                                             int32_t *mask, float *scratch);
 
 /* Sign-bit predictor (DESIGN 3.2, edge_sdk/sparsity/signbit.py), one warp per row of `packed`.
  * x: [tokens, d] of x_dtype; packed: [D, ceil(d/32)] int32 sign bits of W_gate (bit j of word k =
  * w[32k+j] < 0, padding bits 0); alpha: the layer's alpha. x's sign bits (x_j < 0, so -0.0 and NaN count
  * as non-negative) are packed on the device; N_neg = popcount(packed_i XOR bits(x_t)), N_pos = d - N_neg;
- * mask[t, i] = 0 when alpha * N_pos < N_neg (compared in double), else 1. d <= 393216 (the packed bits of
+ * mask[t, i] (int32) = 0 when alpha * N_pos < N_neg (compared in double), else 1. d <= 393216 (the packed bits of
  * one token live in shared memory). */
 EDGE_CUDA_API cudaError_t edge_signbit_predictor(cudaStream_t stream, const void *x, int x_dtype, int tokens, int d,
-                                                 int D, const int32_t *packed, float alpha, uint8_t *mask);
+                                                 int D, const int32_t *packed, float alpha, int32_t *mask);
 
 /* Bytes of workspace edge_sparse_ffn needs for `tokens` tokens of a d x D FFN (including the slack that
  * lets the layout align a workspace pointer of any alignment): 4 * tokens * (3 D + d * (1 + ceil(D / 64)))
@@ -73,16 +73,17 @@ EDGE_CUDA_API size_t edge_sparse_ffn_workspace_size(int d, int D, int tokens);
  *                                                 partial sums per block of 64 rows, reduced in order)
  * x: [tokens, d] of x_dtype; w_gate, w_up, w_down_t: [D, d] row-major, all of weight_dtype (enum
  * edge_cuda_dtype), w_down_t is W_down transposed so neuron i's down weights are row i. mask: [tokens, D]
- * uint8 (nonzero = predicted active) or NULL for dense. thresholds: [D] fp32 CHESS thresholds or NULL.
+ * int32 (nonzero = predicted active; the predictors write 1) or NULL for dense. thresholds: [D] fp32 CHESS thresholds or NULL.
  * activation: enum edge_activation; act_threshold: fatrelu's t (>= 0), ignored otherwise. y: [tokens, d]
  * fp32 output. workspace: edge_sparse_ffn_workspace_size(d, D, tokens) bytes, any alignment, reusable
- * across calls on the same stream. active_out: [tokens, D] uint8 or NULL; receives 1 for the neurons in
+ * across calls on the same stream. active_out: [tokens, D] uint8 or NULL, a diagnostic for the tests that no
+ * plugin exposes (so not bound by OPS.md's plugin I/O types); receives 1 for the neurons in
  * `active`, 0 for the others. Loads are 16 bytes wide (weights with the evict-first hint: they are streamed
  * once per token) when every weight matrix is 16-byte aligned and d * element size is a multiple of 16;
  * other shapes take an element-wise path with the same semantics. */
 EDGE_CUDA_API cudaError_t edge_sparse_ffn(cudaStream_t stream, const void *x, int x_dtype, int tokens, int d, int D,
                                           const void *w_gate, const void *w_up, const void *w_down_t,
-                                          int weight_dtype, const uint8_t *mask, const float *thresholds,
+                                          int weight_dtype, const int32_t *mask, const float *thresholds,
                                           int activation, float act_threshold, float *y, void *workspace,
                                           uint8_t *active_out);
 

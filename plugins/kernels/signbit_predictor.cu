@@ -19,7 +19,7 @@ constexpr int kMaxWords = 48 * 1024 / 4;
 template <typename TX>
 __global__ void __launch_bounds__(kWarps * kWarpSize)
     signbit_kernel(const TX* __restrict__ x, int d, int D, const uint32_t* __restrict__ packed, float alpha,
-                   uint8_t* __restrict__ mask, bool vectorized) {
+                   int32_t* __restrict__ mask, bool vectorized) {
   extern __shared__ uint32_t x_bits[];  // [n_words]
   const int n_words = ceil_div(d, kBitsPerWord);
   const int t = blockIdx.y;
@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kWarps * kWarpSize)
       // every count is an exact integer; the comparison is in double, as signbit.py makes it
       const bool inactive = static_cast<double>(alpha) * static_cast<double>(d - n_negative) <
                             static_cast<double>(n_negative);
-      mask[static_cast<size_t>(t) * D + i] = !inactive;
+      mask[static_cast<size_t>(t) * D + i] = inactive ? 0 : 1;
     }
   }
 }
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kWarps * kWarpSize)
 }  // namespace edge
 
 extern "C" cudaError_t edge_signbit_predictor(cudaStream_t stream, const void* x, int x_dtype, int tokens, int d,
-                                              int D, const int32_t* packed, float alpha, uint8_t* mask) {
+                                              int D, const int32_t* packed, float alpha, int32_t* mask) {
   using namespace edge;
   if (x == nullptr || packed == nullptr || mask == nullptr || d <= 0 || D <= 0 || tokens <= 0) {
     return cudaErrorInvalidValue;

@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kConvertThreads)
 template <typename TW>
 __global__ void __launch_bounds__(kRowWarps * kWarpSize)
     gate_kernel(const float* __restrict__ x32, size_t x_stride, int d, int D, const TW* __restrict__ w_gate,
-                const uint8_t* __restrict__ mask, const float* __restrict__ thresholds, int activation,
+                const int32_t* __restrict__ mask, const float* __restrict__ thresholds, int activation,
                 float act_threshold, Workspace ws, uint8_t* __restrict__ active_out, bool vectorized) {
   const int i = blockIdx.x * kRowWarps + threadIdx.x / kWarpSize;
   const int t = blockIdx.y;
@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(kReduceColumns * kReduceLanes) reduce_kernel(i
 
 template <typename TW>
 cudaError_t launch_ffn(cudaStream_t stream, const float* x32, size_t x_stride, int tokens, int d, int D,
-                       const TW* w_gate, const TW* w_up, const TW* w_down_t, const uint8_t* mask,
+                       const TW* w_gate, const TW* w_up, const TW* w_down_t, const int32_t* mask,
                        const float* thresholds, int activation, float act_threshold, float* y, const Workspace& ws,
                        uint8_t* active_out) {
   constexpr int kV = Vec16<TW>::kElements;
@@ -333,7 +333,7 @@ extern "C" size_t edge_sparse_ffn_workspace_size(int d, int D, int tokens) {
 
 extern "C" cudaError_t edge_sparse_ffn(cudaStream_t stream, const void* x, int x_dtype, int tokens, int d, int D,
                                        const void* w_gate, const void* w_up, const void* w_down_t, int weight_dtype,
-                                       const uint8_t* mask, const float* thresholds, int activation,
+                                       const int32_t* mask, const float* thresholds, int activation,
                                        float act_threshold, float* y, void* workspace, uint8_t* active_out) {
   using namespace edge;
   if (x == nullptr || w_gate == nullptr || w_up == nullptr || w_down_t == nullptr || y == nullptr ||

@@ -47,14 +47,14 @@ __global__ void __launch_bounds__(kLowRankThreads)
 // mask[t, i] = A_i . scratch_t + bias_i > 0. vectorized: A and scratch are 16-byte aligned, rank % 4 == 0.
 __global__ void __launch_bounds__(kScoreWarps * kWarpSize)
     score_kernel(int D, int rank, const float* __restrict__ a, const float* __restrict__ bias,
-                 const float* __restrict__ scratch, uint8_t* __restrict__ mask, bool vectorized) {
+                 const float* __restrict__ scratch, int32_t* __restrict__ mask, bool vectorized) {
   const int i = blockIdx.x * kScoreWarps + threadIdx.x / kWarpSize;
   const int t = blockIdx.y;
   if (i >= D) return;
   const float score = warp_row_dot(a + static_cast<size_t>(i) * rank, scratch + static_cast<size_t>(t) * rank,
                                    rank, vectorized);
   if (threadIdx.x % kWarpSize == 0) {
-    mask[static_cast<size_t>(t) * D + i] = score + (bias == nullptr ? 0.0f : bias[i]) > 0.0f;
+    mask[static_cast<size_t>(t) * D + i] = score + (bias == nullptr ? 0.0f : bias[i]) > 0.0f ? 1 : 0;
   }
 }
 
@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kScoreWarps * kWarpSize)
 }  // namespace edge
 
 extern "C" cudaError_t edge_svd_predictor(cudaStream_t stream, const void* x, int x_dtype, int tokens, int d, int D,
-                                          int rank, const float* a, const float* b, const float* bias, uint8_t* mask,
+                                          int rank, const float* a, const float* b, const float* bias, int32_t* mask,
                                           float* scratch) {
   using namespace edge;
   if (x == nullptr || a == nullptr || b == nullptr || mask == nullptr || scratch == nullptr) {

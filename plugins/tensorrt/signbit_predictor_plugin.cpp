@@ -40,7 +40,9 @@ int32_t SignBitPredictorPlugin::getOutputDataTypes(nvinfer1::DataType* outputTyp
                                                    nvinfer1::DataType const*, int32_t nbInputs) const noexcept {
   return reportFailure([&] {
     expectCounts(nbInputs, nbOutputs);
-    outputTypes[0] = nvinfer1::DataType::kBOOL;
+    // int32 mask (OPS.md): NvInferRuntime.h 10.3, IPluginV3OneBuild::getOutputDataTypes: "DataType:kBOOL and
+    // DataType::kUINT8 are not supported."
+    outputTypes[0] = nvinfer1::DataType::kINT32;
   });
 }
 
@@ -68,8 +70,8 @@ bool SignBitPredictorPlugin::supportsFormatCombination(int32_t pos, nvinfer1::Dy
       return isFloatType(desc.type);
     case kPacked:
       return desc.type == nvinfer1::DataType::kINT32;
-    default:  // mask
-      return desc.type == nvinfer1::DataType::kBOOL;
+    default:  // mask, 1 = predicted active
+      return desc.type == nvinfer1::DataType::kINT32;
   }
 }
 
@@ -96,7 +98,7 @@ int32_t SignBitPredictorPlugin::enqueue(nvinfer1::PluginTensorDesc const* inputD
     if (tokens == 0) return;
     cudaError_t const status =
         edge_signbit_predictor(stream, inputs[kX], cudaDtype(inputDesc[kX].type), tokens, d, n_neurons,
-                               static_cast<int32_t const*>(inputs[kPacked]), mAlpha, static_cast<uint8_t*>(outputs[0]));
+                               static_cast<int32_t const*>(inputs[kPacked]), mAlpha, static_cast<int32_t*>(outputs[0]));
     if (status != cudaSuccess) throw PluginError(std::string("edge_signbit_predictor: ") + cudaGetErrorString(status));
   });
 }

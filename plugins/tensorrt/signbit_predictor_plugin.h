@@ -1,5 +1,5 @@
 // SignBitPredictor: the sign-bit predictor (DESIGN 3.2, SparseInfer), calling edge_signbit_predictor.
-// Inputs: x [T, d] (fp32/fp16/bf16), packed [D, ceil(d/32)] int32. Output: mask [T, D] bool.
+// Inputs: x [T, d] (fp32/fp16/bf16), packed [D, ceil(d/32)] int32. Output: mask [T, D] int32 (1 = active).
 // Attribute: alpha (float32, finite, > 0).
 #ifndef EDGE_SDK_TRT_SIGNBIT_PREDICTOR_PLUGIN_H
 #define EDGE_SDK_TRT_SIGNBIT_PREDICTOR_PLUGIN_H

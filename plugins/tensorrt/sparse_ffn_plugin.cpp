@@ -96,8 +96,8 @@ bool SparseFfnPlugin::supportsFormatCombination(int32_t pos, nvinfer1::DynamicPl
     case kWUp:
     case kWDownT:
       return desc.type == inOut[kWGate].desc.type;
-    case kMask:
-      return desc.type == nvinfer1::DataType::kBOOL;
+    case kMask:  // int32 (OPS.md): TensorRT#3959, BOOL / INT8 plugin inputs find no supported format
+      return desc.type == nvinfer1::DataType::kINT32;
     default:  // thresholds
       return desc.type == nvinfer1::DataType::kFLOAT;
   }
@@ -161,7 +161,7 @@ int32_t SparseFfnPlugin::enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nv
     float const* thresholds = mNbInputs == kAllInputs ? static_cast<float const*>(inputs[kThresholds]) : nullptr;
     cudaError_t const status = edge_sparse_ffn(
         stream, inputs[kX], cudaDtype(inputDesc[kX].type), tokens, d, n_neurons, inputs[kWGate], inputs[kWUp],
-        inputs[kWDownT], cudaDtype(inputDesc[kWGate].type), static_cast<uint8_t const*>(inputs[kMask]), thresholds,
+        inputs[kWDownT], cudaDtype(inputDesc[kWGate].type), static_cast<int32_t const*>(inputs[kMask]), thresholds,
         mActivation, mActivationThreshold, static_cast<float*>(outputs[0]), workspace, nullptr);
     if (status != cudaSuccess) throw PluginError(std::string("edge_sparse_ffn: ") + cudaGetErrorString(status));
   });

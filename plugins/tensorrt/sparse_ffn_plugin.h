@@ -1,6 +1,6 @@
 // SparseFFN: one decode step of the sparse gated FFN (DESIGN 3.1), calling edge_sparse_ffn.
-// Inputs: x [T, d] (fp32/fp16/bf16), w_gate, w_up, w_down_t [D, d] (one float type), mask [T, D] bool,
-// optionally thresholds [D] fp32. Output: y [T, d] fp32. Attributes: activation, activation_threshold.
+// Inputs: x [T, d] (fp32/fp16/bf16), w_gate, w_up, w_down_t [D, d] (one float type),
+// mask [T, D] int32 (nonzero = active), optionally thresholds [D] fp32. Output: y [T, d] fp32. Attributes: activation, activation_threshold.
 #ifndef EDGE_SDK_TRT_SPARSE_FFN_PLUGIN_H
 #define EDGE_SDK_TRT_SPARSE_FFN_PLUGIN_H
 

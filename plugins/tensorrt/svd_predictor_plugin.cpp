@@ -26,7 +26,9 @@ int32_t SvdPredictorPlugin::getOutputDataTypes(nvinfer1::DataType* outputTypes, 
                                                nvinfer1::DataType const*, int32_t nbInputs) const noexcept {
   return reportFailure([&] {
     expectCounts(nbInputs, nbOutputs);
-    outputTypes[0] = nvinfer1::DataType::kBOOL;
+    // int32 mask (OPS.md): NvInferRuntime.h 10.3, IPluginV3OneBuild::getOutputDataTypes: "DataType:kBOOL and
+    // DataType::kUINT8 are not supported."
+    outputTypes[0] = nvinfer1::DataType::kINT32;
   });
 }
 
@@ -51,7 +53,7 @@ bool SvdPredictorPlugin::supportsFormatCombination(int32_t pos, nvinfer1::Dynami
   if (desc.format != nvinfer1::TensorFormat::kLINEAR) return false;
   if (pos == kX) return isFloatType(desc.type);
   if (pos < nbInputs) return desc.type == nvinfer1::DataType::kFLOAT;  // a, b, bias
-  return desc.type == nvinfer1::DataType::kBOOL;                      // mask
+  return desc.type == nvinfer1::DataType::kINT32;                     // mask, 1 = predicted active
 }
 
 int32_t SvdPredictorPlugin::configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
@@ -90,7 +92,7 @@ int32_t SvdPredictorPlugin::enqueue(nvinfer1::PluginTensorDesc const* inputDesc,
     cudaError_t const status = edge_svd_predictor(
         stream, inputs[kX], cudaDtype(inputDesc[kX].type), tokens, d, n_neurons, rank,
         static_cast<float const*>(inputs[kA]), static_cast<float const*>(inputs[kB]),
-        static_cast<float const*>(inputs[kBias]), static_cast<uint8_t*>(outputs[0]), static_cast<float*>(workspace));
+        static_cast<float const*>(inputs[kBias]), static_cast<int32_t*>(outputs[0]), static_cast<float*>(workspace));
     if (status != cudaSuccess) throw PluginError(std::string("edge_svd_predictor: ") + cudaGetErrorString(status));
   });
 }

@@ -1,5 +1,5 @@
 // SvdPredictor: the low-rank predictor mask = ((x b^T) a^T + bias) > 0 (DESIGN 3.2), calling edge_svd_predictor.
-// Inputs: x [T, d] (fp32/fp16/bf16), a [D, r], b [r, d], bias [D] (fp32). Output: mask [T, D] bool.
+// Inputs: x [T, d] (fp32/fp16/bf16), a [D, r], b [r, d], bias [D] (fp32). Output: mask [T, D] int32 (1 = active).
 // No attributes besides plugin_version / plugin_namespace, which the parser uses to find the creator.
 #ifndef EDGE_SDK_TRT_SVD_PREDICTOR_PLUGIN_H
 #define EDGE_SDK_TRT_SVD_PREDICTOR_PLUGIN_H

@@ -93,7 +93,7 @@ def test_svd_predictor_matches_scores_plus_bias(x_dtype: torch.dtype) -> None:
     model = _model(
         [node],
         [_input("x", x_dtype, ["T", d])],
-        [_input("mask", torch.bool, ["T", n_neurons])],
+        [_input("mask", torch.int32, ["T", n_neurons])],
         {"a": predictor.a, "b": predictor.b, "bias": bias},
     )
     session = _session(model)
@@ -103,8 +103,9 @@ def test_svd_predictor_matches_scores_plus_bias(x_dtype: torch.dtype) -> None:
         logits = predictor.scores(x) + bias  # [T, D]
         decided = logits.abs() > 1e-5
         expected = logits > 0
-        assert mask.shape == (n_tokens, n_neurons) and mask.dtype == np.bool_
-        assert np.array_equal(mask[decided.numpy()], expected[decided].numpy())
+        assert mask.shape == (n_tokens, n_neurons) and mask.dtype == np.int32
+        assert set(np.unique(mask)) <= {0, 1}  # OPS.md: predictors write exactly 1 / 0
+        assert np.array_equal(mask[decided.numpy()], expected[decided].numpy().astype(np.int32))
         # both outcomes occur, and the bias decides some of them
         assert 0 < expected.sum() < expected.numel()
         assert not torch.equal(expected, predictor.scores(x) > 0)
@@ -118,7 +119,7 @@ def _signbit_model(d: int, packed: torch.Tensor, alpha: float) -> tuple[onnx.Nod
     model = _model(
         [node],
         [_input("x", torch.float32, ["T", d])],
-        [_input("mask", torch.bool, ["T", packed.shape[0]])],
+        [_input("mask", torch.int32, ["T", packed.shape[0]])],
         {"packed": packed},
     )
     return node, _session(model)
@@ -165,7 +166,7 @@ def test_signbit_predictor_comparison_is_exact() -> None:
         node, session = _signbit_model(d, packed, alpha)
         assert _float_attribute(node, "alpha") == alpha
         (mask,) = session.run(None, {"x": x.numpy()})
-        assert bool(mask[0, 0]) is active, (d, alpha, n_negative)
+        assert mask.dtype == np.int32 and mask[0, 0] == int(active), (d, alpha, n_negative)
         assert bool(signbit_mask(packed, x, alpha)[0, 0]) is active
 
 
@@ -196,7 +197,7 @@ def _ffn_session(
     )
     model = _model(
         [node],
-        [_input("x", torch.float32, ["T", d]), _input("mask", torch.bool, ["T", n_neurons])],
+        [_input("x", torch.float32, ["T", d]), _input("mask", torch.int32, ["T", n_neurons])],
         [_input("y", torch.float32, ["T", d])],
         initializers,
     )
@@ -232,7 +233,7 @@ def test_sparse_ffn_matches_reference(activation: Activation, use_thresholds: bo
             pipeline="sequential",
             thresholds=thresholds if use_thresholds else None,
         )
-        (y,) = session.run(None, {"x": x[:n_tokens].numpy(), "mask": mask[:n_tokens].numpy()})
+        (y,) = session.run(None, {"x": x[:n_tokens].numpy(), "mask": mask[:n_tokens].numpy().astype(np.int32)})
         assert y.shape == (n_tokens, d) and y.dtype == np.float32
         assert _max_relative_error(y, reference.output) <= FFN_TOLERANCE
         # the mask, the activation kind and the thresholds each change the output by far more than that
@@ -258,11 +259,14 @@ def test_sparse_ffn_empty_mask_is_zero_and_full_mask_is_dense(activation: Activa
     weights = _ffn_weights(d, n_neurons, torch.float16, seed=5)
     x = torch.randn(2, d, generator=torch.Generator().manual_seed(6))
     session = _ffn_session(weights, activation, None)
-    (empty,) = session.run(None, {"x": x.numpy(), "mask": np.zeros((2, n_neurons), dtype=bool)})
+    (empty,) = session.run(None, {"x": x.numpy(), "mask": np.zeros((2, n_neurons), dtype=np.int32)})
     assert np.array_equal(empty, np.zeros((2, d), dtype=np.float32))
-    (full,) = session.run(None, {"x": x.numpy(), "mask": np.ones((2, n_neurons), dtype=bool)})
+    (full,) = session.run(None, {"x": x.numpy(), "mask": np.ones((2, n_neurons), dtype=np.int32)})
     dense = dense_ffn(x, *weights.values(), activation)
     assert _max_relative_error(full, dense) <= FFN_TOLERANCE
+    # any nonzero int32 is predicted active, as in the kernels (`mask != 0`)
+    (other_nonzero,) = session.run(None, {"x": x.numpy(), "mask": np.full((2, n_neurons), -7, dtype=np.int32)})
+    assert np.array_equal(other_nonzero, full)
 
 
 def test_predictor_feeds_sparse_ffn() -> None:
@@ -430,7 +434,7 @@ def test_removing_the_reference_functions_keeps_nodes_and_other_functions() -> N
     model = _model(
         [node],
         [_input("x", torch.float32, ["T", d])],
-        [_input("mask", torch.bool, ["T", n_neurons])],
+        [_input("mask", torch.int32, ["T", n_neurons])],
         {"packed": packed},
     )
     foreign = onnx.parser.parse_function(

@@ -250,7 +250,7 @@ class Kernels:
         a: DeviceTensor,  # [D, r] fp32
         b: DeviceTensor,  # [r, d] fp32
         bias: DeviceTensor | None,  # [D] fp32
-        mask: DeviceTensor,  # [T, D] uint8
+        mask: DeviceTensor,  # [T, D] int32, written 1 / 0
         scratch: DeviceTensor,  # [T, r] fp32
     ) -> None:
         tokens, d = x.shape
@@ -273,7 +273,7 @@ class Kernels:
         self,
         x: DeviceTensor,  # [T, d]
         weights: tuple[DeviceTensor, DeviceTensor, DeviceTensor],  # w_gate, w_up, w_down_t: [D, d]
-        mask: DeviceTensor | None,  # [T, D] uint8
+        mask: DeviceTensor | None,  # [T, D] int32, nonzero = predicted active
         thresholds: DeviceTensor | None,  # [D] fp32
         activation: str,
         act_threshold: float,

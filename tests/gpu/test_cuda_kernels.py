@@ -80,7 +80,7 @@ def run_ffn(device, x, weights, mask, activation, thresholds=None, weight_tensor
     kernels.sparse_ffn(
         device.upload(x),
         device_weights,
-        None if mask is None else device.upload(mask.to(torch.uint8)),
+        None if mask is None else device.upload(mask.to(torch.int32)),  # OPS.md: int32 masks
         None if thresholds is None else device.upload(thresholds),
         activation.kind,
         activation.threshold,
@@ -171,7 +171,7 @@ def test_graph_capture_replays_the_same_result(device):
     kernels = Kernels(device)
     x, weights, mask = ffn_case(1, 1024, 3000, torch.float16, ACTIVATIONS["relu"], 0.3)
     direct, _ = run_ffn(device, x, weights, mask, ACTIVATIONS["relu"])
-    inputs = device.upload(x), tuple(device.upload(w) for w in weights), device.upload(mask.to(torch.uint8))
+    inputs = device.upload(x), tuple(device.upload(w) for w in weights), device.upload(mask.to(torch.int32))
     y = device.empty((1, 1024), torch.float32)
     workspace = device.allocate(kernels.workspace_size(1024, 3000, 1))
     graph = device.capture(lambda: kernels.sparse_ffn(*inputs, None, "relu", 0.0, y, workspace))
@@ -197,10 +197,11 @@ def test_fixture_layer_with_signbit_mask(device, tiny_model_dir):
         expected_mask = signbit_mask(packed, x, 1.0)
         if margins(x, w_gate, ACTIVATIONS["relu"], expected_mask) > DECISION_MARGIN:
             break
-    mask = device.empty((2, 768), torch.uint8)
+    mask = device.empty((2, 768), torch.int32)
     Kernels(device).signbit_predictor(device.upload(x), device.upload(packed), 1.0, mask)
-    predicted = device.download(mask).bool()
-    assert torch.equal(predicted, expected_mask)
+    predicted = device.download(mask)
+    assert torch.equal(predicted, expected_mask.to(torch.int32))  # exactly 1 / 0
+    predicted = predicted.bool()
     _, reference = assert_matches_reference(device, x, (w_gate, w_up, w_down_t), predicted, ACTIVATIONS["relu"])
     assert reference.active.sum() < predicted.sum()  # the predictor's false positives were dropped
 
@@ -214,7 +215,7 @@ def test_svd_predictor_matches_reference(device, d, n_neurons, rank, x_dtype, wi
     a = torch.randn(n_neurons, rank, generator=generator) / rank**0.5
     b = torch.randn(rank, d, generator=generator) / d**0.5
     bias = 0.3 * torch.randn(n_neurons, generator=generator) if with_bias else None
-    mask = device.empty((3, n_neurons), torch.uint8)
+    mask = device.empty((3, n_neurons), torch.int32)
     scratch = device.empty((3, rank), torch.float32)
     upload = device.upload
     Kernels(device).svd_predictor(
@@ -222,7 +223,7 @@ def test_svd_predictor_matches_reference(device, d, n_neurons, rank, x_dtype, wi
     )
     scores = (x.float() @ b.T) @ a.T + (0.0 if bias is None else bias)
     clear = scores.abs() > SVD_SCORE_TOLERANCE
-    assert torch.equal(device.download(mask).bool()[clear], (scores > 0)[clear])
+    assert torch.equal(device.download(mask)[clear], (scores > 0)[clear].to(torch.int32))  # exactly 1 / 0
 
 
 @pytest.mark.parametrize("d", [45, 100, 128, 4096])
@@ -237,8 +238,8 @@ def test_signbit_predictor_is_exact(device, d, alpha, x_dtype):
     x[:, 3::11] = -0.0  # sign bit set, but not negative: must count as non-negative
     x = x.to(x_dtype)
     packed = pack_sign_bits(w_gate)
-    mask = device.empty((2, 700), torch.uint8)
+    mask = device.empty((2, 700), torch.int32)
     Kernels(device).signbit_predictor(device.upload(x), device.upload(packed), alpha, mask)
     expected = signbit_mask(packed, x.float(), alpha)
     assert expected.any() and not expected.all()
-    assert torch.equal(device.download(mask).bool(), expected)
+    assert torch.equal(device.download(mask), expected.to(torch.int32))  # exactly 1 / 0

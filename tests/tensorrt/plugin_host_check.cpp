@@ -152,8 +152,8 @@ void checkSparseFfn(IPluginCreatorV3One* creator, RecordingLogger& logger, size_
   int64_t const T = 2, d = 192, D = 768;
   std::vector<DynamicPluginTensorDesc> io = {
       tensor(DataType::kFLOAT, {T, d}),  tensor(DataType::kHALF, {D, d}), tensor(DataType::kHALF, {D, d}),
-      tensor(DataType::kHALF, {D, d}),   tensor(DataType::kBOOL, {T, D}), tensor(DataType::kFLOAT, {T, d})};
-  expect(supports(plugin, io, 5), "SparseFFN: x fp32, weights fp16, mask bool, y fp32");
+      tensor(DataType::kHALF, {D, d}),   tensor(DataType::kINT32, {T, D}), tensor(DataType::kFLOAT, {T, d})};
+  expect(supports(plugin, io, 5), "SparseFFN: x fp32, weights fp16, mask int32, y fp32");
   for (DataType weights : {DataType::kFLOAT, DataType::kBF16}) {
     auto other = io;
     other[1].desc.type = other[2].desc.type = other[3].desc.type = weights;
@@ -163,9 +163,11 @@ void checkSparseFfn(IPluginCreatorV3One* creator, RecordingLogger& logger, size_
   auto mixed = io;
   mixed[2].desc.type = DataType::kFLOAT;
   expect(!supports(plugin, mixed, 5), "SparseFFN: w_up of another type than w_gate is refused");
-  auto intMask = io;
-  intMask[4].desc.type = DataType::kINT32;
-  expect(!supports(plugin, intMask, 5), "SparseFFN: an int32 mask is refused");
+  for (DataType mask : {DataType::kBOOL, DataType::kUINT8, DataType::kINT8}) {
+    auto byteMask = io;
+    byteMask[4].desc.type = mask;
+    expect(!supports(plugin, byteMask, 5), "SparseFFN: a BOOL / UINT8 / INT8 mask is refused (OPS.md: int32)");
+  }
   auto halfOutput = io;
   halfOutput[5].desc.type = DataType::kHALF;
   expect(!supports(plugin, halfOutput, 5), "SparseFFN: only fp32 y");
@@ -176,7 +178,7 @@ void checkSparseFfn(IPluginCreatorV3One* creator, RecordingLogger& logger, size_
   linear[0].desc.format = TensorFormat::kCHW32;
   expect(!supports(plugin, linear, 5), "SparseFFN: only linear formats");
 
-  DataType inputTypes[5] = {DataType::kFLOAT, DataType::kHALF, DataType::kHALF, DataType::kHALF, DataType::kBOOL};
+  DataType inputTypes[5] = {DataType::kFLOAT, DataType::kHALF, DataType::kHALF, DataType::kHALF, DataType::kINT32};
   DataType outputType = DataType::kINT8;
   expect(build(plugin)->getOutputDataTypes(&outputType, 1, inputTypes, 5) == 0 && outputType == DataType::kFLOAT,
          "SparseFFN: y is fp32");
@@ -226,12 +228,12 @@ void checkSignBit(IPluginCreatorV3One* creator, RecordingLogger& logger) {
   expect(plugin != nullptr, "SignBitPredictor alpha 1.25 is created");
   if (plugin == nullptr) return;
   std::vector<DynamicPluginTensorDesc> io = {tensor(DataType::kHALF, {1, 100}), tensor(DataType::kINT32, {700, 4}),
-                                             tensor(DataType::kBOOL, {1, 700})};
-  expect(supports(plugin, io, 2), "SignBitPredictor: x fp16, packed int32, mask bool");
+                                             tensor(DataType::kINT32, {1, 700})};
+  expect(supports(plugin, io, 2), "SignBitPredictor: x fp16, packed int32, mask int32");
   DataType inputTypes[2] = {DataType::kHALF, DataType::kINT32};
   DataType outputType = DataType::kFLOAT;
-  expect(build(plugin)->getOutputDataTypes(&outputType, 1, inputTypes, 2) == 0 && outputType == DataType::kBOOL,
-         "SignBitPredictor: mask is bool");
+  expect(build(plugin)->getOutputDataTypes(&outputType, 1, inputTypes, 2) == 0 && outputType == DataType::kINT32,
+         "SignBitPredictor: mask is int32");
   expect(build(plugin)->configurePlugin(io.data(), 2, &io[2], 1) == 0, "SignBitPredictor: ceil(100 / 32) = 4 words");
   io[1].desc.dims.d[1] = 3;
   expect(build(plugin)->configurePlugin(io.data(), 2, &io[2], 1) != 0,
@@ -249,8 +251,11 @@ void checkSvd(IPluginCreatorV3One* creator, RecordingLogger& logger) {
   if (plugin == nullptr) return;
   std::vector<DynamicPluginTensorDesc> io = {tensor(DataType::kBF16, {3, 256}), tensor(DataType::kFLOAT, {1000, 32}),
                                              tensor(DataType::kFLOAT, {32, 256}), tensor(DataType::kFLOAT, {1000}),
-                                             tensor(DataType::kBOOL, {3, 1000})};
-  expect(supports(plugin, io, 4), "SvdPredictor: x bf16, factors fp32, mask bool");
+                                             tensor(DataType::kINT32, {3, 1000})};
+  expect(supports(plugin, io, 4), "SvdPredictor: x bf16, factors fp32, mask int32");
+  io[4].desc.type = DataType::kBOOL;
+  expect(!supports(plugin, io, 4), "SvdPredictor: a BOOL mask output is refused");
+  io[4].desc.type = DataType::kINT32;
   io[1].desc.type = DataType::kHALF;
   expect(!supports(plugin, io, 4), "SvdPredictor: fp16 factors are refused");
   io[1].desc.type = DataType::kFLOAT;

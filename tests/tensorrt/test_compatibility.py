@@ -211,7 +211,6 @@ LEVELS = 2
 RANK = 96
 SAFETENSORS_ITEMSIZE = {"F16": 2, "BF16": 2, "F32": 4, "I32": 4}
 
-MASK_FIX = "issue 21: the predictor mask crosses the plugin boundary as BOOL; needs an INT32 or float mask"
 COPY_FIX = "DESIGN 3: fp16/bf16 weights are Cast to fp32 where standard ops read them; needs weights kept as stored"
 
 
@@ -253,7 +252,7 @@ def violations_of(model: str, kind: str, dtype: str) -> list[compatibility.Viola
 
 def failing_today(kind: str, dtype: str) -> dict[tuple[str, str], str]:
     """{(graph, rule): the fix it waits for} of today's graphs."""
-    failing = {("decode.onnx", "plugin-io-dtype"): MASK_FIX}
+    failing: dict[tuple[str, str], str] = {}
     if dtype != "fp32":
         failing |= {("prefill.onnx", "fp32-weight-copy"): COPY_FIX, ("decode.onnx", "fp32-weight-copy"): COPY_FIX}
     return failing
@@ -287,13 +286,18 @@ def test_graph_keeps_the_rule(model, kind, dtype, graph, rule):
     assert broken == []
 
 
-@pytest.mark.parametrize("kind", ["svd", "core"])
-def test_plugin_violations_name_the_offending_values(kind):
-    violations = violations_of("qwen2-7b", kind, "fp16")
-    plugin = [v for v in violations if v.rule == "plugin-io-dtype"]
-    # svd: the predictor's BOOL output and SparseFFN's BOOL mask input; core: only the mask input
-    assert [(v.node.split("_")[0], "found BOOL" in v.message) for v in plugin] == (
-        [("SvdPredictor", True), ("SparseFFN", True)] if kind == "svd" else [("SparseFFN", True)]
+@pytest.mark.parametrize("kind", KINDS)
+def test_masks_cross_plugins_as_int32(kind):
+    """Issue 21 item 1: every mask at a plugin is INT32 (OPS.md), the core masks are INT32 graph inputs."""
+    decode = built_graphs("qwen2-7b", kind, "fp16")["decode"]
+    types = compatibility.tensor_types(decode)
+    ffn = [node for node in decode.graph.node if node.op_type == "SparseFFN"]
+    assert len(ffn) == 1 and types[ffn[0].input[4]] == "INT32"
+    predictors = [node for node in decode.graph.node if node.op_type in ("SvdPredictor", "SignBitPredictor")]
+    assert [types[node.output[0]] for node in predictors] == (["INT32"] if kind in ("svd", "signbit") else [])
+    core_inputs = [value for value in decode.graph.input if value.name.startswith("core_mask.")]
+    assert [value.type.tensor_type.elem_type for value in core_inputs] == (
+        [TensorProto.INT32] if kind == "core" else []
     )
 
 
@@ -373,7 +377,7 @@ def test_verify_target_tensorrt_prints_one_line_per_violation(trt_bundles):
     assert result.exit_code == 2
     lines = result.stderr.splitlines()
     assert lines == [f"edge-sdk: error: {violation}" for violation in expected]
-    assert {v.rule for v in expected} == {"plugin-io-dtype", "fp32-weight-copy"}  # fp16 weights, BOOL masks
+    assert {v.rule for v in expected} == {"fp32-weight-copy"}  # fp16 weights; the masks are INT32
     assert "Traceback" not in result.output
 
 
