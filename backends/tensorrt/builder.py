@@ -8,7 +8,7 @@ from pathlib import Path
 from types import ModuleType
 
 from edge_sdk.bundle import Bundle
-from edge_sdk.bundle.format import MANIFEST_DIGEST_FIELD
+from edge_sdk.bundle.format import MANIFEST_DIGEST_FIELD, WEIGHTS_FILE
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.runtime.backends import BackendUnavailable
 
@@ -27,6 +27,9 @@ from .graphs import tensorrt_model
 from .profiles import PHASES, profile_shapes
 
 _loaded_plugin_libraries: dict[str, object] = {}
+# Both engines are deserialized at once and each embeds the bundle's weights as stored (JETSON.md section 4).
+ENGINES_HOLDING_WEIGHTS = 2
+MEMINFO = Path("/proc/meminfo")
 
 
 class EngineBuildError(EdgeSdkError):
@@ -44,6 +47,48 @@ def load_plugin_library(trt: ModuleType) -> Path:
             raise EngineBuildError(f"{path}: TensorRT could not load the plugin library (see the TensorRT log above)")
         _loaded_plugin_libraries[str(path)] = handle
     return path
+
+
+def required_memory_bytes(bundle_weight_bytes: int) -> int:
+    """Bytes of device memory the built engines hold for their weights: each of the two embeds the bundle's weights
+    as stored (no fp32 copies), so twice weights.safetensors' size at most (prefill leaves the predictors out).
+    Building one engine needs no more: the parser's host copy of one graph's weights plus the engine it builds."""
+    return ENGINES_HOLDING_WEIGHTS * bundle_weight_bytes
+
+
+def free_device_memory(meminfo: Path | None = None) -> tuple[int, str]:
+    """(free bytes, where the figure comes from): cudaMemGetInfo through cuda-python when it is installed, else
+    MemAvailable of /proc/meminfo (Jetson's GPU shares the system memory). CudaError / EngineBuildError when
+    neither can tell."""
+    if cuda.runtime_module() is not None:
+        free, _total = cuda.call("cudaMemGetInfo")
+        return int(free), "cudaMemGetInfo"
+    meminfo = MEMINFO if meminfo is None else meminfo
+    try:
+        lines = meminfo.read_text().splitlines()
+    except OSError as error:
+        raise EngineBuildError(f"{meminfo}: cannot read the free memory ({error}) and cuda-python is absent") from None
+    for line in lines:
+        field, _, value = line.partition(":")
+        if field == "MemAvailable":
+            number, _, unit = value.strip().partition(" ")
+            if unit != "kB" or not number.isdigit():
+                raise EngineBuildError(f"{meminfo}: field MemAvailable: expected '<n> kB', found {value.strip()!r}")
+            return int(number) * 1024, f"{meminfo} MemAvailable"
+    raise EngineBuildError(f"{meminfo}: expected a field MemAvailable, found none")
+
+
+def check_device_memory(bundle: Bundle, meminfo: Path | None = None) -> None:
+    """EngineBuildError, with the figures, when this device cannot hold the bundle's engines."""
+    weights = (bundle.path / WEIGHTS_FILE).stat().st_size
+    required = required_memory_bytes(weights)
+    free, source = free_device_memory(meminfo)
+    if free < required:
+        raise EngineBuildError(
+            f"{bundle.path}: the prefill and decode engines need about {required >> 20} MiB for their weights "
+            f"({ENGINES_HOLDING_WEIGHTS} x {WEIGHTS_FILE}'s {weights >> 20} MiB), found {free >> 20} MiB free "
+            f"({source}); free memory or export a smaller dtype"
+        )
 
 
 def current_key(trt: ModuleType, bundle: Bundle) -> EngineKey:
@@ -87,7 +132,8 @@ def build_engine(
 
     Returns <cache>/<key digest>, holding prefill.engine, decode.engine and engine.json. cache_dir defaults to
     default_cache_dir(). Raises BackendUnavailable when TensorRT, cuda-python, a GPU or the plugin library is
-    missing, EngineBuildError when TensorRT fails on the bundle's graphs.
+    missing, EngineBuildError when TensorRT fails on the bundle's graphs or the device lacks the memory
+    (check_device_memory).
     """
     bundle_path = bundle.path
     trt = import_tensorrt()
@@ -96,6 +142,7 @@ def build_engine(
     if not force and is_complete(directory, key):
         return directory
     load_plugin_library(trt)
+    check_device_memory(bundle)
     directory.mkdir(parents=True, exist_ok=True)
     logger = trt.Logger(trt.Logger.WARNING)
     for phase in PHASES:

@@ -15,8 +15,11 @@ decode. The selection stays off the graph: per token it takes the top alpha shar
 TopK over all D neurons, which TensorRT 10.3 cannot build past K = 3840 (ITopKLayer), and its ties and float64
 sums have no TensorRT formulation either.
 
-Activations are float32 throughout; weights stored as fp16/bf16 are cast where standard ops read them,
-and given to the custom ops as stored (SparseFFN accepts fp16/bf16/fp32 weights).
+Activations are float32 between the matrix products; every weight is read as stored (no Cast of a weight: TensorRT
+would fold it into an fp32 copy in the engine). A product with an fp16/bf16 matrix casts its activation to the
+matrix's type, multiplies in that type and casts the result back to float32 (`_matmul`); the embedding rows are
+gathered as stored and then cast. Norm weights, biases and the RoPE tables are F32 in a bundle (bundle/layout.py)
+and are used as they are. SparseFFN takes its weights as stored (fp16/bf16/fp32).
 """
 
 from __future__ import annotations
@@ -115,11 +118,17 @@ class GraphBuilder:
         return name
 
     def weight_f32(self, name: str) -> str:
-        """An initializer from weights.safetensors as float32 (cast when stored in half precision)."""
+        """An F32 initializer from weights.safetensors (vectors: norms, biases, RoPE tables); anything else is an
+        error, because a Cast of a weight becomes an fp32 copy of it in a TensorRT engine."""
         stored = self.weight(name)
-        if self.spec.tensors[name].dtype == "F32":
-            return stored
-        return self.op("Cast", [stored], hint=f"{name}.f32", to=TensorProto.FLOAT)
+        found = self.spec.tensors[name].dtype
+        if found != "F32":
+            raise ValueError(f"weights.safetensors tensor '{name}': expected dtype F32, found {found}")
+        return stored
+
+    def weight_type(self, name: str) -> int:
+        """The ONNX element type of a weight as stored."""
+        return ONNX_DTYPES[self.spec.tensors[name].dtype]
 
     def external_initializers(self) -> list[TensorProto]:
         return [
@@ -134,12 +143,27 @@ def _rms_norm(g: GraphBuilder, x: str, weight: str, eps: float) -> str:
     return g.op("Mul", [g.op("Div", [x, denominator]), g.weight_f32(weight)])
 
 
+def _matmul(g: GraphBuilder, x2d: str, weight: str, transposed: bool) -> str:
+    """x2d [T, in] float32 times a stored matrix ([out, in] when transposed, else [in, out]) -> [T, out] float32.
+
+    The matrix is read in its bundle dtype: for fp16/bf16 the activation is cast to it and the product cast back.
+    The product's accumulation is the executor's: TensorRT's fp16/bf16 GEMM kernels and ONNX Runtime's CPU MatMul
+    take fp16 inputs; its output is rounded to fp16/bf16 once, before the cast back to float32. Everything that
+    needs more range or precision stays float32: the residual stream, RMSNorm's mean of squares, attention scores
+    and softmax, the KV cache, the bias adds and the logits after the cast."""
+    stored = g.weight(weight)
+    weight_type = g.weight_type(weight)
+    if weight_type == TensorProto.FLOAT:
+        return g.op("Gemm", [x2d, stored], hint=weight, transB=int(transposed))
+    cast = g.op("Cast", [x2d], hint=f"{weight}.input", to=weight_type)
+    product = g.op("Gemm", [cast, stored], hint=weight, transB=int(transposed))
+    return g.op("Cast", [product], hint=f"{weight}.f32", to=TensorProto.FLOAT)
+
+
 def _linear(g: GraphBuilder, x2d: str, name: str, bias: bool = False) -> str:
-    # x2d: [T, in]; weight [out, in] as Hugging Face stores it -> [T, out]
-    inputs = [x2d, g.weight_f32(f"{name}.weight")]
-    if bias:
-        inputs.append(g.weight_f32(f"{name}.bias"))
-    return g.op("Gemm", inputs, hint=name, transB=1)
+    # x2d: [T, in]; weight [out, in] as Hugging Face stores it -> [T, out]; the F32 bias added in float32
+    product = _matmul(g, x2d, f"{name}.weight", transposed=True)
+    return g.op("Add", [product, g.weight_f32(f"{name}.bias")]) if bias else product
 
 
 def _rotate_half(g: GraphBuilder, x: str, half: int) -> str:
@@ -247,7 +271,7 @@ def _dense_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, outpu
     hidden = g.op("Mul", [gate, up])
     if g.spec.predictor == "core":
         _core_activations(g, config, layer, gate, outputs)
-    return g.op("MatMul", [hidden, g.weight_f32(f"{prefix}.down_proj.weight_t")])
+    return _matmul(g, hidden, f"{prefix}.down_proj.weight_t", transposed=False)
 
 
 def _core_activations(g: GraphBuilder, config: ModelConfig, layer: int, gate: str, outputs: list) -> None:
@@ -336,7 +360,9 @@ def build_graph(spec: GraphSpec, decode: bool) -> onnx.ModelProto:
     g = GraphBuilder(spec)
     inputs, outputs = _io(config, decode, spec.predictor)
     ctx = _context(g, config)
-    embeddings = g.op("Gather", [g.weight_f32("embed_tokens.weight"), "input_ids"])  # [B, S, d]
+    embeddings = g.op("Gather", [g.weight("embed_tokens.weight"), "input_ids"])  # [B, S, d] as stored
+    if g.weight_type("embed_tokens.weight") != TensorProto.FLOAT:
+        embeddings = g.op("Cast", [embeddings], hint="embeddings.f32", to=TensorProto.FLOAT)
     hidden = g.op("Reshape", [embeddings, g.ints(-1, config.hidden_size)])  # [T, d]
     ffn: Callable[[int, str], str]
     if decode:
@@ -352,7 +378,7 @@ def build_graph(spec: GraphSpec, decode: bool) -> onnx.ModelProto:
         hidden = g.op("Add", [hidden, ffn(layer, normed)])
     final = _rms_norm(g, hidden, "norm.weight", config.rms_norm_eps)
     lm_head = "embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
-    logits2d = g.op("Gemm", [final, g.weight_f32(lm_head)], transB=1)
+    logits2d = _matmul(g, final, lm_head, transposed=True)
     logits_shape = g.op("Concat", [ctx.batch_seq, g.ints(config.vocab_size)], axis=0)
     g.nodes.append(helper.make_node("Reshape", [logits2d, logits_shape], ["logits"]))
 

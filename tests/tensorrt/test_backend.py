@@ -63,3 +63,48 @@ def test_backend_modules_do_not_import_torch():
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _fake_tensorrt_with_plugins(monkeypatch, tmp_path):
+    fake_trt = types.SimpleNamespace(__version__="10.3.0.30")
+    monkeypatch.setattr(availability.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_trt)
+    monkeypatch.setattr(cuda, "device_description", lambda: ("Orin", "8.7"))
+    monkeypatch.setattr(builder, "load_plugin_library", lambda trt: tmp_path / "libedge_trt_plugins.so")
+
+
+def test_build_refuses_with_the_figures_when_memory_is_short(monkeypatch, trt_bundles, tmp_path):
+    """Jetson without cuda-python: /proc/meminfo's MemAvailable is compared with twice weights.safetensors."""
+    bundle = trt_bundles["svd"]
+    weights = (bundle.path / "weights.safetensors").stat().st_size
+    _fake_tensorrt_with_plugins(monkeypatch, tmp_path)
+    monkeypatch.setattr(cuda, "runtime_module", lambda: None)
+    meminfo = tmp_path / "meminfo"
+    available_kib = (2 * weights - 1) // 1024  # one KiB short of the two engines' weights
+    meminfo.write_text(f"MemTotal:       8000000 kB\nMemAvailable:   {available_kib} kB\n")
+    monkeypatch.setattr(builder, "MEMINFO", meminfo)
+    cache_dir = tmp_path / "cache"
+    with pytest.raises(builder.EngineBuildError) as refused:
+        backend.build_engine(bundle, cache_dir=cache_dir)
+    message = str(refused.value)
+    assert f"need about {(2 * weights) >> 20} MiB" in message and f"found {(available_kib * 1024) >> 20} MiB" in message
+    assert str(meminfo) in message and "MemAvailable" in message
+    assert not cache_dir.exists()  # refused before anything was written
+    assert builder.free_device_memory(meminfo) == (available_kib * 1024, f"{meminfo} MemAvailable")
+    meminfo.write_text(f"MemAvailable:   {2 * weights // 1024 + 1} kB\n")
+    builder.check_device_memory(bundle, meminfo)  # enough: no error
+
+
+def test_free_memory_prefers_cuda_python_and_names_a_broken_meminfo(monkeypatch, tmp_path):
+    fake_runtime = types.SimpleNamespace()
+    monkeypatch.setattr(cuda, "runtime_module", lambda: fake_runtime)
+    monkeypatch.setattr(cuda, "call", lambda name, *args: (123 << 20, 999 << 20) if name == "cudaMemGetInfo" else None)
+    assert builder.free_device_memory(tmp_path / "absent") == (123 << 20, "cudaMemGetInfo")
+    monkeypatch.setattr(cuda, "runtime_module", lambda: None)
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 8000000 kB\n")
+    with pytest.raises(builder.EngineBuildError, match="expected a field MemAvailable, found none"):
+        builder.free_device_memory(meminfo)
+    meminfo.write_text("MemAvailable: lots\n")
+    with pytest.raises(builder.EngineBuildError, match=r"MemAvailable: expected '<n> kB', found 'lots'"):
+        builder.free_device_memory(meminfo)
