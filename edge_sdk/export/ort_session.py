@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from edge_sdk.bundle import Bundle
+from edge_sdk.errors import EdgeSdkError
 from edge_sdk.predictors.core import core_masks_from_activations
 
 
@@ -17,6 +18,14 @@ class OrtBundleSession:
     def __init__(self, bundle: Bundle, level: float | None = None, dense: bool = False, threads: int = 0):
         import onnxruntime as ort
 
+        if bundle.dtype == "bf16":
+            # The graphs multiply by bf16 matrices as stored (no fp32 copies, OPS.md / graph.py); onnxruntime's CPU
+            # provider has no bf16 MatMul, Gemm, Mul or Add ("NOT_IMPLEMENTED: Could not find an implementation").
+            raise EdgeSdkError(
+                f"{bundle.path / 'manifest.json'}: field dtype: expected fp16 or fp32 for ONNX Runtime on the CPU, "
+                "found bf16 (its CPU provider has no bf16 MatMul); run the bundle on TensorRT, or export it with "
+                "--dtype fp16"
+            )
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.log_severity_level = 3
