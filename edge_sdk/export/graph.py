@@ -16,6 +16,15 @@ sums have no TensorRT formulation either.
 
 Activations are float32 throughout; weights stored as fp16/bf16 are cast where standard ops read them,
 and given to the custom ops as stored (SparseFFN accepts fp16/bf16/fp32 weights).
+
+Quantized bundles (int8 / int4, bundle/layout.py) import standard opset 21: each matrix is DequantizeLinear
+(codes, Cast(scales) to float32, axis 1, block_size = the group size) -- float32 scales, so every product
+code * scale is exact and the graph computes with the very matrix edge_sdk.quant.dequantize gives. int8 codes
+are INT8 initializers over the bundle's I8 bytes; packed int4 codes are UINT4 [rows, cols] initializers over
+the bundle's U8 bytes with zero point 8, whose ONNX element order (element 2k low nibble, 2k+1 high nibble of
+byte k) is a permutation of the Q4_0 block order inside each 32-value block: a Gather on the columns restores it.
+The dense projections are that DequantizeLinear feeding Gemm / MatMul; SparseFFN receives the dequantized
+float32 matrices.
 """
 
 from __future__ import annotations
@@ -36,7 +45,11 @@ ONNX_DTYPES = {
     "F16": TensorProto.FLOAT16,
     "BF16": TensorProto.BFLOAT16,
     "I32": TensorProto.INT32,
+    "I8": TensorProto.INT8,
 }
+QUANTIZED_OPSET_VERSION = 21  # DequantizeLinear's block_size attribute (blocked quantization)
+INT4_ZERO_POINT = 8
+INT4_BLOCK = 32
 NEGATIVE_INFINITY = float("-inf")
 
 
@@ -60,6 +73,25 @@ class GraphSpec:
     tensors: dict[str, ExternalTensor]
     predictor: str  # svd | signbit | core | threshold | none
     signbit_alphas: tuple[float, ...] = ()
+    quant_format: str | None = None  # int8 | int4 for quantized bundles
+    group_size: int | None = None
+
+
+def _int4_initializer(tensor: ExternalTensor, location: str) -> TensorProto:
+    """Packed int4 codes, U8 [rows, cols / 2] in weights.safetensors, as the UINT4 [rows, cols] they hold."""
+    proto = external_initializer(tensor, location)
+    proto.data_type = TensorProto.UINT4
+    del proto.dims[:]
+    proto.dims.extend((tensor.shape[0], tensor.shape[1] * 2))
+    return proto
+
+
+def int4_onnx_columns(cols: int) -> np.ndarray:
+    """int64 [cols]: entry j is the ONNX UINT4 element index of value j of a Q4_0-ordered row (QUANT.md): value
+    32b + k (k < 16) is the low nibble of byte 16b + k, element 32b + 2k; value 32b + 16 + k its high nibble."""
+    value = np.arange(cols)
+    block, within = value // INT4_BLOCK, value % INT4_BLOCK
+    return (block * INT4_BLOCK + 2 * (within % 16) + within // 16).astype(np.int64)
 
 
 def external_initializer(tensor: ExternalTensor, location: str) -> TensorProto:
@@ -82,6 +114,7 @@ class GraphBuilder:
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[TensorProto] = []
         self.used_weights: set[str] = set()
+        self.int4_codes: set[str] = set()
         self.counter = 0
 
     def fresh(self, hint: str) -> str:
@@ -115,14 +148,38 @@ class GraphBuilder:
 
     def weight_f32(self, name: str) -> str:
         """An initializer from weights.safetensors as float32 (cast when stored in half precision)."""
+        if name + ".scales" in self.spec.tensors:
+            return self.dequantized(name)
         stored = self.weight(name)
         if self.spec.tensors[name].dtype == "F32":
             return stored
         return self.op("Cast", [stored], hint=f"{name}.f32", to=TensorProto.FLOAT)
 
+    def dequantized(self, name: str) -> str:
+        """A quantized matrix [rows, cols] as float32: DequantizeLinear over its codes and float32 scales."""
+        group_size, rows = self.spec.group_size, self.spec.tensors[name].shape[0]
+        scales = self.op("Cast", [self.weight(name + ".scales")], hint=f"{name}.scales.f32", to=TensorProto.FLOAT)
+        inputs = [self.weight(name), scales]
+        if self.spec.quant_format == "int4":
+            self.int4_codes.add(name)
+            groups = self.spec.tensors[name + ".scales"].shape[1]
+            zero_point = helper.make_tensor(
+                self.fresh(f"{name}.zero_point"), TensorProto.UINT4, [rows, groups], [INT4_ZERO_POINT] * (rows * groups)
+            )
+            self.initializers.append(zero_point)
+            inputs.append(zero_point.name)
+        matrix = self.op("DequantizeLinear", inputs, hint=f"{name}.f32", axis=1, block_size=group_size)
+        if self.spec.quant_format == "int4":
+            columns = int4_onnx_columns(groups * group_size)
+            matrix = self.op("Gather", [matrix, self.constant(columns, "int4_columns")], axis=1)
+        return matrix
+
     def external_initializers(self) -> list[TensorProto]:
         return [
-            external_initializer(self.spec.tensors[name], self.spec.weights_file) for name in sorted(self.used_weights)
+            (_int4_initializer if name in self.int4_codes else external_initializer)(
+                self.spec.tensors[name], self.spec.weights_file
+            )
+            for name in sorted(self.used_weights)
         ]
 
 
@@ -287,11 +344,12 @@ def _sparse_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, ctx:
             zero = g.constant(np.zeros(n_neurons, dtype=np.float32))
             thresholds = g.op("Where", ["dense", zero, level])
     mask = g.op("Or", [mask, "dense"])
+    ffn_weight = g.weight_f32 if g.spec.quant_format is not None else g.weight
     inputs = [
         x2d,
-        g.weight(f"{prefix}.mlp.gate_proj.weight"),
-        g.weight(f"{prefix}.mlp.up_proj.weight"),
-        g.weight(f"{prefix}.mlp.down_proj.weight_t"),
+        ffn_weight(f"{prefix}.mlp.gate_proj.weight"),
+        ffn_weight(f"{prefix}.mlp.up_proj.weight"),
+        ffn_weight(f"{prefix}.mlp.down_proj.weight_t"),
         mask,
     ]
     if thresholds is not None:
@@ -368,4 +426,15 @@ def build_graph(spec: GraphSpec, decode: bool) -> onnx.ModelProto:
         producer_name="edge-sdk",
     )
     model.ir_version = ops.IR_VERSION
+    if spec.quant_format is not None:
+        _import_quantized_opset(model)
     return model
+
+
+def _import_quantized_opset(model: onnx.ModelProto) -> None:
+    """Standard opset QUANTIZED_OPSET_VERSION for the graph and its reference functions alike (a model and the
+    functions it calls import one version of a domain); their bodies use no op that changed from 19 to 21."""
+    for imports in (model.opset_import, *(function.opset_import for function in model.functions)):
+        for entry in imports:
+            if entry.domain == "":
+                entry.version = QUANTIZED_OPSET_VERSION
