@@ -310,7 +310,7 @@ def calibrate(
     type=click.Choice(["fp16", "bf16", "fp32", "int8", "int4"]),
     default="fp16",
     show_default=True,
-    help="Weight storage; int8 / int4: weight-only group-wise quantization (embedding fp16, plugins/kernels/cpu/QUANT.md).",
+    help="Weight storage; int8 / int4: weight-only group-wise quantization (embedding fp16, see QUANT.md).",
 )
 @click.option(
     "--group-size",
