@@ -46,6 +46,7 @@ ONNX_DTYPES = {
     "BF16": TensorProto.BFLOAT16,
     "I32": TensorProto.INT32,
     "I8": TensorProto.INT8,
+    "UINT4": TensorProto.UINT4,  # packed int4 codes, U8 in weights.safetensors (_int4_initializer)
 }
 QUANTIZED_OPSET_VERSION = 21  # DequantizeLinear's block_size attribute (blocked quantization)
 INT4_ZERO_POINT = 8
@@ -79,11 +80,10 @@ class GraphSpec:
 
 def _int4_initializer(tensor: ExternalTensor, location: str) -> TensorProto:
     """Packed int4 codes, U8 [rows, cols / 2] in weights.safetensors, as the UINT4 [rows, cols] they hold."""
-    proto = external_initializer(tensor, location)
-    proto.data_type = TensorProto.UINT4
-    del proto.dims[:]
-    proto.dims.extend((tensor.shape[0], tensor.shape[1] * 2))
-    return proto
+    rows, width = tensor.shape
+    return external_initializer(
+        ExternalTensor(tensor.name, "UINT4", (rows, 2 * width), tensor.offset, tensor.length), location
+    )
 
 
 def int4_onnx_columns(cols: int) -> np.ndarray:
