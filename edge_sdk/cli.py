@@ -305,7 +305,20 @@ def calibrate(
 @click.option("--calib", "calibration_files", multiple=True, help="Calibration text (plain or JSON lines). Repeatable.")
 @click.option("--predictor", type=click.Choice(_predictor_choices(True)), default="svd", show_default=True)
 @_calibration_options
-@click.option("--dtype", type=click.Choice(["fp16", "bf16", "fp32"]), default="fp16", show_default=True)
+@click.option(
+    "--dtype",
+    type=click.Choice(["fp16", "bf16", "fp32", "int8", "int4"]),
+    default="fp16",
+    show_default=True,
+    help="Weight storage; int8 / int4: weight-only group-wise quantization (embedding fp16, see QUANT.md).",
+)
+@click.option(
+    "--group-size",
+    type=click.Choice(["32", "64", "128"]),
+    default="32",
+    show_default=True,
+    help="int8 / int4: values per fp16 scale along each weight row.",
+)
 @click.option(
     "--max-seq-len",
     type=click.IntRange(min=2),
@@ -313,7 +326,7 @@ def calibrate(
     help="Longest sequence the bundle serves (default: min(2048, the model's max_position_embeddings)).",
 )
 @click.option("--force", is_flag=True, help=_FORCE_HELP)
-def export(model_dir, out_dir, calibration_files, predictor, dtype, max_seq_len, force, **options) -> None:
+def export(model_dir, out_dir, calibration_files, predictor, dtype, group_size, max_seq_len, force, **options) -> None:
     """Export a checkpoint and its predictors to a bundle (ONNX + weights + tokenizer + manifest)."""
     _needs_export("`edge-sdk export`")
     from tqdm import tqdm
@@ -325,7 +338,11 @@ def export(model_dir, out_dir, calibration_files, predictor, dtype, max_seq_len,
     check_output(out_dir, force, model_dir, (*calibration_files, *evaluation_files))
     config = open_checkpoint(model_dir).config
     settings = ExportSettings(
-        predictor=predictor, dtype=dtype, max_seq_len=max_seq_len, calibration=_calibration_settings(predictor, options)
+        predictor=predictor,
+        dtype=dtype,
+        group_size=int(group_size),
+        max_seq_len=max_seq_len,
+        calibration=_calibration_settings(predictor, options),
     )
     calibrating = tqdm(
         total=config.num_layers,

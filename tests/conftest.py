@@ -17,6 +17,8 @@ BUNDLE_MATRIX = {
     "core-fp16": ("core", "fp16"),
     "threshold-fp32": ("threshold", "fp32"),
     "none-fp32": ("none", "fp32"),
+    "svd-int8": ("svd", "int8"),
+    "svd-int4": ("svd", "int4"),
 }
 MATRIX_LEVELS = (0.5, 0.8)
 MATRIX_MAX_SEQ_LEN = 128

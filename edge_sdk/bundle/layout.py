@@ -4,6 +4,11 @@ Model tensors keep their Hugging Face names without the `model.` prefix; W_down 
 `layers.{i}.mlp.down_proj.weight_t` [D, d], so one neuron's gate, up and down weights are one row each. Matrices
 are stored in the bundle's weight dtype, vectors (norms, biases) in F32, and the RoPE tables `rope.cos` /
 `rope.sin` [max_seq_len, head_dim] in F32. Predictor tensors follow edge_sdk.predictors.
+
+Quantized bundles (dtype int8 | int4, plugins/kernels/cpu/QUANT.md): every matrix but the token embedding holds
+its codes under its own name (I8 [rows, cols] for int8, U8 [rows, cols / 2] for packed int4) and its fp16 group
+scales as `<name>.scales` F16 [rows, cols / group_size]; the embedding (a row lookup, not a product) stays F16, so
+a model with tied embeddings keeps an F16 LM head.
 """
 
 from __future__ import annotations
@@ -14,6 +19,13 @@ from edge_sdk import predictors
 from edge_sdk.model.config import ModelConfig, hf_tensor_shapes
 
 WEIGHT_DTYPES = {"fp32": "F32", "fp16": "F16", "bf16": "BF16"}
+# weight-only group-wise quantized dtypes: the safetensors dtype of their codes (int4 packs two per byte)
+QUANTIZED_DTYPES = {"int8": "I8", "int4": "U8"}
+BUNDLE_DTYPES = (*WEIGHT_DTYPES, *QUANTIZED_DTYPES)
+GROUP_SIZES = (32, 64, 128)
+UNQUANTIZED_MATRIX = "embed_tokens.weight"  # a quantized bundle stores the embedding as F16
+QUANTIZED_EMBEDDING_DTYPE = "F16"
+SCALES_SUFFIX = ".scales"
 TRANSPOSED_SUFFIX = "_t"
 
 
@@ -34,16 +46,38 @@ def model_tensor_names(config: ModelConfig) -> list[tuple[str, str]]:
     return names
 
 
-def model_tensors(config: ModelConfig, dtype: str, max_seq_len: int) -> dict[str, ExpectedTensor]:
-    """Every model tensor of a bundle with weight dtype `dtype` (fp32 | fp16 | bf16) serving max_seq_len."""
-    weight_dtype = WEIGHT_DTYPES[dtype]
+def is_quantized_matrix(name: str, shape: tuple[int, ...]) -> bool:
+    """Whether a model tensor is stored as codes + scales in a quantized bundle: every matrix but the embedding."""
+    return len(shape) == 2 and name != UNQUANTIZED_MATRIX
+
+
+def quantized_tensors(name: str, shape: tuple[int, ...], dtype: str, group_size: int) -> dict[str, ExpectedTensor]:
+    """The codes and the scales of a [rows, cols] matrix quantized to dtype (int8 | int4) in groups of group_size."""
+    rows, cols = shape
+    width = cols // 2 if dtype == "int4" else cols
+    return {
+        name: ExpectedTensor(QUANTIZED_DTYPES[dtype], (rows, width)),
+        name + SCALES_SUFFIX: ExpectedTensor("F16", (rows, cols // group_size)),
+    }
+
+
+def model_tensors(
+    config: ModelConfig, dtype: str, max_seq_len: int, group_size: int | None = None
+) -> dict[str, ExpectedTensor]:
+    """Every model tensor of a bundle with weight dtype `dtype` (fp32 | fp16 | bf16 | int8 | int4) serving
+    max_seq_len; group_size: the quantization group of int8 / int4 (it must divide every quantized matrix's cols)."""
     hf_shapes = hf_tensor_shapes(config)
     expected = {}
     for name, hf_name in model_tensor_names(config):
         shape = hf_shapes[hf_name]
         if name.endswith(TRANSPOSED_SUFFIX):
             shape = shape[::-1]
-        expected[name] = ExpectedTensor(weight_dtype if len(shape) > 1 else "F32", shape)
+        if dtype in QUANTIZED_DTYPES and is_quantized_matrix(name, shape):
+            expected |= quantized_tensors(name, shape, dtype, group_size)
+        elif dtype in QUANTIZED_DTYPES and len(shape) == 2:
+            expected[name] = ExpectedTensor(QUANTIZED_EMBEDDING_DTYPE, shape)
+        else:
+            expected[name] = ExpectedTensor(WEIGHT_DTYPES[dtype] if len(shape) > 1 else "F32", shape)
     rope = ExpectedTensor("F32", (max_seq_len, config.head_dim))
     return expected | {"rope.cos": rope, "rope.sin": rope}
 

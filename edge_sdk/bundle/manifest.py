@@ -14,7 +14,14 @@ from typing import Any
 
 from edge_sdk import predictors
 from edge_sdk.bundle import format as bundle_format
-from edge_sdk.bundle.layout import WEIGHT_DTYPES, ExpectedTensor, model_tensors, predictor_tensors
+from edge_sdk.bundle.layout import (
+    BUNDLE_DTYPES,
+    GROUP_SIZES,
+    QUANTIZED_DTYPES,
+    ExpectedTensor,
+    model_tensors,
+    predictor_tensors,
+)
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.formats import safetensors, strict_json
 from edge_sdk.model import config as model_config
@@ -321,9 +328,10 @@ def expected_tensors(
     sparsity: SparsityConfig,
     declared: dict[str, ExpectedTensor],
     where: str,
+    group_size: int | None = None,
 ) -> dict[str, ExpectedTensor]:
     ranks = _svd_ranks(declared, config, where) if sparsity.predictor == "svd" else None
-    return model_tensors(config, dtype, max_seq_len) | predictor_tensors(
+    return model_tensors(config, dtype, max_seq_len, group_size) | predictor_tensors(
         config, sparsity.predictor, len(sparsity.levels), ranks
     )
 
@@ -356,6 +364,27 @@ class Manifest:
     graphs: dict[str, str]
     tensors: dict[str, ExpectedTensor]
     files: dict[str, FileEntry]
+    group_size: int | None = None  # int8 / int4 bundles: values per fp16 scale along each matrix row
+
+
+def _group_size(fields: Fields, dtype: str, config: ModelConfig) -> int | None:
+    """group_size: for int8 / int4 one of GROUP_SIZES dividing the columns of every quantized matrix (d, and
+    num_heads * head_dim for o_proj); null or absent for the float dtypes."""
+    if dtype not in QUANTIZED_DTYPES:
+        if fields.has("group_size"):
+            raise fields._fail("group_size", f"null or absent for dtype {dtype}, which is not quantized")
+        return None
+    value = fields.value.get("group_size")
+    if not any(_is_integer_in(value, size, size) for size in GROUP_SIZES):
+        raise fields._fail("group_size", f"one of {', '.join(map(str, GROUP_SIZES))} for dtype {dtype}")
+    group_size = int(value)
+    for what, cols in (
+        ("hidden_size", config.hidden_size),
+        ("num_heads * head_dim", config.num_heads * config.head_dim),
+    ):
+        if cols % group_size:
+            raise fields._fail("group_size", f"a divisor of model {what} {cols} (each quantized row is whole groups)")
+    return group_size
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
@@ -386,14 +415,17 @@ def validate(raw: Any, where: str) -> Manifest:
         exporter.string("name")
         exporter.string("version")
     config = _model(fields.object("model"))
-    dtype = fields.string("dtype", tuple(WEIGHT_DTYPES))
+    dtype = fields.string("dtype", BUNDLE_DTYPES)
+    group_size = _group_size(fields, dtype, config)
     max_seq_len = fields.integer("max_seq_len", 2, config.max_position_embeddings)
     sparsity = _sparsity(fields.object("sparsity"), config.num_layers)
     graphs = _graphs(fields.object("graphs"))
     declared = _declared_tensors(fields.object("tensors"))
     tensors_where = f"{where}: tensors"
     _check_tensors(
-        declared, expected_tensors(config, dtype, max_seq_len, sparsity, declared, tensors_where), tensors_where
+        declared,
+        expected_tensors(config, dtype, max_seq_len, sparsity, declared, tensors_where, group_size),
+        tensors_where,
     )
     files = _files(fields.object("files"), graphs)
-    return Manifest(raw, version, config, dtype, max_seq_len, sparsity, graphs, declared, files)
+    return Manifest(raw, version, config, dtype, max_seq_len, sparsity, graphs, declared, files, group_size)

@@ -157,7 +157,7 @@ class Bundle:
                 f"{where} points at bytes {offset}..{offset + length} of {bundle_format.WEIGHTS_FILE}, which do not "
                 f"hold that tensor"
             )
-        if onnx_wire.ONNX_TO_SAFETENSORS.get(tensor.data_type) != entry.dtype or tensor.dims != entry.shape:
+        if not _same_type(tensor, entry):
             raise BundleError(
                 f"{where} is declared ONNX type {tensor.data_type} {list(tensor.dims)}, but "
                 f"{bundle_format.WEIGHTS_FILE} holds it as {entry.dtype} {list(entry.shape)}"
@@ -197,6 +197,15 @@ class Bundle:
 
     def has_tensor(self, name: str) -> bool:
         return name in self.manifest.tensors
+
+
+def _same_type(tensor: onnx_wire.ExternalTensor, entry: safetensors.TensorEntry) -> bool:
+    """The ONNX type and dims of an external tensor name the safetensors tensor's bytes: the same dtype and shape,
+    or (int4 bundles) ONNX UINT4 [rows, cols] over U8 [rows, cols / 2], two 4-bit values per byte."""
+    if tensor.data_type == onnx_wire.ONNX_UINT4:
+        dims = tuple(tensor.dims)
+        return entry.dtype == "U8" and len(dims) == 2 and dims[1] % 2 == 0 and (dims[0], dims[1] // 2) == entry.shape
+    return onnx_wire.ONNX_TO_SAFETENSORS.get(tensor.data_type) == entry.dtype and tensor.dims == entry.shape
 
 
 def _check_files(root: Path, manifest: Manifest, verify_checksums: bool) -> None:

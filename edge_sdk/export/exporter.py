@@ -14,13 +14,20 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 import torch
 
-from edge_sdk import __version__, outputs, predictors
+from edge_sdk import __version__, outputs, predictors, quant
 from edge_sdk.bundle import Bundle
 from edge_sdk.bundle import format as bundle_format
-from edge_sdk.bundle.layout import model_tensor_names
+from edge_sdk.bundle.layout import (
+    QUANTIZED_DTYPES,
+    SCALES_SUFFIX,
+    is_quantized_matrix,
+    model_tensor_names,
+    model_tensors,
+)
 from edge_sdk.bundle.manifest import manifest_digest
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.export import graph as graphs
@@ -44,7 +51,8 @@ class ExportError(EdgeSdkError):
 @dataclass(frozen=True)
 class ExportSettings:
     predictor: str = "svd"
-    dtype: str = "fp32"  # fp16 | bf16 | fp32: how model weights are stored in the bundle
+    dtype: str = "fp32"  # fp16 | bf16 | fp32 | int8 | int4: how model weights are stored in the bundle
+    group_size: int = quant.GROUP_SIZES[0]  # int8 / int4: values per fp16 scale along each row
     max_seq_len: int | None = None  # None: min(model's max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
     calibration: CalibrationSettings = field(default_factory=CalibrationSettings)
 
@@ -59,6 +67,30 @@ def _model_tensor_spec(
     return TensorSpec(name, stored, tuple(shape))
 
 
+def _model_tensor_specs(checkpoint: Checkpoint | GgufCheckpoint, settings: ExportSettings) -> list[TensorSpec]:
+    """Every model tensor the bundle stores (quantized bundles: codes and scales per matrix, layout.py)."""
+    if settings.dtype not in QUANTIZED_DTYPES:
+        dtype = parse_dtype(settings.dtype)
+        return [_model_tensor_spec(checkpoint, n, hf, dtype) for n, hf in model_tensor_names(checkpoint.config)]
+    torch_dtypes = {"F32": torch.float32, "F16": torch.float16, "I8": torch.int8, "U8": torch.uint8}
+    expected = model_tensors(checkpoint.config, settings.dtype, 2, settings.group_size)
+    return [
+        TensorSpec(name, torch_dtypes[want.dtype], want.shape)
+        for name, want in expected.items()
+        if not name.startswith("rope.")
+    ]
+
+
+def _quantized_tensor(checkpoint: Checkpoint | GgufCheckpoint, name: str, hf_name: str, settings) -> torch.Tensor:
+    """The codes (name) or the scales (name.scales) of a quantized matrix, quantized from the checkpoint in fp32
+    (neuron-major for the transposed down projection)."""
+    weight = checkpoint.tensor(hf_name, torch.float32)
+    if name.removesuffix(SCALES_SUFFIX).endswith("_t"):
+        weight = weight.T.contiguous()
+    matrix = quant.quantize(weight.numpy(), settings.dtype, settings.group_size)
+    return torch.from_numpy(np.ascontiguousarray(matrix.scales if name.endswith(SCALES_SUFFIX) else matrix.data))
+
+
 def check_output(
     out_dir: str | Path, force: bool, model_dir: str | Path, inputs: Sequence[str | Path] = ()
 ) -> outputs.Target:
@@ -71,7 +103,19 @@ def check_output(
 def _validate(checkpoint: Checkpoint | GgufCheckpoint, settings: ExportSettings) -> int:
     if settings.predictor not in EXPORT_PREDICTORS:
         raise ExportError(f"predictor {settings.predictor!r} is not one of {', '.join(EXPORT_PREDICTORS)}")
-    parse_dtype(settings.dtype)
+    if settings.dtype in QUANTIZED_DTYPES:
+        config = checkpoint.config
+        for what, cols in (
+            ("hidden_size", config.hidden_size),
+            ("num_heads * head_dim", config.num_heads * config.head_dim),
+        ):
+            if settings.group_size not in quant.GROUP_SIZES or cols % settings.group_size:
+                raise ExportError(
+                    f"--group-size must be one of {', '.join(map(str, quant.GROUP_SIZES))} dividing the model's "
+                    f"{what} {cols} for --dtype {settings.dtype}, found {settings.group_size}"
+                )
+    else:
+        parse_dtype(settings.dtype)
     if settings.predictor != predictors.NO_PREDICTOR:
         validate_settings(checkpoint.config, settings.calibration)
     limit = checkpoint.config.max_position_embeddings
@@ -105,7 +149,6 @@ def export_bundle(
     eos_token_ids = checkpoint.tokenizer().eos_token_ids
     if settings.predictor != predictors.NO_PREDICTOR and not calibration_files:
         raise ExportError(f"predictor '{settings.predictor}' needs calibration text: pass --calib FILE")
-    dtype = parse_dtype(settings.dtype)
 
     predictor_tensors: dict[str, torch.Tensor] = {}
     report: dict[str, Any] | None = None
@@ -117,9 +160,12 @@ def export_bundle(
     cos, sin = rope_tables(config.rope, config.head_dim, max_seq_len)
     extra_tensors = {"rope.cos": cos, "rope.sin": sin} | predictor_tensors
     names = model_tensor_names(config)
-    specs = [_model_tensor_spec(checkpoint, name, hf_name, dtype) for name, hf_name in names]
+    specs = _model_tensor_specs(checkpoint, settings)
     specs += [TensorSpec(name, tensor.dtype, tuple(tensor.shape)) for name, tensor in extra_tensors.items()]
     hf_names = dict(names)
+    quantized = settings.dtype in QUANTIZED_DTYPES
+    shapes = {spec.name: spec.shape for spec in specs}
+    quantized_names = {name for name, _ in names if quantized and is_quantized_matrix(name, shapes[name])}
 
     with outputs.staged_output(target) as staging:
         writer = SafetensorsWriter(
@@ -129,6 +175,9 @@ def export_bundle(
             for spec in writer.order:
                 if spec.name in extra_tensors:
                     tensor = extra_tensors[spec.name]
+                elif spec.name.removesuffix(SCALES_SUFFIX) in quantized_names:
+                    hf_name = hf_names[spec.name.removesuffix(SCALES_SUFFIX)]
+                    tensor = _quantized_tensor(checkpoint, spec.name, hf_name, settings)
                 else:
                     tensor = checkpoint.tensor(hf_names[spec.name], spec.dtype)
                     if spec.name.endswith("_t"):
@@ -148,7 +197,15 @@ def export_bundle(
             for i in range(config.num_layers)
             if settings.predictor == "signbit"
         )
-        graph_spec = graphs.GraphSpec(config, bundle_format.WEIGHTS_FILE, external, settings.predictor, signbit_alphas)
+        graph_spec = graphs.GraphSpec(
+            config,
+            bundle_format.WEIGHTS_FILE,
+            external,
+            settings.predictor,
+            signbit_alphas,
+            quant_format=settings.dtype if quantized else None,
+            group_size=settings.group_size if quantized else None,
+        )
         for file, decode in ((bundle_format.PREFILL_GRAPH, False), (bundle_format.DECODE_GRAPH, True)):
             model = graphs.build_graph(graph_spec, decode)
             onnx.save(model, str(staging / file))
@@ -214,5 +271,7 @@ def _manifest(config, settings, calibration, max_seq_len, specs, report, staging
         },
         "files": files,
     }
+    if settings.dtype in QUANTIZED_DTYPES:
+        manifest["group_size"] = settings.group_size
     manifest[bundle_format.MANIFEST_DIGEST_FIELD] = manifest_digest(manifest)
     return manifest

@@ -20,6 +20,15 @@ would fold it into an fp32 copy in the engine). A product with an fp16/bf16 matr
 matrix's type, multiplies in that type and casts the result back to float32 (`_matmul`); the embedding rows are
 gathered as stored and then cast. Norm weights, biases and the RoPE tables are F32 in a bundle (bundle/layout.py)
 and are used as they are. SparseFFN takes its weights as stored (fp16/bf16/fp32).
+
+Quantized bundles (int8 / int4, bundle/layout.py) import standard opset 21: each matrix is DequantizeLinear
+(codes, Cast(scales) to float32, axis 1, block_size = the group size) -- float32 scales, so every product
+code * scale is exact and the graph computes with the very matrix edge_sdk.quant.dequantize gives. int8 codes
+are INT8 initializers over the bundle's I8 bytes; packed int4 codes are UINT4 [rows, cols] initializers over
+the bundle's U8 bytes with zero point 8, whose ONNX element order (element 2k low nibble, 2k+1 high nibble of
+byte k) is a permutation of the Q4_0 block order inside each 32-value block: a Gather on the columns restores it.
+The dense projections are that DequantizeLinear feeding Gemm (`_matmul`); SparseFFN receives the dequantized
+float32 matrices.
 """
 
 from __future__ import annotations
@@ -40,7 +49,12 @@ ONNX_DTYPES = {
     "F16": TensorProto.FLOAT16,
     "BF16": TensorProto.BFLOAT16,
     "I32": TensorProto.INT32,
+    "I8": TensorProto.INT8,
+    "UINT4": TensorProto.UINT4,  # packed int4 codes, U8 in weights.safetensors (_int4_initializer)
 }
+QUANTIZED_OPSET_VERSION = 21  # DequantizeLinear's block_size attribute (blocked quantization)
+INT4_ZERO_POINT = 8
+INT4_BLOCK = 32
 NEGATIVE_INFINITY = float("-inf")
 
 
@@ -64,6 +78,24 @@ class GraphSpec:
     tensors: dict[str, ExternalTensor]
     predictor: str  # svd | signbit | core | threshold | none
     signbit_alphas: tuple[float, ...] = ()
+    quant_format: str | None = None  # int8 | int4 for quantized bundles
+    group_size: int | None = None
+
+
+def _int4_initializer(tensor: ExternalTensor, location: str) -> TensorProto:
+    """Packed int4 codes, U8 [rows, cols / 2] in weights.safetensors, as the UINT4 [rows, cols] they hold."""
+    rows, width = tensor.shape
+    return external_initializer(
+        ExternalTensor(tensor.name, "UINT4", (rows, 2 * width), tensor.offset, tensor.length), location
+    )
+
+
+def int4_onnx_columns(cols: int) -> np.ndarray:
+    """int64 [cols]: entry j is the ONNX UINT4 element index of value j of a Q4_0-ordered row (QUANT.md): value
+    32b + k (k < 16) is the low nibble of byte 16b + k, element 32b + 2k; value 32b + 16 + k its high nibble."""
+    value = np.arange(cols)
+    block, within = value // INT4_BLOCK, value % INT4_BLOCK
+    return (block * INT4_BLOCK + 2 * (within % 16) + within // 16).astype(np.int64)
 
 
 def external_initializer(tensor: ExternalTensor, location: str) -> TensorProto:
@@ -86,6 +118,7 @@ class GraphBuilder:
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[TensorProto] = []
         self.used_weights: set[str] = set()
+        self.int4_codes: set[str] = set()
         self.counter = 0
 
     def fresh(self, hint: str) -> str:
@@ -118,8 +151,11 @@ class GraphBuilder:
         return name
 
     def weight_f32(self, name: str) -> str:
-        """An F32 initializer from weights.safetensors (vectors: norms, biases, RoPE tables); anything else is an
-        error, because a Cast of a weight becomes an fp32 copy of it in a TensorRT engine."""
+        """An F32 initializer from weights.safetensors (vectors: norms, biases, RoPE tables), or a quantized matrix
+        dequantized to float32; anything else is an error, because a Cast of a weight becomes an fp32 copy of it in
+        a TensorRT engine."""
+        if name + ".scales" in self.spec.tensors:
+            return self.dequantized(name)
         stored = self.weight(name)
         found = self.spec.tensors[name].dtype
         if found != "F32":
@@ -130,9 +166,31 @@ class GraphBuilder:
         """The ONNX element type of a weight as stored."""
         return ONNX_DTYPES[self.spec.tensors[name].dtype]
 
+    def dequantized(self, name: str) -> str:
+        """A quantized matrix [rows, cols] as float32: DequantizeLinear over its codes and float32 scales."""
+        group_size, rows = self.spec.group_size, self.spec.tensors[name].shape[0]
+        scales = self.op("Cast", [self.weight(name + ".scales")], hint=f"{name}.scales.f32", to=TensorProto.FLOAT)
+        inputs = [self.weight(name), scales]
+        if self.spec.quant_format == "int4":
+            self.int4_codes.add(name)
+            groups = self.spec.tensors[name + ".scales"].shape[1]
+            zero_point = helper.make_tensor(
+                self.fresh(f"{name}.zero_point"), TensorProto.UINT4, [rows, groups], [INT4_ZERO_POINT] * (rows * groups)
+            )
+            self.initializers.append(zero_point)
+            inputs.append(zero_point.name)
+        matrix = self.op("DequantizeLinear", inputs, hint=f"{name}.f32", axis=1, block_size=group_size)
+        if self.spec.quant_format == "int4":
+            columns = int4_onnx_columns(groups * group_size)
+            matrix = self.op("Gather", [matrix, self.constant(columns, "int4_columns")], axis=1)
+        return matrix
+
     def external_initializers(self) -> list[TensorProto]:
         return [
-            external_initializer(self.spec.tensors[name], self.spec.weights_file) for name in sorted(self.used_weights)
+            (_int4_initializer if name in self.int4_codes else external_initializer)(
+                self.spec.tensors[name], self.spec.weights_file
+            )
+            for name in sorted(self.used_weights)
         ]
 
 
@@ -151,6 +209,8 @@ def _matmul(g: GraphBuilder, x2d: str, weight: str, transposed: bool) -> str:
     take fp16 inputs; its output is rounded to fp16/bf16 once, before the cast back to float32. Everything that
     needs more range or precision stays float32: the residual stream, RMSNorm's mean of squares, attention scores
     and softmax, the KV cache, the bias adds and the logits after the cast."""
+    if weight + ".scales" in g.spec.tensors:  # quantized: DequantizeLinear -> Gemm, the weight-only pattern
+        return g.op("Gemm", [x2d, g.dequantized(weight)], hint=weight, transB=int(transposed))
     stored = g.weight(weight)
     weight_type = g.weight_type(weight)
     if weight_type == TensorProto.FLOAT:
@@ -313,11 +373,12 @@ def _sparse_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, ctx:
             thresholds = g.op("Where", ["dense", zero, level])
     # dense decoding predicts every neuron active; the mask stays int32 into the plugin (OPS.md, the mask)
     mask = g.op("Where", ["dense", g.constant(np.array(1, dtype=np.int32)), mask])
+    ffn_weight = g.weight_f32 if g.spec.quant_format is not None else g.weight
     inputs = [
         x2d,
-        g.weight(f"{prefix}.mlp.gate_proj.weight"),
-        g.weight(f"{prefix}.mlp.up_proj.weight"),
-        g.weight(f"{prefix}.mlp.down_proj.weight_t"),
+        ffn_weight(f"{prefix}.mlp.gate_proj.weight"),
+        ffn_weight(f"{prefix}.mlp.up_proj.weight"),
+        ffn_weight(f"{prefix}.mlp.down_proj.weight_t"),
         mask,
     ]
     if thresholds is not None:
@@ -396,4 +457,15 @@ def build_graph(spec: GraphSpec, decode: bool) -> onnx.ModelProto:
         producer_name="edge-sdk",
     )
     model.ir_version = ops.IR_VERSION
+    if spec.quant_format is not None:
+        _import_quantized_opset(model)
     return model
+
+
+def _import_quantized_opset(model: onnx.ModelProto) -> None:
+    """Standard opset QUANTIZED_OPSET_VERSION for the graph and its reference functions alike (a model and the
+    functions it calls import one version of a domain); their bodies use no op that changed from 19 to 21."""
+    for imports in (model.opset_import, *(function.opset_import for function in model.functions)):
+        for entry in imports:
+            if entry.domain == "":
+                entry.version = QUANTIZED_OPSET_VERSION

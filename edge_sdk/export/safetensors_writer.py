@@ -21,6 +21,8 @@ TORCH_TO_SAFETENSORS = {
     torch.bfloat16: "BF16",
     torch.int32: "I32",
     torch.int64: "I64",
+    torch.int8: "I8",
+    torch.uint8: "U8",
 }
 ALIGNMENT = 8
 

@@ -13,8 +13,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from edge_sdk import quant
 from edge_sdk.bundle import Bundle, LevelChoice
-from edge_sdk.bundle.layout import TRANSPOSED_SUFFIX, is_predictor_tensor
+from edge_sdk.bundle.layout import SCALES_SUFFIX, TRANSPOSED_SUFFIX, is_predictor_tensor
 from edge_sdk.model.decoder import Decoder
 from edge_sdk.sparsity.sparse_model import LayerPredictor, SparseDecoder, SparseFeedForward
 
@@ -26,6 +27,18 @@ def bundle_tensor(bundle: Bundle, name: str) -> torch.Tensor:
     return tensor.view(torch.bfloat16) if bundle.header.tensors[name].dtype == "BF16" else tensor
 
 
+def is_quantized(bundle: Bundle, name: str) -> bool:
+    """Whether a bundle tensor is the codes of a quantized matrix (it has scales beside it)."""
+    return bundle.has_tensor(name + SCALES_SUFFIX)
+
+
+def quantized_matrix(bundle: Bundle, name: str) -> quant.QuantizedMatrix:
+    """A quantized matrix of an int8 / int4 bundle: its codes and scales over the memory-mapped file (no copy)."""
+    return quant.QuantizedMatrix(
+        bundle.dtype, bundle.manifest.group_size, bundle.array(name), bundle.array(name + SCALES_SUFFIX)
+    )
+
+
 def load_reference_decoder(
     bundle: Bundle,
     dtype: torch.dtype = torch.float32,
@@ -35,16 +48,22 @@ def load_reference_decoder(
     """The bundle's decoder at its default level.
 
     ffn_as_stored keeps the FFN matrices as the memory-mapped tensors of weights.safetensors (no cast, no
-    copy) for FFN implementations that read fp16 directly; ffn_class picks that implementation."""
+    copy) for FFN implementations that read fp16 directly; ffn_class picks that implementation. The matrices of
+    an int8 / int4 bundle are dequantized (edge_sdk.quant.dequantize, exact in float32), so every quantized path
+    is compared with this float32 reference on the dequantized weights."""
     config = bundle.config
     with torch.device("meta"):
         decoder = Decoder(config)
     for name in bundle.manifest.tensors:
-        if name.startswith("rope.") or is_predictor_tensor(name):
+        if name.startswith("rope.") or is_predictor_tensor(name) or name.endswith(SCALES_SUFFIX):
             continue
-        tensor = bundle_tensor(bundle, name)
+        quantized = is_quantized(bundle, name)
+        if quantized:
+            tensor = torch.from_numpy(quant.dequantize(quantized_matrix(bundle, name)))
+        else:
+            tensor = bundle_tensor(bundle, name)
         is_ffn_matrix = ".mlp." in name
-        if not (ffn_as_stored and is_ffn_matrix):
+        if quantized or not (ffn_as_stored and is_ffn_matrix):
             tensor = tensor.to(dtype)
         target_name = name
         if name.endswith(TRANSPOSED_SUFFIX):

@@ -302,6 +302,18 @@ static int same_dims(const struct onnx_summary *summary, const struct onnx_exter
 }
 
 /* An external tensor names weights.safetensors, and exactly the bytes, type and dims of the tensor of its name. */
+/* Packed int4 codes: ONNX UINT4 [rows, cols] over the bundle's U8 [rows, cols / 2], two values per byte. */
+#define ONNX_UINT4 21
+
+static int int4_over_bytes(const struct onnx_summary *summary, const struct onnx_external_tensor *external,
+                           const struct tensor *tensor) {
+  if (external->data_type != ONNX_UINT4 || tensor->dtype != DTYPE_U8 || external->n_dims != 2 || tensor->rank != 2) {
+    return 0;
+  }
+  uint64_t rows = summary->dims[external->first_dim], cols = summary->dims[external->first_dim + 1];
+  return cols % 2 == 0 && rows == (uint64_t)tensor->shape[0] && cols / 2 == (uint64_t)tensor->shape[1];
+}
+
 static edge_status check_external(const struct bundle *bundle, const char *path, const struct onnx_summary *summary,
                                   const struct onnx_external_tensor *external) {
   char shown[SHOWN_NAME_BYTES], where[4096 + 2 * SHOWN_NAME_BYTES], other[SHOWN_NAME_BYTES];
@@ -326,7 +338,8 @@ static edge_status check_external(const struct bundle *bundle, const char *path,
                      (unsigned long long)offset, (unsigned long long)(offset + length), BUNDLE_WEIGHTS_FILE);
   }
   const char *dtype = onnx_safetensors_dtype(external->data_type);
-  if (dtype == NULL || strcmp(dtype, tensor_dtype_name(tensor->dtype)) != 0 || !same_dims(summary, external, tensor)) {
+  int same = dtype != NULL && strcmp(dtype, tensor_dtype_name(tensor->dtype)) == 0 && same_dims(summary, external, tensor);
+  if (!same && !int4_over_bytes(summary, external, tensor)) {
     char dims[160], shape[160];
     return edge_fail(EDGE_ERROR_BUNDLE, "%s is declared ONNX type %llu %s, but %s holds it as %s %s", where,
                      (unsigned long long)external->data_type,

@@ -2,7 +2,9 @@
  *
  *   Config   struct model_config (model.h), read from the manifest
  *   Weights  struct cpu_weights: pointers into the read-only mapping of weights.safetensors, never copied.
- *            Matrices are F32 or F16 as stored; the kernels (edge_cpu_matvec for the attention projections
+ *            Matrices are F32 or F16 as stored, or int8 / int4 codes with fp16 group scales (quantized bundles, read
+ *            by edge_cpu_matvec_q and edge_cpu_sparse_ffn_q, the dense FFN as the latter with mask NULL); otherwise
+ *            the kernels (edge_cpu_matvec for the attention projections
  *            and lm_head, the FFN kernels) widen F16 rows to fp32 on the fly, as does the embedding lookup.
  *   RunState struct run_state: activation buffers and the preallocated KV cache of one session.
  *
@@ -30,9 +32,11 @@
 #define LANES 16
 
 struct matrix {
-  const void *data; /* [rows, cols] row-major, dtype EDGE_F32 or EDGE_F16 */
+  const void *data; /* [rows, cols] row-major: dtype EDGE_F32 or EDGE_F16, or the codes of EDGE_Q8 / EDGE_Q4 */
   int dtype;
   int rows, cols;
+  const uint16_t *scales; /* EDGE_Q8 / EDGE_Q4: fp16 [rows, cols / group_size]; NULL otherwise */
+  int group_size;
 };
 
 struct layer_weights {
@@ -47,7 +51,8 @@ struct layer_weights {
   const void *w_gate;      /* [D, d] ffn_dtype */
   const void *w_up;        /* [D, d] ffn_dtype */
   const void *w_down_t;    /* [D, d] ffn_dtype, W_down transposed (neuron-major) */
-  int ffn_dtype;
+  int ffn_dtype;           /* EDGE_F32, EDGE_F16, or EDGE_Q8 / EDGE_Q4 with the scales below */
+  struct matrix gate, up, down_t; /* the same three matrices with their scales (quantized bundles) */
   float *svd_a_t;          /* [svd_rank, D]: the bundle's svd.a transposed at load (owned), as the kernel reads it */
   const float *svd_b;      /* [svd_rank, d] */
   const float *svd_bias;   /* [D]: the chosen level's row of svd.biases */
@@ -135,9 +140,38 @@ static edge_status need_dtype(const struct bundle *bundle, const struct tensor *
                    tensor->name, tensor_dtype_name(tensor->dtype), tensor_dtype_name(dtype));
 }
 
-/* A [rows, cols] F32 or F16 matrix. */
+/* The codes of a quantized [rows, cols] matrix (I8 [rows, cols] or U8 [rows, cols / 2]) and its F16 <name>.scales
+ * [rows, cols / group_size]; the manifest's validation fixed the group size, read back from the scales' shape. */
+static edge_status load_quantized(const struct bundle *bundle, const char *name, int rows, int cols, struct matrix *m) {
+  const struct tensor *codes, *scales;
+  int q4 = bundle_tensor(bundle, name) != NULL && bundle_tensor(bundle, name)->dtype == DTYPE_U8;
+  int64_t shape[2] = {rows, q4 ? cols / 2 : cols}, scales_shape[2] = {rows, -1};
+  char scales_name[160];
+  snprintf(scales_name, sizeof scales_name, "%s.scales", name);
+  edge_status status = find_tensor(bundle, name, 0, 2, shape, &codes);
+  if (status == EDGE_OK) status = find_tensor(bundle, scales_name, 0, 2, scales_shape, &scales);
+  if (status == EDGE_OK) status = need_dtype(bundle, scales, DTYPE_F16);
+  if (status != EDGE_OK) return status;
+  int64_t groups = scales->shape[1];
+  if (groups < 1 || cols % groups != 0 || (cols / groups != 32 && cols / groups != 64 && cols / groups != 128)) {
+    return edge_fail(EDGE_ERROR_BUNDLE, "%s/%s: tensor '%s' has %lld groups per row of %d values, expected a group "
+                     "size of 32, 64 or 128", bundle->root, BUNDLE_WEIGHTS_FILE, scales_name, (long long)groups, cols);
+  }
+  m->data = codes->data;
+  m->dtype = q4 ? EDGE_Q4 : EDGE_Q8;
+  m->rows = rows;
+  m->cols = cols;
+  m->scales = scales->data;
+  m->group_size = (int)(cols / groups);
+  return EDGE_OK;
+}
+
+/* A [rows, cols] F32 or F16 matrix, or quantized codes with their scales (I8 or U8 codes). */
 static edge_status load_matrix(const struct bundle *bundle, const char *name, int rows, int cols, struct matrix *m) {
-  const struct tensor *tensor;
+  const struct tensor *tensor = bundle_tensor(bundle, name);
+  if (tensor != NULL && (tensor->dtype == DTYPE_I8 || tensor->dtype == DTYPE_U8)) {
+    return load_quantized(bundle, name, rows, cols, m);
+  }
   int64_t shape[2] = {rows, cols};
   edge_status status = find_tensor(bundle, name, 1, 2, shape, &tensor);
   if (status != EDGE_OK) return status;
@@ -149,6 +183,8 @@ static edge_status load_matrix(const struct bundle *bundle, const char *name, in
   m->dtype = tensor->dtype == DTYPE_F16 ? EDGE_F16 : EDGE_F32;
   m->rows = rows;
   m->cols = cols;
+  m->scales = NULL;
+  m->group_size = 0;
   return EDGE_OK;
 }
 
@@ -268,10 +304,12 @@ static edge_status load_layer(const struct bundle *bundle, const struct model_co
     return status;
   }
 #undef LAYER_NAME
-  if (up.dtype != gate.dtype || down_t.dtype != gate.dtype) {
-    return edge_fail(EDGE_ERROR_BUNDLE, "%s/%s: layer %d's gate, up and down FFN weights must share one dtype",
-                     bundle->root, BUNDLE_WEIGHTS_FILE, layer);
+  if (up.dtype != gate.dtype || down_t.dtype != gate.dtype || up.group_size != gate.group_size ||
+      down_t.group_size != gate.group_size) {
+    return edge_fail(EDGE_ERROR_BUNDLE, "%s/%s: layer %d's gate, up and down FFN weights must share one dtype and "
+                     "group size", bundle->root, BUNDLE_WEIGHTS_FILE, layer);
   }
+  w->gate = gate, w->up = up, w->down_t = down_t;
   w->w_gate = gate.data;
   w->w_up = up.data;
   w->w_down_t = down_t.data;
@@ -421,6 +459,10 @@ static void cpu_session_destroy(void *state) { free_run_state(state); }
 /* y[rows] = m x (+ bias): the kernels' matvec, rows split over threads. */
 static void matvec(const struct matrix *m, const float *x, const float *bias, float *y, int threads) {
   int parallel = (int64_t)m->rows * m->cols >= PARALLEL_MIN_WORK && threads > 1;
+  if (m->scales != NULL) {
+    edge_cpu_matvec_q(x, m->cols, m->rows, m->data, m->scales, m->dtype, m->group_size, bias, y, parallel ? threads : 1);
+    return;
+  }
   edge_cpu_matvec(x, m->cols, m->rows, m->data, m->dtype, bias, y, parallel ? threads : 1);
 }
 
@@ -721,9 +763,8 @@ static int by_count_then_sum(const void *a, const void *b) {
 /* One prompt token: its ceil(alpha * n_pos) largest positive gate activations (ties: lower index) count. */
 static void core_count_token(struct run_state *s, int layer, const struct layer_weights *w) {
   const struct model_config *c = s->engine->config;
-  int d = c->hidden_size, D = c->intermediate_size;
-  struct matrix gate = {w->w_gate, w->ffn_dtype, D, d};
-  matvec(&gate, s->xb, NULL, s->gate, s->engine->threads);
+  int D = c->intermediate_size;
+  matvec(&w->gate, s->xb, NULL, s->gate, s->engine->threads);
   int n_positive = 0;
   for (int i = 0; i < D; i++) {
     s->gate[i] = gate_activation(c->activation, s->gate[i], c->act_threshold);
@@ -797,7 +838,13 @@ static edge_status feed_forward(struct run_state *s, int layer, int prefill) {
         break;
     }
   }
-  if (status == EDGE_CPU_OK && sparsity->dense && !prefill) {
+  if (status == EDGE_CPU_OK && w->gate.scales != NULL) {
+    /* quantized rows: one kernel for every case, dense being mask NULL (all candidates; a zero activation adds
+     * exactly nothing, so this is the dense FFN's value) */
+    status = edge_cpu_sparse_ffn_q(s->xb, d, D, w->gate.data, w->gate.scales, w->up.data, w->up.scales, w->down_t.data,
+                                   w->down_t.scales, w->gate.dtype, w->gate.group_size, mask, thresholds,
+                                   c->activation, c->act_threshold, s->out, s->ffn_workspace, e->threads, NULL);
+  } else if (status == EDGE_CPU_OK && sparsity->dense && !prefill) {
     status = edge_cpu_dense_ffn(s->xb, d, D, w->w_gate, w->w_up, w->w_down_t, w->ffn_dtype, c->activation,
                                 c->act_threshold, s->out, s->ffn_workspace, e->threads);
   } else if (status == EDGE_CPU_OK) {

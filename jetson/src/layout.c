@@ -32,6 +32,7 @@ struct table {
   struct expected_tensor *entries;
   size_t count, capacity;
   int failed;
+  int group_size; /* > 0: matrices are quantized codes of the weight dtype (I8, or U8 packing two int4 values) */
 };
 
 /* ---- The declared tensors ------------------------------------------------------------------------------------ */
@@ -110,6 +111,18 @@ static void add(struct table *table, const char *name, enum tensor_dtype dtype, 
   entry->shape[1] = cols;
 }
 
+/* A [rows, cols] matrix of weight dtype w: itself, or in a quantized bundle its codes and <name>.scales. */
+static void add_matrix(struct table *table, const char *name, enum tensor_dtype w, int64_t rows, int64_t cols) {
+  if (table->group_size == 0) {
+    add(table, name, w, 2, rows, cols);
+    return;
+  }
+  char scales[NAME_BYTES + 8];
+  snprintf(scales, sizeof scales, "%s.scales", name);
+  add(table, name, w, 2, rows, w == DTYPE_U8 ? cols / 2 : cols);
+  add(table, scales, DTYPE_F16, 2, rows, cols / table->group_size);
+}
+
 /* A layer's model tensors, in the checkpoint's order (model/config.py hf_tensor_shapes). */
 static void add_layer(struct table *table, const struct model_config *c, enum tensor_dtype w, int layer) {
   int64_t d = c->hidden_size, D = c->intermediate_size;
@@ -118,19 +131,19 @@ static void add_layer(struct table *table, const struct model_config *c, enum te
 #define LAYER(suffix) (snprintf(name, sizeof name, "layers.%d.%s", layer, suffix), name)
   add(table, LAYER("input_layernorm.weight"), DTYPE_F32, 1, d, 0);
   add(table, LAYER("post_attention_layernorm.weight"), DTYPE_F32, 1, d, 0);
-  add(table, LAYER("self_attn.q_proj.weight"), w, 2, q, d);
-  add(table, LAYER("self_attn.k_proj.weight"), w, 2, kv, d);
-  add(table, LAYER("self_attn.v_proj.weight"), w, 2, kv, d);
-  add(table, LAYER("self_attn.o_proj.weight"), w, 2, d, q);
+  add_matrix(table, LAYER("self_attn.q_proj.weight"), w, q, d);
+  add_matrix(table, LAYER("self_attn.k_proj.weight"), w, kv, d);
+  add_matrix(table, LAYER("self_attn.v_proj.weight"), w, kv, d);
+  add_matrix(table, LAYER("self_attn.o_proj.weight"), w, d, q);
   if (c->qkv_bias) {
     add(table, LAYER("self_attn.q_proj.bias"), DTYPE_F32, 1, q, 0);
     add(table, LAYER("self_attn.k_proj.bias"), DTYPE_F32, 1, kv, 0);
     add(table, LAYER("self_attn.v_proj.bias"), DTYPE_F32, 1, kv, 0);
   }
   if (c->o_bias) add(table, LAYER("self_attn.o_proj.bias"), DTYPE_F32, 1, d, 0);
-  add(table, LAYER("mlp.gate_proj.weight"), w, 2, D, d);
-  add(table, LAYER("mlp.up_proj.weight"), w, 2, D, d);
-  add(table, LAYER("mlp.down_proj.weight_t"), w, 2, D, d);
+  add_matrix(table, LAYER("mlp.gate_proj.weight"), w, D, d);
+  add_matrix(table, LAYER("mlp.up_proj.weight"), w, D, d);
+  add_matrix(table, LAYER("mlp.down_proj.weight_t"), w, D, d);
 #undef LAYER
 }
 
@@ -192,9 +205,9 @@ static edge_status build_table(struct declared_tensor *declared, size_t n, const
     edge_status status = svd_ranks(declared, n, c, where, ranks);
     if (status != EDGE_OK) return status;
   }
-  add(table, "embed_tokens.weight", w, 2, c->vocab_size, c->hidden_size);
+  add(table, "embed_tokens.weight", table->group_size ? DTYPE_F16 : w, 2, c->vocab_size, c->hidden_size);
   add(table, "norm.weight", DTYPE_F32, 1, c->hidden_size, 0);
-  if (!c->tie_word_embeddings) add(table, "lm_head.weight", w, 2, c->vocab_size, c->hidden_size);
+  if (!c->tie_word_embeddings) add_matrix(table, "lm_head.weight", w, c->vocab_size, c->hidden_size);
   for (int layer = 0; layer < c->num_layers; layer++) add_layer(table, c, w, layer);
   add(table, "rope.cos", DTYPE_F32, 2, max_seq_len, c->head_dim);
   add(table, "rope.sin", DTYPE_F32, 2, max_seq_len, c->head_dim);
@@ -244,12 +257,13 @@ static edge_status compare(struct declared_tensor *declared, size_t n, const str
 }
 
 edge_status layout_check_tensors(const cJSON *tensors, const struct model_config *config, enum tensor_dtype weight_dtype,
-                                 int max_seq_len, const struct sparsity_settings *sparsity, const char *where) {
+                                 int group_size, int max_seq_len, const struct sparsity_settings *sparsity,
+                                 const char *where) {
   struct declared_tensor *declared;
   size_t n;
   edge_status status = read_declared(tensors, where, &declared, &n);
   if (status != EDGE_OK) return status;
-  struct table table = {0};
+  struct table table = {.group_size = group_size};
   status = build_table(declared, n, config, weight_dtype, max_seq_len, sparsity, where, &table);
   if (status == EDGE_OK) status = compare(declared, n, &table, where);
   free(table.entries);

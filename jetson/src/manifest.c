@@ -8,6 +8,7 @@
 #include "json_canonical.h"
 #include "json_fields.h"
 #include "json_strict.h"
+#include "edge_cpu_kernels.h"
 #include "layout.h"
 
 #define MAX_FILE_NAME_BYTES 255
@@ -121,17 +122,48 @@ static edge_status check_files(const cJSON *manifest, const char *where, const s
   return EDGE_OK;
 }
 
-/* model, dtype and max_seq_len. */
+/* group_size: for int8 / int4 one of 32, 64, 128 dividing hidden_size and num_heads * head_dim (the columns of
+ * every quantized matrix); null or absent for the float dtypes. */
+static edge_status read_group_size(const cJSON *manifest, const char *where, struct manifest *out) {
+  const cJSON *field = cJSON_GetObjectItemCaseSensitive(manifest, "group_size");
+  int present = field != NULL && !cJSON_IsNull(field);
+  if (out->quant_format == 0) {
+    return present ? json_field_fail(manifest, "group_size", where, "null or absent for a dtype that is not quantized")
+                   : EDGE_OK;
+  }
+  int64_t value = 0;
+  if (!present || !(json_integer(field, 32, 32, &value) || json_integer(field, 64, 64, &value) ||
+                    json_integer(field, 128, 128, &value))) {
+    return json_field_fail(manifest, "group_size", where, "one of 32, 64, 128 for a quantized dtype");
+  }
+  const struct model_config *c = &out->model;
+  if (c->hidden_size % value != 0) {
+    return json_field_fail(manifest, "group_size", where, "a divisor of model hidden_size (each quantized row is whole groups)");
+  }
+  if (((int64_t)c->num_heads * c->head_dim) % value != 0) {
+    return json_field_fail(manifest, "group_size", where,
+                           "a divisor of model num_heads * head_dim (each quantized row is whole groups)");
+  }
+  out->group_size = (int)value;
+  return EDGE_OK;
+}
+
+/* model, dtype (and group_size) and max_seq_len. */
 static edge_status read_model(const cJSON *manifest, const char *where, struct manifest *out) {
-  static const char *const dtypes[] = {"fp32", "fp16", "bf16"};
-  static const enum tensor_dtype weight_dtypes[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
+  static const char *const dtypes[] = {"fp32", "fp16", "bf16", "int8", "int4"};
+  static const enum tensor_dtype weight_dtypes[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_I8, DTYPE_U8};
+  static const int quant_formats[] = {0, 0, 0, EDGE_Q8, EDGE_Q4};
   const cJSON *model;
   char inner[4096 + 16];
   int dtype, max_seq_len;
   int64_t value;
   edge_status status = section(manifest, "model", where, &model, inner, sizeof inner);
   if (status == EDGE_OK) status = config_read_model(model, inner, &out->model);
-  if (status == EDGE_OK) status = json_choice_field(manifest, "dtype", where, dtypes, 3, &dtype);
+  if (status == EDGE_OK) status = json_choice_field(manifest, "dtype", where, dtypes, 5, &dtype);
+  if (status == EDGE_OK) {
+    out->quant_format = quant_formats[dtype];
+    status = read_group_size(manifest, where, out);
+  }
   if (status == EDGE_OK) {
     status = json_int_field(manifest, "max_seq_len", where, 2, out->model.max_position_embeddings, &value);
   }
@@ -157,8 +189,8 @@ edge_status manifest_validate(const cJSON *manifest, const char *text, size_t si
       (status = config_read_sparsity(sparsity, out->model.num_layers, inner, &out->sparsity)) != EDGE_OK ||
       (status = read_graphs(manifest, where, out)) != EDGE_OK ||
       (status = section(manifest, "tensors", where, &tensors, inner, sizeof inner)) != EDGE_OK ||
-      (status = layout_check_tensors(tensors, &out->model, out->weight_dtype, out->max_seq_len, &out->sparsity,
-                                     inner)) != EDGE_OK) {
+      (status = layout_check_tensors(tensors, &out->model, out->weight_dtype, out->group_size, out->max_seq_len,
+                                     &out->sparsity, inner)) != EDGE_OK) {
     return status;
   }
   return check_files(manifest, where, out);

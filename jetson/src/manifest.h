@@ -23,7 +23,10 @@
 
 struct manifest {
   struct model_config model;     /* bundle_max_seq_len and max_seq_len are 0: the options set them */
-  enum tensor_dtype weight_dtype; /* of the matrices: F32, F16 or BF16 (dtype fp32, fp16, bf16) */
+  enum tensor_dtype weight_dtype; /* of the matrices: F32, F16 or BF16 (dtype fp32, fp16, bf16); I8 / U8: the codes
+                                   * of int8 / int4 (embedding F16, each matrix with F16 <name>.scales) */
+  int quant_format;               /* 0, or EDGE_Q8 / EDGE_Q4 (edge_cpu_kernels.h) for dtype int8 / int4 */
+  int group_size;                 /* int8 / int4: 32, 64 or 128, dividing every quantized row; 0 otherwise */
   int max_seq_len;               /* in [2, model.max_position_embeddings] */
   struct sparsity_settings sparsity;
   const char *graphs[BUNDLE_GRAPH_PHASES]; /* prefill, decode: file names the manifest lists (in its tree) */

@@ -23,7 +23,7 @@ AARCH64_SYSROOT = "/usr/aarch64-linux-gnu"
 PROMPT = "class Namespace(object):\n    def __init__(self"
 STEPS = 24
 # names in tests/conftest.py's BUNDLE_MATRIX: every predictor kind, fp32 and fp16 weights
-BUNDLE_KINDS = ("svd-fp32", "svd-fp16", "signbit-fp32", "core-fp16", "threshold-fp32")
+BUNDLE_KINDS = ("svd-fp32", "svd-fp16", "signbit-fp32", "core-fp16", "threshold-fp32", "svd-int8", "svd-int4")
 BUILD_TIMEOUT_S = 600
 
 

@@ -479,6 +479,23 @@ def manifest_field_cases() -> list[Case]:
         "escaped surrogate pair": setting("notes", "\U0001f600 and \u00e9"),
     }
     cases = [Case("manifest fields", name, "svd-fp16", edit_manifest(change)) for name, change in refused.items()]
+    gate = "layers.0.mlp.gate_proj.weight"
+    quantized_refused = {
+        "int8 scales shape wrong": ("svd-int8", setting("tensors", gate + ".scales", "shape", [768, 3])),
+        "int8 scales missing": ("svd-int8", setting("tensors", gate + ".scales", DELETE)),
+        "int8 code dtype U8": ("svd-int8", setting("tensors", gate, "dtype", "U8")),
+        "int8 group_size 128 not dividing d": ("svd-int8", setting("group_size", 128)),
+        "int8 group_size 48": ("svd-int8", setting("group_size", 48)),
+        "int8 group_size missing": ("svd-int8", setting("group_size", DELETE)),
+        "int8 embedding quantized": ("svd-int8", setting("tensors", "embed_tokens.weight", "dtype", "I8")),
+        "int4 codes unpacked": ("svd-int4", setting("tensors", gate, "shape", [768, 192])),
+        "int4 code dtype I8": ("svd-int4", setting("tensors", gate, "dtype", "I8")),
+        "int4 read as int8": ("svd-int4", setting("dtype", "int8")),
+        "fp16 with a group_size": ("svd-fp16", setting("group_size", 32)),
+    }
+    cases += [
+        Case("manifest fields", name, base, edit_manifest(change)) for name, (base, change) in quantized_refused.items()
+    ]
     cases += [
         Case("manifest fields", name, "svd-fp16", edit_manifest(change), ACCEPT) for name, change in accepted.items()
     ]
