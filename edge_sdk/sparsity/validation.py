@@ -32,6 +32,7 @@ VALIDATION_PROMPT_TOKENS = 32  # `edge-sdk eval`'s default dense prompt per wind
 MIN_VALIDATION_TOKENS = 128  # one chunk: the prompt plus 95 scored tokens
 VALIDATION_SHARE = 5  # without text beyond the calibration tokens, 1/5 of the text is held back for validation
 BATCH_CHUNKS = 4
+LOGIT_BLOCK_BYTES = 32 << 20
 
 
 def split_validation(
@@ -138,14 +139,16 @@ class LevelValidation:
         norm.weight = torch.nn.Parameter(self.checkpoint.tensor("model.norm.weight", torch.float32), False)
         head_name = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
         lm_head = self.checkpoint.tensor(head_name, torch.float32)
-        targets = self.chunks[:, self.prompt_tokens + 1 :]
+        targets = self.chunks[:, self.prompt_tokens + 1 :].flatten()  # [T]
+        # the float64 logits of one block of scored tokens stay within LOGIT_BLOCK_BYTES whatever the vocabulary
+        block = max(1, LOGIT_BLOCK_BYTES // (8 * lm_head.shape[0]))
         result = {}
         for level, hidden in self.hidden.items():
+            scored = hidden[:, self.prompt_tokens : -1].flatten(0, 1)  # [T, d]
             total = 0.0
-            for start in range(0, hidden.shape[0], BATCH_CHUNKS):
-                rows = slice(start, start + BATCH_CHUNKS)
-                logits = norm(hidden[rows, self.prompt_tokens : -1]) @ lm_head.T  # [B, S, V]
-                total += F.cross_entropy(logits.flatten(0, 1).double(), targets[rows].flatten(), reduction="sum").item()
+            for start in range(0, scored.shape[0], block):
+                logits = norm(scored[start : start + block]) @ lm_head.T  # [block, V]
+                total += F.cross_entropy(logits.double(), targets[start : start + block], reduction="sum").item()
             result[level] = math.exp(total / targets.numel())
         return result
 
