@@ -11,10 +11,13 @@
 #include "json_strict.h"
 
 #define NAME_BYTES 64 /* "layers.1023.self_attn.q_proj.weight" and the like */
+#define SCALES_SUFFIX ".scales"
+/* a weight's name, or its scales' name: the name and the suffix */
+#define ENTRY_NAME_BYTES (NAME_BYTES + sizeof SCALES_SUFFIX)
 #define SHOWN_NAME_BYTES 200
 
 struct expected_tensor {
-  char name[NAME_BYTES];
+  char name[ENTRY_NAME_BYTES];
   enum tensor_dtype dtype;
   int rank;
   int64_t shape[2];
@@ -117,8 +120,8 @@ static void add_matrix(struct table *table, const char *name, enum tensor_dtype 
     add(table, name, w, 2, rows, cols);
     return;
   }
-  char scales[NAME_BYTES + 8];
-  snprintf(scales, sizeof scales, "%s.scales", name);
+  char scales[ENTRY_NAME_BYTES];
+  snprintf(scales, sizeof scales, "%s" SCALES_SUFFIX, name);
   add(table, name, w, 2, rows, w == DTYPE_U8 ? cols / 2 : cols);
   add(table, scales, DTYPE_F16, 2, rows, cols / table->group_size);
 }
