@@ -545,9 +545,11 @@ def calibrate_model(
             validation.advance(load_layer(checkpoint, index), LayerPredictor(settings.predictor, layer_tensors))
 
     default_level, choice = _default_level(settings, validation)
+    # a dense default has no metrics of its own: the per-layer figures are the mildest level's
+    metrics_level = settings.all_levels[0] if default_level is None else default_level
     for layer in layers:
         if "per_level" in layer:
-            layer |= layer["per_level"][f"{default_level:g}"]
+            layer |= layer["per_level"][f"{metrics_level:g}"]
     report = {
         "model": str(checkpoint.model_dir),
         "architecture": config.architecture,
@@ -557,6 +559,7 @@ def calibrate_model(
         "levels": list(settings.all_levels),
         "default_level": default_level,
         "default_level_choice": choice,
+        "metrics_level": metrics_level,
         "calibration_tokens": int(chunks.numel()),
         "evaluated_on": "held-out" if evaluation_files else "calibration",
         "layers": layers,
@@ -599,8 +602,10 @@ def _allocated_metrics(
     return metrics
 
 
-def _default_level(settings: CalibrationSettings, validation: LevelValidation | None) -> tuple[float, dict[str, Any]]:
-    """The default operating level and how it was set, for the report."""
+def _default_level(
+    settings: CalibrationSettings, validation: LevelValidation | None
+) -> tuple[float | None, dict[str, Any]]:
+    """The default operating level (None: dense) and how it was set, for the report."""
     if settings.sparsity is not None:
         return settings.sparsity, {"method": "given"}
     if not settings.chooses_level:
