@@ -103,11 +103,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-o", "--out", default="out/real-model", help="Work directory (bundles, texts, sweep).")
     parser.add_argument("--json", default="benchmarks/results/real-model-smollm2.json")
-    parser.add_argument("--tokens", type=int, default=4096, help="Calibration tokens of the export and the sweep.")
-    parser.add_argument("--eval-levels", default="0.3,0.5")
-    parser.add_argument("--eval-tokens", type=int, default=1024, help="Held-out tokens per text and level.")
-    parser.add_argument("--sweep-levels", default="0.1,0.2,0.3,0.5")
-    parser.add_argument("--criteria-levels", default="0.1,0.2,0.3,0.4,0.5")
+    parser.add_argument("--tokens", type=int, default=1024, help="Calibration tokens (export, sweep, study).")
+    parser.add_argument("--levels", default="0.1,0.2,0.3,0.5", help="Calibrated levels (export and sweep).")
+    parser.add_argument("--eval-levels", default="0.2,0.3")
+    parser.add_argument("--eval-tokens", type=int, default=512, help="Held-out tokens per text, level, sweep point.")
+    parser.add_argument("--criteria-levels", default="0.2,0.3,0.6")
     parser.add_argument("--skip", default="", help="Comma-separated steps to leave out: criteria, sweep, bench.")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -126,7 +126,8 @@ def main() -> None:
 
     bundle = out / "bundle-threshold"
     export = [*EDGE_SDK, "export", str(model), "-o", str(bundle), "--predictor", "threshold"]
-    export += ["--calib", str(calibration), "--tokens", str(args.tokens), "--force"]
+    export += ["--calib", str(calibration), "--tokens", str(args.tokens), "--levels", args.levels]
+    export += ["--level-allocation", "uniform", "--validation-tokens", "1024", "--max-seq-len", "512", "--force"]
     result["export_output"] = run(export, steps).stdout.strip().splitlines()
     report = json.loads((bundle / "report.json").read_text())
     result["default_level"] = report["default_level"]
@@ -152,7 +153,7 @@ def main() -> None:
         path = out / "criteria.json"
         command = [sys.executable, "benchmarks/threshold_criteria.py", str(model), "--calib", str(calibration)]
         command += ["--text", *(str(text) for text in held_out.values()), "--levels", args.criteria_levels]
-        command += ["--calib-tokens", str(args.tokens), "--json", str(path)]
+        command += ["--calib-tokens", str(args.tokens), "--eval-tokens", "1024", "--json", str(path)]
         run(command, steps)
         result["criteria"] = json.loads(path.read_text())
 
@@ -160,7 +161,14 @@ def main() -> None:
         sweep_dir = out / "sweep"
         command = [*EDGE_SDK, "sweep", str(model), "--calib", str(calibration), "-o", str(sweep_dir)]
         command += [arg for text in held_out.values() for arg in ("--text", str(text))]
-        command += ["--predictors", "threshold", "--levels", args.sweep_levels, "--calib-tokens", str(args.tokens)]
+        command += [
+            "--predictors",
+            "threshold",
+            "--levels",
+            args.levels,
+            "--calib-tokens",
+            str(args.tokens),
+        ]
         command += ["--tokens", str(args.eval_tokens), "--threads", "1", "--no-layer-stats", "--repeats", "3"]
         command += ["--force"]
         run(command, steps)
@@ -175,7 +183,7 @@ def main() -> None:
         for level in args.eval_levels.split(","):
             path = out / f"e2e-{level}.json"
             command = [*EDGE_SDK, "bench", "e2e", str(bundle), "--backend", "cpu", "--sparsity", level]
-            command += ["--threads", "1", "--repeats", "5", "--tokens", "64", "--json", str(path)]
+            command += ["--threads", "1", "--repeats", "5", "--tokens", "32", "--json", str(path)]
             run(command, steps)
             result["bench_e2e"].append(json.loads(path.read_text()))
 

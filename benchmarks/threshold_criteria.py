@@ -13,6 +13,10 @@ Each criterion sets one per-layer threshold at the sparsity-quantile of its scor
 
 Every position of every held-out chunk goes through the thresholded FFN (teacher-forced, whole-sequence
 forward), so the figures are the criterion's own loss, without the dense prompt `edge-sdk eval` keeps.
+
+Equal sparsity is not equal work: each point also gives `ffn_weight_reads`, the fraction of the dense FFN's
+weight rows a decode step reads (gate rows always; up rows only for kept neurons under chess and gate, always under
+product; down rows only for kept neurons), which is what the decode time follows.
 """
 
 from __future__ import annotations
@@ -134,15 +138,18 @@ def main() -> None:
                 hook.kept = hook.total = 0
             value = perplexity(decoder, held_out)
             realized = 1.0 - sum(hook.kept for hook in hooks) / sum(hook.total for hook in hooks)
+            up_reads = 1.0 if criterion == "product" else 1.0 - realized
             point = {
                 "level": level,
                 "realized_sparsity": realized,
+                "ffn_weight_reads": (1.0 + up_reads + (1.0 - realized)) / 3.0,
                 "perplexity": value,
                 "perplexity_change_percent": 100.0 * (value / dense - 1.0),
             }
             frontier[criterion].append(point)
             print(
-                f"{criterion:>8} {level:.2f}: sparsity {realized:.3f} ppl {value:.4f} "
+                f"{criterion:>8} {level:.2f}: sparsity {realized:.3f} weight reads {point['ffn_weight_reads']:.3f} "
+                f"ppl {value:.4f} "
                 f"({point['perplexity_change_percent']:+.2f}%)",
                 file=sys.stderr,
             )
