@@ -302,14 +302,25 @@ def calibrate(
         recall_target=recall_target,
     )
     validate_settings(checkpoint.config, settings)
-    with tqdm(
-        total=checkpoint.config.num_layers,
-        desc="calibrating layers",
+    layers = checkpoint.config.num_layers
+    calibrating = tqdm(total=layers, desc="calibrating layers", unit="layer", file=sys.stderr, delay=PROGRESS_DELAY)
+    validating = tqdm(
+        total=layers,
+        desc="validating levels",
         unit="layer",
         file=sys.stderr,
+        disable=not settings.chooses_level,
         delay=PROGRESS_DELAY,
-    ) as bar:
-        result = calibrate_model(checkpoint, settings, calibration_files, evaluation_files, lambda _: bar.update())
+    )
+    with calibrating, validating:
+        result = calibrate_model(
+            checkpoint,
+            settings,
+            calibration_files,
+            evaluation_files,
+            lambda _: calibrating.update(),
+            lambda _: validating.update(),
+        )
     written = write_calibration(result, target)
     click.echo(f"{'layer':>5}  {'true':>6}  {'pred':>6}  {'real':>6}  {'recall':>7}  {'w-recall':>8}")
     for layer in result.report["layers"]:
@@ -360,8 +371,16 @@ def export(model_dir, out_dir, calibration_files, predictor, dtype, max_seq_len,
         disable=predictor == "none",
         delay=PROGRESS_DELAY,
     )
+    validating = tqdm(
+        total=config.num_layers,
+        desc="validating levels",
+        unit="layer",
+        file=sys.stderr,
+        disable=not settings.calibration.chooses_level,
+        delay=PROGRESS_DELAY,
+    )
     writing = tqdm(desc="writing tensors", unit="tensor", file=sys.stderr, delay=PROGRESS_DELAY)
-    with calibrating, writing:
+    with calibrating, validating, writing:
         bundle = export_bundle(
             model_dir,
             out_dir,
@@ -371,6 +390,7 @@ def export(model_dir, out_dir, calibration_files, predictor, dtype, max_seq_len,
             force,
             on_layer_calibrated=lambda _: calibrating.update(),
             on_tensor_written=lambda _: writing.update(),
+            on_layer_validated=lambda _: validating.update(),
         )
     click.echo(f"bundle {bundle.path}")
     for name, entry in bundle.manifest.files.items():

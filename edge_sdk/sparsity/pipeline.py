@@ -472,10 +472,12 @@ def calibrate_model(
     calibration_files: Sequence[str | Path],
     evaluation_files: Sequence[str | Path] = (),
     on_layer: Callable[[int], None] | None = None,
+    on_layer_validated: Callable[[int], None] | None = None,
 ) -> CalibrationResult:
     """Fit the predictor of every layer on the calibration text; evaluate on held-out text when given. Without
     a given default level (settings.sparsity None), choose it on validation tokens of the calibration text
-    that the predictors are not fitted on (sparsity/validation.py)."""
+    that the predictors are not fitted on (sparsity/validation.py). on_layer(i) is called after layer i is
+    fitted, on_layer_validated(i) after the validation streams went through it (a second pass over the layers)."""
     config = checkpoint.config
     validate_settings(config, settings)
     check_calibration_memory(config, settings, evaluating=bool(evaluation_files))
@@ -543,6 +545,8 @@ def calibrate_model(
         if validation is not None:
             # the allocation needs every layer's curves first, so validation reads each layer again, one at a time
             validation.advance(load_layer(checkpoint, index), LayerPredictor(settings.predictor, layer_tensors))
+            if on_layer_validated is not None:
+                on_layer_validated(index)
 
     default_level, choice = _default_level(settings, validation)
     # a dense default has no metrics of its own: the per-layer figures are the mildest level's
