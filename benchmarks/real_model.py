@@ -108,6 +108,7 @@ def main() -> None:
     parser.add_argument("--eval-levels", default="0.2,0.3")
     parser.add_argument("--eval-tokens", type=int, default=512, help="Held-out tokens per text, level, sweep point.")
     parser.add_argument("--criteria-levels", default="0.2,0.3,0.6")
+    parser.add_argument("--reuse-export", action="store_true", help="Keep the bundle an earlier run exported.")
     parser.add_argument("--skip", default="", help="Comma-separated steps to leave out: criteria, sweep, bench.")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -128,7 +129,12 @@ def main() -> None:
     export = [*EDGE_SDK, "export", str(model), "-o", str(bundle), "--predictor", "threshold"]
     export += ["--calib", str(calibration), "--tokens", str(args.tokens), "--levels", args.levels]
     export += ["--level-allocation", "uniform", "--validation-tokens", "1024", "--max-seq-len", "512", "--force"]
-    result["export_output"] = run(export, steps).stdout.strip().splitlines()
+    saved_output = out / "export-output.txt"
+    if args.reuse_export and saved_output.exists():
+        steps.append({"command": " ".join(["edge-sdk", *export[len(EDGE_SDK) :]]), "reused": str(bundle)})
+    else:
+        saved_output.write_text(run(export, steps).stdout)
+    result["export_output"] = saved_output.read_text().strip().splitlines()
     report = json.loads((bundle / "report.json").read_text())
     result["default_level"] = report["default_level"]
     result["default_level_choice"] = report["default_level_choice"]

@@ -36,7 +36,7 @@ def real_bundle(tmp_path_factory) -> Path:
     calibration = Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py"
     args = ["export", str(model), "-o", str(out), "--predictor", "threshold", "--calib", str(calibration)]
     # a given level skips the validation pass; 512 tokens keep the calibration short
-    small = ["--tokens", "512", "--levels", "0.3", "--sparsity", "0.3", "--max-seq-len", "128", "--dtype", "fp32"]
+    small = ["--tokens", "512", "--levels", "0.3", "--sparsity", "0.3", "--max-seq-len", "64", "--dtype", "fp32"]
     result = CliRunner().invoke(main, [*args, *small])
     assert result.exit_code == 0, result.output
     return out
@@ -65,7 +65,7 @@ def test_predictors_needing_exact_zeros_are_refused_for_silu(tmp_path, kind):
 
 
 def test_verify_passes(real_bundle):
-    result = CliRunner().invoke(main, ["verify", str(real_bundle), "--steps", "4"])
+    result = CliRunner().invoke(main, ["verify", str(real_bundle), "--steps", "2"])
     assert result.exit_code == 0, result.output
 
 
