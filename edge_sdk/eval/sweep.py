@@ -377,6 +377,16 @@ def default_point_target(kinds: dict[str, Any]) -> dict[str, Any]:
         "max_perplexity_change_percent": TARGET_PERPLEXITY_PERCENT,
         "min_speedup": TARGET_SPEEDUP,
     }
+    if svd.get("points") and level is None:
+        # dense decoding is the default: as good as dense, and no faster
+        return target | {
+            "level": "dense",
+            "perplexity_change_percent": 0.0,
+            "speedup": 1.0,
+            "perplexity_met": True,
+            "speedup_met": False,
+            "status": "not met (the default is dense: no level was within the export's perplexity budget)",
+        }
     points = [p for p in svd.get("points", []) if level is not None and abs(p["setting"] - level) < 1e-9]
     if not points:
         return target | {"status": "not measured (the sweep has no svd point at the default level)"}
@@ -442,7 +452,8 @@ def format_sweep_markdown(result: dict[str, Any], command: str | None = None) ->
             f"| {name} | " + " | ".join(_crossing_text(kind["crossings"][t], setting) for t in thresholds) + " |"
         )
     target = result["target"]
-    level = "" if target["level"] is None else f" {target['level']:g}"
+    level = target["level"]
+    level = "" if level is None else f" {level}" if isinstance(level, str) else f" {level:g}"
     lines += [
         "",
         f"**Issue target** (svd at its default level{level}: perplexity within "

@@ -268,12 +268,18 @@ def test_sweep_writes_frontier_json_plot_and_markdown(tiny_model_dir, held_out, 
     # the target is judged at the level the svd export chose by default (validation perplexity, 0.5% budget)
     chosen = json.loads((tmp_path / "sweep" / "bundles" / "svd" / "manifest.json").read_text())["sparsity"]
     target = written["target"]
-    assert target["level"] == written["kinds"]["svd"]["default_level"] == chosen["default_level"]
-    at_default = next(point for point in svd if point["setting"] == target["level"])
-    assert target["perplexity_change_percent"] == at_default["perplexity_change_percent"]
-    assert target["speedup"] == at_default["speedup"]
-    met = at_default["perplexity_change_percent"] <= 1.0 and at_default["speedup"] >= 1.5
-    assert target["status"] == ("met" if met else "not met")
+    assert written["kinds"]["svd"]["default_level"] == chosen["default_level"]
+    if chosen["default_level"] is None:
+        # already 0.3 is over the budget on this short calibration: the default is dense, which is no faster
+        assert target["level"] == "dense" and target["status"].startswith("not met (the default is dense")
+        assert (target["perplexity_change_percent"], target["speedup"]) == (0.0, 1.0)
+    else:
+        assert target["level"] == chosen["default_level"]
+        at_default = next(point for point in svd if point["setting"] == target["level"])
+        assert target["perplexity_change_percent"] == at_default["perplexity_change_percent"]
+        assert target["speedup"] == at_default["speedup"]
+        met = at_default["perplexity_change_percent"] <= 1.0 and at_default["speedup"] >= 1.5
+        assert target["status"] == ("met" if met else "not met")
     assert written["scored_tokens"] == 4 * 55 and written["commit"] == result["commit"]
     assert written["settings"]["timer"] == "cpu" and written["settings"]["threads"] == 1
     markdown = format_sweep_markdown(result, command="edge-sdk sweep tests/fixtures/tiny-relu-llama")
