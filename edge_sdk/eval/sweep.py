@@ -245,9 +245,18 @@ def sweep(
             calibration = _calibration(kind, value, levels, calibration_tokens, rank)
             export = ExportSettings(predictor=kind.predictor, dtype=dtype, max_seq_len=context, calibration=calibration)
             bundle_dir = out_dir / "bundles" / (name if value is None else f"{name}-{value:g}")
-            calibrated = _layer_counter(on_progress, f"{bundle_dir.name}: calibrating", checkpoint.config.num_layers)
+            layers = checkpoint.config.num_layers
+            calibrated = _layer_counter(on_progress, f"{bundle_dir.name}: calibrating", layers)
+            validating = on_progress if calibration.chooses_level else None
+            validated = _layer_counter(validating, f"{bundle_dir.name}: validating levels", layers)
             bundle = export_bundle(
-                model_dir, bundle_dir, export, calibration_files, force=force, on_layer_calibrated=calibrated
+                model_dir,
+                bundle_dir,
+                export,
+                calibration_files,
+                force=force,
+                on_layer_calibrated=calibrated,
+                on_layer_validated=validated,
             )
             default_level = bundle.sparsity.default_level
             for level, point in _measure_bundle(
