@@ -35,8 +35,10 @@ def real_bundle(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("real-model") / "bundle"
     calibration = Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py"
     args = ["export", str(model), "-o", str(out), "--predictor", "threshold", "--calib", str(calibration)]
-    # a given level skips the validation pass; 512 tokens keep the calibration short
-    small = ["--tokens", "512", "--levels", "0.3", "--sparsity", "0.3", "--max-seq-len", "64", "--dtype", "fp32"]
+    # a given level skips the validation pass, uniform allocation the per-layer level grid; 512 tokens keep the
+    # calibration short
+    small = ["--tokens", "512", "--levels", "0.3", "--sparsity", "0.3", "--level-allocation", "uniform"]
+    small += ["--max-seq-len", "64", "--dtype", "fp32"]
     result = CliRunner().invoke(main, [*args, *small])
     assert result.exit_code == 0, result.output
     return out
