@@ -8,9 +8,10 @@ that is not UTF-8. An interrupt (Ctrl-C) exits with 130; outputs are published w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -175,18 +176,42 @@ def _calibration_settings(predictor: str, options: dict[str, Any], **extra: Any)
     )
 
 
+@contextlib.contextmanager
+def _phase_progress() -> Iterator[Callable[[str, int, int], None]]:
+    """An on_progress(phase, done, total) callback drawing one stderr bar per phase of a long command; a phase
+    reports 0 done as it starts, so its bar shows before its first (possibly minute-long) step ends."""
+    from tqdm import tqdm
+
+    bars: dict[str, Any] = {}
+
+    def report(phase: str, done: int, total: int) -> None:
+        if phase not in bars:
+            bars[phase] = tqdm(total=total, desc=phase, file=sys.stderr)
+        bars[phase].update(done - bars[phase].n)
+        if done >= total:
+            bars[phase].close()
+
+    try:
+        yield report
+    finally:
+        for bar in bars.values():
+            bar.close()
+
+
 def _default_level_text(report: dict) -> str:
     """One line on the default operating level: given, or chosen on validation perplexity (and how)."""
     level, choice = report["default_level"], report["default_level_choice"]
     if choice["method"] != "validation perplexity":
         return f"default level {level:g} ({choice['method']}{': ' + choice['reason'] if 'reason' in choice else ''})"
     changes = ", ".join(f"{key} {change:+.2f}%" for key, change in choice["perplexity_change_percent"].items())
-    verdict = "within" if choice["within_budget"] else "no level within"
-    hint = "" if choice["within_budget"] else "; more calibration tokens, a higher rank or milder levels may help"
-    return (
-        f"default level {level:g}: {verdict} the {choice['budget_percent']:g}% perplexity budget on "
-        f"{choice['scored_tokens']} validation tokens (dense {choice['dense_perplexity']:.3f}; {changes}){hint}"
-    )
+    measured = f"on {choice['scored_tokens']} validation tokens (dense {choice['dense_perplexity']:.3f}; {changes})"
+    if level is None:
+        return (
+            f"default dense: no level within the {choice['budget_percent']:g}% perplexity budget {measured}; "
+            "the bundle decodes densely unless a level is asked for (--sparsity); more calibration tokens, "
+            "a higher rank, milder levels or a larger --ppl-budget may help"
+        )
+    return f"default level {level:g}: within the {choice['budget_percent']:g}% perplexity budget {measured}"
 
 
 def _predictor_choices(with_none: bool) -> list[str]:
@@ -277,14 +302,25 @@ def calibrate(
         recall_target=recall_target,
     )
     validate_settings(checkpoint.config, settings)
-    with tqdm(
-        total=checkpoint.config.num_layers,
-        desc="calibrating layers",
+    layers = checkpoint.config.num_layers
+    calibrating = tqdm(total=layers, desc="calibrating layers", unit="layer", file=sys.stderr, delay=PROGRESS_DELAY)
+    validating = tqdm(
+        total=layers,
+        desc="validating levels",
         unit="layer",
         file=sys.stderr,
+        disable=not settings.chooses_level,
         delay=PROGRESS_DELAY,
-    ) as bar:
-        result = calibrate_model(checkpoint, settings, calibration_files, evaluation_files, lambda _: bar.update())
+    )
+    with calibrating, validating:
+        result = calibrate_model(
+            checkpoint,
+            settings,
+            calibration_files,
+            evaluation_files,
+            lambda _: calibrating.update(),
+            lambda _: validating.update(),
+        )
     written = write_calibration(result, target)
     click.echo(f"{'layer':>5}  {'true':>6}  {'pred':>6}  {'real':>6}  {'recall':>7}  {'w-recall':>8}")
     for layer in result.report["layers"]:
@@ -295,7 +331,7 @@ def calibrate(
     click.echo(_default_level_text(result.report))
     click.echo(
         f"wrote {written}/predictors.safetensors, report.json, report.png "
-        f"(metrics on {result.report['evaluated_on']} text at sparsity {result.report['default_level']:g})"
+        f"(metrics on {result.report['evaluated_on']} text at sparsity {result.report['metrics_level']:g})"
     )
 
 
@@ -352,8 +388,16 @@ def export(model_dir, out_dir, calibration_files, predictor, dtype, group_size, 
         disable=predictor == "none",
         delay=PROGRESS_DELAY,
     )
+    validating = tqdm(
+        total=config.num_layers,
+        desc="validating levels",
+        unit="layer",
+        file=sys.stderr,
+        disable=not settings.calibration.chooses_level,
+        delay=PROGRESS_DELAY,
+    )
     writing = tqdm(desc="writing tensors", unit="tensor", file=sys.stderr, delay=PROGRESS_DELAY)
-    with calibrating, writing:
+    with calibrating, validating, writing:
         bundle = export_bundle(
             model_dir,
             out_dir,
@@ -363,6 +407,7 @@ def export(model_dir, out_dir, calibration_files, predictor, dtype, group_size, 
             force,
             on_layer_calibrated=lambda _: calibrating.update(),
             on_tensor_written=lambda _: writing.update(),
+            on_layer_validated=lambda _: validating.update(),
         )
     click.echo(f"bundle {bundle.path}")
     for name, entry in bundle.manifest.files.items():
@@ -641,7 +686,16 @@ def bench_e2e_command(bundle_dir, backend, sparsity, tokens, repeats, threads, j
     _check_report_paths(json_path)
     from edge_sdk.bench.e2e import bench_e2e
 
-    result = bench_e2e(bundle_dir, None if backend == "auto" else backend, sparsity, tokens, repeats, threads)
+    with _phase_progress() as on_progress:
+        result = bench_e2e(
+            bundle_dir,
+            None if backend == "auto" else backend,
+            sparsity,
+            tokens,
+            repeats,
+            threads,
+            on_progress=on_progress,
+        )
     click.echo(
         f"{result['backend']}: dense {result['dense_tokens_per_second']:.1f} tok/s, sparse "
         f"{result['sparse_tokens_per_second']:.1f} tok/s ({result['predictor']} at {result['sparsity_level']}): "
@@ -711,19 +765,21 @@ def eval_command(
     _needs_export("`edge-sdk eval`")
     from edge_sdk.eval import evaluate_bundle
 
-    result = evaluate_bundle(
-        bundle_dir,
-        text_files,
-        None if backend == "auto" else backend,
-        sparsity,
-        max_tokens=max_tokens,
-        context=context,
-        prompt_tokens=prompt_tokens,
-        threads=threads,
-        layer_stats=not no_layer_stats,
-        json_path=json_path,
-        plot_path=plot_path,
-    )
+    with _phase_progress() as on_progress:
+        result = evaluate_bundle(
+            bundle_dir,
+            text_files,
+            None if backend == "auto" else backend,
+            sparsity,
+            max_tokens=max_tokens,
+            context=context,
+            prompt_tokens=prompt_tokens,
+            threads=threads,
+            layer_stats=not no_layer_stats,
+            json_path=json_path,
+            plot_path=plot_path,
+            on_progress=on_progress,
+        )
     click.echo(
         f"{result['backend']}, {result['predictor']} at {result['sparsity_level']}: perplexity dense "
         f"{result['dense_perplexity']:.3f}, sparse {result['sparse_perplexity']:.3f} "
@@ -799,29 +855,31 @@ def sweep_command(
         for name, value in (("levels", levels), ("recall_targets", recall_targets), ("core_betas", core_betas))
         if value
     }
-    result = run_sweep(
-        model_dir,
-        calibration_files,
-        text_files,
-        out_dir,
-        predictors=kinds,
-        **chosen,
-        backend="cpu" if backend == "auto" else backend,
-        calibration_tokens=calib_tokens,
-        rank=rank,
-        dtype=dtype,
-        max_tokens=max_tokens,
-        context=context,
-        prompt_tokens=prompt_tokens,
-        speed_repeats=repeats,
-        timer=timer,
-        threads=threads,
-        layer_stats=not no_layer_stats,
-        force=force,
-        json_path=json_path,
-        plot_path=plot_path,
-        on_point=lambda kind, point: click.echo(f"{kind}: {point}", err=True),
-    )
+    with _phase_progress() as on_progress:
+        result = run_sweep(
+            model_dir,
+            calibration_files,
+            text_files,
+            out_dir,
+            predictors=kinds,
+            **chosen,
+            backend="cpu" if backend == "auto" else backend,
+            calibration_tokens=calib_tokens,
+            rank=rank,
+            dtype=dtype,
+            max_tokens=max_tokens,
+            context=context,
+            prompt_tokens=prompt_tokens,
+            speed_repeats=repeats,
+            timer=timer,
+            threads=threads,
+            layer_stats=not no_layer_stats,
+            force=force,
+            json_path=json_path,
+            plot_path=plot_path,
+            on_point=lambda kind, point: click.echo(f"{kind}: {point}", err=True),
+            on_progress=on_progress,
+        )
     markdown = format_sweep_markdown(result, command="edge-sdk " + " ".join(sys.argv[1:]))
     if markdown_path:
         outputs.write_report(markdown_path, lambda path: path.write_text(markdown))

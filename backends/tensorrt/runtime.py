@@ -92,7 +92,7 @@ class TensorRTEngine:
         self.level = self._buffer(8)
         self.level.upload(np.array(choice.index or 0, dtype=np.int64))
         self.dense = self._buffer(1)
-        self.dense.upload(np.array(options.dense, dtype=np.bool_))
+        self.dense.upload(np.array(choice.dense, dtype=np.bool_))
         n_neurons = self.config.intermediate_size
         self.core = self.sparsity.predictor == "core"
         # decode's core masks [1, D] int32 (1 = core neuron): OPS.md, no BOOL tensor at a plugin

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,12 @@ def bench_e2e(
     repeats: int = 3,
     threads: int = 0,
     prompt: str = DEFAULT_PROMPT,
+    on_progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Greedy decode tokens/s, dense and sparse, best of `repeats` runs each (same prompt, same token count)."""
+    """Greedy decode tokens/s, dense and sparse, best of `repeats` runs each (same prompt, same token count).
+
+    The runs alternate dense, sparse, dense, ... so that load from other processes hits both alike.
+    on_progress(phase, done, total) is called after each run."""
     bundle = Bundle.open(bundle_path)
     selection = select_backend(backend)
     ids = Tokenizer.from_bundle(bundle).encode(prompt)
@@ -32,20 +37,29 @@ def bench_e2e(
         "backend": selection.backend.name,
         "predictor": bundle.sparsity.predictor,
         "decode_tokens": decode_tokens,
+        "repeats": repeats,
+        "threads": threads,
     }
-    for mode, dense in (("dense", True), ("sparse", False)):
-        engine = selection.backend.load(bundle, EngineOptions(sparsity=sparsity, dense=dense, threads=threads))
-        best = float("inf")
-        for _ in range(repeats):
+    engines = {
+        mode: selection.backend.load(bundle, EngineOptions(sparsity=sparsity, dense=dense, threads=threads))
+        for mode, dense in (("dense", True), ("sparse", False))
+    }
+    best = {mode: float("inf") for mode in engines}
+    runs = 0
+    for _ in range(repeats):
+        for mode, engine in engines.items():
             token = int(engine.prefill(ids).argmax())
             started = time.perf_counter()
             for _ in range(decode_tokens):
                 token = int(engine.decode(token).argmax())
-            best = min(best, time.perf_counter() - started)
-        results[f"{mode}_tokens_per_second"] = decode_tokens / best
+            best[mode] = min(best[mode], time.perf_counter() - started)
+            runs += 1
+            if on_progress is not None:
+                on_progress("decode runs", runs, 2 * repeats)
+    for mode, seconds in best.items():
+        results[f"{mode}_tokens_per_second"] = decode_tokens / seconds
     results["speedup"] = results["sparse_tokens_per_second"] / results["dense_tokens_per_second"]
-    if bundle.sparsity.levels and sparsity is None:
-        results["sparsity_level"] = bundle.sparsity.default_level
-    else:
-        results["sparsity_level"] = sparsity
+    choice = bundle.sparsity.resolve(sparsity)
+    # "dense": the bundle's default is dense decoding (no level was within its export's perplexity budget)
+    results["sparsity_level"] = "dense" if choice.dense else choice.level
     return results

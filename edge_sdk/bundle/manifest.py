@@ -63,6 +63,10 @@ class Fields:
     def has(self, key: str) -> bool:
         return key in self.value and self.value[key] is not None
 
+    def has_null(self, key: str) -> bool:
+        """Present and null, which is not the same as missing."""
+        return key in self.value and self.value[key] is None
+
     def object(self, key: str) -> Fields:
         if not isinstance(self.value.get(key), dict):
             raise self._fail(key, "a JSON object")
@@ -196,7 +200,7 @@ class SparsityConfig:
 
     predictor: str
     levels: tuple[float, ...]
-    default_level: float | None
+    default_level: float | None  # None: dense by default (no level was within the export's perplexity budget)
     layers: tuple[dict[str, Any], ...]
     core_alpha: float = predictors.DEFAULT_CORE.alpha
     core_beta: float = predictors.DEFAULT_CORE.beta
@@ -216,6 +220,8 @@ class SparsityConfig:
         """The operating point for a requested level (None: the default) or dense decoding; BundleError names the
         calibrated levels when the request is not one of them."""
         if self.levels:
+            if level is None and self.default_level is None:
+                return LevelChoice(None, None, True)
             index = self.level_index(level)
             return LevelChoice(index, self.levels[index], dense)
         if level is not None and not dense:
@@ -234,10 +240,10 @@ def _sparsity(fields: Fields, num_layers: int) -> SparsityConfig:
     if not kind.has_levels and levels:
         raise fields._fail("levels", f"empty for predictor '{predictor}', which has no levels")
     default_level = None
-    if levels:
+    if levels and not fields.has_null("default_level"):
         default_level = fields.fraction("default_level")
         if default_level not in levels:
-            raise fields._fail("default_level", "one of the calibrated levels")
+            raise fields._fail("default_level", "one of the calibrated levels, or null for dense")
     elif fields.has("default_level"):
         raise fields._fail("default_level", f"null for predictor '{predictor}', which has no levels")
     core_alpha = fields.fraction("core_alpha", low_open=True)

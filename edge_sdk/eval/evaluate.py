@@ -15,9 +15,10 @@ memory stays bounded by one window.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -123,9 +124,26 @@ def next_token_nll(logits: np.ndarray, target: int) -> float:
     return float(peak + math.log(np.exp(values - peak).sum()) - values[target])
 
 
-def teacher_forced(engine: Engine, windows: Sequence[Sequence[int]], prompt_tokens: int) -> TeacherForcedRun:
+# on_progress(phase, done, total): a long step reports how far it is, for the CLI's progress bars
+Progress = Callable[[str, int, int], None]
+
+
+def window_counter(on_progress: Progress | None, phase: str, windows: Sequence) -> Callable[[], None] | None:
+    """An on_window callback that reports phase's windows done out of len(windows) (0 at once); None without
+    on_progress."""
+    if on_progress is None:
+        return None
+    on_progress(phase, 0, len(windows))
+    done = itertools.count(1)
+    return lambda: on_progress(phase, next(done), len(windows))
+
+
+def teacher_forced(
+    engine: Engine, windows: Sequence[Sequence[int]], prompt_tokens: int, on_window: Callable[[], None] | None = None
+) -> TeacherForcedRun:
     """Prefill each window's first prompt_tokens, then decode its tokens one at a time, scoring after each
-    decode step the log-probability of the token that follows (positions prompt_tokens + 1 .. end)."""
+    decode step the log-probability of the token that follows (positions prompt_tokens + 1 .. end).
+    on_window() is called after each window."""
     nll, top1 = [], []
     for window in windows:
         engine.prefill(list(window[:prompt_tokens]))
@@ -133,6 +151,8 @@ def teacher_forced(engine: Engine, windows: Sequence[Sequence[int]], prompt_toke
             logits = engine.decode(int(window[position]))
             nll.append(next_token_nll(logits, int(window[position + 1])))
             top1.append(int(np.argmax(logits)))
+        if on_window is not None:
+            on_window()
     return TeacherForcedRun(np.array(nll, dtype=np.float64), np.array(top1, dtype=np.int64))
 
 
@@ -219,10 +239,14 @@ def _predictor_ranks(model: SparseDecoder) -> list[int]:
 
 
 def reference_layer_statistics(
-    model: SparseDecoder, bundle: Bundle, windows: Sequence[Sequence[int]], prompt_tokens: int
+    model: SparseDecoder,
+    bundle: Bundle,
+    windows: Sequence[Sequence[int]],
+    prompt_tokens: int,
+    on_window: Callable[[], None] | None = None,
 ) -> tuple[list[dict[str, Any]], TeacherForcedRun]:
     """Per-layer predictor statistics over the teacher-forced decode of the windows on the reference decoder
-    (configured by the caller), and the reference's own scored run."""
+    (configured by the caller), and the reference's own scored run. on_window() is called after each window."""
     recorder = DecodeStatisticsRecorder(model, _predictor_ranks(model), bundle.config.hidden_size)
     engine = TorchEngine(model, bundle.max_seq_len)
     nll, top1 = [], []
@@ -230,6 +254,8 @@ def reference_layer_statistics(
         for window in windows:
             run = teacher_forced(engine, [window], prompt_tokens)
             recorder.end_window()
+            if on_window is not None:
+                on_window()
             nll.append(run.nll)
             top1.append(run.top1)
     finally:
@@ -258,14 +284,16 @@ def evaluate_bundle(
     layer_stats: bool = True,
     json_path: str | Path | None = None,
     plot_path: str | Path | None = None,
+    on_progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Held-out perplexity of the bundle's sparse decode against its dense decode on one backend.
 
     backend: a backend name, or None/"auto" for the first available ($EDGE_SDK_BACKEND applies); sparsity:
     a calibrated level, None for the bundle's default; max_tokens: held-out tokens read; context: window
     length (None: min(256, the bundle's max_seq_len)); prompt_tokens: each window's dense prefill;
-    layer_stats: also measure per-layer sparsity and recall on the torch reference. Returns the result dict
-    (also written to json_path, and drawn to plot_path, when given).
+    layer_stats: also measure per-layer sparsity and recall on the torch reference; on_progress(phase, done,
+    total): called after each window of each phase. Returns the result dict (also written to json_path, and
+    drawn to plot_path, when given).
     """
     for path in (json_path, plot_path):
         if path is not None:
@@ -283,7 +311,9 @@ def evaluate_bundle(
     runs = {}
     for mode, dense in (("dense", True), ("sparse", False)):
         engine = selection.backend.load(bundle, EngineOptions(sparsity=sparsity, dense=dense, threads=threads))
-        runs[mode] = teacher_forced(engine, windows, prompt_tokens)
+        runs[mode] = teacher_forced(
+            engine, windows, prompt_tokens, window_counter(on_progress, f"{mode} decode", windows)
+        )
     result: dict[str, Any] = {
         "bundle": str(bundle.path),
         "backend": selection.backend.name,
@@ -303,7 +333,8 @@ def evaluate_bundle(
     if layer_stats:
         reference = load_reference_decoder(bundle)
         configure(reference, choice)
-        layers, reference_run = reference_layer_statistics(reference, bundle, windows, prompt_tokens)
+        counter = window_counter(on_progress, "layer statistics", windows)
+        layers, reference_run = reference_layer_statistics(reference, bundle, windows, prompt_tokens, counter)
         result["reference_sparse_perplexity"] = reference_run.perplexity
         result["layers"] = layers
         result["layer_means"] = layer_means(layers)

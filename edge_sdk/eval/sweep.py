@@ -12,6 +12,7 @@ ablation (Table 3) on our models.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -28,6 +29,7 @@ from edge_sdk.eval.evaluate import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_PROMPT_TOKENS,
     EvalError,
+    Progress,
     check_window_settings,
     held_out_windows,
     layer_means,
@@ -36,10 +38,10 @@ from edge_sdk.eval.evaluate import (
     reference_layer_statistics,
     teacher_forced,
     top1_agreement,
+    window_counter,
 )
 from edge_sdk.export.exporter import ExportSettings, export_bundle
-from edge_sdk.model.checkpoint import Checkpoint
-from edge_sdk.model.tokenizer import Tokenizer
+from edge_sdk.model.checkpoint import open_checkpoint
 from edge_sdk.runtime.backends import EngineOptions, select_backend
 from edge_sdk.runtime.engine import Engine
 from edge_sdk.sparsity.bundle_model import configure, load_reference_decoder
@@ -205,6 +207,7 @@ def sweep(
     json_path: str | Path | None = None,
     plot_path: str | Path | None = None,
     on_point: Callable[[str, dict[str, Any]], None] | None = None,
+    on_progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Export, evaluate and time every predictor kind at every setting; returns the sweep result.
 
@@ -216,7 +219,7 @@ def sweep(
     max_tokens / context / prompt_tokens: the held-out windows; speed_repeats: decode timing runs per setting
     (best of); timer: "wall" clock or process "cpu" time (threads=1 only) for that timing; layer_stats:
     per-layer sparsity and recall on the torch reference. on_point(kind, point) is called after each
-    measured setting.
+    measured setting; on_progress(phase, done, total) after each calibrated layer and each decoded window.
     """
     _validate(predictors, levels, recall_targets, core_betas, speed_repeats, timer, threads)
     out_dir = Path(out_dir)
@@ -224,12 +227,12 @@ def sweep(
     plot_path = out_dir / "sweep.png" if plot_path is None else Path(plot_path)
     for path in (json_path, plot_path):
         outputs.check_report(path)
-    checkpoint = Checkpoint(model_dir)
+    checkpoint = open_checkpoint(model_dir)
     read_calibration_texts(calibration_files)
     texts = read_texts(text_files)
     check_window_settings(context, prompt_tokens, checkpoint.config.max_position_embeddings)
     selection = select_backend(backend)
-    windows = held_out_windows(Tokenizer.from_dir(model_dir), texts, max_tokens, context, prompt_tokens)
+    windows = held_out_windows(checkpoint.tokenizer(), texts, max_tokens, context, prompt_tokens)
 
     kinds: dict[str, Any] = {}
     for name in predictors:
@@ -242,7 +245,19 @@ def sweep(
             calibration = _calibration(kind, value, levels, calibration_tokens, rank)
             export = ExportSettings(predictor=kind.predictor, dtype=dtype, max_seq_len=context, calibration=calibration)
             bundle_dir = out_dir / "bundles" / (name if value is None else f"{name}-{value:g}")
-            bundle = export_bundle(model_dir, bundle_dir, export, calibration_files, force=force)
+            layers = checkpoint.config.num_layers
+            calibrated = _layer_counter(on_progress, f"{bundle_dir.name}: calibrating", layers)
+            validating = on_progress if calibration.chooses_level else None
+            validated = _layer_counter(validating, f"{bundle_dir.name}: validating levels", layers)
+            bundle = export_bundle(
+                model_dir,
+                bundle_dir,
+                export,
+                calibration_files,
+                force=force,
+                on_layer_calibrated=calibrated,
+                on_layer_validated=validated,
+            )
             default_level = bundle.sparsity.default_level
             for level, point in _measure_bundle(
                 bundle,
@@ -254,6 +269,7 @@ def sweep(
                 timer,
                 threads,
                 layer_stats,
+                on_progress,
             ):
                 point = {"setting": level if value is None else value, "bundle": f"bundles/{bundle_dir.name}", **point}
                 points.append(point)
@@ -312,6 +328,15 @@ def sweep(
     return result
 
 
+def _layer_counter(on_progress: Progress | None, phase: str, total: int) -> Callable[[int], None] | None:
+    """An on_layer_calibrated callback that reports phase's layers done out of total (0 at once)."""
+    if on_progress is None:
+        return None
+    on_progress(phase, 0, total)
+    done = itertools.count(1)
+    return lambda _layer: on_progress(phase, next(done), total)
+
+
 def _measure_bundle(
     bundle: Bundle,
     backend,
@@ -322,15 +347,18 @@ def _measure_bundle(
     timer: str,
     threads: int,
     layer_stats: bool,
+    on_progress: Progress | None = None,
 ) -> Iterator[tuple[float | None, dict[str, Any]]]:
     """(level, measurement) per level of one bundle: perplexity against dense (run once per bundle), top-1
     agreement, decode speed against dense and, with layer_stats, the reference's per-layer statistics."""
     dense = backend.load(bundle, EngineOptions(dense=True, threads=threads))
-    dense_run = teacher_forced(dense, windows, prompt_tokens)
+    name = bundle.path.name
+    dense_run = teacher_forced(dense, windows, prompt_tokens, window_counter(on_progress, f"{name}: dense", windows))
     reference = load_reference_decoder(bundle) if layer_stats else None
     for level in levels:
         sparse = backend.load(bundle, EngineOptions(sparsity=level, threads=threads))
-        sparse_run = teacher_forced(sparse, windows, prompt_tokens)
+        phase = f"{name}: {'default' if level is None else f'{level:g}'}"
+        sparse_run = teacher_forced(sparse, windows, prompt_tokens, window_counter(on_progress, phase, windows))
         point = {
             "dense_perplexity": dense_run.perplexity,
             "sparse_perplexity": sparse_run.perplexity,
@@ -340,7 +368,8 @@ def _measure_bundle(
         }
         if reference is not None:
             configure(reference, bundle.sparsity.resolve(level))
-            layers = reference_layer_statistics(reference, bundle, windows, prompt_tokens)[0]
+            counter = window_counter(on_progress, f"{phase} layer statistics", windows)
+            layers = reference_layer_statistics(reference, bundle, windows, prompt_tokens, counter)[0]
             point |= {f"mean_{key}": mean for key, mean in layer_means(layers).items()}
             point["layers"] = layers
         yield level, point
@@ -357,6 +386,16 @@ def default_point_target(kinds: dict[str, Any]) -> dict[str, Any]:
         "max_perplexity_change_percent": TARGET_PERPLEXITY_PERCENT,
         "min_speedup": TARGET_SPEEDUP,
     }
+    if svd.get("points") and level is None:
+        # dense decoding is the default: as good as dense, and no faster
+        return target | {
+            "level": "dense",
+            "perplexity_change_percent": 0.0,
+            "speedup": 1.0,
+            "perplexity_met": True,
+            "speedup_met": False,
+            "status": "not met (the default is dense: no level was within the export's perplexity budget)",
+        }
     points = [p for p in svd.get("points", []) if level is not None and abs(p["setting"] - level) < 1e-9]
     if not points:
         return target | {"status": "not measured (the sweep has no svd point at the default level)"}
@@ -422,7 +461,8 @@ def format_sweep_markdown(result: dict[str, Any], command: str | None = None) ->
             f"| {name} | " + " | ".join(_crossing_text(kind["crossings"][t], setting) for t in thresholds) + " |"
         )
     target = result["target"]
-    level = "" if target["level"] is None else f" {target['level']:g}"
+    level = target["level"]
+    level = "" if level is None else f" {level}" if isinstance(level, str) else f" {level:g}"
     lines += [
         "",
         f"**Issue target** (svd at its default level{level}: perplexity within "

@@ -136,6 +136,7 @@ def export_bundle(
     force: bool = False,
     on_layer_calibrated: Callable[[int], None] | None = None,
     on_tensor_written: Callable[[str], None] | None = None,
+    on_layer_validated: Callable[[int], None] | None = None,
 ) -> Bundle:
     """Export a checkpoint directory or a GGUF file to a bundle at out_dir; returns the opened bundle.
 
@@ -154,7 +155,9 @@ def export_bundle(
     report: dict[str, Any] | None = None
     calibration = replace(settings.calibration, predictor=settings.predictor)
     if settings.predictor != predictors.NO_PREDICTOR:
-        result = calibrate_model(checkpoint, calibration, calibration_files, evaluation_files, on_layer_calibrated)
+        result = calibrate_model(
+            checkpoint, calibration, calibration_files, evaluation_files, on_layer_calibrated, on_layer_validated
+        )
         predictor_tensors, report = result.tensors, result.report
 
     cos, sin = rope_tables(config.rope, config.head_dim, max_seq_len)

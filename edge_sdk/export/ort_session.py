@@ -35,7 +35,7 @@ class OrtBundleSession:
         self.decode_session = ort.InferenceSession(str(bundle.graph_path("decode")), options, providers=providers)
         choice = bundle.sparsity.resolve(level, dense)
         self.level_index = choice.index or 0
-        self.dense = dense
+        self.dense = choice.dense
         self.reset()
 
     def reset(self) -> None:

@@ -40,6 +40,8 @@ _LLAMA3_SPLIT = (
 _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# SmolLM isolates every digit, then applies the GPT-2 rule (its tokenizer.json: Digits(individual_digits), ByteLevel)
+_SMOLLM_DIGITS = r"\p{N}"
 # tokenizer.ggml.pre -> (split rule, NFC-normalize first). The GPT-2 rule is ByteLevel's own (use_regex).
 PRE_TOKENIZER_SPLITS = {
     "gpt-2": (_GPT2_SPLIT, False),
@@ -47,6 +49,7 @@ PRE_TOKENIZER_SPLITS = {
     "llama3": (_LLAMA3_SPLIT, False),
     "llama-v3": (_LLAMA3_SPLIT, False),
     "smaug-bpe": (_LLAMA3_SPLIT, False),
+    "smollm": (_SMOLLM_DIGITS, False),
     "qwen2": (_QWEN2_SPLIT, True),
     "deepseek-r1-qwen": (_QWEN2_SPLIT, True),
 }
@@ -119,6 +122,13 @@ def _byte_level(metadata: GgufMetadata, tokens: list[str]) -> HFTokenizer:
     split, nfc = PRE_TOKENIZER_SPLITS[pre]
     if split == _GPT2_SPLIT:
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    elif split == _SMOLLM_DIGITS:
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
+        )
     else:
         backend.pre_tokenizer = pre_tokenizers.Sequence(
             [

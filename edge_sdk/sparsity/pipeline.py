@@ -472,10 +472,12 @@ def calibrate_model(
     calibration_files: Sequence[str | Path],
     evaluation_files: Sequence[str | Path] = (),
     on_layer: Callable[[int], None] | None = None,
+    on_layer_validated: Callable[[int], None] | None = None,
 ) -> CalibrationResult:
     """Fit the predictor of every layer on the calibration text; evaluate on held-out text when given. Without
     a given default level (settings.sparsity None), choose it on validation tokens of the calibration text
-    that the predictors are not fitted on (sparsity/validation.py)."""
+    that the predictors are not fitted on (sparsity/validation.py). on_layer(i) is called after layer i is
+    fitted, on_layer_validated(i) after the validation streams went through it (a second pass over the layers)."""
     config = checkpoint.config
     validate_settings(config, settings)
     check_calibration_memory(config, settings, evaluating=bool(evaluation_files))
@@ -543,11 +545,15 @@ def calibrate_model(
         if validation is not None:
             # the allocation needs every layer's curves first, so validation reads each layer again, one at a time
             validation.advance(load_layer(checkpoint, index), LayerPredictor(settings.predictor, layer_tensors))
+            if on_layer_validated is not None:
+                on_layer_validated(index)
 
     default_level, choice = _default_level(settings, validation)
+    # a dense default has no metrics of its own: the per-layer figures are the mildest level's
+    metrics_level = settings.all_levels[0] if default_level is None else default_level
     for layer in layers:
         if "per_level" in layer:
-            layer |= layer["per_level"][f"{default_level:g}"]
+            layer |= layer["per_level"][f"{metrics_level:g}"]
     report = {
         "model": str(checkpoint.model_dir),
         "architecture": config.architecture,
@@ -557,6 +563,7 @@ def calibrate_model(
         "levels": list(settings.all_levels),
         "default_level": default_level,
         "default_level_choice": choice,
+        "metrics_level": metrics_level,
         "calibration_tokens": int(chunks.numel()),
         "evaluated_on": "held-out" if evaluation_files else "calibration",
         "layers": layers,
@@ -599,8 +606,10 @@ def _allocated_metrics(
     return metrics
 
 
-def _default_level(settings: CalibrationSettings, validation: LevelValidation | None) -> tuple[float, dict[str, Any]]:
-    """The default operating level and how it was set, for the report."""
+def _default_level(
+    settings: CalibrationSettings, validation: LevelValidation | None
+) -> tuple[float | None, dict[str, Any]]:
+    """The default operating level (None: dense) and how it was set, for the report."""
     if settings.sparsity is not None:
         return settings.sparsity, {"method": "given"}
     if not settings.chooses_level:

@@ -55,8 +55,8 @@ def split_validation(
 class LevelChoice:
     """The chosen default level and why: validation perplexity per level against dense."""
 
-    level: float
-    within_budget: bool  # False: even the mildest level exceeds the budget, and it is chosen
+    level: float | None  # None: dense, when even the mildest level exceeds the budget
+    within_budget: bool
     budget_percent: float
     dense_perplexity: float
     perplexity_change_percent: dict[float, float]  # level -> 100 * (sparse / dense - 1)
@@ -67,6 +67,7 @@ class LevelChoice:
         return {
             "method": "validation perplexity",
             "level": self.level,
+            "dense": self.level is None,
             "within_budget": self.within_budget,
             "budget_percent": self.budget_percent,
             "validation_tokens": self.validation_tokens,
@@ -78,17 +79,16 @@ class LevelChoice:
         }
 
 
-def choose_level(changes: dict[float, float], budget_percent: float) -> tuple[float, bool]:
+def choose_level(changes: dict[float, float], budget_percent: float) -> tuple[float | None, bool]:
     """The most aggressive level reached by raising the level from the mildest while the perplexity change stays
     within the budget (a later level that dips back under it after one over it is noise, not a choice);
-    the mildest level, flagged, when already that one is over."""
-    levels = sorted(changes)
+    (None, False) when already the mildest is over: dense decoding is the only operating point within it."""
     chosen = None
-    for level in levels:
+    for level in sorted(changes):
         if changes[level] > budget_percent:
             break
         chosen = level
-    return (levels[0], False) if chosen is None else (chosen, True)
+    return chosen, chosen is not None
 
 
 class LevelValidation:

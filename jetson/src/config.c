@@ -225,12 +225,18 @@ static edge_status read_default_level(const cJSON *section, const char *where, s
              predictor_name(settings->predictor));
     return json_field_fail(section, "default_level", where, expected);
   }
+  /* present and null: no level was within the export's perplexity budget, so the bundle decodes densely */
+  const cJSON *item = cJSON_GetObjectItemCaseSensitive(section, "default_level");
+  if (cJSON_IsNull(item)) {
+    settings->default_level = DEFAULT_LEVEL_DENSE;
+    return EDGE_OK;
+  }
   edge_status status = read_fraction(section, "default_level", where, 0, &settings->default_level);
   if (status != EDGE_OK) return status;
   for (int i = 0; i < settings->n_levels; i++) {
     if (settings->levels[i] == settings->default_level) return EDGE_OK;
   }
-  return json_field_fail(section, "default_level", where, "one of the calibrated levels");
+  return json_field_fail(section, "default_level", where, "one of the calibrated levels, or null for dense");
 }
 
 /* settings: present, an object or null (the exporter's record of how the predictor was calibrated). */
@@ -298,6 +304,11 @@ static edge_status resolve_level(const struct sparsity_settings *settings, const
       return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "sparsity level %g was not calibrated; calibrated levels: none "
                        "(this predictor has no levels)", options->sparsity);
     }
+    return EDGE_OK;
+  }
+  if (options->sparsity < 0.0 && settings->default_level == DEFAULT_LEVEL_DENSE) {
+    sparsity->dense = 1;
+    sparsity->level_index = 0; /* a valid row, never read while dense */
     return EDGE_OK;
   }
   double level = options->sparsity >= 0.0 ? options->sparsity : settings->default_level;

@@ -44,12 +44,15 @@ struct model_config {
 };
 
 
+/* default_level of a bundle whose manifest says null: decode densely unless a level is asked for. */
+#define DEFAULT_LEVEL_DENSE (-1.0)
+
 /* manifest "sparsity" as the bundle states it. */
 struct sparsity_settings {
   enum predictor_kind predictor;
   double levels[MAX_SPARSITY_LEVELS]; /* strictly increasing, in [0, 1] */
   int n_levels;                       /* > 0 exactly for the kinds with levels */
-  double default_level;               /* one of levels; unused when there are none */
+  double default_level;               /* one of levels, or DEFAULT_LEVEL_DENSE; unused when there are none */
   double core_alpha, core_beta;       /* in (0, 1] */
 };
 

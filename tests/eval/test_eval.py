@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
 
 from edge_sdk.bundle import BundleError
+from edge_sdk.cli import main
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.eval import EvalError, evaluate_bundle, format_sweep_markdown, frontier_crossing, sweep
 from edge_sdk.eval.evaluate import (
@@ -268,12 +271,18 @@ def test_sweep_writes_frontier_json_plot_and_markdown(tiny_model_dir, held_out, 
     # the target is judged at the level the svd export chose by default (validation perplexity, 0.5% budget)
     chosen = json.loads((tmp_path / "sweep" / "bundles" / "svd" / "manifest.json").read_text())["sparsity"]
     target = written["target"]
-    assert target["level"] == written["kinds"]["svd"]["default_level"] == chosen["default_level"]
-    at_default = next(point for point in svd if point["setting"] == target["level"])
-    assert target["perplexity_change_percent"] == at_default["perplexity_change_percent"]
-    assert target["speedup"] == at_default["speedup"]
-    met = at_default["perplexity_change_percent"] <= 1.0 and at_default["speedup"] >= 1.5
-    assert target["status"] == ("met" if met else "not met")
+    assert written["kinds"]["svd"]["default_level"] == chosen["default_level"]
+    if chosen["default_level"] is None:
+        # already 0.3 is over the budget on this short calibration: the default is dense, which is no faster
+        assert target["level"] == "dense" and target["status"].startswith("not met (the default is dense")
+        assert (target["perplexity_change_percent"], target["speedup"]) == (0.0, 1.0)
+    else:
+        assert target["level"] == chosen["default_level"]
+        at_default = next(point for point in svd if point["setting"] == target["level"])
+        assert target["perplexity_change_percent"] == at_default["perplexity_change_percent"]
+        assert target["speedup"] == at_default["speedup"]
+        met = at_default["perplexity_change_percent"] <= 1.0 and at_default["speedup"] >= 1.5
+        assert target["status"] == ("met" if met else "not met")
     assert written["scored_tokens"] == 4 * 55 and written["commit"] == result["commit"]
     assert written["settings"]["timer"] == "cpu" and written["settings"]["threads"] == 1
     markdown = format_sweep_markdown(result, command="edge-sdk sweep tests/fixtures/tiny-relu-llama")
@@ -308,3 +317,19 @@ def test_bad_input_raises_clear_errors(svd_bundle, held_out, tiny_model_dir, tmp
     with pytest.raises(EvalError, match="timer 'cpu' adds up the CPU time of all threads: it needs threads=1, found 2"):
         sweep(tiny_model_dir, [tiny_model_dir / "calibration.txt"], [held_out], out, timer="cpu", threads=2)
     assert not out.exists()  # every check ran before any export
+
+
+def test_eval_and_bench_e2e_show_each_phase_on_stderr(svd_bundle, held_out):
+    """Every long phase draws a bar on stderr that reaches its total: the real model's layer statistics took
+    minutes with nothing printed."""
+    args = ["eval", str(svd_bundle.path), "--text", str(held_out), "--tokens", "600", "--context", "128"]
+    result = CliRunner().invoke(main, [*args, "--backend", "cpu", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    # 600 tokens in windows of 128: 4 windows per phase
+    for phase in ("dense decode", "sparse decode", "layer statistics"):
+        assert re.search(rf"{phase}: 100%\|[^|]*\| 4/4", result.stderr), phase
+    assert "dense decode" not in result.stdout  # the figures stay on stdout alone
+    bench = ["bench", "e2e", str(svd_bundle.path), "--backend", "cpu", "--repeats", "2", "--tokens", "4"]
+    result = CliRunner().invoke(main, [*bench, "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    assert re.search(r"decode runs: 100%\|[^|]*\| 4/4", result.stderr)

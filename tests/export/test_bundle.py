@@ -150,9 +150,12 @@ def test_manifest_describes_the_bundle(bundles):
     assert manifest["model"]["architecture"] == "LlamaForCausalLM"
     assert manifest["sparsity"]["predictor"] == "svd" and manifest["sparsity"]["levels"] == [0.5, 0.8]
     assert [layer["rank"] for layer in manifest["sparsity"]["layers"]] == [16] * 4
-    # each layer's own level under 0.5 and 0.8, from the report; the default level's is the layer's layer_level
+    # each layer's own level under 0.5 and 0.8, from the report; the layer_level is that of the level the report's
+    # metrics are at: the default level, or the mildest when the default is dense
     report = json.loads((bundle.path / "report.json").read_text())
-    default = f"{manifest['sparsity']['default_level']:g}"
+    assert manifest["sparsity"]["default_level"] == report["default_level"]
+    assert report["metrics_level"] == (0.5 if report["default_level"] is None else report["default_level"])
+    default = f"{report['metrics_level']:g}"
     for layer, measured in zip(manifest["sparsity"]["layers"], report["layers"], strict=True):
         assert layer["layer_levels"] == [measured["per_level"][level]["layer_level"] for level in ("0.5", "0.8")]
         assert layer["layer_level"] == measured["per_level"][default]["layer_level"]

@@ -477,6 +477,7 @@ def manifest_field_cases() -> list[Case]:
         "unknown field": setting("notes", {"made by": "a test", "list": [1, 2.5, None, True]}),
         "64-deep nesting in an unknown field": setting("notes", nested(63)),
         "escaped surrogate pair": setting("notes", "\U0001f600 and \u00e9"),
+        "default_level null (dense by default)": setting("sparsity", "default_level", None),
     }
     cases = [Case("manifest fields", name, "svd-fp16", edit_manifest(change)) for name, change in refused.items()]
     gate = "layers.0.mlp.gate_proj.weight"

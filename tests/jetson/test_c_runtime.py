@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
+from edge_sdk.bundle import manifest_digest
+from edge_sdk.bundle.format import MANIFEST_DIGEST_FIELD
 from edge_sdk.export.exporter import ExportSettings, export_bundle
 
 from .support import (
@@ -213,6 +215,23 @@ def test_manifest_digest_is_checked_like_python(x86_build: Build, bundles, tmp_p
     manifest["model"]["rms_norm_eps"] = 1e-06
     (copy / "manifest.json").write_text(json.dumps(manifest, indent=2))
     assert "field 'manifest_sha256' does not match the manifest's content" in open_error(x86_build, copy)
+
+
+def test_a_null_default_level_decodes_densely(x86_build: Build, bundles, tmp_path):
+    copy = tmp_path / "dense-default"
+    shutil.copytree(bundles["svd-fp32"], copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["sparsity"]["default_level"] = None
+    manifest[MANIFEST_DIGEST_FIELD] = manifest_digest(manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    generate = [x86_build.binary("edge_generate")]
+    dense = generated_ids(run(generate_command(generate, bundles["svd-fp32"], "--ids", "--dense")))
+    default = generated_ids(run(generate_command(generate, copy, "--ids")))
+    assert default == dense
+    # a calibrated level asked for still decodes sparsely, as on the bundle it was copied from
+    level = f"{manifest['sparsity']['levels'][-1]:g}"
+    asked = generated_ids(run(generate_command(generate, copy, "--ids", "--sparsity", level)))
+    assert asked == generated_ids(run(generate_command(generate, bundles["svd-fp32"], "--ids", "--sparsity", level)))
 
 
 def test_bf16_bundles_are_refused_with_the_reason(x86_build: Build, tiny_model_dir, tmp_path):

@@ -15,6 +15,8 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import pre_tokenizers
 
 from edge_sdk.bundle import Bundle
 from edge_sdk.bundle.layout import model_tensor_names
@@ -160,6 +162,24 @@ def test_gpt2_tokenizer_matches_the_fixture(tmp_path):
     assert (ours.bos_token_id, ours.eos_token_ids, ours.add_bos) == (0, (1,), True)
     assert ours.chat_template == theirs.chat_template
     assert ours.vocab_size == theirs.vocab_size == 2048
+
+
+def test_smollm_pre_tokenizer_isolates_every_digit_like_smollm2s_tokenizer_json(tmp_path):
+    """SmolLM's tokenizer.json splits digits one by one (Digits(individual_digits)) before the GPT-2 split; its
+    GGUF says only `tokenizer.ggml.pre = smollm`."""
+    keys = tokenizer_keys(FIXTURE, "gpt2") | {"tokenizer.ggml.pre": ("string", "smollm")}
+    path = tmp_path / "smollm.gguf"
+    write_gguf(FIXTURE, path, Q.F16, extra_keys=keys)
+    ours = open_checkpoint(path).tokenizer()
+    reference = HFTokenizer.from_file(str(FIXTURE / "tokenizer.json"))
+    reference.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    texts = ["for i in range(2024):", "x = 1234567 + 89", "version 3.11.7, port 8080", *TEXTS]
+    for text in texts:
+        assert ours.encode(text, add_bos=False) == reference.encode(text, add_special_tokens=False).ids, text
+    digits = ours.encode("x = 1234567", add_bos=False)
+    assert [ours.decode([token]) for token in digits][-7:] == list("1234567")
 
 
 def test_sentencepiece_tokenizer_matches_a_llama2_style_tokenizer(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from edge_sdk.bundle import Bundle, LevelChoice
 from edge_sdk.cli import main
 from edge_sdk.errors import CalibrationError
 from edge_sdk.export.exporter import ExportSettings, export_bundle
@@ -59,8 +60,8 @@ def test_the_level_rises_while_the_change_stays_within_the_budget():
     assert choose_level(changes, 5.0) == (0.8, True)
     # a level back under the budget after one over it is noise: the walk stops at the first one over
     assert choose_level({0.3: 0.1, 0.5: 0.8, 0.7: 0.4}, 0.5) == (0.3, True)
-    # already the mildest is over: it is chosen, and flagged
-    assert choose_level({0.3: 2.0, 0.5: 3.0}, 0.5) == (0.3, False)
+    # already the mildest is over: no level is chosen, dense is the default
+    assert choose_level({0.3: 2.0, 0.5: 3.0}, 0.5) == (None, False)
 
 
 @pytest.fixture(scope="module")
@@ -179,9 +180,9 @@ def test_export_cli_reports_the_choice_and_writes_it_to_the_manifest(tiny_model_
     report = json.loads((out / "report.json").read_text())
     level = manifest["sparsity"]["default_level"]
     assert level == report["default_level"] and manifest["sparsity"]["levels"] == [0.3, 0.9]
-    within = "within" if report["default_level_choice"]["within_budget"] else "no level within"
+    assert report["default_level_choice"]["within_budget"] and level == 0.3
     # 1024 validation tokens: two chunks of 512, each scoring all but its 32-token prompt and its last token
-    assert f"default level {level:g}: {within} the 0.5% perplexity budget on 958 validation tokens" in result.output
+    assert "default level 0.3: within the 0.5% perplexity budget on 958 validation tokens" in result.output
     assert report["default_level_choice"]["validation_tokens"] == 1024
     for flag, value, message in (
         ("--ppl-budget", "-2", "'--ppl-budget': -2.0 is not in the range x>=0"),
@@ -197,3 +198,53 @@ def test_cli_defaults_are_the_library_defaults(command):
     assert options["sparsity"] is None
     assert options["ppl_budget"] == DEFAULT_PPL_BUDGET_PERCENT
     assert options["validation_tokens"] == DEFAULT_VALIDATION_TOKENS
+
+
+def test_with_no_level_within_the_budget_the_default_is_dense(tiny_model_dir, tmp_path):
+    out = tmp_path / "bundle"
+    calibration = str(tiny_model_dir / "calibration.txt")
+    args = ["export", str(tiny_model_dir), "-o", str(out), "--calib", calibration, "--tokens", "1024", "--rank", "16"]
+    # 0.5 costs the fixture about 0.2% on validation, so a 0.01% budget admits no level
+    tight = ["--levels", "0.5,0.9", "--ppl-budget", "0.01", "--dtype", "fp32", "--validation-tokens", "1024"]
+    result = CliRunner().invoke(main, [*args, *tight])
+    assert result.exit_code == 0, result.output
+    assert "default dense: no level within the 0.01% perplexity budget on 958 validation tokens" in result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    report = json.loads((out / "report.json").read_text())
+    assert manifest["sparsity"]["default_level"] is None and manifest["sparsity"]["levels"] == [0.5, 0.9]
+    choice = report["default_level_choice"]
+    assert report["default_level"] is None and choice["dense"] and not choice["within_budget"]
+    assert min(choice["perplexity_change_percent"].values()) > 0.01
+    # the per-layer headline metrics are the mildest level's, and the report says so
+    assert report["metrics_level"] == 0.5
+    for layer in report["layers"]:
+        at_level = layer["per_level"]["0.5"]
+        assert {key: layer[key] for key in at_level} == at_level
+    sparsity = Bundle.open(out).sparsity
+    assert sparsity.resolve(None) == LevelChoice(None, None, True)
+    assert sparsity.resolve(0.9) == LevelChoice(1, 0.9, False)  # any calibrated level can still be asked for
+    # the reference decoder follows the default: its decode equals dense decoding, not the mildest level's
+    model = load_reference_decoder(Bundle.open(out))
+    prompt = torch.tensor([Tokenizer.from_dir(tiny_model_dir).encode("def main(argv=None):")])
+    default_logits = _decode_logits(model, prompt)
+    model.configure(level_index=0, dense=True)
+    dense_logits = _decode_logits(model, prompt)
+    model.configure(level_index=0, dense=False)
+    mildest_logits = _decode_logits(model, prompt)
+    assert torch.equal(default_logits, dense_logits) and not torch.equal(default_logits, mildest_logits)
+
+
+def _decode_logits(model, prompt: torch.Tensor, steps: int = 8) -> torch.Tensor:
+    """Greedy decode steps after the prompt: [steps, V] logits of each decode step."""
+    with torch.inference_mode():
+        return _greedy_logits(model, prompt, steps)
+
+
+def _greedy_logits(model, prompt: torch.Tensor, steps: int) -> torch.Tensor:
+    model.reset()
+    logits = model.prefill(prompt)[:, -1]
+    steps_logits = []
+    for _ in range(steps):
+        logits = model.decode(logits.argmax(-1, keepdim=True))[:, -1]
+        steps_logits.append(logits[0])
+    return torch.stack(steps_logits)
