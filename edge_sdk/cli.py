@@ -160,6 +160,15 @@ _calibration_options = _options(
 )
 
 
+_group_size_option = click.option(
+    "--group-size",
+    type=click.Choice(["32", "64", "128"]),
+    default="32",
+    show_default=True,
+    help="int8 / int4: values per fp16 scale along each weight row (QUANT.md).",
+)
+
+
 def _calibration_settings(predictor: str, options: dict[str, Any], **extra: Any):
     from edge_sdk.sparsity.pipeline import DEFAULT_LEVELS, CalibrationSettings
 
@@ -348,13 +357,7 @@ def calibrate(
     show_default=True,
     help="Weight storage; int8 / int4: weight-only group-wise quantization (embedding fp16, see QUANT.md).",
 )
-@click.option(
-    "--group-size",
-    type=click.Choice(["32", "64", "128"]),
-    default="32",
-    show_default=True,
-    help="int8 / int4: values per fp16 scale along each weight row.",
-)
+@_group_size_option
 @click.option(
     "--max-seq-len",
     type=click.IntRange(min=2),
@@ -593,13 +596,7 @@ def _check_report_paths(*paths: str | None) -> None:
     show_default=True,
     help="int8 / int4 (cpu backend): the sparse kernel over quantized rows against the same step in fp16.",
 )
-@click.option(
-    "--group-size",
-    type=click.Choice(["32", "64", "128"]),
-    default="32",
-    show_default=True,
-    help="int8 / int4: values per fp16 scale.",
-)
+@_group_size_option
 @_threads_option
 @click.option("--repeats", type=click.IntRange(1, 10000), default=20, show_default=True)
 @click.option("--json", "json_path", default=None, help="Also write the rows as JSON (with the machine description).")

@@ -321,6 +321,18 @@ class SparseFFNKernel:
         _check_tensor("out", out, (torch.float32,), [self.d])
         return out
 
+    def _check_sparse_options(
+        self, mask: torch.Tensor | None, thresholds: torch.Tensor | None, active_out: torch.Tensor | None
+    ) -> None:
+        """The optional inputs and output of the sparse kernels, fp and quantized alike."""
+        n_neurons = self.n_neurons
+        if mask is not None:
+            _check_tensor("mask", mask, (torch.bool,), [n_neurons])
+        if thresholds is not None:
+            _check_tensor("thresholds", thresholds, (torch.float32,), [n_neurons])
+        if active_out is not None:
+            _check_tensor("active_out", active_out, (torch.bool,), [n_neurons])
+
     def __call__(
         self,
         x: torch.Tensor,  # [d] float32
@@ -336,13 +348,8 @@ class SparseFFNKernel:
         """y [d] float32 = sparse_ffn(x, w_gate, w_up, w_down_t, mask, activation, thresholds=...).output."""
         d, n_neurons = self.d, self.n_neurons
         self._check_ffn_inputs(x, w_gate, w_up, w_down_t, activation)
-        if mask is not None:
-            _check_tensor("mask", mask, (torch.bool,), [n_neurons])
-        if thresholds is not None:
-            _check_tensor("thresholds", thresholds, (torch.float32,), [n_neurons])
+        self._check_sparse_options(mask, thresholds, active_out)
         out = self._output(out)
-        if active_out is not None:
-            _check_tensor("active_out", active_out, (torch.bool,), [n_neurons])
         status = _library().edge_cpu_sparse_ffn(
             x.data_ptr(),
             d,
@@ -418,13 +425,8 @@ class SparseFFNKernel:
                     f"{name}: expected format {w_gate.format} and group_size {w_gate.group_size} as w_gate, found "
                     f"{weight.format} and {weight.group_size}"
                 )
-        if mask is not None:
-            _check_tensor("mask", mask, (torch.bool,), [n_neurons])
-        if thresholds is not None:
-            _check_tensor("thresholds", thresholds, (torch.float32,), [n_neurons])
+        self._check_sparse_options(mask, thresholds, active_out)
         out = self._output(out)
-        if active_out is not None:
-            _check_tensor("active_out", active_out, (torch.bool,), [n_neurons])
         status = _library().edge_cpu_sparse_ffn_q(
             x.data_ptr(),
             d,
