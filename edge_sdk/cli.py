@@ -457,7 +457,7 @@ def verify(bundle_dir: str, steps: int, files_only: bool, target: str, as_json: 
             click.echo(f"edge-sdk: error: {violation}", err=True)
         if violations:
             click.get_current_context().exit(USAGE_ERROR)
-        result["tensorrt_engine_weight_bytes"] = memory.engines | {"bundle weights": memory.bundle_weights}
+        result["tensorrt_engine_weight_bytes"] = {"engine": memory.engine, "bundle weights": memory.bundle_weights}
     if not files_only:
         _needs_export("Comparing the bundle's graphs with the torch reference (skip it with --files-only)")
         from edge_sdk.export.verify import verify_graphs
