@@ -706,13 +706,13 @@ def bench_e2e_command(bundle_dir, backend, sparsity, tokens, repeats, threads, j
 @click.option("--cache-dir", default=None, help="Engine cache (default: $EDGE_SDK_ENGINE_CACHE or ~/.cache/edge-sdk).")
 @click.option("--force", is_flag=True, help="Rebuild even when a cached engine exists.")
 def build(bundle_dir: str, cache_dir: str | None, force: bool) -> None:
-    """Build and cache the TensorRT engines of a bundle on this device (ahead of `edge-sdk run`)."""
+    """Build and cache the TensorRT engine of a bundle on this device (ahead of `edge-sdk run`)."""
     from edge_sdk.backends.tensorrt import build_engine
     from edge_sdk.bundle import Bundle
 
     bundle = Bundle.open(bundle_dir, verify_checksums=True)
     engine_dir = build_engine(bundle, cache_dir=cache_dir, force=force, log=lambda line: click.echo(line, err=True))
-    click.echo(f"engines cached in {engine_dir}")
+    click.echo(f"engine cached in {engine_dir}")
 
 
 _window_options = _options(
