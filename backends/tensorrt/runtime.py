@@ -14,6 +14,7 @@ token ids go to the device and the last position's logits come back.
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +35,14 @@ class EngineRunError(EdgeSdkError):
 
 
 def deserialize(runtime, path: Path, key, bundle_path: Path):
-    """The ICudaEngine in path; EngineCacheError naming what built it when TensorRT refuses it."""
-    engine = runtime.deserialize_cuda_engine(path.read_bytes()) if path.is_file() else None
+    """The ICudaEngine in path; EngineCacheError naming what built it when TensorRT refuses it.
+
+    The plan is mapped, not read: its pages are the file's, which the kernel can drop again, so loading holds the
+    weights once in the engine and not a second time in a copy of the plan (on Orin both share one memory)."""
+    engine = None
+    if path.is_file() and path.stat().st_size > 0:
+        with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as plan:
+            engine = runtime.deserialize_cuda_engine(plan)  # takes any buffer (pybind11 py::buffer)
     if engine is None:
         raise EngineCacheError(unloadable_engine_message(path, key, bundle_path))
     return engine

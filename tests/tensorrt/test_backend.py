@@ -49,7 +49,7 @@ def test_engine_from_another_tensorrt_is_a_clear_error(tmp_path):
     cache.write_metadata(tmp_path, built, Path("/bundles/tiny"))
     engine = tmp_path / cache.ENGINE_FILE
     engine.write_bytes(b"a plan from another TensorRT")
-    refusing_runtime = types.SimpleNamespace(deserialize_cuda_engine=lambda data: None)
+    refusing_runtime = types.SimpleNamespace(deserialize_cuda_engine=lambda plan: None)
     now = cache.EngineKey("10.7.0", "Orin", "8.7", "cd" * 32)
     with pytest.raises(cache.EngineCacheError, match=r"built for TensorRT 10\.3\.0,.*edge-sdk build /bundles/tiny"):
         deserialize(refusing_runtime, engine, now, Path("/bundles/tiny"))

@@ -142,7 +142,7 @@ def fake_tensorrt() -> types.SimpleNamespace:
             pass
 
     def make_runtime(logger):
-        return types.SimpleNamespace(deserialize_cuda_engine=lambda data: FakeEngine(data.decode()))
+        return types.SimpleNamespace(deserialize_cuda_engine=lambda plan: FakeEngine(bytes(plan).decode()))
 
     strategies = types.SimpleNamespace(USER_MANAGED=USER_MANAGED)
     return types.SimpleNamespace(Runtime=make_runtime, Logger=Logger, ExecutionContextAllocationStrategy=strategies)
