@@ -249,7 +249,6 @@ class _Context:
 
     batch_seq: str  # [2] int64: (B, S)
     tokens: str  # [1] int64: B*S
-    prompt_rows: str  # [1] int64: B*S on an empty cache (a prompt), else 0 (a decode step)
     cos: str  # [B, 1, S, hd]
     sin: str
     attention_bias: str  # [S, L] float32: 0 where allowed, -inf elsewhere
@@ -264,8 +263,6 @@ def _context(g: GraphBuilder, config: ModelConfig) -> _Context:
     past = g.op("Squeeze", [g.op("Shape", ["past_key_values.0.key"], start=2, end=3), g.ints(0)])
     seq = g.op("Squeeze", [g.op("Shape", ["input_ids"], start=1, end=2), g.ints(0)])
     total = g.op("Add", [past, seq])
-    no_past = g.op("Less", [past, g.constant(np.array(1, dtype=np.int64))])
-    prompt_rows = g.op("Where", [no_past, tokens, g.ints(0)])
     one = g.constant(np.array(1, dtype=np.int64))
     key_positions = g.op("Unsqueeze", [g.op("Range", [g.constant(np.array(0, dtype=np.int64)), total, one]), g.ints(0)])
     query_positions = g.op("Unsqueeze", [g.op("Range", [past, total, one]), g.ints(1)])
@@ -281,7 +278,13 @@ def _context(g: GraphBuilder, config: ModelConfig) -> _Context:
             g.constant(np.array(NEGATIVE_INFINITY, dtype=np.float32)),
         ],
     )
-    return _Context(batch_seq, tokens, prompt_rows, cos, sin, bias)
+    return _Context(batch_seq, tokens, cos, sin, bias)
+
+
+def _prompt_rows(g: GraphBuilder, ctx: _Context) -> str:
+    """[1] int64: B*S on an empty KV cache (a prompt), else 0 (a decode step)."""
+    past = g.op("Shape", ["past_key_values.0.key"], start=2, end=3)
+    return g.op("Where", [g.op("Less", [past, g.ints(1)]), ctx.tokens, g.ints(0)])
 
 
 def _attention(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, ctx: _Context) -> tuple[str, str, str]:
@@ -331,10 +334,16 @@ def _activation_gate(g: GraphBuilder, config: ModelConfig, gate: str) -> str:
 
 
 def _dense_ffn(
-    g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, ctx: _Context, outputs: list[onnx.ValueInfoProto]
+    g: GraphBuilder,
+    config: ModelConfig,
+    layer: int,
+    x2d: str,
+    rows: str,
+    ctx: _Context,
+    outputs: list[onnx.ValueInfoProto],
 ) -> str:
-    """Prefill FFN in standard ops: x2d [T, d] (a prompt's rows) -> [T, d]; core predictors also output the gate
-    activations."""
+    """Prefill FFN in standard ops: x2d [T, d] (a prompt's rows; rows: [1] int64 = T) -> [T, d]; core predictors also
+    output the gate activations."""
     prefix = f"layers.{layer}.mlp"
     gate = _activation_gate(g, config, _linear(g, x2d, f"{prefix}.gate_proj"))
     up = _linear(g, x2d, f"{prefix}.up_proj")
@@ -342,40 +351,47 @@ def _dense_ffn(
         up = g.op("Relu", [up])
     hidden = g.op("Mul", [gate, up])
     if g.spec.predictor == "core":
-        _core_activations(g, config, layer, gate, ctx, outputs)
+        _core_activations(g, config, layer, gate, rows, ctx, outputs)
     return _matmul(g, hidden, f"{prefix}.down_proj.weight_t", transposed=False)
 
 
 def _core_activations(
-    g: GraphBuilder, config: ModelConfig, layer: int, gate: str, ctx: _Context, outputs: list
+    g: GraphBuilder, config: ModelConfig, layer: int, gate: str, rows: str, ctx: _Context, outputs: list
 ) -> None:
-    """The layer's gate activations [T, D] as the output core_activations.{layer} [B, T / B, D] float32."""
+    """The layer's gate activations [T, D] (rows: [1] int64 = T) as the output core_activations.{layer}
+    [B, T / B, D] float32."""
     n_neurons = config.intermediate_size
     name = f"core_activations.{layer}"
     batch = g.op("Slice", [ctx.batch_seq, g.ints(0), g.ints(1)])
     # the row count spelled out, and allowzero: a decode step leaves no prompt rows, and with allowzero = 0 a 0 would
     # copy the input's dimension (a -1 would not be inferable either)
-    per_row = g.op("Concat", [batch, g.op("Div", [ctx.prompt_rows, batch]), g.ints(n_neurons)], axis=0)
+    per_row = g.op("Concat", [batch, g.op("Div", [rows, batch]), g.ints(n_neurons)], axis=0)
     g.nodes.append(helper.make_node("Reshape", [gate, per_row], [name], allowzero=1))
     outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", "seq", n_neurons]))
 
 
 def _step_ffn(
-    g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, ctx: _Context, outputs: list[onnx.ValueInfoProto]
+    g: GraphBuilder,
+    config: ModelConfig,
+    layer: int,
+    x2d: str,
+    prompt_rows: str,
+    ctx: _Context,
+    outputs: list[onnx.ValueInfoProto],
 ) -> str:
-    """The decode graph's FFN: x2d [T, d] -> [T, d], the dense FFN on a prompt's rows (empty cache), the predictor
-    and SparseFFN on a decode step's; the other branch gets zero rows, so one graph (one TensorRT engine, one copy of
-    the weights) serves both without control flow."""
+    """The decode graph's FFN: x2d [T, d] -> [T, d], the dense FFN on a prompt's rows (prompt_rows, _prompt_rows),
+    the predictor and SparseFFN on a decode step's; the other branch gets zero rows, so one graph (one TensorRT
+    engine, one copy of the weights) serves both without control flow."""
     end = g.constant(np.array([np.iinfo(np.int64).max], dtype=np.int64))
-    prompt = g.op("Slice", [x2d, g.ints(0), ctx.prompt_rows, g.ints(0)])
-    step = g.op("Slice", [x2d, ctx.prompt_rows, end, g.ints(0)])
-    dense = _dense_ffn(g, config, layer, prompt, ctx, outputs)
-    return g.op("Concat", [dense, _sparse_ffn(g, config, layer, step, ctx)], axis=0)
+    prompt = g.op("Slice", [x2d, g.ints(0), prompt_rows, g.ints(0)])
+    step = g.op("Slice", [x2d, prompt_rows, end, g.ints(0)])
+    dense = _dense_ffn(g, config, layer, prompt, prompt_rows, ctx, outputs)
+    return g.op("Concat", [dense, _sparse_ffn(g, config, layer, step, prompt_rows, ctx)], axis=0)
 
 
-def _sparse_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, ctx: _Context) -> str:
-    """Decode FFN: the layer's predictor mask, then the SparseFFN custom op: x2d [T, d] (a decode step's rows, the
-    last T of the B*S tokens) -> [T, d]."""
+def _sparse_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, prompt_rows: str, ctx: _Context) -> str:
+    """Decode FFN: the layer's predictor mask, then the SparseFFN custom op: x2d [T, d] (a decode step's rows, those
+    of the B*S tokens after the prompt_rows) -> [T, d]."""
     prefix = f"layers.{layer}"
     n_neurons = config.intermediate_size
     kind = g.spec.predictor
@@ -393,7 +409,7 @@ def _sparse_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, ctx:
         rows = g.op("Unsqueeze", [f"core_mask.{layer}", g.ints(1)])  # [B, 1, D]
         per_token = g.op("Expand", [rows, g.op("Concat", [ctx.batch_seq, g.ints(n_neurons)], axis=0)])
         every_token = g.op("Reshape", [per_token, g.op("Concat", [ctx.tokens, g.ints(n_neurons)], axis=0)])
-        mask = g.op("Slice", [every_token, ctx.prompt_rows, ctx.tokens, g.ints(0)])  # the step's rows
+        mask = g.op("Slice", [every_token, prompt_rows, ctx.tokens, g.ints(0)])  # the step's rows
     else:
         every = helper.make_tensor("every", TensorProto.INT32, [1], [1])
         rows = g.op("Shape", [x2d], start=0, end=1)
@@ -458,9 +474,10 @@ def build_graph(spec: GraphSpec, decode: bool) -> onnx.ModelProto:
     hidden = g.op("Reshape", [embeddings, g.ints(-1, config.hidden_size)])  # [T, d]
     ffn: Callable[[int, str], str]
     if decode:
-        ffn = lambda layer, x: _step_ffn(g, config, layer, x, ctx, outputs)  # noqa: E731
+        prompt_rows = _prompt_rows(g, ctx)
+        ffn = lambda layer, x: _step_ffn(g, config, layer, x, prompt_rows, ctx, outputs)  # noqa: E731
     else:
-        ffn = lambda layer, x: _dense_ffn(g, config, layer, x, ctx, outputs)  # noqa: E731
+        ffn = lambda layer, x: _dense_ffn(g, config, layer, x, ctx.tokens, ctx, outputs)  # noqa: E731
     for layer in range(config.num_layers):
         prefix = f"layers.{layer}"
         normed = _rms_norm(g, hidden, f"{prefix}.input_layernorm.weight", config.rms_norm_eps)
