@@ -174,15 +174,19 @@ def build_engine(
     directory = engine_dir(Path(cache_dir) if cache_dir is not None else default_cache_dir(), key)
     if not force and is_complete(directory, key):
         return directory
+    try:
+        profiles = [
+            profile_shapes(bundle.config, bundle.max_seq_len, profile, bundle.sparsity.predictor)
+            for profile in PROFILES
+        ]
+    except ValueError as error:
+        raise EngineBuildError(f"{bundle_path}: no TensorRT engine for this bundle: {error}") from None
     load_plugin_library(trt)
     check_device_memory(bundle)
     directory.mkdir(parents=True, exist_ok=True)
     logger = trt.Logger(trt.Logger.WARNING)
     if log is not None:
         log(f"building the engine of {bundle_path} (profiles {', '.join(PROFILES)}) for {key.describe()}")
-    profiles = [
-        profile_shapes(bundle.config, bundle.max_seq_len, profile, bundle.sparsity.predictor) for profile in PROFILES
-    ]
     serialized = _build(trt, logger, bundle.graph_path(ENGINE_GRAPH), profiles)
     target = directory / ENGINE_FILE
     staging = target.with_suffix(".partial")

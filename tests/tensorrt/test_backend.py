@@ -181,3 +181,15 @@ def test_build_makes_one_engine_from_decode_onnx_with_a_prefill_and_a_decode_pro
     assert [bounds[2] for bounds in decode["past_key_values.0.key"]] == [1, max_len // 2, max_len - 1]
     mask = (1, bundle.config.intermediate_size)
     assert prefill["core_mask.0"] == decode["core_mask.0"] == (mask, mask, mask)
+
+
+def test_build_refuses_a_bundle_too_short_for_a_decode_step(monkeypatch, trt_bundles, tmp_path):
+    """The decode profile starts after one prompt token: max_seq_len 1 leaves it empty."""
+    bundle = trt_bundles["svd"]
+    _fake_tensorrt_with_plugins(monkeypatch, tmp_path)
+    short = types.SimpleNamespace(
+        path=bundle.path, config=bundle.config, sparsity=bundle.sparsity, manifest=bundle.manifest, max_seq_len=1
+    )
+    with pytest.raises(builder.EngineBuildError, match=r"no TensorRT engine .*max_seq_len: expected >= 2.*found 1"):
+        backend.build_engine(short, cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
