@@ -457,7 +457,7 @@ def verify(bundle_dir: str, steps: int, files_only: bool, target: str, as_json: 
             click.echo(f"edge-sdk: error: {violation}", err=True)
         if violations:
             click.get_current_context().exit(USAGE_ERROR)
-        result["tensorrt_engine_weight_bytes"] = memory.engines | {"bundle weights": memory.bundle_weights}
+        result["tensorrt_engine_weight_bytes"] = {"engine": memory.engine, "bundle weights": memory.bundle_weights}
     if not files_only:
         _needs_export("Comparing the bundle's graphs with the torch reference (skip it with --files-only)")
         from edge_sdk.export.verify import verify_graphs
@@ -706,13 +706,13 @@ def bench_e2e_command(bundle_dir, backend, sparsity, tokens, repeats, threads, j
 @click.option("--cache-dir", default=None, help="Engine cache (default: $EDGE_SDK_ENGINE_CACHE or ~/.cache/edge-sdk).")
 @click.option("--force", is_flag=True, help="Rebuild even when a cached engine exists.")
 def build(bundle_dir: str, cache_dir: str | None, force: bool) -> None:
-    """Build and cache the TensorRT engines of a bundle on this device (ahead of `edge-sdk run`)."""
+    """Build and cache the TensorRT engine of a bundle on this device (ahead of `edge-sdk run`)."""
     from edge_sdk.backends.tensorrt import build_engine
     from edge_sdk.bundle import Bundle
 
     bundle = Bundle.open(bundle_dir, verify_checksums=True)
     engine_dir = build_engine(bundle, cache_dir=cache_dir, force=force, log=lambda line: click.echo(line, err=True))
-    click.echo(f"engines cached in {engine_dir}")
+    click.echo(f"engine cached in {engine_dir}")
 
 
 _window_options = _options(
