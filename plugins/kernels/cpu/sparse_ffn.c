@@ -318,8 +318,8 @@ EDGE_ALWAYS_INLINE void add_rows(float *restrict y, int n, const void *w, int dt
  * so a row's bytes are read once and nothing is dequantized in memory. The widening has its own AVX-512, AVX2 and
  * NEON intrinsics and a portable C path: GCC 12 turns __builtin_convertvector from 16 int8 to 16 floats into
  * 16 scalar conversions on every target, several times slower than the fp16 path. The rest is written once with
- * GCC vectors. The integer dot products of AVX-512 VNNI and NEON dotprod would need x quantized to int8 per token,
- * a change of the numbers: not done here (QUANT.md).
+ * GCC vectors. These serve the down rows, and the gate, up and matvec rows when x is kept in fp32
+ * (EDGE_SDK_QUANT_ACTIVATIONS=fp32); by default those are dotted through the integer dot products further below.
  * quant_dot_row(row, scales, dtype, group_size, x, d, next, next_scales): row . x, prefetching the row `next`.
  * add_quant_rows(y, c0, n, codes, scales, ...): y[c0 + c] += (h[r] * scale) * code for c < n, r in order. */
 
@@ -879,7 +879,7 @@ EDGE_ALWAYS_INLINE void int_dot_unit(const char *row, const uint16_t *scales, in
   fused_multiply_add16(acc, &products, &factors);
 }
 
-/* row . x through x's int8 codes, prefetching the row `next` and its scales. Even and odd units have their own
+/* row . x through x's quantized planes, prefetching the row `next` and its scales. Even and odd units have their own
  * accumulators (two FMA chains in flight); their sum's 16 lanes are added pairwise, as quant_dot_row does. */
 EDGE_ALWAYS_INLINE float int_dot_row(const char *row, const uint16_t *scales, int dtype, int group_size,
                                      const struct quantized_activations *xa, int d, const char *next,
@@ -944,9 +944,9 @@ EDGE_ALWAYS_INLINE float int_dot_row(const char *row, const uint16_t *scales, in
 
 /* ---- Sparse FFN ----------------------------------------------------------------------------------------- */
 
-/* Workspace layout: candidates, row values, segments and their counts, x's int8 codes, each starting on a cache
- * line. The chunk
- * of candidates [k0, k1) uses values and writes its active neurons from k0 on (its segment). */
+/* Workspace layout: candidates, row values, segments and their counts, x quantized for the integer dot products,
+ * each starting on a cache line. The chunk of candidates [k0, k1) uses values and writes its active neurons from k0
+ * on (its segment). */
 struct ffn_workspace {
   int32_t *candidates;    /* [D] the mask's neurons, increasing */
   float *values;          /* [D] dot products of each chunk's gate rows, then of its up rows, from its start */
@@ -1009,7 +1009,8 @@ static inline const uint16_t *row_scales(const struct weight_rows *w, int row, i
 }
 
 /* Row `row` of w . x while row `next` of next_w (the same storage type and row length) is prefetched; each
- * storage type gets its own inlined loop. Quantized rows are dotted with x's int8 codes xa when given, else with x. */
+ * storage type gets its own inlined loop. Quantized rows are dotted with x's quantized planes xa when given, else
+ * with x. */
 static inline float row_dot(const struct weight_rows *w, int row, const float *x,
                             const struct quantized_activations *xa, int d, const struct weight_rows *next_w,
                             int next) {
@@ -1251,7 +1252,7 @@ static int integer_dot_products(int dtype) {
 /* One FFN call: its arguments and the workspace's lists, for the two phases below. */
 struct ffn_job {
   const float *x;
-  const struct quantized_activations *xa; /* x's int8 codes for quantized rows, or NULL: dot with x */
+  const struct quantized_activations *xa; /* x quantized for quantized rows, or NULL: dot them with x */
   int d;
   struct weight_rows gate, up, down;
   const float *thresholds;
@@ -1378,7 +1379,7 @@ static void matvec_rows(const float *x, const struct quantized_activations *xa, 
   }
 }
 
-/* x's int8 codes live on the stack for rows of up to this many values (40 KiB), on the heap beyond. */
+/* x's quantized planes live on the stack for rows of up to this many values (40 KiB), on the heap beyond. */
 #define EDGE_MATVEC_STACK_VALUES 8192
 
 static int run_matvec(const float *x, int in, int out, struct weight_rows w, const float *bias, float *y,
