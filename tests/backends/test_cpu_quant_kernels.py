@@ -373,8 +373,9 @@ def test_integer_matvec_against_unquantized_x_is_within_the_activation_bound(for
 
 @pytest.mark.parametrize("format", FORMATS)
 def test_rows_ending_in_half_a_unit(format, kernel_x):
-    """Rows of 32 (mod 64) values: the integer path's last unit of 64 values is half a unit."""
-    for n_in in (32, 2080):
+    """Rows of 32 (mod 64) values: the integer path's last unit of 64 values is half a unit. 4128 inputs also take
+    the matvec's heap buffer for x's planes (more than 4096)."""
+    for n_in in (32, 2080, 4128):
         matrix = quant.quantize(random_weights((33, n_in), seed=n_in), format, 32)
         x = torch.from_numpy(random_weights(n_in, seed=23))
         expected = torch.from_numpy(quant.dequantize(matrix)).double() @ kernel_x(x).double()

@@ -26,7 +26,7 @@ extern "C" {
 enum edge_cpu_status {
   EDGE_CPU_OK = 0,
   EDGE_CPU_INVALID_ARGUMENT = 1,
-  EDGE_CPU_OUT_OF_MEMORY = 2, /* only edge_cpu_signbit_predictor for d > 65536 and edge_cpu_matvec_q for in > 8192 */
+  EDGE_CPU_OUT_OF_MEMORY = 2, /* only edge_cpu_signbit_predictor for d > 65536 and edge_cpu_matvec_q for in > 4096 */
 };
 
 /* Storage type of weight matrices. Accumulation is always fp32. */
@@ -121,7 +121,7 @@ int edge_cpu_sparse_ffn_q(const float *x, int d, int D, const void *w_gate, cons
 
 /* edge_cpu_matvec over quantized rows: w [out, in] in quant_format with scales [out, in / group_size] fp16; in a
  * multiple of group_size. Each output's dot product as in edge_cpu_sparse_ffn_q, bit-identical for any thread
- * count. x's quantized planes live on the stack up to in = 8192 and are allocated beyond (EDGE_CPU_OUT_OF_MEMORY
+ * count. x's quantized planes live on the stack up to in = 4096 and are allocated beyond (EDGE_CPU_OUT_OF_MEMORY
  * if that fails). */
 int edge_cpu_matvec_q(const float *x, int in, int out, const void *w, const uint16_t *scales, int quant_format,
                       int group_size, const float *bias, float *y, int threads);

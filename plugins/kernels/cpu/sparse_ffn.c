@@ -1379,8 +1379,9 @@ static void matvec_rows(const float *x, const struct quantized_activations *xa, 
   }
 }
 
-/* x's quantized planes live on the stack for rows of up to this many values (40 KiB), on the heap beyond. */
-#define EDGE_MATVEC_STACK_VALUES 8192
+/* x's quantized planes live on the stack for rows of up to this many values (20 KiB, a 7B model's hidden size:
+ * the frame is reserved for fp rows too), on the heap beyond. */
+#define EDGE_MATVEC_STACK_VALUES 4096
 
 static int run_matvec(const float *x, int in, int out, struct weight_rows w, const float *bias, float *y,
                       int threads) {
