@@ -511,9 +511,9 @@ EDGE_ALWAYS_INLINE void add_quant_rows(float *y, int c0, int n, const char *code
  * The gate, up and matvec rows are dotted with x quantized once per call, per block of 32 values: scale =
  * max|x| / 127, t = x * (127 / max|x|), high code = round(t), low code = round(256 (t - high)) (ties to even, the
  * low one clamped to +-127), so x ~ (high + low / 256) * scale to within scale / 512 (scale / 256 where the low
- * code clamps): two int8 planes, about 16 bits per value. One plane alone (int8 activations, as llama.cpp's Q8_0) changed the fixture's greedy ids against
- * the fp32 reference and ONNX Runtime (benchmarks/README.md); the second costs one more integer product per 64
- * values.
+ * code clamps): two int8 planes, about 16 bits per value. One plane alone (int8 activations, as llama.cpp's
+ * Q8_0) changed the fixture's greedy ids against the fp32 reference and ONNX Runtime (QUANT.md); the second costs
+ * one more integer product, a shift and an add per 64 values.
  * A row's codes times each plane are summed exactly in int32 lanes of 4 consecutive values (8 lanes per block, 16
  * per unit of two blocks) and combined exactly as 256 high + low; each lane is converted to fp32 (rounded) and
  * added to its accumulator with one fused multiply-add by the factor x scale * weight scale of its block. The
@@ -530,8 +530,9 @@ EDGE_ALWAYS_INLINE void add_quant_rows(float *y, int c0, int n, const char *code
 #define EDGE_UNIT_VALUES 64
 
 /* x quantized for the integer dot products: high and low codes [d] int8, lane_scales [d / 4] (the scale of lane i's
- * block, i / 8, over 256, the weight of a low code; repeated so a unit's 16 factors are one vector product), and on x86 code_offset_sums [d / 4] (minus
- * the codes' offset times 256 high + low summed over lane i's 4 values; NULL elsewhere). d a multiple of 32. */
+ * block, i / 8, over 256, the weight of a low code; repeated so a unit's 16 factors are one vector product), and on
+ * x86 code_offset_sums [d / 4] (minus the codes' offset times 256 high + low summed over lane i's 4 values; NULL
+ * elsewhere). d a multiple of 32. */
 struct quantized_activations {
   const int8_t *high, *low;
   const float *lane_scales;
@@ -893,8 +894,8 @@ EDGE_ALWAYS_INLINE float int_dot_row(const char *row, const uint16_t *scales, in
    * permutation, where converting and multiplying the scales unit by unit took a third of a unit's instructions.
    * The factors are the same products, so the results are the same bits. */
   int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2; /* log2 of blocks per group */
-  const __m512i group_of_block =
-      _mm512_srlv_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(group_log));
+  const __m512i block_index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i group_of_block = _mm512_srlv_epi32(block_index, _mm512_set1_epi32(group_log));
   const __m512i first_pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   __mmask16 group_lanes = (__mmask16)((1u << (16 >> group_log)) - 1u);
   for (; unit + 8 <= units; unit += 8) {
@@ -1101,8 +1102,9 @@ static void rows_dot(const struct row_list *rows, const struct row_list *then, c
  * that fired. Whether a neuron fires is close to a coin toss, so deciding it between its gate and up rows cost a
  * mispredicted branch per candidate; here the active list is compacted without branches. */
 static int gate_up_chunk(const struct ffn_workspace *ws, int k0, int k1, int n_candidates, const float *x,
-                         const struct quantized_activations *xa, int d, const struct weight_rows *gate, const struct weight_rows *up, int skip_zeros,
-                         const float *thresholds, int activation, float act_threshold) {
+                         const struct quantized_activations *xa, int d, const struct weight_rows *gate,
+                         const struct weight_rows *up, int skip_zeros, const float *thresholds, int activation,
+                         float act_threshold) {
   float *values = ws->values + k0;
   /* the gate pass looks ahead into the chunk's up rows (the predictor expects them to fire), the up pass into
    * the next chunk's gate rows */
