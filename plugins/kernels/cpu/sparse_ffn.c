@@ -1247,8 +1247,9 @@ static int check_ffn_arguments(const float *x, int d, int D, const struct weight
 
 /* Nonzero when rows of `dtype` are to be dotted with x quantized to int8. */
 static int integer_dot_products(int dtype) {
+  if (!is_quantized(dtype)) return 0;
   const char *setting = getenv(EDGE_ACTIVATIONS_ENV);
-  return is_quantized(dtype) && (setting == NULL || strcmp(setting, "fp32") != 0);
+  return setting == NULL || strcmp(setting, "fp32") != 0;
 }
 
 /* One FFN call: its arguments and the workspace's lists, for the two phases below. */
