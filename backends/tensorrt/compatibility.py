@@ -18,6 +18,11 @@ Sources, as cited by the rules:
 - onnx-tensorrt ModelImporter.cpp (10.x): an empty input name becomes a null ITensor, which reaches addPluginV3.
 - onnx-tensorrt Cast importer (10.x): a Cast of an initializer is an IConstantLayer plus an ICastLayer, which the
   builder's constant folding turns into one constant of the cast type: an fp32 copy of fp16/bf16 weights.
+- operators.md 10.x, DequantizeLinear: types INT8, FP8, INT4, "`x_zero_point` must be zero"; onnxOpImporters.cpp
+  (10.x) QuantDequantLinearHelper: "TensorRT only supports symmetric quantization" (a nonzero zero point is refused).
+- TensorRT 10.x developer guide, "Working with Quantized Types" (weight-only quantization): a DequantizeLinear of
+  constant weights is kept quantized when it feeds the weight input of a MatMul / Gemm (or a convolution); a
+  dequantized constant that feeds anything else (a plugin, a Gather) is constant-folded to a float32 tensor.
 
 The graph checked is the one TensorRT parses: decode.onnx, from which the backend builds its one engine (prompt and
 decode profiles, profiles.py); it holds prefill's dense FFN too. prefill.onnx is ONNX Runtime's and the C runtime's.
@@ -56,6 +61,7 @@ SUPPORTED_TYPES: dict[str, tuple[str, ...]] = {
     "And": (_B,),
     "Cast": (*_NUMBERS, "UINT8", _B),
     "Ceil": _FLOATS,
+    "DequantizeLinear": ("INT8", "INT4", "FLOAT8E4M3FN"),
     "Concat": _ANY,
     "Constant": _ANY,
     "ConstantOfShape": _ANY,
@@ -95,6 +101,7 @@ _TYPED_TENSORS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "Cast": ((0,), (0,)),
     "Constant": ((), (0,)),
     "ConstantOfShape": ((), (0,)),
+    "DequantizeLinear": ((0,), ()),
     "Expand": ((0,), ()),
     "Gather": ((0,), ()),
     "ReduceMean": ((0,), ()),
@@ -122,7 +129,11 @@ SOURCES = {
     "plugin-attributes": "onnx-tensorrt FallbackPluginImporter (10.x): plugin_version / plugin_namespace",
     "plugin-empty-input": "onnx-tensorrt ModelImporter.cpp (10.x): empty input name -> null ITensor to addPluginV3",
     "fp32-weight-copy": "onnx-tensorrt Cast importer + builder constant folding: an fp32 copy in the engine",
+    "dq-zero-point": "operators.md 10.x DequantizeLinear: x_zero_point must be zero (symmetric quantization only)",
+    "dq-weight-copy": "TensorRT 10.x developer guide, weight-only quantization: DQ of weights must feed MatMul/Gemm",
 }
+# The ops whose weight input TensorRT computes from quantized weights directly (weight-only quantization).
+WEIGHT_ONLY_CONSUMERS = {"MatMul": (0, 1), "Gemm": (0, 1)}
 
 
 @dataclass(frozen=True)
@@ -181,8 +192,11 @@ def _numel(tensor: TensorProto) -> int:
     return int(np.prod(tensor.dims, dtype=np.int64))
 
 
-def _itemsize(elem_type: int) -> int:
-    return helper.tensor_dtype_to_np_dtype(elem_type).itemsize
+def _stored_bytes(tensor: TensorProto, elem_type: int) -> int:
+    """Bytes of the tensor's elements held as elem_type (INT4 / UINT4 pack two to a byte)."""
+    if elem_type in (TensorProto.INT4, TensorProto.UINT4):
+        return (_numel(tensor) + 1) // 2
+    return _numel(tensor) * helper.tensor_dtype_to_np_dtype(elem_type).itemsize
 
 
 def _node_name(node: onnx.NodeProto) -> str:
@@ -301,7 +315,49 @@ def check_graph(model: onnx.ModelProto, graph: str) -> list[Violation]:
             violations.extend(_custom_node_violations(node, types, graph))
         else:
             violations.extend(_standard_node_violations(node, types, constants, graph))
+        if node.op_type == "DequantizeLinear":
+            violations.extend(_dequantize_violations(model, node, constants, graph))
     return violations
+
+
+def _consumers(model: onnx.ModelProto, tensor: str) -> list[tuple[onnx.NodeProto, int]]:
+    return [(node, i) for node in model.graph.node for i, name in enumerate(node.input) if name == tensor]
+
+
+def _folded_to_float(model: onnx.ModelProto, node: onnx.NodeProto) -> bool:
+    """Whether TensorRT folds this DequantizeLinear of weights into a float32 constant: some reader of its output
+    is not the weight input of a MatMul / Gemm."""
+    return any(
+        position not in WEIGHT_ONLY_CONSUMERS.get(consumer.op_type, ())
+        for consumer, position in _consumers(model, node.output[0])
+    )
+
+
+def _dequantize_violations(
+    model: onnx.ModelProto, node: onnx.NodeProto, constants: dict[str, TensorProto], graph: str
+) -> Iterable[Violation]:
+    name = _node_name(node)
+    if len(node.input) > 2 and node.input[2]:
+        zero_point = constants.get(node.input[2])
+        if zero_point is None or np.any(onnx.numpy_helper.to_array(zero_point)):
+            found = "a tensor computed at run time" if zero_point is None else "nonzero values"
+            yield Violation(
+                "dq-zero-point",
+                graph,
+                name,
+                f"DequantizeLinear zero point {node.input[2]!r}: expected 0, found {found}",
+            )
+    weights = _weight_initializers(model)
+    if node.input[0] in weights and _folded_to_float(model, node):
+        readers = sorted({consumer.op_type for consumer, _ in _consumers(model, node.output[0])})
+        copy_bytes = _numel(weights[node.input[0]]) * 4
+        yield Violation(
+            "dq-weight-copy",
+            graph,
+            name,
+            f"DequantizeLinear of weights {node.input[0]!r} read by {', '.join(readers)}: expected only MatMul / Gemm "
+            f"weight inputs (weights kept quantized), found a float32 copy of {copy_bytes} bytes",
+        )
 
 
 def _weight_initializers(model: onnx.ModelProto) -> dict[str, TensorProto]:
@@ -311,20 +367,23 @@ def _weight_initializers(model: onnx.ModelProto) -> dict[str, TensorProto]:
 
 def engine_weight_bytes(model: onnx.ModelProto) -> int:
     """Bytes of bundle weights an engine built from the graph holds after constant folding: a weight read only
-    through Casts is held once per target type (the folded copies); a weight any other node reads is held as
-    stored. Identical folded copies are counted once, so this is a lower bound when TensorRT keeps duplicates."""
+    through Casts is held once per target type (the folded copies), quantized weights whose DequantizeLinear feeds
+    anything but a MatMul / Gemm weight input as float32; a weight any other node reads is held as stored.
+    Identical folded copies are counted once, so this is a lower bound when TensorRT keeps duplicates."""
     weights = _weight_initializers(model)
     held: set[tuple[str, int]] = set()
     for node in model.graph.node:
         for position, tensor in enumerate(node.input):
             if tensor not in weights:
                 continue
-            if node.op_type == "Cast" and position == 0:
+            if node.op_type == "DequantizeLinear" and position == 0 and _folded_to_float(model, node):
+                held.add((tensor, TensorProto.FLOAT))
+            elif node.op_type == "Cast" and position == 0:
                 target = helper.get_attribute_value(next(a for a in node.attribute if a.name == "to"))
                 held.add((tensor, target))
             else:
                 held.add((tensor, weights[tensor].data_type))
-    return sum(_numel(weights[name]) * _itemsize(elem_type) for name, elem_type in held)
+    return sum(_stored_bytes(weights[name], elem_type) for name, elem_type in held)
 
 
 def weight_memory(models: dict[str, onnx.ModelProto]) -> WeightMemory:
@@ -333,7 +392,7 @@ def weight_memory(models: dict[str, onnx.ModelProto]) -> WeightMemory:
     stored: dict[str, int] = {}
     for model in models.values():
         for name, tensor in _weight_initializers(model).items():
-            stored[name] = _numel(tensor) * _itemsize(tensor.data_type)
+            stored[name] = _stored_bytes(tensor, tensor.data_type)
     return WeightMemory(engine_weight_bytes(models[ENGINE_GRAPH]), sum(stored.values()))
 
 

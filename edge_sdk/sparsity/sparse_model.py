@@ -108,7 +108,6 @@ class SparseFeedForward(nn.Module):
             mask = torch.ones_like(mask)
         return mask, thresholds
 
-
     def _decision_margins(self, x: torch.Tensor, thresholds: torch.Tensor | None) -> torch.Tensor | None:
         """Each neuron's mask decision value over the magnitude its rounding error scales with ([D]), for token x
         [d]; None when this predictor's decisions have no floating-point boundary (core, signbit's integer

@@ -193,3 +193,18 @@ def test_build_refuses_a_bundle_too_short_for_a_decode_step(monkeypatch, trt_bun
     with pytest.raises(builder.EngineBuildError, match=r"no TensorRT engine .*max_seq_len: expected >= 2.*found 1"):
         backend.build_engine(short, cache_dir=tmp_path / "cache")
     assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_build_refuses_quantized_bundles_with_the_reason(monkeypatch, trt_bundles, tmp_path, dtype):
+    """int8 / int4 graphs are not TensorRT-ready (tests/tensorrt/test_compatibility.py lists the gaps): the build says
+    so before TensorRT's parser would, and writes nothing."""
+    bundle = trt_bundles["svd"]
+    _fake_tensorrt_with_plugins(monkeypatch, tmp_path)
+    manifest = types.SimpleNamespace(dtype=dtype, raw=bundle.manifest.raw)
+    quantized = types.SimpleNamespace(
+        path=bundle.path, config=bundle.config, sparsity=bundle.sparsity, manifest=manifest, max_seq_len=64
+    )
+    with pytest.raises(builder.EngineBuildError, match=rf"no TensorRT engine for {dtype} weights yet: .*--dtype fp16"):
+        backend.build_engine(quantized, cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()

@@ -209,16 +209,31 @@ MODELS = {
         "qwen2", 152064, 3584, 18944, 1, 28, 4, 128, 1e-6, 32768, Activation("relu"), RopeConfig(1e6), qkv_bias=True
     ),
 }
-DTYPES = ("fp16", "bf16", "fp32")
+FLOAT_DTYPES = ("fp16", "bf16", "fp32")
+QUANTIZED_DTYPES = ("int8", "int4")
+DTYPES = FLOAT_DTYPES + QUANTIZED_DTYPES
 MAX_SEQ_LEN = 64
 LEVELS = 2
 RANK = 96
-SAFETENSORS_ITEMSIZE = {"F16": 2, "BF16": 2, "F32": 4, "I32": 4}
+GROUP_SIZE = 32
+SAFETENSORS_ITEMSIZE = {"F16": 2, "BF16": 2, "F32": 4, "I32": 4, "I8": 1, "U8": 1}
+# The quantized graphs' known gaps on TensorRT (issue 23 item 3), each with the change it waits for.
+QUANTIZED_GAPS = {
+    "dq-weight-copy": "SparseFFN takes dequantized float32 rows (and int4 codes pass a column Gather): TensorRT "
+    "would fold them to float32 copies; needs the quantized SparseFFN plugin taking codes and scales",
+    "fp32-weight-copy": "the fp16 scales are Cast to float32 for DequantizeLinear (exact products); a float32 "
+    "copy of the scales, 1/8 of an int4 matrix's bytes",
+}
+INT4_GAPS = {
+    "op-dtype": "int4 codes are UINT4 with zero point 8 (the Q4_0 bytes as stored); TensorRT takes signed INT4 "
+    "only: needs the codes stored as signed INT4 (a bundle format change)",
+    "dq-zero-point": "zero point 8 of the UINT4 codes; TensorRT is symmetric only: same change as op-dtype",
+}
 
 
 def stored_tensors(config: ModelConfig, kind: str, dtype: str) -> dict[str, graphs.ExternalTensor]:
     """Every tensor of a bundle of this config, laid out back to back as in weights.safetensors."""
-    expected = model_tensors(config, dtype, MAX_SEQ_LEN)
+    expected = model_tensors(config, dtype, MAX_SEQ_LEN, GROUP_SIZE if dtype in QUANTIZED_DTYPES else None)
     if kind != NO_PREDICTOR:
         expected |= predictor_tensors(config, kind, LEVELS, [RANK] * config.num_layers)
     tensors, offset = {}, 0
@@ -238,8 +253,15 @@ def built_graphs(model: str, kind: str, dtype: str) -> dict[str, onnx.ModelProto
     key = (model, kind, dtype)
     if key not in _built:
         config = MODELS[model]
+        quantized = dtype in QUANTIZED_DTYPES
         spec = graphs.GraphSpec(
-            config, "weights.safetensors", stored_tensors(config, kind, dtype), kind, signbit_alphas=(1.25,)
+            config,
+            "weights.safetensors",
+            stored_tensors(config, kind, dtype),
+            kind,
+            signbit_alphas=(1.25,),
+            quant_format=dtype if quantized else None,
+            group_size=GROUP_SIZE if quantized else None,
         )
         _built[key] = {phase: graphs.build_graph(spec, phase == "decode") for phase in ("prefill", "decode")}
     return _built[key]
@@ -254,9 +276,14 @@ def violations_of(model: str, kind: str, dtype: str) -> list[compatibility.Viola
 
 
 def failing_today(kind: str, dtype: str) -> dict[tuple[str, str], str]:
-    """{(graph, rule): the fix it waits for} of today's graphs: none since issue 21 items 1 and 3 (INT32 masks,
-    weights kept in their bundle dtype)."""
-    return {}
+    """{(graph, rule): the fix it waits for} of today's graphs: none for float weights since issue 21 items 1 and 3
+    (INT32 masks, weights kept in their bundle dtype); the quantized graphs' gaps otherwise."""
+    gaps = {}
+    if dtype in QUANTIZED_DTYPES:
+        gaps |= QUANTIZED_GAPS
+    if dtype == "int4":
+        gaps |= INT4_GAPS
+    return {(f"{ENGINE_GRAPH}.onnx", rule): reason for rule, reason in gaps.items()}
 
 
 CASES = [(model, kind, dtype) for model in MODELS for kind in KINDS for dtype in DTYPES]
@@ -335,7 +362,7 @@ def _numel(shape) -> int:
     return int(np.prod(shape))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_weight_memory_of_llama2_7b_svd(dtype):
     """Issue 21 item 3: the engine holds every weight as stored (no folded fp32 Casts), the predictor's included."""
     config = MODELS["llama2-7b"]
@@ -354,7 +381,15 @@ def test_weight_memory_of_llama2_7b_svd(dtype):
         )
 
 
-@pytest.mark.parametrize(("model", "kind", "dtype"), CASES)
+def _memory_cases():
+    for model, kind, dtype in CASES:
+        marks = ()
+        if dtype in QUANTIZED_DTYPES:
+            marks = pytest.mark.xfail(strict=True, reason=QUANTIZED_GAPS["dq-weight-copy"])
+        yield pytest.param(model, kind, dtype, marks=marks, id=f"{model}-{kind}-{dtype}")
+
+
+@pytest.mark.parametrize(("model", "kind", "dtype"), list(_memory_cases()))
 def test_the_engine_holds_at_most_1_1x_the_bundles_weights(model, kind, dtype):
     """Issue 21 item 3: one engine (decode.onnx, prefill and decode profiles) holds the weights once; the two
     engines of prefill.onnx and decode.onnx held them about twice."""
@@ -364,6 +399,23 @@ def test_the_engine_holds_at_most_1_1x_the_bundles_weights(model, kind, dtype):
     assert memory.engine <= 1.1 * memory.bundle_weights
     two_engines = sum(compatibility.engine_weight_bytes(graph) for graph in graphs_of_bundle.values())
     assert two_engines > 1.8 * memory.bundle_weights
+
+
+def test_quantized_dense_projections_stay_quantized_and_the_ffn_rows_are_what_folds():
+    """The int8 graph's dense projections are DequantizeLinear -> Gemm, which TensorRT keeps quantized; what the
+    estimate adds in float32 is exactly the FFN matrices SparseFFN reads dequantized, and the scales."""
+    config = MODELS["llama2-7b"]
+    decode = built_graphs("llama2-7b", "none", "int8")[ENGINE_GRAPH]
+    copies = [v for v in compatibility.check_graph(decode, "decode.onnx") if v.rule == "dq-weight-copy"]
+    ffn_matrix = config.intermediate_size * config.hidden_size
+    assert len(copies) == 3 and all(f"float32 copy of {4 * ffn_matrix} bytes" in v.message for v in copies)
+    tensors = stored_tensors(config, "none", "int8")
+    memory = compatibility.weight_memory(built_graphs("llama2-7b", "none", "int8"))
+    scales = sum(t.length for name, t in tensors.items() if name.endswith(".scales"))
+    ffn_codes = 3 * ffn_matrix
+    # a float32 copy of the FFN codes beside the int8 codes (the prompt's dense FFN reads them through
+    # DequantizeLinear -> Gemm, which stays quantized), and every scale as float32 beside its fp16 bytes
+    assert memory.engine - memory.bundle_weights == 4 * ffn_codes + scales
 
 
 # ----------------------------------------------------------------------------------- the command on a bundle
