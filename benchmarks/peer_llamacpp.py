@@ -226,9 +226,10 @@ def write_gguf(model: Path, path: Path, kind: Q) -> None:
     writer.close()
 
 
-def write_ggufs(model: Path, work: Path, steps: list[dict[str, Any]]) -> dict[str, Path]:
+def write_ggufs(model: Path, work: Path, names: list[str], steps: list[dict[str, Any]]) -> dict[str, Path]:
     files = {}
-    for name, kind in GGUF_TYPES.items():
+    for name in names:
+        kind = GGUF_TYPES[name]
         path = work / f"model-{name}.gguf"
         if not path.is_file():
             print(f"writing {path}", file=sys.stderr, flush=True)
@@ -347,11 +348,11 @@ class Configuration:
         if self.runtime == "llama.cpp":
             self.engine.reset()
             self.engine.eval(ids)
-            token = int(np.argmax(self.engine.scores[self.engine.n_tokens - 1]))
+            token = int(np.argmax(llama_logits(self.engine)))
             generated, started = [token], time.perf_counter()
             for _ in range(tokens):
                 self.engine.eval([token])
-                token = int(np.argmax(self.engine.scores[self.engine.n_tokens - 1]))
+                token = int(np.argmax(llama_logits(self.engine)))
                 generated.append(token)
         else:
             token = int(np.argmax(self.engine.prefill(ids)))
@@ -360,6 +361,14 @@ class Configuration:
                 token = int(np.argmax(self.engine.decode(token)))
                 generated.append(token)
         return time.perf_counter() - started, generated
+
+
+def llama_logits(model: Any) -> np.ndarray:
+    """The last evaluated position's logits [vocab], read from the context: llama-cpp-python 0.3.36's
+    Llama.scores stays zero unless the model was made with logits_all."""
+    import llama_cpp
+
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(model.ctx, -1), shape=(model.n_vocab(),))
 
 
 class BufferTypeOverride(ctypes.Structure):
@@ -508,8 +517,8 @@ def summarize(configurations: list[Configuration], tokens: int, layers: int) -> 
             "effective_gb_per_second": round(total_bytes * tokens / median_seconds / 1e9, 2),
             "ratio_vs_llamacpp_q4_0": round(interleaved_ratios(config, q4), 3),
         }
-        if config.runtime == "edge-sdk":
-            peer = by_precision[SAME_PRECISION[config.precision]]
+        peer = by_precision.get(SAME_PRECISION.get(config.precision, ""))
+        if config.runtime == "edge-sdk" and peer is not None:
             row["ratio_vs_llamacpp_same_precision"] = round(interleaved_ratios(config, peer), 3)
         # the layers' share of a token, split off the LM head and embedding by bytes (both sides bandwidth-bound)
         layer_bytes = total_bytes - config.bytes_per_token["lm_head"] - config.bytes_per_token["embedding_row"]
@@ -566,6 +575,9 @@ def main() -> None:
         "--dtypes", default="fp16,int8,int4", help="Bundles to export and time, in this order (int4 is required)."
     )
     parser.add_argument(
+        "--gguf-types", default="F16,Q8_0,Q4_0", help="llama.cpp files to write and time (Q4_0 is required)."
+    )
+    parser.add_argument(
         "--sparse-dtypes",
         default="fp16,int8,int4",
         help="Bundles exported with calibrated predictors; the others get none and are timed dense only (a "
@@ -583,7 +595,7 @@ def main() -> None:
             args.calib = FIXTURE_CALIBRATION
     steps: list[dict[str, Any]] = []
     bundles = export_bundles(model, args.work, args, steps)
-    ggufs = write_ggufs(model, args.work, steps)
+    ggufs = write_ggufs(model, args.work, args.gguf_types.split(","), steps)
 
     first_bundle = Bundle.open(bundles["int4"])
     ids = Tokenizer.from_bundle(first_bundle).encode(args.prompt)
