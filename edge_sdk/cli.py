@@ -457,7 +457,7 @@ def verify(bundle_dir: str, steps: int, files_only: bool, target: str, as_json: 
             click.echo(f"edge-sdk: error: {violation}", err=True)
         if violations:
             click.get_current_context().exit(USAGE_ERROR)
-        result["tensorrt_engine_weight_bytes"] = memory.engines | {"bundle weights": memory.bundle_weights}
+        result["tensorrt_engine_weight_bytes"] = {"engine": memory.engine, "bundle weights": memory.bundle_weights}
     if not files_only:
         _needs_export("Comparing the bundle's graphs with the torch reference (skip it with --files-only)")
         from edge_sdk.export.verify import verify_graphs
@@ -645,7 +645,7 @@ def bench_ffn_command(shape, sparsities, backend, mode, dtype, group_size, threa
 
 def _bench_quantized_ffn(shape, sparsities, dtype, group_size, threads, repeats, json_path) -> None:
     """`bench ffn --dtype int8|int4`: the sparse kernel over quantized rows against fp16, interleaved."""
-    from edge_sdk.bench.ffn import bench_quantized_ffn, parse_shape
+    from edge_sdk.bench.ffn import QUANTIZED_COLUMNS, bench_quantized_ffn, format_table, parse_shape
 
     try:
         d, n_neurons = parse_shape(shape)
@@ -655,16 +655,12 @@ def _bench_quantized_ffn(shape, sparsities, dtype, group_size, threads, repeats,
         )
     except ValueError as error:
         raise click.BadParameter(str(error)) from None
-    click.echo(f"FFN d={d} D={n_neurons} {dtype} group size {group_size} backend=cpu, sparse kernel vs fp16")
     click.echo(
-        f"{'sparsity':>8} {'fp16 ms':>8} {dtype + ' ms':>8} {'vs fp16':>8} {'MB read':>8} {'GB/s':>6} {'fp16 GB/s':>9}"
+        f"FFN d={d} D={n_neurons} {dtype} group size {group_size} backend=cpu threads={rows[0]['threads']}: "
+        f"sparse kernel ({dtype} rows, integer dot products; fp32_x: x in fp32) vs fp16 rows, and a streaming "
+        "read of 256 MiB (read_gb_per_s; read_fraction = sparse_gb_per_s / read_gb_per_s)"
     )
-    for row in rows:
-        click.echo(
-            f"{row['sparsity']:8.2f} {row['fp16_sparse_ms']:8.2f} {row['sparse_ms']:8.2f} "
-            f"{row['speedup_vs_fp16']:7.2f}x {row['sparse_mb_read']:8.1f} {row['sparse_gb_per_s']:6.1f} "
-            f"{row['fp16_gb_per_s']:9.1f}"
-        )
+    click.echo(format_table(rows, QUANTIZED_COLUMNS))
     _write_json(json_path, {"benchmark": "ffn", "shape": shape, "backend": "cpu", "dtype": dtype, "rows": rows})
 
 
@@ -706,13 +702,13 @@ def bench_e2e_command(bundle_dir, backend, sparsity, tokens, repeats, threads, j
 @click.option("--cache-dir", default=None, help="Engine cache (default: $EDGE_SDK_ENGINE_CACHE or ~/.cache/edge-sdk).")
 @click.option("--force", is_flag=True, help="Rebuild even when a cached engine exists.")
 def build(bundle_dir: str, cache_dir: str | None, force: bool) -> None:
-    """Build and cache the TensorRT engines of a bundle on this device (ahead of `edge-sdk run`)."""
+    """Build and cache the TensorRT engine of a bundle on this device (ahead of `edge-sdk run`)."""
     from edge_sdk.backends.tensorrt import build_engine
     from edge_sdk.bundle import Bundle
 
     bundle = Bundle.open(bundle_dir, verify_checksums=True)
     engine_dir = build_engine(bundle, cache_dir=cache_dir, force=force, log=lambda line: click.echo(line, err=True))
-    click.echo(f"engines cached in {engine_dir}")
+    click.echo(f"engine cached in {engine_dir}")
 
 
 _window_options = _options(

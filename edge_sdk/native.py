@@ -18,6 +18,40 @@ class NativeLibraryError(EdgeSdkError):
     """A native library was not built or does not load."""
 
 
+OPENMP_WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
+OPENMP_DEFAULT_WAIT_POLICY = "passive"
+
+
+@functools.cache
+def openmp_wait_policy() -> dict[str, str]:
+    """Set OpenMP's wait policy to passive unless the user chose one, before libgomp loads with our first library.
+
+    Why: libgomp's default spins at every barrier, and a decode step crosses hundreds of them; when another process
+    holds one of the cores, the spinning thread starves the one doing the work and 2-thread decode fell from 17 to
+    0.6 tokens/s (benchmarks/README.md, section 5). libgomp reads the variable once, when it is loaded, so it is set
+    here and not later; a libgomp that another library loaded earlier keeps what the environment said then.
+    """
+    already_loaded = _libgomp_loaded()
+    chosen = os.environ.get(OPENMP_WAIT_POLICY_ENV)
+    if chosen is None and not already_loaded:
+        os.environ[OPENMP_WAIT_POLICY_ENV] = OPENMP_DEFAULT_WAIT_POLICY
+    if already_loaded:
+        source = "libgomp was loaded before edge-sdk's libraries: its setting then"
+    elif chosen is None:
+        source = f"edge-sdk's default (set {OPENMP_WAIT_POLICY_ENV} to override)"
+    else:
+        source = f"${OPENMP_WAIT_POLICY_ENV}"
+    return {"wait_policy": os.environ.get(OPENMP_WAIT_POLICY_ENV, "libgomp's default"), "source": source}
+
+
+def _libgomp_loaded() -> bool:
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            return any("/libgomp.so" in line for line in maps)
+    except OSError:  # not Linux: nothing to learn from, and no libgomp either
+        return False
+
+
 def _candidate_paths(library: str, env_var: str) -> list[Path]:
     candidates = []
     if os.environ.get(env_var):
@@ -46,6 +80,7 @@ def load_cpu_kernels() -> ctypes.CDLL:
             f"the CPU kernel library {CPU_KERNELS_LIBRARY} was not found (searched: {searched}); "
             f"reinstall edge-sdk with `pip install .` so the package build compiles it, or set {CPU_KERNELS_ENV}"
         )
+    openmp_wait_policy()
     library = ctypes.CDLL(str(path))
     library.edge_cpu_version.restype = ctypes.c_char_p
     library.edge_cpu_version.argtypes = []
@@ -68,4 +103,5 @@ def load_runtime() -> ctypes.CDLL:
             f"the C runtime library {RUNTIME_LIBRARY} was not found (searched: {searched}); the package build "
             f"makes it when cJSON is installed (Debian/Ubuntu: libcjson-dev): reinstall edge-sdk, or set {RUNTIME_ENV}"
         )
+    openmp_wait_policy()
     return ctypes.CDLL(str(path))

@@ -25,6 +25,10 @@ ACTIVATIONS = {"relu": 0, "fatrelu": 1, "drelu": 2, "silu": 3}
 # enum edge_quant_format: the formats of edge_sdk.quant.
 QUANT_FORMATS = {"int8": 2, "int4": 3}
 _STATUS_OUT_OF_MEMORY = 2
+# How the quantized kernels dot rows with x (plugins/kernels/cpu/QUANT.md): unset, x is quantized per token to two
+# int8 planes for integer dot products (quantized_activations gives the values they use); "fp32" keeps x in fp32.
+ACTIVATIONS_ENV = "EDGE_SDK_QUANT_ACTIVATIONS"
+ACTIVATION_BLOCK = 32  # values per activation scale
 
 _ptr = ctypes.c_void_p
 _int = ctypes.c_int
@@ -254,6 +258,22 @@ def matvec(
     return out
 
 
+def quantized_activations(x: torch.Tensor) -> torch.Tensor:
+    """The float32 values the integer dot products of the quantized kernels use for x [..., n] (n a multiple of 32).
+
+    Per block of 32 values: scale = max|x| / 127, t = x * (127 / max|x|) (0 for an all-zero block), high =
+    round(t), low = clamp(round(256 (t - high)), -127, 127), value = (high + low / 256) * scale, all in float32
+    with ties to even, as the kernels compute them; within scale / 512 of x."""
+    blocks = x.float().reshape(*x.shape[:-1], -1, ACTIVATION_BLOCK)
+    largest = blocks.abs().amax(dim=-1, keepdim=True)
+    scale = largest / 127.0
+    inverse = torch.where(largest > 0, 127.0 / largest, torch.zeros_like(largest))
+    scaled = blocks * inverse
+    high = torch.round(scaled)
+    low = torch.round((scaled - high) * 256.0).clamp(-127.0, 127.0)
+    return ((high + low / 256.0) * scale).reshape(x.shape)
+
+
 def matvec_quantized(
     x: torch.Tensor,  # [in] float32
     weight: QuantizedWeight,  # [out, in], read in place
@@ -261,7 +281,9 @@ def matvec_quantized(
     out: torch.Tensor | None = None,  # [out] float32, receives y
     threads: int = 0,
 ) -> torch.Tensor:
-    """y [out] float32 = dequantize(weight) @ x (+ bias), fp32 accumulation; bit-identical for any thread count."""
+    """y [out] float32 = dequantize(weight) @ x (+ bias), fp32 accumulation; bit-identical for any thread count.
+
+    x enters as quantized_activations(x) unless ACTIVATIONS_ENV is "fp32" (QUANT.md)."""
     n_in = _vector_size("x", x)
     _check_tensor("x", x, (torch.float32,), [n_in])
     if not isinstance(weight, QuantizedWeight):
@@ -413,7 +435,8 @@ class SparseFFNKernel:
         out: torch.Tensor | None = None,  # [d] float32, receives y
         active_out: torch.Tensor | None = None,  # [D] bool, receives the neurons that reached up/down
     ) -> torch.Tensor:
-        """As __call__ on the dequantized weights, reading the quantized rows in place (edge_cpu_sparse_ffn_q)."""
+        """As __call__ on the dequantized weights, reading the quantized rows in place (edge_cpu_sparse_ffn_q); the
+        gate and up rows are dotted with quantized_activations(x) unless ACTIVATIONS_ENV is "fp32"."""
         d, n_neurons = self.d, self.n_neurons
         if not isinstance(activation, Activation):
             raise ValueError(f"activation: expected an Activation, found {type(activation).__name__}")

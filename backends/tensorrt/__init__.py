@@ -1,8 +1,9 @@
 """TensorRT backend with the edge-sdk CUDA plugins (Jetson Orin / Thor, any NVIDIA GPU with TensorRT >= 10.3).
 
-The engines are built on the device from the bundle's prefill.onnx and decode.onnx (reference functions of the
-custom ops removed, so the parser maps them to the plugins in libedge_trt_plugins.so) and cached, keyed by
-TensorRT version, GPU and bundle hash: build_engine(bundle_path, cache_dir=None, force=False) -> engine directory.
+One engine is built on the device from the bundle's decode.onnx, which runs prompts too (reference functions of the
+custom ops removed, so the parser maps them to the plugins in libedge_trt_plugins.so), with a prefill and a decode
+optimization profile, so it holds the weights once; it is cached, keyed by TensorRT version, GPU and bundle hash:
+build_engine(bundle, cache_dir=None, force=False) -> engine directory.
 Running uses cuda-python device buffers; this package does not import torch.
 """
 

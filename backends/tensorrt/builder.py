@@ -1,9 +1,11 @@
-"""Build the bundle's prefill and decode engines on this device, with the edge-sdk plugins, into the engine cache."""
+"""Build the bundle's engine on this device, with the edge-sdk plugins, into the engine cache: one engine from
+decode.onnx with a prefill and a decode optimization profile, holding the weights once (profiles.py)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -15,7 +17,7 @@ from edge_sdk.runtime.backends import BackendUnavailable
 from . import cuda
 from .availability import find_plugin_library, import_tensorrt, plugin_library_missing
 from .cache import (
-    ENGINE_FILES,
+    ENGINE_FILE,
     EngineKey,
     default_cache_dir,
     engine_dir,
@@ -24,11 +26,12 @@ from .cache import (
     write_metadata,
 )
 from .graphs import tensorrt_model
-from .profiles import PHASES, profile_shapes
+from .profiles import ENGINE_GRAPH, PROFILES, kv_buffer_bytes, profile_shapes
 
 _loaded_plugin_libraries: dict[str, object] = {}
-# Both engines are deserialized at once and each embeds the bundle's weights as stored (JETSON.md section 4).
-ENGINES_HOLDING_WEIGHTS = 2
+# The build's peak holds the weights twice: the ONNX parser's host copy of the initializers, which the network refers
+# to until the build returns, and the engine the builder makes (JETSON.md section 4).
+BUILD_WEIGHT_COPIES = 2
 MEMINFO = Path("/proc/meminfo")
 
 
@@ -49,11 +52,34 @@ def load_plugin_library(trt: ModuleType) -> Path:
     return path
 
 
-def required_memory_bytes(bundle_weight_bytes: int) -> int:
-    """Bytes of device memory the built engines hold for their weights: each of the two embeds the bundle's weights
-    as stored (no fp32 copies), so twice weights.safetensors' size at most (prefill leaves the predictors out).
-    Building one engine needs no more: the parser's host copy of one graph's weights plus the engine it builds."""
-    return ENGINES_HOLDING_WEIGHTS * bundle_weight_bytes
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Device memory of a bundle's engine in bytes, from the bundle's size (JETSON.md section 4). weights is
+    weights.safetensors' size, an upper bound of what the engine holds (compatibility.engine_weight_bytes counts it
+    from the graph: the weights as stored, once). TensorRT's activation memory comes on top of both figures: the
+    engine reports it only once built."""
+
+    weights: int
+    kv_cache: int  # the runtime's KV buffers: two sets of [1, kv_heads, max_seq_len, head_dim] float32 per layer
+
+    @property
+    def build(self) -> int:
+        return BUILD_WEIGHT_COPIES * self.weights
+
+    @property
+    def running(self) -> int:
+        return self.weights + self.kv_cache
+
+    @property
+    def required(self) -> int:
+        return max(self.build, self.running)
+
+
+def memory_estimate(bundle: Bundle) -> MemoryEstimate:
+    config = bundle.config
+    kv_buffers = 2 * 2 * config.num_layers  # {key, value} per layer, two sets (runtime.py's ping-pong)
+    weights = (bundle.path / WEIGHTS_FILE).stat().st_size
+    return MemoryEstimate(weights, kv_buffers * kv_buffer_bytes(config, bundle.max_seq_len))
 
 
 def free_device_memory(meminfo: Path | None = None) -> tuple[int, str]:
@@ -79,15 +105,16 @@ def free_device_memory(meminfo: Path | None = None) -> tuple[int, str]:
 
 
 def check_device_memory(bundle: Bundle, meminfo: Path | None = None) -> None:
-    """EngineBuildError, with the figures, when this device cannot hold the bundle's engines."""
-    weights = (bundle.path / WEIGHTS_FILE).stat().st_size
-    required = required_memory_bytes(weights)
+    """EngineBuildError, with the figures, when this device cannot build and then run the bundle's engine."""
+    estimate = memory_estimate(bundle)
     free, source = free_device_memory(meminfo)
-    if free < required:
+    if free < estimate.required:
         raise EngineBuildError(
-            f"{bundle.path}: the prefill and decode engines need about {required >> 20} MiB for their weights "
-            f"({ENGINES_HOLDING_WEIGHTS} x {WEIGHTS_FILE}'s {weights >> 20} MiB), found {free >> 20} MiB free "
-            f"({source}); free memory or export a smaller dtype"
+            f"{bundle.path}: building the engine needs about {estimate.build >> 20} MiB "
+            f"({BUILD_WEIGHT_COPIES} x {WEIGHTS_FILE}'s {estimate.weights >> 20} MiB: the parser's copy and the "
+            f"engine's), running it about {estimate.running >> 20} MiB (the weights once and a "
+            f"{estimate.kv_cache >> 20} MiB KV cache), found {free >> 20} MiB free ({source}); free memory, export a "
+            "smaller dtype or a shorter max_seq_len"
         )
 
 
@@ -98,8 +125,9 @@ def current_key(trt: ModuleType, bundle: Bundle) -> EngineKey:
     )
 
 
-def _build_one(trt: ModuleType, logger, path: Path, shapes: dict) -> bytes:
-    """One serialized engine from the graph at path, with one optimization profile covering `shapes`."""
+def _build(trt: ModuleType, logger, path: Path, profiles: list[dict]) -> bytes:
+    """The serialized engine of the graph at path, with one optimization profile per entry of `profiles` (input name
+    -> ShapeRange), added in order so that profile index i covers profiles[i]."""
     builder = trt.Builder(logger)
     # Strongly typed: TensorRT keeps the graph's types (fp32 activations, weights as stored) instead of choosing.
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
@@ -112,10 +140,15 @@ def _build_one(trt: ModuleType, logger, path: Path, shapes: dict) -> bytes:
     # fp32 math stays IEEE fp32 (TF32 would round matmul inputs to 10 mantissa bits): decode is bound by memory,
     # and the engines then match ONNX Runtime on the bundle as closely as the other backends do.
     config.clear_flag(trt.BuilderFlag.TF32)
-    profile = builder.create_optimization_profile()
-    for name, shape in shapes.items():
-        profile.set_shape(name, shape.min, shape.opt, shape.max)
-    config.add_optimization_profile(profile)
+    for shapes in profiles:
+        profile = builder.create_optimization_profile()
+        for name, shape in shapes.items():
+            profile.set_shape(name, shape.min, shape.opt, shape.max)
+        # The builder may give a profile after the first weights of its own (reformatted for its kernels) unless told
+        # not to: "If target == 0.0, the builder aims to create the new optimization profile without allocating any
+        # additional weight memory" (NvInferRuntime.h 10.3, IOptimizationProfile::setExtraMemoryTarget; a hint).
+        profile.extra_memory_target = 0.0
+        config.add_optimization_profile(profile)
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise EngineBuildError(f"{path}: TensorRT could not build an engine (see the TensorRT log above)")
@@ -130,7 +163,7 @@ def build_engine(
 ) -> Path:
     """The engine directory of an opened bundle for this TensorRT and GPU, building it when absent (or when force).
 
-    Returns <cache>/<key digest>, holding prefill.engine, decode.engine and engine.json. cache_dir defaults to
+    Returns <cache>/<key digest>, holding model.engine and engine.json. cache_dir defaults to
     default_cache_dir(). Raises BackendUnavailable when TensorRT, cuda-python, a GPU or the plugin library is
     missing, EngineBuildError when TensorRT fails on the bundle's graphs or the device lacks the memory
     (check_device_memory).
@@ -141,18 +174,23 @@ def build_engine(
     directory = engine_dir(Path(cache_dir) if cache_dir is not None else default_cache_dir(), key)
     if not force and is_complete(directory, key):
         return directory
+    try:
+        profiles = [
+            profile_shapes(bundle.config, bundle.max_seq_len, profile, bundle.sparsity.predictor)
+            for profile in PROFILES
+        ]
+    except ValueError as error:
+        raise EngineBuildError(f"{bundle_path}: no TensorRT engine for this bundle: {error}") from None
     load_plugin_library(trt)
     check_device_memory(bundle)
     directory.mkdir(parents=True, exist_ok=True)
     logger = trt.Logger(trt.Logger.WARNING)
-    for phase in PHASES:
-        if log is not None:
-            log(f"building the {phase} engine of {bundle_path} for {key.describe()}")
-        shapes = profile_shapes(bundle.config, bundle.max_seq_len, phase, bundle.sparsity.predictor)
-        serialized = _build_one(trt, logger, bundle.graph_path(phase), shapes)
-        target = directory / ENGINE_FILES[phase]
-        staging = target.with_suffix(".partial")
-        staging.write_bytes(serialized)
-        os.replace(staging, target)
+    if log is not None:
+        log(f"building the engine of {bundle_path} (profiles {', '.join(PROFILES)}) for {key.describe()}")
+    serialized = _build(trt, logger, bundle.graph_path(ENGINE_GRAPH), profiles)
+    target = directory / ENGINE_FILE
+    staging = target.with_suffix(".partial")
+    staging.write_bytes(serialized)
+    os.replace(staging, target)
     write_metadata(directory, key, bundle_path)
     return directory

@@ -1,6 +1,8 @@
 """Where built engines live: one directory per (TensorRT version, GPU, bundle), named by the hash of that key.
 
-    <cache>/<key digest>/prefill.engine, decode.engine, engine.json
+    <cache>/<key digest>/model.engine, engine.json
+
+model.engine is the one engine of the bundle (prefill and decode are its two optimization profiles, profiles.py).
 
 engine.json records the key in words, so an engine that does not load (copied from another machine, or left
 by another TensorRT) is reported with what built it and how to rebuild it.
@@ -16,11 +18,12 @@ from pathlib import Path
 
 from edge_sdk.errors import EdgeSdkError
 
-# Bump when the engines' inputs, profiles or build settings change, so older cache entries are not reused.
-CACHE_LAYOUT_VERSION = 1
+# Bump when the engine's inputs, profiles or build settings change, so older cache entries are not reused.
+# 2: one engine with two profiles (model.engine) instead of prefill.engine and decode.engine.
+CACHE_LAYOUT_VERSION = 2
 CACHE_ENV = "EDGE_SDK_ENGINE_CACHE"
 METADATA_FILE = "engine.json"
-ENGINE_FILES = {"prefill": "prefill.engine", "decode": "decode.engine"}
+ENGINE_FILE = "model.engine"
 REBUILD_HINT = "rebuild it on this device with `edge-sdk build {bundle} --force`"
 
 
@@ -86,8 +89,8 @@ def read_metadata(directory: Path) -> dict:
 
 
 def is_complete(directory: Path, key: EngineKey) -> bool:
-    """True when every engine file is present and engine.json records exactly this key."""
-    if not all((directory / name).is_file() for name in ENGINE_FILES.values()):
+    """True when the engine file is present and engine.json records exactly this key."""
+    if not (directory / ENGINE_FILE).is_file():
         return False
     try:
         recorded = read_metadata(directory)

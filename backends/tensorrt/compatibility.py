@@ -19,7 +19,9 @@ Sources, as cited by the rules:
 - onnx-tensorrt Cast importer (10.x): a Cast of an initializer is an IConstantLayer plus an ICastLayer, which the
   builder's constant folding turns into one constant of the cast type: an fp32 copy of fp16/bf16 weights.
 
-The graphs are read as stored (with the custom ops' reference functions, so ONNX shape inference types every
+The graph checked is the one TensorRT parses: decode.onnx, from which the backend builds its one engine (prompt and
+decode profiles, profiles.py); it holds prefill's dense FFN too. prefill.onnx is ONNX Runtime's and the C runtime's.
+The graph is read as stored (with the custom ops' reference functions, so ONNX shape inference types every
 tensor); the TensorRT backend strips the functions before parsing, so no rule looks inside them.
 """
 
@@ -34,9 +36,10 @@ import onnx
 from onnx import TensorProto, helper
 
 from edge_sdk.bundle import Bundle
+from edge_sdk.bundle import format as bundle_format
 from edge_sdk.bundle.graph_ops import DOMAIN, PLUGIN_NAMESPACE, PLUGIN_VERSION
 
-from .profiles import PHASES
+from .profiles import ENGINE_GRAPH
 
 TOPK_MAX_K = 3840  # NvInfer.h 10.3, ITopKLayer::setK: "Currently only values of K up to 3840 are supported."
 
@@ -137,15 +140,15 @@ class Violation:
 
 @dataclass(frozen=True)
 class WeightMemory:
-    """Bytes of bundle weights each engine would hold after constant folding, against the bytes the bundle stores
-    for the weights the graphs read. Both engines are built today, each embedding its weights."""
+    """Bytes of bundle weights the engine would hold after constant folding, against the bytes the bundle stores for
+    the weights its graphs read."""
 
-    engines: dict[str, int]  # phase -> bytes
+    engine: int
     bundle_weights: int
 
     @property
-    def total(self) -> int:
-        return sum(self.engines.values())
+    def ratio(self) -> float:
+        return self.engine / self.bundle_weights
 
 
 def _type_name(elem_type: int) -> str:
@@ -325,25 +328,24 @@ def engine_weight_bytes(model: onnx.ModelProto) -> int:
 
 
 def weight_memory(models: dict[str, onnx.ModelProto]) -> WeightMemory:
-    """WeightMemory of the prefill and decode graphs ({phase: model})."""
+    """WeightMemory of a bundle's graphs ({phase: model}): the engine is built from models[ENGINE_GRAPH]; the bundle's
+    weights are those any of the graphs reads."""
     stored: dict[str, int] = {}
     for model in models.values():
         for name, tensor in _weight_initializers(model).items():
             stored[name] = _numel(tensor) * _itemsize(tensor.data_type)
-    return WeightMemory({phase: engine_weight_bytes(model) for phase, model in models.items()}, sum(stored.values()))
-
-
-def check_models(models: dict[str, onnx.ModelProto]) -> list[Violation]:
-    """Every violation of the graphs {phase: model}, named `<phase>.onnx` in the messages."""
-    return [violation for phase, model in models.items() for violation in check_graph(model, f"{phase}.onnx")]
+    return WeightMemory(engine_weight_bytes(models[ENGINE_GRAPH]), sum(stored.values()))
 
 
 def load_graphs(bundle: Bundle) -> dict[str, onnx.ModelProto]:
     """{phase: graph} of an opened bundle, without reading the weights."""
-    return {phase: onnx.load(str(Path(bundle.graph_path(phase))), load_external_data=False) for phase in PHASES}
+    return {
+        phase: onnx.load(str(Path(bundle.graph_path(phase))), load_external_data=False)
+        for phase in bundle_format.GRAPH_PHASES
+    }
 
 
 def check_bundle(bundle: Bundle) -> tuple[list[Violation], WeightMemory]:
-    """The violations of an opened bundle's graphs and its engines' weight memory estimate."""
+    """The violations of the graph TensorRT parses (decode.onnx) and the engine's weight memory estimate."""
     models = load_graphs(bundle)
-    return check_models(models), weight_memory(models)
+    return check_graph(models[ENGINE_GRAPH], f"{ENGINE_GRAPH}.onnx"), weight_memory(models)

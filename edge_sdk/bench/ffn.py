@@ -9,8 +9,10 @@ The mask given to the sparse kernel is that active set (a perfect predictor); pr
 separately (svd_predictor_ms, signbit_predictor_ms) and not included in sparse_ms.
 
 bench_quantized_ffn times the same sparse step over INT8 or INT4 rows (edge_sdk/quant.py) quantized from the fp16
-weights, interleaved with the fp16 kernel: decode reads fewer bytes per token, so it should run closer to the
-bandwidth limit at fewer bytes, as long as widening the codes in registers keeps up with memory.
+weights, interleaved with the fp16 kernel, with the quantized kernel's two ways of dotting rows with x (integer dot
+products on x quantized per token, the default, and x in fp32 with the codes widened in registers; QUANT.md), and
+with a streaming read of a 256 MiB buffer on the same threads: decode reads fewer bytes per token, so it should run
+closer to the bandwidth limit at fewer bytes, and the read gives that limit on this machine at this moment.
 
 Variants are timed interleaved (one call of each per repetition, median of the repetitions after warm-up),
 so a machine whose load changes during the run affects all of them alike. Before every timed call the
@@ -21,6 +23,7 @@ sparse call reads (27 MB at 95% for llama2-7b fp32) would otherwise stay in a 32
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -31,6 +34,7 @@ import torch.nn.functional as F
 
 from edge_sdk import quant
 from edge_sdk.backends.cpu.kernels import (
+    ACTIVATIONS_ENV,
     QuantizedWeight,
     SparseFFNKernel,
     matvec_quantized,
@@ -282,9 +286,12 @@ def bench_quantized_ffn(
     they were quantized from, interleaved, one row per sparsity (relu, mask = the active set as in bench_ffn).
 
     Row fields: the setup (d, D, dtype, group_size, threads), sparsity, realized_sparsity (measured by the
-    quantized kernel), fp16_sparse_ms, sparse_ms (the quantized kernel), speedup_vs_fp16, sparse_mb_read (codes
-    and scales of the gate, up and down rows of the active neurons), sparse_gb_per_s and fp16_gb_per_s (bytes
-    each step must read per second).
+    quantized kernel), fp16_sparse_ms, fp32_x_sparse_ms (the quantized kernel with x in fp32, ACTIVATIONS_ENV
+    "fp32"), sparse_ms (the quantized kernel's default, integer dot products), speedup_vs_fp16,
+    speedup_vs_fp32_x, sparse_mb_read (codes and scales of the gate, up and down rows of the active neurons),
+    sparse_gb_per_s and fp16_gb_per_s (bytes each step must read per second), read_gb_per_s (a streaming read
+    of a 256 MiB buffer on the same threads, timed in the same loop) and read_fraction (sparse_gb_per_s /
+    read_gb_per_s).
     """
     n_neurons = D
     check_arguments(d, n_neurons, sparsities, "fp16", repeats, warmup)
@@ -319,6 +326,19 @@ def bench_quantized_ffn(
     def quantized_call(mask: torch.Tensor, active_out: torch.Tensor | None = None) -> torch.Tensor:
         return kernel.quantized(weights.x, *quantized, relu, mask=mask, out=out, active_out=active_out)
 
+    def fp32_x_call(mask: torch.Tensor) -> torch.Tensor:
+        previous = os.environ.get(ACTIVATIONS_ENV)
+        os.environ[ACTIVATIONS_ENV] = "fp32"
+        try:
+            return quantized_call(mask)
+        finally:
+            if previous is None:
+                del os.environ[ACTIVATIONS_ENV]
+            else:
+                os.environ[ACTIVATIONS_ENV] = previous
+
+    stream = torch.ones(_FLUSH_BYTES // 4, dtype=torch.float32)  # evicted by each call's flush, so read from memory
+
     rows = []
     with torch_threads(threads):
         for sparsity in sparsities:
@@ -329,12 +349,16 @@ def bench_quantized_ffn(
             timings = time_interleaved(
                 {
                     "fp16_sparse_ms": lambda mask=active: fp16_call(mask),
+                    "fp32_x_sparse_ms": lambda mask=active: fp32_x_call(mask),
                     "sparse_ms": lambda mask=active: quantized_call(mask),
+                    "read_ms": stream.sum,
                 },
                 repeats,
                 warmup,
             )
             read_bytes = 3 * n_active * quantized_row_bytes
+            sparse_gb_per_s = read_bytes / timings["sparse_ms"] / 1e6
+            read_gb_per_s = stream.nbytes / timings["read_ms"] / 1e6
             rows.append(
                 {
                     "d": d,
@@ -345,11 +369,15 @@ def bench_quantized_ffn(
                     "sparsity": sparsity,
                     "realized_sparsity": 1.0 - realized.sum().item() / n_neurons,
                     "fp16_sparse_ms": timings["fp16_sparse_ms"],
+                    "fp32_x_sparse_ms": timings["fp32_x_sparse_ms"],
                     "sparse_ms": timings["sparse_ms"],
                     "speedup_vs_fp16": timings["fp16_sparse_ms"] / timings["sparse_ms"],
+                    "speedup_vs_fp32_x": timings["fp32_x_sparse_ms"] / timings["sparse_ms"],
                     "sparse_mb_read": read_bytes / 1e6,
-                    "sparse_gb_per_s": read_bytes / timings["sparse_ms"] / 1e6,
+                    "sparse_gb_per_s": sparse_gb_per_s,
                     "fp16_gb_per_s": 3 * n_active * d * 2 / timings["fp16_sparse_ms"] / 1e6,
+                    "read_gb_per_s": read_gb_per_s,
+                    "read_fraction": sparse_gb_per_s / read_gb_per_s,
                 }
             )
     return rows
@@ -359,9 +387,13 @@ QUANTIZED_COLUMNS = (
     "sparsity",
     "realized_sparsity",
     "fp16_sparse_ms",
+    "fp32_x_sparse_ms",
     "sparse_ms",
     "speedup_vs_fp16",
+    "speedup_vs_fp32_x",
     "sparse_mb_read",
     "sparse_gb_per_s",
     "fp16_gb_per_s",
+    "read_gb_per_s",
+    "read_fraction",
 )

@@ -2,6 +2,11 @@
 decode (predictor + SparseFFN custom ops). Both read the same initializers, stored once in
 weights.safetensors and referenced through ONNX external data.
 
+The decode graph also runs a prompt: on an empty cache (past_seq = 0) its FFN is prefill's dense FFN over every
+row, otherwise the predictor and SparseFFN (`_step_ffn`); the branch not taken gets zero rows. TensorRT builds one
+engine from it with a prompt profile and a decode profile, so the engine holds the weights once
+(plugins/tensorrt/JETSON.md). ONNX Runtime and the C runtime run prefill.onnx for prompts.
+
 Inputs of both graphs:
   input_ids [batch, seq] int64, position_ids [batch, seq] int64 (= past_seq + 0..seq-1),
   past_key_values.{i}.key / .value [batch, kv_heads, past_seq, head_dim] float32
@@ -9,11 +14,12 @@ Outputs: logits [batch, seq, vocab] float32, present.{i}.key / .value [batch, kv
 Decode adds: sparsity_level int64 scalar (index into the calibrated levels; svd and threshold),
 dense bool scalar (true = every neuron predicted active), core_mask.{i} [batch, D] int32, 1 = core neuron (core).
 Every mask is int32 (1 = predicted active): no BOOL tensor crosses a plugin boundary (OPS.md).
-Prefill adds for core: core_activations.{i} [batch, seq, D] float32, the prompt's gate activations, from which
+Both add for core: core_activations.{i} [batch, seq, D] float32, the prompt's gate activations, from which
 the runtime picks each layer's core neurons on the host (predictors/core.py, sparsity/core.py's rule) for the
 decode. The selection stays off the graph: per token it takes the top alpha share of the positive activations, a
 TopK over all D neurons, which TensorRT 10.3 cannot build past K = 3840 (ITopKLayer), and its ties and float64
-sums have no TensorRT formulation either.
+sums have no TensorRT formulation either. The decode graph's are those of its prompt rows: [batch, 0, D] on a
+decode step.
 
 Activations are float32 between the matrix products; every weight is read as stored (no Cast of a weight: TensorRT
 would fold it into an fp32 copy in the engine). A product with an fp16/bf16 matrix casts its activation to the
@@ -275,6 +281,12 @@ def _context(g: GraphBuilder, config: ModelConfig) -> _Context:
     return _Context(batch_seq, tokens, cos, sin, bias)
 
 
+def _prompt_rows(g: GraphBuilder, ctx: _Context) -> str:
+    """[1] int64: B*S on an empty KV cache (a prompt), else 0 (a decode step)."""
+    past = g.op("Shape", ["past_key_values.0.key"], start=2, end=3)
+    return g.op("Where", [g.op("Less", [past, g.ints(1)]), ctx.tokens, g.ints(0)])
+
+
 def _attention(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, ctx: _Context) -> tuple[str, str, str]:
     """Self-attention with KV cache: x2d [T, d] -> (out [T, d], present key, present value)."""
     prefix = f"layers.{layer}.self_attn"
@@ -321,8 +333,17 @@ def _activation_gate(g: GraphBuilder, config: ModelConfig, gate: str) -> str:
     return g.op("Relu", [gate])
 
 
-def _dense_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, outputs: list[onnx.ValueInfoProto]) -> str:
-    """Prefill FFN in standard ops: x2d [T, d] -> [T, d]; core predictors also output their counts."""
+def _dense_ffn(
+    g: GraphBuilder,
+    config: ModelConfig,
+    layer: int,
+    x2d: str,
+    rows: str,
+    ctx: _Context,
+    outputs: list[onnx.ValueInfoProto],
+) -> str:
+    """Prefill FFN in standard ops: x2d [T, d] (a prompt's rows; rows: [1] int64 = T) -> [T, d]; core predictors also
+    output the gate activations."""
     prefix = f"layers.{layer}.mlp"
     gate = _activation_gate(g, config, _linear(g, x2d, f"{prefix}.gate_proj"))
     up = _linear(g, x2d, f"{prefix}.up_proj")
@@ -330,23 +351,47 @@ def _dense_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, outpu
         up = g.op("Relu", [up])
     hidden = g.op("Mul", [gate, up])
     if g.spec.predictor == "core":
-        _core_activations(g, config, layer, gate, outputs)
+        _core_activations(g, config, layer, gate, rows, ctx, outputs)
     return _matmul(g, hidden, f"{prefix}.down_proj.weight_t", transposed=False)
 
 
-def _core_activations(g: GraphBuilder, config: ModelConfig, layer: int, gate: str, outputs: list) -> None:
-    """The layer's gate activations [T, D] as the prefill output core_activations.{layer} [B, S, D] float32."""
+def _core_activations(
+    g: GraphBuilder, config: ModelConfig, layer: int, gate: str, rows: str, ctx: _Context, outputs: list
+) -> None:
+    """The layer's gate activations [T, D] (rows: [1] int64 = T) as the output core_activations.{layer}
+    [B, T / B, D] float32."""
     n_neurons = config.intermediate_size
     name = f"core_activations.{layer}"
-    per_row = g.op(
-        "Concat", [g.op("Slice", [g.op("Shape", ["input_ids"]), g.ints(0), g.ints(2)]), g.ints(n_neurons)], axis=0
-    )
-    g.nodes.append(helper.make_node("Reshape", [gate, per_row], [name]))
+    batch = g.op("Slice", [ctx.batch_seq, g.ints(0), g.ints(1)])
+    # the row count spelled out, and allowzero: a decode step leaves no prompt rows, and with allowzero = 0 a 0 would
+    # copy the input's dimension (a -1 would not be inferable either)
+    per_row = g.op("Concat", [batch, g.op("Div", [rows, batch]), g.ints(n_neurons)], axis=0)
+    g.nodes.append(helper.make_node("Reshape", [gate, per_row], [name], allowzero=1))
     outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", "seq", n_neurons]))
 
 
-def _sparse_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, ctx: _Context) -> str:
-    """Decode FFN: the layer's predictor mask, then the SparseFFN custom op: x2d [T, d] -> [T, d]."""
+def _step_ffn(
+    g: GraphBuilder,
+    config: ModelConfig,
+    layer: int,
+    x2d: str,
+    prompt_rows: str,
+    ctx: _Context,
+    outputs: list[onnx.ValueInfoProto],
+) -> str:
+    """The decode graph's FFN: x2d [T, d] -> [T, d], the dense FFN on a prompt's rows (prompt_rows, _prompt_rows),
+    the predictor and SparseFFN on a decode step's; the other branch gets zero rows, so one graph (one TensorRT
+    engine, one copy of the weights) serves both without control flow."""
+    end = g.constant(np.array([np.iinfo(np.int64).max], dtype=np.int64))
+    prompt = g.op("Slice", [x2d, g.ints(0), prompt_rows, g.ints(0)])
+    step = g.op("Slice", [x2d, prompt_rows, end, g.ints(0)])
+    dense = _dense_ffn(g, config, layer, prompt, prompt_rows, ctx, outputs)
+    return g.op("Concat", [dense, _sparse_ffn(g, config, layer, step, prompt_rows, ctx)], axis=0)
+
+
+def _sparse_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, prompt_rows: str, ctx: _Context) -> str:
+    """Decode FFN: the layer's predictor mask, then the SparseFFN custom op: x2d [T, d] (a decode step's rows, those
+    of the B*S tokens after the prompt_rows) -> [T, d]."""
     prefix = f"layers.{layer}"
     n_neurons = config.intermediate_size
     kind = g.spec.predictor
@@ -363,10 +408,12 @@ def _sparse_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, ctx:
     elif kind == "core":
         rows = g.op("Unsqueeze", [f"core_mask.{layer}", g.ints(1)])  # [B, 1, D]
         per_token = g.op("Expand", [rows, g.op("Concat", [ctx.batch_seq, g.ints(n_neurons)], axis=0)])
-        mask = g.op("Reshape", [per_token, g.ints(-1, n_neurons)])
+        every_token = g.op("Reshape", [per_token, g.op("Concat", [ctx.tokens, g.ints(n_neurons)], axis=0)])
+        mask = g.op("Slice", [every_token, prompt_rows, ctx.tokens, g.ints(0)])  # the step's rows
     else:
         every = helper.make_tensor("every", TensorProto.INT32, [1], [1])
-        mask = g.op("ConstantOfShape", [g.op("Concat", [ctx.tokens, g.ints(n_neurons)], axis=0)], value=every)
+        rows = g.op("Shape", [x2d], start=0, end=1)
+        mask = g.op("ConstantOfShape", [g.op("Concat", [rows, g.ints(n_neurons)], axis=0)], value=every)
         if kind == "threshold":
             level = g.op("Gather", [g.weight(f"{prefix}.threshold.thresholds"), "sparsity_level"], axis=0)
             zero = g.constant(np.zeros(n_neurons, dtype=np.float32))
@@ -427,9 +474,10 @@ def build_graph(spec: GraphSpec, decode: bool) -> onnx.ModelProto:
     hidden = g.op("Reshape", [embeddings, g.ints(-1, config.hidden_size)])  # [T, d]
     ffn: Callable[[int, str], str]
     if decode:
-        ffn = lambda layer, x: _sparse_ffn(g, config, layer, x, ctx)  # noqa: E731
+        prompt_rows = _prompt_rows(g, ctx)
+        ffn = lambda layer, x: _step_ffn(g, config, layer, x, prompt_rows, ctx, outputs)  # noqa: E731
     else:
-        ffn = lambda layer, x: _dense_ffn(g, config, layer, x, outputs)  # noqa: E731
+        ffn = lambda layer, x: _dense_ffn(g, config, layer, x, ctx.tokens, ctx, outputs)  # noqa: E731
     for layer in range(config.num_layers):
         prefix = f"layers.{layer}"
         normed = _rms_norm(g, hidden, f"{prefix}.input_layernorm.weight", config.rms_norm_eps)

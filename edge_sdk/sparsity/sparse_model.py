@@ -52,6 +52,12 @@ class SparseFeedForward(nn.Module):
         self.dense = False
         self.core_mask: torch.Tensor | None = None  # [B, D], chosen at prefill
         self.last_active: torch.Tensor | None = None  # [T, D] neurons that reached up/down at the last decode
+        # Near-tie bookkeeping for comparing implementations (export/verify.py): with tie_tolerance set, each decode
+        # records the mask decisions within that relative margin of their boundary; flipped names neurons whose
+        # decision the next decode (only) takes the other way, as another summation order may have rounded them.
+        self.tie_tolerance: float | None = None
+        self.near_ties: list[tuple[int, float]] = []  # (neuron, relative margin) of token 0 at the last decode
+        self.flipped: frozenset[int] = frozenset()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [B, S, d] -> [B, S, d] in x's dtype
@@ -59,6 +65,11 @@ class SparseFeedForward(nn.Module):
             return self._prefill(x)
         tokens = x.reshape(-1, x.shape[-1])  # [T = B*S, d]
         mask, thresholds = self._decode_mask(tokens)
+        if self.tie_tolerance is not None:
+            self.near_ties = self._near_ties(tokens[0], thresholds)
+        if self.flipped:
+            mask, thresholds = self._flip(tokens, mask, thresholds), None
+            self.flipped = frozenset()
         result = sparse_ffn(tokens, self.w_gate, self.w_up, self.w_down_t, mask, self.activation, thresholds=thresholds)
         self.last_active = result.active
         return result.output.to(x.dtype).view_as(x)
@@ -96,6 +107,49 @@ class SparseFeedForward(nn.Module):
         if self.dense:
             mask = torch.ones_like(mask)
         return mask, thresholds
+
+
+    def _decision_margins(self, x: torch.Tensor, thresholds: torch.Tensor | None) -> torch.Tensor | None:
+        """Each neuron's mask decision value over the magnitude its rounding error scales with ([D]), for token x
+        [d]; None when this predictor's decisions have no floating-point boundary (core, signbit's integer
+        counts, dense).
+
+        svd: |scores + bias| / ((|x| |B|^T) |A|^T + |bias|); threshold: ||act(g)| - t| / (|x| |W_gate|^T), the
+        sums whose terms' rounding errors add up to the decision's (inf where t = 0)."""
+        if self.dense:
+            return None
+        x = x.float()
+        tensors = self.predictor.tensors
+        if self.predictor.kind == "svd":
+            a, b, bias = tensors["svd.a"], tensors["svd.b"], tensors["svd.biases"][self.level_index]
+            value = (x @ b.T) @ a.T + bias
+            scale = (x.abs() @ b.abs().T) @ a.abs().T + bias.abs()
+            return value.abs() / scale.clamp_min(torch.finfo(torch.float32).tiny)
+        if self.predictor.kind == "threshold" and thresholds is not None:
+            gate = x @ self.w_gate.to(torch.float32).T
+            value = self.activation.gate(gate).abs() - thresholds.float()
+            scale = x.abs() @ self.w_gate.to(torch.float32).abs().T
+            margins = value.abs() / scale.clamp_min(torch.finfo(torch.float32).tiny)
+            # a zero threshold adds no condition: the neuron's output is continuous at a = 0, nothing can jump
+            return torch.where(thresholds > 0, margins, torch.inf)
+        return None
+
+    def _near_ties(self, x: torch.Tensor, thresholds: torch.Tensor | None) -> list[tuple[int, float]]:
+        margins = self._decision_margins(x, thresholds)
+        if margins is None:
+            return []
+        close = torch.nonzero(margins < self.tie_tolerance).flatten()
+        return sorted(((int(i), float(margins[i])) for i in close), key=lambda tie: tie[1])
+
+    def _flip(self, tokens: torch.Tensor, mask: torch.Tensor, thresholds: torch.Tensor | None) -> torch.Tensor:
+        """The mask with the flipped neurons' decisions inverted; a threshold condition is folded into the mask
+        first (mask & (a != 0) & |a| > t is what sparse_ffn would compute from it)."""
+        if thresholds is not None:
+            gate = self.activation.gate(tokens.float() @ self.w_gate.to(torch.float32).T)
+            mask = mask & (gate.abs() > thresholds.float())
+        flips = torch.zeros(mask.shape[-1], dtype=torch.bool)
+        flips[list(self.flipped)] = True
+        return mask ^ flips
 
 
 class SparseDecoder:

@@ -1,13 +1,18 @@
 /* The TensorRT engine behind backend "tensorrt" (struct engine_ops of model.h): the C++ twin of
- * backends/tensorrt/runtime.py. It never builds engines: it runs the prefill.engine and decode.engine that
- * `edge-sdk build BUNDLE` cached under <cache>/<key digest>/ (backends/tensorrt/cache.py), with the edge-sdk plugin
- * library (libedge_trt_plugins.so) registered through IPluginRegistry::loadLibrary.
+ * backends/tensorrt/runtime.py. It never builds engines: it runs the model.engine that `edge-sdk build BUNDLE`
+ * cached under <cache>/<key digest>/ (backends/tensorrt/cache.py), with the edge-sdk plugin library
+ * (libedge_trt_plugins.so) registered through IPluginRegistry::loadLibrary. That one engine, built from decode.onnx,
+ * holds the weights once and has two optimization profiles (backends/tensorrt/profiles.py): 0 = prefill (a prompt on
+ * an empty cache: the graph's dense FFN), 1 = decode (one token after the prompt: predictor and SparseFFN).
  *
  * C++ inside, C outside: every entry point catches everything (Failure, std::bad_alloc, any std::exception) and
  * turns it into an edge_status plus the thread's message (edge_fail), like the CPU engine.
  *
- * Model (load): the cache key, the plugin library, one IRuntime and the two deserialized ICudaEngines.
- * Session (session_create): one execution context per engine, a CUDA stream and every device buffer, allocated once:
+ * Model (load): the cache key, the plugin library, one IRuntime and the deserialized ICudaEngine.
+ * Session (session_create): one execution context per profile, each set to its profile once (switching a context's
+ * profile makes TensorRT update its layers on the next enqueue, NvInferRuntime.h 10.3 setOptimizationProfileAsync),
+ * both over one block of activation memory (kUSER_MANAGED: they run one after the other on the session's stream),
+ * a CUDA stream and every device buffer, allocated once:
  *  - KV cache, ping-pong: the graphs read past_key_values.{i}.{key,value} [1, kv_heads, past, head_dim] and write
  *    present.{i}.{key,value} [1, kv_heads, past + seq, head_dim] (past and new tokens concatenated, packed for that
  *    length). Each of those 2 * num_layers tensors has two device buffers of the full capacity
@@ -21,12 +26,15 @@
  *  - core bundles: core_activations.{i} [1, seq, D] float32 (the prompt's gate activations) written by prefill,
  *    core_mask.{i} [1, D] int32 (1 = core neuron) read by decode; the token-wise core neurons are counted and the masks chosen on the
  *    host with the rule of sparsity/core.py.
+ *  Both profiles bind every tensor: each reads only its own (the other branch of the graph has zero rows).
  *  - one pinned host staging buffer for the uploads of ids and positions and the download of the logits row. */
 #include <NvInfer.h>
 #include <NvInferVersion.h>
 #include <cuda_runtime_api.h>
 
+#include <fcntl.h>
 #include <pwd.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -34,6 +42,7 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -63,12 +72,12 @@ namespace {
 
 using nvinfer1::DataType;
 
-/* backends/tensorrt/cache.py and availability.py */
-constexpr int kCacheLayoutVersion = 1;
+/* backends/tensorrt/cache.py, profiles.py and availability.py */
+constexpr int kCacheLayoutVersion = 2;
 constexpr const char *kCacheEnv = "EDGE_SDK_ENGINE_CACHE";
 constexpr const char *kMetadataFile = "engine.json";
-constexpr const char *kPrefillFile = "prefill.engine";
-constexpr const char *kDecodeFile = "decode.engine";
+constexpr const char *kEngineFile = "model.engine";
+constexpr int32_t kPrefillProfile = 0, kDecodeProfile = 1, kProfiles = 2;
 constexpr const char *kPluginLibrary = "libedge_trt_plugins.so";
 constexpr const char *kPluginEnv = "EDGE_SDK_TRT_PLUGINS";
 constexpr int kMinVersion = 100300; /* 10.3: IPluginV3 plugins loaded by IPluginRegistry::loadLibrary */
@@ -213,7 +222,7 @@ std::string json_string(const std::string &text) {
 struct EngineKey {
   std::string tensorrt_version, gpu_name, compute_capability, bundle_sha256;
 
-  /* sha256 of json.dumps(asdict(key) | {"cache_layout_version": 1}, sort_keys=True) */
+  /* sha256 of json.dumps(asdict(key) | {"cache_layout_version": kCacheLayoutVersion}, sort_keys=True) */
   std::string digest() const {
     std::string text = "{\"bundle_sha256\": " + json_string(bundle_sha256) +
                        ", \"cache_layout_version\": " + std::to_string(kCacheLayoutVersion) +
@@ -290,7 +299,7 @@ std::string version_message(const std::string &built, const std::string &current
 std::string find_engine_dir(const EngineKey &key, const std::string &bundle) {
   std::string cache = cache_dir();
   std::string directory = cache + "/" + key.digest().substr(0, 32);
-  bool complete = is_file(directory + "/" + kPrefillFile) && is_file(directory + "/" + kDecodeFile);
+  bool complete = is_file(directory + "/" + kEngineFile);
   std::map<std::string, std::string> recorded = read_metadata(directory);
   if (complete && !recorded.empty()) {
     if (recorded["tensorrt_version"] != key.tensorrt_version) {
@@ -407,24 +416,60 @@ struct TrtModel {
   const struct sparsity_config *sparsity = nullptr;
   std::string bundle;
   bool core = false;
-  /* declared first, destroyed last: the engines it made go before it */
+  /* declared first, destroyed last: the engine it made goes before it */
   std::unique_ptr<nvinfer1::IRuntime> runtime;
-  Graph prefill, decode;
+  Graph graph;
   std::mutex context_lock; /* createExecutionContext from sessions on several threads */
   DataType ids_type = DataType::kINT64, level_type = DataType::kINT64;
   std::vector<std::string> past, present, activations, masks; /* past/present: [layer * 2 + part] */
 };
 
+/* The plan is mapped, not read: its pages are the file's, which the kernel can drop again, so deserializing holds
+ * the weights once in the engine and not a second time in a heap copy of the plan (on Orin both share one memory). */
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string &path) {
+    int descriptor = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (descriptor < 0) fail(EDGE_ERROR_IO, path + ": cannot read the engine: " + std::strerror(errno));
+    struct stat info;
+    if (fstat(descriptor, &info) == 0 && info.st_size > 0) {
+      size_ = (size_t)info.st_size;
+      data_ = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, descriptor, 0);
+    }
+    int error = errno;
+    close(descriptor);
+    if (data_ == MAP_FAILED || data_ == nullptr) {
+      data_ = nullptr;
+      fail(EDGE_ERROR_IO, path + ": cannot map the engine: " + (size_ == 0 ? "empty file" : std::strerror(error)));
+    }
+  }
+  MappedFile(const MappedFile &) = delete;
+  MappedFile &operator=(const MappedFile &) = delete;
+  ~MappedFile() {
+    if (data_ != nullptr) munmap(data_, size_);
+  }
+  const void *data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  void *data_ = nullptr;
+  size_t size_ = 0;
+};
+
 void deserialize(TrtModel &model, Graph &graph, const std::string &path, const EngineKey &key) {
   graph.path = path;
-  std::vector<char> data;
-  if (!read_file(path, data)) fail(EDGE_ERROR_IO, path + ": cannot read the engine");
+  MappedFile plan(path);
   last_tensorrt_error[0] = '\0';
-  graph.engine.reset(model.runtime->deserializeCudaEngine(data.data(), data.size()));
+  graph.engine.reset(model.runtime->deserializeCudaEngine(plan.data(), plan.size()));
   if (!graph.engine) {
     fail(EDGE_ERROR_UNAVAILABLE, path + ": TensorRT could not load this engine" + tensorrt_said() +
                                      "; this process has " + key.describe() + "; rebuild it on this device with "
                                      "`edge-sdk build " + model.bundle + " --force`");
+  }
+  if (graph.engine->getNbOptimizationProfiles() != kProfiles) {
+    fail(EDGE_ERROR_BUNDLE, path + ": an engine with " + std::to_string(graph.engine->getNbOptimizationProfiles()) +
+                                " optimization profiles, expected " + std::to_string(kProfiles) +
+                                " (prefill, decode): rebuild with `edge-sdk build " + model.bundle + " --force`");
   }
   for (int32_t index = 0; index < graph.engine->getNbIOTensors(); index++) {
     const char *name = graph.engine->getIOTensorName(index);
@@ -432,7 +477,7 @@ void deserialize(TrtModel &model, Graph &graph, const std::string &path, const E
   }
 }
 
-/* Every tensor both graphs exchange with us, in a type this engine can feed or read. */
+/* Every tensor the engine exchanges with us, in a type this engine can feed or read. */
 void check_interface(TrtModel &model) {
   const int layers = model.config->num_layers;
   for (int layer = 0; layer < layers; layer++) {
@@ -444,24 +489,22 @@ void check_interface(TrtModel &model) {
     model.masks.push_back("core_mask." + std::to_string(layer));
   }
   const std::initializer_list<DataType> ints = {DataType::kINT64, DataType::kINT32};
-  for (Graph *graph : {&model.prefill, &model.decode}) {
-    DataType ids = graph->need("input_ids", ints);
-    if (graph->need("position_ids", ints) != ids || (graph == &model.decode && ids != model.ids_type)) {
-      fail(EDGE_ERROR_UNSUPPORTED, graph->path + ": input_ids and position_ids differ in type between the engines");
-    }
-    model.ids_type = ids;
-    graph->need("logits", {DataType::kFLOAT});
-    for (size_t i = 0; i < model.past.size(); i++) {
-      graph->need(model.past[i], {DataType::kFLOAT});
-      graph->need(model.present[i], {DataType::kFLOAT});
-    }
+  const Graph &graph = model.graph;
+  model.ids_type = graph.need("input_ids", ints);
+  if (graph.need("position_ids", ints) != model.ids_type) {
+    fail(EDGE_ERROR_UNSUPPORTED, graph.path + ": input_ids and position_ids differ in type");
   }
-  if (model.decode.has("sparsity_level")) model.level_type = model.decode.need("sparsity_level", ints);
-  if (model.decode.has("dense")) model.decode.need("dense", {DataType::kBOOL});
+  graph.need("logits", {DataType::kFLOAT});
+  for (size_t i = 0; i < model.past.size(); i++) {
+    graph.need(model.past[i], {DataType::kFLOAT});
+    graph.need(model.present[i], {DataType::kFLOAT});
+  }
+  if (graph.has("sparsity_level")) model.level_type = graph.need("sparsity_level", ints);
+  if (graph.has("dense")) graph.need("dense", {DataType::kBOOL});
   if (!model.core) return;
   for (int layer = 0; layer < layers; layer++) {
-    model.prefill.need(model.activations[layer], {DataType::kFLOAT});
-    model.decode.need(model.masks[layer], {DataType::kINT32}); /* OPS.md: masks are int32 */
+    graph.need(model.activations[layer], {DataType::kFLOAT});
+    graph.need(model.masks[layer], {DataType::kINT32}); /* OPS.md: masks are int32 */
   }
 }
 
@@ -490,8 +533,7 @@ void load(struct edge_model *edge, TrtModel &model) {
   last_tensorrt_error[0] = '\0';
   model.runtime.reset(nvinfer1::createInferRuntime(logger()));
   if (!model.runtime) fail(EDGE_ERROR_INTERNAL, "createInferRuntime failed" + tensorrt_said());
-  deserialize(model, model.prefill, directory + "/" + kPrefillFile, key);
-  deserialize(model, model.decode, directory + "/" + kDecodeFile, key);
+  deserialize(model, model.graph, directory + "/" + kEngineFile, key);
   check_interface(model);
 }
 
@@ -581,6 +623,7 @@ struct TrtSession {
   TrtModel *model = nullptr;
   cudaStream_t stream = nullptr;
   std::unique_ptr<nvinfer1::IExecutionContext> prefill_context, decode_context;
+  Memory activation_memory; /* TensorRT's scratch, shared by both contexts: the larger profile's size */
   Memory kv;        /* 2 sets x layers x {key, value}, each [1, kv_heads, max_seq_len, head_dim] float32 */
   size_t kv_slot = 0;
   Memory ids, positions, logits, level, dense;
@@ -607,16 +650,31 @@ struct TrtSession {
   void create(TrtModel &owner) {
     model = &owner;
     const struct model_config *c = owner.config;
+    check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
+    nvinfer1::ICudaEngine &engine = *owner.graph.engine;
+    int64_t scratch = std::max(engine.getDeviceMemorySizeForProfileV2(kPrefillProfile),
+                               engine.getDeviceMemorySizeForProfileV2(kDecodeProfile));
+    activation_memory.allocate((size_t)scratch);
     {
       std::lock_guard<std::mutex> guard(owner.context_lock);
       last_tensorrt_error[0] = '\0';
-      prefill_context.reset(owner.prefill.engine->createExecutionContext());
-      if (prefill_context) decode_context.reset(owner.decode.engine->createExecutionContext());
+      const auto strategy = nvinfer1::ExecutionContextAllocationStrategy::kUSER_MANAGED;
+      prefill_context.reset(engine.createExecutionContext(strategy));
+      if (prefill_context) decode_context.reset(engine.createExecutionContext(strategy));
     }
     if (!prefill_context || !decode_context) {
       fail(EDGE_ERROR_OUT_OF_MEMORY, "TensorRT could not create an execution context" + tensorrt_said());
     }
-    check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
+    for (auto profile : {std::make_pair(prefill_context.get(), kPrefillProfile),
+                         std::make_pair(decode_context.get(), kDecodeProfile)}) {
+      profile.first->setDeviceMemoryV2(activation_memory.pointer, scratch);
+      if (!profile.first->setOptimizationProfileAsync(profile.second, stream)) {
+        fail(EDGE_ERROR_BUNDLE, owner.graph.path + ": TensorRT refused optimization profile " +
+                                    std::to_string(profile.second) + tensorrt_said() + "; rebuild with `edge-sdk build " +
+                                    owner.bundle + " --force`");
+      }
+    }
+    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     size_t seq = (size_t)c->max_seq_len, D = (size_t)c->intermediate_size;
     kv_slot = aligned((size_t)c->num_kv_heads * seq * (size_t)c->head_dim * sizeof(float));
     try {
@@ -648,10 +706,10 @@ struct TrtSession {
     }
   }
 
-  /* Runs ids (at positions length..) through one graph; the last position's logits into out [vocab]. */
+  /* Runs ids (at positions length..) in the prefill or decode profile; the last position's logits into out [vocab]. */
   void run(bool prefill, const int32_t *tokens, int seq, float *out) {
     const struct model_config *c = model->config;
-    const Graph &graph = prefill ? model->prefill : model->decode;
+    const Graph &graph = model->graph;
     nvinfer1::IExecutionContext *context = prefill ? prefill_context.get() : decode_context.get();
     if (prefill) length = 0, current = 0;
     int past = length;
@@ -683,19 +741,13 @@ struct TrtSession {
       step.addresses[model->past[i]] = kv_buffer(current, i);
       step.addresses[model->present[i]] = kv_buffer(1 - current, i);
     }
-    if (prefill && model->core) {
+    step.addresses["sparsity_level"] = level.pointer;
+    step.addresses["dense"] = dense.pointer;
+    if (model->core) {
       for (int layer = 0; layer < c->num_layers; layer++) {
         step.addresses[model->activations[layer]] = activation_buffer(layer);
-      }
-    }
-    if (!prefill) {
-      step.addresses["sparsity_level"] = level.pointer;
-      step.addresses["dense"] = dense.pointer;
-      if (model->core) {
-        for (int layer = 0; layer < c->num_layers; layer++) {
-          step.shapes.emplace_back(model->masks[layer], dims({1, c->intermediate_size}));
-          step.addresses[model->masks[layer]] = mask_buffer(layer);
-        }
+        step.shapes.emplace_back(model->masks[layer], dims({1, c->intermediate_size}));
+        step.addresses[model->masks[layer]] = mask_buffer(layer);
       }
     }
     enqueue(graph, context, step);

@@ -1,5 +1,5 @@
-/* The TensorRT engine (trt_engine.cpp): runs the prefill.engine / decode.engine that `edge-sdk build BUNDLE`
- * cached for this bundle, TensorRT version and GPU. Compiled only when CMake finds TensorRT and the CUDA runtime
+/* The TensorRT engine (trt_engine.cpp): runs the model.engine (prefill and decode profiles) that
+ * `edge-sdk build BUNDLE` cached for this bundle, TensorRT version and GPU. Compiled only when CMake finds TensorRT and the CUDA runtime
  * (EDGE_SDK_HAVE_TENSORRT); C++ inside, this C interface outside, no exception crosses it. */
 #ifndef EDGE_TRT_ENGINE_H
 #define EDGE_TRT_ENGINE_H

@@ -55,6 +55,9 @@ def test_quantized_bench_rows_realize_the_sparsity_and_count_the_bytes(dtype, ro
     for row, n_active in zip(rows, (256, 64), strict=True):
         assert set(QUANTIZED_COLUMNS) <= set(row) and row["dtype"] == dtype and row["group_size"] == 32
         assert row["sparse_mb_read"] == pytest.approx(3 * n_active * row_bytes / 1e6)  # codes and scales
-        assert row["sparse_ms"] > 0 and row["fp16_sparse_ms"] > 0
+        assert row["sparse_ms"] > 0 and row["fp16_sparse_ms"] > 0 and row["fp32_x_sparse_ms"] > 0
+        assert row["read_gb_per_s"] > 0
+        assert row["read_fraction"] == pytest.approx(row["sparse_gb_per_s"] / row["read_gb_per_s"])
+        assert row["speedup_vs_fp32_x"] == pytest.approx(row["fp32_x_sparse_ms"] / row["sparse_ms"])
     with pytest.raises(ValueError, match="group_size"):
         bench_quantized_ffn(96, 64, dtype=dtype, group_size=64)

@@ -1,8 +1,11 @@
 """The CPU kernels' other builds on this machine: the AVX2 path (x86-64-v3) and the portable C path (baseline
 x86-64, what GCC vectorises without intrinsics) each pass the kernel tests against the torch reference. The package
 build compiles for the build machine (-march=native), which here takes the AVX-512 path, so without this test the
-other two paths would only run on the machines that need them. The quantized kernels' NEON path is cross-built for
-aarch64 and run under qemu through a small C harness (quant_kernels_check.c), its outputs checked here."""
+other two paths would only run on the machines that need them. The quantized kernels' NEON paths (with and without
+the dot-product extension) are cross-built for aarch64 and run under qemu through a small C harness
+(quant_kernels_check.c), their outputs checked here. The integer dot products are exact in their integer part and
+perform the same float operations on every target, so every build of the harness -- x86-64 portable, AVX2, AVX2 with
+AVX-VNNI, AVX-512 with and without VNNI, aarch64 NEON with and without dotprod -- must write the same bytes."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from edge_sdk.backends.cpu.kernels import quantized_activations
 
 from edge_sdk import quant
 from edge_sdk.model.activation import Activation
@@ -81,7 +85,7 @@ def test_kernel_build_passes_the_kernel_tests(tmp_path, march, registers):
     assert " passed" in result.stdout and " skipped" not in result.stdout
 
 
-def qemu_case(path: Path, d: int, n_neurons: int, format: str, group_size: int, activation: Activation, seed: int):
+def harness_case(path: Path, d: int, n_neurons: int, format: str, group_size: int, activation: Activation, seed: int):
     """Writes one input of quant_kernels_check.c; returns x, the dequantized weights and the mask for the reference."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(d).astype(np.float32)
@@ -98,35 +102,55 @@ def qemu_case(path: Path, d: int, n_neurons: int, format: str, group_size: int, 
     return torch.from_numpy(x), [torch.from_numpy(quant.dequantize(m)) for m in matrices], torch.from_numpy(mask).bool()
 
 
-@pytest.mark.skipif(
+# The harness's cases: d = 416 ends the rows in half a unit of 64 values at group size 32.
+HARNESS_CASES = [
+    (416, "int8", 32, Activation("relu")),
+    (384, "int4", 64, Activation("fatrelu", 0.05)),
+    (384, "int4", 128, Activation("silu")),
+    (416, "int4", 32, Activation("relu")),
+]
+HARNESS_NEURONS = 301
+AARCH64_TOOLS = pytest.mark.skipif(
     shutil.which("aarch64-linux-gnu-gcc") is None
     or shutil.which("qemu-aarch64") is None
     or not (AARCH64_SYSROOT / "lib" / "ld-linux-aarch64.so.1").exists(),
     reason="needs gcc-aarch64-linux-gnu, libc6-arm64-cross and qemu-user",
 )
-def test_quantized_kernels_aarch64_under_qemu(tmp_path):
-    binary = tmp_path / "quant_kernels_check"
-    command = ["aarch64-linux-gnu-gcc", "-std=c11", "-O3", "-fopenmp", "-Wall", "-Wextra", "-Werror",
+# the cross toolchain's own libc and libgomp first (see tests/jetson/support.py qemu_command); -cpu max has dotprod
+QEMU = ["qemu-aarch64", "-cpu", "max", "-L", str(AARCH64_SYSROOT), "-E", f"LD_LIBRARY_PATH={AARCH64_SYSROOT / 'lib'}"]
+
+
+def build_harness(tmp_path: Path, compiler: str, flags: list[str], name: str) -> Path:
+    binary = tmp_path / f"quant_kernels_check-{name}"
+    command = [compiler, "-std=c11", "-O3", *flags, "-fopenmp", "-Wall", "-Wextra", "-Werror",
                f"-I{ROOT / 'plugins' / 'kernels' / 'cpu'}", "-o", str(binary), str(QUANT_CHECK),
                *map(str, KERNEL_SOURCES), "-lm"]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    code = subprocess.run(["aarch64-linux-gnu-objdump", "-d", str(binary)], capture_output=True, text=True).stdout
-    assert "sxtl" in code and "scvtf\tv" in code  # the NEON widening of the codes, not a scalar loop
-    # the cross toolchain's own libc and libgomp first (see tests/jetson/support.py qemu_command)
-    qemu = ["qemu-aarch64", "-L", str(AARCH64_SYSROOT), "-E", f"LD_LIBRARY_PATH={AARCH64_SYSROOT / 'lib'}"]
-    d, n_neurons = 384, 301
-    cases = [
-        ("int8", 32, Activation("relu")),
-        ("int4", 64, Activation("fatrelu", 0.05)),
-        ("int4", 128, Activation("silu")),
-    ]
-    for index, (format, group_size, activation) in enumerate(cases):
-        case, outputs = tmp_path / f"case{index}.bin", tmp_path / f"out{index}.bin"
-        x, dequantized, mask = qemu_case(case, d, n_neurons, format, group_size, activation, seed=index)
-        run = subprocess.run([*qemu, str(binary), str(case), str(outputs)], capture_output=True, text=True, timeout=300)
+    return binary
+
+
+def run_harness(tmp_path: Path, command: list[str], env: dict[str, str] | None = None) -> list[bytes]:
+    """The harness's output for each of HARNESS_CASES (written once per test directory)."""
+    outputs = []
+    for index, (d, format, group_size, activation) in enumerate(HARNESS_CASES):
+        case, output = tmp_path / f"case{index}.bin", tmp_path / f"out{index}.bin"
+        if not case.exists():
+            harness_case(case, d, HARNESS_NEURONS, format, group_size, activation, seed=index)
+        run = subprocess.run([*command, str(case), str(output)], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, **(env or {})})  # fmt: skip
         assert run.returncode == 0, run.stderr
-        raw = outputs.read_bytes()
+        outputs.append(output.read_bytes())
+    return outputs
+
+
+def check_harness_outputs(tmp_path: Path, outputs: list[bytes], integer: bool) -> None:
+    """Each case's outputs against the reference on the dequantized weights and the x the kernels compute with."""
+    for index, ((d, format, group_size, activation), raw) in enumerate(zip(HARNESS_CASES, outputs, strict=True)):
+        x, dequantized, mask = harness_case(tmp_path / f"check{index}.bin", d, HARNESS_NEURONS, format, group_size,
+                                            activation, seed=index)  # fmt: skip
+        x = quantized_activations(x) if integer else x
+        n_neurons = HARNESS_NEURONS
         ffn_bytes = d * 4 + n_neurons
         runs = [raw[k * ffn_bytes : (k + 1) * ffn_bytes] for k in range(3)]
         assert runs[1] == runs[0] and runs[2] == runs[0]  # threads 1, 2, 4: bit-identical
@@ -142,3 +166,52 @@ def test_quantized_kernels_aarch64_under_qemu(tmp_path):
         gate_x = torch.from_numpy(np.frombuffer(matvecs[: n_neurons * 4], dtype="<f4").copy()).double()
         expected = dequantized[0].double() @ x.double()
         assert (gate_x - expected).abs().max() <= KERNEL_RTOL * expected.abs().max()
+
+
+@AARCH64_TOOLS
+@pytest.mark.parametrize(("march", "instruction"), [("armv8-a", "smull"), ("armv8.2-a+dotprod", "sdot")])
+def test_quantized_kernels_aarch64_under_qemu(tmp_path, march, instruction):
+    binary = build_harness(tmp_path, "aarch64-linux-gnu-gcc", [f"-march={march}"], march)
+    code = subprocess.run(["aarch64-linux-gnu-objdump", "-d", str(binary)], capture_output=True, text=True).stdout
+    assert f"{instruction}\tv" in code  # the integer products of that path, not a scalar loop
+    assert ("sdot\tv" in code) == (instruction == "sdot")
+    assert "sxtl" in code and "scvtf\tv" in code  # the fp32 path's NEON widening of the codes (the down rows)
+    check_harness_outputs(tmp_path, run_harness(tmp_path, [*QEMU, str(binary)]), integer=True)
+    fp32_outputs = run_harness(tmp_path, [*QEMU, str(binary)], {"EDGE_SDK_QUANT_ACTIVATIONS": "fp32"})
+    check_harness_outputs(tmp_path, fp32_outputs, integer=False)
+
+
+def cpu_flags() -> set[str]:
+    cpuinfo = Path("/proc/cpuinfo")
+    text = cpuinfo.read_text() if cpuinfo.exists() else ""
+    return set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
+
+
+# x86-64 builds of the harness: the -march flags, and the CPU flags this machine needs to run them.
+X86_BUILDS = {
+    "portable": (["-march=x86-64"], set()),
+    "avx2": (["-march=x86-64-v3"], {"avx2", "fma", "f16c"}),
+    "avx2-vnni": (["-march=x86-64-v3", "-mavxvnni"], {"avx2", "fma", "f16c", "avx_vnni"}),
+    "avx512": (["-march=skylake-avx512"], {"avx512f", "avx512bw", "avx512vl"}),
+    "avx512-vnni": (["-march=cascadelake"], {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
+}
+
+
+@x86_64_gcc
+def test_integer_dot_products_are_bit_identical_on_every_build(tmp_path):
+    """Every build this machine can run writes the same bytes (and aarch64's builds too, under qemu): the integer
+    path does not depend on the instruction set. Each build's outputs are also checked against the reference."""
+    runnable = {name: flags for name, (flags, needed) in X86_BUILDS.items() if needed <= cpu_flags()}
+    assert "portable" in runnable and len(runnable) >= 2, "nothing to compare on this machine"
+    outputs = {}
+    for name, flags in runnable.items():
+        binary = build_harness(tmp_path, "gcc", flags, name)
+        outputs[name] = run_harness(tmp_path, [str(binary)])
+    check_harness_outputs(tmp_path, outputs["portable"], integer=True)
+    aarch64_ready = shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64")
+    if aarch64_ready and (AARCH64_SYSROOT / "lib" / "ld-linux-aarch64.so.1").exists():
+        for march in ("armv8-a", "armv8.2-a+dotprod"):
+            binary = build_harness(tmp_path, "aarch64-linux-gnu-gcc", [f"-march={march}"], march)
+            outputs[march] = run_harness(tmp_path, [*QEMU, str(binary)])
+    for name, found in outputs.items():
+        assert found == outputs["portable"], f"{name} differs from the portable build"

@@ -1,5 +1,7 @@
 """Quantized rows (edge_sdk/quant.py, plugins/kernels/cpu/QUANT.md): the format's round trip, and the CPU kernels
-edge_cpu_sparse_ffn_q / edge_cpu_matvec_q against the reference on the dequantized weights (sparsity/ffn.py)."""
+edge_cpu_sparse_ffn_q / edge_cpu_matvec_q against the reference on the dequantized weights (sparsity/ffn.py), both
+with x quantized to two int8 planes for integer dot products (the default; the reference then runs on
+kernels.quantized_activations(x)) and with x in fp32 (EDGE_SDK_QUANT_ACTIVATIONS=fp32)."""
 
 from __future__ import annotations
 
@@ -20,13 +22,18 @@ except (NativeLibraryError, OSError) as error:  # the package build must have co
     pytest.skip(f"CPU kernel library not loadable: {error}", allow_module_level=True)
 
 from edge_sdk.backends.cpu import kernels
-from edge_sdk.backends.cpu.kernels import QuantizedWeight, SparseFFNKernel
+from edge_sdk.backends.cpu.kernels import ACTIVATIONS_ENV, QuantizedWeight, SparseFFNKernel, quantized_activations
 
 # Kernel bound: the kernel sums code * x per group and multiplies by the scale, the reference multiplies the
 # dequantized fp32 weights (code * scale, exact) by x: the same real numbers in another fp32 order, so the bound
 # is the fp kernels' one, relative to the output's scale: max |y - y_ref| <= KERNEL_RTOL * max |y_ref|. Quantization
-# error is not in it: the reference runs on the same quantized values.
+# error is not in it: the reference runs on the same quantized values, and on the kernel's quantized activations
+# (quantized_activations(x)) when those are in use.
 KERNEL_RTOL = 1e-5
+# Activation bound (QUANT.md): each value of x enters the integer dot products within ACTIVATION_STEP times its
+# block's scale (max |x| / 127 over its 32 values; 1/512 but where the low code clamps), plus float32 rounding of the
+# value itself. A dot product's bound follows: sum over j of |w_j| * ACTIVATION_STEP * scale of x_j's block.
+ACTIVATION_STEP = 1 / 256
 # Test data keep every masked neuron this far from its activity boundary (g = 0, g = t, |a| = threshold), so the
 # kernel's rounding cannot flip it and `active` must match exactly.
 DECISION_MARGIN = 1e-4
@@ -48,6 +55,16 @@ ACTIVATIONS = {
     "drelu": Activation("drelu"),
     "silu": Activation("silu"),
 }
+
+
+@pytest.fixture(params=["integer", "fp32"])
+def kernel_x(request, monkeypatch):
+    """Runs a kernel test with each way of dotting quantized rows with x; returns the x the kernels compute with."""
+    if request.param == "fp32":
+        monkeypatch.setenv(ACTIVATIONS_ENV, "fp32")
+        return lambda x: x
+    monkeypatch.delenv(ACTIVATIONS_ENV, raising=False)
+    return quantized_activations
 
 
 def random_weights(shape, seed, scale=1.0):
@@ -76,15 +93,16 @@ def clear_of_boundaries(x, w_gate, activation, thresholds=None):
     return clear
 
 
-def assert_matches_reference(x, weights, dequantized, activation, mask, thresholds=None, threads=0):
-    """The quantized kernel's y and active set against sparse_ffn on the dequantized weights; returns both."""
+def assert_matches_reference(x, weights, dequantized, activation, mask, kernel_x, thresholds=None, threads=0):
+    """The quantized kernel's y and active set against sparse_ffn on the dequantized weights and the x the kernel
+    computes with (kernel_x(x)); returns both."""
     n_neurons, d = dequantized[0].shape
     active = torch.zeros(n_neurons, dtype=torch.bool)
     y = SparseFFNKernel(d, n_neurons, threads).quantized(
         x, *weights, activation, mask=mask, thresholds=thresholds, active_out=active
     )
     computed = torch.ones(n_neurons, dtype=torch.bool) if mask is None else mask
-    reference = sparse_ffn(x, *dequantized, computed, activation, thresholds=thresholds)
+    reference = sparse_ffn(kernel_x(x), *dequantized, computed, activation, thresholds=thresholds)
     assert torch.equal(active, reference.active)
     assert (y - reference.output).abs().max() <= KERNEL_RTOL * reference.output.abs().max()
     return y, reference
@@ -177,13 +195,15 @@ def test_quantize_rejects_bad_input(weight, format, group_size, message):
 @pytest.mark.parametrize("group_size", GROUP_SIZES)
 @pytest.mark.parametrize("format", FORMATS)
 @pytest.mark.parametrize("mask_kind", ["empty", "all", "random"])
-def test_sparse_ffn_matches_reference(format, group_size, activation, mask_kind):
-    d, n_neurons = 384, 301  # three groups of 128 and a partial chunk of neurons
+def test_sparse_ffn_matches_reference(format, group_size, activation, mask_kind, kernel_x):
+    d, n_neurons = 416, 301  # three groups of 128 (and a half unit of 64 values) and a partial chunk of neurons
+    if d % group_size != 0:
+        d = 384
     x, weights, dequantized = quantized_ffn(d, n_neurons, format, group_size, seed=group_size)
-    clear = clear_of_boundaries(x, dequantized[0], activation)
+    clear = clear_of_boundaries(kernel_x(x), dequantized[0], activation)
     random = torch.rand(n_neurons, generator=torch.Generator().manual_seed(3)) < 0.5
     mask = {"empty": torch.zeros(n_neurons, dtype=torch.bool), "all": clear, "random": random & clear}[mask_kind]
-    y, reference = assert_matches_reference(x, weights, dequantized, activation, mask)
+    y, reference = assert_matches_reference(x, weights, dequantized, activation, mask, kernel_x)
     if mask_kind == "empty":
         assert torch.equal(y, torch.zeros(d))
     else:
@@ -192,29 +212,29 @@ def test_sparse_ffn_matches_reference(format, group_size, activation, mask_kind)
 
 
 @pytest.mark.parametrize("format", FORMATS)
-def test_sparse_ffn_without_mask_and_with_chess_thresholds(format):
+def test_sparse_ffn_without_mask_and_with_chess_thresholds(format, kernel_x):
     d, n_neurons = 256, 200
     silu = ACTIVATIONS["silu"]
     x, weights, dequantized = quantized_ffn(d, n_neurons, format, 64, seed=11)
     gate_act = silu.gate(dequantized[0] @ x).abs()
     thresholds = gate_act.median() * 2 * torch.rand(n_neurons, generator=torch.Generator().manual_seed(4))
-    assert clear_of_boundaries(x, dequantized[0], silu, thresholds).all(), "data on a decision boundary: reseed"
-    _, reference = assert_matches_reference(x, weights, dequantized, silu, None, thresholds)
+    assert clear_of_boundaries(kernel_x(x), dequantized[0], silu, thresholds).all(), "data on a boundary: reseed"
+    _, reference = assert_matches_reference(x, weights, dequantized, silu, None, kernel_x, thresholds)
     assert 0 < reference.active.sum() < n_neurons  # the thresholds drop some neurons
     relu = ACTIVATIONS["relu"]
-    assert clear_of_boundaries(x, dequantized[0], relu).all(), "data on a decision boundary: reseed"
-    assert_matches_reference(x, weights, dequantized, relu, None)
+    assert clear_of_boundaries(kernel_x(x), dequantized[0], relu).all(), "data on a decision boundary: reseed"
+    assert_matches_reference(x, weights, dequantized, relu, None, kernel_x)
 
 
 @pytest.mark.parametrize("format", FORMATS)
-def test_sparse_ffn_is_bit_identical_across_thread_counts(format):
+def test_sparse_ffn_is_bit_identical_across_thread_counts(format, kernel_x):
     d, n_neurons = 1024, 700  # many chunks of 32 candidates, several column blocks of the down projection
     x, weights, dequantized = quantized_ffn(d, n_neurons, format, 32, seed=5)
     mask = torch.rand(n_neurons, generator=torch.Generator().manual_seed(6)) < 0.6
     relu = ACTIVATIONS["relu"]
     runs = [SparseFFNKernel(d, n_neurons, threads).quantized(x, *weights, relu, mask=mask) for threads in (1, 2, 4, 2)]
     assert all(torch.equal(runs[0], run) for run in runs[1:])
-    reference = sparse_ffn(x, *dequantized, mask, relu).output
+    reference = sparse_ffn(kernel_x(x), *dequantized, mask, relu).output
     assert (runs[0] - reference).abs().max() <= KERNEL_RTOL * reference.abs().max()
 
 
@@ -222,19 +242,20 @@ def test_sparse_ffn_is_bit_identical_across_thread_counts(format):
 @pytest.mark.parametrize("group_size", GROUP_SIZES)
 @pytest.mark.parametrize("format", FORMATS)
 @pytest.mark.parametrize(("n_in", "n_out"), [(128, 1), (384, 77), (1024, 300)])
-def test_matvec_matches_float64(format, group_size, n_in, n_out, with_bias):
+def test_matvec_matches_float64(format, group_size, n_in, n_out, with_bias, kernel_x):
     matrix = quant.quantize(random_weights((n_out, n_in), seed=n_in + n_out), format, group_size)
     weight = QuantizedWeight.from_matrix(matrix)
     x = torch.from_numpy(random_weights(n_in, seed=1))
     bias = torch.from_numpy(random_weights(n_out, seed=2)) if with_bias else None
-    expected = torch.from_numpy(quant.dequantize(matrix)).double() @ x.double() + (bias.double() if with_bias else 0)
+    dequantized = torch.from_numpy(quant.dequantize(matrix)).double()
+    expected = dequantized @ kernel_x(x).double() + (bias.double() if with_bias else 0)
     found = kernels.matvec_quantized(x, weight, bias)
     assert found.dtype == torch.float32 and found.shape == (n_out,)
     assert (found.double() - expected).abs().max() <= KERNEL_RTOL * expected.abs().max()
 
 
 @pytest.mark.parametrize("format", FORMATS)
-def test_matvec_is_bit_identical_across_threads_and_rows(format):
+def test_matvec_is_bit_identical_across_threads_and_rows(format, kernel_x):
     matrix = quant.quantize(random_weights((301, 512), seed=9), format, 128)
     weight = QuantizedWeight.from_matrix(matrix)
     x = torch.from_numpy(random_weights(512, seed=10))
@@ -290,3 +311,73 @@ def test_c_kernels_return_an_error_status_for_invalid_arguments():
         arguments[position] = bad
         assert library.edge_cpu_matvec_q(*arguments) == 1
     assert torch.equal(y, torch.full((4,), 7.0))  # nothing written on failure
+
+
+# ---- the integer dot products' activations ------------------------------------------------------------------
+
+
+def block_scales(x):
+    """[n] the scale of each value's block of 32 (max |x| / 127), float64."""
+    blocks = x.double().reshape(-1, kernels.ACTIVATION_BLOCK).abs().amax(dim=1) / 127
+    return blocks.repeat_interleave(kernels.ACTIVATION_BLOCK)
+
+
+def test_quantized_activations_hand_computed_and_used_exactly_by_the_kernels(monkeypatch):
+    """A block whose scale is 1: x = high + low / 256 with the clamped ties, and a row of codes 1 at scale 1 sums
+    exactly those values (both planes, the low one's weight 1/256)."""
+    monkeypatch.delenv(ACTIVATIONS_ENV, raising=False)
+    x = torch.zeros(64)
+    x[:5] = torch.tensor([127.0, 1.3, -0.5, 2.5, 0.25])
+    expected = [127.0, 1 + 77 / 256, -127 / 256, 2 + 127 / 256, 0.25]  # -0.5, 2.5: ties, low code clamped to 127
+    assert quantized_activations(x)[:5].tolist() == expected
+    assert torch.equal(quantized_activations(x)[5:], torch.zeros(59))
+    codes = torch.zeros(1, 64, dtype=torch.int8)
+    codes[0, :5] = 1
+    scales = torch.ones(1, 2, dtype=torch.float16)
+    for format in FORMATS:
+        data = codes if format == "int8" else torch.from_numpy(quant.pack_int4(codes.numpy()))
+        weight = QuantizedWeight(format, 32, data, scales)
+        assert kernels.matvec_quantized(x, weight).item() == sum(expected)
+    monkeypatch.setenv(ACTIVATIONS_ENV, "fp32")
+    assert kernels.matvec_quantized(x, weight).item() == pytest.approx(130.55, abs=1e-5)
+
+
+def test_quantized_activations_are_within_the_declared_bound():
+    x = torch.from_numpy(random_weights(1024, seed=20))
+    x[32:64] = 0.0  # an all-zero block stays zero
+    x[64:96] *= 1e-30  # tiny values keep their relative precision: the scale is per block
+    x[100] = 1e4  # an outlier coarsens its own block only
+    found = quantized_activations(x)
+    error = (found.double() - x.double()).abs()
+    assert torch.all(error <= ACTIVATION_STEP * block_scales(x) + 2.0**-24 * x.double().abs())
+    assert torch.equal(found[32:64], torch.zeros(32))
+    assert error[:32].max() > 0  # quantized: a wrong path that passes x through is not mistaken for this one
+    assert (error[:32] / block_scales(x)[:32]).max() < 1 / 256 + 1e-6
+
+
+@pytest.mark.parametrize("group_size", GROUP_SIZES)
+@pytest.mark.parametrize("format", FORMATS)
+def test_integer_matvec_against_unquantized_x_is_within_the_activation_bound(format, group_size, monkeypatch):
+    """The default (integer) matvec against the dequantized rows times x itself: off by the activations' bound, and
+    off at all (the kernel does quantize x)."""
+    monkeypatch.delenv(ACTIVATIONS_ENV, raising=False)
+    matrix = quant.quantize(random_weights((200, 1024), seed=21), format, group_size)
+    x = torch.from_numpy(random_weights(1024, seed=22))
+    dequantized = torch.from_numpy(quant.dequantize(matrix)).double()
+    exact = dequantized @ x.double()
+    found = kernels.matvec_quantized(x, QuantizedWeight.from_matrix(matrix)).double()
+    bound = dequantized.abs() @ (ACTIVATION_STEP * block_scales(x)) + KERNEL_RTOL * exact.abs().max()
+    assert torch.all((found - exact).abs() <= bound)
+    assert (found - exact).abs().max() > 1e-3 * KERNEL_RTOL * exact.abs().max()
+
+
+@pytest.mark.parametrize("format", FORMATS)
+def test_rows_ending_in_half_a_unit(format, kernel_x):
+    """Rows of 32 (mod 64) values: the integer path's last unit of 64 values is half a unit. 4128 inputs also take
+    the matvec's heap buffer for x's planes (more than 4096)."""
+    for n_in in (32, 2080, 4128):
+        matrix = quant.quantize(random_weights((33, n_in), seed=n_in), format, 32)
+        x = torch.from_numpy(random_weights(n_in, seed=23))
+        expected = torch.from_numpy(quant.dequantize(matrix)).double() @ kernel_x(x).double()
+        found = kernels.matvec_quantized(x, QuantizedWeight.from_matrix(matrix))
+        assert (found.double() - expected).abs().max() <= KERNEL_RTOL * expected.abs().max()

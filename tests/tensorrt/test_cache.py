@@ -30,13 +30,14 @@ def test_default_cache_dir(monkeypatch, tmp_path):
     assert cache.default_cache_dir() == Path.home() / ".cache" / "edge-sdk" / "tensorrt"
 
 
-def test_complete_only_with_both_engines_and_the_same_key(tmp_path):
+def test_complete_only_with_the_engine_and_the_same_key(tmp_path):
     directory = cache.engine_dir(tmp_path, KEY)
     directory.mkdir()
     cache.write_metadata(directory, KEY, Path("/bundles/tiny"))
-    assert not cache.is_complete(directory, KEY)  # no engines yet
-    for name in cache.ENGINE_FILES.values():
-        (directory / name).write_bytes(b"plan")
+    assert not cache.is_complete(directory, KEY)  # no engine yet
+    (directory / "decode.engine").write_bytes(b"plan")  # the two engines of cache layout 1 are not one
+    assert not cache.is_complete(directory, KEY)
+    (directory / cache.ENGINE_FILE).write_bytes(b"plan")
     assert cache.is_complete(directory, KEY)
     assert not cache.is_complete(directory, dataclasses.replace(KEY, tensorrt_version="10.7.0"))
     (directory / cache.METADATA_FILE).write_text("{not json")
@@ -48,11 +49,11 @@ def test_unloadable_engine_says_what_built_it_and_how_to_rebuild(tmp_path):
     directory.mkdir()
     cache.write_metadata(directory, KEY, Path("/bundles/tiny"))
     now = dataclasses.replace(KEY, tensorrt_version="10.7.0.23")
-    message = cache.unloadable_engine_message(directory / "decode.engine", now, "/bundles/tiny")
+    message = cache.unloadable_engine_message(directory / cache.ENGINE_FILE, now, "/bundles/tiny")
     assert "TensorRT could not load this engine" in message
     assert "built for TensorRT 10.3.0, Orin (compute capability 8.7)" in message
     assert "this process has TensorRT 10.7.0.23" in message
     assert message.endswith("rebuild it on this device with `edge-sdk build /bundles/tiny --force`")
     (directory / cache.METADATA_FILE).unlink()
-    message = cache.unloadable_engine_message(directory / "decode.engine", now, "/bundles/tiny")
+    message = cache.unloadable_engine_message(directory / cache.ENGINE_FILE, now, "/bundles/tiny")
     assert "its engine.json is missing or incomplete" in message and "--force" in message

@@ -1,10 +1,11 @@
-"""Optimization profiles cover every dynamic input of the real graphs, with the graphs' static dimensions."""
+"""The engine's two optimization profiles cover every dynamic input of the graph it is built from (decode.onnx),
+with the graph's static dimensions; prefill starts on an empty cache, decode follows one."""
 
 from __future__ import annotations
 
 import onnx
 import pytest
-from edge_sdk.backends.tensorrt.profiles import PHASES, PREFILL_OPT_TOKENS, profile_shapes
+from edge_sdk.backends.tensorrt.profiles import ENGINE_GRAPH, PREFILL_OPT_TOKENS, PROFILES, profile_shapes
 
 
 def graph_inputs(path) -> dict[str, list[int | str]]:
@@ -16,11 +17,11 @@ def graph_inputs(path) -> dict[str, list[int | str]]:
 
 
 @pytest.mark.parametrize("kind", ["svd", "core"])
-@pytest.mark.parametrize("phase", PHASES)
-def test_profile_matches_the_graph_inputs(trt_bundles, kind, phase):
+@pytest.mark.parametrize("profile", PROFILES)
+def test_profile_matches_the_graph_inputs(trt_bundles, kind, profile):
     bundle = trt_bundles[kind]
-    shapes = profile_shapes(bundle.config, bundle.max_seq_len, phase, kind)
-    inputs = graph_inputs(bundle.graph_path(phase))
+    shapes = profile_shapes(bundle.config, bundle.max_seq_len, profile, kind)
+    inputs = graph_inputs(bundle.graph_path(ENGINE_GRAPH))
     dynamic = {name for name, dims in inputs.items() if any(isinstance(dim, str) for dim in dims)}
     assert set(shapes) == dynamic
     for name, shape in shapes.items():
@@ -37,16 +38,17 @@ def test_prefill_and_decode_ranges(trt_bundles):
     prefill = profile_shapes(model, max_len, "prefill", "svd")
     assert prefill["input_ids"].min == (1, 1) and prefill["input_ids"].max == (1, max_len)
     assert prefill["input_ids"].opt == (1, min(PREFILL_OPT_TOKENS, max_len))
-    assert prefill["past_key_values.0.key"].max[2] == 0  # prefill starts a sequence
+    assert prefill["past_key_values.0.key"].max[2] == 0  # prefill starts a sequence: the graph's dense FFN
     decode = profile_shapes(model, max_len, "decode", "svd")
     assert decode["input_ids"].min == decode["input_ids"].max == (1, 1)
     key = decode["past_key_values.3.value"]
-    assert (key.min[2], key.opt[2], key.max[2]) == (0, max_len // 2, max_len - 1)
+    # a decode step follows a prompt: past_seq >= 1 selects the predictor and SparseFFN
+    assert (key.min[2], key.opt[2], key.max[2]) == (1, max_len // 2, max_len - 1)
 
 
 def test_profile_rejects_bad_arguments(trt_bundles):
     model = trt_bundles["svd"].config
-    with pytest.raises(ValueError, match="phase: expected one of prefill, decode"):
+    with pytest.raises(ValueError, match="profile: expected one of prefill, decode"):
         profile_shapes(model, 64, "verify", "svd")
-    with pytest.raises(ValueError, match="max_seq_len: expected >= 1"):
-        profile_shapes(model, 0, "decode", "svd")
+    with pytest.raises(ValueError, match="max_seq_len: expected >= 2"):
+        profile_shapes(model, 1, "decode", "svd")

@@ -1,13 +1,16 @@
 """TensorRTEngine's buffer handling (KV cache ping-pong, positions, logits, core masks) without TensorRT or a GPU.
 
 TensorRT and cuda-python are replaced by fakes: device memory is a dict of byte arrays, and an "engine" runs the
-bundle's graph in ONNX Runtime on the tensors found at the addresses the backend bound. The backend must then
-reproduce OrtBundleSession exactly, step by step.
+bundle's decode.onnx in ONNX Runtime on the tensors found at the addresses the backend bound, refusing, as TensorRT
+does, an input shape outside the optimization profile its context selected. The backend runs prompts and decode
+steps through that one graph (the prefill and decode profiles of one engine) and must reproduce OrtBundleSession,
+which runs prefill.onnx and decode.onnx, exactly, step by step.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import types
 
 import numpy as np
@@ -15,7 +18,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 from edge_sdk.backends.tensorrt import runtime
-from edge_sdk.backends.tensorrt.cache import ENGINE_FILES
+from edge_sdk.backends.tensorrt.cache import ENGINE_FILE
+from edge_sdk.backends.tensorrt.profiles import ENGINE_GRAPH, PROFILES, profile_shapes
 
 from edge_sdk.export.ort_session import OrtBundleSession
 from edge_sdk.runtime.backends import EngineOptions
@@ -57,22 +61,41 @@ def numpy_type(value: onnx.ValueInfoProto) -> np.dtype:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
 
 
+USER_MANAGED = "user-managed"
+ACTIVATION_BYTES = {0: 4096, 1: 512}  # per profile, as get_device_memory_size_for_profile_v2 reports them
+
+
 class FakeContext:
     """Reads its inputs at the bound addresses, runs the graph in ONNX Runtime, writes the outputs back."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, strategy):
+        assert strategy == USER_MANAGED  # the backend supplies the activation memory both contexts share
         self.engine, self.shapes, self.addresses = engine, {}, {}
+        self.profile = 0  # TensorRT assigns a new context profile 0
+        self.device_memory = None
+
+    def set_device_memory(self, address, size) -> None:
+        assert size == max(ACTIVATION_BYTES.values()) and len(MEMORY[address]) >= size
+        self.device_memory = address
+
+    def set_optimization_profile_async(self, index, stream_handle) -> bool:
+        assert stream_handle == FakeStream.handle
+        self.profile = index
+        return 0 <= index < len(self.engine.profiles)
 
     def set_input_shape(self, name, shape) -> bool:
+        bounds = self.engine.profiles[self.profile].get(name)
+        if bounds is None or not all(low <= n <= high for low, high, n in zip(*bounds, shape, strict=True)):
+            return False
         self.shapes[name] = tuple(shape)
-        return name in self.engine.inputs
+        return True
 
     def set_tensor_address(self, name, address) -> bool:
         self.addresses[name] = address
         return True
 
     def execute_async_v3(self, stream_handle) -> bool:
-        assert stream_handle == FakeStream.handle
+        assert stream_handle == FakeStream.handle and self.device_memory is not None
         feed = {}
         for name, value in self.engine.inputs.items():
             shape = self.shapes.get(name, ())  # scalars have a static shape and are never set
@@ -88,7 +111,12 @@ class FakeContext:
 
 
 class FakeEngine:
-    def __init__(self, graph_path: str):
+    """The engine file holds the graph's path and each profile's {input: (min, max)}."""
+
+    def __init__(self, plan: str):
+        record = json.loads(plan)
+        graph_path = record["graph"]
+        self.profiles = record["profiles"]
         model = onnx.load(graph_path, load_external_data=False)
         self.inputs = {value.name: value for value in model.graph.input}
         self.outputs = {value.name: value for value in model.graph.output}
@@ -99,8 +127,11 @@ class FakeEngine:
     def get_tensor_name(self, index: int) -> str:
         return self.names[index]
 
-    def create_execution_context(self) -> FakeContext:
-        return FakeContext(self)
+    def get_device_memory_size_for_profile_v2(self, index: int) -> int:
+        return ACTIVATION_BYTES[index]
+
+    def create_execution_context(self, strategy) -> FakeContext:
+        return FakeContext(self, strategy)
 
 
 def fake_tensorrt() -> types.SimpleNamespace:
@@ -111,18 +142,23 @@ def fake_tensorrt() -> types.SimpleNamespace:
             pass
 
     def make_runtime(logger):
-        return types.SimpleNamespace(deserialize_cuda_engine=lambda data: FakeEngine(data.decode()))
+        return types.SimpleNamespace(deserialize_cuda_engine=lambda plan: FakeEngine(bytes(plan).decode()))
 
-    return types.SimpleNamespace(Runtime=make_runtime, Logger=Logger)
+    strategies = types.SimpleNamespace(USER_MANAGED=USER_MANAGED)
+    return types.SimpleNamespace(Runtime=make_runtime, Logger=Logger, ExecutionContextAllocationStrategy=strategies)
 
 
 @pytest.fixture
 def fake_backend(monkeypatch, tmp_path):
-    """The runtime module wired to the fakes; engine files hold the path of the graph they stand for."""
+    """The runtime module wired to the fakes; the engine file holds the graph and the profiles it was built with."""
 
     def fake_build_engine(bundle):
-        for phase, name in ENGINE_FILES.items():
-            (tmp_path / name).write_text(str(bundle.graph_path(phase)))
+        profiles = []
+        for profile in PROFILES:
+            shapes = profile_shapes(bundle.config, bundle.max_seq_len, profile, bundle.sparsity.predictor)
+            profiles.append({name: (shape.min, shape.max) for name, shape in shapes.items()})
+        plan = {"graph": str(bundle.graph_path(ENGINE_GRAPH)), "profiles": profiles}
+        (tmp_path / ENGINE_FILE).write_text(json.dumps(plan))
         return tmp_path
 
     monkeypatch.setattr(runtime, "import_tensorrt", fake_tensorrt)

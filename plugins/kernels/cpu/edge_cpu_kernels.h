@@ -26,7 +26,7 @@ extern "C" {
 enum edge_cpu_status {
   EDGE_CPU_OK = 0,
   EDGE_CPU_INVALID_ARGUMENT = 1,
-  EDGE_CPU_OUT_OF_MEMORY = 2, /* only edge_cpu_signbit_predictor for d > 65536, see there */
+  EDGE_CPU_OUT_OF_MEMORY = 2, /* only edge_cpu_signbit_predictor for d > 65536 and edge_cpu_matvec_q for in > 4096 */
 };
 
 /* Storage type of weight matrices. Accumulation is always fp32. */
@@ -65,8 +65,9 @@ int edge_cpu_svd_predictor(const float *x, int d, int D, int rank, const float *
  * allocates d/8 bytes (and returns EDGE_CPU_OUT_OF_MEMORY if that fails). Uses all OpenMP threads. */
 int edge_cpu_signbit_predictor(const float *x, int d, int D, const int32_t *packed, float alpha, uint8_t *mask);
 
-/* Bytes of workspace edge_cpu_sparse_ffn needs for d x D with `threads` threads (O(D), independent of d
- * today; d and threads are part of the contract so the layout may use them without an API change).
+/* Bytes of workspace edge_cpu_sparse_ffn needs for d x D with `threads` threads (O(D + d): the neuron lists and
+ * x quantized for the integer dot products of edge_cpu_sparse_ffn_q; threads is part of the contract so the layout
+ * may use it without an API change).
  * Returns 0 when d <= 0 or D <= 0. */
 size_t edge_cpu_sparse_ffn_workspace_size(int d, int D, int threads);
 
@@ -107,9 +108,11 @@ int edge_cpu_matvec(const float *x, int in, int out, const void *w, int weight_d
 /* edge_cpu_sparse_ffn over quantized rows: w_gate, w_up, w_down_t hold the codes of quant_format (enum
  * edge_quant_format), each [D, d] in that format, with gate_scales, up_scales, down_scales [D, d / group_size]
  * fp16; d must be a multiple of group_size (32, 64 or 128). Every other argument, the workspace size and the
- * determinism as for edge_cpu_sparse_ffn. Each dot product sums code * x over a group in fp32 and adds it times
- * the group's scale; each down row adds (h_i * scale) * code to y. The codes are widened to fp32 in registers,
- * so a row's bytes are read once and nothing is dequantized in memory. */
+ * determinism as for edge_cpu_sparse_ffn. The gate and up rows are dotted with x quantized per token into two int8
+ * planes per block of 32 values (integer dot products, QUANT.md "Integer dot products": within max|x| / 32512 of
+ * x per value, the same bits on every instruction set); with the environment variable
+ * EDGE_SDK_QUANT_ACTIVATIONS=fp32 they are dotted with x itself, the codes widened to fp32 in registers. Each
+ * down row adds (h_i * scale) * code to y. A row's bytes are read once and nothing is dequantized in memory. */
 int edge_cpu_sparse_ffn_q(const float *x, int d, int D, const void *w_gate, const uint16_t *gate_scales,
                           const void *w_up, const uint16_t *up_scales, const void *w_down_t,
                           const uint16_t *down_scales, int quant_format, int group_size, const uint8_t *mask,
@@ -118,7 +121,8 @@ int edge_cpu_sparse_ffn_q(const float *x, int d, int D, const void *w_gate, cons
 
 /* edge_cpu_matvec over quantized rows: w [out, in] in quant_format with scales [out, in / group_size] fp16; in a
  * multiple of group_size. Each output's dot product as in edge_cpu_sparse_ffn_q, bit-identical for any thread
- * count. */
+ * count. x's quantized planes live on the stack up to in = 4096 and are allocated beyond (EDGE_CPU_OUT_OF_MEMORY
+ * if that fails). */
 int edge_cpu_matvec_q(const float *x, int in, int out, const void *w, const uint16_t *scales, int quant_format,
                       int group_size, const float *bias, float *y, int threads);
 

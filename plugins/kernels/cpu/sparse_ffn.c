@@ -28,6 +28,7 @@
  * conversion on its own, and a portable C path that GCC vectorises for any target. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "edge_cpu_kernels.h"
@@ -317,8 +318,8 @@ EDGE_ALWAYS_INLINE void add_rows(float *restrict y, int n, const void *w, int dt
  * so a row's bytes are read once and nothing is dequantized in memory. The widening has its own AVX-512, AVX2 and
  * NEON intrinsics and a portable C path: GCC 12 turns __builtin_convertvector from 16 int8 to 16 floats into
  * 16 scalar conversions on every target, several times slower than the fp16 path. The rest is written once with
- * GCC vectors. The integer dot products of AVX-512 VNNI and NEON dotprod would need x quantized to int8 per token,
- * a change of the numbers: not done here (QUANT.md).
+ * GCC vectors. These serve the down rows, and the gate, up and matvec rows when x is kept in fp32
+ * (EDGE_SDK_QUANT_ACTIVATIONS=fp32); by default those are dotted through the integer dot products further below.
  * quant_dot_row(row, scales, dtype, group_size, x, d, next, next_scales): row . x, prefetching the row `next`.
  * add_quant_rows(y, c0, n, codes, scales, ...): y[c0 + c] += (h[r] * scale) * code for c < n, r in order. */
 
@@ -506,16 +507,454 @@ EDGE_ALWAYS_INLINE void add_quant_rows(float *y, int c0, int n, const char *code
   }
 }
 
+/* ---- Integer dot products: x quantized per token (QUANT.md, "Integer dot products") -------------------------
+ * The gate, up and matvec rows are dotted with x quantized once per call, per block of 32 values: scale =
+ * max|x| / 127, t = x * (127 / max|x|), high code = round(t), low code = round(256 (t - high)) (ties to even, the
+ * low one clamped to +-127), so x ~ (high + low / 256) * scale to within scale / 512 (scale / 256 where the low
+ * code clamps): two int8 planes, about 16 bits per value. One plane alone (int8 activations, as llama.cpp's
+ * Q8_0) changed the fixture's greedy ids against the fp32 reference and ONNX Runtime (QUANT.md); the second costs
+ * one more integer product, a shift and an add per 64 values.
+ * A row's codes times each plane are summed exactly in int32 lanes of 4 consecutive values (8 lanes per block, 16
+ * per unit of two blocks) and combined exactly as 256 high + low; each lane is converted to fp32 (rounded) and
+ * added to its accumulator with one fused multiply-add by the factor x scale * weight scale of its block. The
+ * integer part is exact and the float part the same sequence of operations on every target: AVX-512 (VNNI vpdpbusd,
+ * or vpmaddubsw), AVX2 (AVX-VNNI, or vpmaddubsw), NEON (sdot with the dot-product extension, or smull) and portable
+ * C give bit-identical results. vpdpbusd and vpmaddubsw multiply unsigned by signed bytes: the INT4 codes are taken
+ * as their stored nibbles (code + 8) and, with VNNI, the INT8 codes as code + 128 (xor 0x80); the surplus, offset
+ * times the lane's activation codes (256 high + low), starts the lane negated, computed once per call. Without VNNI
+ * an INT8 lane would overflow vpmaddubsw's int16 pairs (255 * 127 * 2), so there the codes' magnitudes multiply x's
+ * codes carrying the codes' signs, with no surplus. */
+
+/* Values per int32 lane and per unit (the 16 lanes one accumulator holds). */
+#define EDGE_LANE_VALUES 4
+#define EDGE_UNIT_VALUES 64
+
+/* x quantized for the integer dot products: high and low codes [d] int8, lane_scales [d / 4] (the scale of lane i's
+ * block, i / 8, over 256, the weight of a low code; repeated so a unit's 16 factors are one vector product), and on
+ * x86 code_offset_sums [d / 4] (minus the codes' offset times 256 high + low summed over lane i's 4 values; NULL
+ * elsewhere). d a multiple of 32. */
+struct quantized_activations {
+  const int8_t *high, *low;
+  const float *lane_scales;
+  const int32_t *code_offset_sums;
+  const float *block_scales; /* AVX-512: [d / 32] each block's scale / 256 (int_dot_row's eight units at a time) */
+};
+
+/* Bytes quantize_activations needs for d values (any d, so a workspace can hold them whatever the rows' type). */
+static size_t activation_bytes(int d) {
+  size_t values = ((size_t)d + EDGE_QUANT_BLOCK - 1) / EDGE_QUANT_BLOCK * EDGE_QUANT_BLOCK;
+  return 5 * ((values + EDGE_CACHE_LINE - 1) / EDGE_CACHE_LINE * EDGE_CACHE_LINE) + EDGE_CACHE_LINE;
+}
+
+#if EDGE_ROWS_AVX512 || EDGE_ROWS_AVX2
+/* What the unsigned codes of `dtype` exceed the signed ones by, in the x86 integer products (see above). */
+static inline int32_t code_offset(int dtype) {
+#if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
+  return dtype == EDGE_Q4 ? 8 : 128;
+#else
+  return dtype == EDGE_Q4 ? 8 : 0;
+#endif
+}
+#endif
+
+/* x [d] into `buffer` (activation_bytes(d), any alignment) for rows of `dtype`. A block holding a non-finite value
+ * gets codes 0 and a NaN scale, so every dot product it enters is NaN, as the fp32 products would be at best. */
+static struct quantized_activations quantize_activations(const float *x, int d, int dtype, void *buffer) {
+  uintptr_t base = ((uintptr_t)buffer + EDGE_CACHE_LINE - 1) / EDGE_CACHE_LINE * EDGE_CACHE_LINE;
+  size_t stride = ((size_t)d + EDGE_CACHE_LINE - 1) / EDGE_CACHE_LINE * EDGE_CACHE_LINE;
+  int8_t *high = (int8_t *)base, *low = (int8_t *)(base + stride);
+  float *lane_scales = (float *)(base + 2 * stride);
+  for (int block = 0; block < d / EDGE_QUANT_BLOCK; block++) {
+    const float *values = x + block * EDGE_QUANT_BLOCK;
+    float largest = 0.0f;
+    int finite = 1;
+    for (int j = 0; j < EDGE_QUANT_BLOCK; j++) {
+      largest = fmaxf(largest, fabsf(values[j]));
+      finite &= isfinite(values[j]) != 0;
+    }
+    float scale = finite ? largest / 127.0f : NAN;
+    float inverse = finite && largest > 0.0f ? 127.0f / largest : 0.0f;
+    for (int j = 0; j < EDGE_QUANT_BLOCK; j++) {
+      float scaled = finite ? values[j] * inverse : 0.0f;
+      float rounded = nearbyintf(scaled);
+      /* scaled - rounded is exact, and times 256 too: |it| <= 0.5, so the low code is within [-128, 128] */
+      float rest = nearbyintf((scaled - rounded) * 256.0f);
+      high[block * EDGE_QUANT_BLOCK + j] = (int8_t)rounded;
+      low[block * EDGE_QUANT_BLOCK + j] = (int8_t)fminf(fmaxf(rest, -127.0f), 127.0f);
+    }
+    for (int l = 0; l < EDGE_QUANT_BLOCK / EDGE_LANE_VALUES; l++) {
+      lane_scales[block * (EDGE_QUANT_BLOCK / EDGE_LANE_VALUES) + l] = scale / 256.0f;
+    }
+  }
+#if EDGE_ROWS_AVX512
+  float *block_scales = (float *)(base + 4 * stride);
+  for (int block = 0; block < d / EDGE_QUANT_BLOCK; block++) {
+    block_scales[block] = lane_scales[block * (EDGE_QUANT_BLOCK / EDGE_LANE_VALUES)];
+  }
+#else
+  float *block_scales = NULL;
+#endif
+#if EDGE_ROWS_AVX512 || EDGE_ROWS_AVX2
+  int32_t *offset_sums = (int32_t *)(base + 3 * stride);
+  int32_t offset = code_offset(dtype);
+  for (int lane = 0; lane < d / EDGE_LANE_VALUES; lane++) {
+    int32_t sum = 0;
+    for (int k = 0; k < EDGE_LANE_VALUES; k++) {
+      sum += 256 * high[lane * EDGE_LANE_VALUES + k] + low[lane * EDGE_LANE_VALUES + k];
+    }
+    offset_sums[lane] = -offset * sum;
+  }
+  struct quantized_activations quantized = {high, low, lane_scales, offset_sums, block_scales};
+#else
+  (void)dtype;
+  struct quantized_activations quantized = {high, low, lane_scales, NULL, block_scales};
+#endif
+  return quantized;
+}
+
+typedef int32_t ivec16 __attribute__((vector_size(64)));
+typedef float unaligned_vec8 __attribute__((vector_size(32), aligned(4), may_alias));
+#define VEC8_AT(p) (*(unaligned_vec8 *)(p))
+
+#if EDGE_ROWS_AVX512
+
+/* The integer lanes of unit `unit` (values [64 unit, 64 unit + 64)) of a row, n_blocks 2, or 1 for a row's last
+ * half unit (lanes 8..15 then 0). */
+EDGE_ALWAYS_INLINE void unit_products(const char *row, int dtype, int unit, const struct quantized_activations *xa,
+                                      int n_blocks, ivec16 *out) {
+  size_t first = (size_t)unit * EDGE_UNIT_VALUES;
+  const int32_t *sums = xa->code_offset_sums + (size_t)unit * 16;
+  const char *codes = row + (size_t)unit * 2 * block_bytes(dtype);
+#define EDGE_LOAD_HALF_OR_ALL(p) \
+  (n_blocks == 2 ? _mm512_loadu_si512(p) : _mm512_zextsi256_si512(_mm256_loadu_si256((const void *)(p))))
+  __m512i high = EDGE_LOAD_HALF_OR_ALL(xa->high + first), low = EDGE_LOAD_HALF_OR_ALL(xa->low + first);
+  __m512i lanes = EDGE_LOAD_HALF_OR_ALL(sums);
+  __m512i unsigned_codes;
+  if (dtype == EDGE_Q4) {
+    __m256i bytes = n_blocks == 2 ? _mm256_loadu_si256((const void *)codes)
+                                  : _mm256_zextsi128_si256(_mm_loadu_si128((const void *)codes));
+    /* quadwords: block 0's low nibbles (values 0..15), its high nibbles (16..31), then block 1's */
+    const __m512i order = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+    __m512i halves = _mm512_permutex2var_epi64(_mm512_castsi256_si512(bytes), order,
+                                               _mm512_castsi256_si512(_mm256_srli_epi16(bytes, 4)));
+    unsigned_codes = _mm512_and_si512(halves, _mm512_set1_epi8(0x0f));
+  } else {
+    __m512i w = EDGE_LOAD_HALF_OR_ALL(codes);
+#ifdef __AVX512VNNI__
+    unsigned_codes = _mm512_xor_si512(w, _mm512_set1_epi8((char)0x80));
+#else
+    unsigned_codes = _mm512_abs_epi8(w);
+    __mmask64 negative = _mm512_movepi8_mask(w);
+    high = _mm512_mask_sub_epi8(high, negative, _mm512_setzero_si512(), high);
+    low = _mm512_mask_sub_epi8(low, negative, _mm512_setzero_si512(), low);
+#endif
+  }
+#undef EDGE_LOAD_HALF_OR_ALL
+#ifdef __AVX512VNNI__
+  __m512i high_sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), unsigned_codes, high);
+  __m512i low_sums = _mm512_dpbusd_epi32(lanes, unsigned_codes, low);
+#else
+  const __m512i ones = _mm512_set1_epi16(1);
+  __m512i high_sums = _mm512_madd_epi16(_mm512_maddubs_epi16(unsigned_codes, high), ones);
+  __m512i low_sums = _mm512_add_epi32(lanes, _mm512_madd_epi16(_mm512_maddubs_epi16(unsigned_codes, low), ones));
+#endif
+  *out = (ivec16)_mm512_add_epi32(_mm512_slli_epi32(high_sums, 8), low_sums);
+}
+
+/* acc += products * factors, lane by lane, one rounding each (after the conversion's). */
+EDGE_ALWAYS_INLINE void fused_multiply_add16(vec16 *acc, const ivec16 *products, const vec16 *factors) {
+  *acc = (vec16)_mm512_fmadd_ps(_mm512_cvtepi32_ps((__m512i)*products), (__m512)*factors, (__m512)*acc);
+}
+
+#else /* AVX2, NEON and portable C: a unit is two blocks of 8 lanes */
+
+#if EDGE_ROWS_AVX2
+/* The 8 lanes of one block: codes at `codes`, activation codes high, low, starting values `sums`. */
+static inline __m256i block_products(const char *codes, int dtype, const int8_t *high, const int8_t *low,
+                                     const int32_t *sums) {
+  __m256i high8 = _mm256_loadu_si256((const void *)high), low8 = _mm256_loadu_si256((const void *)low);
+  __m256i lanes = _mm256_loadu_si256((const void *)sums);
+  __m256i unsigned_codes;
+  if (dtype == EDGE_Q4) {
+    __m128i bytes = _mm_loadu_si128((const void *)codes);
+    unsigned_codes = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), _mm256_set1_epi8(0x0f));
+  } else {
+    __m256i w = _mm256_loadu_si256((const void *)codes);
+#ifdef __AVXVNNI__
+    unsigned_codes = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
+#else
+    unsigned_codes = _mm256_abs_epi8(w);
+    high8 = _mm256_sign_epi8(high8, w);
+    low8 = _mm256_sign_epi8(low8, w);
+#endif
+  }
+#ifdef __AVXVNNI__
+  __m256i high_sums = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), unsigned_codes, high8);
+  __m256i low_sums = _mm256_dpbusd_avx_epi32(lanes, unsigned_codes, low8);
+#else
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i high_sums = _mm256_madd_epi16(_mm256_maddubs_epi16(unsigned_codes, high8), ones);
+  __m256i low_sums = _mm256_add_epi32(lanes, _mm256_madd_epi16(_mm256_maddubs_epi16(unsigned_codes, low8), ones));
+#endif
+  return _mm256_add_epi32(_mm256_slli_epi32(high_sums, 8), low_sums);
+}
+
+EDGE_ALWAYS_INLINE void fused_multiply_add16(vec16 *acc, const ivec16 *products, const vec16 *factors) {
+  union {
+    ivec16 all;
+    __m256i half[2];
+  } p = {*products};
+  union {
+    vec16 all;
+    __m256 half[2];
+  } f = {*factors}, a = {*acc};
+  for (int h = 0; h < 2; h++) a.half[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p.half[h]), f.half[h], a.half[h]);
+  *acc = a.all;
+}
+
+#elif defined(__ARM_NEON)
+/* The 4 lanes of 16 signed codes times 16 activation codes: sdot, or widening multiplies and pairwise adds
+ * (|a b| <= 127 * 127, so two products fit an int16). */
+static inline int32x4_t lane_products(int8x16_t codes, int8x16_t xq) {
+#ifdef __ARM_FEATURE_DOTPROD
+  return vdotq_s32(vdupq_n_s32(0), codes, xq);
+#else
+  int16x8_t low = vmull_s8(vget_low_s8(codes), vget_low_s8(xq)), high = vmull_high_s8(codes, xq);
+  return vpaddlq_s16(vpaddq_s16(low, high));
+#endif
+}
+
+/* 256 (codes . high) + codes . low over 16 values, in 4 lanes. */
+static inline int32x4_t two_plane_products(int8x16_t codes, const int8_t *high, const int8_t *low) {
+  return vaddq_s32(vshlq_n_s32(lane_products(codes, vld1q_s8(high)), 8), lane_products(codes, vld1q_s8(low)));
+}
+
+static inline void block_products(const char *codes, int dtype, const int8_t *high, const int8_t *low,
+                                  int32x4_t out[2]) {
+  int8x16_t first, second;
+  if (dtype == EDGE_Q4) {
+    codes16 bytes = load_codes16(codes);
+    first = low_nibbles(bytes), second = high_nibbles(bytes);
+  } else {
+    first = load_codes16(codes), second = load_codes16(codes + 16);
+  }
+  out[0] = two_plane_products(first, high, low);
+  out[1] = two_plane_products(second, high + 16, low + 16);
+}
+
+EDGE_ALWAYS_INLINE void fused_multiply_add16(vec16 *acc, const ivec16 *products, const vec16 *factors) {
+  union {
+    ivec16 all;
+    int32x4_t quarter[4];
+  } p = {*products};
+  union {
+    vec16 all;
+    float32x4_t quarter[4];
+  } f = {*factors}, a = {*acc};
+  for (int q = 0; q < 4; q++) a.quarter[q] = vfmaq_f32(a.quarter[q], vcvtq_f32_s32(p.quarter[q]), f.quarter[q]);
+  *acc = a.all;
+}
+
+#else /* portable C */
+/* Signed code j of a block. */
+static inline int32_t block_code(const char *codes, int dtype, int j) {
+  if (dtype == EDGE_Q8) return (int8_t)codes[j];
+  uint8_t byte = (uint8_t)codes[j % 16];
+  return (j < 16 ? byte & 0x0f : byte >> 4) - 8;
+}
+
+static inline void block_products(const char *codes, int dtype, const int8_t *high, const int8_t *low,
+                                  int32_t out[8]) {
+  for (int l = 0; l < 8; l++) {
+    int32_t high_sum = 0, low_sum = 0;
+    for (int k = 0; k < EDGE_LANE_VALUES; k++) {
+      int32_t code = block_code(codes, dtype, 4 * l + k);
+      high_sum += code * high[4 * l + k];
+      low_sum += code * low[4 * l + k];
+    }
+    out[l] = 256 * high_sum + low_sum;
+  }
+}
+
+/* fmaf rounds once, as the vector FMAs of the other paths do (a library call where the target has no FMA). */
+EDGE_ALWAYS_INLINE void fused_multiply_add16(vec16 *acc, const ivec16 *products, const vec16 *factors) {
+  float lanes[16], f[16];
+  int32_t p[16];
+  memcpy(lanes, acc, sizeof lanes);
+  memcpy(f, factors, sizeof f);
+  memcpy(p, products, sizeof p);
+  for (int l = 0; l < 16; l++) lanes[l] = fmaf((float)p[l], f[l], lanes[l]);
+  memcpy(acc, lanes, sizeof lanes);
+}
+#endif
+
+EDGE_ALWAYS_INLINE void unit_products(const char *row, int dtype, int unit, const struct quantized_activations *xa,
+                                      int n_blocks, ivec16 *out) {
+  size_t first = (size_t)unit * EDGE_UNIT_VALUES;
+  const char *codes = row + (size_t)unit * 2 * block_bytes(dtype);
+#if EDGE_ROWS_AVX2
+  union {
+    ivec16 all;
+    __m256i half[2];
+  } lanes = {{0}};
+  const int32_t *sums = xa->code_offset_sums + (size_t)unit * 16;
+  for (int b = 0; b < n_blocks; b++) {
+    size_t at = first + (size_t)b * EDGE_QUANT_BLOCK;
+    lanes.half[b] = block_products(codes + b * block_bytes(dtype), dtype, xa->high + at, xa->low + at, sums + 8 * b);
+  }
+#elif defined(__ARM_NEON)
+  union {
+    ivec16 all;
+    int32x4_t quarter[4];
+  } lanes = {{0}};
+  for (int b = 0; b < n_blocks; b++) {
+    size_t at = first + (size_t)b * EDGE_QUANT_BLOCK;
+    block_products(codes + b * block_bytes(dtype), dtype, xa->high + at, xa->low + at, lanes.quarter + 2 * b);
+  }
+#else
+  union {
+    ivec16 all;
+    int32_t lane[16];
+  } lanes = {{0}};
+  for (int b = 0; b < n_blocks; b++) {
+    size_t at = first + (size_t)b * EDGE_QUANT_BLOCK;
+    block_products(codes + b * block_bytes(dtype), dtype, xa->high + at, xa->low + at, lanes.lane + 8 * b);
+  }
+#endif
+  *out = lanes.all;
+}
+
+#endif
+
+/* The factors of unit `unit`'s 16 lanes: x's block scale times the row's group scale (lanes 8..15 zero when the
+ * unit is a row's last half). group_shift: log2(group_size / 64) for group sizes 64 and 128. */
+#if EDGE_ROWS_AVX512
+/* With AVX-512 the two group scales of a unit at group size 32 are converted together and spread over the lanes by
+ * one permutation: assembling the vector from two 8-lane halves went through memory (a failed store forwarding
+ * per unit, the unit's cost several times over). */
+EDGE_ALWAYS_INLINE void unit_factors(const float *lane_scales, const uint16_t *scales, int group_size, int group_shift,
+                                     int unit, int n_blocks, vec16 *out) {
+  __mmask16 lanes = n_blocks == 2 ? 0xffff : 0x00ff;
+  __m512 x_scales = _mm512_maskz_loadu_ps(lanes, lane_scales + (size_t)unit * 16);
+  __m512 row_scales;
+  if (group_size == EDGE_QUANT_BLOCK) {
+    uint32_t two_scales = 0;
+    memcpy(&two_scales, scales + 2 * (size_t)unit, n_blocks == 2 ? sizeof two_scales : sizeof(uint16_t));
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    __m128 converted = _mm_cvtph_ps(_mm_cvtsi32_si128((int)two_scales));
+    row_scales = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(converted));
+  } else {
+    row_scales = _mm512_set1_ps(scale_at(scales, (size_t)(unit >> group_shift)));
+  }
+  *out = (vec16)_mm512_mul_ps(x_scales, row_scales);
+}
+#else
+EDGE_ALWAYS_INLINE void unit_factors(const float *lane_scales, const uint16_t *scales, int group_size, int group_shift,
+                                     int unit, int n_blocks, vec16 *out) {
+  const float *lanes = lane_scales + (size_t)unit * 16;
+  union {
+    vec16 all;
+    vec8 half[2];
+  } f;
+  if (group_size == EDGE_QUANT_BLOCK) {
+    f.half[0] = VEC8_AT(lanes) * scale_at(scales, 2 * (size_t)unit);
+    f.half[1] = (vec8){0};
+    if (n_blocks == 2) f.half[1] = VEC8_AT(lanes + 8) * scale_at(scales, 2 * (size_t)unit + 1);
+  } else if (n_blocks == 2) {
+    f.all = VEC16_AT(lanes) * scale_at(scales, (size_t)(unit >> group_shift));
+  } else {
+    f.half[0] = VEC8_AT(lanes) * scale_at(scales, (size_t)(unit >> group_shift));
+    f.half[1] = (vec8){0};
+  }
+  *out = f.all;
+}
+#endif
+
+EDGE_ALWAYS_INLINE void int_dot_unit(const char *row, const uint16_t *scales, int dtype, int group_size,
+                                     int group_shift, const struct quantized_activations *xa, int unit, int n_blocks,
+                                     vec16 *acc) {
+  ivec16 products;
+  vec16 factors;
+  unit_products(row, dtype, unit, xa, n_blocks, &products);
+  unit_factors(xa->lane_scales, scales, group_size, group_shift, unit, n_blocks, &factors);
+  fused_multiply_add16(acc, &products, &factors);
+}
+
+/* row . x through x's quantized planes, prefetching the row `next` and its scales. Even and odd units have their own
+ * accumulators (two FMA chains in flight); their sum's 16 lanes are added pairwise, as quant_dot_row does. */
+EDGE_ALWAYS_INLINE float int_dot_row(const char *row, const uint16_t *scales, int dtype, int group_size,
+                                     const struct quantized_activations *xa, int d, const char *next,
+                                     const uint16_t *next_scales) {
+  vec16 even = {0}, odd = {0};
+  int units = d / EDGE_UNIT_VALUES, group_shift = group_size == 128 ? 1 : 0;
+  size_t unit_bytes = 2 * block_bytes(dtype);
+  int unit = 0;
+#if EDGE_ROWS_AVX512
+  /* Eight units (16 blocks) at a time: their 16 factors are one vector product, spread over each unit's lanes by one
+   * permutation, where converting and multiplying the scales unit by unit took a third of a unit's instructions.
+   * The factors are the same products, so the results are the same bits. */
+  int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2; /* log2 of blocks per group */
+  const __m512i block_index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i group_of_block = _mm512_srlv_epi32(block_index, _mm512_set1_epi32(group_log));
+  const __m512i first_pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  __mmask16 group_lanes = (__mmask16)((1u << (16 >> group_log)) - 1u);
+  for (; unit + 8 <= units; unit += 8) {
+    size_t first_block = 2 * (size_t)unit, first_group = first_block >> group_log;
+    EDGE_PREFETCH(next_scales, first_group * sizeof(uint16_t));
+    __m512 row_scales = _mm512_permutexvar_ps(
+        group_of_block, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(group_lanes, scales + first_group)));
+    __m512 block_factors = _mm512_mul_ps(row_scales, _mm512_loadu_ps(xa->block_scales + first_block));
+    for (int k = 0; k < 8; k += 2) {
+      for (int j = 0; j < 2; j++) {
+        size_t offset = (size_t)(unit + k + j) * unit_bytes;
+        if (offset % EDGE_CACHE_LINE == 0) EDGE_PREFETCH(next, offset);
+      }
+      ivec16 products;
+      vec16 factors;
+      unit_products(row, dtype, unit + k, xa, 2, &products);
+      factors = (vec16)_mm512_permutexvar_ps(_mm512_add_epi32(first_pair, _mm512_set1_epi32(2 * k)), block_factors);
+      fused_multiply_add16(&even, &products, &factors);
+      unit_products(row, dtype, unit + k + 1, xa, 2, &products);
+      factors = (vec16)_mm512_permutexvar_ps(_mm512_add_epi32(first_pair, _mm512_set1_epi32(2 * k + 2)), block_factors);
+      fused_multiply_add16(&odd, &products, &factors);
+    }
+  }
+#endif
+  for (; unit + 2 <= units; unit += 2) {
+    for (int k = 0; k < 2; k++) {
+      size_t offset = (size_t)(unit + k) * unit_bytes;
+      if (offset % EDGE_CACHE_LINE == 0) EDGE_PREFETCH(next, offset);
+    }
+    /* a cache line of scales covers 1024 values at group size 32, more at larger groups; a unit has 4, 2 or 1
+     * bytes of them */
+    if (unit % 16 == 0) EDGE_PREFETCH(next_scales, ((size_t)unit * 4) >> (group_shift + (group_size > 32)));
+    int_dot_unit(row, scales, dtype, group_size, group_shift, xa, unit, 2, &even);
+    int_dot_unit(row, scales, dtype, group_size, group_shift, xa, unit + 1, 2, &odd);
+  }
+  if (unit < units) int_dot_unit(row, scales, dtype, group_size, group_shift, xa, unit++, 2, &even);
+  /* a last half unit, its lanes 8..15 adding exact zeros; separate calls, as a pointer chosen at run time would
+   * keep the accumulators in memory throughout the loop */
+  if (d % EDGE_UNIT_VALUES != 0 && unit % 2 == 0) {
+    int_dot_unit(row, scales, dtype, group_size, group_shift, xa, unit, 1, &even);
+  } else if (d % EDGE_UNIT_VALUES != 0) {
+    int_dot_unit(row, scales, dtype, group_size, group_shift, xa, unit, 1, &odd);
+  }
+  vec16 acc = even + odd;
+  return sum_lanes(&acc);
+}
+
 /* ---- Sparse FFN ----------------------------------------------------------------------------------------- */
 
-/* Workspace layout: candidates, row values, segments and their counts, each starting on a cache line. The chunk
- * of candidates [k0, k1) uses values and writes its active neurons from k0 on (its segment). */
+/* Workspace layout: candidates, row values, segments and their counts, x quantized for the integer dot products,
+ * each starting on a cache line. The chunk of candidates [k0, k1) uses values and writes its active neurons from k0
+ * on (its segment). */
 struct ffn_workspace {
   int32_t *candidates;    /* [D] the mask's neurons, increasing */
   float *values;          /* [D] dot products of each chunk's gate rows, then of its up rows, from its start */
   int32_t *active_index;  /* [D] segments of active neurons, increasing within and across segments */
   float *active_hidden;   /* [D] h_i = a_i * act_up(u_i) of those */
   int32_t *segment_count; /* [ceil(D / EDGE_GATE_CHUNK)] active neurons per segment */
+  void *activations;      /* activation_bytes(d): x quantized for the integer dot products */
 };
 
 static size_t round_up(size_t bytes) { return (bytes + EDGE_CACHE_LINE - 1) / EDGE_CACHE_LINE * EDGE_CACHE_LINE; }
@@ -529,7 +968,8 @@ size_t edge_cpu_sparse_ffn_workspace_size(int d, int D, int threads) {
   (void)threads;
   if (d <= 0 || D <= 0) return 0;
   /* The extra line lets the layout align a workspace pointer of any alignment. */
-  return 4 * round_up((size_t)D * 4) + round_up((size_t)ceil_div(D, EDGE_GATE_CHUNK) * 4) + EDGE_CACHE_LINE;
+  return 4 * round_up((size_t)D * 4) + round_up((size_t)ceil_div(D, EDGE_GATE_CHUNK) * 4) + activation_bytes(d) +
+         EDGE_CACHE_LINE;
 }
 
 static struct ffn_workspace layout_workspace(void *workspace, int D) {
@@ -541,6 +981,7 @@ static struct ffn_workspace layout_workspace(void *workspace, int D) {
       .active_hidden = (float *)(base + 2 * stride),
       .values = (float *)(base + 3 * stride),
       .segment_count = (int32_t *)(base + 4 * stride),
+      .activations = (void *)(base + 4 * stride + round_up((size_t)ceil_div(D, EDGE_GATE_CHUNK) * 4)),
   };
   return ws;
 }
@@ -569,10 +1010,20 @@ static inline const uint16_t *row_scales(const struct weight_rows *w, int row, i
 }
 
 /* Row `row` of w . x while row `next` of next_w (the same storage type and row length) is prefetched; each
- * storage type gets its own inlined loop. */
-static inline float row_dot(const struct weight_rows *w, int row, const float *x, int d,
-                            const struct weight_rows *next_w, int next) {
+ * storage type gets its own inlined loop. Quantized rows are dotted with x's quantized planes xa when given, else
+ * with x. */
+static inline float row_dot(const struct weight_rows *w, int row, const float *x,
+                            const struct quantized_activations *xa, int d, const struct weight_rows *next_w,
+                            int next) {
   const char *start = row_address(w, row, d), *ahead = row_address(next_w, next, d);
+  if (xa != NULL && w->dtype == EDGE_Q8) {
+    return int_dot_row(start, row_scales(w, row, d), EDGE_Q8, w->group_size, xa, d, ahead,
+                       row_scales(next_w, next, d));
+  }
+  if (xa != NULL && w->dtype == EDGE_Q4) {
+    return int_dot_row(start, row_scales(w, row, d), EDGE_Q4, w->group_size, xa, d, ahead,
+                       row_scales(next_w, next, d));
+  }
   switch (w->dtype) {
     case EDGE_Q8:
       return quant_dot_row(start, row_scales(w, row, d), EDGE_Q8, w->group_size, x, d, ahead,
@@ -622,7 +1073,8 @@ static void rows_dot_grouped(const struct row_list *rows, const float *x, int d,
  * making about EDGE_PREFETCH_BYTES (several for the short rows of small models, one for 7B rows); past the end
  * of `rows` the look-ahead goes on into `then` (rows of the same storage type), the rows the caller reads next,
  * so they do not start cold. */
-static void rows_dot(const struct row_list *rows, const struct row_list *then, const float *x, int d, float *out) {
+static void rows_dot(const struct row_list *rows, const struct row_list *then, const float *x,
+                     const struct quantized_activations *xa, int d, float *out) {
 #ifdef EDGE_DOT_GROUP
   if (rows->w->dtype == EDGE_F16 && d <= EDGE_GROUP_MAX_D) {
     rows_dot_grouped(rows, x, d, out);
@@ -641,7 +1093,7 @@ static void rows_dot(const struct row_list *rows, const struct row_list *then, c
       next_w = then->w;
       next = list_index(then, later - rows->n);
     }
-    out[k] = row_dot(rows->w, list_index(rows, k), x, d, next_w, next);
+    out[k] = row_dot(rows->w, list_index(rows, k), x, xa, d, next_w, next);
   }
 }
 
@@ -649,15 +1101,16 @@ static void rows_dot(const struct row_list *rows, const struct row_list *then, c
  * candidate when not skip_zeros), stored from k0 on. Two passes: all gate rows, then the up rows of the neurons
  * that fired. Whether a neuron fires is close to a coin toss, so deciding it between its gate and up rows cost a
  * mispredicted branch per candidate; here the active list is compacted without branches. */
-static int gate_up_chunk(const struct ffn_workspace *ws, int k0, int k1, int n_candidates, const float *x, int d,
-                         const struct weight_rows *gate, const struct weight_rows *up, int skip_zeros,
-                         const float *thresholds, int activation, float act_threshold) {
+static int gate_up_chunk(const struct ffn_workspace *ws, int k0, int k1, int n_candidates, const float *x,
+                         const struct quantized_activations *xa, int d, const struct weight_rows *gate,
+                         const struct weight_rows *up, int skip_zeros, const float *thresholds, int activation,
+                         float act_threshold) {
   float *values = ws->values + k0;
   /* the gate pass looks ahead into the chunk's up rows (the predictor expects them to fire), the up pass into
    * the next chunk's gate rows */
   struct row_list gate_rows = {gate, ws->candidates + k0, 0, k1 - k0};
   struct row_list likely_up_rows = {up, ws->candidates + k0, 0, k1 - k0};
-  rows_dot(&gate_rows, &likely_up_rows, x, d, values);
+  rows_dot(&gate_rows, &likely_up_rows, x, xa, d, values);
   int32_t *index = ws->active_index + k0;
   float *hidden = ws->active_hidden + k0;
   int n_active = 0;
@@ -672,7 +1125,7 @@ static int gate_up_chunk(const struct ffn_workspace *ws, int k0, int k1, int n_c
   }
   struct row_list up_rows = {up, index, 0, n_active};
   struct row_list next_gate_rows = {gate, ws->candidates + k1, 0, n_candidates - k1};
-  rows_dot(&up_rows, &next_gate_rows, x, d, values);
+  rows_dot(&up_rows, &next_gate_rows, x, xa, d, values);
   for (int j = 0; j < n_active; j++) {
     float u = activation == EDGE_ACT_DRELU ? keep_or_zero(values[j], !(values[j] < 0.0f)) : values[j];
     hidden[j] *= u;
@@ -787,9 +1240,22 @@ static int check_ffn_arguments(const float *x, int d, int D, const struct weight
   return EDGE_CPU_OK;
 }
 
+/* The environment variable that selects how quantized rows are dotted with x: "fp32" keeps x in fp32 and widens the
+ * codes to fp32 in registers (quant_dot_row: the reference's numbers up to fp32 rounding order); unset or anything
+ * else quantizes x to int8 for the integer dot products (int_dot_row: faster, QUANT.md gives its error bound). */
+#define EDGE_ACTIVATIONS_ENV "EDGE_SDK_QUANT_ACTIVATIONS"
+
+/* Nonzero when rows of `dtype` are to be dotted with x quantized to int8. */
+static int integer_dot_products(int dtype) {
+  if (!is_quantized(dtype)) return 0;
+  const char *setting = getenv(EDGE_ACTIVATIONS_ENV);
+  return setting == NULL || strcmp(setting, "fp32") != 0;
+}
+
 /* One FFN call: its arguments and the workspace's lists, for the two phases below. */
 struct ffn_job {
   const float *x;
+  const struct quantized_activations *xa; /* x quantized for quantized rows, or NULL: dot them with x */
   int d;
   struct weight_rows gate, up, down;
   const float *thresholds;
@@ -808,7 +1274,7 @@ struct ffn_job {
 static void gate_up_segment(struct ffn_job *job, int s) {
   int k0 = s * job->chunk;
   int k1 = k0 + job->chunk < job->n_candidates ? k0 + job->chunk : job->n_candidates;
-  int n_active = gate_up_chunk(&job->ws, k0, k1, job->n_candidates, job->x, job->d, &job->gate, &job->up,
+  int n_active = gate_up_chunk(&job->ws, k0, k1, job->n_candidates, job->x, job->xa, job->d, &job->gate, &job->up,
                                job->skip_zeros, job->thresholds, job->activation, job->act_threshold);
   job->ws.segment_count[s] = n_active;
   if (job->active_out != NULL) {
@@ -832,8 +1298,13 @@ static int run_ffn(const float *x, int d, int D, struct weight_rows gate, struct
                    float act_threshold, float *y, void *workspace, int threads, uint8_t *active_out, int skip_zeros) {
   int status = check_ffn_arguments(x, d, D, &gate, &up, &down, activation, act_threshold, y, workspace);
   if (status != EDGE_CPU_OK) return status;
-  struct ffn_job job = {x, d, gate, up, down, thresholds, activation, act_threshold, y, active_out, skip_zeros,
+  struct ffn_job job = {x, NULL, d, gate, up, down, thresholds, activation, act_threshold, y, active_out, skip_zeros,
                         layout_workspace(workspace, D), 0, 0, 0, 0, 0, 0};
+  struct quantized_activations activations;
+  if (integer_dot_products(gate.dtype)) {
+    activations = quantize_activations(x, d, gate.dtype, job.ws.activations);
+    job.xa = &activations;
+  }
   if (mask == NULL) {
     for (int i = 0; i < D; i++) job.ws.candidates[i] = i;
     job.n_candidates = D;
@@ -901,30 +1372,47 @@ int edge_cpu_dense_ffn(const float *x, int d, int D, const void *w_gate, const v
 }
 
 /* Part `part` of `parts` contiguous runs of y = W x (+ bias). */
-static void matvec_rows(const float *x, int in, const struct weight_rows *w, const float *bias, float *y, int out,
-                        int parts, int part) {
+static void matvec_rows(const float *x, const struct quantized_activations *xa, int in, const struct weight_rows *w,
+                        const float *bias, float *y, int out, int parts, int part) {
   int r0 = split_point(out, parts, part), r1 = split_point(out, parts, part + 1);
   struct row_list rows = {w, NULL, r0, r1 - r0}, nothing_after = {w, NULL, r1, 0};
-  rows_dot(&rows, &nothing_after, x, in, y + r0);
+  rows_dot(&rows, &nothing_after, x, xa, in, y + r0);
   if (bias != NULL) {
     for (int r = r0; r < r1; r++) y[r] += bias[r];
   }
 }
 
+/* x's quantized planes live on the stack for rows of up to this many values (20 KiB, a 7B model's hidden size:
+ * the frame is reserved for fp rows too), on the heap beyond. */
+#define EDGE_MATVEC_STACK_VALUES 4096
+
 static int run_matvec(const float *x, int in, int out, struct weight_rows w, const float *bias, float *y,
                       int threads) {
   if (x == NULL || y == NULL || out <= 0 || !valid_weights(&w, in)) return EDGE_CPU_INVALID_ARGUMENT;
   if (threads <= 0) threads = edge_cpu_max_threads();
+  unsigned char stack_buffer[5 * EDGE_MATVEC_STACK_VALUES + EDGE_CACHE_LINE];
+  void *heap_buffer = NULL;
+  struct quantized_activations activations;
+  const struct quantized_activations *xa = NULL;
+  if (integer_dot_products(w.dtype)) {
+    if (in > EDGE_MATVEC_STACK_VALUES && (heap_buffer = malloc(activation_bytes(in))) == NULL) {
+      return EDGE_CPU_OUT_OF_MEMORY;
+    }
+    activations = quantize_activations(x, in, w.dtype, heap_buffer != NULL ? heap_buffer : stack_buffer);
+    xa = &activations;
+  }
   int parts = threads < out ? threads : out;
   /* one contiguous run of rows per thread, so each streams its rows with the next group prefetched */
 #ifdef _OPENMP
   if (parts > 1) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int part = 0; part < parts; part++) matvec_rows(x, in, &w, bias, y, out, parts, part);
+    for (int part = 0; part < parts; part++) matvec_rows(x, xa, in, &w, bias, y, out, parts, part);
+    free(heap_buffer);
     return EDGE_CPU_OK;
   }
 #endif
-  matvec_rows(x, in, &w, bias, y, out, 1, 0); /* without OpenMP's per-call cost, as run_ffn */
+  matvec_rows(x, xa, in, &w, bias, y, out, 1, 0); /* without OpenMP's per-call cost, as run_ffn */
+  free(heap_buffer);
   return EDGE_CPU_OK;
 }
 
