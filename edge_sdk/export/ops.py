@@ -82,7 +82,10 @@ class AttributeSpec:
 
 @dataclass(frozen=True)
 class OpSchema:
-    """A custom op in domain edge_sdk: its interface, meaning (doc) and the error other implementations may have."""
+    """A custom op in domain edge_sdk: its interface, meaning (doc) and the error other implementations may have.
+
+    tolerance says in words what ERROR_BOUNDS[name] declares in numbers.
+    """
 
     name: str
     inputs: tuple[TensorSpec, ...]
@@ -133,7 +136,10 @@ SCHEMAS: dict[str, OpSchema] = {
             outputs=(_MASK,),
             attributes=_PLUGIN_ATTRIBUTES,
             doc="Low-rank predictor of the gate: mask = ((x b^T) a^T + bias) > 0, computed in float32.",
-            tolerance="Exact except where |score| is within rounding error of 0 (different summation orders).",
+            tolerance=(
+                "Exact except where |score| is within rounding error of 0 (different summation orders): a decision "
+                "may differ only where |score| <= bound * max |score|, bound by x's type."
+            ),
         ),
         OpSchema(
             name="SignBitPredictor",
@@ -164,7 +170,10 @@ SCHEMAS: dict[str, OpSchema] = {
                 "when x_j < 0 (0 and -0.0 have 0); N_pos = d - N_neg. mask = not (alpha * N_pos < N_neg), "
                 "compared exactly (alpha * N_pos fits a double; do not round it to float)."
             ),
-            tolerance="Exact: equal to sparsity.signbit.signbit_mask(packed, x, alpha) for the node's float32 alpha.",
+            tolerance=(
+                "Exact (bound 0 for every x type): equal to sparsity.signbit.signbit_mask(packed, x, alpha) for the "
+                "node's float32 alpha."
+            ),
         ),
         OpSchema(
             name="SparseFFN",
@@ -212,10 +221,37 @@ SCHEMAS: dict[str, OpSchema] = {
                 "[and |a| > thresholds]; u = x w_up^T, relu(u) for drelu; h = active ? a * u : 0; "
                 "y = h w_down_t. Only active neurons need their w_up and w_down_t rows read."
             ),
-            tolerance="max |y - y_ref| <= 1e-5 * max |y_ref| (float32 accumulation in any order).",
+            tolerance=(
+                "max |y - y_ref| <= bound * max |y_ref|, bound by the weights' type (float32 accumulation in any "
+                "order). For int8 / int4 weights (edge_sdk/quant.py, the CPU kernels' edge_cpu_sparse_ffn_q) y_ref is "
+                "the reference on the dequantized weights."
+            ),
         ),
     )
 }
+
+# The error bound each implementation of an op may have against the reference (edge_sdk.sparsity), by op and by the
+# type that decides it (SparseFFN, MatVec: the weights'; the predictors: x's). What a bound bounds is the op's
+# tolerance: SparseFFN and MatVec max |y - y_ref| <= bound * max |y_ref|; SvdPredictor the scores around which a
+# decision may flip, |score| <= bound * max |score|; SignBitPredictor none (exact). MatVec is no ONNX op: it is the
+# CPU kernels' dense projection y = W x (+ bias) (edge_cpu_matvec, edge_cpu_matvec_q), y_ref in float64 on the same
+# (dequantized) weights. The op tests (tests/ops) read their tolerances here and nowhere else.
+ERROR_BOUNDS: dict[str, dict[str, float]] = {
+    "SvdPredictor": {"float32": 1e-5, "float16": 1e-5, "bfloat16": 1e-5},
+    "SignBitPredictor": {"float32": 0.0, "float16": 0.0, "bfloat16": 0.0},
+    "SparseFFN": {"float32": 1e-5, "float16": 1e-5, "bfloat16": 1e-5, "int8": 1e-5, "int4": 1e-5},
+    "MatVec": {"float32": 1e-5, "float16": 1e-5, "int8": 1e-5, "int4": 1e-5},
+}
+
+
+def error_bound(op: str, dtype: str) -> float:
+    """ERROR_BOUNDS[op][dtype], or a ValueError naming the op and type that have none."""
+    bounds = ERROR_BOUNDS.get(op)
+    if bounds is None:
+        raise ValueError(f"op: expected one of {', '.join(ERROR_BOUNDS)}, found {op!r}")
+    if dtype not in bounds:
+        raise ValueError(f"{op}: no error bound declared for type {dtype!r}; declared: {', '.join(bounds)}")
+    return bounds[dtype]
 
 
 def _signature(op: str) -> str:
@@ -514,7 +550,9 @@ def schema_markdown() -> str:
         f"{STANDARD_OPSET_VERSION}; models carrying them use IR version {IR_VERSION}.",
     ]
     for op, schema in SCHEMAS.items():
-        lines += ["", f"### {op}", "", schema.doc, "", f"Tolerance: {schema.tolerance}", "", "Inputs:", ""]
+        bounds = ", ".join(f"{dtype} {bound:g}" for dtype, bound in ERROR_BOUNDS[op].items())
+        lines += ["", f"### {op}", "", schema.doc, "", f"Tolerance: {schema.tolerance}", "", f"Error bound: {bounds}."]
+        lines += ["", "Inputs:", ""]
         lines += _table(("#", "name", "shape", "type", "description"), _tensor_rows(schema.inputs))
         lines += ["", "Outputs:", ""]
         lines += _table(("#", "name", "shape", "type", "description"), _tensor_rows(schema.outputs))
@@ -522,6 +560,14 @@ def schema_markdown() -> str:
         rows = [_attribute_row(spec) for spec in schema.attributes]
         lines += _table(("name", "type", "default", "allowed", "description"), rows)
         lines += ["", "Reference decomposition:", "", "```", _signature(op) + _FUNCTION_BODIES[op], "```"]
+    matvec_bounds = ", ".join(f"{dtype} {bound:g}" for dtype, bound in ERROR_BOUNDS["MatVec"].items())
+    lines += [
+        "",
+        "### MatVec (CPU kernels only, no ONNX op)",
+        "",
+        "The dense projection y = W x (+ bias) of edge_cpu_matvec / edge_cpu_matvec_q: max |y - y_ref| <= bound * "
+        f"max |y_ref|, y_ref in float64 on the same (dequantized) weights. Error bound: {matvec_bounds}.",
+    ]
     return "\n".join(lines) + "\n"
 
 

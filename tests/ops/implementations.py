@@ -1,0 +1,321 @@
+"""The implementations of the backend-ops table: each runs an op case on its inputs and returns what it computed.
+
+An implementation says which cases it can run (`supports`, fixed by what the implementation is: the C kernels take
+no bfloat16 weights, ONNX Runtime's SparseFFN needs a mask input...) and why it cannot run here at all
+(`unavailable`: no GPU, no kernel library), which the table turns into a skip with that reason.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from edge_sdk.export import ops
+from edge_sdk.native import NativeLibraryError, load_cpu_kernels
+from edge_sdk.sparsity.ffn import sparse_ffn
+from edge_sdk.sparsity.signbit import signbit_mask
+from edge_sdk.sparsity.sparse_model import LayerPredictor
+
+from .cases import ACTIVATIONS, MatVecCase, SignBitPredictorCase, SparseFFNCase, SvdPredictorCase
+
+_ONNX_TYPES = {
+    torch.float32: TensorProto.FLOAT,
+    torch.float16: TensorProto.FLOAT16,
+    torch.bfloat16: TensorProto.BFLOAT16,
+}
+# numpy has no bfloat16: such an x is an initializer of the model instead of an input
+_FED_DTYPES = (torch.float32, torch.float16)
+
+
+def int32_mask(mask: torch.Tensor) -> np.ndarray:
+    """[T, D] bool -> the int32 mask of the op schema, active neurons alternating 1 and -7 (any nonzero is active)."""
+    values = np.where(np.arange(mask.shape[-1]) % 2 == 0, 1, -7).astype(np.int32)
+    return np.where(mask.numpy(), values, 0).astype(np.int32)
+
+
+class TorchReference:
+    """edge_sdk.sparsity itself, checked against the op's definition written out in float64 (test_backend_ops)."""
+
+    name = "torch_reference"
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def supports(self, case) -> bool:
+        return not isinstance(case, MatVecCase)
+
+    def run(self, case):
+        data = case.data()
+        if isinstance(case, SparseFFNCase):
+            result = sparse_ffn(data.x, *data.weights, data.reference_mask, case.act, thresholds=data.thresholds)
+            return result.output, result.active
+        if isinstance(case, SvdPredictorCase):
+            return data.scores > 0
+        return signbit_mask(data.packed, data.x.float(), case.alpha)
+
+
+# ------------------------------------------------------------------------------------------------ ONNX Runtime
+
+
+def _initializer(name: str, tensor: torch.Tensor) -> onnx.TensorProto:
+    if tensor.dtype == torch.bfloat16:
+        bits = tensor.view(torch.int16).numpy().view(np.uint16)
+        return helper.make_tensor(name, TensorProto.BFLOAT16, list(tensor.shape), bits.tobytes(), raw=True)
+    return numpy_helper.from_array(tensor.numpy(), name)
+
+
+def one_node_model(
+    node: onnx.NodeProto, inputs: dict[str, tuple[int, list]], outputs: dict[str, tuple[int, list]], constants: dict
+) -> onnx.ModelProto:
+    """A model of one custom node and the reference functions, as the exporter writes it (IR, opsets), checked."""
+    graph = helper.make_graph(
+        [node],
+        node.op_type,
+        [helper.make_tensor_value_info(name, *spec) for name, spec in inputs.items()],
+        [helper.make_tensor_value_info(name, *spec) for name, spec in outputs.items()],
+        initializer=[_initializer(name, tensor) for name, tensor in constants.items()],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=ops.function_opset_imports(),
+        functions=ops.reference_functions(),
+        ir_version=ops.IR_VERSION,
+    )
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def op_model(case) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """The case as a one-node model and the feeds that run it: what a bundle's graph holds for the op."""
+    data = case.data()
+    x_fed = data.x.dtype in _FED_DTYPES
+    d = data.x.shape[1]
+    inputs = {"x": (_ONNX_TYPES[data.x.dtype], ["T", d])} if x_fed else {}
+    feeds = {"x": data.x.numpy()} if x_fed else {}
+    constants = {} if x_fed else {"x": data.x}
+    if isinstance(case, SparseFFNCase):
+        constants.update(zip(("w_gate", "w_up", "w_down_t"), data.weights, strict=True))
+        names = ["x", "w_gate", "w_up", "w_down_t", "mask"]
+        if data.thresholds is not None:
+            constants["thresholds"] = data.thresholds
+            names.append("thresholds")
+        node = ops.make_node(
+            "SparseFFN", names, ["y"], activation=case.activation, activation_threshold=case.act.threshold
+        )
+        inputs["mask"] = (TensorProto.INT32, ["T", case.n_neurons])
+        feeds["mask"] = int32_mask(data.mask)
+        outputs = {"y": (TensorProto.FLOAT, ["T", d])}
+    elif isinstance(case, SvdPredictorCase):
+        constants.update(a=data.a, b=data.b, bias=data.bias)
+        node = ops.make_node("SvdPredictor", ["x", "a", "b", "bias"], ["mask"])
+        outputs = {"mask": (TensorProto.INT32, ["T", case.n_neurons])}
+    else:
+        constants["packed"] = data.packed
+        node = ops.make_node("SignBitPredictor", ["x", "packed"], ["mask"], alpha=case.alpha)
+        stored = next(helper.get_attribute_value(a) for a in node.attribute if a.name == "alpha")
+        assert stored == case.alpha, "the case's alpha must be a float32 value (make_node rounds up)"
+        outputs = {"mask": (TensorProto.INT32, ["T", case.n_neurons])}
+    return one_node_model(node, inputs, outputs, constants), feeds
+
+
+class OnnxRuntime:
+    """ONNX Runtime (CPU) running the op's reference function, the expansion every bundle carries."""
+
+    name = "onnxruntime"
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def supports(self, case) -> bool:
+        if isinstance(case, SparseFFNCase):  # a quantized bundle dequantizes before SparseFFN; the mask is an input
+            return not case.quantized and case.mask != "absent"
+        if isinstance(case, SvdPredictorCase):
+            return case.bias  # bias is a required input
+        return isinstance(case, SignBitPredictorCase)
+
+    def run(self, case):
+        model, feeds = op_model(case)
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        (result,) = session.run(None, feeds)
+        if isinstance(case, SparseFFNCase):
+            return torch.from_numpy(result), None
+        return torch.from_numpy(result)
+
+
+# ------------------------------------------------------------------------------------------------- C kernels
+
+
+class CKernels:
+    """The native CPU kernels (plugins/kernels/cpu) through backends/cpu/kernels.py, one token per call."""
+
+    name = "c_kernels"
+
+    @functools.cache  # noqa: B019 (one instance per session)
+    def unavailable(self) -> str | None:
+        try:
+            load_cpu_kernels()
+        except (NativeLibraryError, OSError) as error:
+            return f"CPU kernel library not loadable: {error}"
+        return None
+
+    def supports(self, case) -> bool:
+        if isinstance(case, SparseFFNCase | MatVecCase):
+            return case.weights in ("float32", "float16", "int8", "int4")
+        return True
+
+    def run(self, case):
+        from edge_sdk.backends.cpu import kernels
+
+        data = case.data()
+        if isinstance(case, MatVecCase):
+            if data.quantized is not None:
+                return kernels.matvec_quantized(data.x, kernels.QuantizedWeight.from_matrix(data.quantized), data.bias)
+            return kernels.matvec(data.x, data.weight, data.bias)
+        if isinstance(case, SvdPredictorCase):
+            a_t = data.a.t().contiguous()
+            return torch.stack([kernels.svd_predictor(x.float(), a_t, data.b, data.bias) for x in data.x])
+        if isinstance(case, SignBitPredictorCase):
+            return torch.stack([kernels.signbit_predictor(x.float(), data.packed, case.alpha) for x in data.x])
+        kernel = kernels.SparseFFNKernel(case.d, case.n_neurons)
+        outputs, actives = [], []
+        for token, x in enumerate(data.x):
+            active = torch.zeros(case.n_neurons, dtype=torch.bool)
+            mask = None if data.mask is None else data.mask[token]
+            if data.quantized is None:
+                y = kernel(x, *data.weights, case.act, mask=mask, thresholds=data.thresholds, active_out=active)
+            else:
+                weights = [kernels.QuantizedWeight.from_matrix(m) for m in data.quantized]
+                y = kernel.quantized(x, *weights, case.act, mask=mask, thresholds=data.thresholds, active_out=active)
+            outputs.append(y)
+            actives.append(active)
+        return torch.stack(outputs), torch.stack(actives)
+
+
+# ------------------------------------------------------------------------------------- CANN gather path (CPU)
+
+
+class CannGather:
+    """The CANN backend's gather executor (backends/cann/gather_ffn.py, SVDP Algorithm 4) on the CPU in fp32.
+
+    Its mask comes from a predictor, so a case's mask is given as an svd predictor whose scores are +-1 (zero
+    factors, the bias says which neurons); all / absent as the predictor "none"; CHESS thresholds exist only as the
+    predictor "threshold", whose candidates are every neuron. The predictor ops run in dynamic mode only (the mode
+    changes the rows gathered, not the scores).
+    """
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.name = f"cann_gather_{mode}"
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def supports(self, case) -> bool:
+        if isinstance(case, SparseFFNCase):
+            return not case.quantized and (not case.thresholds or case.mask in ("all", "absent"))
+        return self.mode == "dynamic" and isinstance(case, SvdPredictorCase | SignBitPredictorCase)
+
+    def _ffn(self, weights, activation, predictor: LayerPredictor):
+        from edge_sdk.backends.cann.gather_ffn import GatherSparseFFN
+
+        ffn = GatherSparseFFN(*weights, activation, predictor, mode=self.mode)
+        ffn.phase = "decode"
+        return ffn
+
+    def run(self, case):
+        from edge_sdk.backends.cann.gather_ffn import DeviceSignBit
+
+        data = case.data()
+        if isinstance(case, SignBitPredictorCase):
+            signbit = DeviceSignBit(data.packed, case.alpha, case.d, torch.device("cpu"))
+            return torch.stack([signbit.scores(x) > 0 for x in data.x])
+        if isinstance(case, SvdPredictorCase):
+            bias = torch.zeros(case.n_neurons) if data.bias is None else data.bias
+            predictor = LayerPredictor("svd", {"svd.a": data.a, "svd.b": data.b, "svd.biases": bias[None]})
+            ffn = self._ffn([torch.zeros(case.n_neurons, case.d)] * 3, ACTIVATIONS["relu"], predictor)
+            return torch.stack([ffn.scores(x) > 0 for x in data.x])
+        capacity = torch.tensor([case.n_neurons], dtype=torch.int32)
+        outputs, actives = [], []
+        for token, x in enumerate(data.x):
+            if data.thresholds is not None:
+                tensors = {"threshold.thresholds": data.thresholds[None], "threshold.capacity": capacity}
+                predictor = LayerPredictor("threshold", tensors)
+            elif data.mask is None or case.mask == "all":
+                predictor = LayerPredictor("none")
+            else:
+                signs = data.mask[token].float() * 2 - 1  # [D] +1 predicted, -1 not
+                tensors = {
+                    "svd.a": torch.zeros(case.n_neurons, 1),
+                    "svd.b": torch.zeros(1, case.d),
+                    "svd.biases": signs[None],
+                    "svd.capacity": capacity,
+                }
+                predictor = LayerPredictor("svd", tensors)
+            step = self._ffn(data.weights, case.act, predictor).step(x)
+            outputs.append(step.output)
+            actives.append(step.active(case.n_neurons))
+        return torch.stack(outputs), torch.stack(actives)
+
+
+# ------------------------------------------------------------------------------------------------------ CUDA
+
+
+class Cuda:
+    """The CUDA kernels (plugins/kernels, edge_cuda_kernels.h) through tests/gpu/cuda_harness.py."""
+
+    name = "cuda"
+
+    @functools.cache  # noqa: B019 (one instance per session)
+    def unavailable(self) -> str | None:
+        from ..gpu.cuda_harness import gpu_unavailable_reason
+
+        return gpu_unavailable_reason()
+
+    def supports(self, case) -> bool:
+        if isinstance(case, SparseFFNCase):
+            return not case.quantized
+        return not isinstance(case, MatVecCase)
+
+    def run(self, case):
+        from ..gpu.cuda_harness import Device, Kernels
+
+        data = case.data()
+        device = Device()
+        try:
+            kernels = Kernels(device)
+            tokens = data.x.shape[0]
+            mask = device.empty((tokens, case.n_neurons), torch.int32)
+            if isinstance(case, SvdPredictorCase):
+                bias = None if data.bias is None else device.upload(data.bias)
+                scratch = device.empty((tokens, case.rank), torch.float32)
+                upload = device.upload
+                kernels.svd_predictor(upload(data.x), upload(data.a), upload(data.b), bias, mask, scratch)
+                return device.download(mask)
+            if isinstance(case, SignBitPredictorCase):
+                kernels.signbit_predictor(device.upload(data.x), device.upload(data.packed), case.alpha, mask)
+                return device.download(mask)
+            y = device.empty((tokens, case.d), torch.float32)
+            active = device.empty((tokens, case.n_neurons), torch.uint8)
+            workspace = device.allocate(kernels.workspace_size(case.d, case.n_neurons, tokens))
+            kernels.sparse_ffn(
+                device.upload(data.x),
+                tuple(device.upload(w) for w in data.weights),
+                None if data.mask is None else device.upload(torch.from_numpy(int32_mask(data.mask))),
+                None if data.thresholds is None else device.upload(data.thresholds),
+                case.activation,
+                case.act.threshold,
+                y,
+                workspace,
+                active,
+            )
+            return device.download(y), device.download(active).bool()
+        finally:
+            device.close()
+
+
+IMPLEMENTATIONS = [TorchReference(), OnnxRuntime(), CKernels(), CannGather("dynamic"), CannGather("static"), Cuda()]
