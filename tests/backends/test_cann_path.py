@@ -81,42 +81,6 @@ def make_ffn(weights, activation, predictor, mode, capacity=None) -> GatherSpars
 # ---- GatherSparseFFN against sparsity/ffn.sparse_ffn ----
 
 
-@pytest.mark.parametrize("mode", ["dynamic", "static"])
-@pytest.mark.parametrize("kind", ["relu", "fatrelu", "drelu"])
-def test_predictor_first_modes_equal_the_reference(kind, mode):
-    tokens, *weights = random_layer()
-    activation = ACTIVATIONS[kind]
-    predictor = svd_predictor(capacity=N_NEURONS)  # static: capacity >= any predicted count
-    ffn = make_ffn(weights, activation, predictor, mode)
-    false_positives = 0
-    for x in tokens:
-        mask = svd_scores(predictor, x) > 0
-        reference = sparse_ffn(x, *weights, mask, activation)
-        step = ffn.step(x)
-        assert_close(step.output, reference.output)
-        assert torch.equal(step.active(N_NEURONS), reference.active)
-        false_positives += int((mask & ~reference.active).sum())
-    assert false_positives > 0, "no predictor false positives: the elimination between gate and up went untested"
-
-
-@pytest.mark.parametrize("mode", ["dynamic", "static"])
-def test_silu_with_thresholds_equals_the_reference(mode):
-    tokens, *weights = random_layer()
-    silu = ACTIVATIONS["silu"]
-    thresholds = torch.rand(N_NEURONS, generator=torch.Generator().manual_seed(2)) * 0.3  # [D]
-    predictor = LayerPredictor(
-        "threshold",
-        {"threshold.thresholds": thresholds[None], "threshold.capacity": torch.tensor([N_NEURONS], dtype=torch.int32)},
-    )
-    ffn = make_ffn(weights, silu, predictor, mode)
-    for x in tokens:
-        reference = sparse_ffn(x, *weights, torch.ones(N_NEURONS, dtype=torch.bool), silu, thresholds=thresholds)
-        step = ffn.step(x)
-        assert 0 < int(reference.active.sum()) < N_NEURONS
-        assert_close(step.output, reference.output)
-        assert torch.equal(step.active(N_NEURONS), reference.active)
-
-
 def test_static_mode_keeps_the_top_capacity_scores():
     tokens, *weights = random_layer()
     relu = ACTIVATIONS["relu"]
