@@ -90,13 +90,22 @@ def one_node_model(
     return model
 
 
-def op_model(case) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """The case as a one-node model and the feeds that run it: what a bundle's graph holds for the op."""
+def _host_array(tensor: torch.Tensor) -> np.ndarray:
+    """The tensor's bytes as a numpy array (bfloat16 as its uint16 bit patterns)."""
+    return tensor.view(torch.int16).numpy().view(np.uint16) if tensor.dtype == torch.bfloat16 else tensor.numpy()
+
+
+def op_model(case, feed_bfloat16: bool = False) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """The case as a one-node model and the feeds that run it: what a bundle's graph holds for the op.
+
+    x is an input unless it is bfloat16 and feed_bfloat16 is False (ONNX Runtime's Python API takes no bfloat16
+    arrays): then it is an initializer. Feeds hold raw bytes for bfloat16 (uint16 arrays).
+    """
     data = case.data()
-    x_fed = data.x.dtype in _FED_DTYPES
+    x_fed = feed_bfloat16 or data.x.dtype in _FED_DTYPES
     d = data.x.shape[1]
     inputs = {"x": (_ONNX_TYPES[data.x.dtype], ["T", d])} if x_fed else {}
-    feeds = {"x": data.x.numpy()} if x_fed else {}
+    feeds = {"x": _host_array(data.x)} if x_fed else {}
     constants = {} if x_fed else {"x": data.x}
     if isinstance(case, SparseFFNCase):
         constants.update(zip(("w_gate", "w_up", "w_down_t"), data.weights, strict=True))
@@ -318,4 +327,82 @@ class Cuda:
             device.close()
 
 
-IMPLEMENTATIONS = [TorchReference(), OnnxRuntime(), CKernels(), CannGather("dynamic"), CannGather("static"), Cuda()]
+# -------------------------------------------------------------------------------------------------- TensorRT
+
+
+class TensorRT:
+    """TensorRT with the edge-sdk plugins (plugins/tensorrt) on the case's one-node model without its reference
+    function, as the TensorRT backend parses a bundle's graphs: strongly typed, TF32 off, one profile at the case's
+    shapes."""
+
+    name = "tensorrt"
+
+    @functools.cache  # noqa: B019 (one instance per session)
+    def unavailable(self) -> str | None:
+        from edge_sdk.backends.tensorrt import BACKEND
+
+        available, reason = BACKEND.probe()
+        return None if available else reason
+
+    def supports(self, case) -> bool:
+        return OnnxRuntime().supports(case)  # the same graphs: mask and bias are inputs, weights are floats
+
+    def run(self, case):
+        import tensorrt as trt
+        from edge_sdk.backends.tensorrt import cuda
+        from edge_sdk.backends.tensorrt.builder import load_plugin_library
+
+        from edge_sdk.bundle.graph_ops import DOMAIN, OP_TYPES
+        from edge_sdk.formats.onnx_wire import without_functions
+
+        model, feeds = op_model(case, feed_bfloat16=True)
+        logger = trt.Logger(trt.Logger.WARNING)
+        load_plugin_library(trt)
+        builder = trt.Builder(logger)
+        network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+        parser = trt.OnnxParser(network, logger)
+        if not parser.parse(without_functions(model.SerializeToString(), DOMAIN, set(OP_TYPES))):
+            errors = "; ".join(str(parser.get_error(index)) for index in range(parser.num_errors))
+            raise AssertionError(f"TensorRT could not parse the {case.op} model: {errors}")
+        config = builder.create_builder_config()
+        config.clear_flag(trt.BuilderFlag.TF32)
+        profile = builder.create_optimization_profile()
+        for name, array in feeds.items():
+            profile.set_shape(name, array.shape, array.shape, array.shape)
+        config.add_optimization_profile(profile)
+        plan = builder.build_serialized_network(network, config)
+        assert plan is not None, f"TensorRT could not build the {case.op} engine"
+        engine = trt.Runtime(logger).deserialize_cuda_engine(plan)
+        context = engine.create_execution_context()
+        stream, buffers = cuda.Stream(), {}
+        try:
+            for name, array in feeds.items():
+                context.set_input_shape(name, array.shape)
+                buffers[name] = cuda.DeviceBuffer(array.nbytes)
+                buffers[name].upload(array)
+            names = [engine.get_tensor_name(index) for index in range(engine.num_io_tensors)]
+            (output,) = [name for name in names if engine.get_tensor_mode(name) == trt.TensorIOMode.OUTPUT]
+            shape = tuple(context.get_tensor_shape(output))
+            dtype = np.float32 if isinstance(case, SparseFFNCase) else np.int32
+            buffers[output] = cuda.DeviceBuffer(int(np.prod(shape)) * 4)
+            for name, buffer in buffers.items():
+                context.set_tensor_address(name, buffer.address)
+            assert context.execute_async_v3(stream.handle), "TensorRT failed to run the engine"
+            stream.synchronize()
+            result = torch.from_numpy(buffers[output].download(shape, dtype))
+        finally:
+            for buffer in buffers.values():
+                buffer.free()
+            stream.destroy()
+        return (result, None) if isinstance(case, SparseFFNCase) else result
+
+
+IMPLEMENTATIONS = [
+    TorchReference(),
+    OnnxRuntime(),
+    CKernels(),
+    CannGather("dynamic"),
+    CannGather("static"),
+    Cuda(),
+    TensorRT(),
+]

@@ -3,12 +3,12 @@
 Cases (cases.py): SparseFFN on float32 / float16 / bfloat16 and int8 / int4 weights, SvdPredictor, SignBitPredictor and
 the CPU kernels' MatVec, at shapes with partial vectors, every activation, masks all / none / random / absent, with
 and without CHESS thresholds. Implementations (implementations.py): the torch reference, ONNX Runtime running the
-op's reference function, the C kernels, the CANN gather path on the CPU, CUDA. Each is compared with the torch
-reference (edge_sdk.sparsity) within the bound its op declares (edge_sdk.export.ops.ERROR_BOUNDS); the torch reference
-itself is compared with the op's definition written out here in float64. A case's data tell a correct implementation
-from one that ignores the mask, the thresholds, the activation kind, the bias or the last partial vector (cases.py
-draws them so, and the MatVec check shows it).
-An id reads `SparseFFN[float16,relu,d=67,D=130,mask=random,no-thresholds]-c_kernels`.
+op's reference function, the C kernels, the CANN gather path on the CPU, CUDA, and TensorRT with the plugins (the
+last two skip with the reason where they cannot run). Each is compared with the torch reference (edge_sdk.sparsity)
+within the bound its op declares (edge_sdk.export.ops.ERROR_BOUNDS); the torch reference itself is compared with the
+op's definition written out here in float64. A case's data tell a correct implementation from one that ignores the
+mask, the thresholds, the activation kind, the bias or the last partial vector (cases.py draws them so, and the
+MatVec check shows it). An id reads `SparseFFN[float16,relu,d=67,D=130,mask=random,no-thresholds]-c_kernels`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _pairs():
     for case in CASES:
         for implementation in IMPLEMENTATIONS:
             if implementation.supports(case):
-                marks = [pytest.mark.gpu] if implementation.name == "cuda" else []
+                marks = {"cuda": [pytest.mark.gpu], "tensorrt": [pytest.mark.tensorrt]}.get(implementation.name, [])
                 yield pytest.param(case, implementation, id=f"{case.id}-{implementation.name}", marks=marks)
 
 
