@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from edge_sdk.backends.cpu.kernels import quantized_activations
 
 from edge_sdk import quant
 from edge_sdk.export.ops import error_bound
@@ -111,6 +112,12 @@ class SparseFFNCase:
     def data(self) -> FFNData:
         return _ffn_data(self)
 
+    def reference_on(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The reference's (y, active) on another x [T, d] (the one an implementation computes with)."""
+        data = self.data()
+        result = sparse_ffn(x, *data.weights, data.reference_mask, self.act, thresholds=data.thresholds)
+        return result.output, result.active
+
 
 @functools.cache
 def _ffn_weights(weights: str, group_size: int, d: int, n_neurons: int):
@@ -187,9 +194,10 @@ def _ffn_data(case: SparseFFNCase) -> FFNData:
     def accept(made) -> bool:
         x, weights, _, mask, thresholds = made
         decided = torch.ones(case.tokens, case.n_neurons, dtype=torch.bool) if mask is None else mask
-        return _clear_of_boundaries(case, x, weights[0], decided, thresholds) and _discriminates(
-            case, x, weights, decided, thresholds
-        )
+        # quantized weights: the C kernels' integer dot products compute with quantized_activations(x)
+        inputs = (x, quantized_activations(x)) if case.quantized else (x,)
+        clear = all(_clear_of_boundaries(case, each, weights[0], decided, thresholds) for each in inputs)
+        return clear and _discriminates(case, x, weights, decided, thresholds)
 
     x, weights, matrices, mask, thresholds = _seeded_retry(make, zlib.crc32(case.id.encode()) % 1000, accept, case.id)
     reference_mask = torch.ones(case.tokens, case.n_neurons, dtype=torch.bool) if mask is None else mask
@@ -206,14 +214,16 @@ def _sparse_ffn_cases() -> list[SparseFFNCase]:
             for thresholds in (False, True):
                 cases += [SparseFFNCase(weights, activation, d, n, "random", thresholds) for d, n in random_shapes]
                 cases += [SparseFFNCase(weights, activation, 67, 130, mask, thresholds) for mask in MASKS]
-    # quantized: d a multiple of every group size (three groups of 128), D = 301 a partial chunk of neurons
+    # quantized: d three groups of 128, and for groups of 32 a half unit of 64 values more (the integer dot products'
+    # last unit); D = 301 a partial chunk of neurons
     for weights in QUANT_FORMATS:
         for group_size in quant.GROUP_SIZES:
+            d = 416 if group_size == 32 else 384
             for activation in ACTIVATIONS:
                 for mask in MASKS:
-                    cases.append(SparseFFNCase(weights, activation, 384, 301, mask, False, group_size))
+                    cases.append(SparseFFNCase(weights, activation, d, 301, mask, False, group_size))
                     if group_size == 64:
-                        cases.append(SparseFFNCase(weights, activation, 384, 301, mask, True, group_size))
+                        cases.append(SparseFFNCase(weights, activation, d, 301, mask, True, group_size))
         cases.append(SparseFFNCase(weights, "relu", 128, 7, "random", False, 32))
     return list(dict.fromkeys(cases))
 
@@ -373,6 +383,11 @@ class MatVecCase:
 
     def data(self) -> MatVecData:
         return _matvec_data(self)
+
+    def reference_on(self, x: torch.Tensor) -> torch.Tensor:
+        """The float64 y on another x [in] (the one an implementation computes with)."""
+        data = self.data()
+        return data.weight.double() @ x.double() + (0.0 if data.bias is None else data.bias.double())
 
 
 @functools.cache

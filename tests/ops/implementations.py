@@ -8,6 +8,7 @@ no bfloat16 weights, ONNX Runtime's SparseFFN needs a mask input...) and why it 
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 import onnx
@@ -21,7 +22,7 @@ from edge_sdk.sparsity.ffn import sparse_ffn
 from edge_sdk.sparsity.signbit import signbit_mask
 from edge_sdk.sparsity.sparse_model import LayerPredictor
 
-from .cases import ACTIVATIONS, MatVecCase, SignBitPredictorCase, SparseFFNCase, SvdPredictorCase
+from .cases import ACTIVATIONS, QUANT_FORMATS, MatVecCase, SignBitPredictorCase, SparseFFNCase, SvdPredictorCase
 
 _ONNX_TYPES = {
     torch.float32: TensorProto.FLOAT,
@@ -160,9 +161,16 @@ class OnnxRuntime:
 
 
 class CKernels:
-    """The native CPU kernels (plugins/kernels/cpu) through backends/cpu/kernels.py, one token per call."""
+    """The native CPU kernels (plugins/kernels/cpu) through backends/cpu/kernels.py, one token per call.
 
-    name = "c_kernels"
+    Quantized rows are dotted with x quantized to two int8 planes by default (integer dot products, the reference
+    then runs on quantized_activations(x)), or with x in fp32 under EDGE_SDK_QUANT_ACTIVATIONS=fp32: one
+    implementation each (`activations`); the fp32-x one runs the quantized cases only.
+    """
+
+    def __init__(self, activations: str):
+        self.activations = activations
+        self.name = "c_kernels" if activations == "integer" else "c_kernels_fp32x"
 
     @functools.cache  # noqa: B019 (one instance per session)
     def unavailable(self) -> str | None:
@@ -173,11 +181,39 @@ class CKernels:
         return None
 
     def supports(self, case) -> bool:
+        quantized = isinstance(case, SparseFFNCase | MatVecCase) and case.weights in QUANT_FORMATS
+        if self.activations == "fp32":
+            return quantized
         if isinstance(case, SparseFFNCase | MatVecCase):
             return case.weights in ("float32", "float16", "int8", "int4")
         return True
 
+    def reference_input(self, case) -> torch.Tensor | None:
+        """The x the kernel computes with when it is not the case's (integer dot products on quantized rows)."""
+        if (
+            self.activations == "integer"
+            and isinstance(case, SparseFFNCase | MatVecCase)
+            and case.weights in QUANT_FORMATS
+        ):
+            from edge_sdk.backends.cpu.kernels import quantized_activations
+
+            return quantized_activations(case.data().x)
+        return None
+
     def run(self, case):
+        from edge_sdk.backends.cpu.kernels import ACTIVATIONS_ENV
+
+        previous = os.environ.pop(ACTIVATIONS_ENV, None)
+        if self.activations == "fp32":
+            os.environ[ACTIVATIONS_ENV] = "fp32"
+        try:
+            return self._run(case)
+        finally:
+            os.environ.pop(ACTIVATIONS_ENV, None)
+            if previous is not None:
+                os.environ[ACTIVATIONS_ENV] = previous
+
+    def _run(self, case):
         from edge_sdk.backends.cpu import kernels
 
         data = case.data()
@@ -400,7 +436,8 @@ class TensorRT:
 IMPLEMENTATIONS = [
     TorchReference(),
     OnnxRuntime(),
-    CKernels(),
+    CKernels("integer"),
+    CKernels("fp32"),
     CannGather("dynamic"),
     CannGather("static"),
     Cuda(),

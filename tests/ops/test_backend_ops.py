@@ -3,12 +3,13 @@
 Cases (cases.py): SparseFFN on float32 / float16 / bfloat16 and int8 / int4 weights, SvdPredictor, SignBitPredictor and
 the CPU kernels' MatVec, at shapes with partial vectors, every activation, masks all / none / random / absent, with
 and without CHESS thresholds. Implementations (implementations.py): the torch reference, ONNX Runtime running the
-op's reference function, the C kernels, the CANN gather path on the CPU, CUDA, and TensorRT with the plugins (the
-last two skip with the reason where they cannot run). Each is compared with the torch reference (edge_sdk.sparsity)
-within the bound its op declares (edge_sdk.export.ops.ERROR_BOUNDS); the torch reference itself is compared with the
-op's definition written out here in float64. A case's data tell a correct implementation from one that ignores the
-mask, the thresholds, the activation kind, the bias or the last partial vector (cases.py draws them so, and the
-MatVec check shows it). An id reads `SparseFFN[float16,relu,d=67,D=130,mask=random,no-thresholds]-c_kernels`.
+op's reference function, the C kernels (quantized rows dotted with x quantized, the default, or with x in fp32), the
+CANN gather path on the CPU, CUDA, and TensorRT with the plugins (the last two skip with the reason where they cannot
+run). Each is compared with the torch reference (edge_sdk.sparsity) on the x it computes with, within the bound its
+op declares (edge_sdk.export.ops.ERROR_BOUNDS); the torch reference itself is compared with the op's definition
+written out here in float64. A case's data tell a correct implementation from one that ignores the mask, the
+thresholds, the activation kind, the bias or the last partial vector (cases.py draws them so, and the MatVec check
+shows it). An id reads `SparseFFN[float16,relu,d=67,D=130,mask=random,no-thresholds]-c_kernels`.
 """
 
 from __future__ import annotations
@@ -53,14 +54,16 @@ def test_op(case, implementation) -> None:
         pytest.skip(reason)
     result = implementation.run(case)
     is_reference = implementation.name == "torch_reference"
+    # the x the implementation computes with, where it is not the case's own (the C kernels' quantized x)
+    own_x = getattr(implementation, "reference_input", lambda case: None)(case)
     if isinstance(case, SparseFFNCase):
-        _check_sparse_ffn(case, *result, is_reference)
+        _check_sparse_ffn(case, *result, is_reference, own_x)
     elif isinstance(case, SvdPredictorCase):
         _check_svd_predictor(case, result, is_reference)
     elif isinstance(case, SignBitPredictorCase):
         _check_signbit_predictor(case, result, is_reference)
     else:
-        _check_matvec(case, result)
+        _check_matvec(case, result, own_x)
 
 
 def _relative_error(found: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
@@ -98,10 +101,15 @@ def _ffn_definition(case: SparseFFNCase) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(y), torch.from_numpy(active)
 
 
-def _check_sparse_ffn(case: SparseFFNCase, y: torch.Tensor, active: torch.Tensor | None, is_reference: bool) -> None:
+def _check_sparse_ffn(
+    case: SparseFFNCase, y: torch.Tensor, active: torch.Tensor | None, is_reference: bool, own_x: torch.Tensor | None
+) -> None:
     data = case.data()
     assert y.dtype == torch.float32 and y.shape == (case.tokens, case.d)
-    expected, expected_active = _ffn_definition(case) if is_reference else (data.expected, data.active)
+    if is_reference:
+        expected, expected_active = _ffn_definition(case)
+    else:
+        expected, expected_active = (data.expected, data.active) if own_x is None else case.reference_on(own_x)
     _assert_within(y, expected, case.bound)  # an empty mask's bound is 0: exact zeros
     if active is not None:
         assert torch.equal(active, expected_active), "the active neurons differ from the reference's"
@@ -160,10 +168,10 @@ def _check_signbit_predictor(case: SignBitPredictorCase, mask: torch.Tensor, is_
 # ---------------------------------------------------------------------------------------------------- MatVec
 
 
-def _check_matvec(case: MatVecCase, y: torch.Tensor) -> None:
+def _check_matvec(case: MatVecCase, y: torch.Tensor, own_x: torch.Tensor | None) -> None:
     data = case.data()
     assert y.dtype == torch.float32 and y.shape == (case.n_out,)
-    _assert_within(y, data.expected, case.bound)
+    _assert_within(y, data.expected if own_x is None else case.reference_on(own_x), case.bound)
     if data.bias is not None:
         _assert_beyond(data.expected - data.bias.double(), data.expected, case.bound, "ignores the bias")
     if case.n_in % VECTOR_WIDTH and case.n_in > VECTOR_WIDTH:
