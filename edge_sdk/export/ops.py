@@ -224,7 +224,7 @@ SCHEMAS: dict[str, OpSchema] = {
             tolerance=(
                 "max |y - y_ref| <= bound * max |y_ref|, bound by the weights' type (float32 accumulation in any "
                 "order). For int8 / int4 weights (edge_sdk/quant.py, the CPU kernels' edge_cpu_sparse_ffn_q) y_ref is "
-                "the reference on the dequantized weights."
+                "the reference on the dequantized weights and on the x the kernel computes with (QUANT.md)."
             ),
         ),
     )
@@ -235,7 +235,9 @@ SCHEMAS: dict[str, OpSchema] = {
 # tolerance: SparseFFN and MatVec max |y - y_ref| <= bound * max |y_ref|; SvdPredictor the scores around which a
 # decision may flip, |score| <= bound * max |score|; SignBitPredictor none (exact). MatVec is no ONNX op: it is the
 # CPU kernels' dense projection y = W x (+ bias) (edge_cpu_matvec, edge_cpu_matvec_q), y_ref in float64 on the same
-# (dequantized) weights. The op tests (tests/ops) read their tolerances here and nowhere else.
+# (dequantized) weights. For quantized weights x is the one the kernel computes with: quantized_activations(x) for
+# the integer dot products (plugins/kernels/cpu/QUANT.md), so the bound is fp32 summation order only. The op tests
+# (tests/ops) read their tolerances here and nowhere else.
 ERROR_BOUNDS: dict[str, dict[str, float]] = {
     "SvdPredictor": {"float32": 1e-5, "float16": 1e-5, "bfloat16": 1e-5},
     "SignBitPredictor": {"float32": 0.0, "float16": 0.0, "bfloat16": 0.0},
@@ -566,7 +568,8 @@ def schema_markdown() -> str:
         "### MatVec (CPU kernels only, no ONNX op)",
         "",
         "The dense projection y = W x (+ bias) of edge_cpu_matvec / edge_cpu_matvec_q: max |y - y_ref| <= bound * "
-        f"max |y_ref|, y_ref in float64 on the same (dequantized) weights. Error bound: {matvec_bounds}.",
+        "max |y_ref|, y_ref in float64 on the same (dequantized) weights and the x the kernel computes with "
+        f"(QUANT.md). Error bound: {matvec_bounds}.",
     ]
     return "\n".join(lines) + "\n"
 
