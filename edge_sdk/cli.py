@@ -359,13 +359,23 @@ def calibrate(
 )
 @_group_size_option
 @click.option(
+    "--quant-method",
+    type=click.Choice(["rtn", "awq"]),
+    default="rtn",
+    show_default=True,
+    help="int8 / int4: round to nearest, or first fold activation-aware (AWQ) input-channel scales searched on the "
+    "calibration text into the weights (QUANT.md, 'Quality').",
+)
+@click.option(
     "--max-seq-len",
     type=click.IntRange(min=2),
     default=None,
     help="Longest sequence the bundle serves (default: min(2048, the model's max_position_embeddings)).",
 )
 @click.option("--force", is_flag=True, help=_FORCE_HELP)
-def export(model_dir, out_dir, calibration_files, predictor, dtype, group_size, max_seq_len, force, **options) -> None:
+def export(
+    model_dir, out_dir, calibration_files, predictor, dtype, group_size, quant_method, max_seq_len, force, **options
+) -> None:
     """Export a checkpoint and its predictors to a bundle (ONNX + weights + tokenizer + manifest)."""
     _needs_export("`edge-sdk export`")
     from tqdm import tqdm
@@ -380,6 +390,7 @@ def export(model_dir, out_dir, calibration_files, predictor, dtype, group_size, 
         predictor=predictor,
         dtype=dtype,
         group_size=int(group_size),
+        quant_method=quant_method,
         max_seq_len=max_seq_len,
         calibration=_calibration_settings(predictor, options),
     )
