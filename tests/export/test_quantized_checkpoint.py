@@ -135,7 +135,7 @@ def _dense_validation_perplexity(decoder, held: torch.Tensor) -> float:
 
 
 def test_default_level_is_validated_on_the_quantized_weights(tmp_path, tiny_model_dir, checkpoint):
-    calibration = CalibrationSettings(rank=16, max_tokens=2048, levels=(0.5, 0.8), validation_tokens=512)
+    calibration = CalibrationSettings(rank=16, max_tokens=512, levels=(0.5, 0.8), validation_tokens=512)
     files = [tiny_model_dir / "calibration.txt"]
     reported = {}
     for dtype in ("fp16", "int4"):
@@ -147,6 +147,6 @@ def test_default_level_is_validated_on_the_quantized_weights(tmp_path, tiny_mode
     int4_bundle, int4_dense = reported["int4"]
     decoder = load_reference_decoder(int4_bundle)
     configure(decoder, int4_bundle.sparsity.resolve(None, True))
-    independent = _dense_validation_perplexity(decoder, held)
+    independent = _dense_validation_perplexity(decoder.decoder, held)
     assert int4_dense == pytest.approx(independent, rel=1e-4)
     assert abs(int4_dense / reported["fp16"][1] - 1) > 1e-3
