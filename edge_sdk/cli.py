@@ -18,6 +18,7 @@ import click
 
 from edge_sdk import __version__
 from edge_sdk.errors import EdgeSdkError
+from edge_sdk.quant import DEFAULT_GROUP_SIZE, GROUP_SIZES
 from edge_sdk.runtime.backends import MAX_THREADS
 from edge_sdk.runtime.generator import MAX_SEED
 
@@ -162,10 +163,11 @@ _calibration_options = _options(
 
 _group_size_option = click.option(
     "--group-size",
-    type=click.Choice(["32", "64", "128"]),
-    default="32",
+    type=click.Choice([str(size) for size in GROUP_SIZES]),
+    default=str(DEFAULT_GROUP_SIZE),
     show_default=True,
-    help="int8 / int4: values per fp16 scale along each weight row (QUANT.md).",
+    help="int8 / int4: values per fp16 scale along each weight row. 32 by measurement: on SmolLM2-135M int4 costs "
+    "+23% held-out perplexity at 32 and +32% at 64, for 6% more bytes (QUANT.md, 'Quality').",
 )
 
 

@@ -53,7 +53,7 @@ class ExportError(EdgeSdkError):
 class ExportSettings:
     predictor: str = "svd"
     dtype: str = "fp32"  # fp16 | bf16 | fp32 | int8 | int4: how model weights are stored in the bundle
-    group_size: int = quant.GROUP_SIZES[0]  # int8 / int4: values per fp16 scale along each row
+    group_size: int = quant.DEFAULT_GROUP_SIZE  # int8 / int4: values per fp16 scale along each row
     quant_method: str = "rtn"  # int8 / int4: "rtn", or "awq" (activation-aware scales folded in first)
     max_seq_len: int | None = None  # None: min(model's max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
     calibration: CalibrationSettings = field(default_factory=CalibrationSettings)

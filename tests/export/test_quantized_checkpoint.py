@@ -13,8 +13,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from click.testing import CliRunner
 
 from edge_sdk import quant
+from edge_sdk.cli import main
 from edge_sdk.export.exporter import ExportSettings, export_bundle
 from edge_sdk.export.quantized_checkpoint import (
     AWQ_ALPHAS,
@@ -150,3 +152,15 @@ def test_default_level_is_validated_on_the_quantized_weights(tmp_path, tiny_mode
     independent = _dense_validation_perplexity(decoder.decoder, held)
     assert int4_dense == pytest.approx(independent, rel=1e-4)
     assert abs(int4_dense / reported["fp16"][1] - 1) > 1e-3
+
+
+def test_cli_exports_with_the_measured_default_group_size(tmp_path, tiny_model_dir):
+    out = tmp_path / "int4"
+    result = CliRunner().invoke(
+        main, ["export", str(tiny_model_dir), "-o", str(out), "--predictor", "none", "--dtype", "int4"]
+    )
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["group_size"] == quant.DEFAULT_GROUP_SIZE == 32
+    # one fp16 scale per 32 values of a row: the fixture's q_proj is [192, 192]
+    assert manifest["tensors"]["layers.0.self_attn.q_proj.weight.scales"]["shape"] == [192, 6]
