@@ -366,7 +366,8 @@ def calibrate(
     default="rtn",
     show_default=True,
     help="int8 / int4: round to nearest, or first fold activation-aware (AWQ) input-channel scales searched on the "
-    "calibration text into the weights (QUANT.md, 'Quality').",
+    "calibration text into the weights: recommended for int4 (SmolLM2-135M: +17.8% held-out perplexity over fp16 "
+    "instead of +23.2%), no gain for int8, several times the export time (QUANT.md, 'Quality').",
 )
 @click.option(
     "--max-seq-len",
