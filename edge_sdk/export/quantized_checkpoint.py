@@ -89,7 +89,7 @@ class QuantizedCheckpoint:
 
     def __init__(
         self,
-        checkpoint: Checkpoint | GgufCheckpoint | QuantizedCheckpoint,
+        checkpoint: Checkpoint | GgufCheckpoint,
         format: str,
         group_size: int,
         scales: dict[int, LayerScales] | None = None,
@@ -121,9 +121,7 @@ class QuantizedCheckpoint:
         return quant.quantize(weight.numpy(), self.format, self.group_size)
 
     def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
-        if name == f"model.{UNQUANTIZED_MATRIX}" or (
-            name == "lm_head.weight" and name not in self.checkpoint.expected_shapes
-        ):
+        if name == f"model.{UNQUANTIZED_MATRIX}":  # stored fp16; a tied LM head with it
             tensor = self.checkpoint.tensor(name, torch.float16).float()
         elif self.is_quantized(name):
             # down_proj is quantized neuron-major, so its groups run along the columns of the HF matrix
