@@ -13,6 +13,7 @@ import numpy as np
 
 FORMATS = ("int8", "int4")
 GROUP_SIZES = (32, 64, 128)
+DEFAULT_GROUP_SIZE = 32  # chosen on held-out perplexity against bytes per weight (QUANT.md, "Quality")
 # Values per int4 block: 16 bytes hold values k (low nibble of byte k) and k + 16 (high nibble), k < 16.
 INT4_BLOCK = 32
 INT4_OFFSET = 8  # the nibble stores q + 8, q in [-8, 7]

@@ -31,13 +31,14 @@ from edge_sdk.bundle.layout import (
 from edge_sdk.bundle.manifest import manifest_digest
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.export import graph as graphs
+from edge_sdk.export.quantized_checkpoint import QUANT_METHODS, QuantizedCheckpoint, search_awq_scales
 from edge_sdk.export.safetensors_writer import TORCH_TO_SAFETENSORS, SafetensorsWriter, TensorSpec
 from edge_sdk.formats.files import sha256_of
 from edge_sdk.model.checkpoint import Checkpoint, open_checkpoint
 from edge_sdk.model.decoder import rope_tables
 from edge_sdk.model.gguf_checkpoint import GgufCheckpoint
 from edge_sdk.model.loader import parse_dtype
-from edge_sdk.sparsity.pipeline import CalibrationSettings, calibrate_model, validate_settings
+from edge_sdk.sparsity.pipeline import CalibrationSettings, calibrate_model, fitting_chunks, validate_settings
 from edge_sdk.sparsity.report import write_report_plot
 
 EXPORT_PREDICTORS = tuple(predictors.KINDS)
@@ -52,7 +53,8 @@ class ExportError(EdgeSdkError):
 class ExportSettings:
     predictor: str = "svd"
     dtype: str = "fp32"  # fp16 | bf16 | fp32 | int8 | int4: how model weights are stored in the bundle
-    group_size: int = quant.GROUP_SIZES[0]  # int8 / int4: values per fp16 scale along each row
+    group_size: int = quant.DEFAULT_GROUP_SIZE  # int8 / int4: values per fp16 scale along each row
+    quant_method: str = "rtn"  # int8 / int4: "rtn", or "awq" (activation-aware scales folded in first)
     max_seq_len: int | None = None  # None: min(model's max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
     calibration: CalibrationSettings = field(default_factory=CalibrationSettings)
 
@@ -81,13 +83,9 @@ def _model_tensor_specs(checkpoint: Checkpoint | GgufCheckpoint, settings: Expor
     ]
 
 
-def _quantized_tensor(checkpoint: Checkpoint | GgufCheckpoint, name: str, hf_name: str, settings) -> torch.Tensor:
-    """The codes (name) or the scales (name.scales) of a quantized matrix, quantized from the checkpoint in fp32
-    (neuron-major for the transposed down projection)."""
-    weight = checkpoint.tensor(hf_name, torch.float32)
-    if name.removesuffix(SCALES_SUFFIX).endswith("_t"):
-        weight = weight.T.contiguous()
-    matrix = quant.quantize(weight.numpy(), settings.dtype, settings.group_size)
+def _quantized_tensor(model: QuantizedCheckpoint, name: str, hf_name: str) -> torch.Tensor:
+    """The codes (name) or the scales (name.scales) of a quantized matrix (neuron-major for the down projection)."""
+    matrix = model.quantized_matrix(hf_name, neuron_major=name.removesuffix(SCALES_SUFFIX).endswith("_t"))
     return torch.from_numpy(np.ascontiguousarray(matrix.scales if name.endswith(SCALES_SUFFIX) else matrix.data))
 
 
@@ -104,6 +102,10 @@ def _validate(checkpoint: Checkpoint | GgufCheckpoint, settings: ExportSettings)
     if settings.predictor not in EXPORT_PREDICTORS:
         raise ExportError(f"predictor {settings.predictor!r} is not one of {', '.join(EXPORT_PREDICTORS)}")
     if settings.dtype in QUANTIZED_DTYPES:
+        if settings.quant_method not in QUANT_METHODS:
+            raise ExportError(
+                f"--quant-method must be one of {', '.join(QUANT_METHODS)}, found {settings.quant_method!r}"
+            )
         config = checkpoint.config
         for what, cols in (
             ("hidden_size", config.hidden_size),
@@ -150,15 +152,24 @@ def export_bundle(
     eos_token_ids = checkpoint.tokenizer().eos_token_ids
     if settings.predictor != predictors.NO_PREDICTOR and not calibration_files:
         raise ExportError(f"predictor '{settings.predictor}' needs calibration text: pass --calib FILE")
+    quantized = settings.dtype in QUANTIZED_DTYPES
+    if quantized and settings.quant_method == "awq" and not calibration_files:
+        raise ExportError("--quant-method awq searches its scales on calibration text: pass --calib FILE")
 
+    calibration = replace(settings.calibration, predictor=settings.predictor)
+    # what the bundle will hold: predictors are fitted and the default level validated on it
+    model, quantization = checkpoint, None
+    if quantized:
+        model, quantization = _quantized_model(checkpoint, settings, calibration, calibration_files)
     predictor_tensors: dict[str, torch.Tensor] = {}
     report: dict[str, Any] | None = None
-    calibration = replace(settings.calibration, predictor=settings.predictor)
     if settings.predictor != predictors.NO_PREDICTOR:
         result = calibrate_model(
-            checkpoint, calibration, calibration_files, evaluation_files, on_layer_calibrated, on_layer_validated
+            model, calibration, calibration_files, evaluation_files, on_layer_calibrated, on_layer_validated
         )
         predictor_tensors, report = result.tensors, result.report
+        if quantization is not None:
+            report["quantization"] = quantization
 
     cos, sin = rope_tables(config.rope, config.head_dim, max_seq_len)
     extra_tensors = {"rope.cos": cos, "rope.sin": sin} | predictor_tensors
@@ -166,7 +177,6 @@ def export_bundle(
     specs = _model_tensor_specs(checkpoint, settings)
     specs += [TensorSpec(name, tensor.dtype, tuple(tensor.shape)) for name, tensor in extra_tensors.items()]
     hf_names = dict(names)
-    quantized = settings.dtype in QUANTIZED_DTYPES
     shapes = {spec.name: spec.shape for spec in specs}
     quantized_names = {name for name, _ in names if quantized and is_quantized_matrix(name, shapes[name])}
 
@@ -180,9 +190,9 @@ def export_bundle(
                     tensor = extra_tensors[spec.name]
                 elif spec.name.removesuffix(SCALES_SUFFIX) in quantized_names:
                     hf_name = hf_names[spec.name.removesuffix(SCALES_SUFFIX)]
-                    tensor = _quantized_tensor(checkpoint, spec.name, hf_name, settings)
+                    tensor = _quantized_tensor(model, spec.name, hf_name)
                 else:
-                    tensor = checkpoint.tensor(hf_names[spec.name], spec.dtype)
+                    tensor = model.tensor(hf_names[spec.name], spec.dtype)
                     if spec.name.endswith("_t"):
                         tensor = tensor.T.contiguous()
                 writer.write(spec.name, tensor)
@@ -224,6 +234,28 @@ def export_bundle(
         (staging / bundle_format.MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, allow_nan=False) + "\n")
         Bundle.open(staging, verify_checksums=False)  # never publish a bundle the readers would refuse
     return Bundle.open(target.path, verify_checksums=False)
+
+
+def _quantized_model(
+    checkpoint: Checkpoint | GgufCheckpoint,
+    settings: ExportSettings,
+    calibration: CalibrationSettings,
+    calibration_files: Sequence[str | Path],
+) -> tuple[QuantizedCheckpoint, dict[str, Any]]:
+    """The checkpoint as the int8 / int4 bundle holds it, with AWQ scales searched on the calibration tokens the
+    predictors are fitted on (never the validation tokens) when asked; and what the report says about it."""
+    described: dict[str, Any] = {
+        "format": settings.dtype,
+        "group_size": settings.group_size,
+        "method": settings.quant_method,
+    }
+    scales = None
+    if settings.quant_method == "awq":
+        chunks, _ = fitting_chunks(checkpoint, calibration, calibration_files)
+        scales, described["awq_layers"] = search_awq_scales(
+            checkpoint, chunks, settings.dtype, settings.group_size, scale_ffn_hidden=settings.predictor != "threshold"
+        )
+    return QuantizedCheckpoint(checkpoint, settings.dtype, settings.group_size, scales), described
 
 
 def _manifest(config, settings, calibration, max_seq_len, specs, report, staging: Path) -> dict[str, Any]:

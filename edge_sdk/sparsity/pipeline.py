@@ -466,6 +466,21 @@ class CalibrationResult:
     report: dict[str, Any]
 
 
+def fitting_chunks(
+    checkpoint: Checkpoint | GgufCheckpoint, settings: CalibrationSettings, calibration_files: Sequence[str | Path]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token ids [C, L] of the calibration text the predictors are fitted on, and [C', L] of the validation tokens
+    held back from them when the default level is to be chosen (None when it is not, or the text is too short)."""
+    tokenizer = checkpoint.tokenizer()
+    chunk_tokens = min(settings.chunk_tokens, checkpoint.config.max_position_embeddings)
+    texts = read_calibration_texts(calibration_files)
+    if not settings.chooses_level:
+        return calibration_chunks(tokenizer, texts, settings.max_tokens, chunk_tokens, MIN_CALIBRATION_TOKENS), None
+    stream = token_stream(tokenizer, texts, settings.max_tokens + settings.validation_tokens)
+    fit, held = split_validation(stream, settings.max_tokens, settings.validation_tokens, MIN_CALIBRATION_TOKENS)
+    return token_chunks(fit, chunk_tokens, MIN_CALIBRATION_TOKENS), token_chunks(held, chunk_tokens) if held else None
+
+
 def calibrate_model(
     checkpoint: Checkpoint | GgufCheckpoint,
     settings: CalibrationSettings,
@@ -477,7 +492,11 @@ def calibrate_model(
     """Fit the predictor of every layer on the calibration text; evaluate on held-out text when given. Without
     a given default level (settings.sparsity None), choose it on validation tokens of the calibration text
     that the predictors are not fitted on (sparsity/validation.py). on_layer(i) is called after layer i is
-    fitted, on_layer_validated(i) after the validation streams went through it (a second pass over the layers)."""
+    fitted, on_layer_validated(i) after the validation streams went through it (a second pass over the layers).
+
+    checkpoint is the model the bundle holds: for int8 / int4 the exporter passes its quantized weights
+    (export/quantized_checkpoint.py), so the predictors see the hidden states the runtimes will compute and the
+    default level's budget is measured from the quantized dense model (quantization and sparsity errors add up)."""
     config = checkpoint.config
     validate_settings(config, settings)
     check_calibration_memory(config, settings, evaluating=bool(evaluation_files))
@@ -485,18 +504,10 @@ def calibrate_model(
     tokenizer = checkpoint.tokenizer()
     chunk_tokens = min(settings.chunk_tokens, config.max_position_embeddings)
     settings = CalibrationSettings(**{**asdict(settings), "chunk_tokens": chunk_tokens})
-    texts = read_calibration_texts(calibration_files)
+    chunks, held = fitting_chunks(checkpoint, settings, calibration_files)
     validation = None
-    if settings.chooses_level:
-        stream = token_stream(tokenizer, texts, settings.max_tokens + settings.validation_tokens)
-        fit, held = split_validation(stream, settings.max_tokens, settings.validation_tokens, MIN_CALIBRATION_TOKENS)
-        chunks = token_chunks(fit, chunk_tokens, MIN_CALIBRATION_TOKENS)
-        if held:
-            validation = LevelValidation(
-                checkpoint, token_chunks(held, chunk_tokens), settings.all_levels, VALIDATION_PROMPT_TOKENS
-            )
-    else:
-        chunks = calibration_chunks(tokenizer, texts, settings.max_tokens, chunk_tokens, MIN_CALIBRATION_TOKENS)
+    if held is not None:
+        validation = LevelValidation(checkpoint, held, settings.all_levels, VALIDATION_PROMPT_TOKENS)
     streams = [stream_layers(checkpoint, chunks)]
     if evaluation_files:
         eval_chunks = calibration_chunks(
