@@ -58,7 +58,7 @@ def _compare(bundle: Bundle, ids: list[int], level: float | None, dense: bool, s
         found = torch.from_numpy(session.decode(np.array([[token]]))[0, -1])
         diff = (expected - found).abs().max().item()
         if diff > LOGITS_TOLERANCE:
-            tie = _explain_by_a_near_tie(reference, token, found)
+            tie = explain_by_a_near_tie(reference, token, found)
             if tie is not None:
                 layer, neuron, margin, diff, expected = tie
                 explained.append(f"step {step}: layer {layer} neuron {neuron} (relative margin {margin:.2g})")
@@ -66,10 +66,13 @@ def _compare(bundle: Bundle, ids: list[int], level: float | None, dense: bool, s
     return {"max_diff": max_diff, "reference": reference_tokens, "ort": ort_tokens, "near_ties": explained}
 
 
-def _explain_by_a_near_tie(reference, token: int, found: torch.Tensor) -> tuple | None:
+def explain_by_a_near_tie(
+    reference, token: int, found: torch.Tensor, logits_tolerance: float = LOGITS_TOLERANCE
+) -> tuple | None:
     """(layer, neuron, margin, logit difference, the retaken step's logits) of the nearest near-tie decision whose
     inversion makes the reference's last decode step match `found`; the reference is left after that step taken
-    with the decision inverted. None, with the reference left as it was, when no single near-tie explains it."""
+    with the decision inverted. None, with the reference left as it was, when no single near-tie explains it.
+    The reference's SparseFeedForward modules must record near-ties (tie_tolerance set) for the step."""
     ties = sorted(
         ((margin, layer, neuron) for layer, ffn in enumerate(reference.ffns) for neuron, margin in ffn.near_ties),
     )[:MAX_TIES_TRIED]
@@ -79,7 +82,7 @@ def _explain_by_a_near_tie(reference, token: int, found: torch.Tensor) -> tuple 
         reference.decoder.position -= 1  # the KV cache is written by index: the step is taken again in place
         retaken = reference.decode(torch.tensor([[token]]))[0, -1]
         diff = (retaken - found).abs().max().item()
-        if diff <= LOGITS_TOLERANCE:
+        if diff <= logits_tolerance:
             return layer, neuron, margin, diff, retaken
     reference.decoder.position -= 1
     reference.decode(torch.tensor([[token]]))
