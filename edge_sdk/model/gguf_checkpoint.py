@@ -45,6 +45,7 @@ Q = gguf.GGMLQuantizationType
 TENSOR_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 # the dtype a tensor of each type is read into when the caller names none: float types as stored, the rest fp32
 STORED_DTYPES = {Q.F16: torch.float16, Q.BF16: torch.bfloat16}
+DEQUANTIZE_CALL_BYTES = 4 << 20
 GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -100,6 +101,24 @@ class GgufTensorEntry:
     begin: int  # byte range in the file
     end: int
     data: np.ndarray  # the memory-mapped bytes (or values, for float types)
+
+
+def _dequantize(entry: GgufTensorEntry) -> np.ndarray:
+    """The entry's values as gguf.quants.dequantize gives them, converted a block of rows at a time: its numpy
+    code makes several full-size temporaries per call (the SmolLM2 embedding's 113 MB of float32 peaked 400 MB
+    above it in one call), so one call covers at most DEQUANTIZE_CALL_BYTES of stored bytes."""
+    data = entry.data
+    if data.dtype != np.uint8 or data.ndim != 2:  # F32 / F16: a view or a plain cast, nothing to split
+        return gguf.quants.dequantize(data, entry.tensor_type)
+    rows_per_call = max(1, DEQUANTIZE_CALL_BYTES // data.shape[1])
+    first = gguf.quants.dequantize(data[:rows_per_call], entry.tensor_type)
+    values = np.empty((data.shape[0], first.shape[1]), dtype=first.dtype)
+    values[: first.shape[0]] = first
+    for start in range(rows_per_call, data.shape[0], rows_per_call):
+        values[start : start + rows_per_call] = gguf.quants.dequantize(
+            data[start : start + rows_per_call], entry.tensor_type
+        )
+    return values
 
 
 def _reverse_permute(rows: torch.Tensor, heads: int) -> torch.Tensor:
@@ -281,7 +300,7 @@ class GgufCheckpoint:
         entry = self.entries.get(name)
         if entry is None:
             raise CheckpointError(f"{self.model_dir}: tensor '{name}' is not one the model uses")
-        array = gguf.quants.dequantize(entry.data, entry.tensor_type).reshape(entry.shape)
+        array = _dequantize(entry).reshape(entry.shape)
         # F32 comes back as a view of the read-only memory map: the caller gets its own copy
         values = torch.from_numpy(array if array.flags.writeable else array.copy())
         if self.architecture == "llama" and ".self_attn.q_proj." in name:

@@ -293,3 +293,21 @@ def test_refused_files_exit_2_with_one_line(case, make, message, tmp_path):
         assert len(lines) == 1 and lines[0].startswith("edge-sdk: error: "), result.stderr
         assert message in lines[0], lines[0]
         assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("tensor_type", [Q.BF16, Q.Q8_0, Q.Q4_1, Q.Q6_K], ids=lambda kind: kind.name)
+def test_row_blocks_dequantize_exactly_as_one_call(tensor_type, tmp_path, monkeypatch):
+    """Large tensors are dequantized a block of rows per gguf call (memory); one row per call here, so a block
+    boundary falls between every two rows, and the values must equal one call over the whole tensor."""
+    import gguf
+
+    import edge_sdk.model.gguf_checkpoint as gguf_checkpoint
+
+    source = k_quant_model(tmp_path / "hf") if tensor_type in K_QUANT_SCALE_OFFSETS else FIXTURE
+    write_gguf(source, tmp_path / "model.gguf", tensor_type)
+    checkpoint = open_checkpoint(tmp_path / "model.gguf")
+    monkeypatch.setattr(gguf_checkpoint, "DEQUANTIZE_CALL_BYTES", 1)
+    for name in ("model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight"):
+        entry = checkpoint.entries[name]
+        whole = torch.from_numpy(gguf.quants.dequantize(entry.data, entry.tensor_type).reshape(entry.shape).copy())
+        assert torch.equal(checkpoint.tensor(name, torch.float32), whole.float())
