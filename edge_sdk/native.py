@@ -19,29 +19,38 @@ class NativeLibraryError(EdgeSdkError):
 
 
 OPENMP_WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
-OPENMP_DEFAULT_WAIT_POLICY = "passive"
+OPENMP_SPIN_COUNT_ENV = "GOMP_SPINCOUNT"
+OPENMP_DEFAULT_SPIN_COUNT = "3000"
 
 
 @functools.cache
-def openmp_wait_policy() -> dict[str, str]:
-    """Set OpenMP's wait policy to passive unless the user chose one, before libgomp loads with our first library.
+def openmp_waiting() -> dict[str, str]:
+    """Bound how long OpenMP threads spin at a barrier, unless the user chose, before libgomp loads with our first
+    library.
 
-    Why: libgomp's default spins at every barrier, and a decode step crosses hundreds of them; when another process
-    holds one of the cores, the spinning thread starves the one doing the work and 2-thread decode fell from 17 to
-    0.6 tokens/s (benchmarks/README.md, section 5). libgomp reads the variable once, when it is loaded, so it is set
-    here and not later; a libgomp that another library loaded earlier keeps what the environment said then.
+    Why: libgomp's default spins up to 300,000 times at every barrier, and a decode step crosses hundreds of them;
+    when other processes hold the cores, the spinning threads starve the one doing the work and 2-thread decode of
+    SmolLM2 fell from 9 to 0.7 tokens/s. A passive wait fixes that but cost 43% on an idle machine (40 against 70
+    tokens/s); 3,000 spins kept the idle speed (69) and the busy one (8.3) (benchmarks/README.md, section 5).
+    libgomp reads the variables once, when it is loaded, so they are set here and not later; a libgomp that another
+    library loaded earlier keeps what the environment said then.
     """
     already_loaded = _libgomp_loaded()
-    chosen = os.environ.get(OPENMP_WAIT_POLICY_ENV)
-    if chosen is None and not already_loaded:
-        os.environ[OPENMP_WAIT_POLICY_ENV] = OPENMP_DEFAULT_WAIT_POLICY
+    chosen = {name: os.environ.get(name) for name in (OPENMP_WAIT_POLICY_ENV, OPENMP_SPIN_COUNT_ENV)}
+    users_choice = any(value is not None for value in chosen.values())
+    if not users_choice and not already_loaded:
+        os.environ[OPENMP_SPIN_COUNT_ENV] = OPENMP_DEFAULT_SPIN_COUNT
     if already_loaded:
         source = "libgomp was loaded before edge-sdk's libraries: its setting then"
-    elif chosen is None:
-        source = f"edge-sdk's default (set {OPENMP_WAIT_POLICY_ENV} to override)"
+    elif users_choice:
+        source = " and ".join(f"${name}" for name, value in chosen.items() if value is not None)
     else:
-        source = f"${OPENMP_WAIT_POLICY_ENV}"
-    return {"wait_policy": os.environ.get(OPENMP_WAIT_POLICY_ENV, "libgomp's default"), "source": source}
+        source = f"edge-sdk's default (set {OPENMP_SPIN_COUNT_ENV} or {OPENMP_WAIT_POLICY_ENV} to override)"
+    return {
+        "wait_policy": os.environ.get(OPENMP_WAIT_POLICY_ENV, "libgomp's default"),
+        "spin_count": os.environ.get(OPENMP_SPIN_COUNT_ENV, "libgomp's default"),
+        "source": source,
+    }
 
 
 def _libgomp_loaded() -> bool:
@@ -80,7 +89,7 @@ def load_cpu_kernels() -> ctypes.CDLL:
             f"the CPU kernel library {CPU_KERNELS_LIBRARY} was not found (searched: {searched}); "
             f"reinstall edge-sdk with `pip install .` so the package build compiles it, or set {CPU_KERNELS_ENV}"
         )
-    openmp_wait_policy()
+    openmp_waiting()
     library = ctypes.CDLL(str(path))
     library.edge_cpu_version.restype = ctypes.c_char_p
     library.edge_cpu_version.argtypes = []
@@ -103,5 +112,5 @@ def load_runtime() -> ctypes.CDLL:
             f"the C runtime library {RUNTIME_LIBRARY} was not found (searched: {searched}); the package build "
             f"makes it when cJSON is installed (Debian/Ubuntu: libcjson-dev): reinstall edge-sdk, or set {RUNTIME_ENV}"
         )
-    openmp_wait_policy()
+    openmp_waiting()
     return ctypes.CDLL(str(path))

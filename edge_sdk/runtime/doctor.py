@@ -6,7 +6,7 @@ import importlib.metadata
 import platform
 from typing import Any
 
-from edge_sdk.native import NativeLibraryError, find_library, load_cpu_kernels, openmp_wait_policy
+from edge_sdk.native import NativeLibraryError, find_library, load_cpu_kernels, openmp_waiting
 
 PACKAGES = ("torch", "numpy", "safetensors", "tokenizers", "onnx", "onnxruntime", "click")
 
@@ -51,7 +51,7 @@ def native_libraries() -> dict[str, Any]:
                     "loads": True,
                     "version": library.edge_cpu_version().decode(),
                     "threads": library.edge_cpu_max_threads(),
-                    "openmp": openmp_wait_policy(),
+                    "openmp": openmp_waiting(),
                 }
             }
         except (NativeLibraryError, OSError) as error:
