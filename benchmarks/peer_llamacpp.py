@@ -52,6 +52,7 @@ from edge_sdk.bench.e2e import DEFAULT_PROMPT
 from edge_sdk.bench.record import with_machine_info
 from edge_sdk.bundle import Bundle
 from edge_sdk.model.checkpoint import open_checkpoint
+from edge_sdk.model.gguf_checkpoint import GLOBAL_TENSORS, LAYER_TENSORS
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import EngineOptions, select_backend
 
@@ -61,20 +62,8 @@ FIXTURE_CALIBRATION = REPO / "tests" / "fixtures" / "tiny-relu-llama" / "calibra
 Q = gguf.GGMLQuantizationType
 GGUF_TYPES = {"F16": Q.F16, "Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0}
 SAME_PRECISION = {"fp16": "F16", "int8": "Q8_0", "int4": "Q4_0"}
-HF_TO_GGUF = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-    "input_layernorm.weight": "attn_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
+# the reader's GGUF -> Hugging Face tables (edge_sdk/model/gguf_checkpoint.py), turned around
+HF_TO_GGUF = {hf: gguf_name for gguf_name, hf in (GLOBAL_TENSORS | LAYER_TENSORS).items()}
 QUANTIZE_ROWS = 2048  # rows quantized at a time, so a 32000 x 4096 matrix never exists in fp32 twice
 
 
