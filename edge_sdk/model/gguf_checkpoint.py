@@ -139,8 +139,10 @@ class GgufCheckpoint:
             problem = "is not a file" if self.model_dir.exists() else "file not found"
             raise CheckpointError(f"{self.model_dir}: {problem} (expected a GGUF file)")
         reader = open_reader(self.model_dir)
-        self.metadata = GgufMetadata(reader, self.model_dir)
-        self.architecture = self.metadata.string("general.architecture")
+        # the metadata is read here and not kept: gguf holds every field as numpy arrays, the vocabulary's strings
+        # included (130 MB for SmolLM2's 49,152 tokens), which an export would otherwise carry to its end
+        metadata = GgufMetadata(reader, self.model_dir)
+        self.architecture = metadata.string("general.architecture")
         if self.architecture not in ARCHITECTURES:
             raise CheckpointError(
                 f"{self.model_dir}: metadata key 'general.architecture' must be one of {', '.join(ARCHITECTURES)} "
@@ -148,9 +150,10 @@ class GgufCheckpoint:
             )
         self._tensors = {tensor.name: tensor for tensor in reader.tensors}
         self._check_tensor_names()
-        self.config = parse_config(self._hf_config(), Path(f"{self.model_dir} (metadata read as config.json)"))
+        self.config = parse_config(self._hf_config(metadata), Path(f"{self.model_dir} (metadata read as config.json)"))
         self.expected_shapes = hf_tensor_shapes(self.config)
         self.entries = self._index_tensors()
+        self._tokenizer_files = gguf_tokenizer_files(metadata)
 
     def _check_tensor_names(self) -> None:
         for name in self._tensors:
@@ -176,8 +179,7 @@ class GgufCheckpoint:
     def _key(self, name: str) -> str:
         return f"{self.architecture}.{name}"
 
-    def _rope_scaling(self) -> dict[str, Any] | None:
-        meta = self.metadata
+    def _rope_scaling(self, meta: GgufMetadata) -> dict[str, Any] | None:
         scaling = meta.string(self._key("rope.scaling.type"), default="none")
         if scaling == "none":
             # older converters wrote a linear factor alone
@@ -190,9 +192,9 @@ class GgufCheckpoint:
             )
         return {"rope_type": "linear", "factor": meta.number(self._key("rope.scaling.factor"))}
 
-    def _hf_config(self) -> dict[str, Any]:
+    def _hf_config(self, meta: GgufMetadata) -> dict[str, Any]:
         """The config.json dict this file's metadata states (see the module docstring)."""
-        meta, key = self.metadata, self._key
+        key = self._key
         embedding = self._tensors["token_embd.weight"]
         heads = meta.integer(key("attention.head_count"))
         key_length = meta.integer(key("attention.key_length"), default=None)
@@ -215,7 +217,7 @@ class GgufCheckpoint:
             "head_dim": key_length,
             "rms_norm_eps": meta.number(key("attention.layer_norm_rms_epsilon")),
             "rope_theta": meta.number(key("rope.freq_base"), default=10000.0),
-            "rope_scaling": self._rope_scaling(),
+            "rope_scaling": self._rope_scaling(meta),
             "hidden_act": meta.string(HIDDEN_ACT_KEY.format(arch=self.architecture), default="silu"),
             "hidden_act_param": meta.number(HIDDEN_ACT_PARAM_KEY.format(arch=self.architecture), default=None),
             "tie_word_embeddings": "output.weight" not in self._tensors,
@@ -318,7 +320,7 @@ class GgufCheckpoint:
 
     def tokenizer_files(self) -> dict[str, bytes]:
         """tokenizer.json and tokenizer_config.json rebuilt from the metadata (gguf_tokenizer.py)."""
-        return gguf_tokenizer_files(self.metadata)
+        return dict(self._tokenizer_files)
 
     def tokenizer(self) -> Tokenizer:
         files = self.tokenizer_files()
