@@ -103,5 +103,6 @@ def select_backend(requested: str | None = None, bundle=None) -> Selection:
     raise BackendUnavailable(f"no backend is available: {details}")
 
 
-def probe_all() -> dict[str, tuple[bool, str]]:
-    return {name: get_backend(name).probe() for name in BACKEND_ORDER}
+def probe_all(bundle=None) -> dict[str, tuple[bool, str]]:
+    """Each backend's (available, reason); with an opened bundle, whether it can run that one."""
+    return {name: _usable(get_backend(name), bundle) for name in BACKEND_ORDER}

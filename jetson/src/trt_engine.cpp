@@ -32,7 +32,7 @@
  *    masks chosen on the host with the rule of predictors/core.py.
  *  Both profiles bind every tensor: each reads only its own (the other branch of the graph has zero rows).
  *  - one pinned host staging buffer for the uploads of ids and positions and the download of the logits row.
- * tests/jetson/test_trt_engine_fake.py runs all of it against a fake libnvinfer and CUDA runtime (tests/jetson/
+ * tests/tensorrt/test_engine_buffers.py runs all of it against a fake libnvinfer and CUDA runtime (tests/tensorrt/
  * fake_tensorrt) whose engine runs decode.onnx in ONNX Runtime on the buffers bound here. */
 #include <NvInfer.h>
 #include <NvInferVersion.h>

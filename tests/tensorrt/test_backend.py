@@ -11,6 +11,7 @@ import types
 
 import pytest
 from edge_sdk.backends import tensorrt as backend
+from edge_sdk.backends.c_runtime import tensorrt_engine_info
 from edge_sdk.backends.tensorrt import availability, builder
 
 from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions, get_backend
@@ -162,3 +163,27 @@ def test_build_refuses_quantized_bundles_with_the_reason(fake_trt, trt_bundles, 
     with pytest.raises(builder.EngineBuildError, match=rf"no TensorRT engine for {dtype} weights yet: .*--dtype fp16"):
         backend.build_engine(quantized, cache_dir=tmp_path / "cache")
     assert not (tmp_path / "cache").exists()
+
+
+def test_doctor_says_whether_the_bundles_engine_is_cached(fake_trt, fake_trt_build, trt_bundles):
+    from click.testing import CliRunner
+
+    from edge_sdk.cli import main
+
+    bundle = trt_bundles["svd"]
+
+    def tensorrt_line() -> str:
+        result = CliRunner().invoke(main, ["doctor", str(bundle.path)])
+        assert result.exit_code == 0, result.output
+        return next(line.strip() for line in result.output.splitlines() if line.strip().startswith("tensorrt "))
+
+    info = tensorrt_engine_info(bundle)
+    assert tensorrt_line() == f"tensorrt  not available: {info['reason']}"
+    assert info["reason"].startswith(
+        f"no TensorRT engine cached for this bundle on this device: run `edge-sdk build {bundle.path}` first"
+    )
+    directory = backend.build_engine(bundle)
+    assert tensorrt_line() == (
+        "tensorrt  available: TensorRT 10.3.0 on Fake Orin (compute capability 8.7), plugins "
+        f"{fake_trt_build.plugins}; engine {directory}/model.engine"
+    )
