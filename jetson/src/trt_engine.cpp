@@ -457,9 +457,8 @@ std::string engine_info_json(const cJSON *manifest, const std::string &bundle, c
   size_t free_bytes = 0, total_bytes = 0;
   check_cuda(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
   std::unique_ptr<cJSON, void (*)(cJSON *)> info(cJSON_CreateObject(), cJSON_Delete);
-  cJSON *metadata = cJSON_CreateObject();
-  if (!info || metadata == nullptr) throw std::bad_alloc();
-  cJSON_AddItemToObject(info.get(), "metadata", metadata);
+  cJSON *metadata = info ? cJSON_AddObjectToObject(info.get(), "metadata") : nullptr;
+  if (metadata == nullptr) throw std::bad_alloc();
   cJSON_AddNumberToObject(metadata, "cache_layout_version", kCacheLayoutVersion);
   cJSON_AddStringToObject(metadata, "bundle", bundle.c_str());
   for (cJSON *object : {info.get(), metadata}) {
