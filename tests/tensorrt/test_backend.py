@@ -50,12 +50,14 @@ def test_build_without_tensorrt_in_libedge_sdk_says_so(monkeypatch, trt_bundles,
     assert not any(tmp_path.iterdir())
 
 
-def test_backend_modules_do_not_import_torch():
+def test_backend_modules_import_neither_torch_nor_tensorrt():
+    """Running needs libedge_sdk only; TensorRT's Python package is for `edge-sdk build`, imported by it alone."""
     code = (
         "import sys\n"
         "from edge_sdk.backends.tensorrt import BACKEND, build_engine\n"
         "BACKEND.probe()\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "assert 'tensorrt' not in sys.modules, 'tensorrt was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 
