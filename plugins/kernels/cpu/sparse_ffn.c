@@ -548,7 +548,8 @@ EDGE_ALWAYS_INLINE void add_quant_rows(float *y, int c0, int n, const char *code
         __m512 acc_low = _mm512_loadu_ps(y + column), acc_high = _mm512_loadu_ps(y + column + 16);
         for (int r = 0; r < n_rows; r++) {
           __m512 products = _mm512_mul_ps(code_values, _mm512_set1_ps(factors[r][g]));
-          __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + rows[r] * row_bytes + offset)));
+          const char *row = codes + rows[r] * row_bytes + offset;
+          __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)row));
           acc_low = _mm512_add_ps(acc_low, _mm512_permutexvar_ps(bytes, products));
           acc_high = _mm512_add_ps(acc_high, _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), products));
         }
@@ -643,7 +644,9 @@ static inline size_t plane_position(int dtype, int block, int j) {
 }
 
 /* Value k (< 32 / lanes per block) of lane `lane` of a block: INT8 4 consecutive values, INT4 two runs of 4. */
-static inline int lane_value(int dtype, int lane, int k) { return dtype == EDGE_Q4 ? 4 * lane + k % 4 + 16 * (k / 4) : 4 * lane + k; }
+static inline int lane_value(int dtype, int lane, int k) {
+  return dtype == EDGE_Q4 ? 4 * lane + k % 4 + 16 * (k / 4) : 4 * lane + k;
+}
 
 /* The high and low codes of one block of 32 values, with the factor `inverse` (0 for an all-zero block). Written as
  * loops over the block without calls or branches, which GCC vectorises (fmaxf and fminf were library calls, a
@@ -683,32 +686,40 @@ static struct quantized_activations quantize_activations(const float *x, int d, 
 #endif
   for (int block = 0; block < blocks; block++) {
     const float *values = x + block * EDGE_QUANT_BLOCK;
-    float largest = 0.0f;
-    int finite = 1;
-    for (int j = 0; j < EDGE_QUANT_BLOCK; j++) {
-      float magnitude = fabsf(values[j]);
-      largest = magnitude > largest ? magnitude : largest;
-      finite &= isfinite(values[j]) != 0;
+    /* max |x| on the magnitudes' bits, whose order as integers is that of the finite magnitudes (a float max with
+     * NaN rules was a library call per value); a bit pattern at or above infinity's marks a non-finite value */
+    union {
+      vec16 v;
+      uint32_t bits[16];
+    } first = {VEC16_AT(values)}, second = {VEC16_AT(values + 16)};
+    uint32_t largest_bits = 0;
+    for (int l = 0; l < 16; l++) {
+      uint32_t a = first.bits[l] & 0x7fffffffu, b = second.bits[l] & 0x7fffffffu;
+      uint32_t m = a > b ? a : b;
+      largest_bits = m > largest_bits ? m : largest_bits;
     }
+    int finite = largest_bits < 0x7f800000u;
+    float largest;
+    memcpy(&largest, &largest_bits, sizeof largest);
     float scale = finite ? largest / 127.0f : NAN;
     int8_t block_high[EDGE_QUANT_BLOCK] = {0}, block_low[EDGE_QUANT_BLOCK] = {0};
     if (finite) quantize_block(values, largest > 0.0f ? 127.0f / largest : 0.0f, block_high, block_low);
-    for (int j = 0; j < EDGE_QUANT_BLOCK; j++) {
-      high[plane_position(dtype, block, j)] = block_high[j];
-      low[plane_position(dtype, block, j)] = block_low[j];
+    /* values 0..15 and 16..31 each stay consecutive in either plane order */
+    for (int half = 0; half < 2; half++) {
+      memcpy(high + plane_position(dtype, block, 16 * half), block_high + 16 * half, 16);
+      memcpy(low + plane_position(dtype, block, 16 * half), block_low + 16 * half, 16);
     }
     block_scales[block] = scale / 256.0f;
-    for (int lane = 0; lane < lanes; lane++) {
-      lane_scales[block * lanes + lane] = scale / 256.0f;
+    for (int lane = 0; lane < lanes; lane++) lane_scales[block * lanes + lane] = scale / 256.0f;
 #if EDGE_ROWS_AVX512 || EDGE_ROWS_AVX2
+    int32_t combined[EDGE_QUANT_BLOCK];
+    for (int j = 0; j < EDGE_QUANT_BLOCK; j++) combined[j] = 256 * block_high[j] + block_low[j];
+    for (int lane = 0; lane < lanes; lane++) {
       int32_t sum = 0;
-      for (int k = 0; k < EDGE_QUANT_BLOCK / lanes; k++) {
-        int j = lane_value(dtype, lane, k);
-        sum += 256 * block_high[j] + block_low[j];
-      }
+      for (int k = 0; k < EDGE_QUANT_BLOCK / lanes; k++) sum += combined[lane_value(dtype, lane, k)];
       offset_sums[block * lanes + lane] = -offset * sum;
-#endif
     }
+#endif
   }
 #if EDGE_ROWS_AVX512 || EDGE_ROWS_AVX2
   struct quantized_activations quantized = {high, low, lane_scales, offset_sums, block_scales};
@@ -1254,9 +1265,13 @@ static inline int list_index(const struct row_list *list, int k) {
   return list->rows != NULL ? list->rows[k] : list->first + k;
 }
 
-/* Bytes of rows to have in flight ahead of the row being read. */
-#ifndef EDGE_PREFETCH_BYTES
+/* Bytes of rows to have in flight ahead of the row being read: on x86-64, where they go to L2, 16 KiB (7 INT4 rows
+ * of a 7B model; 2 KiB, one row, left the core waiting for its rows: benchmarks/README.md, section 3); elsewhere,
+ * into L1, one L3 latency's worth as before (not measured on an aarch64 core yet). */
+#if defined(__x86_64__)
 #define EDGE_PREFETCH_BYTES 16384
+#else
+#define EDGE_PREFETCH_BYTES 2048
 #endif
 
 #ifdef EDGE_DOT_GROUP
@@ -1287,9 +1302,9 @@ static void prefetch_row(const struct weight_rows *w, int row, int d) {
 }
 
 /* out[k] = row k of `rows` . x. While row k is read, the row `ahead` places later is prefetched, ahead rows
- * making about EDGE_PREFETCH_BYTES (7 INT4 rows of a 7B model, 2 fp16 rows, many short rows of small models);
- * past the end of `rows` the look-ahead goes on into `then` (rows of the same storage type), the rows the caller
- * reads next, so they do not start cold. With `cold`, nothing has prefetched the first rows: they are prefetched
+ * making about EDGE_PREFETCH_BYTES (on x86-64 7 INT4 rows of a 7B model, 2 fp16 rows, many short rows of small
+ * models); past the end of `rows` the look-ahead goes on into `then` (rows of the same storage type), the rows the
+ * caller reads next, so they do not start cold. With `cold`, nothing has prefetched the first rows: they are prefetched
  * whole before the first is read. */
 static void rows_dot(const struct row_list *rows, const struct row_list *then, const float *x,
                      const struct quantized_activations *xa, int d, int cold, float *out) {
@@ -1397,10 +1412,11 @@ static void down_columns(float *y, int c0, int c1, int d, const struct weight_ro
   int n_rows = next_down_group(&cursor, row_length, column, rows[now], h[now]);
   /* the first group's pieces, which no earlier group prefetched */
   for (int r = 0; r < n_rows; r++) {
-    size_t first = quantized ? rows[now][r] * row_bytes(down->dtype, d) + (size_t)c0 / EDGE_QUANT_BLOCK *
-                                                                              block_bytes(down->dtype)
-                             : rows[now][r] * weight_bytes(down->dtype);
-    size_t piece = quantized ? (size_t)n / EDGE_QUANT_BLOCK * block_bytes(down->dtype) : (size_t)n * weight_bytes(down->dtype);
+    size_t first = rows[now][r] * weight_bytes(down->dtype), piece = (size_t)n * weight_bytes(down->dtype);
+    if (quantized) {
+      first = rows[now][r] * row_bytes(down->dtype, d) + (size_t)c0 / EDGE_QUANT_BLOCK * block_bytes(down->dtype);
+      piece = (size_t)n / EDGE_QUANT_BLOCK * block_bytes(down->dtype);
+    }
     for (size_t byte = 0; byte < piece; byte += EDGE_CACHE_LINE) EDGE_PREFETCH(down->values, first + byte);
   }
   while (n_rows > 0) {
