@@ -1091,12 +1091,25 @@ EDGE_ALWAYS_INLINE void int_dot_unit(const char *row, const uint16_t *scales, in
   fused_multiply_add16(acc, &products, &factors);
 }
 
-/* row . x through x's quantized planes, prefetching the row `next` and its scales. Even and odd units have their own
- * accumulators (two FMA chains in flight); their sum's 16 lanes are added pairwise, as quant_dot_row does. */
-EDGE_ALWAYS_INLINE float int_dot_row(const char *row, const uint16_t *scales, int dtype, int group_size,
-                                     const struct quantized_activations *xa, int d, const char *next,
-                                     const uint16_t *next_scales) {
-  vec16 even = {0}, odd = {0};
+/* Rows at most dotted at once by int_dot_rows: with AVX-512, 4, each with its own accumulators in registers (8 of the
+ * 32); the core then has the cache lines of four rows in flight instead of one row's, which is what bounds a cold
+ * row's read (benchmarks/README.md, section 3). Elsewhere 1: four rows' accumulators would not fit AVX2's 16 or
+ * NEON's 32 registers (a vec16 takes 2 and 4 of them). */
+#if EDGE_ROWS_AVX512
+#define EDGE_ROWS_AT_ONCE 4
+#else
+#define EDGE_ROWS_AT_ONCE 1
+#endif
+
+/* out[t] = row[t] . x through x's quantized planes for t < n (1 or EDGE_ROWS_AT_ONCE, a constant once inlined),
+ * prefetching the rows next[t] and their scales. Each row has its own accumulators for even and odd units (two FMA
+ * chains in flight); their sum's 16 lanes are added pairwise, as quant_dot_row does. A row's operations and their
+ * order do not depend on n, so neither do its bits. */
+EDGE_ALWAYS_INLINE void int_dot_rows(int n, const char *const *row, const uint16_t *const *scales, int dtype,
+                                     int group_size, const struct quantized_activations *xa, int d,
+                                     const char *const *next, const uint16_t *const *next_scales, float *out) {
+  vec16 even[EDGE_ROWS_AT_ONCE], odd[EDGE_ROWS_AT_ONCE];
+  for (int t = 0; t < n; t++) even[t] = odd[t] = (vec16){0};
   int per_unit = unit_blocks(dtype), blocks = d / EDGE_QUANT_BLOCK;
   int full_units = blocks / per_unit, partial_blocks = blocks % per_unit;
   int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2; /* log2 of blocks per group */
@@ -1112,51 +1125,71 @@ EDGE_ALWAYS_INLINE float int_dot_row(const char *row, const uint16_t *scales, in
   int step_units = 16 / per_unit;
   for (; unit + step_units <= full_units; unit += step_units) {
     size_t first_block = (size_t)unit * per_unit, first_group = first_block >> group_log;
-    EDGE_PREFETCH(next_scales, first_group * sizeof(uint16_t));
-    __m512 row_scales = _mm512_permutexvar_ps(
-        group_of_block, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(group_lanes, scales + first_group)));
-    __m512 block_factors = _mm512_mul_ps(row_scales, _mm512_loadu_ps(xa->block_scales + first_block));
+    __m512 x_scales = _mm512_loadu_ps(xa->block_scales + first_block);
+    __m512 block_factors[EDGE_ROWS_AT_ONCE];
+    for (int t = 0; t < n; t++) {
+      EDGE_PREFETCH(next_scales[t], first_group * sizeof(uint16_t));
+      __m512 row_scales = _mm512_permutexvar_ps(
+          group_of_block, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(group_lanes, scales[t] + first_group)));
+      block_factors[t] = _mm512_mul_ps(row_scales, x_scales);
+    }
     for (int k = 0; k < step_units; k += 2) {
-      EDGE_PREFETCH(next, (size_t)(unit + k) * 64);
-      EDGE_PREFETCH(next, (size_t)(unit + k + 1) * 64);
-      ivec16 products;
-      vec16 factors;
-      unit_lanes(row, dtype, unit + k, xa, per_unit, &products);
-      factors = (vec16)_mm512_permutexvar_ps(_mm512_add_epi32(first_lanes, _mm512_set1_epi32(k * per_unit)),
-                                             block_factors);
-      fused_multiply_add16(&even, &products, &factors);
-      unit_lanes(row, dtype, unit + k + 1, xa, per_unit, &products);
-      factors = (vec16)_mm512_permutexvar_ps(_mm512_add_epi32(first_lanes, _mm512_set1_epi32((k + 1) * per_unit)),
-                                             block_factors);
-      fused_multiply_add16(&odd, &products, &factors);
+      __m512i even_lanes = _mm512_add_epi32(first_lanes, _mm512_set1_epi32(k * per_unit));
+      __m512i odd_lanes = _mm512_add_epi32(first_lanes, _mm512_set1_epi32((k + 1) * per_unit));
+      for (int t = 0; t < n; t++) {
+        EDGE_PREFETCH(next[t], (size_t)(unit + k) * 64);
+        EDGE_PREFETCH(next[t], (size_t)(unit + k + 1) * 64);
+      }
+      for (int t = 0; t < n; t++) {
+        ivec16 products;
+        unit_lanes(row[t], dtype, unit + k, xa, per_unit, &products);
+        vec16 factors = (vec16)_mm512_permutexvar_ps(even_lanes, block_factors[t]);
+        fused_multiply_add16(&even[t], &products, &factors);
+      }
+      for (int t = 0; t < n; t++) {
+        ivec16 products;
+        unit_lanes(row[t], dtype, unit + k + 1, xa, per_unit, &products);
+        vec16 factors = (vec16)_mm512_permutexvar_ps(odd_lanes, block_factors[t]);
+        fused_multiply_add16(&odd[t], &products, &factors);
+      }
     }
   }
 #endif
   for (; unit + 2 <= full_units; unit += 2) {
-    EDGE_PREFETCH(next, (size_t)unit * 64);
-    EDGE_PREFETCH(next, (size_t)(unit + 1) * 64);
-    /* a cache line of scales covers 32 groups */
-    if ((unit * per_unit) % (32 << group_log) < 2 * per_unit) {
-      EDGE_PREFETCH(next_scales, (size_t)((unit * per_unit) >> group_log) * sizeof(uint16_t));
+    for (int t = 0; t < n; t++) {
+      EDGE_PREFETCH(next[t], (size_t)unit * 64);
+      EDGE_PREFETCH(next[t], (size_t)(unit + 1) * 64);
+      /* a cache line of scales covers 32 groups */
+      if ((unit * per_unit) % (32 << group_log) < 2 * per_unit) {
+        EDGE_PREFETCH(next_scales[t], (size_t)((unit * per_unit) >> group_log) * sizeof(uint16_t));
+      }
     }
-    int_dot_unit(row, scales, dtype, group_log, xa, unit, per_unit, &even);
-    int_dot_unit(row, scales, dtype, group_log, xa, unit + 1, per_unit, &odd);
+    for (int t = 0; t < n; t++) {
+      int_dot_unit(row[t], scales[t], dtype, group_log, xa, unit, per_unit, &even[t]);
+      int_dot_unit(row[t], scales[t], dtype, group_log, xa, unit + 1, per_unit, &odd[t]);
+    }
   }
   if (unit < full_units) {
-    EDGE_PREFETCH(next, (size_t)unit * 64);
-    int_dot_unit(row, scales, dtype, group_log, xa, unit++, per_unit, &even);
+    for (int t = 0; t < n; t++) {
+      EDGE_PREFETCH(next[t], (size_t)unit * 64);
+      int_dot_unit(row[t], scales[t], dtype, group_log, xa, unit, per_unit, &even[t]);
+    }
+    unit++;
   }
   /* a last partial unit, its missing blocks' lanes adding exact zeros; separate calls, as a pointer chosen at run time
    * would keep the accumulators in memory throughout the loop */
-  if (partial_blocks != 0 && unit % 2 == 0) {
-    EDGE_PREFETCH(next, (size_t)unit * 64);
-    int_dot_unit(row, scales, dtype, group_log, xa, unit, partial_blocks, &even);
-  } else if (partial_blocks != 0) {
-    EDGE_PREFETCH(next, (size_t)unit * 64);
-    int_dot_unit(row, scales, dtype, group_log, xa, unit, partial_blocks, &odd);
+  for (int t = 0; t < n && partial_blocks != 0; t++) {
+    EDGE_PREFETCH(next[t], (size_t)unit * 64);
+    if (unit % 2 == 0) {
+      int_dot_unit(row[t], scales[t], dtype, group_log, xa, unit, partial_blocks, &even[t]);
+    } else {
+      int_dot_unit(row[t], scales[t], dtype, group_log, xa, unit, partial_blocks, &odd[t]);
+    }
   }
-  vec16 acc = even + odd;
-  return sum_lanes(&acc);
+  for (int t = 0; t < n; t++) {
+    vec16 acc = even[t] + odd[t];
+    out[t] = sum_lanes(&acc);
+  }
 }
 
 /* ---- Sparse FFN ----------------------------------------------------------------------------------------- */
@@ -1225,21 +1258,11 @@ static inline const uint16_t *row_scales(const struct weight_rows *w, int row, i
   return w->scales + (size_t)row * (size_t)(d / w->group_size);
 }
 
-/* Row `row` of w . x while row `next` of next_w (the same storage type and row length) is prefetched; each
- * storage type gets its own inlined loop. Quantized rows are dotted with x's quantized planes xa when given, else
- * with x. */
-static inline float row_dot(const struct weight_rows *w, int row, const float *x,
-                            const struct quantized_activations *xa, int d, const struct weight_rows *next_w,
-                            int next) {
+/* Row `row` of w . x, x in fp32, while row `next` of next_w (the same storage type and row length) is prefetched;
+ * each storage type gets its own inlined loop. (Quantized rows' integer dot products: rows_dot, int_dot_rows.) */
+static inline float row_dot(const struct weight_rows *w, int row, const float *x, int d,
+                            const struct weight_rows *next_w, int next) {
   const char *start = row_address(w, row, d), *ahead = row_address(next_w, next, d);
-  if (xa != NULL && w->dtype == EDGE_Q8) {
-    return int_dot_row(start, row_scales(w, row, d), EDGE_Q8, w->group_size, xa, d, ahead,
-                       row_scales(next_w, next, d));
-  }
-  if (xa != NULL && w->dtype == EDGE_Q4) {
-    return int_dot_row(start, row_scales(w, row, d), EDGE_Q4, w->group_size, xa, d, ahead,
-                       row_scales(next_w, next, d));
-  }
   switch (w->dtype) {
     case EDGE_Q8:
       return quant_dot_row(start, row_scales(w, row, d), EDGE_Q8, w->group_size, x, d, ahead,
@@ -1301,11 +1324,48 @@ static void prefetch_row(const struct weight_rows *w, int row, int d) {
   }
 }
 
+/* The row `ahead` places after row k of `rows`, past its end into `then`, or row k itself when there is none. */
+static inline void row_ahead(const struct row_list *rows, const struct row_list *then, int k, int ahead,
+                             const struct weight_rows **next_w, int *next) {
+  int later = k + ahead;
+  *next_w = rows->w;
+  *next = list_index(rows, k); /* nothing left to prefetch: its own row, in cache */
+  if (later < rows->n) {
+    *next = list_index(rows, later);
+  } else if (later - rows->n < then->n) {
+    *next_w = then->w;
+    *next = list_index(then, later - rows->n);
+  }
+}
+
+/* out[k .. k + n) = rows k .. k + n - 1 of `rows` . x through x's quantized planes xa (n at most EDGE_ROWS_AT_ONCE,
+ * a constant once inlined), prefetching the rows `ahead` places later. */
+EDGE_ALWAYS_INLINE void int_dot_list(int n, const struct row_list *rows, const struct row_list *then,
+                                     const struct quantized_activations *xa, int d, int k, int ahead, float *out) {
+  const char *row[EDGE_ROWS_AT_ONCE], *next[EDGE_ROWS_AT_ONCE];
+  const uint16_t *scales[EDGE_ROWS_AT_ONCE], *next_scales[EDGE_ROWS_AT_ONCE];
+  for (int t = 0; t < n; t++) {
+    const struct weight_rows *next_w;
+    int next_row;
+    row_ahead(rows, then, k + t, ahead, &next_w, &next_row);
+    row[t] = row_address(rows->w, list_index(rows, k + t), d);
+    scales[t] = row_scales(rows->w, list_index(rows, k + t), d);
+    next[t] = row_address(next_w, next_row, d);
+    next_scales[t] = row_scales(next_w, next_row, d);
+  }
+  if (rows->w->dtype == EDGE_Q4) {
+    int_dot_rows(n, row, scales, EDGE_Q4, rows->w->group_size, xa, d, next, next_scales, out + k);
+  } else {
+    int_dot_rows(n, row, scales, EDGE_Q8, rows->w->group_size, xa, d, next, next_scales, out + k);
+  }
+}
+
 /* out[k] = row k of `rows` . x. While row k is read, the row `ahead` places later is prefetched, ahead rows
  * making about EDGE_PREFETCH_BYTES (on x86-64 7 INT4 rows of a 7B model, 2 fp16 rows, many short rows of small
  * models); past the end of `rows` the look-ahead goes on into `then` (rows of the same storage type), the rows the
  * caller reads next, so they do not start cold. With `cold`, nothing has prefetched the first rows: they are prefetched
- * whole before the first is read. */
+ * whole before the first is read. Quantized rows with x's quantized planes xa are dotted EDGE_ROWS_AT_ONCE at a
+ * time, the last few one by one. */
 static void rows_dot(const struct row_list *rows, const struct row_list *then, const float *x,
                      const struct quantized_activations *xa, int d, int cold, float *out) {
 #ifdef EDGE_DOT_GROUP
@@ -1317,17 +1377,19 @@ static void rows_dot(const struct row_list *rows, const struct row_list *then, c
   size_t bytes = row_bytes(rows->w->dtype, d);
   int ahead = bytes >= EDGE_PREFETCH_BYTES ? 1 : (int)(EDGE_PREFETCH_BYTES / bytes);
   for (int k = 0; cold && k < ahead && k < rows->n; k++) prefetch_row(rows->w, list_index(rows, k), d);
-  for (int k = 0; k < rows->n; k++) {
-    int later = k + ahead;
-    const struct weight_rows *next_w = rows->w;
-    int next = list_index(rows, k); /* nothing left to prefetch: its own row, in cache */
-    if (later < rows->n) {
-      next = list_index(rows, later);
-    } else if (later - rows->n < then->n) {
-      next_w = then->w;
-      next = list_index(then, later - rows->n);
+  if (xa != NULL && is_quantized(rows->w->dtype)) {
+    int k = 0;
+    for (; k + EDGE_ROWS_AT_ONCE <= rows->n; k += EDGE_ROWS_AT_ONCE) {
+      int_dot_list(EDGE_ROWS_AT_ONCE, rows, then, xa, d, k, ahead, out);
     }
-    out[k] = row_dot(rows->w, list_index(rows, k), x, xa, d, next_w, next);
+    for (; k < rows->n; k++) int_dot_list(1, rows, then, xa, d, k, ahead, out);
+    return;
+  }
+  for (int k = 0; k < rows->n; k++) {
+    const struct weight_rows *next_w;
+    int next;
+    row_ahead(rows, then, k, ahead, &next_w, &next);
+    out[k] = row_dot(rows->w, list_index(rows, k), x, d, next_w, next);
   }
 }
 
@@ -1485,7 +1547,7 @@ static int check_ffn_arguments(const float *x, int d, int D, const struct weight
 
 /* The environment variable that selects how quantized rows are dotted with x: "fp32" keeps x in fp32 and widens the
  * codes to fp32 in registers (quant_dot_row: the reference's numbers up to fp32 rounding order); unset or anything
- * else quantizes x to int8 for the integer dot products (int_dot_row: faster, QUANT.md gives its error bound). */
+ * else quantizes x to int8 for the integer dot products (int_dot_rows: faster, QUANT.md gives its error bound). */
 #define EDGE_ACTIVATIONS_ENV "EDGE_SDK_QUANT_ACTIVATIONS"
 
 /* Nonzero when rows of `dtype` are to be dotted with x quantized to int8. */
