@@ -18,8 +18,8 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import pre_tokenizers
 
-from edge_sdk.bundle import Bundle
 from edge_sdk import quant
+from edge_sdk.bundle import Bundle
 from edge_sdk.bundle.layout import SCALES_SUFFIX, TRANSPOSED_SUFFIX, is_quantized_matrix, model_tensor_names
 from edge_sdk.errors import CheckpointError
 from edge_sdk.model.checkpoint import Checkpoint, open_checkpoint
