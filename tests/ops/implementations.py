@@ -311,7 +311,8 @@ class CannGather:
 
 
 class Cuda:
-    """The CUDA kernels (plugins/kernels, edge_cuda_kernels.h) through tests/gpu/cuda_harness.py."""
+    """The CUDA kernels (plugins/kernels, edge_cuda_kernels.h) through tests/gpu/cuda_harness.py. Quantized rows go to
+    edge_sparse_ffn_q, which dequantizes them in registers and keeps x in fp32 (the reference runs on x itself)."""
 
     name = "cuda"
 
@@ -322,12 +323,10 @@ class Cuda:
         return gpu_unavailable_reason()
 
     def supports(self, case) -> bool:
-        if isinstance(case, SparseFFNCase):
-            return not case.quantized
         return not isinstance(case, MatVecCase)
 
     def run(self, case):
-        from ..gpu.cuda_harness import Device, Kernels
+        from ..gpu.cuda_harness import Device, Kernels, upload_quantized
 
         data = case.data()
         device = Device()
@@ -347,9 +346,7 @@ class Cuda:
             y = device.empty((tokens, case.d), torch.float32)
             active = device.empty((tokens, case.n_neurons), torch.uint8)
             workspace = device.allocate(kernels.workspace_size(case.d, case.n_neurons, tokens))
-            kernels.sparse_ffn(
-                device.upload(data.x),
-                tuple(device.upload(w) for w in data.weights),
+            arguments = (
                 None if data.mask is None else device.upload(torch.from_numpy(int32_mask(data.mask))),
                 None if data.thresholds is None else device.upload(data.thresholds),
                 case.activation,
@@ -358,9 +355,41 @@ class Cuda:
                 workspace,
                 active,
             )
+            if data.quantized is None:
+                kernels.sparse_ffn(device.upload(data.x), tuple(device.upload(w) for w in data.weights), *arguments)
+            else:
+                weights = tuple(upload_quantized(device, m) for m in data.quantized)
+                kernels.sparse_ffn_q(device.upload(data.x), weights, *arguments)
             return device.download(y), device.download(active).bool()
         finally:
             device.close()
+
+
+class CudaEmulation:
+    """The quantized CUDA kernels emulated on the host (tests/gpu/cuda_emulation.cu: every block, warp and lane of
+    edge_sparse_ffn_q through the kernels' own __host__ __device__ functions); needs nvcc, not a GPU."""
+
+    name = "cuda_emulation"
+
+    @functools.cache  # noqa: B019 (one instance per session)
+    def unavailable(self) -> str | None:
+        from ..gpu import cuda_emulation
+
+        return cuda_emulation.unavailable_reason()
+
+    def supports(self, case) -> bool:
+        return isinstance(case, SparseFFNCase) and case.quantized
+
+    def run(self, case):
+        from ..gpu import cuda_emulation
+
+        data = case.data()
+        mask = None if data.mask is None else int32_mask(data.mask)
+        thresholds = None if data.thresholds is None else data.thresholds.numpy()
+        y, active = cuda_emulation.sparse_ffn_q(
+            data.x.numpy(), data.quantized, mask, thresholds, case.activation, case.act.threshold
+        )
+        return torch.from_numpy(y), torch.from_numpy(active)
 
 
 # -------------------------------------------------------------------------------------------------- TensorRT
@@ -441,5 +470,6 @@ IMPLEMENTATIONS = [
     CannGather("dynamic"),
     CannGather("static"),
     Cuda(),
+    CudaEmulation(),
     TensorRT(),
 ]

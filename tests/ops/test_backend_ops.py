@@ -4,12 +4,13 @@ Cases (cases.py): SparseFFN on float32 / float16 / bfloat16 and int8 / int4 weig
 the CPU kernels' MatVec, at shapes with partial vectors, every activation, masks all / none / random / absent, with
 and without CHESS thresholds. Implementations (implementations.py): the torch reference, ONNX Runtime running the
 op's reference function, the C kernels (quantized rows dotted with x quantized, the default, or with x in fp32), the
-CANN gather path on the CPU, CUDA, and TensorRT with the plugins (the last two skip with the reason where they cannot
-run). Each is compared with the torch reference (edge_sdk.sparsity) on the x it computes with, within the bound its
-op declares (edge_sdk.export.ops.ERROR_BOUNDS); the torch reference itself is compared with the op's definition
-written out here in float64. A case's data tell a correct implementation from one that ignores the mask, the
-thresholds, the activation kind, the bias or the last partial vector (cases.py draws them so, and the MatVec check
-shows it). An id reads `SparseFFN[float16,relu,d=67,D=130,mask=random,no-thresholds]-c_kernels`.
+CANN gather path on the CPU, CUDA, the quantized CUDA kernels emulated on the host (nvcc, no GPU), and TensorRT with
+the plugins (CUDA and TensorRT skip with the reason where they cannot run). Each is compared with the torch reference
+(edge_sdk.sparsity) on the x it computes with, within the bound its op declares (edge_sdk.export.ops.ERROR_BOUNDS);
+the torch reference itself is compared with the op's definition written out here in float64. A case's data tell a
+correct implementation from one that ignores the mask, the thresholds, the activation kind, the bias or the last
+partial vector (cases.py draws them so, and the MatVec check shows it). An id reads
+`SparseFFN[float16,relu,d=67,D=130,mask=random,no-thresholds]-c_kernels`.
 """
 
 from __future__ import annotations
