@@ -111,6 +111,7 @@ void expectRoundTrip(IPluginCreatorV3One* creator, IPluginV3* plugin) {
   for (int32_t i = 0; i < again->nbFields && i < serialized->nbFields; ++i) {
     PluginField const& a = serialized->fields[i];
     PluginField const& b = again->fields[i];
+    // strings: their bytes; every other field here is one float32 or int32
     size_t const bytes = a.type == PluginFieldType::kCHAR ? static_cast<size_t>(a.length) : sizeof(float);
     expect(std::strcmp(a.name, b.name) == 0 && a.type == b.type && a.length == b.length &&
                std::memcmp(a.data, b.data, bytes) == 0,
@@ -214,6 +215,206 @@ void checkSparseFfn(IPluginCreatorV3One* creator, RecordingLogger& logger, size_
   delete plugin;
 }
 
+PluginField intField(char const* name, int32_t const* value) {
+  return PluginField(name, value, PluginFieldType::kINT32, 1);
+}
+
+// Distinct stand-ins for dimension expressions: the plugins copy them into output shapes and never dereference them.
+IDimensionExpr const* fakeDimension(int index) {
+  static int anchors[8];
+  return reinterpret_cast<IDimensionExpr const*>(&anchors[index]);
+}
+
+// The rejections every plugin with a quantized weight layout shares; `valid` completes the other attributes.
+void expectLayoutValidated(IPluginCreatorV3One* creator, RecordingLogger& logger, std::vector<PluginField> valid) {
+  static int32_t const groupOf32 = 32;
+  static int32_t const groupOf48 = 48;
+  static float const floatGroup = 32.0f;
+  auto with = [&](std::vector<PluginField> extra) {
+    auto fields = valid;
+    fields.insert(fields.end(), extra.begin(), extra.end());
+    return fields;
+  };
+  expectRejected(creator, with({intField("group_size", &groupOf32)}), logger,
+                 "attribute 'weight_format' is required, found none");
+  expectRejected(creator, with({stringField("weight_format", "int4")}), logger,
+                 "attribute 'group_size' is required, found none");
+  expectRejected(creator, with({stringField("weight_format", "int2"), intField("group_size", &groupOf32)}), logger,
+                 "attribute 'weight_format': expected one of int8, int4, found 'int2'");
+  expectRejected(creator, with({stringField("weight_format", "int8"), intField("group_size", &groupOf48)}), logger,
+                 "attribute 'group_size': expected 32, 64 or 128, found 48");
+  expectRejected(creator,
+                 with({stringField("weight_format", "int8"),
+                       PluginField("group_size", &floatGroup, PluginFieldType::kFLOAT32, 1)}),
+                 logger, "attribute 'group_size': expected type int32, found float32");
+}
+
+void checkQuantizedSparseFfn(IPluginCreatorV3One* creator, RecordingLogger& logger,
+                             size_t (*workspaceSize)(int, int, int)) {
+  int32_t const groupOf32 = 32;
+  std::vector<PluginField> const layout = {stringField("weight_format", "int4"), intField("group_size", &groupOf32)};
+  auto withLayout = [&](std::vector<PluginField> fields) {
+    fields.insert(fields.end(), layout.begin(), layout.end());
+    return fields;
+  };
+  expectRejected(creator, withLayout({}), logger, "attribute 'activation' is required, found none");
+  expectRejected(creator, withLayout({stringField("activation", "gelu")}), logger,
+                 "attribute 'activation': expected one of relu, fatrelu, drelu, silu, found 'gelu'");
+  expectRejected(creator, withLayout({stringField("activation", "relu"), stringField("alpha", "1")}), logger,
+                 "unknown attribute 'alpha'; expected only activation, activation_threshold, weight_format, "
+                 "group_size");
+  expectLayoutValidated(creator, logger, {stringField("activation", "relu")});
+
+  IPluginV3* plugin = create(creator, withLayout({stringField("activation", "drelu")}), TensorRTPhase::kBUILD);
+  expect(plugin != nullptr, "QuantizedSparseFFN drelu int4 g32 is created");
+  if (plugin == nullptr) return;
+  auto const* core = static_cast<IPluginV3OneCore*>(plugin->getCapabilityInterface(PluginCapabilityType::kCORE));
+  expect(std::strcmp(core->getPluginName(), "QuantizedSparseFFN") == 0 &&
+             std::strcmp(core->getPluginVersion(), "1") == 0 &&
+             std::strcmp(core->getPluginNamespace(), "edge_sdk") == 0,
+         "QuantizedSparseFFN core names");
+
+  // int4: 8 codes per INT32 word; groups of 32
+  int64_t const T = 2, d = 192, D = 768, W = d / 8, G = d / 32;
+  std::vector<DynamicPluginTensorDesc> io = {
+      tensor(DataType::kFLOAT, {T, d}), tensor(DataType::kINT32, {D, W}), tensor(DataType::kHALF, {D, G}),
+      tensor(DataType::kINT32, {D, W}), tensor(DataType::kHALF, {D, G}), tensor(DataType::kINT32, {D, W}),
+      tensor(DataType::kHALF, {D, G}),  tensor(DataType::kINT32, {T, D}), tensor(DataType::kFLOAT, {T, d})};
+  expect(supports(plugin, io, 8), "QuantizedSparseFFN: x fp32, codes int32, scales fp16, mask int32, y fp32");
+  auto halfX = io;
+  halfX[0].desc.type = DataType::kBF16;
+  expect(supports(plugin, halfX, 8), "QuantizedSparseFFN: x bf16");
+  for (DataType codes : {DataType::kINT8, DataType::kUINT8, DataType::kINT4}) {
+    auto byteCodes = io;
+    byteCodes[3].desc.type = codes;
+    expect(!supports(plugin, byteCodes, 8), "QuantizedSparseFFN: codes other than INT32 words are refused");
+  }
+  auto floatScales = io;
+  floatScales[6].desc.type = DataType::kFLOAT;
+  expect(!supports(plugin, floatScales, 8), "QuantizedSparseFFN: only fp16 scales");
+  auto boolMask = io;
+  boolMask[7].desc.type = DataType::kBOOL;
+  expect(!supports(plugin, boolMask, 8), "QuantizedSparseFFN: a BOOL mask is refused");
+  auto withThresholds = io;
+  withThresholds.insert(withThresholds.begin() + 8, tensor(DataType::kFLOAT, {D}));
+  expect(supports(plugin, withThresholds, 9), "QuantizedSparseFFN: fp32 thresholds");
+
+  DataType inputTypes[8] = {DataType::kFLOAT, DataType::kINT32, DataType::kHALF, DataType::kINT32,
+                            DataType::kHALF, DataType::kINT32, DataType::kHALF, DataType::kINT32};
+  DataType outputType = DataType::kINT8;
+  expect(build(plugin)->getOutputDataTypes(&outputType, 1, inputTypes, 8) == 0 && outputType == DataType::kFLOAT,
+         "QuantizedSparseFFN: y is fp32");
+  expect(build(plugin)->getOutputDataTypes(&outputType, 1, inputTypes, 5) != 0,
+         "QuantizedSparseFFN: SparseFFN's 5 inputs are refused");
+
+  expect(build(plugin)->configurePlugin(io.data(), 8, &io[8], 1) == 0, "QuantizedSparseFFN: consistent shapes");
+  expect(build(plugin)->configurePlugin(withThresholds.data(), 9, &withThresholds[9], 1) == 0,
+         "QuantizedSparseFFN: consistent shapes with thresholds");
+  auto int8Words = io;
+  int8Words[3].desc.dims.d[1] = d / 4;
+  logger.last.clear();
+  expect(build(plugin)->configurePlugin(int8Words.data(), 8, &int8Words[8], 1) != 0,
+         "QuantizedSparseFFN: int8-sized w_up codes are refused for int4");
+  expect(logger.last.find("input 'w_up codes' INT32 words per row (int4: columns / 8): expected 24, found 48") !=
+             std::string::npos,
+         "QuantizedSparseFFN codes message, logged '" + logger.last + "'");
+  auto scalesOf64 = io;
+  scalesOf64[6].desc.dims.d[1] = d / 64;
+  logger.last.clear();
+  expect(build(plugin)->configurePlugin(scalesOf64.data(), 8, &scalesOf64[8], 1) != 0,
+         "QuantizedSparseFFN: w_down_t scales of groups of 64 are refused for group_size 32");
+  expect(logger.last.find("input 'w_down_t scales' per row (columns / group_size): expected 6, found 3") !=
+             std::string::npos,
+         "QuantizedSparseFFN scales message, logged '" + logger.last + "'");
+  auto oddWidth = io;
+  oddWidth[0].desc.dims.d[1] = oddWidth[8].desc.dims.d[1] = 200;
+  logger.last.clear();
+  expect(build(plugin)->configurePlugin(oddWidth.data(), 8, &oddWidth[8], 1) != 0,
+         "QuantizedSparseFFN: d = 200 is refused for group_size 32");
+  expect(logger.last.find("input 'w_gate' columns: expected a multiple of group_size 32, found 200") !=
+             std::string::npos,
+         "QuantizedSparseFFN group message, logged '" + logger.last + "'");
+  auto fewerRows = io;
+  fewerRows[2].desc.dims.d[0] = D - 1;
+  expect(build(plugin)->configurePlugin(fewerRows.data(), 8, &fewerRows[8], 1) != 0,
+         "QuantizedSparseFFN: gate scales with D - 1 rows are refused");
+  auto dynamic = io;
+  dynamic[0].desc.dims.d[0] = dynamic[7].desc.dims.d[0] = -1;
+  dynamic[0].max.d[0] = dynamic[7].max.d[0] = 8;
+  expect(build(plugin)->configurePlugin(dynamic.data(), 8, &dynamic[8], 1) == 0,
+         "QuantizedSparseFFN: runtime T configures");
+  expect(build(plugin)->getWorkspaceSize(dynamic.data(), 8, &dynamic[8], 1) == workspaceSize(192, 768, 8),
+         "QuantizedSparseFFN: workspace for the profile's largest T");
+
+  UnusedExprBuilder exprBuilder;
+  DimsExprs inputs[8]{};
+  for (auto& dims : inputs) dims.nbDims = 2;
+  inputs[0].d[0] = fakeDimension(0);
+  inputs[0].d[1] = fakeDimension(1);
+  DimsExprs output{};
+  expect(build(plugin)->getOutputShapes(inputs, 8, nullptr, 0, &output, 1, exprBuilder) == 0 && output.nbDims == 2 &&
+             output.d[0] == fakeDimension(0) && output.d[1] == fakeDimension(1),
+         "QuantizedSparseFFN: y has x's shape");
+
+  IPluginV3* clone = plugin->clone();
+  expect(clone != nullptr, "QuantizedSparseFFN clones");
+  expectRoundTrip(creator, clone != nullptr ? clone : plugin);
+  delete clone;
+  delete plugin;
+}
+
+void checkQuantizedMatMul(IPluginCreatorV3One* creator, RecordingLogger& logger) {
+  int32_t const groupOf64 = 64;
+  expectRejected(creator,
+                 {stringField("weight_format", "int8"), intField("group_size", &groupOf64),
+                  stringField("activation", "relu")},
+                 logger, "unknown attribute 'activation'; expected only weight_format, group_size");
+  expectLayoutValidated(creator, logger, {});
+  IPluginV3* plugin = create(creator, {stringField("weight_format", "int8"), intField("group_size", &groupOf64)},
+                             TensorRTPhase::kBUILD);
+  expect(plugin != nullptr, "QuantizedMatMul int8 g64 is created");
+  if (plugin == nullptr) return;
+  // int8: 4 codes per INT32 word; groups of 64
+  int64_t const T = 3, K = 256, N = 77;
+  std::vector<DynamicPluginTensorDesc> io = {tensor(DataType::kHALF, {T, K}), tensor(DataType::kINT32, {N, K / 4}),
+                                             tensor(DataType::kHALF, {N, K / 64}), tensor(DataType::kFLOAT, {T, N})};
+  expect(supports(plugin, io, 3), "QuantizedMatMul: x fp16, codes int32, scales fp16, y fp32");
+  auto int8Codes = io;
+  int8Codes[1].desc.type = DataType::kINT8;
+  expect(!supports(plugin, int8Codes, 3), "QuantizedMatMul: INT8 codes are refused");
+  auto halfOutput = io;
+  halfOutput[3].desc.type = DataType::kHALF;
+  expect(!supports(plugin, halfOutput, 3), "QuantizedMatMul: only fp32 y");
+  DataType inputTypes[3] = {DataType::kHALF, DataType::kINT32, DataType::kHALF};
+  DataType outputType = DataType::kINT8;
+  expect(build(plugin)->getOutputDataTypes(&outputType, 1, inputTypes, 3) == 0 && outputType == DataType::kFLOAT,
+         "QuantizedMatMul: y is fp32");
+  expect(build(plugin)->configurePlugin(io.data(), 3, &io[3], 1) == 0, "QuantizedMatMul: consistent shapes");
+  auto int4Words = io;
+  int4Words[1].desc.dims.d[1] = K / 8;
+  logger.last.clear();
+  expect(build(plugin)->configurePlugin(int4Words.data(), 3, &int4Words[3], 1) != 0,
+         "QuantizedMatMul: int4-sized codes are refused for int8");
+  expect(logger.last.find("input 'w codes' INT32 words per row (int8: columns / 4): expected 64, found 32") !=
+             std::string::npos,
+         "QuantizedMatMul codes message, logged '" + logger.last + "'");
+  expect(build(plugin)->getWorkspaceSize(io.data(), 3, &io[3], 1) == 0, "QuantizedMatMul: no workspace");
+
+  UnusedExprBuilder exprBuilder;
+  DimsExprs inputs[3]{};
+  for (auto& dims : inputs) dims.nbDims = 2;
+  inputs[0].d[0] = fakeDimension(2);
+  inputs[1].d[0] = fakeDimension(3);
+  DimsExprs output{};
+  expect(build(plugin)->getOutputShapes(inputs, 3, nullptr, 0, &output, 1, exprBuilder) == 0 && output.nbDims == 2 &&
+             output.d[0] == fakeDimension(2) && output.d[1] == fakeDimension(3),
+         "QuantizedMatMul: y is [T, N]");
+  expect(build(plugin)->getOutputShapes(inputs, 2, nullptr, 0, &output, 1, exprBuilder) != 0,
+         "QuantizedMatMul: 2 inputs are refused");
+  expectRoundTrip(creator, plugin);
+  delete plugin;
+}
+
 void checkSignBit(IPluginCreatorV3One* creator, RecordingLogger& logger) {
   expectRejected(creator, {}, logger, "attribute 'alpha' is required, found none");
   float const zero = 0.0f;
@@ -296,7 +497,7 @@ int main(int argc, char** argv) {
   setLoggerFinder(&finder);
   int32_t count = 0;
   IPluginCreatorInterface* const* creators = getCreators(count);
-  expect(count == 3, "three creators");
+  expect(count == 5, "five creators");
   std::vector<std::string> names;
   for (int32_t i = 0; i < count; ++i) {
     expect(std::strcmp(creators[i]->getInterfaceInfo().kind, "PLUGIN CREATOR_V3ONE") == 0, "IPluginCreatorV3One");
@@ -308,8 +509,12 @@ int main(int argc, char** argv) {
     if (name == "SparseFFN") checkSparseFfn(creator, logger, workspaceSize);
     if (name == "SignBitPredictor") checkSignBit(creator, logger);
     if (name == "SvdPredictor") checkSvd(creator, logger);
+    if (name == "QuantizedSparseFFN") checkQuantizedSparseFfn(creator, logger, workspaceSize);
+    if (name == "QuantizedMatMul") checkQuantizedMatMul(creator, logger);
   }
-  expect(names == std::vector<std::string>{"SvdPredictor", "SignBitPredictor", "SparseFFN"}, "creator names");
+  expect(names == std::vector<std::string>{"SvdPredictor", "SignBitPredictor", "SparseFFN", "QuantizedSparseFFN",
+                                           "QuantizedMatMul"},
+         "creator names");
   std::printf("%s\n", gFailures == 0 ? "all checks passed" : "some checks failed");
   return gFailures == 0 ? 0 : 1;
 }
