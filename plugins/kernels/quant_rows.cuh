@@ -316,8 +316,8 @@ EDGE_UNROLL
   for (int e = 0; e < kV; ++e) tiles.w[first + e][local_row] = codes[e] * scale;
 }
 
-// Thread `thread`'s part of staging x: the values idx = thread + kGemmThreads q, token idx / kTileK, column idx % kTileK
-// of the step, zero past the last token.
+// Thread `thread`'s part of staging x: the values idx = thread + kGemmThreads q, token idx / kTileK, column
+// idx % kTileK of the step, zero past the last token.
 template <typename TX>
 EDGE_HD void gemm_stage_x(const TX* x, int tokens, int cols, int token0, int k0, int thread, GemmTiles& tiles) {
   constexpr int kPerThread = kTileTokens * kTileK / kGemmThreads;
@@ -331,7 +331,8 @@ EDGE_UNROLL
   }
 }
 
-// Thread `thread` owns tokens token0 + kThreadTokens * (thread / 16) + i and rows row0 + kThreadRows * (thread % 16) + j.
+// Thread `thread` owns tokens token0 + kThreadTokens * (thread / 16) + i and rows
+// row0 + kThreadRows * (thread % 16) + j.
 EDGE_HD int gemm_thread_token(int thread) { return kThreadTokens * (thread / (kTileRows / kThreadRows)); }
 EDGE_HD int gemm_thread_row(int thread) { return kThreadRows * (thread % (kTileRows / kThreadRows)); }
 

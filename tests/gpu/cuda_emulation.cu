@@ -91,7 +91,9 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
           const int c = tile_start + slot;
           if (c >= d) continue;
           float total = 0.0f;
-          for (int warp = 0; warp < kDownWarps; ++warp) total += warp_sums[static_cast<size_t>(warp) * kTileColumns + slot];
+          for (int warp = 0; warp < kDownWarps; ++warp) {
+            total += warp_sums[static_cast<size_t>(warp) * kTileColumns + slot];
+          }
           partial[static_cast<size_t>(chunk) * d + c] = total;
         }
       }
