@@ -14,9 +14,10 @@ import numpy as np
 FORMATS = ("int8", "int4")
 GROUP_SIZES = (32, 64, 128)
 DEFAULT_GROUP_SIZE = 32  # chosen on held-out perplexity against bytes per weight (QUANT.md, "Quality")
-# Values per int4 block: 16 bytes hold values k (low nibble of byte k) and k + 16 (high nibble), k < 16.
+# Values per int4 block: 16 bytes hold values k (low nibble of byte k) and k + 16 (high nibble), k < 16, each nibble
+# the 4-bit two's complement of its code q in [-8, 7] (q & 0xF): ONNX's INT4, TensorRT's signed INT4.
 INT4_BLOCK = 32
-INT4_OFFSET = 8  # the nibble stores q + 8, q in [-8, 7]
+INT4_MIN, INT4_MAX = -8, 7
 # Codes the extreme value of a group maps to: +-127 for int8; -8 for int4, whose scale carries the sign of
 # -max so that the whole range [-8, 7] is used (llama.cpp's Q4_0 choice, see QUANT.md).
 _INT8_LIMIT = 127
@@ -108,20 +109,21 @@ def dequantize(matrix: QuantizedMatrix) -> np.ndarray:
 def pack_int4(codes: np.ndarray) -> np.ndarray:
     """int8 codes [rows, cols] in [-8, 7], cols a multiple of 32 -> uint8 [rows, cols // 2].
 
-    Per block of 32 values, byte k holds value k + 8 in its low nibble and value k + 16 + 8 in its high nibble,
-    so one 16-byte load unpacks with a mask and a shift into 16 consecutive values each (QUANT.md)."""
+    Per block of 32 values, byte k holds code k in its low nibble and code k + 16 in its high nibble, each as its
+    4-bit two's complement (code & 0xF), so one 16-byte load unpacks into 16 consecutive codes each (QUANT.md)."""
     rows, cols = codes.shape
     if cols % INT4_BLOCK != 0:
         raise ValueError(f"codes: cols must be a multiple of {INT4_BLOCK}, found {cols}")
-    if codes.min(initial=0) < -INT4_OFFSET or codes.max(initial=0) >= INT4_OFFSET:
-        raise ValueError(f"codes: expected values in [-8, 7], found [{codes.min()}, {codes.max()}]")
-    nibbles = (codes.astype(np.int16) + INT4_OFFSET).astype(np.uint8).reshape(rows, cols // INT4_BLOCK, 2, 16)
+    if codes.min(initial=0) < INT4_MIN or codes.max(initial=0) > INT4_MAX:
+        raise ValueError(f"codes: expected values in [{INT4_MIN}, {INT4_MAX}], found [{codes.min()}, {codes.max()}]")
+    nibbles = (codes.astype(np.int8).view(np.uint8) & 0x0F).reshape(rows, cols // INT4_BLOCK, 2, 16)
     return (nibbles[:, :, 0, :] | (nibbles[:, :, 1, :] << 4)).reshape(rows, cols // 2)
 
 
 def unpack_int4(packed: np.ndarray) -> np.ndarray:
     """uint8 [rows, cols // 2] of pack_int4 -> int8 codes [rows, cols]."""
     rows, width = packed.shape
-    blocks = packed.reshape(rows, width // 16, 1, 16)
-    nibbles = np.concatenate([blocks & 0x0F, blocks >> 4], axis=2)
-    return (nibbles.astype(np.int8) - INT4_OFFSET).reshape(rows, width * 2)
+    blocks = packed.reshape(rows, width // 16, 1, 16).view(np.int8)
+    # sign-extended by shifts: the low nibble moved to the top, then both arithmetic-shifted down
+    nibbles = np.concatenate([blocks << 4, blocks], axis=2) >> 4
+    return nibbles.reshape(rows, width * 2)

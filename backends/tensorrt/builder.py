@@ -178,9 +178,8 @@ def build_engine(
     if bundle.manifest.dtype in QUANTIZED_DTYPES:
         raise EngineBuildError(
             f"{bundle_path}: no TensorRT engine for {bundle.manifest.dtype} weights yet: SparseFFN would take its rows "
-            "dequantized (TensorRT folds them to float32 copies) and int4 codes are UINT4 with zero point 8, which "
-            "TensorRT's DequantizeLinear refuses (`edge-sdk verify --target tensorrt` lists each rule); export with "
-            "--dtype fp16 for TensorRT, or run this bundle on the cpu backend"
+            "dequantized (TensorRT folds them and the float32 scales to float32 copies; `edge-sdk verify --target "
+            "tensorrt` lists each rule); export with --dtype fp16 for TensorRT, or run this bundle on the cpu backend"
         )
     try:
         profiles = [

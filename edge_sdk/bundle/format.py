@@ -8,7 +8,10 @@ from __future__ import annotations
 import re
 
 FORMAT = "edge-sdk-bundle"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# int4 codes are signed nibbles (4-bit two's complement, ONNX INT4) from format version 2 on; version 1 stored
+# code + 8 (UINT4 with zero point 8), which this edge-sdk refuses rather than misread. Other dtypes read both.
+SIGNED_INT4_FORMAT_VERSION = 2
 MANIFEST_FILE = "manifest.json"
 WEIGHTS_FILE = "weights.safetensors"
 PREFILL_GRAPH = "prefill.onnx"

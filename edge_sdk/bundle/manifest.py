@@ -422,6 +422,12 @@ def validate(raw: Any, where: str) -> Manifest:
         exporter.string("version")
     config = _model(fields.object("model"))
     dtype = fields.string("dtype", BUNDLE_DTYPES)
+    if dtype == "int4" and version < bundle_format.SIGNED_INT4_FORMAT_VERSION:
+        raise BundleError(
+            f"{where}: an int4 bundle of format version {version} stores its codes as code + 8, which this edge-sdk "
+            f"no longer reads (signed codes since format version {bundle_format.SIGNED_INT4_FORMAT_VERSION}); "
+            f"re-export the bundle"
+        )
     group_size = _group_size(fields, dtype, config)
     max_seq_len = fields.integer("max_seq_len", 2, config.max_position_embeddings)
     sparsity = _sparsity(fields.object("sparsity"), config.num_layers)

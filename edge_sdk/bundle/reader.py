@@ -201,8 +201,8 @@ class Bundle:
 
 def _same_type(tensor: onnx_wire.ExternalTensor, entry: safetensors.TensorEntry) -> bool:
     """The ONNX type and dims of an external tensor name the safetensors tensor's bytes: the same dtype and shape,
-    or (int4 bundles) ONNX UINT4 [rows, cols] over U8 [rows, cols / 2], two 4-bit values per byte."""
-    if tensor.data_type == onnx_wire.ONNX_UINT4:
+    or (int4 bundles) ONNX INT4 [rows, cols] over U8 [rows, cols / 2], two signed 4-bit values per byte."""
+    if tensor.data_type == onnx_wire.ONNX_INT4:
         dims = tuple(tensor.dims)
         return entry.dtype == "U8" and len(dims) == 2 and dims[1] % 2 == 0 and (dims[0], dims[1] // 2) == entry.shape
     return onnx_wire.ONNX_TO_SAFETENSORS.get(tensor.data_type) == entry.dtype and tensor.dims == entry.shape

@@ -29,10 +29,11 @@ and are used as they are. SparseFFN takes its weights as stored (fp16/bf16/fp32)
 
 Quantized bundles (int8 / int4, bundle/layout.py) import standard opset 21: each matrix is DequantizeLinear
 (codes, Cast(scales) to float32, axis 1, block_size = the group size) -- float32 scales, so every product
-code * scale is exact and the graph computes with the very matrix edge_sdk.quant.dequantize gives. int8 codes
-are INT8 initializers over the bundle's I8 bytes; packed int4 codes are UINT4 [rows, cols] initializers over
-the bundle's U8 bytes with zero point 8, whose ONNX element order (element 2k low nibble, 2k+1 high nibble of
-byte k) is a permutation of the Q4_0 block order inside each 32-value block: a Gather on the columns restores it.
+code * scale is exact and the graph computes with the very matrix edge_sdk.quant.dequantize gives. No zero point:
+the codes are symmetric (TensorRT's DequantizeLinear takes zero point 0 only). int8 codes are INT8 initializers over
+the bundle's I8 bytes; packed int4 codes, signed nibbles, are INT4 [rows, cols] initializers over the bundle's U8
+bytes, whose ONNX element order (element 2k low nibble, 2k+1 high nibble of byte k) is a permutation of the Q4_0
+block order inside each 32-value block: a Gather on the columns restores it.
 The dense projections are that DequantizeLinear feeding Gemm (`_matmul`); SparseFFN receives the dequantized
 float32 matrices.
 """
@@ -56,10 +57,9 @@ ONNX_DTYPES = {
     "BF16": TensorProto.BFLOAT16,
     "I32": TensorProto.INT32,
     "I8": TensorProto.INT8,
-    "UINT4": TensorProto.UINT4,  # packed int4 codes, U8 in weights.safetensors (_int4_initializer)
+    "INT4": TensorProto.INT4,  # packed int4 codes, U8 in weights.safetensors (_int4_initializer)
 }
 QUANTIZED_OPSET_VERSION = 21  # DequantizeLinear's block_size attribute (blocked quantization)
-INT4_ZERO_POINT = 8
 INT4_BLOCK = 32
 NEGATIVE_INFINITY = float("-inf")
 
@@ -89,15 +89,15 @@ class GraphSpec:
 
 
 def _int4_initializer(tensor: ExternalTensor, location: str) -> TensorProto:
-    """Packed int4 codes, U8 [rows, cols / 2] in weights.safetensors, as the UINT4 [rows, cols] they hold."""
+    """Packed int4 codes, U8 [rows, cols / 2] in weights.safetensors, as the signed INT4 [rows, cols] they hold."""
     rows, width = tensor.shape
     return external_initializer(
-        ExternalTensor(tensor.name, "UINT4", (rows, 2 * width), tensor.offset, tensor.length), location
+        ExternalTensor(tensor.name, "INT4", (rows, 2 * width), tensor.offset, tensor.length), location
     )
 
 
 def int4_onnx_columns(cols: int) -> np.ndarray:
-    """int64 [cols]: entry j is the ONNX UINT4 element index of value j of a Q4_0-ordered row (QUANT.md): value
+    """int64 [cols]: entry j is the ONNX INT4 element index of value j of a Q4_0-ordered row (QUANT.md): value
     32b + k (k < 16) is the low nibble of byte 16b + k, element 32b + 2k; value 32b + 16 + k its high nibble."""
     value = np.arange(cols)
     block, within = value // INT4_BLOCK, value % INT4_BLOCK
@@ -174,20 +174,14 @@ class GraphBuilder:
 
     def dequantized(self, name: str) -> str:
         """A quantized matrix [rows, cols] as float32: DequantizeLinear over its codes and float32 scales."""
-        group_size, rows = self.spec.group_size, self.spec.tensors[name].shape[0]
+        group_size = self.spec.group_size
         scales = self.op("Cast", [self.weight(name + ".scales")], hint=f"{name}.scales.f32", to=TensorProto.FLOAT)
-        inputs = [self.weight(name), scales]
+        matrix = self.op(
+            "DequantizeLinear", [self.weight(name), scales], hint=f"{name}.f32", axis=1, block_size=group_size
+        )
         if self.spec.quant_format == "int4":
             self.int4_codes.add(name)
-            groups = self.spec.tensors[name + ".scales"].shape[1]
-            zero_point = helper.make_tensor(
-                self.fresh(f"{name}.zero_point"), TensorProto.UINT4, [rows, groups], [INT4_ZERO_POINT] * (rows * groups)
-            )
-            self.initializers.append(zero_point)
-            inputs.append(zero_point.name)
-        matrix = self.op("DequantizeLinear", inputs, hint=f"{name}.f32", axis=1, block_size=group_size)
-        if self.spec.quant_format == "int4":
-            columns = int4_onnx_columns(groups * group_size)
+            columns = int4_onnx_columns(2 * self.spec.tensors[name].shape[1])
             matrix = self.op("Gather", [matrix, self.constant(columns, "int4_columns")], axis=1)
         return matrix
 

@@ -125,7 +125,8 @@ EDGE_API edge_status edge_options_set_max_seq_len(edge_options *options, int max
  * regular file, no symbolic link, its size and sha256), the safetensors header against the manifest, and both
  * graphs' external data against the safetensors header. Weights are memory-mapped read-only and used in place.
  * options may be NULL (defaults). On failure *out is set to NULL and edge_last_error() says why (EDGE_ERROR_BUNDLE
- * for a bundle that breaks a rule, EDGE_ERROR_UNSUPPORTED for a newer format_version). */
+ * for a bundle that breaks a rule, EDGE_ERROR_UNSUPPORTED for a newer format_version or an int4 bundle of format
+ * version 1, whose codes are code + 8 rather than signed nibbles: re-export it). */
 EDGE_API edge_status edge_model_open(const char *bundle_dir, const edge_options *options, edge_model **out);
 /** Unmaps and frees the model. Every session of the model must be destroyed first. NULL is a no-op. */
 EDGE_API void edge_model_close(edge_model *model);

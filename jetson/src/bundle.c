@@ -302,12 +302,12 @@ static int same_dims(const struct onnx_summary *summary, const struct onnx_exter
 }
 
 /* An external tensor names weights.safetensors, and exactly the bytes, type and dims of the tensor of its name. */
-/* Packed int4 codes: ONNX UINT4 [rows, cols] over the bundle's U8 [rows, cols / 2], two values per byte. */
-#define ONNX_UINT4 21
+/* Packed int4 codes: ONNX INT4 [rows, cols] over the bundle's U8 [rows, cols / 2], two signed values per byte. */
+#define ONNX_INT4 22
 
 static int int4_over_bytes(const struct onnx_summary *summary, const struct onnx_external_tensor *external,
                            const struct tensor *tensor) {
-  if (external->data_type != ONNX_UINT4 || tensor->dtype != DTYPE_U8 || external->n_dims != 2 || tensor->rank != 2) {
+  if (external->data_type != ONNX_INT4 || tensor->dtype != DTYPE_U8 || external->n_dims != 2 || tensor->rank != 2) {
     return 0;
   }
   uint64_t rows = summary->dims[external->first_dim], cols = summary->dims[external->first_dim + 1];

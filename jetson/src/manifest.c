@@ -33,7 +33,8 @@ static edge_status section(const cJSON *manifest, const char *field, const char 
   return json_object_field(manifest, field, where, out);
 }
 
-static edge_status check_format(const cJSON *manifest, const char *text, size_t size, const char *where) {
+static edge_status check_format(const cJSON *manifest, const char *text, size_t size, const char *where,
+                                int64_t *version_out) {
   static const char *const formats[] = {BUNDLE_FORMAT};
   int format;
   int64_t version;
@@ -44,6 +45,7 @@ static edge_status check_format(const cJSON *manifest, const char *text, size_t 
     return edge_fail(EDGE_ERROR_UNSUPPORTED, "%s: bundle format version %lld is newer than this edge-sdk supports (%d); "
                      "upgrade libedge_sdk or re-export the bundle", where, (long long)version, BUNDLE_FORMAT_VERSION);
   }
+  *version_out = version;
   const char *recorded;
   char digest[65];
   if ((status = json_string_field(manifest, BUNDLE_MANIFEST_DIGEST_FIELD, where, &recorded)) != EDGE_OK ||
@@ -148,8 +150,8 @@ static edge_status read_group_size(const cJSON *manifest, const char *where, str
   return EDGE_OK;
 }
 
-/* model, dtype (and group_size) and max_seq_len. */
-static edge_status read_model(const cJSON *manifest, const char *where, struct manifest *out) {
+/* model, dtype (and group_size) and max_seq_len; version: the manifest's format_version. */
+static edge_status read_model(const cJSON *manifest, const char *where, int64_t version, struct manifest *out) {
   static const char *const dtypes[] = {"fp32", "fp16", "bf16", "int8", "int4"};
   static const enum tensor_dtype weight_dtypes[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_I8, DTYPE_U8};
   static const int quant_formats[] = {0, 0, 0, EDGE_Q8, EDGE_Q4};
@@ -160,6 +162,11 @@ static edge_status read_model(const cJSON *manifest, const char *where, struct m
   edge_status status = section(manifest, "model", where, &model, inner, sizeof inner);
   if (status == EDGE_OK) status = config_read_model(model, inner, &out->model);
   if (status == EDGE_OK) status = json_choice_field(manifest, "dtype", where, dtypes, 5, &dtype);
+  if (status == EDGE_OK && quant_formats[dtype] == EDGE_Q4 && version < BUNDLE_SIGNED_INT4_FORMAT_VERSION) {
+    return edge_fail(EDGE_ERROR_UNSUPPORTED, "%s: an int4 bundle of format version %lld stores its codes as code + 8, "
+                     "which this edge-sdk no longer reads (signed codes since format version %d); re-export the bundle",
+                     where, (long long)version, BUNDLE_SIGNED_INT4_FORMAT_VERSION);
+  }
   if (status == EDGE_OK) {
     out->quant_format = quant_formats[dtype];
     status = read_group_size(manifest, where, out);
@@ -183,8 +190,10 @@ edge_status manifest_validate(const cJSON *manifest, const char *text, size_t si
   const cJSON *sparsity, *tensors;
   char inner[4096 + 16];
   edge_status status;
-  if ((status = check_format(manifest, text, size, where)) != EDGE_OK ||
-      (status = check_exporter(manifest, where)) != EDGE_OK || (status = read_model(manifest, where, out)) != EDGE_OK ||
+  int64_t version;
+  if ((status = check_format(manifest, text, size, where, &version)) != EDGE_OK ||
+      (status = check_exporter(manifest, where)) != EDGE_OK ||
+      (status = read_model(manifest, where, version, out)) != EDGE_OK ||
       (status = section(manifest, "sparsity", where, &sparsity, inner, sizeof inner)) != EDGE_OK ||
       (status = config_read_sparsity(sparsity, out->model.num_layers, inner, &out->sparsity)) != EDGE_OK ||
       (status = read_graphs(manifest, where, out)) != EDGE_OK ||

@@ -13,7 +13,9 @@
 #include "safetensors.h"
 
 #define BUNDLE_FORMAT "edge-sdk-bundle"
-#define BUNDLE_FORMAT_VERSION 1
+#define BUNDLE_FORMAT_VERSION 2
+/* int4 codes are signed nibbles from this format version on; version 1 stored code + 8 and is refused for int4 */
+#define BUNDLE_SIGNED_INT4_FORMAT_VERSION 2
 #define BUNDLE_MANIFEST_FILE "manifest.json"
 #define BUNDLE_MANIFEST_DIGEST_FIELD "manifest_sha256"
 #define BUNDLE_WEIGHTS_FILE "weights.safetensors"
@@ -33,7 +35,8 @@ struct manifest {
 };
 
 /* Checks the parsed manifest (text[0:size], for its digest; where: its path) and fills *out. EDGE_ERROR_BUNDLE
- * naming the field, EDGE_ERROR_UNSUPPORTED for a newer format_version. */
+ * naming the field, EDGE_ERROR_UNSUPPORTED for a newer format_version or an int4 bundle of a format version before
+ * BUNDLE_SIGNED_INT4_FORMAT_VERSION. */
 edge_status manifest_validate(const cJSON *manifest, const char *text, size_t size, const char *where,
                               struct manifest *out);
 

@@ -120,6 +120,11 @@ def test_round_trip_error_is_within_the_format_bound(format, group_size):
     assert relative < (0.008 if format == "int8" else 0.12)
 
 
+def signed_nibble(nibble: int) -> int:
+    """The code a stored nibble holds: its 4-bit two's complement (QUANT.md)."""
+    return nibble - 16 if nibble >= 8 else nibble
+
+
 def test_int4_nibble_order_is_value_k_low_and_k_plus_16_high():
     codes = np.arange(64, dtype=np.int64).reshape(1, 64) % 16 - 8
     codes[0, 16:32] = -codes[0, 16:32] - 1  # high halves differ from the low ones
@@ -128,9 +133,22 @@ def test_int4_nibble_order_is_value_k_low_and_k_plus_16_high():
     assert packed.shape == (1, 32) and packed.dtype == np.uint8
     for block in range(2):
         for k in range(16):
-            low, high = int(codes[0, 32 * block + k]) + 8, int(codes[0, 32 * block + 16 + k]) + 8
+            low, high = int(codes[0, 32 * block + k]) & 0xF, int(codes[0, 32 * block + 16 + k]) & 0xF
             assert packed[0, 16 * block + k] == low | (high << 4)
+    # two's complement nibbles: 0 -> 0x0, 7 -> 0x7, -1 -> 0xF, -8 -> 0x8 (not code + 8)
+    edges = np.zeros((1, 32), dtype=np.int8)
+    edges[0, [0, 1, 2, 3]] = [0, 7, -1, -8]
+    edges[0, 16] = -1
+    assert quant.pack_int4(edges)[0, :4].tolist() == [0xF0, 0x07, 0x0F, 0x08]
     assert np.array_equal(quant.unpack_int4(packed), codes)
+    every_byte = np.arange(256, dtype=np.uint8).reshape(8, 32)
+    unpacked = quant.unpack_int4(every_byte)
+    for byte in range(256):
+        row, k = divmod(byte, 32)
+        block, within = divmod(k, 16)
+        low, high = unpacked[row, 32 * block + within], unpacked[row, 32 * block + 16 + within]
+        assert (low, high) == (signed_nibble(byte & 0xF), signed_nibble(byte >> 4))
+    assert np.array_equal(quant.pack_int4(unpacked), every_byte)
 
 
 def test_quantize_hand_computed_int8_and_int4():
@@ -186,6 +204,35 @@ def test_matvec_is_bit_identical_across_threads_and_rows(format, kernel_x):
     for row in (0, 150, 300):  # a row's value is its own dot product, whichever other rows are computed
         alone = QuantizedWeight(format, 128, weight.data[row : row + 1], weight.scales[row : row + 1])
         assert torch.equal(kernels.matvec_quantized(x, alone), runs[0][row : row + 1])
+
+
+def test_kernels_read_int4_bytes_as_signed_nibbles(kernel_x):
+    """Rows of every byte value, built here from the format's definition rather than by quant.pack_int4: the matvec
+    and the sparse FFN (gate, up and down rows) compute with code = the nibble's two's complement."""
+    d, n_neurons, group_size = 128, 32, 32
+    rng = np.random.default_rng(21)
+    matrices, dequantized = [], []
+    for k in range(3):
+        data = rng.permutation(np.arange(n_neurons * d // 2) % 256).astype(np.uint8).reshape(n_neurons, d // 2)
+        codes = np.empty((n_neurons, d), dtype=np.float32)
+        for column in range(d):
+            block, within = divmod(column, 32)
+            byte = data[:, 16 * block + within % 16].astype(np.int64)
+            codes[:, column] = [signed_nibble(int(b)) for b in (byte & 0xF if within < 16 else byte >> 4)]
+        scales = (rng.uniform(0.5, 1.0, (n_neurons, d // group_size)) * d**-0.5).astype(np.float16)
+        scales[k] *= -1  # a negative scale: the sign is the scale's, not the code's
+        matrices.append(QuantizedWeight("int4", group_size, torch.from_numpy(data), torch.from_numpy(scales)))
+        weight = codes * np.repeat(scales.astype(np.float32), group_size, axis=1)
+        dequantized.append(torch.from_numpy(weight))
+    x = torch.from_numpy(random_weights(d, seed=22))
+    expected = dequantized[0].double() @ kernel_x(x).double()
+    found = kernels.matvec_quantized(x, matrices[0]).double()
+    assert (found - expected).abs().max() <= KERNEL_RTOL * expected.abs().max()
+    mask = torch.ones(n_neurons, dtype=torch.bool)
+    relu = ACTIVATIONS["relu"]
+    output = SparseFFNKernel(d, n_neurons).quantized(x, *matrices, relu, mask=mask)
+    reference = sparse_ffn(kernel_x(x), *dequantized, mask, relu).output
+    assert (output - reference).abs().max() <= KERNEL_RTOL * reference.abs().max()
 
 
 def test_a_scale_or_code_in_the_wrong_place_is_caught():

@@ -145,7 +145,7 @@ def test_weights_are_stored_once(bundles, tiny_model_dir):
 def test_manifest_describes_the_bundle(bundles):
     bundle = bundles["svd"]
     manifest = bundle.manifest.raw
-    assert manifest["format"] == "edge-sdk-bundle" and manifest["format_version"] == 1
+    assert manifest["format"] == "edge-sdk-bundle" and manifest["format_version"] == 2
     assert manifest["exporter"]["name"] == "edge-sdk" and manifest["dtype"] == "fp32"
     assert manifest["model"]["architecture"] == "LlamaForCausalLM"
     assert manifest["sparsity"]["predictor"] == "svd" and manifest["sparsity"]["levels"] == [0.5, 0.8]
@@ -258,7 +258,7 @@ def test_newer_format_version_is_refused(bundles, tmp_path):
     manifest = json.loads((copy / "manifest.json").read_text())
     write_manifest(copy, manifest | {"format_version": 7})
     result = CliRunner().invoke(main, ["verify", str(copy)])
-    assert result.exit_code == 2 and "bundle format version 7 is newer than this edge-sdk supports (1)" in result.output
+    assert result.exit_code == 2 and "bundle format version 7 is newer than this edge-sdk supports (2)" in result.output
 
 
 def test_bad_export_input_leaves_nothing_behind(tiny_model_dir, tmp_path):

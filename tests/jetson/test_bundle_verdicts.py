@@ -31,6 +31,7 @@ from edge_sdk.formats.files import sha256_of
 from .support import Build, run, sanitizer_env
 
 ACCEPT, REFUSE = "accept", "refuse"
+OLD_INT4 = "int4 format_version 1 (codes stored as code + 8)"
 
 
 @dataclass(frozen=True)
@@ -376,7 +377,7 @@ def manifest_field_cases() -> list[Case]:
     refused = {
         "format other": setting("format", "other-bundle"),
         "format missing": setting("format", DELETE),
-        "format_version 2": setting("format_version", 2),
+        "format_version 3": setting("format_version", 3),
         "format_version 0": setting("format_version", 0),
         "format_version -1": setting("format_version", -1),
         "format_version string": setting("format_version", "1"),
@@ -492,6 +493,8 @@ def manifest_field_cases() -> list[Case]:
         "int4 codes unpacked": ("svd-int4", setting("tensors", gate, "shape", [768, 192])),
         "int4 code dtype I8": ("svd-int4", setting("tensors", gate, "dtype", "I8")),
         "int4 read as int8": ("svd-int4", setting("dtype", "int8")),
+        # an int4 bundle written before signed nibbles (its codes code + 8): refused, never misread
+        OLD_INT4: ("svd-int4", setting("format_version", 1)),
         "fp16 with a group_size": ("svd-fp16", setting("group_size", 32)),
     }
     cases += [
@@ -499,6 +502,11 @@ def manifest_field_cases() -> list[Case]:
     ]
     cases += [
         Case("manifest fields", name, "svd-fp16", edit_manifest(change), ACCEPT) for name, change in accepted.items()
+    ]
+    # format version 1 changed only int4 codes: the other dtypes' bundles of version 1 still read
+    cases += [
+        Case("manifest fields", f"{base} format_version 1", base, edit_manifest(setting("format_version", 1)), ACCEPT)
+        for base in ("svd-fp16", "svd-int8")
     ]
     cases += [
         Case("manifest fields", "digest not re-stamped", "svd-fp16", edit_manifest(setting("dtype", "fp32"), False)),
@@ -632,6 +640,9 @@ def graph_cases() -> list[Case]:
     def set_name(model):
         first_external(model).name = "not_a_tensor"
 
+    def int4_codes_unsigned(model):
+        next(t for t in model.graph.initializer if t.data_type == TensorProto.INT4).data_type = TensorProto.UINT4
+
     def drop_graph(model):
         model.ClearField("graph")
 
@@ -675,6 +686,7 @@ def graph_cases() -> list[Case]:
         ),
     }
     made = [Case("graphs", name, "svd-fp16", mutate) for name, mutate in cases.items()]
+    made.append(Case("graphs", "int4 codes read as UINT4", "svd-int4", edit_graph(int4_codes_unsigned)))
     made.append(
         Case("graphs", "subgraphs nested 10 deep", "svd-fp16", edit_graph(lambda m: nested_subgraphs(m, 10)), ACCEPT)
     )
@@ -855,6 +867,14 @@ def test_python_verify_run_and_the_c_library_give_one_verdict(x86_build: Build, 
     assert len(ids) >= 180
 
 
+def test_an_int4_bundle_of_format_version_1_is_refused_with_re_export(x86_build: Build, corpus_dirs):
+    """Its codes are code + 8: every reader says so in one line and asks for a re-export, before reading a weight."""
+    path = corpus_dirs[f"manifest fields: {OLD_INT4}"][1]
+    (c_message,) = c_verdicts(x86_build, [path])
+    for message in (python_verify(path), python_run(path), c_message):
+        assert "format version 1" in message and "code + 8" in message and "re-export the bundle" in message, message
+
+
 def test_python_messages_name_the_bundle(corpus_dirs):
     for case_id, (case, path) in corpus_dirs.items():
         message = python_verify(path)
@@ -876,6 +896,7 @@ def test_accepted_bundles_also_pass_the_numeric_check(corpus_dirs):
     [
         "manifest JSON: 100000-deep nesting",
         "manifest fields: num_kv_heads string",
+        f"manifest fields: {OLD_INT4}",
         "files and checksums: weights byte changed",
         "safetensors header: overlapping offsets",
         "graphs: zero-byte decode graph",

@@ -181,6 +181,29 @@ def test_cast_of_a_weight_or_constant_to_float_is_an_fp32_copy():
     assert "160 bytes" in violations[0].message  # 10 x 4 fp32
 
 
+def test_dequantize_linear_takes_signed_int4_or_int8_with_zero_point_0_only():
+    def dequantize(code_type: int, zero_point: int | None) -> onnx.ModelProto:
+        codes = helper.make_tensor("codes", code_type, [2, 32], [1] * 64)
+        scales = helper.make_tensor("scales", TensorProto.FLOAT, [2, 1], [0.5, 0.25])
+        initializers, inputs = [codes, scales], ["codes", "scales"]
+        if zero_point is not None:
+            initializers.append(helper.make_tensor("zero", code_type, [2, 1], [zero_point] * 2))
+            inputs.append("zero")
+        node = helper.make_node("DequantizeLinear", inputs, ["w"], name="dq", axis=1, block_size=32)
+        matmul = helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul")
+        graph = helper.make_graph(
+            [node, matmul], "tiny", [_value("x", TensorProto.FLOAT, [3, 2])], [_value("y", TensorProto.FLOAT, [3, 32])],
+            initializer=initializers,
+        )  # fmt: skip
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+    assert _rules(dequantize(TensorProto.INT4, None)) == []  # what int4 bundles hold
+    assert _rules(dequantize(TensorProto.INT8, 0)) == []
+    # the int4 bundles of format version 1: Q4_0's unsigned nibbles with zero point 8
+    assert _rules(dequantize(TensorProto.UINT4, 8)) == [("op-dtype", "dq"), ("dq-zero-point", "dq")]
+    assert _rules(dequantize(TensorProto.INT4, 1)) == [("dq-zero-point", "dq")]
+
+
 def test_engine_weight_bytes_counts_folded_copies_and_stored_weights():
     weight = _external("w", TensorProto.FLOAT16, [10, 4])
     other = _external("v", TensorProto.FLOAT16, [4, 4], offset=80)
@@ -223,11 +246,6 @@ QUANTIZED_GAPS = {
     "would fold them to float32 copies; needs the quantized SparseFFN plugin taking codes and scales",
     "fp32-weight-copy": "the fp16 scales are Cast to float32 for DequantizeLinear (exact products); a float32 "
     "copy of the scales, 1/8 of an int4 matrix's bytes",
-}
-INT4_GAPS = {
-    "op-dtype": "int4 codes are UINT4 with zero point 8 (the Q4_0 bytes as stored); TensorRT takes signed INT4 "
-    "only: needs the codes stored as signed INT4 (a bundle format change)",
-    "dq-zero-point": "zero point 8 of the UINT4 codes; TensorRT is symmetric only: same change as op-dtype",
 }
 
 
@@ -277,12 +295,9 @@ def violations_of(model: str, kind: str, dtype: str) -> list[compatibility.Viola
 
 def failing_today(kind: str, dtype: str) -> dict[tuple[str, str], str]:
     """{(graph, rule): the fix it waits for} of today's graphs: none for float weights since issue 21 items 1 and 3
-    (INT32 masks, weights kept in their bundle dtype); the quantized graphs' gaps otherwise."""
-    gaps = {}
-    if dtype in QUANTIZED_DTYPES:
-        gaps |= QUANTIZED_GAPS
-    if dtype == "int4":
-        gaps |= INT4_GAPS
+    (INT32 masks, weights kept in their bundle dtype); the quantized graphs' gaps otherwise (int4 codes are signed
+    INT4 without a zero point, so int4 graphs keep op-dtype and dq-zero-point)."""
+    gaps = QUANTIZED_GAPS if dtype in QUANTIZED_DTYPES else {}
     return {(f"{ENGINE_GRAPH}.onnx", rule): reason for rule, reason in gaps.items()}
 
 

@@ -36,7 +36,8 @@ enum edge_dtype { EDGE_F32 = 0, EDGE_F16 = 1 };
  * edge_dtype so that one number names any storage type. Each row of d values is cut into d / group_size groups
  * (group_size 32, 64 or 128) with one fp16 scale each: scales [rows, d / group_size], IEEE half bits.
  * EDGE_Q8: int8 codes [rows, d], value = code * scale. EDGE_Q4: [rows, d / 2] bytes; per block of 32 values,
- * byte k holds value k in its low nibble and value k + 16 in its high nibble, each as code + 8 (codes -8..7). */
+ * byte k holds value k in its low nibble and value k + 16 in its high nibble, each the 4-bit two's complement of
+ * its code (-8..7: the nibble is code & 0xf). */
 enum edge_quant_format { EDGE_Q8 = 2, EDGE_Q4 = 3 };
 
 /* Gated-FFN activation (edge_sdk/model/activation.py): gate part act(g), up part for drelu only.

@@ -326,14 +326,19 @@ EDGE_ALWAYS_INLINE void add_rows(float *restrict y, int n, const void *w, int dt
 /* Values per block: 32 bytes of INT8 or 16 of INT4; groups are whole blocks. */
 #define EDGE_QUANT_BLOCK 32
 
+/* INT4 codes are signed 4-bit nibbles (QUANT.md); low_nibbles / high_nibbles give the 16 codes of a block's low /
+ * high nibbles as int8. */
 #if EDGE_ROWS_AVX512 || EDGE_ROWS_AVX2
 typedef __m128i codes16; /* 16 int8 codes */
 static inline codes16 load_codes16(const char *p) { return _mm_loadu_si128((const __m128i *)p); }
+/* x86 has no byte shift: flipping each nibble's sign bit (xor 0x88) makes it code + 8 in 0..15, which a mask takes
+ * out and a subtraction restores; the two calls on one block share the xor. */
+static inline codes16 biased_nibbles(codes16 bytes) { return _mm_xor_si128(bytes, _mm_set1_epi8((char)0x88)); }
 static inline codes16 low_nibbles(codes16 bytes) {
-  return _mm_sub_epi8(_mm_and_si128(bytes, _mm_set1_epi8(0x0f)), _mm_set1_epi8(8));
+  return _mm_sub_epi8(_mm_and_si128(biased_nibbles(bytes), _mm_set1_epi8(0x0f)), _mm_set1_epi8(8));
 }
 static inline codes16 high_nibbles(codes16 bytes) {
-  return _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0f)), _mm_set1_epi8(8));
+  return _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(biased_nibbles(bytes), 4), _mm_set1_epi8(0x0f)), _mm_set1_epi8(8));
 }
 #if EDGE_ROWS_AVX512
 EDGE_ALWAYS_INLINE void widen_codes(codes16 codes, vec16 *out) {
@@ -355,12 +360,9 @@ EDGE_ALWAYS_INLINE void widen_codes(codes16 codes, vec16 *out) {
 #include <arm_neon.h>
 typedef int8x16_t codes16;
 static inline codes16 load_codes16(const char *p) { return vld1q_s8((const int8_t *)p); }
-static inline codes16 low_nibbles(codes16 bytes) {
-  return vsubq_s8(vreinterpretq_s8_u8(vandq_u8(vreinterpretq_u8_s8(bytes), vdupq_n_u8(0x0f))), vdupq_n_s8(8));
-}
-static inline codes16 high_nibbles(codes16 bytes) {
-  return vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(vreinterpretq_u8_s8(bytes), 4)), vdupq_n_s8(8));
-}
+/* sign-extended by shifts: left 4, then arithmetic right 4 */
+static inline codes16 low_nibbles(codes16 bytes) { return vshrq_n_s8(vshlq_n_s8(bytes, 4), 4); }
+static inline codes16 high_nibbles(codes16 bytes) { return vshrq_n_s8(bytes, 4); }
 EDGE_ALWAYS_INLINE void widen_codes(codes16 codes, vec16 *out) {
   int16x8_t low = vmovl_s8(vget_low_s8(codes)), high = vmovl_high_s8(codes);
   union {
@@ -378,9 +380,10 @@ EDGE_ALWAYS_INLINE void widen_codes(codes16 codes, vec16 *out) {
 typedef int8_t codes16 __attribute__((vector_size(16)));
 typedef int8_t unaligned_codes16 __attribute__((vector_size(16), aligned(1), may_alias));
 static inline codes16 load_codes16(const char *p) { return *(const unaligned_codes16 *)p; }
-static inline codes16 low_nibbles(codes16 bytes) { return (bytes & 0x0f) - 8; }
 typedef uint8_t bytes16 __attribute__((vector_size(16)));
-static inline codes16 high_nibbles(codes16 bytes) { return (codes16)((bytes16)bytes >> 4) - 8; }
+/* sign-extended by shifts: left 4 (unsigned, so defined), then arithmetic right 4 */
+static inline codes16 low_nibbles(codes16 bytes) { return (codes16)((bytes16)bytes << 4) >> 4; }
+static inline codes16 high_nibbles(codes16 bytes) { return bytes >> 4; }
 EDGE_ALWAYS_INLINE void widen_codes(codes16 codes, vec16 *out) {
   float lanes[16];
   for (int l = 0; l < 16; l++) lanes[l] = (float)codes[l];
@@ -520,10 +523,10 @@ EDGE_ALWAYS_INLINE void add_quant_rows(float *y, int c0, int n, const char *code
  * integer part is exact and the float part the same sequence of operations on every target: AVX-512 (VNNI vpdpbusd,
  * or vpmaddubsw), AVX2 (AVX-VNNI, or vpmaddubsw), NEON (sdot with the dot-product extension, or smull) and portable
  * C give bit-identical results. vpdpbusd and vpmaddubsw multiply unsigned by signed bytes: the INT4 codes are taken
- * as their stored nibbles (code + 8) and, with VNNI, the INT8 codes as code + 128 (xor 0x80); the surplus, offset
- * times the lane's activation codes (256 high + low), starts the lane negated, computed once per call. Without VNNI
- * an INT8 lane would overflow vpmaddubsw's int16 pairs (255 * 127 * 2), so there the codes' magnitudes multiply x's
- * codes carrying the codes' signs, with no surplus. */
+ * as code + 8 (their signed nibbles xor 0x88) and, with VNNI, the INT8 codes as code + 128 (xor 0x80); the surplus,
+ * offset times the lane's activation codes (256 high + low), starts the lane negated, computed once per call. Without
+ * VNNI an INT8 lane would overflow vpmaddubsw's int16 pairs (255 * 127 * 2), so there the codes' magnitudes multiply
+ * x's codes carrying the codes' signs, with no surplus. */
 
 /* Values per int32 lane and per unit (the 16 lanes one accumulator holds). */
 #define EDGE_LANE_VALUES 4
@@ -633,6 +636,7 @@ EDGE_ALWAYS_INLINE void unit_products(const char *row, int dtype, int unit, cons
   if (dtype == EDGE_Q4) {
     __m256i bytes = n_blocks == 2 ? _mm256_loadu_si256((const void *)codes)
                                   : _mm256_zextsi128_si256(_mm_loadu_si128((const void *)codes));
+    bytes = _mm256_xor_si256(bytes, _mm256_set1_epi8((char)0x88)); /* each nibble code + 8 */
     /* quadwords: block 0's low nibbles (values 0..15), its high nibbles (16..31), then block 1's */
     const __m512i order = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
     __m512i halves = _mm512_permutex2var_epi64(_mm512_castsi256_si512(bytes), order,
@@ -676,7 +680,7 @@ static inline __m256i block_products(const char *codes, int dtype, const int8_t 
   __m256i lanes = _mm256_loadu_si256((const void *)sums);
   __m256i unsigned_codes;
   if (dtype == EDGE_Q4) {
-    __m128i bytes = _mm_loadu_si128((const void *)codes);
+    __m128i bytes = biased_nibbles(_mm_loadu_si128((const void *)codes)); /* each nibble code + 8 */
     unsigned_codes = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), _mm256_set1_epi8(0x0f));
   } else {
     __m256i w = _mm256_loadu_si256((const void *)codes);
@@ -760,7 +764,8 @@ EDGE_ALWAYS_INLINE void fused_multiply_add16(vec16 *acc, const ivec16 *products,
 static inline int32_t block_code(const char *codes, int dtype, int j) {
   if (dtype == EDGE_Q8) return (int8_t)codes[j];
   uint8_t byte = (uint8_t)codes[j % 16];
-  return (j < 16 ? byte & 0x0f : byte >> 4) - 8;
+  int32_t nibble = j < 16 ? byte & 0x0f : byte >> 4;
+  return (nibble ^ 8) - 8; /* the 4-bit two's complement, sign-extended */
 }
 
 static inline void block_products(const char *codes, int dtype, const int8_t *high, const int8_t *low,
