@@ -1,7 +1,7 @@
 """CUDA kernels (plugins/kernels) against the torch reference: sparsity/ffn.py, svd.py, signbit.py.
 
 Run on any NVIDIA GPU with the kernel library built (`pip install -e .` with nvcc present); they skip with the
-reason otherwise. Tolerances are those of edge_sdk/export/ops.py's schemas.
+reason otherwise. Tolerances are those of edge_sdk/export/ops/schemas.py.
 """
 
 from __future__ import annotations
