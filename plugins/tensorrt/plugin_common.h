@@ -17,7 +17,7 @@
 
 namespace edge_sdk::trt {
 
-// The ONNX nodes' op types and plugin attributes (edge_sdk/export/ops.py: PLUGIN_VERSION, PLUGIN_NAMESPACE).
+// The ONNX nodes' op types and plugin attributes (edge_sdk/bundle/graph_ops.py: PLUGIN_VERSION, PLUGIN_NAMESPACE).
 inline constexpr char kPluginVersion[] = "1";
 inline constexpr char kPluginNamespace[] = "edge_sdk";
 inline constexpr char kSvdPredictorName[] = "SvdPredictor";

@@ -24,7 +24,7 @@ from edge_sdk.model.activation import SUPPORTED_ACTIVATIONS, Activation
 from edge_sdk.sparsity.ffn import sparse_ffn
 from edge_sdk.sparsity.signbit import pack_sign_bits, signbit_mask
 
-OPS_MD = Path(ops.__file__).with_name("OPS.md")
+OPS_MD = Path(ops.__file__).parent.with_name("OPS.md")
 FFN_TOLERANCE = ops.error_bound("SparseFFN", "float16")  # max |y - y_ref| relative to max |y_ref|
 
 _ONNX_TYPES = {

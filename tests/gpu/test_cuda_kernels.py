@@ -2,7 +2,7 @@
 kernels against the same reference on the dequantized rows (edge_sdk/quant.py).
 
 Run on any NVIDIA GPU with the kernel library built (`pip install -e .` with nvcc present); they skip with the
-reason otherwise. Tolerances are those of edge_sdk/export/ops.py's schemas.
+reason otherwise. Tolerances are those of edge_sdk/export/ops/schemas.py.
 """
 
 from __future__ import annotations
