@@ -115,6 +115,15 @@ EDGE_CUDA_API cudaError_t edge_matvec_q(cudaStream_t stream, const void *x, int 
                                         const void *w, const uint16_t *scales, int quant_format, int group_size,
                                         const float *bias, float *y);
 
+/* edge_matvec_q with W stored transposed: y_t = W^T x_t (+ bias) for w [in, out], quantized along its rows (scales
+ * [in, out / group_size], out a multiple of group_size; in any size); x: [tokens, in]; y: [tokens, out]. This is the
+ * down projection of a dense FFN over the neuron-major W_down^T that SparseFFN reads, so a prompt's FFN needs no
+ * second copy of it. Tiles of 64 outputs x 32 tokens through shared memory, for any number of tokens; each output
+ * summed over the rows of W in order, bit-identical run to run. No workspace. */
+EDGE_CUDA_API cudaError_t edge_matvec_q_t(cudaStream_t stream, const void *x, int x_dtype, int tokens, int in,
+                                          int out, const void *w, const uint16_t *scales, int quant_format,
+                                          int group_size, const float *bias, float *y);
+
 #ifdef __cplusplus
 }
 #endif

@@ -10,6 +10,8 @@
 //   memory (each weight piece dequantized once per step, code * scale exact in fp32), every output summed by one
 //   thread in column order.
 // Either way each output's order of summation depends only on the shapes, so y is bit-identical run to run.
+// edge_matvec_q_t takes W transposed, [in, out] quantized along its rows: the down projection of a prompt's dense FFN
+// over the neuron-major rows SparseFFN reads (one copy of the weights serves both); always the tiled GEMM (a prompt).
 #include "edge_cuda_common.cuh"
 #include "quant_rows.cuh"
 
@@ -59,6 +61,26 @@ __global__ void __launch_bounds__(quant::kGemmThreads)
   quant::gemm_store(acc, thread, token0, row0, tokens, n_rows, bias, y);
 }
 
+// edge_matvec_q_t: the same tiles over W [in, out], quantized along its rows (out), so output n of y is column n.
+template <int kFormat, typename TX>
+__global__ void __launch_bounds__(quant::kGemmThreads)
+    gemm_t_kernel(const TX* __restrict__ x, int tokens, int n_in, quant::QuantMatrix w, const float* __restrict__ bias,
+                  float* __restrict__ y) {
+  __shared__ quant::GemmTiles tiles;
+  const int col0 = blockIdx.x * quant::kTileRows;
+  const int token0 = blockIdx.y * quant::kTileTokens;
+  const int thread = threadIdx.x;
+  float acc[quant::kThreadTokens][quant::kThreadRows] = {};
+  for (int k0 = 0; k0 < n_in; k0 += quant::kTileK) {
+    quant::gemm_stage_weights_t<kFormat>(w, n_in, col0, k0, thread, tiles);
+    quant::gemm_stage_x(x, tokens, n_in, token0, k0, thread, tiles);
+    __syncthreads();
+    quant::gemm_accumulate(tiles, thread, acc);
+    __syncthreads();
+  }
+  quant::gemm_store(acc, thread, token0, col0, tokens, w.cols, bias, y);
+}
+
 template <int kFormat, typename TX>
 cudaError_t launch_matvec_q(cudaStream_t stream, const TX* x, int tokens, const quant::QuantMatrix& w, int n_rows,
                             const float* bias, float* y) {
@@ -76,6 +98,32 @@ cudaError_t launch_matvec_q(cudaStream_t stream, const TX* x, int tokens, const 
 
 }  // namespace
 }  // namespace edge
+
+extern "C" cudaError_t edge_matvec_q_t(cudaStream_t stream, const void* x, int x_dtype, int tokens, int in, int out,
+                                       const void* w, const uint16_t* scales, int quant_format, int group_size,
+                                       const float* bias, float* y) {
+  using namespace edge;
+  if (x == nullptr || w == nullptr || scales == nullptr || y == nullptr || reinterpret_cast<uintptr_t>(w) % 4 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (tokens <= 0 || in <= 0 || out <= 0 || !valid_dtype(x_dtype) || !quant::valid_format(quant_format) ||
+      !quant::valid_group_size(group_size) || out % group_size != 0 ||
+      ceil_div(tokens, quant::kTileTokens) > kMaxGridYZ) {
+    return cudaErrorInvalidValue;
+  }
+  const quant::QuantMatrix matrix{static_cast<const uint8_t*>(w), scales, out, group_size, aligned16(w)};
+  const dim3 grid(ceil_div(out, quant::kTileRows), ceil_div(tokens, quant::kTileTokens));
+  return dispatch_dtype(x_dtype, [&](auto tag) {
+    using TX = decltype(tag);
+    const TX* xt = static_cast<const TX*>(x);
+    if (quant_format == EDGE_Q4) {
+      gemm_t_kernel<EDGE_Q4, TX><<<grid, quant::kGemmThreads, 0, stream>>>(xt, tokens, in, matrix, bias, y);
+    } else {
+      gemm_t_kernel<EDGE_Q8, TX><<<grid, quant::kGemmThreads, 0, stream>>>(xt, tokens, in, matrix, bias, y);
+    }
+    return cudaGetLastError();
+  });
+}
 
 extern "C" cudaError_t edge_matvec_q(cudaStream_t stream, const void* x, int x_dtype, int tokens, int in, int out,
                                      const void* w, const uint16_t* scales, int quant_format, int group_size,

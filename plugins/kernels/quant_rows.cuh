@@ -274,10 +274,11 @@ EDGE_UNROLL
   }
 }
 
-// ------------------------------------------------------------------------------------ tiled GEMM (edge_matvec_q)
-// A block computes y for kTileRows weight rows x kTileTokens tokens, stepping through the columns kTileK at a time:
-// its threads stage the step's x values and dequantized weights in shared memory (x_tile[k][token],
-// w_tile[k][row]), then each thread adds the step to its kThreadTokens x kThreadRows outputs, k in increasing order.
+// ------------------------------------------------------------------------ tiled GEMM (edge_matvec_q, _q_t)
+// A block computes kTileRows outputs x kTileTokens tokens, stepping through the inputs kTileK at a time: its threads
+// stage the step's x values and dequantized weights in shared memory (tiles.x[k][token], tiles.w[k][output]), then
+// each thread adds the step to its kThreadTokens x kThreadRows outputs, k in increasing order. edge_matvec_q's
+// outputs are weight rows (W [out, in], y = W x); edge_matvec_q_t's are weight columns (W [in, out], y = W^T x).
 constexpr int kGemmThreads = 256;
 constexpr int kTileRows = 64;
 constexpr int kTileTokens = 32;
@@ -316,8 +317,36 @@ EDGE_UNROLL
   for (int e = 0; e < kV; ++e) tiles.w[first + e][local_row] = codes[e] * scale;
 }
 
+// Transposed layout (edge_matvec_q_t): the step covers rows k0.. k0 + kTileK - 1 of a matrix [n_in, n_out] stored
+// row-major and quantized along its rows (m.cols = n_out), and output columns col0.. col0 + kTileRows - 1, so
+// tiles.w[k][n] = W[k0 + k, col0 + n]. Thread `thread` stages one piece: row thread / (kTileRows / kPieceValues), the
+// piece's kPieceValues columns from col0 + kPieceValues * (thread % (kTileRows / kPieceValues)), dequantized, or zeros
+// past the last row or column.
+template <int kFormat>
+EDGE_HD void gemm_stage_weights_t(const QuantMatrix& m, int n_in, int col0, int k0, int thread, GemmTiles& tiles) {
+  constexpr int kV = Format<kFormat>::kPieceValues;
+  constexpr int kPiecesPerRow = kTileRows / kV;
+  if (thread >= kTileK * kPiecesPerRow) return;
+  const int k = thread / kPiecesPerRow;
+  const int first = (thread % kPiecesPerRow) * kV;  // the piece's first column within the tile
+  const int row = k0 + k;
+  const int column = col0 + first;
+  float codes[kV];
+  float scale = 0.0f;
+  if (row < n_in && column < m.cols) {  // m.cols is a multiple of kV: the piece is inside the row
+    const size_t offset = static_cast<size_t>(column / kV) * kPieceBytes;
+    Format<kFormat>::unpack(load_piece(m.row_codes(row, kFormat), offset, m.aligned16), codes);
+    scale = load_scale(m.row_scales(row), column / m.group_size);
+  } else {
+EDGE_UNROLL
+    for (int e = 0; e < kV; ++e) codes[e] = 0.0f;
+  }
+EDGE_UNROLL
+  for (int e = 0; e < kV; ++e) tiles.w[k][first + e] = codes[e] * scale;
+}
+
 // Thread `thread`'s part of staging x: the values idx = thread + kGemmThreads q, token idx / kTileK, column
-// idx % kTileK of the step, zero past the last token.
+// idx % kTileK of the step, zero past the last token or the last column.
 template <typename TX>
 EDGE_HD void gemm_stage_x(const TX* x, int tokens, int cols, int token0, int k0, int thread, GemmTiles& tiles) {
   constexpr int kPerThread = kTileTokens * kTileK / kGemmThreads;
@@ -327,7 +356,8 @@ EDGE_UNROLL
     const int token = idx / kTileK;
     const int k = idx % kTileK;
     const int t = token0 + token;
-    tiles.x[k][token] = t < tokens ? load_value(x + static_cast<size_t>(t) * cols + k0 + k) : 0.0f;
+    const bool inside = t < tokens && k0 + k < cols;
+    tiles.x[k][token] = inside ? load_value(x + static_cast<size_t>(t) * cols + k0 + k) : 0.0f;
   }
 }
 

@@ -165,6 +165,39 @@ void matvec_q(const float* x, int tokens, int out, const QuantMatrix& w, const f
   }
 }
 
+// gemm_t_kernel (edge_matvec_q_t): as the GEMM above with outputs over W's columns and steps over its rows
+template <int kFormat>
+void matvec_q_t(const float* x, int tokens, int in, const QuantMatrix& w, const float* bias, float* y) {
+  using namespace edge;
+  const int out = w.cols;
+  std::vector<float> acc(static_cast<size_t>(quant::kGemmThreads) * quant::kThreadTokens * quant::kThreadRows);
+  quant::GemmTiles tiles;
+  for (int block_y = 0; block_y < ceil_div(tokens, quant::kTileTokens); ++block_y) {
+    for (int block_x = 0; block_x < ceil_div(out, quant::kTileRows); ++block_x) {
+      const int col0 = block_x * quant::kTileRows;
+      const int token0 = block_y * quant::kTileTokens;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int k0 = 0; k0 < in; k0 += quant::kTileK) {
+        std::memset(&tiles, 0xFF, sizeof(tiles));
+        for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
+          quant::gemm_stage_weights_t<kFormat>(w, in, col0, k0, thread, tiles);
+          quant::gemm_stage_x(x, tokens, in, token0, k0, thread, tiles);
+        }
+        for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
+          auto& mine = *reinterpret_cast<float(*)[quant::kThreadTokens][quant::kThreadRows]>(
+              acc.data() + static_cast<size_t>(thread) * quant::kThreadTokens * quant::kThreadRows);
+          quant::gemm_accumulate(tiles, thread, mine);
+        }
+      }
+      for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
+        const auto& mine = *reinterpret_cast<const float(*)[quant::kThreadTokens][quant::kThreadRows]>(
+            acc.data() + static_cast<size_t>(thread) * quant::kThreadTokens * quant::kThreadRows);
+        quant::gemm_store(mine, thread, token0, col0, tokens, out, bias, y);
+      }
+    }
+  }
+}
+
 bool valid(int quant_format, int group_size, int cols) {
   return edge::quant::valid_format(quant_format) && edge::quant::valid_group_size(group_size) && cols > 0 &&
          cols % group_size == 0;
@@ -196,5 +229,19 @@ extern "C" __attribute__((visibility("default"))) int edge_emulate_matvec_q(cons
   const QuantMatrix matrix{static_cast<const uint8_t*>(w), scales, in, group_size, true};
   auto run = quant_format == EDGE_Q4 ? matvec_q<EDGE_Q4> : matvec_q<EDGE_Q8>;
   run(x, tokens, out, matrix, bias, y);
+  return 0;
+}
+
+// edge_matvec_q_t on host memory: W [in, out] quantized along its rows, fp32 x [tokens, in]; 0, or 1 for invalid
+// arguments.
+extern "C" __attribute__((visibility("default"))) int edge_emulate_matvec_q_t(const float* x, int tokens, int in,
+                                                                            int out, const void* w,
+                                                                            const uint16_t* scales, int quant_format,
+                                                                            int group_size, const float* bias,
+                                                                            float* y) {
+  if (!valid(quant_format, group_size, out) || tokens <= 0 || in <= 0) return 1;
+  const QuantMatrix matrix{static_cast<const uint8_t*>(w), scales, out, group_size, true};
+  auto run = quant_format == EDGE_Q4 ? matvec_q_t<EDGE_Q4> : matvec_q_t<EDGE_Q8>;
+  run(x, tokens, in, matrix, bias, y);
   return 0;
 }

@@ -56,7 +56,9 @@ def load() -> ctypes.CDLL:
     emulation.edge_emulate_sparse_ffn_q.argtypes = [_ptr, _int, _int, _int, *[_ptr] * 6, _int, _int, _ptr, _ptr, _int,
                                                     ctypes.c_float, _ptr, _ptr]
     emulation.edge_emulate_matvec_q.argtypes = [_ptr, _int, _int, _int, _ptr, _ptr, _int, _int, _ptr, _ptr]
-    for function in (emulation.edge_emulate_sparse_ffn_q, emulation.edge_emulate_matvec_q):
+    emulation.edge_emulate_matvec_q_t.argtypes = [_ptr, _int, _int, _int, _ptr, _ptr, _int, _int, _ptr, _ptr]
+    for function in (emulation.edge_emulate_sparse_ffn_q, emulation.edge_emulate_matvec_q,
+                     emulation.edge_emulate_matvec_q_t):
         function.restype = _int
     return emulation
 
@@ -92,18 +94,20 @@ def sparse_ffn_q(
     return y, active.astype(bool)
 
 
-def matvec_q(x: np.ndarray, w: quant.QuantizedMatrix, bias: np.ndarray | None) -> np.ndarray:
-    """y [T, out] float32 = x [T, in] W^T (+ bias) as edge_matvec_q computes it."""
+def matvec_q(x: np.ndarray, w: quant.QuantizedMatrix, bias: np.ndarray | None, transposed: bool = True) -> np.ndarray:
+    """y [T, out] float32 as edge_matvec_q computes it: x [T, in] W^T (+ bias) for W [out, in] (transposed), or as
+    edge_matvec_q_t: x W (+ bias) for W [in, out] (transposed False)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     tokens, n_in = x.shape
-    n_out = w.shape[0]
+    n_out = w.shape[0] if transposed else w.shape[1]
     codes, scales = np.ascontiguousarray(w.data), np.ascontiguousarray(w.scales)
     bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
     y = np.empty((tokens, n_out), np.float32)
-    status = load().edge_emulate_matvec_q(
+    emulate = load().edge_emulate_matvec_q if transposed else load().edge_emulate_matvec_q_t
+    status = emulate(
         _address(x), tokens, n_in, n_out, _address(codes), _address(scales), QUANT_FORMATS[w.format], w.group_size,
         _address(bias), _address(y),
     )
     if status != 0:
-        raise ValueError(f"edge_emulate_matvec_q refused the arguments (in={n_in}, out={n_out})")
+        raise ValueError(f"the emulated launcher refused the arguments (in={n_in}, out={n_out})")
     return y

@@ -27,6 +27,7 @@ LAUNCHERS = (
     "edge_sparse_ffn",
     "edge_sparse_ffn_q",
     "edge_matvec_q",
+    "edge_matvec_q_t",
 )
 # enum edge_cuda_dtype, enum edge_quant_format and enum edge_activation.
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -112,6 +113,7 @@ def load_kernels() -> ctypes.CDLL:
         ],
         # stream, x, x_dtype, tokens, in, out, w, scales, quant_format, group_size, bias, y
         "edge_matvec_q": [_ptr, _ptr, _int, _int, _int, _int, _ptr, _ptr, _int, _int, _ptr, _ptr],
+        "edge_matvec_q_t": [_ptr, _ptr, _int, _int, _int, _int, _ptr, _ptr, _int, _int, _ptr, _ptr],
         "cudaGetDeviceCount": [ctypes.POINTER(_int)],
         "cudaMalloc": [ctypes.POINTER(_ptr), _size],
         "cudaFree": [_ptr],
@@ -365,12 +367,15 @@ class Kernels:
     def matvec_q(
         self,
         x: DeviceTensor,  # [T, in]
-        w: DeviceQuantized,  # [out, in]
+        w: DeviceQuantized,  # [out, in], or [in, out] when not transposed
         bias: DeviceTensor | None,  # [out] fp32
         y: DeviceTensor,  # [T, out] fp32
+        transposed: bool = True,  # y = x W^T (edge_matvec_q); False: y = x W (edge_matvec_q_t)
     ) -> None:
         tokens, n_in = x.shape
-        arguments = (x.pointer, DTYPES[x.dtype], tokens, n_in, w.codes.shape[0], w.codes.pointer, w.scales.pointer)
+        n_out = w.codes.shape[0] if transposed else w.cols
+        arguments = (x.pointer, DTYPES[x.dtype], tokens, n_in, n_out, w.codes.pointer, w.scales.pointer)
         layout = (QUANT_FORMATS[w.format], w.group_size)
-        status = self.cuda.edge_matvec_q(self.device.stream, *arguments, *layout, _address(bias), y.pointer)
-        check(status, "edge_matvec_q")
+        launcher = "edge_matvec_q" if transposed else "edge_matvec_q_t"
+        status = getattr(self.cuda, launcher)(self.device.stream, *arguments, *layout, _address(bias), y.pointer)
+        check(status, launcher)

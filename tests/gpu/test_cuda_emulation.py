@@ -50,6 +50,23 @@ def test_matvec_emulation_matches_the_reference(tokens, fmt, group_size, n_out):
     assert relative_error(expected - bias, expected) > DISCRIMINATION * bound  # the bias is not lost
 
 
+# edge_matvec_q_t, W [in, out] (the neuron-major down projection): in not a multiple of the 32-row step (300), outputs
+# a partial 64-column tile (96 = 3 groups of 32, 1.5 tiles) or several (384)
+@pytest.mark.parametrize("tokens", [1, 5, 37])
+@pytest.mark.parametrize("fmt", quant.FORMATS)
+@pytest.mark.parametrize("group_size, n_out", [(32, 96), (64, 384), (128, 384)])
+@pytest.mark.parametrize("n_in", [300, 64])
+def test_transposed_matvec_emulation_matches_the_reference(tokens, fmt, group_size, n_out, n_in):
+    rng = np.random.default_rng(tokens * 100 + n_out + n_in)
+    matrix = quant.quantize(rng.standard_normal((n_in, n_out)), fmt, group_size)
+    x = rng.standard_normal((tokens, n_in)).astype(np.float32)
+    bias = rng.standard_normal(n_out).astype(np.float32)
+    expected = x.astype(np.float64) @ quant.dequantize(matrix).astype(np.float64) + bias
+    bound = error_bound("MatVec", fmt)
+    assert relative_error(cuda_emulation.matvec_q(x, matrix, bias, transposed=False), expected) <= bound
+    assert relative_error(cuda_emulation.matvec_q(x, matrix, None, transposed=False) + bias, expected) <= bound
+
+
 @pytest.mark.parametrize("tokens", [1, 3, 40])
 def test_matvec_emulation_reads_int4_nibbles_signed_in_q4_0_order(tokens):
     """Reading the int4 bytes any other way (interleaved pairs, offset-8 nibbles) misses the reference by far."""

@@ -383,10 +383,11 @@ def test_quantized_sparse_ffn_graph_capture_replays_the_same_result(device):
         device.destroy_graph(graph)
 
 
-def run_matvec_q(device, x, matrix, bias, byte_offset=0):
-    y = device.empty((x.shape[0], matrix.shape[0]), torch.float32)
+def run_matvec_q(device, x, matrix, bias, byte_offset=0, transposed=True):
+    y = device.empty((x.shape[0], matrix.shape[0] if transposed else matrix.shape[1]), torch.float32)
     bias_device = None if bias is None else device.upload(bias)
-    Kernels(device).matvec_q(device.upload(x), upload_quantized(device, matrix, byte_offset), bias_device, y)
+    weights = upload_quantized(device, matrix, byte_offset)
+    Kernels(device).matvec_q(device.upload(x), weights, bias_device, y, transposed=transposed)
     return device.download(y)
 
 
@@ -428,3 +429,21 @@ def test_quantized_matvec_equals_its_emulation_and_repeats_bit_for_bit(device, t
     if cuda_emulation.unavailable_reason() is None:
         emulated = torch.from_numpy(cuda_emulation.matvec_q(x.numpy(), matrix, None))
         assert (first - emulated).abs().max() <= MATVEC_RTOL["int8"] * emulated.abs().max()
+
+
+# edge_matvec_q_t over W [in, out] (the neuron-major down projection of a prompt's dense FFN): in (the rows) not a
+# multiple of the 32-row step, out a partial 64-column tile
+@pytest.mark.parametrize("tokens", [1, 37])
+@pytest.mark.parametrize("fmt", quant.FORMATS)
+@pytest.mark.parametrize("group_size", quant.GROUP_SIZES)
+def test_transposed_quantized_matvec_matches_reference(device, tokens, fmt, group_size):
+    generator = torch.Generator().manual_seed(tokens * group_size)
+    n_in, n_out = 700, 640
+    x = torch.randn(tokens, n_in, generator=generator)
+    matrix = quant.quantize(torch.randn(n_in, n_out, generator=generator).numpy(), fmt, group_size)
+    bias = torch.randn(n_out, generator=generator)
+    expected = x.double() @ torch.from_numpy(quant.dequantize(matrix)).double() + bias.double()
+    y = run_matvec_q(device, x, matrix, bias, transposed=False)
+    assert (y.double() - expected).abs().max() <= MATVEC_RTOL[fmt] * expected.abs().max()
+    again = run_matvec_q(device, x, matrix, bias, byte_offset=4, transposed=False)
+    assert torch.equal(y.view(torch.int32), again.view(torch.int32))

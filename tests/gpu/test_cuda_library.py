@@ -166,6 +166,25 @@ def test_matvec_q_rejects_invalid_arguments(field, value):
     assert load_kernels().edge_matvec_q(None, *arguments.values()) == CUDA_ERROR_INVALID_VALUE
 
 
+# edge_matvec_q_t quantizes W [in, out] along its rows: out is the grouped dimension, in may be any size
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("x", None),
+        ("w", UNUSED + 2),
+        ("scales", None),
+        ("tokens", 0),
+        ("in", 0),
+        ("out", 77),  # not a multiple of 64
+        ("quant_format", 5),
+        ("group_size", 0),
+    ],
+)
+def test_matvec_q_t_rejects_invalid_arguments(field, value):
+    arguments = MATVEC_Q_ARGUMENTS | {"in": 77, "out": 128} | {field: value}
+    assert load_kernels().edge_matvec_q_t(None, *arguments.values()) == CUDA_ERROR_INVALID_VALUE
+
+
 @pytest.mark.parametrize(
     "arguments",
     [
