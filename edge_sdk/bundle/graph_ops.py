@@ -7,4 +7,4 @@ DOMAIN = "edge_sdk"
 OPSET_VERSION = 1
 PLUGIN_VERSION = "1"
 PLUGIN_NAMESPACE = "edge_sdk"
-OP_TYPES = ("SvdPredictor", "SignBitPredictor", "SparseFFN")
+OP_TYPES = ("SvdPredictor", "SignBitPredictor", "SparseFFN", "QuantizedSparseFFN", "QuantizedMatMul")

@@ -43,7 +43,7 @@ def test_matvec_emulation_matches_the_reference(tokens, fmt, group_size, n_out):
     bias = rng.standard_normal(n_out).astype(np.float32)
     weights = quant.dequantize(matrix).astype(np.float64)
     expected = x.astype(np.float64) @ weights.T + bias
-    bound = error_bound("MatVec", fmt)
+    bound = error_bound("QuantizedMatMul", fmt)
     assert relative_error(cuda_emulation.matvec_q(x, matrix, bias), expected) <= bound
     unbiased = cuda_emulation.matvec_q(x, matrix, None)
     assert relative_error(unbiased + bias, expected) <= bound
@@ -62,7 +62,7 @@ def test_transposed_matvec_emulation_matches_the_reference(tokens, fmt, group_si
     x = rng.standard_normal((tokens, n_in)).astype(np.float32)
     bias = rng.standard_normal(n_out).astype(np.float32)
     expected = x.astype(np.float64) @ quant.dequantize(matrix).astype(np.float64) + bias
-    bound = error_bound("MatVec", fmt)
+    bound = error_bound("QuantizedMatMul", fmt)
     assert relative_error(cuda_emulation.matvec_q(x, matrix, bias, transposed=False), expected) <= bound
     assert relative_error(cuda_emulation.matvec_q(x, matrix, None, transposed=False) + bias, expected) <= bound
 
@@ -74,7 +74,7 @@ def test_matvec_emulation_reads_int4_nibbles_signed_in_q4_0_order(tokens):
     matrix = quant.quantize(rng.standard_normal((96, 256)), "int4", 32)
     x = rng.standard_normal((tokens, 256)).astype(np.float32)
     y = cuda_emulation.matvec_q(x, matrix, None)
-    bound = error_bound("MatVec", "int4")
+    bound = error_bound("QuantizedMatMul", "int4")
     codes = quant.unpack_int4(matrix.data).astype(np.float64)
     scales = np.repeat(matrix.scales.astype(np.float64), 32, axis=1)
     assert relative_error(y, x @ (codes * scales).T) <= bound

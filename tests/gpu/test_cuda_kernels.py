@@ -252,8 +252,8 @@ def test_signbit_predictor_is_exact(device, d, alpha, x_dtype):
 
 # ------------------------------------------------------------------------------------------ quantized rows
 
-QUANT_RTOL = {fmt: error_bound("SparseFFN", fmt) for fmt in quant.FORMATS}
-MATVEC_RTOL = {fmt: error_bound("MatVec", fmt) for fmt in quant.FORMATS}
+QUANT_RTOL = {fmt: error_bound("QuantizedSparseFFN", fmt) for fmt in quant.FORMATS}
+MATMUL_RTOL = {fmt: error_bound("QuantizedMatMul", fmt) for fmt in quant.FORMATS}
 
 
 def quantized_ffn_case(tokens, d, n_neurons, fmt, group_size, activation, mask_fraction=0.5, seed=0):
@@ -403,9 +403,9 @@ def test_quantized_matvec_matches_reference(device, tokens, fmt, group_size):
     bias = torch.randn(n_out, generator=generator)
     expected = x.double() @ torch.from_numpy(quant.dequantize(matrix)).double().T + bias.double()
     y = run_matvec_q(device, x, matrix, bias)
-    assert (y.double() - expected).abs().max() <= MATVEC_RTOL[fmt] * expected.abs().max()
+    assert (y.double() - expected).abs().max() <= MATMUL_RTOL[fmt] * expected.abs().max()
     unbiased = run_matvec_q(device, x, matrix, None, byte_offset=4)
-    assert (unbiased.double() + bias.double() - expected).abs().max() <= MATVEC_RTOL[fmt] * expected.abs().max()
+    assert (unbiased.double() + bias.double() - expected).abs().max() <= MATMUL_RTOL[fmt] * expected.abs().max()
 
 
 @pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -416,7 +416,7 @@ def test_quantized_matvec_converts_half_precision_x(device, x_dtype, tokens):
     matrix = quant.quantize(torch.randn(70, 256, generator=generator).numpy(), "int4", 32)
     expected = x.double() @ torch.from_numpy(quant.dequantize(matrix)).double().T
     y = run_matvec_q(device, x, matrix, None)
-    assert (y.double() - expected).abs().max() <= MATVEC_RTOL["int4"] * expected.abs().max()
+    assert (y.double() - expected).abs().max() <= MATMUL_RTOL["int4"] * expected.abs().max()
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 37])
@@ -428,7 +428,7 @@ def test_quantized_matvec_equals_its_emulation_and_repeats_bit_for_bit(device, t
     assert torch.equal(first.view(torch.int32), second.view(torch.int32))
     if cuda_emulation.unavailable_reason() is None:
         emulated = torch.from_numpy(cuda_emulation.matvec_q(x.numpy(), matrix, None))
-        assert (first - emulated).abs().max() <= MATVEC_RTOL["int8"] * emulated.abs().max()
+        assert (first - emulated).abs().max() <= MATMUL_RTOL["int8"] * emulated.abs().max()
 
 
 # edge_matvec_q_t over W [in, out] (the neuron-major down projection of a prompt's dense FFN): in (the rows) not a
@@ -444,6 +444,6 @@ def test_transposed_quantized_matvec_matches_reference(device, tokens, fmt, grou
     bias = torch.randn(n_out, generator=generator)
     expected = x.double() @ torch.from_numpy(quant.dequantize(matrix)).double() + bias.double()
     y = run_matvec_q(device, x, matrix, bias, transposed=False)
-    assert (y.double() - expected).abs().max() <= MATVEC_RTOL[fmt] * expected.abs().max()
+    assert (y.double() - expected).abs().max() <= MATMUL_RTOL[fmt] * expected.abs().max()
     again = run_matvec_q(device, x, matrix, bias, byte_offset=4, transposed=False)
     assert torch.equal(y.view(torch.int32), again.view(torch.int32))

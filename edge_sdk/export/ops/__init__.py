@@ -11,12 +11,14 @@ documentation, embeds schema_markdown() (markdown.py), so this package is the so
 `python -m edge_sdk.export.ops` regenerates it.
 
 The semantics are those of edge_sdk.sparsity: svd.SvdPredictor.scores + bias > 0, signbit.signbit_mask,
-and ffn.sparse_ffn with the sequential pipeline.
+and ffn.sparse_ffn with the sequential pipeline; the quantized ops' on the matrices edge_sdk.quant.dequantize gives.
 """
 
 from edge_sdk.bundle.graph_ops import DOMAIN, OPSET_VERSION, PLUGIN_NAMESPACE, PLUGIN_VERSION
 from edge_sdk.export.ops.functions import (
     IR_VERSION,
+    QUANTIZED_OPS,
+    QUANTIZED_OPSET_VERSION,
     STANDARD_OPSET_VERSION,
     function_opset_imports,
     reference_functions,
@@ -43,6 +45,8 @@ __all__ = [
     "OPSET_VERSION",
     "PLUGIN_NAMESPACE",
     "PLUGIN_VERSION",
+    "QUANTIZED_OPS",
+    "QUANTIZED_OPSET_VERSION",
     "SCHEMAS",
     "STANDARD_OPSET_VERSION",
     "AttributeSpec",

@@ -5,7 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from edge_sdk.bundle.graph_ops import DOMAIN, OPSET_VERSION
-from edge_sdk.export.ops.functions import FUNCTION_BODIES, IR_VERSION, STANDARD_OPSET_VERSION, signature
+from edge_sdk.export.ops.functions import (
+    FUNCTION_BODIES,
+    IR_VERSION,
+    QUANTIZED_OPS,
+    QUANTIZED_OPSET_VERSION,
+    STANDARD_OPSET_VERSION,
+    signature,
+)
 from edge_sdk.export.ops.schemas import ERROR_BOUNDS, SCHEMAS, AttributeSpec, TensorSpec
 
 OPS_MARKDOWN = Path(__file__).resolve().parents[1] / "OPS.md"
@@ -32,7 +39,7 @@ def _tensor_rows(specs: tuple[TensorSpec, ...]) -> list[tuple[str, ...]]:
 
 def _attribute_row(spec: AttributeSpec) -> tuple[str, ...]:
     if spec.allowed:
-        allowed = ", ".join(f'"{value}"' for value in spec.allowed)
+        allowed = ", ".join(f'"{value}"' if spec.type == "string" else str(value) for value in spec.allowed)
     elif spec.minimum is not None:
         allowed = f"{'>=' if spec.minimum_inclusive else '>'} {spec.minimum}, finite"
     else:
@@ -48,7 +55,8 @@ def schema_markdown() -> str:
     """The reference part of OPS.md: per op its meaning, tolerance, tables and reference decomposition."""
     lines = [
         f"Domain `{DOMAIN}`, opset version {OPSET_VERSION}. Reference functions use the standard opset "
-        f"{STANDARD_OPSET_VERSION}; models carrying them use IR version {IR_VERSION}.",
+        f"{STANDARD_OPSET_VERSION}, those of {' and '.join(QUANTIZED_OPS)} (and every function of a model holding "
+        f"them) {QUANTIZED_OPSET_VERSION}; models carrying them use IR version {IR_VERSION}.",
     ]
     for op, schema in SCHEMAS.items():
         bounds = ", ".join(f"{dtype} {bound:g}" for dtype, bound in ERROR_BOUNDS[op].items())

@@ -13,7 +13,11 @@ from onnx import helper
 from edge_sdk.bundle.graph_ops import DOMAIN
 from edge_sdk.export.ops.schemas import PLUGIN_ATTRIBUTES, SCHEMAS, AttributeSpec, OpSchema
 
-_ATTRIBUTE_TYPES = {"string": onnx.AttributeProto.STRING, "float": onnx.AttributeProto.FLOAT}
+_ATTRIBUTE_TYPES = {
+    "string": onnx.AttributeProto.STRING,
+    "float": onnx.AttributeProto.FLOAT,
+    "int": onnx.AttributeProto.INT,
+}
 
 
 def _error(node: onnx.NodeProto, message: str) -> ValueError:
@@ -21,8 +25,8 @@ def _error(node: onnx.NodeProto, message: str) -> ValueError:
     return ValueError(f"{label}: {message}")
 
 
-def _check_attribute_value(node: onnx.NodeProto, spec: AttributeSpec, value: str | float) -> None:
-    """value: already of spec.type (str, or the float32 value as a Python float)."""
+def _check_attribute_value(node: onnx.NodeProto, spec: AttributeSpec, value: str | float | int) -> None:
+    """value: already of spec.type (str, int, or the float32 value as a Python float)."""
     if spec.allowed and value not in spec.allowed:
         allowed = ", ".join(map(repr, spec.allowed))
         raise _error(node, f"attribute {spec.name!r}: expected one of {allowed}, found {value!r}")
@@ -70,7 +74,7 @@ def validate_node(node: onnx.NodeProto) -> None:
     schema = SCHEMAS[node.op_type]
     _check_io(node, schema)
     specs = {spec.name: spec for spec in schema.attributes}
-    values: dict[str, str | float] = {}
+    values: dict[str, str | float | int] = {}
     for attribute in node.attribute:
         spec = specs.get(attribute.name)
         if spec is None:
@@ -85,7 +89,7 @@ def validate_node(node: onnx.NodeProto) -> None:
         required = spec.default is None or spec in PLUGIN_ATTRIBUTES
         if required and spec.name not in values:
             raise _error(node, f"attribute {spec.name!r} is required, found none")
-    if node.op_type == "SparseFFN" and values["activation"] != "fatrelu" and values.get("activation_threshold", 0.0):
+    if "activation" in values and values["activation"] != "fatrelu" and values.get("activation_threshold", 0.0):
         raise _error(
             node,
             f"attribute 'activation_threshold': expected 0.0 for activation {values['activation']!r} "
@@ -98,14 +102,15 @@ def make_node(
     inputs: list[str],
     outputs: list[str],
     name: str | None = None,
-    **attributes: str | float,
+    **attributes: str | float | int,
 ) -> onnx.NodeProto:
     """A custom node of domain edge_sdk, validated against SCHEMAS[op_type].
 
     inputs / outputs: tensor names in schema order (an absent optional input is left off the end).
     Attributes left out get their defaults written explicitly, plugin_version and plugin_namespace included,
     so every implementation sees the same values. Float attributes are stored as float32: alpha rounded up
-    (never less conservative than asked), the others to nearest; an int is accepted for a float.
+    (never less conservative than asked), the others to nearest; an int is accepted for a float (and only an int
+    for an int attribute).
     Raises ValueError on an unknown op, a wrong input count, an unknown attribute or a bad value.
     """
     schema = SCHEMAS.get(op_type)

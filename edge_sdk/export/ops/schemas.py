@@ -11,13 +11,18 @@ from edge_sdk.model.activation import SUPPORTED_ACTIVATIONS
 ACTIVATIONS = SUPPORTED_ACTIVATIONS
 
 FLOAT_TYPES = ("float16", "bfloat16", "float32")
+# The quantized weight formats (edge_sdk/quant.py, plugins/kernels/cpu/QUANT.md) and their group sizes.
+WEIGHT_FORMATS = ("int8", "int4")
+GROUP_SIZES = (32, 64, 128)
 
 
 @dataclass(frozen=True)
 class TensorSpec:
     """One input or output of an op.
 
-    shape lists the dimension symbols (T tokens, d hidden size, D neurons, r predictor rank, W = ceil(d / 32)).
+    shape lists the dimension symbols (T tokens, d hidden size, D neurons, r predictor rank, W = ceil(d / 32); for
+    quantized matrices v codes per INT32 word, 4 for int8 and 8 for int4, and G the group size; K and N a
+    QuantizedMatMul's input and output sizes).
     dtypes lists the accepted element types; tensors naming the same type_var must share one. An optional
     input is absent only by being left off the end of the node's inputs: TensorRT 10.x's ONNX parser turns an
     empty input name into a null ITensor and hands it to addPluginV3 (onnx-tensorrt ModelImporter.cpp).
@@ -33,7 +38,7 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class AttributeSpec:
-    """One attribute of an op: its ONNX type ("string" or "float") and the values it may take.
+    """One attribute of an op: its ONNX type ("string", "float" or "int") and the values it may take.
 
     default None means required. allowed, when non-empty, lists every accepted value. A float is checked
     after rounding to float32 (what the node stores) and must be finite and above minimum (or equal to it
@@ -44,8 +49,8 @@ class AttributeSpec:
     name: str
     type: str
     doc: str
-    default: str | float | None = None
-    allowed: tuple[str, ...] = ()  # string attributes only
+    default: str | float | int | None = None
+    allowed: tuple[str | int, ...] = ()  # string and int attributes only
     minimum: float | None = None
     minimum_inclusive: bool = True
     round_up: bool = False
@@ -92,6 +97,68 @@ _MASK = TensorSpec(
     ("int32",),
     "1 where neuron i is predicted active for token t, 0 elsewhere; consumers treat any nonzero as active.",
 )
+
+_ACTIVATION_ATTRIBUTES = (
+    AttributeSpec(
+        "activation",
+        "string",
+        "Gate activation a = act(g): relu, fatrelu (g > t ? g : 0), drelu (relu on gate and up), "
+        "silu (g * sigmoid(g)).",
+        allowed=ACTIVATIONS,
+    ),
+    AttributeSpec(
+        "activation_threshold",
+        "float",
+        "fatrelu's cut-off t; must be 0 for the other activations.",
+        default=0.0,
+        minimum=0.0,
+    ),
+)
+_QUANT_ATTRIBUTES = (
+    AttributeSpec(
+        "weight_format",
+        "string",
+        "How the codes are stored (plugins/kernels/cpu/QUANT.md): int8, one byte per value; int4, one signed "
+        "two's-complement nibble per value, byte k of each 32-value block holding value k (low nibble) and 16 + k "
+        "(high nibble).",
+        allowed=WEIGHT_FORMATS,
+    ),
+    AttributeSpec("group_size", "int", "Values per fp16 scale along each row of a matrix.", allowed=GROUP_SIZES),
+)
+_THRESHOLDS = TensorSpec(
+    "thresholds",
+    ("D",),
+    ("float32",),
+    "CHESS per-neuron thresholds: active also needs |a_i| > t_i. Absent means no such condition.",
+    optional=True,
+)
+_SPARSE_FFN_DOC = (
+    "One decode step of the sparse gated FFN, sequential pipeline (DESIGN 3.1), float32 math on float32-converted "
+    "weights: g = x w_gate^T; a = act(g); active = mask and a != 0 [and |a| > thresholds]; u = x w_up^T, relu(u) "
+    "for drelu; h = active ? a * u : 0; y = h w_down_t. Only active neurons need their w_up and w_down_t rows read."
+)
+
+
+def _quantized(name: str, shape: tuple[str, str], what: str) -> tuple[TensorSpec, TensorSpec]:
+    """The two inputs of a quantized matrix [rows, cols] (shape: the symbols of rows and cols): its codes and its
+    scales."""
+    rows, cols = shape
+    codes = TensorSpec(
+        name,
+        (rows, f"{cols} / v"),
+        ("int32",),
+        f"{what}: the codes of weight_format, v = 4 (int8) or 8 (int4) per INT32 word, little-endian: the "
+        "bundle's bytes of the codes as they are stored.",
+    )
+    scales = TensorSpec(
+        f"{name}_scales",
+        (rows, f"{cols} / G"),
+        ("float16",),
+        f"Scale of each group of G = group_size consecutive values of a row of {name}: value j of row i is "
+        f"code * {name}_scales[i, j / G], exact in float32.",
+    )
+    return codes, scales
+
 
 SCHEMAS: dict[str, OpSchema] = {
     schema.name: schema
@@ -160,59 +227,86 @@ SCHEMAS: dict[str, OpSchema] = {
                     type_var="TW",
                 ),
                 _MASK,
-                TensorSpec(
-                    "thresholds",
-                    ("D",),
-                    ("float32",),
-                    "CHESS per-neuron thresholds: active also needs |a_i| > t_i. Absent means no such condition.",
-                    optional=True,
-                ),
+                _THRESHOLDS,
             ),
             outputs=(TensorSpec("y", ("T", "d"), ("float32",), "FFN output."),),
+            attributes=(*_ACTIVATION_ATTRIBUTES, *PLUGIN_ATTRIBUTES),
+            doc=_SPARSE_FFN_DOC,
+            tolerance=(
+                "max |y - y_ref| <= bound * max |y_ref|, bound by the weights' type (float32 accumulation in any "
+                "order)."
+            ),
+        ),
+        OpSchema(
+            name="QuantizedSparseFFN",
+            inputs=(
+                _X,
+                *_quantized("w_gate", ("D", "d"), "Gate projection, neuron-major"),
+                *_quantized("w_up", ("D", "d"), "Up projection, neuron-major"),
+                *_quantized("w_down_t", ("D", "d"), "Down projection transposed: row i is neuron i's"),
+                _MASK,
+                _THRESHOLDS,
+            ),
+            outputs=(TensorSpec("y", ("T", "d"), ("float32",), "FFN output."),),
+            attributes=(*_ACTIVATION_ATTRIBUTES, *_QUANT_ATTRIBUTES, *PLUGIN_ATTRIBUTES),
+            doc=(
+                "SparseFFN over group-wise quantized rows (int8 / int4 bundles): each matrix is its codes and fp16 "
+                "scales, and the op is SparseFFN on the float32 matrices they hold (dequantized exactly). "
+                + _SPARSE_FFN_DOC
+            ),
+            tolerance=(
+                "max |y - y_ref| <= bound * max |y_ref|, y_ref the reference (sparsity/ffn.py) on the dequantized "
+                "rows and on the x the implementation computes with: x itself, or for the CPU kernels' integer dot "
+                "products x quantized per token (QUANT.md), so the bound is float32 summation order only."
+            ),
+        ),
+        OpSchema(
+            name="QuantizedMatMul",
+            inputs=(
+                TensorSpec("x", ("T", "K"), FLOAT_TYPES, "Input rows (activations); T >= 1.", type_var="TX"),
+                *_quantized("w", ("R", "C"), "The quantized matrix W [R, C]: [N, K] when transposed, else [K, N]"),
+            ),
+            outputs=(TensorSpec("y", ("T", "N"), ("float32",), "x W^T (transposed) or x W."),),
             attributes=(
+                *_QUANT_ATTRIBUTES,
                 AttributeSpec(
-                    "activation",
-                    "string",
-                    "Gate activation a = act(g): relu, fatrelu (g > t ? g : 0), drelu (relu on gate and up), "
-                    "silu (g * sigmoid(g)).",
-                    allowed=ACTIVATIONS,
-                ),
-                AttributeSpec(
-                    "activation_threshold",
-                    "float",
-                    "fatrelu's cut-off t; must be 0 for the other activations.",
-                    default=0.0,
-                    minimum=0.0,
+                    "transposed",
+                    "int",
+                    "1: W is [N, K], y = x W^T, each row of W one output's (projections, the LM head, gate and up); "
+                    "0: W is [K, N], y = x W, each row one input's (the neuron-major down projection of a dense FFN).",
+                    default=1,
+                    allowed=(0, 1),
                 ),
                 *PLUGIN_ATTRIBUTES,
             ),
             doc=(
-                "One decode step of the sparse gated FFN, sequential pipeline (DESIGN 3.1), float32 math on "
-                "float32-converted weights: g = x w_gate^T; a = act(g); active = mask and a != 0 "
-                "[and |a| > thresholds]; u = x w_up^T, relu(u) for drelu; h = active ? a * u : 0; "
-                "y = h w_down_t. Only active neurons need their w_up and w_down_t rows read."
+                "A dense product with a group-wise quantized matrix (int8 / int4 bundles), float32 math on the "
+                "exactly dequantized W: y = x W^T (transposed = 1) or y = x W (transposed = 0). Groups always run "
+                "along W's rows, as the bundle stores them."
             ),
             tolerance=(
-                "max |y - y_ref| <= bound * max |y_ref|, bound by the weights' type (float32 accumulation in any "
-                "order). For int8 / int4 weights (edge_sdk/quant.py, the CPU kernels' edge_cpu_sparse_ffn_q) y_ref is "
-                "the reference on the dequantized weights and on the x the kernel computes with (QUANT.md)."
+                "max |y - y_ref| <= bound * max |y_ref|, y_ref in float64 on the dequantized W and the x the "
+                "implementation computes with (float32 summation order only)."
             ),
         ),
     )
 }
 
 # The error bound each implementation of an op may have against the reference (edge_sdk.sparsity), by op and by the
-# type that decides it (SparseFFN, MatVec: the weights'; the predictors: x's). What a bound bounds is the op's
-# tolerance: SparseFFN and MatVec max |y - y_ref| <= bound * max |y_ref|; SvdPredictor the scores around which a
-# decision may flip, |score| <= bound * max |score|; SignBitPredictor none (exact). MatVec is no ONNX op: it is the
-# CPU kernels' dense projection y = W x (+ bias) (edge_cpu_matvec, edge_cpu_matvec_q), y_ref in float64 on the same
-# (dequantized) weights. For quantized weights x is the one the kernel computes with: quantized_activations(x) for
-# the integer dot products (plugins/kernels/cpu/QUANT.md), so the bound is fp32 summation order only. The op tests
-# (tests/ops) read their tolerances here and nowhere else.
+# type that decides it (SparseFFN, QuantizedSparseFFN, QuantizedMatMul, MatVec: the weights'; the predictors: x's).
+# What a bound bounds is the op's tolerance: SparseFFN, QuantizedSparseFFN, QuantizedMatMul and MatVec
+# max |y - y_ref| <= bound * max |y_ref|; SvdPredictor the scores around which a decision may flip,
+# |score| <= bound * max |score|; SignBitPredictor none (exact). MatVec is no ONNX op: it is the CPU kernels' dense
+# projection y = W x (+ bias) (edge_cpu_matvec, edge_cpu_matvec_q), y_ref in float64 on the same (dequantized)
+# weights. For quantized weights x is the one the kernel computes with: quantized_activations(x) for the CPU kernels'
+# integer dot products (plugins/kernels/cpu/QUANT.md), x itself for the CUDA kernels, so the bound is fp32 summation
+# order only. The op tests (tests/ops) read their tolerances here and nowhere else.
 ERROR_BOUNDS: dict[str, dict[str, float]] = {
     "SvdPredictor": {"float32": 1e-5, "float16": 1e-5, "bfloat16": 1e-5},
     "SignBitPredictor": {"float32": 0.0, "float16": 0.0, "bfloat16": 0.0},
-    "SparseFFN": {"float32": 1e-5, "float16": 1e-5, "bfloat16": 1e-5, "int8": 1e-5, "int4": 1e-5},
+    "SparseFFN": {"float32": 1e-5, "float16": 1e-5, "bfloat16": 1e-5},
+    "QuantizedSparseFFN": {"int8": 1e-5, "int4": 1e-5},
+    "QuantizedMatMul": {"int8": 1e-5, "int4": 1e-5},
     "MatVec": {"float32": 1e-5, "float16": 1e-5, "int8": 1e-5, "int4": 1e-5},
 }
 
