@@ -11,7 +11,6 @@ from types import ModuleType
 
 from edge_sdk.bundle import Bundle
 from edge_sdk.bundle.format import MANIFEST_DIGEST_FIELD, WEIGHTS_FILE
-from edge_sdk.bundle.layout import QUANTIZED_DTYPES
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.runtime.backends import BackendUnavailable
 
@@ -175,12 +174,6 @@ def build_engine(
     directory = engine_dir(Path(cache_dir) if cache_dir is not None else default_cache_dir(), key)
     if not force and is_complete(directory, key):
         return directory
-    if bundle.manifest.dtype in QUANTIZED_DTYPES:
-        raise EngineBuildError(
-            f"{bundle_path}: no TensorRT engine for {bundle.manifest.dtype} weights yet: SparseFFN would take its rows "
-            "dequantized (TensorRT folds them and the float32 scales to float32 copies; `edge-sdk verify --target "
-            "tensorrt` lists each rule); export with --dtype fp16 for TensorRT, or run this bundle on the cpu backend"
-        )
     try:
         profiles = [
             profile_shapes(bundle.config, bundle.max_seq_len, profile, bundle.sparsity.predictor)

@@ -201,11 +201,15 @@ class Bundle:
 
 def _same_type(tensor: onnx_wire.ExternalTensor, entry: safetensors.TensorEntry) -> bool:
     """The ONNX type and dims of an external tensor name the safetensors tensor's bytes: the same dtype and shape,
-    or (int4 bundles) ONNX INT4 [rows, cols] over U8 [rows, cols / 2], two signed 4-bit values per byte."""
+    or (int4 bundles) ONNX INT4 [rows, cols] over U8 [rows, cols / 2], two signed 4-bit values per byte, or (the
+    quantized codes of int8 / int4 bundles as their decode graph's custom ops take them) ONNX INT32 [rows, n] over
+    I8 / U8 [rows, 4 n], the same bytes as little-endian words."""
+    dims = tuple(tensor.dims)
     if tensor.data_type == onnx_wire.ONNX_INT4:
-        dims = tuple(tensor.dims)
         return entry.dtype == "U8" and len(dims) == 2 and dims[1] % 2 == 0 and (dims[0], dims[1] // 2) == entry.shape
-    return onnx_wire.ONNX_TO_SAFETENSORS.get(tensor.data_type) == entry.dtype and tensor.dims == entry.shape
+    if tensor.data_type == onnx_wire.ONNX_INT32 and entry.dtype in ("I8", "U8"):
+        return len(dims) == 2 and (dims[0], 4 * dims[1]) == entry.shape
+    return onnx_wire.ONNX_TO_SAFETENSORS.get(tensor.data_type) == entry.dtype and dims == entry.shape
 
 
 def _check_files(root: Path, manifest: Manifest, verify_checksums: bool) -> None:

@@ -27,15 +27,22 @@ matrix's type, multiplies in that type and casts the result back to float32 (`_m
 gathered as stored and then cast. Norm weights, biases and the RoPE tables are F32 in a bundle (bundle/layout.py)
 and are used as they are. SparseFFN takes its weights as stored (fp16/bf16/fp32).
 
-Quantized bundles (int8 / int4, bundle/layout.py) import standard opset 21: each matrix is DequantizeLinear
-(codes, Cast(scales) to float32, axis 1, block_size = the group size) -- float32 scales, so every product
-code * scale is exact and the graph computes with the very matrix edge_sdk.quant.dequantize gives. No zero point:
-the codes are symmetric (TensorRT's DequantizeLinear takes zero point 0 only). int8 codes are INT8 initializers over
-the bundle's I8 bytes; packed int4 codes, signed nibbles, are INT4 [rows, cols] initializers over the bundle's U8
-bytes, whose ONNX element order (element 2k low nibble, 2k+1 high nibble of byte k) is a permutation of the Q4_0
-block order inside each 32-value block: a Gather on the columns restores it.
-The dense projections are that DequantizeLinear feeding Gemm (`_matmul`); SparseFFN receives the dequantized
-float32 matrices.
+Quantized bundles (int8 / int4, bundle/layout.py) import standard opset 21 (DequantizeLinear's block_size), and every
+quantized matrix is read as its codes and its fp16 scales:
+- decode.onnx, the graph TensorRT builds its engine from, gives every product with a quantized matrix to a custom op:
+  QuantizedMatMul for the projections, the LM head and a prompt's dense FFN (the neuron-major down rows with
+  transposed = 0), QuantizedSparseFFN for a decode step's FFN. Both take the codes as INT32 words, an INT32 initializer
+  [rows, row bytes / 4] over the bundle's I8 / U8 bytes (`_word_initializer`), and the scales as stored (OPS.md,
+  "Quantized matrices"): each matrix is one initializer read by plugins only, so the engine holds it once, as stored,
+  and no DequantizeLinear is left for TensorRT 10.3 (which dequantizes blocks only for INT4 with positive scales).
+  ONNX Runtime runs the ops' reference functions, which dequantize exactly as prefill.onnx does.
+- prefill.onnx, which only ONNX Runtime and the C runtime read, keeps the matrices in standard ops: DequantizeLinear
+  (codes, Cast(scales) to float32, axis 1, block_size = the group size) feeding Gemm (`_matmul`) -- float32 scales,
+  so every product code * scale is exact and the graph computes with the very matrix edge_sdk.quant.dequantize gives.
+  int8 codes are INT8 initializers over the bundle's I8 bytes; packed int4 codes, signed nibbles, are INT4
+  [rows, cols] initializers over the bundle's U8 bytes, whose ONNX element order (element 2k low nibble, 2k+1 high
+  nibble of byte k) is a permutation of the Q4_0 block order inside each 32-value block: a Gather on the columns
+  restores it.
 """
 
 from __future__ import annotations
@@ -59,7 +66,6 @@ ONNX_DTYPES = {
     "I8": TensorProto.INT8,
     "INT4": TensorProto.INT4,  # packed int4 codes, U8 in weights.safetensors (_int4_initializer)
 }
-QUANTIZED_OPSET_VERSION = 21  # DequantizeLinear's block_size attribute (blocked quantization)
 INT4_BLOCK = 32
 NEGATIVE_INFINITY = float("-inf")
 
@@ -96,6 +102,15 @@ def _int4_initializer(tensor: ExternalTensor, location: str) -> TensorProto:
     )
 
 
+def _word_initializer(tensor: ExternalTensor, location: str) -> TensorProto:
+    """Quantized codes, I8 [rows, cols] or U8 [rows, cols / 2] in weights.safetensors, as the INT32 words
+    [rows, row bytes / 4] the quantized custom ops take: the same bytes (row bytes are a multiple of 16)."""
+    rows, row_bytes = tensor.shape
+    return external_initializer(
+        ExternalTensor(tensor.name, "I32", (rows, row_bytes // 4), tensor.offset, tensor.length), location
+    )
+
+
 def int4_onnx_columns(cols: int) -> np.ndarray:
     """int64 [cols]: entry j is the ONNX INT4 element index of value j of a Q4_0-ordered row (QUANT.md): value
     32b + k (k < 16) is the low nibble of byte 16b + k, element 32b + 2k; value 32b + 16 + k its high nibble."""
@@ -117,14 +132,19 @@ def external_initializer(tensor: ExternalTensor, location: str) -> TensorProto:
 
 
 class GraphBuilder:
-    """Accumulates nodes with unique names; small helpers keep the decoder code close to its formulas."""
+    """Accumulates nodes with unique names; small helpers keep the decoder code close to its formulas.
 
-    def __init__(self, spec: GraphSpec):
+    quantized_ops: products with quantized matrices go to the custom ops QuantizedMatMul / QuantizedSparseFFN (the
+    decode graph of an int8 / int4 bundle) instead of DequantizeLinear -> Gemm."""
+
+    def __init__(self, spec: GraphSpec, quantized_ops: bool = False):
         self.spec = spec
+        self.quantized_ops = quantized_ops and spec.quant_format is not None
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[TensorProto] = []
         self.used_weights: set[str] = set()
         self.int4_codes: set[str] = set()
+        self.code_words: set[str] = set()
         self.counter = 0
 
     def fresh(self, hint: str) -> str:
@@ -157,11 +177,8 @@ class GraphBuilder:
         return name
 
     def weight_f32(self, name: str) -> str:
-        """An F32 initializer from weights.safetensors (vectors: norms, biases, RoPE tables), or a quantized matrix
-        dequantized to float32; anything else is an error, because a Cast of a weight becomes an fp32 copy of it in
-        a TensorRT engine."""
-        if name + ".scales" in self.spec.tensors:
-            return self.dequantized(name)
+        """An F32 initializer from weights.safetensors (vectors: norms, biases, RoPE tables); anything else is an
+        error, because a Cast of a weight becomes an fp32 copy of it in a TensorRT engine."""
         stored = self.weight(name)
         found = self.spec.tensors[name].dtype
         if found != "F32":
@@ -185,13 +202,28 @@ class GraphBuilder:
             matrix = self.op("Gather", [matrix, self.constant(columns, "int4_columns")], axis=1)
         return matrix
 
+    def quantized(self, name: str) -> list[str]:
+        """A quantized matrix as the quantized custom ops take it: its codes as INT32 words and its fp16 scales."""
+        self.code_words.add(name)
+        return [self.weight(name), self.weight(name + ".scales")]
+
+    def quantized_layout(self) -> dict[str, str | int]:
+        """The weight_format and group_size attributes of the quantized custom ops."""
+        return {"weight_format": self.spec.quant_format, "group_size": self.spec.group_size}
+
     def external_initializers(self) -> list[TensorProto]:
-        return [
-            (_int4_initializer if name in self.int4_codes else external_initializer)(
-                self.spec.tensors[name], self.spec.weights_file
-            )
-            for name in sorted(self.used_weights)
-        ]
+        both = self.code_words & self.int4_codes
+        if both:  # one initializer per name: a graph reads a matrix either way, never both
+            raise ValueError(f"weights {sorted(both)} are read both as INT4 codes and as INT32 words in one graph")
+
+        def initializer(name: str) -> TensorProto:
+            if name in self.code_words:
+                return _word_initializer(self.spec.tensors[name], self.spec.weights_file)
+            if name in self.int4_codes:
+                return _int4_initializer(self.spec.tensors[name], self.spec.weights_file)
+            return external_initializer(self.spec.tensors[name], self.spec.weights_file)
+
+        return [initializer(name) for name in sorted(self.used_weights)]
 
 
 def _rms_norm(g: GraphBuilder, x: str, weight: str, eps: float) -> str:
@@ -209,7 +241,10 @@ def _matmul(g: GraphBuilder, x2d: str, weight: str, transposed: bool) -> str:
     take fp16 inputs; its output is rounded to fp16/bf16 once, before the cast back to float32. Everything that
     needs more range or precision stays float32: the residual stream, RMSNorm's mean of squares, attention scores
     and softmax, the KV cache, the bias adds and the logits after the cast."""
-    if weight + ".scales" in g.spec.tensors:  # quantized: DequantizeLinear -> Gemm, the weight-only pattern
+    if weight + ".scales" in g.spec.tensors and g.quantized_ops:  # the QuantizedMatMul plugin, reading the codes
+        inputs = [x2d, *g.quantized(weight)]
+        return g.custom("QuantizedMatMul", inputs, hint=weight, transposed=int(transposed), **g.quantized_layout())
+    if weight + ".scales" in g.spec.tensors:  # DequantizeLinear -> Gemm in standard ops (prefill.onnx)
         return g.op("Gemm", [x2d, g.dequantized(weight)], hint=weight, transB=int(transposed))
     stored = g.weight(weight)
     weight_type = g.weight_type(weight)
@@ -414,21 +449,20 @@ def _sparse_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, prom
             thresholds = g.op("Where", ["dense", zero, level])
     # dense decoding predicts every neuron active; the mask stays int32 into the plugin (OPS.md, the mask)
     mask = g.op("Where", ["dense", g.constant(np.array(1, dtype=np.int32)), mask])
-    ffn_weight = g.weight_f32 if g.spec.quant_format is not None else g.weight
-    inputs = [
-        x2d,
-        ffn_weight(f"{prefix}.mlp.gate_proj.weight"),
-        ffn_weight(f"{prefix}.mlp.up_proj.weight"),
-        ffn_weight(f"{prefix}.mlp.down_proj.weight_t"),
-        mask,
-    ]
-    if thresholds is not None:
-        inputs.append(thresholds)
+    matrices = [f"{prefix}.mlp.gate_proj.weight", f"{prefix}.mlp.up_proj.weight", f"{prefix}.mlp.down_proj.weight_t"]
     activation = config.activation
     attributes = {"activation": activation.kind}
     if activation.kind == "fatrelu":
         attributes["activation_threshold"] = activation.threshold
-    return g.custom("SparseFFN", inputs, hint="sparse_ffn", **attributes)
+    if g.quantized_ops:  # codes and scales of each matrix (OPS.md, QuantizedSparseFFN)
+        op, weights = "QuantizedSparseFFN", [name for matrix in matrices for name in g.quantized(matrix)]
+        attributes |= g.quantized_layout()
+    else:
+        op, weights = "SparseFFN", [g.weight(matrix) for matrix in matrices]
+    inputs = [x2d, *weights, mask]
+    if thresholds is not None:
+        inputs.append(thresholds)
+    return g.custom(op, inputs, hint="sparse_ffn", **attributes)
 
 
 def _io(config: ModelConfig, decode: bool, predictor: str) -> tuple[list, list]:
@@ -459,7 +493,7 @@ def _io(config: ModelConfig, decode: bool, predictor: str) -> tuple[list, list]:
 def build_graph(spec: GraphSpec, decode: bool) -> onnx.ModelProto:
     """The prefill (decode=False) or decode (decode=True) decoder graph."""
     config = spec.config
-    g = GraphBuilder(spec)
+    g = GraphBuilder(spec, quantized_ops=decode)
     inputs, outputs = _io(config, decode, spec.predictor)
     ctx = _context(g, config)
     embeddings = g.op("Gather", [g.weight("embed_tokens.weight"), "input_ids"])  # [B, S, d] as stored
@@ -492,22 +526,13 @@ def build_graph(spec: GraphSpec, decode: bool) -> onnx.ModelProto:
         outputs,
         initializer=g.external_initializers() + g.initializers,
     )
+    # a model and the functions it calls import one version of the standard domain: 21 for quantized bundles
+    opset = ops.STANDARD_OPSET_VERSION if spec.quant_format is None else ops.QUANTIZED_OPSET_VERSION
     model = helper.make_model(
         graph,
-        opset_imports=ops.function_opset_imports(),
-        functions=ops.reference_functions() if decode else [],
+        opset_imports=ops.function_opset_imports(opset),
+        functions=ops.reference_functions(opset) if decode else [],
         producer_name="edge-sdk",
     )
     model.ir_version = ops.IR_VERSION
-    if spec.quant_format is not None:
-        _import_quantized_opset(model)
     return model
-
-
-def _import_quantized_opset(model: onnx.ModelProto) -> None:
-    """Standard opset QUANTIZED_OPSET_VERSION for the graph and its reference functions alike (a model and the
-    functions it calls import one version of a domain); their bodies use no op that changed from 19 to 21."""
-    for imports in (model.opset_import, *(function.opset_import for function in model.functions)):
-        for entry in imports:
-            if entry.domain == "":
-                entry.version = QUANTIZED_OPSET_VERSION

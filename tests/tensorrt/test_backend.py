@@ -151,10 +151,8 @@ class _RecordingBuilder:
         return b"plan"
 
 
-def test_build_makes_one_engine_from_decode_onnx_with_a_prefill_and_a_decode_profile(
-    monkeypatch, trt_bundles, tmp_path
-):
-    bundle = trt_bundles["core"]
+def _recording_tensorrt(monkeypatch, tmp_path):
+    """A fake TensorRT whose parser and builder record what the build hands them (_RecordingBuilder)."""
     _fake_tensorrt_with_plugins(monkeypatch, tmp_path)
     _RecordingBuilder.parsed, _RecordingBuilder.profiles = [], []
 
@@ -167,6 +165,13 @@ def test_build_makes_one_engine_from_decode_onnx_with_a_prefill_and_a_decode_pro
     trt.NetworkDefinitionCreationFlag = types.SimpleNamespace(STRONGLY_TYPED=0)
     trt.BuilderFlag = types.SimpleNamespace(TF32=7)
     monkeypatch.setattr(builder, "free_device_memory", lambda meminfo=None: (1 << 40, "test"))
+
+
+def test_build_makes_one_engine_from_decode_onnx_with_a_prefill_and_a_decode_profile(
+    monkeypatch, trt_bundles, tmp_path
+):
+    bundle = trt_bundles["core"]
+    _recording_tensorrt(monkeypatch, tmp_path)
     directory = backend.build_engine(bundle, cache_dir=tmp_path / "cache")
     assert sorted(path.name for path in directory.iterdir()) == ["engine.json", "model.engine"]
     assert (directory / "model.engine").read_bytes() == b"plan"
@@ -196,15 +201,21 @@ def test_build_refuses_a_bundle_too_short_for_a_decode_step(monkeypatch, trt_bun
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
-def test_build_refuses_quantized_bundles_with_the_reason(monkeypatch, trt_bundles, tmp_path, dtype):
-    """int8 / int4 graphs are not TensorRT-ready (tests/tensorrt/test_compatibility.py lists the gaps): the build says
-    so before TensorRT's parser would, and writes nothing."""
+def test_build_takes_quantized_bundles_to_tensorrt(monkeypatch, trt_bundles, tmp_path, dtype):
+    """int8 / int4 graphs keep every rule of the static check since their products with quantized matrices go to the
+    quantized plugins (tests/tensorrt/test_compatibility.py): the build hands their decode.onnx to TensorRT's parser
+    like any other and caches the engine."""
     bundle = trt_bundles["svd"]
-    _fake_tensorrt_with_plugins(monkeypatch, tmp_path)
+    _recording_tensorrt(monkeypatch, tmp_path)
     manifest = types.SimpleNamespace(dtype=dtype, raw=bundle.manifest.raw)
     quantized = types.SimpleNamespace(
-        path=bundle.path, config=bundle.config, sparsity=bundle.sparsity, manifest=manifest, max_seq_len=64
+        path=bundle.path,
+        config=bundle.config,
+        sparsity=bundle.sparsity,
+        manifest=manifest,
+        max_seq_len=64,
+        graph_path=bundle.graph_path,
     )
-    with pytest.raises(builder.EngineBuildError, match=rf"no TensorRT engine for {dtype} weights yet: .*--dtype fp16"):
-        backend.build_engine(quantized, cache_dir=tmp_path / "cache")
-    assert not (tmp_path / "cache").exists()
+    directory = backend.build_engine(quantized, cache_dir=tmp_path / "cache")
+    assert _RecordingBuilder.parsed == [str(bundle.graph_path("decode"))]
+    assert (directory / "model.engine").read_bytes() == b"plan"
