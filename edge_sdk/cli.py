@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from edge_sdk import __version__
+from edge_sdk import __version__, memory
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.quant import DEFAULT_GROUP_SIZE, GROUP_SIZES
 from edge_sdk.runtime.backends import MAX_THREADS
@@ -86,6 +86,13 @@ def _needs_export(purpose: str) -> None:
     from edge_sdk.runtime.extras import require_extra
 
     require_extra("export", purpose)
+
+
+def _runs_torch_pipeline(purpose: str) -> None:
+    """For the commands that run models in torch over many tokens: the extra they need, and freed activations given
+    back to the system instead of piling up in the heap (memory.map_large_blocks)."""
+    _needs_export(purpose)
+    memory.map_large_blocks()
 
 
 def _parse_levels(text: str | None) -> tuple[float, ...] | None:
@@ -296,7 +303,7 @@ def calibrate(
     model_dir, calibration_files, predictor, no_whiten, no_bias_calibration, recall_target, out_dir, force, **options
 ) -> None:
     """Build sparsity predictors from calibration text; write predictors.safetensors and a report."""
-    _needs_export("`edge-sdk calibrate`")
+    _runs_torch_pipeline("`edge-sdk calibrate`")
     from tqdm import tqdm
 
     from edge_sdk.model.checkpoint import open_checkpoint
@@ -380,7 +387,7 @@ def export(
     model_dir, out_dir, calibration_files, predictor, dtype, group_size, quant_method, max_seq_len, force, **options
 ) -> None:
     """Export a checkpoint and its predictors to a bundle (ONNX + weights + tokenizer + manifest)."""
-    _needs_export("`edge-sdk export`")
+    _runs_torch_pipeline("`edge-sdk export`")
     from tqdm import tqdm
 
     from edge_sdk.export.exporter import ExportSettings, check_output, export_bundle
@@ -388,7 +395,8 @@ def export(
 
     evaluation_files = options.pop("evaluation_files")
     check_output(out_dir, force, model_dir, (*calibration_files, *evaluation_files))
-    config = open_checkpoint(model_dir).config
+    checkpoint = open_checkpoint(model_dir)
+    config = checkpoint.config
     settings = ExportSettings(
         predictor=predictor,
         dtype=dtype,
@@ -416,7 +424,7 @@ def export(
     writing = tqdm(desc="writing tensors", unit="tensor", file=sys.stderr, delay=PROGRESS_DELAY)
     with calibrating, validating, writing:
         bundle = export_bundle(
-            model_dir,
+            checkpoint,
             out_dir,
             settings,
             calibration_files,
@@ -769,7 +777,7 @@ def eval_command(
     context,
 ) -> None:
     """Held-out perplexity of sparse vs dense decoding (teacher-forced), top-1 agreement and per-layer statistics."""
-    _needs_export("`edge-sdk eval`")
+    _runs_torch_pipeline("`edge-sdk eval`")
     from edge_sdk.eval import evaluate_bundle
 
     with _phase_progress() as on_progress:
@@ -850,7 +858,7 @@ def sweep_command(
     force,
 ) -> None:
     """The quality-vs-speed frontier of every predictor kind: export, evaluate and time each setting."""
-    _needs_export("`edge-sdk sweep`")
+    _runs_torch_pipeline("`edge-sdk sweep`")
     from edge_sdk import outputs
     from edge_sdk.eval import SWEEP_KINDS, format_sweep_markdown
     from edge_sdk.eval import sweep as run_sweep
