@@ -262,12 +262,13 @@ def info(model_dir: str, as_json: bool) -> None:
 
 
 @main.command()
+@click.argument("bundle_dir", required=False, type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def doctor(as_json: bool) -> None:
-    """Report versions, native libraries and which backends can run here."""
+def doctor(bundle_dir: str | None, as_json: bool) -> None:
+    """Report versions, native libraries and which backends can run here (and run BUNDLE, when given)."""
     from edge_sdk.runtime.doctor import diagnose
 
-    report = diagnose()
+    report = diagnose(bundle_dir)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return

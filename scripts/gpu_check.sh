@@ -9,8 +9,9 @@
 # 2. runs the tests marked `gpu`: tests/gpu (every CUDA kernel, the quantized ones included, against the reference,
 #    bit-identical repeats, CUDA graph capture) and the CUDA column of the op table (tests/ops);
 # 3. runs tests/gpu again under compute-sanitizer, once per tool: memcheck, racecheck, synccheck;
-# 4. runs the tests marked `tensorrt` (tests/tensorrt: engines of fixture bundles against ONNX Runtime; the op table's
-#    TensorRT column: each op's one-node graph through the plugins); they skip, saying why, without TensorRT;
+# 4. runs the tests marked `tensorrt` (where TensorRT is installed: `edge-sdk build` and libedge_sdk's TensorRT engine
+#    on fixture bundles, fp16, int8 and int4, against ONNX Runtime; the op table's TensorRT column: each op's one-node
+#    graph through the plugins; they skip, saying why, without TensorRT);
 # 5. runs benchmarks/cuda_ffn.py at LLaMA-2-7B shapes (d 4096, D 11008) for fp16, int8 and int4 weights (groups of 32);
 # 6. writes everything (commit, GPU, driver, CUDA, each step's status, time and figures) to
 #    benchmarks/results/gpu-check-<gpu>.json, and keeps each step's log under benchmarks/results/gpu-check-logs/.

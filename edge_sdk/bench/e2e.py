@@ -29,7 +29,7 @@ def bench_e2e(
     The runs alternate dense, sparse, dense, ... so that load from other processes hits both alike.
     on_progress(phase, done, total) is called after each run."""
     bundle = Bundle.open(bundle_path)
-    selection = select_backend(backend)
+    selection = select_backend(backend, bundle)
     ids = Tokenizer.from_bundle(bundle).encode(prompt)
     decode_tokens = min(decode_tokens, bundle.max_seq_len - len(ids))
     results: dict[str, Any] = {

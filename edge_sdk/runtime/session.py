@@ -98,7 +98,7 @@ def load(
     log receives the selection report: why each earlier backend was skipped and which one was chosen."""
     opened = Bundle.open(bundle, verify_checksums=verify_checksums)
     check_memory(opened)
-    selection = select_backend(None if backend == "auto" else backend)
+    selection = select_backend(None if backend == "auto" else backend, opened)
     if log is not None:
         for line in selection.describe():
             log(line)

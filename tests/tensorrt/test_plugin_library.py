@@ -16,7 +16,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from edge_sdk.backends.tensorrt.availability import find_plugin_library
 
 from edge_sdk.native import find_library
 
@@ -106,7 +105,7 @@ def test_plugin_sources_compile_warning_free_and_export_only_the_entry_points(pl
 def test_plugins_through_tensorrt_interfaces(build, headers_and_kernels, request, tmp_path):
     trt_include, cuda_include, kernels, cxx = headers_and_kernels
     if build == "package":
-        plugins = find_plugin_library()
+        plugins = find_library("libedge_trt_plugins.so", "EDGE_SDK_TRT_PLUGINS")
         if plugins is None:
             pytest.skip("libedge_trt_plugins.so was not built (TensorRT was not found when the package was built)")
     else:
