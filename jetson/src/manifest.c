@@ -190,7 +190,7 @@ edge_status manifest_validate(const cJSON *manifest, const char *text, size_t si
   const cJSON *sparsity, *tensors;
   char inner[4096 + 16];
   edge_status status;
-  int64_t version = 0;  /* check_format sets it; GCC -O2 cannot see that (-Wmaybe-uninitialized) */
+  int64_t version = 0; /* set by check_format when it succeeds */
   if ((status = check_format(manifest, text, size, where, &version)) != EDGE_OK ||
       (status = check_exporter(manifest, where)) != EDGE_OK ||
       (status = read_model(manifest, where, version, out)) != EDGE_OK ||

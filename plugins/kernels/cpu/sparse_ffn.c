@@ -331,15 +331,19 @@ EDGE_ALWAYS_INLINE void add_rows(float *restrict y, int n, const void *w, int dt
 #if EDGE_ROWS_AVX512 || EDGE_ROWS_AVX2
 typedef __m128i codes16; /* 16 int8 codes */
 static inline codes16 load_codes16(const char *p) { return _mm_loadu_si128((const __m128i *)p); }
-/* x86 has no byte shift: flipping each nibble's sign bit (xor 0x88) makes it code + 8 in 0..15, which a mask takes
- * out and a subtraction restores; the two calls on one block share the xor. */
-static inline codes16 biased_nibbles(codes16 bytes) { return _mm_xor_si128(bytes, _mm_set1_epi8((char)0x88)); }
-static inline codes16 low_nibbles(codes16 bytes) {
-  return _mm_sub_epi8(_mm_and_si128(biased_nibbles(bytes), _mm_set1_epi8(0x0f)), _mm_set1_epi8(8));
+/* The codes of the low 4 bits of each byte, in two instructions (x86 has no byte shift to sign-extend a nibble):
+ * AVX-512 masks the nibble and flips its sign bit in one vpternlogd (truth table 0x6a: (a & b) ^ c), which gives
+ * code + 8 in 0..15, then subtracts 8; AVX2 looks the code up in a table by the masked nibble. */
+static inline codes16 nibble_codes(codes16 bytes) {
+#if EDGE_ROWS_AVX512
+  return _mm_sub_epi8(_mm_ternarylogic_epi32(bytes, _mm_set1_epi8(0x0f), _mm_set1_epi8(8), 0x6a), _mm_set1_epi8(8));
+#else
+  const __m128i codes = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
+  return _mm_shuffle_epi8(codes, _mm_and_si128(bytes, _mm_set1_epi8(0x0f)));
+#endif
 }
-static inline codes16 high_nibbles(codes16 bytes) {
-  return _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(biased_nibbles(bytes), 4), _mm_set1_epi8(0x0f)), _mm_set1_epi8(8));
-}
+static inline codes16 low_nibbles(codes16 bytes) { return nibble_codes(bytes); }
+static inline codes16 high_nibbles(codes16 bytes) { return nibble_codes(_mm_srli_epi16(bytes, 4)); }
 #if EDGE_ROWS_AVX512
 EDGE_ALWAYS_INLINE void widen_codes(codes16 codes, vec16 *out) {
   *out = (vec16)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
@@ -523,7 +527,7 @@ EDGE_ALWAYS_INLINE void add_quant_rows(float *y, int c0, int n, const char *code
  * integer part is exact and the float part the same sequence of operations on every target: AVX-512 (VNNI vpdpbusd,
  * or vpmaddubsw), AVX2 (AVX-VNNI, or vpmaddubsw), NEON (sdot with the dot-product extension, or smull) and portable
  * C give bit-identical results. vpdpbusd and vpmaddubsw multiply unsigned by signed bytes: the INT4 codes are taken
- * as code + 8 (their signed nibbles xor 0x88) and, with VNNI, the INT8 codes as code + 128 (xor 0x80); the surplus,
+ * as code + 8 (their signed nibbles xor 8) and, with VNNI, the INT8 codes as code + 128 (xor 0x80); the surplus,
  * offset times the lane's activation codes (256 high + low), starts the lane negated, computed once per call. Without
  * VNNI an INT8 lane would overflow vpmaddubsw's int16 pairs (255 * 127 * 2), so there the codes' magnitudes multiply
  * x's codes carrying the codes' signs, with no surplus. */
@@ -636,12 +640,12 @@ EDGE_ALWAYS_INLINE void unit_products(const char *row, int dtype, int unit, cons
   if (dtype == EDGE_Q4) {
     __m256i bytes = n_blocks == 2 ? _mm256_loadu_si256((const void *)codes)
                                   : _mm256_zextsi128_si256(_mm_loadu_si128((const void *)codes));
-    bytes = _mm256_xor_si256(bytes, _mm256_set1_epi8((char)0x88)); /* each nibble code + 8 */
     /* quadwords: block 0's low nibbles (values 0..15), its high nibbles (16..31), then block 1's */
     const __m512i order = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
     __m512i halves = _mm512_permutex2var_epi64(_mm512_castsi256_si512(bytes), order,
                                                _mm512_castsi256_si512(_mm256_srli_epi16(bytes, 4)));
-    unsigned_codes = _mm512_and_si512(halves, _mm512_set1_epi8(0x0f));
+    /* code + 8 = (nibble & 0x0f) ^ 8: the mask and the sign flip in one vpternlogd (0x6a: (a & b) ^ c) */
+    unsigned_codes = _mm512_ternarylogic_epi32(halves, _mm512_set1_epi8(0x0f), _mm512_set1_epi8(8), 0x6a);
   } else {
     __m512i w = EDGE_LOAD_HALF_OR_ALL(codes);
 #ifdef __AVX512VNNI__
@@ -680,7 +684,8 @@ static inline __m256i block_products(const char *codes, int dtype, const int8_t 
   __m256i lanes = _mm256_loadu_si256((const void *)sums);
   __m256i unsigned_codes;
   if (dtype == EDGE_Q4) {
-    __m128i bytes = biased_nibbles(_mm_loadu_si128((const void *)codes)); /* each nibble code + 8 */
+    /* each nibble's sign bit flipped: code + 8 */
+    __m128i bytes = _mm_xor_si128(_mm_loadu_si128((const void *)codes), _mm_set1_epi8((char)0x88));
     unsigned_codes = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), _mm256_set1_epi8(0x0f));
   } else {
     __m256i w = _mm256_loadu_si256((const void *)codes);
