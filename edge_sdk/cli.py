@@ -172,7 +172,7 @@ _group_size_option = click.option(
 
 
 def _calibration_settings(predictor: str, options: dict[str, Any], **extra: Any):
-    from edge_sdk.sparsity.pipeline import DEFAULT_LEVELS, CalibrationSettings
+    from edge_sdk.sparsity.settings import DEFAULT_LEVELS, CalibrationSettings
 
     return CalibrationSettings(
         predictor=predictor,
@@ -300,7 +300,9 @@ def calibrate(
     from tqdm import tqdm
 
     from edge_sdk.model.checkpoint import open_checkpoint
-    from edge_sdk.sparsity.pipeline import calibrate_model, check_output_dir, validate_settings, write_calibration
+    from edge_sdk.sparsity.pipeline import calibrate_model
+    from edge_sdk.sparsity.predictors_dir import check_output_dir, write_calibration
+    from edge_sdk.sparsity.settings import validate_settings
 
     evaluation_files = options.pop("evaluation_files")
     target = check_output_dir(out_dir, force, model_dir, (*calibration_files, *evaluation_files))

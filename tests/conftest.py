@@ -42,7 +42,7 @@ class BundleMatrix:
     def __getitem__(self, name: str):
         if name not in self._opened:
             from edge_sdk.export.exporter import ExportSettings, export_bundle
-            from edge_sdk.sparsity.pipeline import CalibrationSettings
+            from edge_sdk.sparsity.settings import CalibrationSettings
 
             predictor, dtype = BUNDLE_MATRIX[name]
             calibration = CalibrationSettings(rank=16, max_tokens=2048, levels=MATRIX_LEVELS, sparsity=MATRIX_LEVELS[0])

@@ -37,7 +37,8 @@ from edge_sdk.formats.files import sha256_of
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import EngineOptions, select_backend
 from edge_sdk.sparsity.collect import read_calibration_texts, token_stream
-from edge_sdk.sparsity.validation import DEFAULT_VALIDATION_TOKENS, MIN_VALIDATION_TOKENS, split_validation
+from edge_sdk.sparsity.settings import DEFAULT_VALIDATION_TOKENS, MIN_VALIDATION_TOKENS
+from edge_sdk.sparsity.validation import split_validation
 
 # The fixture's four layers: uniform levels, then layer 0 held at 0.5 or 0.6 while the others go higher.
 DEFAULT_MIXES = (

@@ -46,7 +46,7 @@ from edge_sdk.runtime.backends import EngineOptions, select_backend
 from edge_sdk.runtime.engine import Engine
 from edge_sdk.sparsity.bundle_model import configure, load_reference_decoder
 from edge_sdk.sparsity.collect import read_calibration_texts
-from edge_sdk.sparsity.pipeline import DEFAULT_LEVELS, CalibrationSettings
+from edge_sdk.sparsity.settings import DEFAULT_LEVELS, CalibrationSettings
 
 DEFAULT_RECALL_TARGETS = (0.999, 0.99, 0.95, 0.9)
 DEFAULT_CORE_BETAS = (0.5, 0.4, 0.3, 0.2, 0.1)

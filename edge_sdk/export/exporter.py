@@ -38,8 +38,9 @@ from edge_sdk.model.checkpoint import Checkpoint, open_checkpoint
 from edge_sdk.model.decoder import rope_tables
 from edge_sdk.model.gguf_checkpoint import GgufCheckpoint
 from edge_sdk.model.loader import parse_dtype
-from edge_sdk.sparsity.pipeline import CalibrationSettings, calibrate_model, fitting_chunks, validate_settings
+from edge_sdk.sparsity.pipeline import calibrate_model, fitting_chunks
 from edge_sdk.sparsity.report import write_report_plot
+from edge_sdk.sparsity.settings import CalibrationSettings, validate_settings
 
 EXPORT_PREDICTORS = tuple(predictors.KINDS)
 DEFAULT_MAX_SEQ_LEN = 2048

@@ -142,7 +142,7 @@ def calibrate_alpha(
     packed_w: torch.Tensor,
     x: torch.Tensor,
     truly_active: torch.Tensor,
-    recall_target: float = 0.99,
+    recall_target: float,
     *,
     alpha_range: tuple[float, float] = (0.5, 2.0),
 ) -> float:

@@ -24,7 +24,7 @@ from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions, get_backend, select_backend
 from edge_sdk.sparsity.bundle_model import load_reference_decoder
 from edge_sdk.sparsity.ffn import sparse_ffn
-from edge_sdk.sparsity.pipeline import CalibrationSettings
+from edge_sdk.sparsity.settings import CalibrationSettings
 from edge_sdk.sparsity.signbit import pack_sign_bits, signbit_mask
 from edge_sdk.sparsity.sparse_model import LayerPredictor, SparseFeedForward
 

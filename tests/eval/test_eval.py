@@ -31,7 +31,7 @@ from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions, get_backend
 from edge_sdk.sparsity.bundle_model import TorchEngine, bundle_tensor, load_reference_decoder
 from edge_sdk.sparsity.metrics import layer_metrics
-from edge_sdk.sparsity.pipeline import CalibrationSettings
+from edge_sdk.sparsity.settings import CalibrationSettings
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # Small windows keep every evaluation to a few hundred decode steps; one thread avoids oversubscribing a

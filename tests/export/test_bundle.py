@@ -21,7 +21,7 @@ from edge_sdk.export.ort_session import OrtBundleSession
 from edge_sdk.formats.files import sha256_of
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.sparsity.bundle_model import load_reference_decoder
-from edge_sdk.sparsity.pipeline import CalibrationSettings
+from edge_sdk.sparsity.settings import CalibrationSettings
 
 KINDS = ("svd", "signbit", "core", "threshold", "none")
 DECODE_STEPS = 32

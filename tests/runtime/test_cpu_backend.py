@@ -24,7 +24,7 @@ from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.native import NativeLibraryError, load_runtime
 from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions, get_backend
 from edge_sdk.sparsity.bundle_model import TorchEngine, load_reference_decoder
-from edge_sdk.sparsity.pipeline import CalibrationSettings
+from edge_sdk.sparsity.settings import CalibrationSettings
 
 PROMPT = "class Namespace(object):\n    def __init__(self"
 STEPS = 24

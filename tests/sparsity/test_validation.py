@@ -19,14 +19,14 @@ from edge_sdk.model.loader import load_layer
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.sparsity.bundle_model import bundle_predictors, load_reference_decoder
 from edge_sdk.sparsity.collect import read_calibration_texts, token_chunks, token_stream
-from edge_sdk.sparsity.pipeline import CalibrationSettings, calibrate_model, validate_settings
-from edge_sdk.sparsity.validation import (
+from edge_sdk.sparsity.pipeline import calibrate_model
+from edge_sdk.sparsity.settings import (
     DEFAULT_PPL_BUDGET_PERCENT,
     DEFAULT_VALIDATION_TOKENS,
-    LevelValidation,
-    choose_level,
-    split_validation,
+    CalibrationSettings,
+    validate_settings,
 )
+from edge_sdk.sparsity.validation import LevelValidation, choose_level, split_validation
 
 LEVELS = (0.3, 0.6, 0.9)
 

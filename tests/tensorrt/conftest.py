@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from edge_sdk.export.exporter import ExportSettings, export_bundle
-from edge_sdk.sparsity.pipeline import CalibrationSettings
+from edge_sdk.sparsity.settings import CalibrationSettings
 
 BUNDLE_KINDS = ("svd", "core")
 
