@@ -243,7 +243,7 @@ def sweep(
         default_level = None
         for value in bundle_values:
             calibration = _calibration(kind, value, levels, calibration_tokens, rank)
-            export = ExportSettings(predictor=kind.predictor, dtype=dtype, max_seq_len=context, calibration=calibration)
+            export = ExportSettings(dtype=dtype, max_seq_len=context, calibration=calibration)
             bundle_dir = out_dir / "bundles" / (name if value is None else f"{name}-{value:g}")
             layers = checkpoint.config.num_layers
             calibrated = _layer_counter(on_progress, f"{bundle_dir.name}: calibrating", layers)

@@ -8,13 +8,14 @@ import importlib
 import importlib.util
 import sys
 import types
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 from edge_sdk.backends import cann
 from edge_sdk.backends.cann.engine import load_gather_engine
-from edge_sdk.backends.cann.gather_ffn import DeviceSignBit, GatherSparseFFN, signbit_max_negatives
+from edge_sdk.backends.cann.gather_ffn import GatherSparseFFN
 
 from edge_sdk.bench.gather import COLUMNS, bench_gather_ffn, format_table
 from edge_sdk.export.exporter import ExportSettings, export_bundle
@@ -25,7 +26,7 @@ from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions, get_bac
 from edge_sdk.sparsity.bundle_model import load_reference_decoder
 from edge_sdk.sparsity.ffn import sparse_ffn
 from edge_sdk.sparsity.settings import CalibrationSettings
-from edge_sdk.sparsity.signbit import pack_sign_bits, signbit_mask
+from edge_sdk.sparsity.signbit import DeviceSignBit, pack_sign_bits, signbit_mask, signbit_max_negatives
 from edge_sdk.sparsity.sparse_model import LayerPredictor, SparseFeedForward
 
 D_MODEL, N_NEURONS, RANK = 72, 256, 8  # d not a multiple of 32: the sign-bit words carry padding
@@ -150,7 +151,7 @@ def test_each_predictor_kind_matches_sparse_feed_forward(kind, mode):
     prompt = tokens[None, :5]  # [1, 5, d]
     torch.testing.assert_close(gather(prompt), reference(prompt))  # dense prefill (core picks its neurons)
     if kind == "core":
-        assert torch.equal(gather.core_mask, reference.core_mask) and 0 < int(reference.core_mask.sum()) <= 52
+        assert torch.equal(gather.prefill_mask, reference.prefill_mask) and 0 < int(reference.prefill_mask.sum()) <= 52
     gather.phase = reference.phase = "decode"
     for x in tokens[5:]:
         x = x.clone()
@@ -202,7 +203,7 @@ def bundles(tiny_model_dir, tmp_path_factory):
     calibration = CalibrationSettings(rank=16, max_tokens=1024, levels=(0.5, 0.8), sparsity=0.5)
     made = {}
     for kind, dtype in (("svd", "fp32"), ("signbit", "fp32"), ("core", "fp16"), ("threshold", "fp32")):
-        settings = ExportSettings(predictor=kind, dtype=dtype, max_seq_len=128, calibration=calibration)
+        settings = ExportSettings(dtype=dtype, max_seq_len=128, calibration=replace(calibration, predictor=kind))
         made[kind] = export_bundle(tiny_model_dir, root / kind, settings, [tiny_model_dir / "calibration.txt"])
     return made
 

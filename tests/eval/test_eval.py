@@ -55,7 +55,7 @@ def held_out(tiny_model_dir):
 @pytest.fixture(scope="module")
 def svd_bundle(tiny_model_dir, tmp_path_factory):
     calibration = CalibrationSettings(rank=16, max_tokens=2048, sparsity=0.5, levels=(0.3, 0.9))
-    settings = ExportSettings(predictor="svd", dtype="fp32", max_seq_len=128, calibration=calibration)
+    settings = ExportSettings(dtype="fp32", max_seq_len=128, calibration=calibration)
     out = tmp_path_factory.mktemp("eval") / "svd"
     return export_bundle(tiny_model_dir, out, settings, [tiny_model_dir / "calibration.txt"])
 
@@ -172,8 +172,8 @@ def test_layer_statistics_equal_direct_computation(svd_bundle, held_out):
 def test_threshold_statistics_count_only_neurons_above_their_threshold(tiny_model_dir, held_out, tmp_path):
     """CHESS computes the gate densely and keeps |act(g)| > t: its predicted set lies inside the truly active
     one, so predicted and realized sparsity coincide and exceed the true sparsity at a level above it."""
-    calibration = CalibrationSettings(max_tokens=1024, levels=(0.95,))
-    settings = ExportSettings(predictor="threshold", dtype="fp32", max_seq_len=128, calibration=calibration)
+    calibration = CalibrationSettings(predictor="threshold", max_tokens=1024, levels=(0.95,))
+    settings = ExportSettings(dtype="fp32", max_seq_len=128, calibration=calibration)
     bundle = export_bundle(tiny_model_dir, tmp_path / "threshold", settings, [tiny_model_dir / "calibration.txt"])
     result = evaluate_bundle(bundle.path, [held_out], backend="cpu", sparsity=0.95, **WINDOW)
     for layer in result["layers"]:

@@ -35,8 +35,8 @@ def write_manifest(bundle_dir, manifest: dict) -> None:
 
 
 def quick_settings(kind: str, dtype: str = "fp32") -> ExportSettings:
-    calibration = CalibrationSettings(rank=16, max_tokens=2048, levels=(0.5, 0.8))
-    return ExportSettings(predictor=kind, dtype=dtype, max_seq_len=128, calibration=calibration)
+    calibration = CalibrationSettings(predictor=kind, rank=16, max_tokens=2048, levels=(0.5, 0.8))
+    return ExportSettings(dtype=dtype, max_seq_len=128, calibration=calibration)
 
 
 @pytest.fixture(scope="module")

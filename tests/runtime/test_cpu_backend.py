@@ -116,9 +116,7 @@ def test_engines_agree_on_logits(bundles, tiny_model_dir, monkeypatch):
 def test_runtime_logits_are_identical_with_one_thread_and_two_on_a_long_context(tiny_model_dir, tmp_path, monkeypatch):
     """One thread runs every kernel without OpenMP, two threads run them in parallel regions: attention over 400
     positions (enough work to split the heads), the LM head, the predictor and the FFN. Same bits either way."""
-    settings = ExportSettings(
-        predictor="svd", dtype="fp16", max_seq_len=512, calibration=CalibrationSettings(rank=16, max_tokens=2048)
-    )
+    settings = ExportSettings(dtype="fp16", max_seq_len=512, calibration=CalibrationSettings(rank=16, max_tokens=2048))
     bundle = export_bundle(tiny_model_dir, tmp_path / "long", settings, [tiny_model_dir / "calibration.txt"])
     ids = Tokenizer.from_dir(tiny_model_dir).encode((tiny_model_dir / "held_out.txt").read_text())[:410]
     assert len(ids) == 410
@@ -146,7 +144,7 @@ def test_runtime_engine_is_the_default_and_bf16_falls_back_to_torch(bundles, tin
     monkeypatch.delenv(ENGINE_ENV, raising=False)
     assert "decode in the C runtime libedge_sdk" in get_backend("cpu").probe()[1]
     assert isinstance(get_backend("cpu").load(bundles["svd-fp32"], EngineOptions()), RuntimeEngine)
-    settings = ExportSettings(predictor="none", dtype="bf16", max_seq_len=64)
+    settings = ExportSettings(dtype="bf16", max_seq_len=64, calibration=CalibrationSettings(predictor="none"))
     bf16 = export_bundle(tiny_model_dir, tmp_path / "bf16", settings, [])
     assert isinstance(get_backend("cpu").load(bf16, EngineOptions()), TorchEngine)
     monkeypatch.setenv(ENGINE_ENV, "runtime")

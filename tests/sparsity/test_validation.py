@@ -67,7 +67,7 @@ def test_the_level_rises_while_the_change_stays_within_the_budget():
 @pytest.fixture(scope="module")
 def fp32_bundle(tiny_model_dir, tmp_path_factory):
     calibration = CalibrationSettings(rank=16, max_tokens=1024, sparsity=0.3, levels=LEVELS)
-    settings = ExportSettings(predictor="svd", dtype="fp32", max_seq_len=64, calibration=calibration)
+    settings = ExportSettings(dtype="fp32", max_seq_len=64, calibration=calibration)
     out = tmp_path_factory.mktemp("validation") / "svd"
     return export_bundle(tiny_model_dir, out, settings, [tiny_model_dir / "calibration.txt"])
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from edge_sdk.export.exporter import ExportSettings, export_bundle
@@ -18,6 +20,6 @@ def trt_bundles(tiny_model_dir, tmp_path_factory):
     calibration = CalibrationSettings(rank=16, max_tokens=2048, levels=(0.5, 0.8), sparsity=0.5)
     paths = {}
     for kind in BUNDLE_KINDS:
-        settings = ExportSettings(predictor=kind, dtype="fp16", max_seq_len=64, calibration=calibration)
+        settings = ExportSettings(dtype="fp16", max_seq_len=64, calibration=replace(calibration, predictor=kind))
         paths[kind] = export_bundle(tiny_model_dir, root / kind, settings, [tiny_model_dir / "calibration.txt"])
     return paths
