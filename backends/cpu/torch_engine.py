@@ -168,7 +168,7 @@ def load_torch_cpu_engine(bundle: Bundle, options: EngineOptions) -> TorchEngine
         torch.set_num_threads(options.threads)
     return TorchEngine.load(
         bundle,
-        bundle.sparsity.resolve(options.sparsity, options.dense),
+        options.level,
         ffn_class=functools.partial(NativeFeedForward, threads=options.threads),
         ffn_as_stored=True,
         prepare=lambda model: _prepare(model, bundle, options.threads),

@@ -122,14 +122,16 @@ def main() -> None:
         "validation": validation_windows(bundle, args.calib, args.context),
     }
     backend = select_backend("cpu").backend
-    dense = backend.load(bundle, EngineOptions(dense=True, threads=1))
+    dense = backend.load(bundle, EngineOptions.of(bundle, dense=True, threads=1))
     dense_runs = {name: teacher_forced(dense, part, args.prompt_tokens) for name, part in windows.items()}
     points = []
     with tempfile.TemporaryDirectory() as scratch:
         for number, mix in enumerate(mixes):
             copy = Path(scratch) / f"mix-{number}"
             write_mixed_copy(bundle, mix, copy)
-            sparse = backend.load(Bundle.open(copy), EngineOptions(sparsity=bundle.sparsity.levels[0], threads=1))
+            sparse = backend.load(
+                Bundle.open(copy), EngineOptions.of(Bundle.open(copy), sparsity=bundle.sparsity.levels[0], threads=1)
+            )
             point = {"levels": list(mix)}
             for name, part in windows.items():
                 run = teacher_forced(sparse, part, args.prompt_tokens)

@@ -351,12 +351,13 @@ def _measure_bundle(
 ) -> Iterator[tuple[float | None, dict[str, Any]]]:
     """(level, measurement) per level of one bundle: perplexity against dense (run once per bundle), top-1
     agreement, decode speed against dense and, with layer_stats, the reference's per-layer statistics."""
-    dense = backend.load(bundle, EngineOptions(dense=True, threads=threads))
+    dense = backend.load(bundle, EngineOptions.of(bundle, dense=True, threads=threads))
     name = bundle.path.name
     dense_run = teacher_forced(dense, windows, prompt_tokens, window_counter(on_progress, f"{name}: dense", windows))
     reference = load_reference_decoder(bundle) if layer_stats else None
     for level in levels:
-        sparse = backend.load(bundle, EngineOptions(sparsity=level, threads=threads))
+        options = EngineOptions.of(bundle, level, threads=threads)
+        sparse = backend.load(bundle, options)
         phase = f"{name}: {'default' if level is None else f'{level:g}'}"
         sparse_run = teacher_forced(sparse, windows, prompt_tokens, window_counter(on_progress, phase, windows))
         point = {
@@ -367,7 +368,7 @@ def _measure_bundle(
             **decode_speed(dense, sparse, windows[0], prompt_tokens, speed_repeats, timer),
         }
         if reference is not None:
-            configure(reference, bundle.sparsity.resolve(level))
+            configure(reference, options.level)
             counter = window_counter(on_progress, f"{phase} layer statistics", windows)
             layers = reference_layer_statistics(reference, bundle, windows, prompt_tokens, counter)[0]
             point |= {f"mean_{key}": mean for key, mean in layer_means(layers).items()}

@@ -106,7 +106,9 @@ def test_more_sparsity_costs_more_perplexity(svd_bundle, held_out, tmp_path):
 def test_top1_agreement(svd_bundle, held_out):
     windows = held_out_windows(Tokenizer.from_bundle(svd_bundle), read_texts([held_out]), 64, 64, 8)
     runs = [
-        teacher_forced(get_backend("cpu").load(svd_bundle, EngineOptions(dense=True, threads=1)), windows, 8)
+        teacher_forced(
+            get_backend("cpu").load(svd_bundle, EngineOptions.of(svd_bundle, dense=True, threads=1)), windows, 8
+        )
         for _ in range(2)
     ]
     assert top1_agreement(runs[0], runs[1]) == 1.0

@@ -13,6 +13,7 @@ from edge_sdk.backends import tensorrt as backend
 from edge_sdk.backends.tensorrt import availability, builder, cache, cuda
 from edge_sdk.backends.tensorrt.runtime import deserialize
 
+from edge_sdk.bundle import LevelChoice
 from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions, get_backend
 
 
@@ -24,7 +25,7 @@ def test_registered_under_its_name():
 def test_load_refuses_with_the_probe_reason(monkeypatch):
     monkeypatch.setattr(backend, "probe", lambda: (False, "no CUDA device"))
     with pytest.raises(BackendUnavailable, match="backend 'tensorrt' is not available here: no CUDA device"):
-        backend.BACKEND.load(object(), EngineOptions())
+        backend.BACKEND.load(object(), EngineOptions(LevelChoice(None, None, False)))
 
 
 def test_build_engine_without_tensorrt(monkeypatch, trt_bundles):

@@ -174,7 +174,7 @@ def fake_backend(monkeypatch, tmp_path):
 @pytest.mark.parametrize("kind", ["svd", "core"])
 def test_backend_steps_reproduce_onnx_runtime(fake_backend, trt_bundles, kind):
     bundle = trt_bundles[kind]
-    engine = runtime.TensorRTEngine(bundle, EngineOptions(sparsity=0.8 if kind == "svd" else None))
+    engine = runtime.TensorRTEngine(bundle, EngineOptions.of(bundle, sparsity=0.8 if kind == "svd" else None))
     reference = OrtBundleSession(bundle, level=0.8 if kind == "svd" else None)
     ids = [5, 17, 300, 42, 7, 99, 1000]
     for _ in range(2):  # a second sequence reuses the buffers from the start
@@ -190,11 +190,11 @@ def test_backend_steps_reproduce_onnx_runtime(fake_backend, trt_bundles, kind):
 
 
 def test_sequence_longer_than_max_seq_len_is_refused(fake_backend, trt_bundles):
-    engine = runtime.TensorRTEngine(trt_bundles["svd"], EngineOptions())
+    engine = runtime.TensorRTEngine(trt_bundles["svd"], EngineOptions.of(trt_bundles["svd"]))
     engine.prefill(list(range(60)))
     for token in range(4):
         engine.decode(token)
     with pytest.raises(runtime.EngineRunError, match="65 tokens exceeds the bundle's max_seq_len 64"):
         engine.decode(1)
     with pytest.raises(runtime.EngineRunError, match="decode called before prefill"):
-        runtime.TensorRTEngine(trt_bundles["svd"], EngineOptions()).decode(1)
+        runtime.TensorRTEngine(trt_bundles["svd"], EngineOptions.of(trt_bundles["svd"])).decode(1)

@@ -26,7 +26,7 @@ def test_engine_matches_onnx_runtime(trt_bundles, tiny_model_dir, tmp_path, monk
     monkeypatch.setenv("EDGE_SDK_ENGINE_CACHE", str(tmp_path))
     bundle = Bundle.open(trt_bundles[kind])
     ids = Tokenizer.from_dir(tiny_model_dir).encode(PROMPT)
-    engine = BACKEND.load(bundle, EngineOptions())
+    engine = BACKEND.load(bundle, EngineOptions.of(bundle))
     reference = OrtBundleSession(bundle)
     try:
         ours, theirs = engine.prefill(ids), reference.prefill(np.array([ids]))[0, -1]
