@@ -7,7 +7,9 @@ kernels' and the gather executor's) and its ONNX emission. Everything else deriv
 the calibration, the exporter and its graphs, the torch engines, the bundle readers' expected tensors, and the C
 runtime's kind table (jetson/src/predictor_kinds.{h,c}, generated from it by `python -m
 edge_sdk.predictors.c_table jetson/src`; tests/bundle/test_predictor_kinds.py fails when they are stale). Adding a
-kind means adding its module and naming it below.
+kind to the Python side means adding its module and naming it below; a kind with knobs of its own also records them
+as CalibrationSettings fields (sparsity/settings.py: the record's fields are a format, in a fixed order), and the
+native engines (the C runtime's decoder, the TensorRT plugins) implement each kind's kernels themselves.
 
 Why one module per kind can serve the device runtime, which has neither torch nor onnx: a kind is a PredictorKind
 (kind.py) whose fields are the torch-free description the bundle readers and the C table need, and whose methods

@@ -215,7 +215,6 @@ KIND = Core(
     has_levels=False,
     relu_only=True,
     tensors=(capacity(1),),
-    settings=CoreSettings,
     fixed_at_prefill=True,
     gate_first=False,
 )

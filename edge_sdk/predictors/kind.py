@@ -72,7 +72,6 @@ class PredictorKind:
     has_levels: bool  # calibrated at several model-wide sparsity levels, one row per level
     relu_only: bool  # needs exact zeros from the gate activation (relu, fatrelu, drelu)
     tensors: tuple[StoredTensor, ...] = field(default=())
-    settings: type | None = None  # the dataclass of this kind's calibration knobs and their defaults
     calibrated: bool = True  # fitted on calibration text ("none" is not)
     fixed_at_prefill: bool = False  # the mask is chosen from the prompt and held for the whole decode (core)
     gate_first: bool = True  # no mask before the gate: the gate runs densely, then thresholds select (if any)

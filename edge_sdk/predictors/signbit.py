@@ -95,6 +95,5 @@ KIND = SignBit(
         StoredTensor("alpha", "F32", (1,), finite=True),
         capacity(1),
     ),
-    settings=SignBitSettings,
     gate_first=False,
 )

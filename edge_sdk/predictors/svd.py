@@ -175,6 +175,5 @@ KIND = Svd(
         StoredTensor("biases", "F32", ("levels", "D")),
         capacity("levels"),
     ),
-    settings=SvdSettings,
     gate_first=False,
 )

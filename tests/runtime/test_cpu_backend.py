@@ -135,7 +135,7 @@ def test_runtime_logits_are_identical_with_one_thread_and_two_on_a_long_context(
 def test_engine_choice_is_validated(bundles, monkeypatch):
     monkeypatch.setenv(ENGINE_ENV, "gpu")
     with pytest.raises(EdgeSdkError, match=r"EDGE_SDK_CPU_ENGINE='gpu': expected one of auto, runtime, torch"):
-        get_backend("cpu").load(bundles["svd-fp32"], EngineOptions())
+        get_backend("cpu").load(bundles["svd-fp32"], EngineOptions.of(bundles["svd-fp32"]))
     monkeypatch.setenv(ENGINE_ENV, "torch")
     assert "decode in torch + kernels ($EDGE_SDK_CPU_ENGINE=torch)" in get_backend("cpu").probe()[1]
 
@@ -144,7 +144,9 @@ def test_engine_choice_is_validated(bundles, monkeypatch):
 def test_runtime_engine_is_the_default_and_bf16_falls_back_to_torch(bundles, tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.delenv(ENGINE_ENV, raising=False)
     assert "decode in the C runtime libedge_sdk" in get_backend("cpu").probe()[1]
-    assert isinstance(get_backend("cpu").load(bundles["svd-fp32"], EngineOptions()), RuntimeEngine)
+    assert isinstance(
+        get_backend("cpu").load(bundles["svd-fp32"], EngineOptions.of(bundles["svd-fp32"])), RuntimeEngine
+    )
     settings = ExportSettings(dtype="bf16", max_seq_len=64, calibration=CalibrationSettings(predictor="none"))
     bf16 = export_bundle(tiny_model_dir, tmp_path / "bf16", settings, [])
     assert isinstance(get_backend("cpu").load(bf16, EngineOptions.of(bf16)), TorchEngine)
