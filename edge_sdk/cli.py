@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from edge_sdk import __version__, predictors
+from edge_sdk import __version__, memory, predictors
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.quant import DEFAULT_GROUP_SIZE, GROUP_SIZES
 from edge_sdk.runtime.backends import MAX_THREADS
@@ -87,6 +87,13 @@ def _needs_export(purpose: str) -> None:
     from edge_sdk.runtime.extras import require_extra
 
     require_extra("export", purpose)
+
+
+def _runs_torch_pipeline(purpose: str) -> None:
+    """For the commands that run models in torch over many tokens: the extra they need, and freed activations given
+    back to the system instead of piling up in the heap (memory.map_large_blocks)."""
+    _needs_export(purpose)
+    memory.map_large_blocks()
 
 
 def _parse_levels(text: str | None) -> tuple[float, ...] | None:
@@ -287,12 +294,13 @@ def info(model_dir: str, as_json: bool) -> None:
 
 
 @main.command()
+@click.argument("bundle_dir", required=False, type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def doctor(as_json: bool) -> None:
-    """Report versions, native libraries and which backends can run here."""
+def doctor(bundle_dir: str | None, as_json: bool) -> None:
+    """Report versions, native libraries and which backends can run here (and run BUNDLE, when given)."""
     from edge_sdk.runtime.doctor import diagnose
 
-    report = diagnose()
+    report = diagnose(bundle_dir)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
@@ -308,7 +316,7 @@ def doctor(as_json: bool) -> None:
 @_predictor_fit_options(output_help="Predictors directory.", calib_required=True, with_none=False)
 def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **fit) -> None:
     """Build sparsity predictors from calibration text; write predictors.safetensors and a report."""
-    _needs_export("`edge-sdk calibrate`")
+    _runs_torch_pipeline("`edge-sdk calibrate`")
     from tqdm import tqdm
 
     from edge_sdk.model.checkpoint import open_checkpoint
@@ -391,14 +399,15 @@ def export(
     **fit,
 ) -> None:
     """Export a checkpoint and its predictors to a bundle (ONNX + weights + tokenizer + manifest)."""
-    _needs_export("`edge-sdk export`")
+    _runs_torch_pipeline("`edge-sdk export`")
     from tqdm import tqdm
 
     from edge_sdk.export.exporter import ExportSettings, check_output, export_bundle
     from edge_sdk.model.checkpoint import open_checkpoint
 
     check_output(out_dir, force, model_dir, (*calibration_files, *evaluation_files))
-    config = open_checkpoint(model_dir).config
+    checkpoint = open_checkpoint(model_dir)
+    config = checkpoint.config
     settings = ExportSettings(
         dtype=dtype,
         group_size=int(group_size),
@@ -425,7 +434,7 @@ def export(
     writing = tqdm(desc="writing tensors", unit="tensor", file=sys.stderr, delay=PROGRESS_DELAY)
     with calibrating, validating, writing:
         bundle = export_bundle(
-            model_dir,
+            checkpoint,
             out_dir,
             settings,
             calibration_files,
@@ -778,7 +787,7 @@ def eval_command(
     context,
 ) -> None:
     """Held-out perplexity of sparse vs dense decoding (teacher-forced), top-1 agreement and per-layer statistics."""
-    _needs_export("`edge-sdk eval`")
+    _runs_torch_pipeline("`edge-sdk eval`")
     from edge_sdk.eval import evaluate_bundle
 
     with _phase_progress() as on_progress:
@@ -859,7 +868,7 @@ def sweep_command(
     force,
 ) -> None:
     """The quality-vs-speed frontier of every predictor kind: export, evaluate and time each setting."""
-    _needs_export("`edge-sdk sweep`")
+    _runs_torch_pipeline("`edge-sdk sweep`")
     from edge_sdk import outputs
     from edge_sdk.eval import SWEEP_KINDS, format_sweep_markdown
     from edge_sdk.eval import sweep as run_sweep

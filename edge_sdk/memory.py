@@ -1,8 +1,10 @@
 """How much memory a command will need, checked before it allocates: a model, a sequence length or a token count
-that does not fit is refused with the figure, instead of running into the out-of-memory killer half-way."""
+that does not fit is refused with the figure, instead of running into the out-of-memory killer half-way; and how
+the torch commands have the C library give freed memory back (map_large_blocks)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 
 from edge_sdk.errors import EdgeSdkError
@@ -35,3 +37,25 @@ def require(purpose: str, needed: int, parts: str, advice: str) -> None:
             f"{purpose} needs about {needed / GIB:.2f} GiB ({parts}), but this machine has {available / GIB:.2f} GiB "
             f"available; {advice}"
         )
+
+
+M_MMAP_THRESHOLD = -3  # glibc <malloc.h>
+LARGE_BLOCK_BYTES = 2 << 20
+
+
+def map_large_blocks(threshold: int = LARGE_BLOCK_BYTES) -> bool:
+    """Have glibc serve every allocation of threshold bytes or more by its own mapping, returned to the kernel when
+    freed; False where the C library has no mallopt (not glibc) or refuses.
+
+    By default glibc raises its mapping threshold to the size of each mapped block freed, up to 32 MiB, after which
+    the calibration's per-layer temporaries (a few [tokens, D] activations of a few MB each, made and freed thousands
+    of times) come from the heap, where the small allocations made between them keep the freed space from going back:
+    the process grew by about a layer's worth of them per layer with no more live tensors (SmolLM2-135M's export
+    peaked at 0.99 GB instead of 0.75 GB; benchmarks/README.md section 2). Large tensors are unaffected: they are
+    mapped either way. The cost is the kernel zeroing fresh pages for each temporary."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return bool(mallopt(M_MMAP_THRESHOLD, threshold))

@@ -8,8 +8,10 @@
 #    (nvidia-smi --query-gpu=compute_cap, e.g. 8.7 -> EDGE_SDK_CUDA_ARCHITECTURES=87);
 # 2. runs the tests marked `gpu`;
 # 3. runs them again under compute-sanitizer, once per tool: memcheck, racecheck, synccheck;
-# 4. runs benchmarks/cuda_ffn.py at LLaMA-2-7B shapes (d 4096, D 11008, fp16);
-# 5. writes everything (commit, GPU, driver, CUDA, each step's status, time and figures) to
+# 4. runs the tests marked `tensorrt` (where TensorRT is installed: `edge-sdk build` and libedge_sdk's TensorRT engine
+#    on a fixture bundle against ONNX Runtime; they skip, saying why, without TensorRT);
+# 5. runs benchmarks/cuda_ffn.py at LLaMA-2-7B shapes (d 4096, D 11008, fp16);
+# 6. writes everything (commit, GPU, driver, CUDA, each step's status, time and figures) to
 #    benchmarks/results/gpu-check-<gpu>.json, and keeps each step's log under benchmarks/results/gpu-check-logs/.
 #
 # Every step runs even when an earlier one failed (a failed build is the exception: nothing after it could run);
@@ -90,9 +92,10 @@ if run_step build "$PYTHON" -m pip install --no-deps -e . \
         run_step "sanitizer-$tool" "$SANITIZER" --tool "$tool" --target-processes all --error-exitcode 86 \
             "$PYTHON" -m pytest -q -m gpu tests/gpu --junitxml="$LOGS/sanitizer-$tool.xml"
     done
+    run_step tensorrt-tests "$PYTHON" -m pytest -q -rs -m tensorrt tests/tensorrt --junitxml="$LOGS/tensorrt-tests.xml"
     run_step benchmark "$PYTHON" benchmarks/cuda_ffn.py --d 4096 --D 11008 --dtype fp16 --json "$LOGS/benchmark.json"
 else
-    for name in gpu-tests "${SANITIZER_TOOLS[@]/#/sanitizer-}" benchmark; do
+    for name in gpu-tests "${SANITIZER_TOOLS[@]/#/sanitizer-}" tensorrt-tests benchmark; do
         skip_step "$name"
     done
 fi
@@ -129,7 +132,7 @@ for line in Path(steps_file).read_text().splitlines():
     log = logs / f"{name}.log"
     if log.is_file():
         step["log"] = str(log)
-    if name == "gpu-tests" or name.startswith("sanitizer-"):
+    if name in ("gpu-tests", "tensorrt-tests") or name.startswith("sanitizer-"):
         step["tests"] = junit_counts(logs / f"{name}.xml")
     if name.startswith("sanitizer-") and log.is_file():
         summaries = re.findall(r"ERROR SUMMARY: (\d+) error", log.read_text(errors="replace"))

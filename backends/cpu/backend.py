@@ -1,5 +1,5 @@
-"""CPU backend: the C runtime's decoder (runtime.py) when the package build made libedge_sdk, else the torch engine
-(torch_engine.py) with the decode step's matrices in the native C kernels.
+"""CPU backend: the C runtime's decoder (libedge_sdk through ../c_runtime.py) when the package build made it, else the
+torch engine (torch_engine.py) with the decode step's matrices in the native C kernels.
 
 $EDGE_SDK_CPU_ENGINE picks one: "runtime", "torch", or "auto" (the default: the runtime when it is built and
 runs the bundle -- fp32 and fp16 weights -- else torch, with the reason in the probe message). The torch engine
@@ -16,7 +16,7 @@ from edge_sdk.native import NativeLibraryError, load_cpu_kernels
 from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions
 from edge_sdk.runtime.extras import import_from_extra
 
-from .runtime import RuntimeEngine, RuntimeUnsupported, runtime_version
+from ..c_runtime import RuntimeEngine, RuntimeUnsupported, runtime_version
 
 ENGINE_ENV = "EDGE_SDK_CPU_ENGINE"
 ENGINE_CHOICES = ("auto", "runtime", "torch")

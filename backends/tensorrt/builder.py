@@ -1,8 +1,13 @@
 """Build the bundle's engine on this device, with the edge-sdk plugins, into the engine cache: one engine from
-decode.onnx with a prefill and a decode optimization profile, holding the weights once (profiles.py)."""
+decode.onnx with a prefill and a decode optimization profile, holding the weights once (profiles.py).
+
+The build uses TensorRT's Python API (its ONNX parser and builder); where the engine goes, and the plugins it is
+built with, come from libedge_sdk, whose TensorRT engine runs it (c_runtime.tensorrt_engine_info): the cache key and
+the plugin lookup exist only there."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,47 +15,38 @@ from pathlib import Path
 from types import ModuleType
 
 from edge_sdk.bundle import Bundle
-from edge_sdk.bundle.format import MANIFEST_DIGEST_FIELD, WEIGHTS_FILE
+from edge_sdk.bundle.format import WEIGHTS_FILE
+from edge_sdk.bundle.graph_ops import OP_TYPES, PLUGIN_NAMESPACE, PLUGIN_VERSION
 from edge_sdk.bundle.layout import QUANTIZED_DTYPES
 from edge_sdk.errors import EdgeSdkError
-from edge_sdk.runtime.backends import BackendUnavailable
 
-from . import cuda
-from .availability import find_plugin_library, import_tensorrt, plugin_library_missing
-from .cache import (
-    ENGINE_FILE,
-    EngineKey,
-    default_cache_dir,
-    engine_dir,
-    is_complete,
-    tensorrt_version_key,
-    write_metadata,
-)
+from ..c_runtime import tensorrt_engine_info
+from .availability import import_tensorrt
 from .graphs import tensorrt_model
 from .profiles import ENGINE_GRAPH, PROFILES, kv_buffer_bytes, profile_shapes
 
-_loaded_plugin_libraries: dict[str, object] = {}
 # The build's peak holds the weights twice: the ONNX parser's host copy of the initializers, which the network refers
 # to until the build returns, and the engine the builder makes (JETSON.md section 4).
 BUILD_WEIGHT_COPIES = 2
-MEMINFO = Path("/proc/meminfo")
 
 
 class EngineBuildError(EdgeSdkError):
-    """TensorRT could not parse a graph or build an engine from it."""
+    """TensorRT could not parse a graph or build an engine from it, or this device cannot build it."""
 
 
-def load_plugin_library(trt: ModuleType) -> Path:
-    """Registers the plugin creators with TensorRT's plugin registry, once per process."""
-    path = find_plugin_library()
-    if path is None:
-        raise BackendUnavailable(f"backend 'tensorrt' is not available here: {plugin_library_missing()}")
-    if str(path) not in _loaded_plugin_libraries:
-        handle = trt.get_plugin_registry().load_library(str(path))
-        if handle is None:
-            raise EngineBuildError(f"{path}: TensorRT could not load the plugin library (see the TensorRT log above)")
-        _loaded_plugin_libraries[str(path)] = handle
-    return path
+def check_plugins_visible(trt: ModuleType, backend: str) -> None:
+    """libedge_sdk registered the plugins with its libnvinfer when it probed the backend (`backend` is what the probe
+    said); TensorRT's Python package must see them in its own registry, i.e. run the same libnvinfer, or its parser
+    cannot map our ops (and a second registration would be refused: IPluginRegistry::loadLibrary fails for plugins
+    already registered)."""
+    registry = trt.get_plugin_registry()
+    missing = [op for op in OP_TYPES if registry.get_creator(op, PLUGIN_VERSION, PLUGIN_NAMESPACE) is None]
+    if missing:
+        raise EngineBuildError(
+            f"the tensorrt Python package (TensorRT {trt.__version__}) does not see the plugins ({', '.join(missing)}) "
+            f"that libedge_sdk registered with its own libnvinfer ({backend}): the two load different copies of "
+            "libnvinfer; build with the TensorRT libedge_sdk was built against (plugins/tensorrt/JETSON.md, section 2)"
+        )
 
 
 @dataclass(frozen=True)
@@ -78,52 +74,22 @@ class MemoryEstimate:
 
 def memory_estimate(bundle: Bundle) -> MemoryEstimate:
     config = bundle.config
-    kv_buffers = 2 * 2 * config.num_layers  # {key, value} per layer, two sets (runtime.py's ping-pong)
+    kv_buffers = 2 * 2 * config.num_layers  # {key, value} per layer, two sets (trt_engine.cpp's ping-pong)
     weights = (bundle.path / WEIGHTS_FILE).stat().st_size
     return MemoryEstimate(weights, kv_buffers * kv_buffer_bytes(config, bundle.max_seq_len))
 
 
-def free_device_memory(meminfo: Path | None = None) -> tuple[int, str]:
-    """(free bytes, where the figure comes from): cudaMemGetInfo through cuda-python when it is installed, else
-    MemAvailable of /proc/meminfo (Jetson's GPU shares the system memory). CudaError / EngineBuildError when
-    neither can tell."""
-    if cuda.runtime_module() is not None:
-        free, _total = cuda.call("cudaMemGetInfo")
-        return int(free), "cudaMemGetInfo"
-    meminfo = MEMINFO if meminfo is None else meminfo
-    try:
-        lines = meminfo.read_text().splitlines()
-    except OSError as error:
-        raise EngineBuildError(f"{meminfo}: cannot read the free memory ({error}) and cuda-python is absent") from None
-    for line in lines:
-        field, _, value = line.partition(":")
-        if field == "MemAvailable":
-            number, _, unit = value.strip().partition(" ")
-            if unit != "kB" or not number.isdigit():
-                raise EngineBuildError(f"{meminfo}: field MemAvailable: expected '<n> kB', found {value.strip()!r}")
-            return int(number) * 1024, f"{meminfo} MemAvailable"
-    raise EngineBuildError(f"{meminfo}: expected a field MemAvailable, found none")
-
-
-def check_device_memory(bundle: Bundle, meminfo: Path | None = None) -> None:
-    """EngineBuildError, with the figures, when this device cannot build and then run the bundle's engine."""
+def check_device_memory(bundle: Bundle, free: int) -> None:
+    """EngineBuildError, with the figures, when `free` bytes of device memory cannot build and then run the engine."""
     estimate = memory_estimate(bundle)
-    free, source = free_device_memory(meminfo)
     if free < estimate.required:
         raise EngineBuildError(
             f"{bundle.path}: building the engine needs about {estimate.build >> 20} MiB "
             f"({BUILD_WEIGHT_COPIES} x {WEIGHTS_FILE}'s {estimate.weights >> 20} MiB: the parser's copy and the "
             f"engine's), running it about {estimate.running >> 20} MiB (the weights once and a "
-            f"{estimate.kv_cache >> 20} MiB KV cache), found {free >> 20} MiB free ({source}); free memory, export a "
-            "smaller dtype or a shorter max_seq_len"
+            f"{estimate.kv_cache >> 20} MiB KV cache), found {free >> 20} MiB free (cudaMemGetInfo); free memory, "
+            "export a smaller dtype or a shorter max_seq_len"
         )
-
-
-def current_key(trt: ModuleType, bundle: Bundle) -> EngineKey:
-    name, capability = cuda.device_description()
-    return EngineKey(
-        tensorrt_version_key(trt.__version__), name, capability, bundle.manifest.raw[MANIFEST_DIGEST_FIELD]
-    )
 
 
 def _build(trt: ModuleType, logger, path: Path, profiles: list[dict]) -> bytes:
@@ -164,16 +130,17 @@ def build_engine(
 ) -> Path:
     """The engine directory of an opened bundle for this TensorRT and GPU, building it when absent (or when force).
 
-    Returns <cache>/<key digest>, holding model.engine and engine.json. cache_dir defaults to
-    default_cache_dir(). Raises BackendUnavailable when TensorRT, cuda-python, a GPU or the plugin library is
-    missing, EngineBuildError when TensorRT fails on the bundle's graphs or the device lacks the memory
-    (check_device_memory).
+    Returns the directory libedge_sdk names for the bundle (<cache>/<key digest>), holding model.engine and
+    engine.json; cache_dir None is the cache backend "tensorrt" reads. Raises BackendUnavailable when the tensorrt
+    Python package is missing or libedge_sdk's TensorRT backend is not available here (no TensorRT in the build, no
+    GPU, no plugin library), EngineBuildError when TensorRT fails on the bundle's graph or the device lacks the memory.
     """
     bundle_path = bundle.path
+    # first: libedge_sdk, loaded next, then links the libnvinfer the tensorrt package loaded (one soname, one copy)
     trt = import_tensorrt()
-    key = current_key(trt, bundle)
-    directory = engine_dir(Path(cache_dir) if cache_dir is not None else default_cache_dir(), key)
-    if not force and is_complete(directory, key):
+    info = tensorrt_engine_info(bundle, cache_dir)
+    directory = Path(info["directory"])
+    if not force and info["cached"]:
         return directory
     if bundle.manifest.dtype in QUANTIZED_DTYPES:
         raise EngineBuildError(
@@ -189,16 +156,16 @@ def build_engine(
         ]
     except ValueError as error:
         raise EngineBuildError(f"{bundle_path}: no TensorRT engine for this bundle: {error}") from None
-    load_plugin_library(trt)
-    check_device_memory(bundle)
+    check_plugins_visible(trt, info["backend"])
+    check_device_memory(bundle, int(info["device_memory_free"]))
     directory.mkdir(parents=True, exist_ok=True)
     logger = trt.Logger(trt.Logger.WARNING)
     if log is not None:
-        log(f"building the engine of {bundle_path} (profiles {', '.join(PROFILES)}) for {key.describe()}")
+        log(f"building the engine of {bundle_path} (profiles {', '.join(PROFILES)}) for {info['description']}")
     serialized = _build(trt, logger, bundle.graph_path(ENGINE_GRAPH), profiles)
-    target = directory / ENGINE_FILE
+    target = Path(info["engine_file"])
     staging = target.with_suffix(".partial")
     staging.write_bytes(serialized)
     os.replace(staging, target)
-    write_metadata(directory, key, bundle_path)
+    Path(info["metadata_file"]).write_text(json.dumps(info["metadata"], indent=2) + "\n")
     return directory

@@ -31,7 +31,7 @@ def bench_e2e(
     on_progress(phase, done, total) is called after each run."""
     bundle = Bundle.open(bundle_path)
     choice = bundle.sparsity.resolve(sparsity)  # raises, naming the calibrated levels, before any work
-    selection = select_backend(backend)
+    selection = select_backend(backend, bundle)
     ids = Tokenizer.from_bundle(bundle).encode(prompt)
     decode_tokens = min(decode_tokens, bundle.max_seq_len - len(ids))
     results: dict[str, Any] = {

@@ -305,7 +305,7 @@ def evaluate_bundle(
     max_seq_len = bundle.max_seq_len
     context = min(DEFAULT_CONTEXT, max_seq_len) if context is None else context
     check_window_settings(context, prompt_tokens, max_seq_len)
-    selection = select_backend(backend)
+    selection = select_backend(backend, bundle)
     windows = held_out_windows(Tokenizer.from_bundle(bundle), texts, max_tokens, context, prompt_tokens)
 
     runs = {}

@@ -135,7 +135,7 @@ def _validate(checkpoint: Checkpoint | GgufCheckpoint, settings: ExportSettings)
 
 
 def export_bundle(
-    model_dir: str | Path,
+    source: str | Path | Checkpoint | GgufCheckpoint,
     out_dir: str | Path,
     settings: ExportSettings,
     calibration_files: Sequence[str | Path] = (),
@@ -145,11 +145,15 @@ def export_bundle(
     on_tensor_written: Callable[[str], None] | None = None,
     on_layer_validated: Callable[[int], None] | None = None,
 ) -> Bundle:
-    """Export a checkpoint directory or a GGUF file to a bundle at out_dir; returns the opened bundle.
+    """Export a checkpoint directory or a GGUF file (a path, or the checkpoint opened from it) to a bundle at
+    out_dir; returns the opened bundle.
 
     force: replace an earlier edge-sdk bundle at out_dir (nothing else is ever replaced)."""
+    opened = not isinstance(source, (str, Path))
+    model_dir = source.model_dir if opened else source
     target = check_output(out_dir, force, model_dir, (*calibration_files, *evaluation_files))
-    checkpoint = open_checkpoint(model_dir)
+    # opening a GGUF parses its whole metadata (the vocabulary as numpy arrays): a caller that opened it passes it on
+    checkpoint = source if opened else open_checkpoint(model_dir)
     config = checkpoint.config
     max_seq_len = _validate(checkpoint, settings)
     # a bundle carries a tokenizer its readers load; every runtime stops on the manifest's eos ids, so they include

@@ -1,8 +1,9 @@
 """Backend registry, probing and selection (DESIGN.md 3.5).
 
 Each backend is a module edge_sdk.backends.<name> exposing BACKEND, an object with a `name`,
-`probe() -> (available, reason)` and `load(bundle, options) -> Engine`. Auto selection tries them in
-BACKEND_ORDER and reports why each earlier one was skipped; a backend the user named that is not
+`probe() -> (available, reason)` and `load(bundle, options) -> Engine`; one that can run some bundles and not others
+here also has `probe_bundle(bundle) -> (available, reason)` (TensorRT: is the bundle's engine cached). Auto selection
+tries them in BACKEND_ORDER and reports why each earlier one was skipped; a backend the user named that is not
 available is an error, never a silent fallback.
 """
 
@@ -93,12 +94,23 @@ class Selection:
         return lines
 
 
-def select_backend(requested: str | None = None) -> Selection:
-    """`requested` (or $EDGE_SDK_BACKEND) names a backend, or is "auto"/None for the first available."""
+def _usable(backend: Backend, bundle) -> tuple[bool, str]:
+    """probe(), then, given a bundle, the backend's probe_bundle when it has one."""
+    available, reason = backend.probe()
+    probe_bundle = getattr(backend, "probe_bundle", None)
+    if not available or bundle is None or probe_bundle is None:
+        return available, reason
+    ready, detail = probe_bundle(bundle)
+    return (True, f"{reason}; {detail}") if ready else (False, detail)
+
+
+def select_backend(requested: str | None = None, bundle=None) -> Selection:
+    """`requested` (or $EDGE_SDK_BACKEND) names a backend, or is "auto"/None for the first available; with the opened
+    bundle given, for the first that can run it."""
     choice = requested or os.environ.get(BACKEND_ENV) or "auto"
     if choice != "auto":
         backend = get_backend(choice)
-        available, reason = backend.probe()
+        available, reason = _usable(backend, bundle)
         if not available:
             source = "--backend" if requested else f"${BACKEND_ENV}"
             raise BackendUnavailable(f"backend '{choice}' ({source}) is not available here: {reason}")
@@ -106,7 +118,7 @@ def select_backend(requested: str | None = None) -> Selection:
     skipped = []
     for name in BACKEND_ORDER:
         backend = get_backend(name)
-        available, reason = backend.probe()
+        available, reason = _usable(backend, bundle)
         if available:
             return Selection(backend, reason, skipped)
         skipped.append((name, reason))
@@ -114,5 +126,6 @@ def select_backend(requested: str | None = None) -> Selection:
     raise BackendUnavailable(f"no backend is available: {details}")
 
 
-def probe_all() -> dict[str, tuple[bool, str]]:
-    return {name: get_backend(name).probe() for name in BACKEND_ORDER}
+def probe_all(bundle=None) -> dict[str, tuple[bool, str]]:
+    """Each backend's (available, reason); with an opened bundle, whether it can run that one."""
+    return {name: _usable(get_backend(name), bundle) for name in BACKEND_ORDER}

@@ -62,12 +62,22 @@ def native_libraries() -> dict[str, Any]:
     return libraries
 
 
-def backend_status() -> dict[str, dict[str, Any]]:
-    """Each backend's probe, in the order auto selection tries them."""
+def backend_status(bundle=None) -> dict[str, dict[str, Any]]:
+    """Each backend's probe, in the order auto selection tries them; with an opened bundle, whether it runs that."""
     from edge_sdk.runtime.backends import probe_all
 
-    return {name: {"available": available, "reason": reason} for name, (available, reason) in probe_all().items()}
+    probes = probe_all(bundle)
+    return {name: {"available": available, "reason": reason} for name, (available, reason) in probes.items()}
 
 
-def diagnose() -> dict[str, Any]:
-    return {"versions": package_versions(), "native": native_libraries(), "backends": backend_status()}
+def diagnose(bundle_path: str | None = None) -> dict[str, Any]:
+    """The report; bundle_path: also say which backends run that bundle here (TensorRT: is its engine cached)."""
+    report: dict[str, Any] = {"versions": package_versions(), "native": native_libraries()}
+    bundle = None
+    if bundle_path is not None:
+        from edge_sdk.bundle import Bundle
+
+        bundle = Bundle.open(bundle_path, verify_checksums=False)  # sizes and the manifest digest; no hashing
+        report["bundle"] = str(bundle.path)
+    report["backends"] = backend_status(bundle)
+    return report

@@ -118,6 +118,28 @@ EDGE_API edge_status edge_options_set_verify_checksums(edge_options *options, in
 /** KV cache length of each session, 1 <= max_seq_len <= the bundle's max_seq_len; 0 = the bundle's. */
 EDGE_API edge_status edge_options_set_max_seq_len(edge_options *options, int max_seq_len);
 
+/* ---- Backends ------------------------------------------------------------------------------------------- */
+
+/** Whether `backend` ("cpu" or "tensorrt") can run here, before any bundle: EDGE_OK with *description (a static or
+ * thread-local text, valid until the next probe on this thread) saying what runs, or EDGE_ERROR_UNAVAILABLE with
+ * edge_last_error() saying why not, in this order: this build has no TensorRT engine, TensorRT is older than 10.3,
+ * there is no CUDA device, TensorRT cannot load libedge_trt_plugins.so. "tensorrt" registers the plugin library with
+ * the process's TensorRT plugin registry (once per process, as edge_model_open does), so a program that builds
+ * engines through TensorRT's own API in this process finds the plugins there. */
+EDGE_API edge_status edge_backend_probe(const char *backend, const char **description);
+
+/** The TensorRT engine of a bundle on this device, for the program that builds it (`edge-sdk build`): *json (free
+ * with edge_free) is one JSON object with the engine's key (tensorrt_version, gpu_name, compute_capability,
+ * bundle_sha256), `directory`, `engine_file` and `metadata_file` (where backend "tensorrt" looks for model.engine and
+ * engine.json), `metadata` (the object engine.json must hold), `cached` (true when both are there for this key) and
+ * `reason` (why not, as edge_model_open would say; null when cached), `description` (the key in words), `backend`
+ * and `plugin_library` (as edge_backend_probe), `device_memory_free` and `device_memory_total` (cudaMemGetInfo, in
+ * bytes). cache_dir NULL means the cache backend "tensorrt" reads: $EDGE_SDK_ENGINE_CACHE, else
+ * $XDG_CACHE_HOME/edge-sdk/tensorrt, else ~/.cache/edge-sdk/tensorrt. The bundle is opened as edge_model_open does
+ * without the sha256 checks (sizes and manifest_sha256 are checked). Fails as edge_backend_probe("tensorrt") does,
+ * or with the bundle's error. */
+EDGE_API edge_status edge_tensorrt_engine_info(const char *bundle_dir, const char *cache_dir, char **json);
+
 /* ---- Model --------------------------------------------------------------------------------------------- */
 
 /** Opens and verifies a bundle directory with the rules of edge_sdk/bundle/README.md, the Python readers' rules:

@@ -15,8 +15,10 @@
 #define EDGE_SDK_VERSION "unknown"
 #endif
 
-#define TENSORRT_UNAVAILABLE \
-  "backend 'tensorrt': this build of libedge_sdk has no TensorRT engine (TensorRT not found at build time)"
+#define TENSORRT_UNAVAILABLE                                                                                     \
+  "backend 'tensorrt': this build of libedge_sdk has no TensorRT engine (TensorRT not found at build time): rebuild " \
+  "it where TensorRT 10.3 or later (NvInfer.h, libnvinfer) and the CUDA runtime are installed "                      \
+  "(plugins/tensorrt/JETSON.md)"
 
 const char *edge_version(void) { return EDGE_SDK_VERSION; }
 
@@ -107,6 +109,44 @@ edge_status edge_options_set_max_seq_len(edge_options *options, int max_seq_len)
   }
   options->max_seq_len = max_seq_len;
   return EDGE_OK;
+}
+
+/* ---- Backends ------------------------------------------------------------------------------------------- */
+
+edge_status edge_backend_probe(const char *backend, const char **description) {
+  edge_clear_error();
+  if (backend == NULL || description == NULL) return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "edge_backend_probe: NULL argument");
+  if (strcmp(backend, "cpu") == 0) {
+    *description = "the C engine on the CPU kernels";
+    return EDGE_OK;
+  }
+  if (strcmp(backend, "tensorrt") != 0) {
+    return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "backend: expected 'cpu' or 'tensorrt', found '%.64s'", backend);
+  }
+#ifdef EDGE_SDK_HAVE_TENSORRT
+  return trt_probe(description);
+#else
+  return edge_fail(EDGE_ERROR_UNAVAILABLE, TENSORRT_UNAVAILABLE);
+#endif
+}
+
+edge_status edge_tensorrt_engine_info(const char *bundle_dir, const char *cache_dir, char **json) {
+  edge_clear_error();
+  if (bundle_dir == NULL || json == NULL) {
+    return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "edge_tensorrt_engine_info: NULL argument");
+  }
+  *json = NULL;
+#ifdef EDGE_SDK_HAVE_TENSORRT
+  struct bundle bundle;
+  edge_status status = bundle_open(bundle_dir, 0, &bundle);
+  if (status != EDGE_OK) return status;
+  status = trt_engine_info(&bundle, cache_dir, json);
+  bundle_close(&bundle);
+  return status;
+#else
+  (void)cache_dir;
+  return edge_fail(EDGE_ERROR_UNAVAILABLE, TENSORRT_UNAVAILABLE);
+#endif
 }
 
 /* ---- Model ---------------------------------------------------------------------------------------------- */

@@ -1,14 +1,18 @@
-/* The TensorRT engine behind backend "tensorrt" (struct engine_ops of model.h): the C++ twin of
- * backends/tensorrt/runtime.py. It never builds engines: it runs the model.engine that `edge-sdk build BUNDLE`
- * cached under <cache>/<key digest>/ (backends/tensorrt/cache.py), with the edge-sdk plugin library
- * (libedge_trt_plugins.so) registered through IPluginRegistry::loadLibrary. That one engine, built from decode.onnx,
- * holds the weights once and has two optimization profiles (backends/tensorrt/profiles.py): 0 = prefill (a prompt on
- * an empty cache: the graph's dense FFN), 1 = decode (one token after the prompt: predictor and SparseFFN).
+/* The TensorRT engine behind backend "tensorrt" (struct engine_ops of model.h), and the one place that knows where an
+ * engine is cached and how the plugins are loaded: the Python TensorRT backend runs this engine through libedge_sdk
+ * (backends/c_runtime.py), and `edge-sdk build` (backends/tensorrt/builder.py, which builds with TensorRT's Python
+ * API) learns from edge_tensorrt_engine_info where to write the engine and gets the plugins registered here. It
+ * never builds engines: it runs the model.engine that `edge-sdk build BUNDLE` cached under <cache>/<key digest>/,
+ * with the edge-sdk plugin library (libedge_trt_plugins.so) registered through IPluginRegistry::loadLibrary. That one
+ * engine, built from decode.onnx, holds the weights once and has two optimization profiles
+ * (backends/tensorrt/profiles.py): 0 = prefill (a prompt on an empty cache: the graph's dense FFN), 1 = decode (one
+ * token after the prompt: predictor and SparseFFN).
  *
  * C++ inside, C outside: every entry point catches everything (Failure, std::bad_alloc, any std::exception) and
  * turns it into an edge_status plus the thread's message (edge_fail), like the CPU engine.
  *
- * Model (load): the cache key, the plugin library, one IRuntime and the deserialized ICudaEngine.
+ * Probe (edge_backend_probe): TensorRT 10.3 or later, a CUDA device, the plugin library registered.
+ * Model (load): the probe, the cache key and the engine's directory, one IRuntime and the deserialized ICudaEngine.
  * Session (session_create): one execution context per profile, each set to its profile once (switching a context's
  * profile makes TensorRT update its layers on the next enqueue, NvInferRuntime.h 10.3 setOptimizationProfileAsync),
  * both over one block of activation memory (kUSER_MANAGED: they run one after the other on the session's stream),
@@ -24,10 +28,12 @@
  *  - logits [1, seq, vocab] float32, grown when a longer prompt comes; only the last row is copied back,
  *  - decode's scalars sparsity_level (the option's level index) and dense, uploaded once,
  *  - core bundles: core_activations.{i} [1, seq, D] float32 (the prompt's gate activations) written by prefill,
- *    core_mask.{i} [1, D] int32 (1 = core neuron) read by decode; the token-wise core neurons are counted and the masks chosen on the
- *    host with the rule of sparsity/core.py.
+ *    core_mask.{i} [1, D] int32 (1 = core neuron) read by decode; the token-wise core neurons are counted and the
+ *    masks chosen on the host with the rule of predictors/core.py.
  *  Both profiles bind every tensor: each reads only its own (the other branch of the graph has zero rows).
- *  - one pinned host staging buffer for the uploads of ids and positions and the download of the logits row. */
+ *  - one pinned host staging buffer for the uploads of ids and positions and the download of the logits row.
+ * tests/tensorrt/test_engine_buffers.py runs all of it against a fake libnvinfer and CUDA runtime (tests/tensorrt/
+ * fake_tensorrt) whose engine runs decode.onnx in ONNX Runtime on the buffers bound here. */
 #include <NvInfer.h>
 #include <NvInferVersion.h>
 #include <cuda_runtime_api.h>
@@ -40,6 +46,7 @@
 #include <unistd.h>
 
 #include <dirent.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -72,7 +79,8 @@ namespace {
 
 using nvinfer1::DataType;
 
-/* backends/tensorrt/cache.py, profiles.py and availability.py */
+/* The engine cache (cache layout 2: one model.engine with two profiles, backends/tensorrt/profiles.py). Bump the
+ * layout version when the engine's inputs, profiles or build settings change, so older entries are not reused. */
 constexpr int kCacheLayoutVersion = 2;
 constexpr const char *kCacheEnv = "EDGE_SDK_ENGINE_CACHE";
 constexpr const char *kMetadataFile = "engine.json";
@@ -145,9 +153,18 @@ void check_cuda(cudaError_t error, const char *call) {
        std::string(call) + " failed: " + cudaGetErrorString(error));
 }
 
-/* ---- The cache key (cache.py EngineKey) ---------------------------------------------------------------------- */
+/* ---- The cache key ------------------------------------------------------------------------------------------ */
 
-/* tensorrt_version(getInferLibVersion()): trt_version.h, the rule cache.py's tensorrt_version_key applies too. */
+/* tensorrt_version(getInferLibVersion()): MAJOR.MINOR.PATCH (trt_version.h), refused below 10.3. */
+std::string checked_tensorrt_version() {
+  int32_t version = getInferLibVersion();
+  std::string text = tensorrt_version(version);
+  if (version < kMinVersion) {
+    fail(EDGE_ERROR_UNAVAILABLE, "TensorRT " + text + " is too old: the edge-sdk plugins implement IPluginV3, which "
+                                 "needs TensorRT 10.3 or later (JetPack 6.1); JetPack 6.0's TensorRT 8.6 lacks it");
+  }
+  return text;
+}
 
 struct Device {
   std::string name;       /* cudaDeviceProp.name */
@@ -219,10 +236,12 @@ std::string json_string(const std::string &text) {
   return out + "\"";
 }
 
+/* What an engine is only valid for. */
 struct EngineKey {
   std::string tensorrt_version, gpu_name, compute_capability, bundle_sha256;
 
-  /* sha256 of json.dumps(asdict(key) | {"cache_layout_version": kCacheLayoutVersion}, sort_keys=True) */
+  /* sha256 of the key's fields and the cache layout version as Python's json.dumps(fields, sort_keys=True) writes
+   * them: the rule of cache layout 2, so engines cached before the key moved here are still found. */
   std::string digest() const {
     std::string text = "{\"bundle_sha256\": " + json_string(bundle_sha256) +
                        ", \"cache_layout_version\": " + std::to_string(kCacheLayoutVersion) +
@@ -245,9 +264,46 @@ struct EngineKey {
   }
 };
 
-/* cache.py default_cache_dir: $EDGE_SDK_ENGINE_CACHE, else $XDG_CACHE_HOME/edge-sdk/tensorrt, else
- * ~/.cache/edge-sdk/tensorrt. */
-std::string cache_dir() {
+/* What backend "tensorrt" needs before any bundle: TensorRT 10.3 or later, a CUDA device, the plugins registered. */
+struct Backend {
+  std::string tensorrt_version;
+  Device device;
+  std::string plugins; /* the plugin library's path */
+
+  std::string describe() const {
+    return "TensorRT " + tensorrt_version + " on " + device.name + " (compute capability " + device.capability +
+           "), plugins " + plugins;
+  }
+};
+
+std::string load_plugin_library();
+
+Backend probe_backend() {
+  Backend backend;
+  backend.tensorrt_version = checked_tensorrt_version();
+  backend.device = device_description();
+  backend.plugins = load_plugin_library();
+  return backend;
+}
+
+/* The key of a bundle (its verified manifest) on this backend. */
+EngineKey engine_key(const Backend &backend, const cJSON *manifest) {
+  EngineKey key;
+  key.tensorrt_version = backend.tensorrt_version;
+  key.gpu_name = backend.device.name;
+  key.compute_capability = backend.device.capability;
+  const char *sha = nullptr;
+  if (json_string_field(manifest, "manifest_sha256", "manifest.json", &sha) != EDGE_OK) {
+    fail(EDGE_ERROR_BUNDLE, std::string("the bundle's manifest: ") + edge_last_error());
+  }
+  key.bundle_sha256 = sha;
+  return key;
+}
+
+/* The cache directory: `chosen` when given (edge-sdk build --cache-dir), else $EDGE_SDK_ENGINE_CACHE, else
+ * $XDG_CACHE_HOME/edge-sdk/tensorrt, else ~/.cache/edge-sdk/tensorrt. */
+std::string cache_dir(const char *chosen) {
+  if (chosen != nullptr && chosen[0] != '\0') return chosen;
   const char *value = std::getenv(kCacheEnv);
   if (value != nullptr && value[0] != '\0') return value;
   value = std::getenv("XDG_CACHE_HOME");
@@ -295,72 +351,138 @@ std::string version_message(const std::string &built, const std::string &current
          " --force` (engine in " + directory + ")";
 }
 
-/* The engine directory of key, checked like cache.py is_complete; the two messages of a missing or stale one. */
-std::string find_engine_dir(const EngineKey &key, const std::string &bundle) {
-  std::string cache = cache_dir();
-  std::string directory = cache + "/" + key.digest().substr(0, 32);
-  bool complete = is_file(directory + "/" + kEngineFile);
-  std::map<std::string, std::string> recorded = read_metadata(directory);
-  if (complete && !recorded.empty()) {
+/* Where the engine of a key lives, and whether it is there: cached when model.engine is a file and engine.json
+ * records exactly this key; otherwise `message` says why, as edge_model_open reports it. */
+struct EngineLookup {
+  std::string directory;
+  bool cached = false;
+  std::string message;
+};
+
+EngineLookup look_up_engine(const EngineKey &key, const std::string &cache, const std::string &bundle) {
+  EngineLookup found;
+  found.directory = cache + "/" + key.digest().substr(0, 32);
+  std::map<std::string, std::string> recorded = read_metadata(found.directory);
+  if (is_file(found.directory + "/" + kEngineFile) && !recorded.empty()) {
     if (recorded["tensorrt_version"] != key.tensorrt_version) {
-      fail(EDGE_ERROR_UNAVAILABLE, version_message(recorded["tensorrt_version"], key.tensorrt_version, directory, bundle));
+      found.message = version_message(recorded["tensorrt_version"], key.tensorrt_version, found.directory, bundle);
+    } else if (recorded["gpu_name"] != key.gpu_name || recorded["compute_capability"] != key.compute_capability ||
+               recorded["bundle_sha256"] != key.bundle_sha256) {
+      found.message = found.directory + "/" + kMetadataFile + " records another GPU or bundle than " +
+                      key.describe() + ": rebuild with `edge-sdk build " + bundle + " --force`";
+    } else {
+      found.cached = true;
     }
-    if (recorded["gpu_name"] != key.gpu_name || recorded["compute_capability"] != key.compute_capability ||
-        recorded["bundle_sha256"] != key.bundle_sha256) {
-      fail(EDGE_ERROR_UNAVAILABLE, directory + "/" + kMetadataFile + " records another GPU or bundle than " +
-                                       key.describe() + ": rebuild with `edge-sdk build " + bundle + " --force`");
-    }
-    return directory;
+    return found;
   }
   /* Not cached for this key: an engine of this bundle and GPU built by another TensorRT is worth naming. */
   if (DIR *entries = opendir(cache.c_str())) {
-    std::string other, other_dir;
     while (const struct dirent *entry = readdir(entries)) {
       if (entry->d_name[0] == '.') continue;
       std::string candidate = cache + "/" + entry->d_name;
       std::map<std::string, std::string> fields = read_metadata(candidate);
       if (!fields.empty() && fields["bundle_sha256"] == key.bundle_sha256 && fields["gpu_name"] == key.gpu_name &&
           fields["tensorrt_version"] != key.tensorrt_version) {
-        other = fields["tensorrt_version"];
-        other_dir = candidate;
+        found.message = version_message(fields["tensorrt_version"], key.tensorrt_version, candidate, bundle);
         break;
       }
     }
     closedir(entries);
-    if (!other.empty()) fail(EDGE_ERROR_UNAVAILABLE, version_message(other, key.tensorrt_version, other_dir, bundle));
   }
-  fail(EDGE_ERROR_UNAVAILABLE, "no TensorRT engine cached for this bundle on this device: run `edge-sdk build " +
-                                   bundle + "` first (looked in " + directory + ", for " + key.describe() + ")");
+  if (found.message.empty()) {
+    found.message = "no TensorRT engine cached for this bundle on this device: run `edge-sdk build " + bundle +
+                    "` first (looked in " + found.directory + ", for " + key.describe() + ")";
+  }
+  return found;
 }
 
-/* ---- The plugin library (availability.py): $EDGE_SDK_TRT_PLUGINS, else the install directory, else the
- * dynamic loader's search path. Registered once per process: loadLibrary refuses plugins already registered. ---- */
+/* ---- The plugin library: $EDGE_SDK_TRT_PLUGINS, else next to libedge_sdk (the Python package keeps both in
+ * edge_sdk/_native), else EDGE_SDK_TRT_PLUGIN_DIR (the install libdir), else the dynamic loader's search path.
+ * Registered once per process: loadLibrary refuses plugins already registered, so a program that builds engines with
+ * TensorRT's API in this process (edge-sdk build) gets them from here too. --------------------------------------- */
 
 std::mutex plugin_lock;
 std::string plugin_loaded; /* guarded by plugin_lock */
 
-void load_plugin_library() {
-  std::lock_guard<std::mutex> guard(plugin_lock);
-  if (!plugin_loaded.empty()) return;
-  std::string path;
+/* The directory of the file this code was loaded from (libedge_sdk.so, or a program linking the static library). */
+std::string own_directory() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void *>(&own_directory), &info) == 0 || info.dli_fname == nullptr) return "";
+  std::string path = info.dli_fname;
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "" : path.substr(0, slash);
+}
+
+std::string plugin_library_path() {
   const char *value = std::getenv(kPluginEnv);
   if (value != nullptr && value[0] != '\0') {
-    path = value;
-    if (!is_file(path)) fail(EDGE_ERROR_UNAVAILABLE, std::string("$") + kPluginEnv + " = " + path + " is not a file");
-  } else if (EDGE_SDK_TRT_PLUGIN_DIR[0] != '\0' && is_file(std::string(EDGE_SDK_TRT_PLUGIN_DIR) + "/" + kPluginLibrary)) {
-    path = std::string(EDGE_SDK_TRT_PLUGIN_DIR) + "/" + kPluginLibrary;
-  } else {
-    path = kPluginLibrary; /* dlopen's search: LD_LIBRARY_PATH, the ld.so cache */
+    if (!is_file(value)) fail(EDGE_ERROR_UNAVAILABLE, std::string("$") + kPluginEnv + " = " + value + " is not a file");
+    return value;
   }
+  for (const std::string &directory : {own_directory(), std::string(EDGE_SDK_TRT_PLUGIN_DIR)}) {
+    if (!directory.empty() && is_file(directory + "/" + kPluginLibrary)) return directory + "/" + kPluginLibrary;
+  }
+  return kPluginLibrary; /* dlopen's search: LD_LIBRARY_PATH, the ld.so cache */
+}
+
+/* Registers the plugin library with TensorRT's plugin registry (once per process); its path. */
+std::string load_plugin_library() {
+  std::lock_guard<std::mutex> guard(plugin_lock);
+  if (!plugin_loaded.empty()) return plugin_loaded;
+  std::string path = plugin_library_path();
   nvinfer1::IPluginRegistry *registry = getPluginRegistry();
   last_tensorrt_error[0] = '\0';
   if (registry == nullptr || registry->loadLibrary(path.c_str()) == nullptr) {
+    std::string next_to = own_directory();
     fail(EDGE_ERROR_UNAVAILABLE,
          "TensorRT could not load the plugin library " + path + tensorrt_said() + "; build " + kPluginLibrary +
              " on this device (plugins/tensorrt/JETSON.md) and set $" + kPluginEnv + " to its path" +
-             (EDGE_SDK_TRT_PLUGIN_DIR[0] != '\0' ? std::string(" or install it in ") + EDGE_SDK_TRT_PLUGIN_DIR : ""));
+             (next_to.empty() ? std::string() : " or put it in " + next_to) +
+             (EDGE_SDK_TRT_PLUGIN_DIR[0] != '\0' ? std::string(" or ") + EDGE_SDK_TRT_PLUGIN_DIR : ""));
   }
   plugin_loaded = path;
+  return path;
+}
+
+/* ---- Engine info ---------------------------------------------------------------------------------------------- */
+
+thread_local std::string probe_description;
+
+/* edge_tensorrt_engine_info's JSON: the key, where the engine and its engine.json go, whether they are there (and
+ * why not), the record engine.json holds, the backend, the plugin library and the device's free memory. */
+std::string engine_info_json(const cJSON *manifest, const std::string &bundle, const char *chosen_cache) {
+  Backend backend = probe_backend();
+  EngineKey key = engine_key(backend, manifest);
+  EngineLookup lookup = look_up_engine(key, cache_dir(chosen_cache), bundle);
+  size_t free_bytes = 0, total_bytes = 0;
+  check_cuda(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  std::unique_ptr<cJSON, void (*)(cJSON *)> info(cJSON_CreateObject(), cJSON_Delete);
+  cJSON *metadata = info ? cJSON_AddObjectToObject(info.get(), "metadata") : nullptr;
+  if (metadata == nullptr) throw std::bad_alloc();
+  cJSON_AddNumberToObject(metadata, "cache_layout_version", kCacheLayoutVersion);
+  cJSON_AddStringToObject(metadata, "bundle", bundle.c_str());
+  for (cJSON *object : {info.get(), metadata}) {
+    cJSON_AddStringToObject(object, "tensorrt_version", key.tensorrt_version.c_str());
+    cJSON_AddStringToObject(object, "gpu_name", key.gpu_name.c_str());
+    cJSON_AddStringToObject(object, "compute_capability", key.compute_capability.c_str());
+    cJSON_AddStringToObject(object, "bundle_sha256", key.bundle_sha256.c_str());
+  }
+  cJSON_AddStringToObject(info.get(), "description", key.describe().c_str());
+  cJSON_AddStringToObject(info.get(), "directory", lookup.directory.c_str());
+  cJSON_AddStringToObject(info.get(), "engine_file", (lookup.directory + "/" + kEngineFile).c_str());
+  cJSON_AddStringToObject(info.get(), "metadata_file", (lookup.directory + "/" + kMetadataFile).c_str());
+  cJSON_AddBoolToObject(info.get(), "cached", lookup.cached);
+  if (lookup.cached) cJSON_AddNullToObject(info.get(), "reason");
+  else cJSON_AddStringToObject(info.get(), "reason", lookup.message.c_str());
+  cJSON_AddStringToObject(info.get(), "backend", backend.describe().c_str());
+  cJSON_AddStringToObject(info.get(), "plugin_library", backend.plugins.c_str());
+  cJSON_AddNumberToObject(info.get(), "device_memory_free", (double)free_bytes);
+  cJSON_AddNumberToObject(info.get(), "device_memory_total", (double)total_bytes);
+  char *text = cJSON_PrintUnformatted(info.get());
+  if (text == nullptr) throw std::bad_alloc();
+  std::string result = text;
+  cJSON_free(text);
+  return result;
 }
 
 /* ---- Model ---------------------------------------------------------------------------------------------------- */
@@ -513,27 +635,13 @@ void load(struct edge_model *edge, TrtModel &model) {
   model.sparsity = &edge->sparsity;
   model.bundle = edge->bundle.root;
   model.core = edge->sparsity.predictor == PREDICTOR_CORE;
-  int32_t version = getInferLibVersion();
-  EngineKey key;
-  key.tensorrt_version = tensorrt_version(version);
-  if (version < kMinVersion) {
-    fail(EDGE_ERROR_UNAVAILABLE, "TensorRT " + key.tensorrt_version + " is too old: the edge-sdk plugins implement "
-                                 "IPluginV3, which needs TensorRT 10.3 or later (JetPack 6.1)");
-  }
-  Device device = device_description();
-  key.gpu_name = device.name;
-  key.compute_capability = device.capability;
-  const char *sha = nullptr;
-  if (json_string_field(edge->bundle.manifest, "manifest_sha256", "manifest.json", &sha) != EDGE_OK) {
-    fail(EDGE_ERROR_BUNDLE, std::string("the bundle's manifest: ") + edge_last_error());
-  }
-  key.bundle_sha256 = sha;
-  std::string directory = find_engine_dir(key, model.bundle);
-  load_plugin_library();
+  EngineKey key = engine_key(probe_backend(), edge->bundle.manifest);
+  EngineLookup lookup = look_up_engine(key, cache_dir(nullptr), model.bundle);
+  if (!lookup.cached) fail(EDGE_ERROR_UNAVAILABLE, lookup.message);
   last_tensorrt_error[0] = '\0';
   model.runtime.reset(nvinfer1::createInferRuntime(logger()));
   if (!model.runtime) fail(EDGE_ERROR_INTERNAL, "createInferRuntime failed" + tensorrt_said());
-  deserialize(model, model.graph, directory + "/" + kEngineFile, key);
+  deserialize(model, model.graph, lookup.directory + "/" + kEngineFile, key);
   check_interface(model);
 }
 
@@ -923,6 +1031,24 @@ edge_status trt_decode(void *state, int32_t token, int position, float *logits) 
 }
 
 }  // namespace
+
+extern "C" edge_status trt_probe(const char **description) {
+  return guarded("probe", [&] {
+    probe_description = probe_backend().describe();
+    *description = probe_description.c_str();
+  });
+}
+
+extern "C" edge_status trt_engine_info(const struct bundle *bundle, const char *cache_dir, char **json) {
+  *json = nullptr;
+  return guarded("engine info", [&] {
+    std::string text = engine_info_json(bundle->manifest, bundle->root, cache_dir);
+    char *copy = static_cast<char *>(std::malloc(text.size() + 1));
+    if (copy == nullptr) throw std::bad_alloc();
+    std::memcpy(copy, text.c_str(), text.size() + 1);
+    *json = copy;
+  });
+}
 
 extern "C" const struct engine_ops trt_engine_ops = {
     "tensorrt", trt_load, trt_unload, trt_session_create, trt_session_destroy, trt_prefill, trt_decode,

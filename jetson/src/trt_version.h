@@ -1,7 +1,7 @@
-/* The TensorRT version in an engine cache key, shared rule with backends/tensorrt/cache.py tensorrt_version_key:
- * MAJOR.MINOR.PATCH of the library, never the build number. JetPack 6.1 and 6.2 ship TensorRT 10.3.0.30, whose
- * Python bindings report "10.3.0.30" while getInferLibVersion() returns 100300; keying on either in full would make
- * the C runtime miss every engine `edge-sdk build` cached. */
+/* The TensorRT version in an engine cache key (trt_engine.cpp, the only place the key is computed, for the engine
+ * `edge-sdk build` writes and the one the C engine reads): MAJOR.MINOR.PATCH of the library, never the build number.
+ * JetPack 6.1 and 6.2 ship TensorRT 10.3.0.30, whose Python bindings report "10.3.0.30" while getInferLibVersion()
+ * returns 100300: cache layout 2 keyed both as 10.3.0, and engines cached then are found under the same key. */
 #ifndef EDGE_SDK_TRT_VERSION_H
 #define EDGE_SDK_TRT_VERSION_H
 

@@ -132,6 +132,25 @@ static void check_basics(void) {
   edge_tokenizer_destroy(NULL);
 }
 
+/* The test drivers are built without TensorRT (tests/tensorrt covers the engine on a fake TensorRT). */
+static void check_backends(const char *bundle) {
+  const char *description = NULL;
+  CHECK_STATUS(edge_backend_probe("cpu", &description), EDGE_OK);
+  CHECK(description != NULL && strstr(description, "CPU") != NULL);
+  CHECK_STATUS(edge_backend_probe("tensorrt", &description), EDGE_ERROR_UNAVAILABLE);
+  CHECK(strstr(edge_last_error(), "this build of libedge_sdk has no TensorRT engine (TensorRT not found at build time)"));
+  CHECK_STATUS(edge_backend_probe("gpu", &description), EDGE_ERROR_INVALID_ARGUMENT);
+  CHECK(strstr(edge_last_error(), "expected 'cpu' or 'tensorrt', found 'gpu'") != NULL);
+  CHECK_STATUS(edge_backend_probe(NULL, &description), EDGE_ERROR_INVALID_ARGUMENT);
+  CHECK_STATUS(edge_backend_probe("cpu", NULL), EDGE_ERROR_INVALID_ARGUMENT);
+  char *json = (char *)&json;
+  CHECK_STATUS(edge_tensorrt_engine_info(bundle, NULL, &json), EDGE_ERROR_UNAVAILABLE);
+  CHECK(json == NULL);
+  CHECK(strstr(edge_last_error(), "this build of libedge_sdk has no TensorRT engine") != NULL);
+  CHECK_STATUS(edge_tensorrt_engine_info(NULL, NULL, &json), EDGE_ERROR_INVALID_ARGUMENT);
+  CHECK_STATUS(edge_tensorrt_engine_info(bundle, NULL, NULL), EDGE_ERROR_INVALID_ARGUMENT);
+}
+
 static void check_open_options(const char *bundle, const char *signbit_bundle) {
   edge_status status;
   edge_model *model = open_model(bundle, "tensorrt", -1.0, 0, 0, &status);
@@ -316,6 +335,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   check_basics();
+  check_backends(argv[1]);
   check_open_options(argv[1], argv[2]);
   edge_status status;
   edge_model *model = open_model(argv[1], "cpu", -1.0, 0, 0, &status);

@@ -3,7 +3,8 @@
 TensorRT is never installed by these tests: point $TENSORRT_INCLUDE_DIR at a directory holding NvInfer.h (for example
 the include/ folder of github.com/NVIDIA/TensorRT at release/10.3) and have the CUDA headers (cuda_runtime_api.h under
 $CUDA_INCLUDE_DIR or /usr/local/cuda*/include). Without them the tests skip. The build without TensorRT, and its
-"no TensorRT engine" message for backend "tensorrt", is covered by test_c_runtime.py.
+"no TensorRT engine" message for backend "tensorrt", is covered by test_c_runtime.py; the engine's behaviour, on a fake
+TensorRT built from headers of our own, by tests/tensorrt/test_engine_buffers.py.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def test_trt_engine_compiles_cleanly_against_tensorrt_headers():
         "-fsyntax-only",
         "-Wall",
         "-Wextra",
+        "-Werror",
         "-I",
         JETSON / "include",
         "-I",

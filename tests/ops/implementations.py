@@ -375,25 +375,35 @@ class TensorRT:
 
     @functools.cache  # noqa: B019 (one instance per session)
     def unavailable(self) -> str | None:
+        import importlib.util
+
         from edge_sdk.backends.tensorrt import BACKEND
 
-        available, reason = BACKEND.probe()
-        return None if available else reason
+        from ..gpu.cuda_harness import gpu_unavailable_reason
+
+        available, reason = BACKEND.probe()  # libedge_sdk registers the plugins with TensorRT here
+        if not available:
+            return reason
+        if importlib.util.find_spec("tensorrt") is None:
+            return "the tensorrt Python package is not installed (JetPack: python3-libnvinfer)"
+        return gpu_unavailable_reason()  # device buffers through the CUDA kernel library's runtime
 
     def supports(self, case) -> bool:
         return OnnxRuntime().supports(case)  # the same graphs: mask and bias are inputs, weights are floats
 
     def run(self, case):
         import tensorrt as trt
-        from edge_sdk.backends.tensorrt import cuda
-        from edge_sdk.backends.tensorrt.builder import load_plugin_library
+        from edge_sdk.backends.tensorrt import BACKEND
+        from edge_sdk.backends.tensorrt.builder import check_plugins_visible
 
         from edge_sdk.bundle.graph_ops import DOMAIN, OP_TYPES
         from edge_sdk.formats.onnx_wire import without_functions
 
+        from ..gpu.cuda_harness import Device
+
         model, feeds = op_model(case, feed_bfloat16=True)
         logger = trt.Logger(trt.Logger.WARNING)
-        load_plugin_library(trt)
+        check_plugins_visible(trt, BACKEND.probe()[1])
         builder = trt.Builder(logger)
         network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
         parser = trt.OnnxParser(network, logger)
@@ -410,26 +420,22 @@ class TensorRT:
         assert plan is not None, f"TensorRT could not build the {case.op} engine"
         engine = trt.Runtime(logger).deserialize_cuda_engine(plan)
         context = engine.create_execution_context()
-        stream, buffers = cuda.Stream(), {}
+        device = Device()
         try:
+            buffers = {}
             for name, array in feeds.items():
                 context.set_input_shape(name, array.shape)
-                buffers[name] = cuda.DeviceBuffer(array.nbytes)
-                buffers[name].upload(array)
+                buffers[name] = device.upload(torch.from_numpy(np.ascontiguousarray(array)))
             names = [engine.get_tensor_name(index) for index in range(engine.num_io_tensors)]
             (output,) = [name for name in names if engine.get_tensor_mode(name) == trt.TensorIOMode.OUTPUT]
-            shape = tuple(context.get_tensor_shape(output))
-            dtype = np.float32 if isinstance(case, SparseFFNCase) else np.int32
-            buffers[output] = cuda.DeviceBuffer(int(np.prod(shape)) * 4)
+            dtype = torch.float32 if isinstance(case, SparseFFNCase) else torch.int32
+            buffers[output] = device.empty(tuple(context.get_tensor_shape(output)), dtype)
             for name, buffer in buffers.items():
-                context.set_tensor_address(name, buffer.address)
-            assert context.execute_async_v3(stream.handle), "TensorRT failed to run the engine"
-            stream.synchronize()
-            result = torch.from_numpy(buffers[output].download(shape, dtype))
+                context.set_tensor_address(name, buffer.pointer)
+            assert context.execute_async_v3(device.stream), "TensorRT failed to run the engine"
+            result = device.download(buffers[output])  # waits for the stream
         finally:
-            for buffer in buffers.values():
-                buffer.free()
-            stream.destroy()
+            device.close()
         return (result, None) if isinstance(case, SparseFFNCase) else result
 
 

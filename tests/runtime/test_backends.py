@@ -21,10 +21,10 @@ def test_auto_selection_explains_each_skipped_backend(monkeypatch):
 
 def test_a_named_unavailable_backend_is_an_error_not_a_fallback(monkeypatch):
     monkeypatch.delenv(backends.BACKEND_ENV, raising=False)
-    with pytest.raises(
-        BackendUnavailable, match=r"backend 'tensorrt' \(--backend\) is not available here: the tensorrt"
-    ):
+    reason = backends.get_backend("tensorrt").probe()[1]
+    with pytest.raises(BackendUnavailable) as refused:
         select_backend("tensorrt")
+    assert str(refused.value) == f"backend 'tensorrt' (--backend) is not available here: {reason}"
     monkeypatch.setenv(backends.BACKEND_ENV, "cann")
     with pytest.raises(BackendUnavailable, match=r"backend 'cann' \(\$EDGE_SDK_BACKEND\) is not available here"):
         select_backend()
@@ -66,3 +66,29 @@ def test_nothing_available_lists_every_reason(monkeypatch):
     monkeypatch.setattr(backends, "get_backend", Missing)
     with pytest.raises(BackendUnavailable, match="tensorrt: no tensorrt here; cann: no cann here; cpu: no cpu here"):
         select_backend()
+
+
+class NeedsItsOwnFile:
+    """Available here, but runs only bundles it prepared (as TensorRT runs only bundles with a cached engine)."""
+
+    name = "tensorrt"
+
+    def probe(self):
+        return True, "pretend GPU"
+
+    def probe_bundle(self, bundle):
+        return (True, "engine found") if bundle == "prepared" else (False, f"no engine for {bundle}: build it")
+
+
+def test_a_bundle_the_backend_cannot_run_is_skipped_with_its_reason(monkeypatch):
+    monkeypatch.delenv(backends.BACKEND_ENV, raising=False)
+    real = backends.get_backend
+    monkeypatch.setattr(backends, "get_backend", lambda name: NeedsItsOwnFile() if name == "tensorrt" else real(name))
+    selection = select_backend(None, "raw")
+    assert selection.backend.name == "cpu"
+    assert selection.skipped[0] == ("tensorrt", "no engine for raw: build it")
+    with pytest.raises(BackendUnavailable, match=r"'tensorrt' \(--backend\) is not available here: no engine for raw"):
+        select_backend("tensorrt", "raw")
+    selection = select_backend(None, "prepared")
+    assert selection.backend.name == "tensorrt" and selection.reason == "pretend GPU; engine found"
+    assert select_backend().backend.name == "tensorrt"  # without a bundle: the probe alone

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from edge_sdk.backends.c_runtime import RuntimeEngine
 from edge_sdk.backends.cpu.backend import ENGINE_ENV
-from edge_sdk.backends.cpu.runtime import RuntimeEngine
 
 import edge_sdk
 from edge_sdk.bundle import manifest_digest

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from edge_sdk.backends.cpu.runtime import RuntimeEngine
+from edge_sdk.backends.c_runtime import RuntimeEngine
 from edge_sdk.backends.cpu.torch_engine import load_torch_cpu_engine
 
 from edge_sdk import quant

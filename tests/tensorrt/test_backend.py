@@ -1,20 +1,23 @@
-"""The TensorRT backend object and build_engine where TensorRT, a GPU or the plugin library is missing."""
+"""The TensorRT backend object and `edge-sdk build` (build_engine): the engine goes where libedge_sdk says, built with
+the plugins libedge_sdk registered, and nothing is written when the build is refused. On the fake TensorRT
+(fake_engine.py) where a libedge_sdk with TensorRT is needed."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import types
-from pathlib import Path
-from typing import ClassVar
 
 import pytest
 from edge_sdk.backends import tensorrt as backend
-from edge_sdk.backends.tensorrt import availability, builder, cache, cuda
-from edge_sdk.backends.tensorrt.runtime import deserialize
+from edge_sdk.backends.c_runtime import tensorrt_engine_info
+from edge_sdk.backends.tensorrt import availability, builder
 
 from edge_sdk.bundle import LevelChoice
 from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions, get_backend
+
+from .fake_engine import fake_tensorrt_package
 
 
 def test_registered_under_its_name():
@@ -28,51 +31,36 @@ def test_load_refuses_with_the_probe_reason(monkeypatch):
         backend.BACKEND.load(object(), EngineOptions(LevelChoice(None, None, False)))
 
 
-def test_build_engine_without_tensorrt(monkeypatch, trt_bundles):
+def test_build_needs_tensorrts_python_package(monkeypatch, trt_bundles):
     monkeypatch.setattr(availability.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(BackendUnavailable, match="tensorrt Python package is not installed"):
+    with pytest.raises(BackendUnavailable, match=r"needs the tensorrt Python package.*python3-libnvinfer"):
         backend.build_engine(trt_bundles["svd"])
 
 
-def test_build_engine_without_the_plugin_library(monkeypatch, trt_bundles, tmp_path):
-    fake_trt = types.SimpleNamespace(__version__="10.3.0.30")
+def test_build_without_tensorrt_in_libedge_sdk_says_so(monkeypatch, trt_bundles, tmp_path):
+    """The package's own libedge_sdk, built here without TensorRT."""
+    from edge_sdk.backends.c_runtime import probe_backend
+
+    available, reason = probe_backend("tensorrt")
+    if available or "libedge_sdk" not in reason:
+        pytest.skip(f"this machine's libedge_sdk is not one without TensorRT ({reason})")
+    monkeypatch.setitem(sys.modules, "tensorrt", types.ModuleType("tensorrt"))
     monkeypatch.setattr(availability.importlib.util, "find_spec", lambda name: object())
-    monkeypatch.setitem(sys.modules, "tensorrt", fake_trt)
-    monkeypatch.setattr(cuda, "device_description", lambda: ("Orin", "8.7"))
-    monkeypatch.setattr(builder, "find_plugin_library", lambda: None)
-    with pytest.raises(BackendUnavailable, match=r"libedge_trt_plugins.so was not found .*`pip install -e \."):
+    with pytest.raises(BackendUnavailable, match=r"this build of libedge_sdk has no TensorRT engine .*JETSON\.md"):
         backend.build_engine(trt_bundles["svd"], cache_dir=tmp_path)
-    assert not any(tmp_path.iterdir())  # nothing half-built was left behind
+    assert not any(tmp_path.iterdir())
 
 
-def test_engine_from_another_tensorrt_is_a_clear_error(tmp_path):
-    built = cache.EngineKey("10.3.0", "Orin", "8.7", "cd" * 32)
-    cache.write_metadata(tmp_path, built, Path("/bundles/tiny"))
-    engine = tmp_path / cache.ENGINE_FILE
-    engine.write_bytes(b"a plan from another TensorRT")
-    refusing_runtime = types.SimpleNamespace(deserialize_cuda_engine=lambda plan: None)
-    now = cache.EngineKey("10.7.0", "Orin", "8.7", "cd" * 32)
-    with pytest.raises(cache.EngineCacheError, match=r"built for TensorRT 10\.3\.0,.*edge-sdk build /bundles/tiny"):
-        deserialize(refusing_runtime, engine, now, Path("/bundles/tiny"))
-
-
-def test_backend_modules_do_not_import_torch():
+def test_backend_modules_import_neither_torch_nor_tensorrt():
+    """Running needs libedge_sdk only; TensorRT's Python package is for `edge-sdk build`, imported by it alone."""
     code = (
         "import sys\n"
         "from edge_sdk.backends.tensorrt import BACKEND, build_engine\n"
-        "import edge_sdk.backends.tensorrt.runtime\n"
         "BACKEND.probe()\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "assert 'tensorrt' not in sys.modules, 'tensorrt was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
-
-
-def _fake_tensorrt_with_plugins(monkeypatch, tmp_path):
-    fake_trt = types.SimpleNamespace(__version__="10.3.0.30")
-    monkeypatch.setattr(availability.importlib.util, "find_spec", lambda name: object())
-    monkeypatch.setitem(sys.modules, "tensorrt", fake_trt)
-    monkeypatch.setattr(cuda, "device_description", lambda: ("Orin", "8.7"))
-    monkeypatch.setattr(builder, "load_plugin_library", lambda trt: tmp_path / "libedge_trt_plugins.so")
 
 
 def test_memory_estimate_of_the_one_engine(trt_bundles):
@@ -88,93 +76,26 @@ def test_memory_estimate_of_the_one_engine(trt_bundles):
     assert estimate.required == max(weights + kv_cache, 2 * weights)
 
 
-def test_build_refuses_with_the_figures_when_memory_is_short(monkeypatch, trt_bundles, tmp_path):
-    """Jetson without cuda-python: /proc/meminfo's MemAvailable is compared with the build's and the run's needs."""
-    bundle = trt_bundles["svd"]
-    estimate = builder.memory_estimate(bundle)
-    _fake_tensorrt_with_plugins(monkeypatch, tmp_path)
-    monkeypatch.setattr(cuda, "runtime_module", lambda: None)
-    meminfo = tmp_path / "meminfo"
-    available_kib = (estimate.required - 1) // 1024  # one KiB short
-    meminfo.write_text(f"MemTotal:       8000000 kB\nMemAvailable:   {available_kib} kB\n")
-    monkeypatch.setattr(builder, "MEMINFO", meminfo)
-    cache_dir = tmp_path / "cache"
-    with pytest.raises(builder.EngineBuildError) as refused:
-        backend.build_engine(bundle, cache_dir=cache_dir)
-    message = str(refused.value)
-    assert f"building the engine needs about {estimate.build >> 20} MiB" in message
-    assert f"running it about {estimate.running >> 20} MiB" in message
-    assert f"found {(available_kib * 1024) >> 20} MiB" in message
-    assert str(meminfo) in message and "MemAvailable" in message
-    assert not cache_dir.exists()  # refused before anything was written
-    assert builder.free_device_memory(meminfo) == (available_kib * 1024, f"{meminfo} MemAvailable")
-    meminfo.write_text(f"MemAvailable:   {estimate.required // 1024 + 1} kB\n")
-    builder.check_device_memory(bundle, meminfo)  # enough: no error
-
-
-def test_free_memory_prefers_cuda_python_and_names_a_broken_meminfo(monkeypatch, tmp_path):
-    fake_runtime = types.SimpleNamespace()
-    monkeypatch.setattr(cuda, "runtime_module", lambda: fake_runtime)
-    monkeypatch.setattr(cuda, "call", lambda name, *args: (123 << 20, 999 << 20) if name == "cudaMemGetInfo" else None)
-    assert builder.free_device_memory(tmp_path / "absent") == (123 << 20, "cudaMemGetInfo")
-    monkeypatch.setattr(cuda, "runtime_module", lambda: None)
-    meminfo = tmp_path / "meminfo"
-    meminfo.write_text("MemTotal: 8000000 kB\n")
-    with pytest.raises(builder.EngineBuildError, match="expected a field MemAvailable, found none"):
-        builder.free_device_memory(meminfo)
-    meminfo.write_text("MemAvailable: lots\n")
-    with pytest.raises(builder.EngineBuildError, match=r"MemAvailable: expected '<n> kB', found 'lots'"):
-        builder.free_device_memory(meminfo)
-
-
-class _RecordingBuilder:
-    """TensorRT's builder API as build_engine uses it, recording the parsed graph and the profiles."""
-
-    parsed: ClassVar[list[str]] = []
-    profiles: ClassVar[list] = []
-
-    def __init__(self, logger):
-        pass
-
-    def create_network(self, flags):
-        return types.SimpleNamespace()
-
-    def create_builder_config(self):
-        added = _RecordingBuilder.profiles
-        return types.SimpleNamespace(clear_flag=lambda flag: None, add_optimization_profile=added.append)
-
-    def create_optimization_profile(self):
-        shapes: dict = {}
-        set_shape = lambda name, *bounds: shapes.__setitem__(name, bounds)  # noqa: E731
-        return types.SimpleNamespace(shapes=shapes, set_shape=set_shape, extra_memory_target=1.0)  # TensorRT's default
-
-    def build_serialized_network(self, network, config):
-        return b"plan"
-
-
-def test_build_makes_one_engine_from_decode_onnx_with_a_prefill_and_a_decode_profile(
-    monkeypatch, trt_bundles, tmp_path
-):
+def test_build_makes_one_engine_from_decode_onnx_with_a_prefill_and_a_decode_profile(fake_trt, trt_bundles, tmp_path):
     bundle = trt_bundles["core"]
-    _fake_tensorrt_with_plugins(monkeypatch, tmp_path)
-    _RecordingBuilder.parsed, _RecordingBuilder.profiles = [], []
-
-    def parser(network, logger):
-        return types.SimpleNamespace(parse=lambda model, path: _RecordingBuilder.parsed.append(path) or True)
-
     trt = sys.modules["tensorrt"]
-    trt.Builder, trt.OnnxParser, trt.Logger = _RecordingBuilder, parser, lambda severity: None
-    trt.Logger.WARNING = 2
-    trt.NetworkDefinitionCreationFlag = types.SimpleNamespace(STRONGLY_TYPED=0)
-    trt.BuilderFlag = types.SimpleNamespace(TF32=7)
-    monkeypatch.setattr(builder, "free_device_memory", lambda meminfo=None: (1 << 40, "test"))
     directory = backend.build_engine(bundle, cache_dir=tmp_path / "cache")
+    assert directory.parent == tmp_path / "cache"
     assert sorted(path.name for path in directory.iterdir()) == ["engine.json", "model.engine"]
-    assert (directory / "model.engine").read_bytes() == b"plan"
-    assert _RecordingBuilder.parsed == [str(bundle.graph_path("decode"))]
+    record = json.loads((directory / "engine.json").read_text())
+    assert record == {
+        "cache_layout_version": 2,
+        "bundle": str(bundle.path),
+        "tensorrt_version": "10.3.0",
+        "gpu_name": "Fake Orin",
+        "compute_capability": "8.7",
+        "bundle_sha256": bundle.manifest.raw["manifest_sha256"],
+    }
+    ((parsed, profiles, targets),) = trt.builds
+    assert parsed == str(bundle.graph_path("decode"))
     # the second profile is asked for no weight memory of its own (the first one's target is ignored)
-    assert [profile.extra_memory_target for profile in _RecordingBuilder.profiles] == [0.0, 0.0]
-    prefill, decode = (profile.shapes for profile in _RecordingBuilder.profiles)  # profile 0, then 1
+    assert targets == [0.0, 0.0]
+    prefill, decode = profiles  # profile 0, then 1
     max_len = bundle.max_seq_len
     assert prefill["input_ids"] == ((1, 1), (1, min(128, max_len)), (1, max_len))
     assert decode["input_ids"] == ((1, 1),) * 3
@@ -184,10 +105,47 @@ def test_build_makes_one_engine_from_decode_onnx_with_a_prefill_and_a_decode_pro
     assert prefill["core_mask.0"] == decode["core_mask.0"] == (mask, mask, mask)
 
 
-def test_build_refuses_a_bundle_too_short_for_a_decode_step(monkeypatch, trt_bundles, tmp_path):
+def test_a_cached_engine_is_reused_unless_forced(fake_trt, trt_bundles):
+    bundle = trt_bundles["svd"]
+    trt = sys.modules["tensorrt"]
+    directory = backend.build_engine(bundle)
+    stamp = (directory / "model.engine").stat().st_mtime_ns
+    assert backend.build_engine(bundle) == directory
+    assert len(trt.builds) == 1 and (directory / "model.engine").stat().st_mtime_ns == stamp
+    assert backend.build_engine(bundle, force=True) == directory
+    assert len(trt.builds) == 2
+
+
+def test_build_refuses_with_the_figures_when_memory_is_short(fake_trt, trt_bundles, tmp_path, monkeypatch):
+    bundle = trt_bundles["svd"]
+    estimate = builder.memory_estimate(bundle)
+    monkeypatch.setenv("EDGE_FAKE_CUDA_FREE_BYTES", str(estimate.required - 1))
+    cache_dir = tmp_path / "cache"
+    with pytest.raises(builder.EngineBuildError) as refused:
+        backend.build_engine(bundle, cache_dir=cache_dir)
+    message = str(refused.value)
+    assert f"building the engine needs about {estimate.build >> 20} MiB" in message
+    assert f"running it about {estimate.running >> 20} MiB" in message
+    assert f"found {(estimate.required - 1) >> 20} MiB free (cudaMemGetInfo)" in message
+    assert not cache_dir.exists()  # refused before anything was written
+    monkeypatch.setenv("EDGE_FAKE_CUDA_FREE_BYTES", str(estimate.required))
+    assert backend.build_engine(bundle, cache_dir=cache_dir).is_dir()
+
+
+def test_build_refuses_when_tensorrts_python_package_runs_another_libnvinfer(fake_trt, trt_bundles, monkeypatch,
+                                                                            tmp_path):  # fmt: skip
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt_package(fake_trt, plugins_visible=False))
+    with pytest.raises(builder.EngineBuildError) as refused:
+        backend.build_engine(trt_bundles["svd"], cache_dir=tmp_path / "cache")
+    message = str(refused.value)
+    assert "the tensorrt Python package (TensorRT 10.3.0.30) does not see the plugins (SvdPredictor" in message
+    assert "with its own libnvinfer (TensorRT 10.3.0 on Fake Orin (compute capability 8.7), plugins" in message
+    assert not (tmp_path / "cache").exists()
+
+
+def test_build_refuses_a_bundle_too_short_for_a_decode_step(fake_trt, trt_bundles, tmp_path):
     """The decode profile starts after one prompt token: max_seq_len 1 leaves it empty."""
     bundle = trt_bundles["svd"]
-    _fake_tensorrt_with_plugins(monkeypatch, tmp_path)
     short = types.SimpleNamespace(
         path=bundle.path, config=bundle.config, sparsity=bundle.sparsity, manifest=bundle.manifest, max_seq_len=1
     )
@@ -197,11 +155,10 @@ def test_build_refuses_a_bundle_too_short_for_a_decode_step(monkeypatch, trt_bun
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
-def test_build_refuses_quantized_bundles_with_the_reason(monkeypatch, trt_bundles, tmp_path, dtype):
+def test_build_refuses_quantized_bundles_with_the_reason(fake_trt, trt_bundles, tmp_path, dtype):
     """int8 / int4 graphs are not TensorRT-ready (tests/tensorrt/test_compatibility.py lists the gaps): the build says
     so before TensorRT's parser would, and writes nothing."""
     bundle = trt_bundles["svd"]
-    _fake_tensorrt_with_plugins(monkeypatch, tmp_path)
     manifest = types.SimpleNamespace(dtype=dtype, raw=bundle.manifest.raw)
     quantized = types.SimpleNamespace(
         path=bundle.path, config=bundle.config, sparsity=bundle.sparsity, manifest=manifest, max_seq_len=64
@@ -209,3 +166,27 @@ def test_build_refuses_quantized_bundles_with_the_reason(monkeypatch, trt_bundle
     with pytest.raises(builder.EngineBuildError, match=rf"no TensorRT engine for {dtype} weights yet: .*--dtype fp16"):
         backend.build_engine(quantized, cache_dir=tmp_path / "cache")
     assert not (tmp_path / "cache").exists()
+
+
+def test_doctor_says_whether_the_bundles_engine_is_cached(fake_trt, fake_trt_build, trt_bundles):
+    from click.testing import CliRunner
+
+    from edge_sdk.cli import main
+
+    bundle = trt_bundles["svd"]
+
+    def tensorrt_line() -> str:
+        result = CliRunner().invoke(main, ["doctor", str(bundle.path)])
+        assert result.exit_code == 0, result.output
+        return next(line.strip() for line in result.output.splitlines() if line.strip().startswith("tensorrt "))
+
+    info = tensorrt_engine_info(bundle)
+    assert tensorrt_line() == f"tensorrt  not available: {info['reason']}"
+    assert info["reason"].startswith(
+        f"no TensorRT engine cached for this bundle on this device: run `edge-sdk build {bundle.path}` first"
+    )
+    directory = backend.build_engine(bundle)
+    assert tensorrt_line() == (
+        "tensorrt  available: TensorRT 10.3.0 on Fake Orin (compute capability 8.7), plugins "
+        f"{fake_trt_build.plugins}; engine {directory}/model.engine"
+    )

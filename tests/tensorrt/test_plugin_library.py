@@ -13,7 +13,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from edge_sdk.backends.tensorrt.availability import find_plugin_library
 
 from edge_sdk.native import find_library
 
@@ -38,7 +37,7 @@ def cuda_headers() -> Path | None:
 
 
 def test_plugins_through_tensorrt_interfaces(tmp_path):
-    plugins = find_plugin_library()
+    plugins = find_library("libedge_trt_plugins.so", "EDGE_SDK_TRT_PLUGINS")
     kernels = find_library("libedge_cuda_kernels.so", "EDGE_SDK_CUDA_KERNELS")
     trt_include, cuda_include = tensorrt_headers(), cuda_headers()
     compiler = shutil.which("c++") or shutil.which("g++")

@@ -1,88 +1,101 @@
-"""The TensorRT backend's probe: the first missing piece is the reason, and it never raises."""
+"""The TensorRT backend's probe is libedge_sdk's (edge_backend_probe): the first missing piece is the reason, and it
+never raises. On the fake TensorRT (fake_engine.py), whose version and devices the environment sets; what needs a
+process whose libedge_sdk has not registered the plugins yet runs in a subprocess."""
 
 from __future__ import annotations
 
-import importlib.util
+import shutil
+import subprocess
 import sys
-import types
-from pathlib import Path
 
 import pytest
-from edge_sdk.backends.tensorrt import availability, cuda
+from edge_sdk.backends.tensorrt import availability
 
-REAL_FIND_SPEC = importlib.util.find_spec
+from edge_sdk import native
 
 
-@pytest.fixture
-def everything_present(monkeypatch):
-    """tensorrt 10.3, cuda-python, a GPU and the plugin library, all faked."""
-    monkeypatch.setattr(
-        availability.importlib.util, "find_spec", lambda name: object() if name == "tensorrt" else REAL_FIND_SPEC(name)
+def test_available_on_a_device_with_tensorrt_and_the_plugins(fake_trt, fake_trt_build):
+    assert availability.probe() == (
+        True,
+        f"TensorRT 10.3.0 on Fake Orin (compute capability 8.7), plugins {fake_trt_build.plugins}",
     )
-    monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(__version__="10.3.0.30"))
-    monkeypatch.setattr(cuda, "runtime_module", lambda: types.ModuleType("cudart"))
-    monkeypatch.setattr(cuda, "device_description", lambda: ("Orin", "8.7"))
-    monkeypatch.setattr(availability, "find_plugin_library", lambda: Path("/opt/edge/libedge_trt_plugins.so"))
-    return monkeypatch
+    assert fake_trt.report()["plugin_libraries"] == [str(fake_trt_build.plugins)]  # registered once, from there
 
 
-def test_available_when_everything_is_there(everything_present):
-    available, reason = availability.probe()
-    assert available
-    assert reason == "TensorRT 10.3.0.30 on Orin (compute capability 8.7), plugins /opt/edge/libedge_trt_plugins.so"
-
-
-def test_missing_tensorrt(everything_present):
-    everything_present.setattr(availability.importlib.util, "find_spec", lambda name: None)
-    assert availability.probe() == (False, availability.NO_TENSORRT)
-
-
-def test_missing_cuda_python(everything_present):
-    everything_present.setattr(cuda, "runtime_module", lambda: None)
-    assert availability.probe() == (False, availability.NO_CUDA_PYTHON)
-
-
-def test_missing_plugin_library_says_how_to_build_it(everything_present):
-    everything_present.setattr(availability, "find_plugin_library", lambda: None)
+def test_tensorrt_8_6_is_too_old(fake_trt, monkeypatch):
+    monkeypatch.setenv("EDGE_FAKE_TENSORRT_VERSION", "80602")
     available, reason = availability.probe()
     assert not available
-    assert "libedge_trt_plugins.so was not found" in reason
-    assert "pip install -e ." in reason and "EDGE_SDK_TRT_PLUGINS" in reason and "JETSON.md" in reason
-
-
-def test_no_cuda_device(everything_present):
-    def no_device():
-        raise cuda.CudaError("cudaGetDeviceCount failed: no CUDA-capable device is detected")
-
-    everything_present.setattr(cuda, "device_description", no_device)
-    assert availability.probe() == (False, "CudaError: cudaGetDeviceCount failed: no CUDA-capable device is detected")
-
-
-def test_tensorrt_8_6_is_too_old(everything_present):
-    everything_present.setitem(sys.modules, "tensorrt", types.SimpleNamespace(__version__="8.6.2.3"))
-    available, reason = availability.probe()
-    assert not available
-    assert reason.startswith("TensorRT 8.6.2.3 is too old") and "10.3 or later" in reason and "IPluginV3" in reason
-
-
-def test_probe_never_raises(everything_present):
-    def broken():
-        raise RuntimeError("driver exploded")
-
-    everything_present.setattr(availability, "find_plugin_library", broken)
-    assert availability.probe() == (False, "RuntimeError: driver exploded")
-
-
-def test_probe_does_not_import_tensorrt_before_the_cheap_checks_pass(everything_present):
-    everything_present.delitem(sys.modules, "tensorrt")
-    everything_present.setattr(availability, "find_plugin_library", lambda: None)
-    availability.probe()
-    assert "tensorrt" not in sys.modules
+    assert reason.startswith("TensorRT 8.6.2 is too old") and "10.3 or later" in reason and "IPluginV3" in reason
 
 
 @pytest.mark.parametrize(
-    "version, expected", [("10.3.0.30", (10, 3, 0, 30)), ("10.15.1", (10, 15, 1)), ("10.7.0.post1", (10, 7, 0))]
+    ("devices", "why"),
+    [("0", "cudaGetDeviceCount found 0 devices"), ("-1", "cudaGetDeviceCount failed: no CUDA-capable device")],
 )
-def test_version_tuple(version, expected):
-    assert availability.version_tuple(version) == expected
-    assert availability.too_old(version) is None
+def test_no_cuda_device(fake_trt, monkeypatch, devices, why):
+    monkeypatch.setenv("EDGE_FAKE_CUDA_DEVICES", devices)
+    available, reason = availability.probe()
+    assert not available and reason.startswith(f"no CUDA device: {why}")
+
+
+def test_libedge_sdk_without_tensorrt(monkeypatch):
+    """The package's own libedge_sdk, built here without TensorRT."""
+    native.load_runtime.cache_clear()
+    try:
+        available, reason = availability.probe()
+        if available or "TensorRT not found at build time" not in reason:
+            pytest.skip(f"this machine's libedge_sdk is not one without TensorRT ({reason})")
+        assert reason.startswith("this build of libedge_sdk has no TensorRT engine (TensorRT not found at build time)")
+        assert "rebuild it where TensorRT 10.3 or later" in reason and "JETSON.md" in reason
+    finally:
+        native.load_runtime.cache_clear()
+
+
+def test_no_libedge_sdk(monkeypatch):
+    monkeypatch.setattr(native, "find_library", lambda library, env_var: None)
+    native.load_runtime.cache_clear()
+    try:
+        available, reason = availability.probe()
+    finally:
+        native.load_runtime.cache_clear()
+    assert not available
+    assert reason.startswith("backend 'tensorrt' runs in the C runtime, and the C runtime library libedge_sdk.so was")
+
+
+PROBE = "from edge_sdk.backends.tensorrt import availability; print(availability.probe())"
+
+
+def probe_in_a_new_process(runtime, env) -> str:
+    env = {"EDGE_SDK_RUNTIME_LIBRARY": str(runtime), "PATH": "/usr/bin:/bin", **env}
+    result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_plugin_library_named_by_the_environment_must_exist(fake_trt_build, tmp_path):
+    missing = tmp_path / "libedge_trt_plugins.so"
+    reason = probe_in_a_new_process(fake_trt_build.runtime, {"EDGE_SDK_TRT_PLUGINS": str(missing)})
+    assert reason == repr((False, f"$EDGE_SDK_TRT_PLUGINS = {missing} is not a file"))
+
+
+def test_plugin_library_not_found_says_where_to_put_it(fake_trt_build, tmp_path):
+    """A libedge_sdk with no plugin library beside it, none configured: the loader's search finds none either. No
+    TensorRT runtime exists yet to take TensorRT's own message, which goes to stderr."""
+    runtime = tmp_path / "libedge_sdk.so"
+    shutil.copy(fake_trt_build.runtime, runtime)  # finds the fake through its RUNPATH
+    reason = probe_in_a_new_process(runtime, {})
+    assert reason.startswith(
+        "(False, 'TensorRT could not load the plugin library libedge_trt_plugins.so (see the TensorRT log on stderr)"
+    )
+    assert "build libedge_trt_plugins.so on this device (plugins/tensorrt/JETSON.md)" in reason
+    assert f"set $EDGE_SDK_TRT_PLUGINS to its path or put it in {tmp_path}" in reason
+
+
+def test_plugin_library_next_to_libedge_sdk_is_found(fake_trt_build, tmp_path):
+    runtime = tmp_path / "libedge_sdk.so"
+    shutil.copy(fake_trt_build.runtime, runtime)
+    (tmp_path / "libedge_trt_plugins.so").write_bytes(b"")
+    reason = probe_in_a_new_process(runtime, {})
+    assert reason == repr((True, f"TensorRT 10.3.0 on Fake Orin (compute capability 8.7), plugins {tmp_path}/"
+                                 "libedge_trt_plugins.so"))  # fmt: skip

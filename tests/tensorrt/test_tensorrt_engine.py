@@ -1,7 +1,11 @@
-"""End to end on a device with TensorRT >= 10.3, cuda-python and the plugin library: the engines built from a bundle
-give ONNX Runtime's logits (same fp16 weights, fp32 math) and the same greedy tokens, and the cache is reused."""
+"""End to end on a device with TensorRT >= 10.3 (its Python package too, for `edge-sdk build`), a libedge_sdk built
+with it and the plugin library: the engine built from a bundle, run by libedge_sdk's TensorRT engine, gives ONNX
+Runtime's logits (same fp16 weights, fp32 math) and the same greedy tokens, and the cache is reused.
+tests/tensorrt/test_engine_buffers.py runs the same path on a fake TensorRT everywhere."""
 
 from __future__ import annotations
+
+import importlib.util
 
 import numpy as np
 import pytest
@@ -13,7 +17,9 @@ from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import EngineOptions
 
 AVAILABLE, REASON = BACKEND.probe()
-pytestmark = [pytest.mark.tensorrt, pytest.mark.skipif(not AVAILABLE, reason=REASON)]
+if AVAILABLE and importlib.util.find_spec("tensorrt") is None:
+    AVAILABLE, REASON = False, "the tensorrt Python package, which builds the engine, is not installed"
+pytestmark = [pytest.mark.tensorrt, pytest.mark.gpu, pytest.mark.skipif(not AVAILABLE, reason=REASON)]
 
 PROMPT = "def parse_args(self, args=None, namespace=None):\n    "
 DECODE_STEPS = 16
@@ -26,6 +32,7 @@ def test_engine_matches_onnx_runtime(trt_bundles, tiny_model_dir, tmp_path, monk
     monkeypatch.setenv("EDGE_SDK_ENGINE_CACHE", str(tmp_path))
     bundle = Bundle.open(trt_bundles[kind])
     ids = Tokenizer.from_dir(tiny_model_dir).encode(PROMPT)
+    build_engine(bundle)  # into $EDGE_SDK_ENGINE_CACHE, where the C engine looks
     engine = BACKEND.load(bundle, EngineOptions.of(bundle))
     reference = OrtBundleSession(bundle)
     try:

@@ -1,25 +1,34 @@
-"""The CPU backend's decode through the C runtime (libedge_sdk, jetson/): the whole decoder step in C.
+"""The C runtime libedge_sdk (jetson/) through ctypes: the engine of the "cpu" and the "tensorrt" backend.
+
+Both backends run a bundle as one edge_model and one edge_session of libedge_sdk and differ only in the engine the
+library puts behind them (edge_options_set_backend): the whole decoder in C on the CPU kernels (cpu_engine.c), or the
+TensorRT engine that `edge-sdk build` cached (trt_engine.cpp). Everything below the session -- the TensorRT engine's
+cache key and lookup, its plugin loading, device buffers and KV cache, the sparsity level's index -- exists once, in
+the library; Python asks it (probe_backend, tensorrt_engine_info) instead of knowing it.
 
 On a small model most of a decode token's time is spent between the matrix products -- in Python and torch
-dispatch when the step is driven from Python -- so the runtime library, which runs embedding, attention,
-norms, the predictor, the sparse FFN and the LM head in one C call per token on the same kernels, is what
-the CPU backend uses whenever the package build made it. Greedy ids are the same as the Python path's
-(tests/jetson); logits agree to float32 rounding.
+dispatch when the step is driven from Python -- so one C call per token (embedding, attention, norms, predictor,
+sparse FFN, LM head) is what the CPU backend uses whenever the package build made the library.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from edge_sdk.bundle import Bundle
 from edge_sdk.errors import EdgeSdkError
-from edge_sdk.native import load_runtime
-from edge_sdk.runtime.backends import EngineOptions
+from edge_sdk.native import NativeLibraryError, load_runtime
+from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions
 
+# enum edge_status (edge_sdk.h)
 EDGE_OK = 0
 EDGE_ERROR_UNSUPPORTED = 4
+EDGE_ERROR_UNAVAILABLE = 5
 
 _handle = ctypes.c_void_p
 _status = ctypes.c_int
@@ -35,14 +44,19 @@ def _library() -> ctypes.CDLL:
         return library
     signatures = {
         "edge_last_error": (ctypes.c_char_p, []),
+        "edge_free": (None, [ctypes.c_void_p]),
+        "edge_backend_probe": (_status, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)]),
+        "edge_tensorrt_engine_info": (_status, [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]),
         "edge_options_create": (_status, [ctypes.POINTER(_handle)]),
         "edge_options_destroy": (None, [_handle]),
+        "edge_options_set_backend": (_status, [_handle, ctypes.c_char_p]),
         "edge_options_set_threads": (_status, [_handle, ctypes.c_int]),
         "edge_options_set_sparsity": (_status, [_handle, ctypes.c_double]),
         "edge_options_set_dense": (_status, [_handle, ctypes.c_int]),
         "edge_options_set_verify_checksums": (_status, [_handle, ctypes.c_int]),
         "edge_model_open": (_status, [ctypes.c_char_p, _handle, ctypes.POINTER(_handle)]),
         "edge_model_close": (None, [_handle]),
+        "edge_model_backend": (ctypes.c_char_p, [_handle]),
         "edge_session_create": (_status, [_handle, ctypes.POINTER(_handle)]),
         "edge_session_destroy": (None, [_handle]),
         "edge_session_last_error": (ctypes.c_char_p, [_handle]),
@@ -53,24 +67,71 @@ def _library() -> ctypes.CDLL:
             [_handle, ctypes.POINTER(ctypes.POINTER(ctypes.c_float)), ctypes.POINTER(ctypes.c_int32)],
         ),
         "edge_session_reset": (_status, [_handle]),
+        "edge_session_position": (ctypes.c_int32, [_handle]),
         "edge_version": (ctypes.c_char_p, []),
     }
     for name, (restype, argtypes) in signatures.items():
-        function = getattr(library, name)
+        try:
+            function = getattr(library, name)
+        except AttributeError:
+            raise NativeLibraryError(
+                f"{library._name} has no {name}: it is older than this edge-sdk; reinstall edge-sdk to rebuild it"
+            ) from None
         function.restype = restype
         function.argtypes = argtypes
     library._edge_sdk_prototypes = True
     return library
 
 
+def _last_error(library: ctypes.CDLL) -> str:
+    return (library.edge_last_error() or b"").decode(errors="replace")
+
+
+def _backend_message(library: ctypes.CDLL, backend: str) -> str:
+    """The thread's last error without the "backend 'NAME': " the C engine starts it with."""
+    return _last_error(library).removeprefix(f"backend '{backend}': ")
+
+
 def runtime_version() -> str:
     return _library().edge_version().decode()
 
 
-class RuntimeEngine:
-    """Engine protocol over one edge_model and one edge_session of libedge_sdk."""
+def probe_backend(name: str) -> tuple[bool, str]:
+    """(available, reason) of a libedge_sdk engine before any bundle (edge_backend_probe): for "tensorrt", whether this
+    build has the TensorRT engine, TensorRT is 10.3 or later, there is a CUDA device and the plugins register."""
+    try:
+        library = _library()
+    except (NativeLibraryError, OSError) as error:
+        return False, f"backend '{name}' runs in the C runtime, and {error}"
+    description = ctypes.c_char_p()
+    if library.edge_backend_probe(name.encode(), ctypes.byref(description)) != EDGE_OK:
+        return False, _backend_message(library, name)
+    return True, description.value.decode(errors="replace")
 
-    def __init__(self, bundle: Bundle, options: EngineOptions):
+
+def tensorrt_engine_info(bundle: Bundle, cache_dir: str | Path | None = None) -> dict[str, Any]:
+    """What libedge_sdk says about the TensorRT engine of an opened bundle on this device (edge_tensorrt_engine_info):
+    the key, `directory`, `engine_file`, `metadata_file` and the `metadata` record engine.json holds, `cached` and the
+    `reason` it is not, `description`, `backend`, `plugin_library`, `device_memory_free` / `_total` in bytes.
+    cache_dir None: the cache backend "tensorrt" reads. BackendUnavailable when the probe fails."""
+    library = _library()
+    text = ctypes.c_void_p()
+    chosen = None if cache_dir is None else str(cache_dir).encode()
+    status = library.edge_tensorrt_engine_info(str(bundle.path).encode(), chosen, ctypes.byref(text))
+    if status == EDGE_ERROR_UNAVAILABLE:
+        raise BackendUnavailable(f"backend 'tensorrt' is not available here: {_backend_message(library, 'tensorrt')}")
+    if status != EDGE_OK:
+        raise EdgeSdkError(f"C runtime (edge_tensorrt_engine_info): {_last_error(library)}")
+    try:
+        return json.loads(ctypes.string_at(text).decode())
+    finally:
+        library.edge_free(text)
+
+
+class RuntimeEngine:
+    """Engine protocol over one edge_model and one edge_session of libedge_sdk, on its `backend` engine."""
+
+    def __init__(self, bundle: Bundle, options: EngineOptions, backend: str = "cpu"):
         library = _library()
         self._library = library
         self._model = _handle()
@@ -78,6 +139,7 @@ class RuntimeEngine:
         c_options = _handle()
         self._check(library.edge_options_create(ctypes.byref(c_options)), "edge_options_create")
         try:
+            self._check(library.edge_options_set_backend(c_options, backend.encode()), "backend")
             self._check(library.edge_options_set_threads(c_options, options.threads), "threads")
             # the level already resolved (EngineOptions): the runtime finds the same row of its level tensors
             level = -1.0 if options.sparsity is None else float(options.sparsity)
@@ -89,9 +151,13 @@ class RuntimeEngine:
         finally:
             library.edge_options_destroy(c_options)
         if status == EDGE_ERROR_UNSUPPORTED:
-            raise RuntimeUnsupported(library.edge_last_error().decode())
+            raise RuntimeUnsupported(_last_error(library))
+        if status == EDGE_ERROR_UNAVAILABLE:
+            reason = _backend_message(library, backend)
+            raise BackendUnavailable(f"backend '{backend}' is not available here: {reason}")
         self._check(status, "edge_model_open")
         self._check(library.edge_session_create(self._model, ctypes.byref(self._session)), "edge_session_create")
+        self.backend = library.edge_model_backend(self._model).decode()
         self.vocab_size = bundle.config.vocab_size
         self.max_seq_len = bundle.max_seq_len
         self._logits = ctypes.POINTER(ctypes.c_float)()
@@ -106,8 +172,13 @@ class RuntimeEngine:
             return
         session = getattr(self, "_session", None)
         message = self._library.edge_session_last_error(session) if session else None
-        text = (message or self._library.edge_last_error() or b"").decode()
+        text = (message or self._library.edge_last_error() or b"").decode(errors="replace")
         raise EdgeSdkError(f"C runtime ({what}): {text}")
+
+    @property
+    def length(self) -> int:
+        """Positions in the KV cache: prompt and decoded tokens."""
+        return self._library.edge_session_position(self._session)
 
     def _current_logits(self) -> np.ndarray:
         status = self._session_logits(self._session, self._logits_ref, self._vocab_ref)
@@ -132,6 +203,7 @@ class RuntimeEngine:
         self._check(self._library.edge_session_reset(self._session), "reset")
 
     def close(self) -> None:
+        """Destroys the session and the model: on TensorRT, frees every device buffer and the engine."""
         if self._session:
             self._library.edge_session_destroy(self._session)
             self._session = _handle()
