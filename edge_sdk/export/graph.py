@@ -12,14 +12,13 @@ Inputs of both graphs:
   past_key_values.{i}.key / .value [batch, kv_heads, past_seq, head_dim] float32
 Outputs: logits [batch, seq, vocab] float32, present.{i}.key / .value [batch, kv_heads, past_seq + seq, head_dim].
 Decode adds: sparsity_level int64 scalar (index into the calibrated levels; svd and threshold),
-dense bool scalar (true = every neuron predicted active), core_mask.{i} [batch, D] int32, 1 = core neuron (core).
+dense bool scalar (true = every neuron predicted active), and the inputs the predictor kind adds
+(PredictorKind.decode_inputs: core_mask.{i} [batch, D] int32, 1 = core neuron, for core).
 Every mask is int32 (1 = predicted active): no BOOL tensor crosses a plugin boundary (OPS.md).
-Both add for core: core_activations.{i} [batch, seq, D] float32, the prompt's gate activations, from which
-the runtime picks each layer's core neurons on the host (predictors/core.py, sparsity/core.py's rule) for the
-decode. The selection stays off the graph: per token it takes the top alpha share of the positive activations, a
-TopK over all D neurons, which TensorRT 10.3 cannot build past K = 3840 (ITopKLayer), and its ties and float64
-sums have no TensorRT formulation either. The decode graph's are those of its prompt rows: [batch, 0, D] on a
-decode step.
+Each kind emits its own part (edge_sdk/predictors/<kind>.py): the decode step's mask and thresholds
+(emit_step_mask) and what a prompt's dense FFN outputs for it (emit_prompt_outputs: for core, core_activations.{i}
+[batch, seq, D] float32, the prompt's gate activations, from which the runtime picks each layer's core neurons on
+the host; the decode graph's are those of its prompt rows: [batch, 0, D] on a decode step).
 
 Activations are float32 between the matrix products; every weight is read as stored (no Cast of a weight: TensorRT
 would fold it into an fp32 copy in the engine). A product with an fp16/bf16 matrix casts its activation to the
@@ -55,6 +54,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from edge_sdk import predictors
 from edge_sdk.export import ops
 from edge_sdk.model.config import ModelConfig
 
@@ -88,10 +88,14 @@ class GraphSpec:
     config: ModelConfig
     weights_file: str
     tensors: dict[str, ExternalTensor]
-    predictor: str  # svd | signbit | core | threshold | none
-    signbit_alphas: tuple[float, ...] = ()
+    predictor: str  # a kind of edge_sdk.predictors
+    layer_attributes: tuple[dict[str, float], ...] = ()  # per layer, the kind's node attributes (graph_attributes)
     quant_format: str | None = None  # int8 | int4 for quantized bundles
     group_size: int | None = None
+
+    @property
+    def kind(self) -> predictors.PredictorKind:
+        return predictors.kind(self.predictor)
 
 
 def _int4_initializer(tensor: ExternalTensor, location: str) -> TensorProto:
@@ -160,6 +164,13 @@ class GraphBuilder:
         output = self.fresh(hint)
         self.nodes.append(ops.make_node(op_type, inputs, [output], name=self.fresh(op_type), **attributes))
         return output
+
+    def every_neuron_mask(self, x2d: str) -> str:
+        """An int32 mask [T, D] of ones for the rows of x2d [T, d]: every neuron a candidate."""
+        every = helper.make_tensor("every", TensorProto.INT32, [1], [1])
+        rows = self.op("Shape", [x2d], start=0, end=1)
+        shape = self.op("Concat", [rows, self.ints(self.spec.config.intermediate_size)], axis=0)
+        return self.op("ConstantOfShape", [shape], value=every)
 
     def constant(self, value: np.ndarray, hint: str = "const") -> str:
         name = self.fresh(hint)
@@ -371,32 +382,16 @@ def _dense_ffn(
     ctx: _Context,
     outputs: list[onnx.ValueInfoProto],
 ) -> str:
-    """Prefill FFN in standard ops: x2d [T, d] (a prompt's rows; rows: [1] int64 = T) -> [T, d]; core predictors also
-    output the gate activations."""
+    """Prefill FFN in standard ops: x2d [T, d] (a prompt's rows; rows: [1] int64 = T) -> [T, d], and the outputs the
+    predictor kind adds (core: the gate activations)."""
     prefix = f"layers.{layer}.mlp"
     gate = _activation_gate(g, config, _linear(g, x2d, f"{prefix}.gate_proj"))
     up = _linear(g, x2d, f"{prefix}.up_proj")
     if config.activation.kind == "drelu":
         up = g.op("Relu", [up])
     hidden = g.op("Mul", [gate, up])
-    if g.spec.predictor == "core":
-        _core_activations(g, config, layer, gate, rows, ctx, outputs)
+    g.spec.kind.emit_prompt_outputs(g, layer, gate, rows, ctx, outputs)
     return _matmul(g, hidden, f"{prefix}.down_proj.weight_t", transposed=False)
-
-
-def _core_activations(
-    g: GraphBuilder, config: ModelConfig, layer: int, gate: str, rows: str, ctx: _Context, outputs: list
-) -> None:
-    """The layer's gate activations [T, D] (rows: [1] int64 = T) as the output core_activations.{layer}
-    [B, T / B, D] float32."""
-    n_neurons = config.intermediate_size
-    name = f"core_activations.{layer}"
-    batch = g.op("Slice", [ctx.batch_seq, g.ints(0), g.ints(1)])
-    # the row count spelled out, and allowzero: a decode step leaves no prompt rows, and with allowzero = 0 a 0 would
-    # copy the input's dimension (a -1 would not be inferable either)
-    per_row = g.op("Concat", [batch, g.op("Div", [rows, batch]), g.ints(n_neurons)], axis=0)
-    g.nodes.append(helper.make_node("Reshape", [gate, per_row], [name], allowzero=1))
-    outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", "seq", n_neurons]))
 
 
 def _step_ffn(
@@ -419,34 +414,10 @@ def _step_ffn(
 
 
 def _sparse_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, prompt_rows: str, ctx: _Context) -> str:
-    """Decode FFN: the layer's predictor mask, then the SparseFFN custom op: x2d [T, d] (a decode step's rows, those
-    of the B*S tokens after the prompt_rows) -> [T, d]."""
+    """Decode FFN: the layer's predictor mask (its kind's emit_step_mask), then the SparseFFN custom op: x2d [T, d]
+    (a decode step's rows, those of the B*S tokens after the prompt_rows) -> [T, d]."""
     prefix = f"layers.{layer}"
-    n_neurons = config.intermediate_size
-    kind = g.spec.predictor
-    thresholds = None
-    if kind == "svd":
-        bias = g.op("Gather", [g.weight(f"{prefix}.svd.biases"), "sparsity_level"], axis=0)
-        inputs = [x2d, g.weight(f"{prefix}.svd.a"), g.weight(f"{prefix}.svd.b"), bias]
-        mask = g.custom("SvdPredictor", inputs, hint="svd_mask")
-    elif kind == "signbit":
-        alpha = g.spec.signbit_alphas[layer]
-        mask = g.custom(
-            "SignBitPredictor", [x2d, g.weight(f"{prefix}.signbit.packed")], hint="signbit_mask", alpha=alpha
-        )
-    elif kind == "core":
-        rows = g.op("Unsqueeze", [f"core_mask.{layer}", g.ints(1)])  # [B, 1, D]
-        per_token = g.op("Expand", [rows, g.op("Concat", [ctx.batch_seq, g.ints(n_neurons)], axis=0)])
-        every_token = g.op("Reshape", [per_token, g.op("Concat", [ctx.tokens, g.ints(n_neurons)], axis=0)])
-        mask = g.op("Slice", [every_token, prompt_rows, ctx.tokens, g.ints(0)])  # the step's rows
-    else:
-        every = helper.make_tensor("every", TensorProto.INT32, [1], [1])
-        rows = g.op("Shape", [x2d], start=0, end=1)
-        mask = g.op("ConstantOfShape", [g.op("Concat", [rows, g.ints(n_neurons)], axis=0)], value=every)
-        if kind == "threshold":
-            level = g.op("Gather", [g.weight(f"{prefix}.threshold.thresholds"), "sparsity_level"], axis=0)
-            zero = g.constant(np.zeros(n_neurons, dtype=np.float32))
-            thresholds = g.op("Where", ["dense", zero, level])
+    mask, thresholds = g.spec.kind.emit_step_mask(g, layer, x2d, prompt_rows, ctx)
     # dense decoding predicts every neuron active; the mask stays int32 into the plugin (OPS.md, the mask)
     mask = g.op("Where", ["dense", g.constant(np.array(1, dtype=np.int32)), mask])
     matrices = [f"{prefix}.mlp.gate_proj.weight", f"{prefix}.mlp.up_proj.weight", f"{prefix}.mlp.down_proj.weight_t"]
@@ -465,7 +436,7 @@ def _sparse_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, prom
     return g.custom(op, inputs, hint="sparse_ffn", **attributes)
 
 
-def _io(config: ModelConfig, decode: bool, predictor: str) -> tuple[list, list]:
+def _io(config: ModelConfig, decode: bool, kind: predictors.PredictorKind) -> tuple[list, list]:
     kv_shape = ["batch", config.num_kv_heads, "past_seq", config.head_dim]
     present_shape = ["batch", config.num_kv_heads, "total_seq", config.head_dim]
     inputs = [
@@ -480,13 +451,7 @@ def _io(config: ModelConfig, decode: bool, predictor: str) -> tuple[list, list]:
     if decode:
         inputs.append(helper.make_tensor_value_info("sparsity_level", TensorProto.INT64, []))
         inputs.append(helper.make_tensor_value_info("dense", TensorProto.BOOL, []))
-        if predictor == "core":
-            for layer in range(config.num_layers):
-                inputs.append(
-                    helper.make_tensor_value_info(
-                        f"core_mask.{layer}", TensorProto.INT32, ["batch", config.intermediate_size]
-                    )
-                )
+        inputs += kind.decode_inputs(config)
     return inputs, outputs
 
 
@@ -494,7 +459,7 @@ def build_graph(spec: GraphSpec, decode: bool) -> onnx.ModelProto:
     """The prefill (decode=False) or decode (decode=True) decoder graph."""
     config = spec.config
     g = GraphBuilder(spec, quantized_ops=decode)
-    inputs, outputs = _io(config, decode, spec.predictor)
+    inputs, outputs = _io(config, decode, spec.kind)
     ctx = _context(g, config)
     embeddings = g.op("Gather", [g.weight("embed_tokens.weight"), "input_ids"])  # [B, S, d] as stored
     if g.weight_type("embed_tokens.weight") != TensorProto.FLOAT:

@@ -310,7 +310,7 @@ class CannGather:
         return ffn
 
     def run(self, case):
-        from edge_sdk.backends.cann.gather_ffn import DeviceSignBit
+        from edge_sdk.sparsity.signbit import DeviceSignBit
 
         data = case.data()
         if isinstance(case, SignBitPredictorCase):

@@ -14,6 +14,7 @@ from edge_sdk.backends import tensorrt as backend
 from edge_sdk.backends.c_runtime import tensorrt_engine_info
 from edge_sdk.backends.tensorrt import availability, builder
 
+from edge_sdk.bundle import LevelChoice
 from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions, get_backend
 
 from .fake_engine import fake_tensorrt_package
@@ -27,7 +28,7 @@ def test_registered_under_its_name():
 def test_load_refuses_with_the_probe_reason(monkeypatch):
     monkeypatch.setattr(backend, "probe", lambda: (False, "no CUDA device"))
     with pytest.raises(BackendUnavailable, match="backend 'tensorrt' is not available here: no CUDA device"):
-        backend.BACKEND.load(object(), EngineOptions())
+        backend.BACKEND.load(object(), EngineOptions(LevelChoice(None, None, False)))
 
 
 def test_build_needs_tensorrts_python_package(monkeypatch, trt_bundles):

@@ -277,7 +277,7 @@ def built_graphs(model: str, kind: str, dtype: str) -> dict[str, onnx.ModelProto
             "weights.safetensors",
             stored_tensors(config, kind, dtype),
             kind,
-            signbit_alphas=(1.25,),
+            layer_attributes=({"alpha": 1.25},),  # the one layer's signbit alpha
             quant_format=dtype if quantized else None,
             group_size=GROUP_SIZE if quantized else None,
         )

@@ -34,7 +34,7 @@ def test_engine_steps_reproduce_onnx_runtime(fake_trt, trt_bundles, kind):
     level = 0.8 if kind == "svd" else None
     build_engine(bundle)
     before = fake_trt.report()
-    engine = BACKEND.load(bundle, EngineOptions(sparsity=level))
+    engine = BACKEND.load(bundle, EngineOptions.of(bundle, level))
     assert engine.backend == "tensorrt"
     reference = OrtBundleSession(bundle, level=level)
     loaded = fake_trt.report()
@@ -73,7 +73,7 @@ def test_engine_steps_reproduce_onnx_runtime(fake_trt, trt_bundles, kind):
 def test_only_a_longer_prompt_allocates(fake_trt, trt_bundles):
     bundle = trt_bundles["svd"]
     build_engine(bundle)
-    engine = BACKEND.load(bundle, EngineOptions())
+    engine = BACKEND.load(bundle, EngineOptions.of(bundle))
     try:
         start = fake_trt.report()["allocation_calls"]
         engine.prefill(IDS[:3])
@@ -92,7 +92,7 @@ def test_only_a_longer_prompt_allocates(fake_trt, trt_bundles):
 def test_sequence_longer_than_max_seq_len_is_refused(fake_trt, trt_bundles):
     bundle = trt_bundles["svd"]
     build_engine(bundle)
-    engine = BACKEND.load(bundle, EngineOptions())
+    engine = BACKEND.load(bundle, EngineOptions.of(bundle))
     try:
         with pytest.raises(EdgeSdkError, match="decode: call edge_session_prefill first"):
             engine.decode(1)
@@ -113,7 +113,7 @@ def test_without_an_engine_the_backend_says_to_build_it(fake_trt, trt_bundles):
     bundle = trt_bundles["svd"]
     expected = f"no TensorRT engine cached for this bundle on this device: run `edge-sdk build {bundle.path}` first"
     with pytest.raises(BackendUnavailable, match=expected.replace("(", r"\(")):
-        BACKEND.load(bundle, EngineOptions())
+        BACKEND.load(bundle, EngineOptions.of(bundle))
     with pytest.raises(BackendUnavailable, match=r"backend 'tensorrt' \(--backend\) is not available here: no Tens"):
         select_backend("tensorrt", bundle)
     selection = select_backend(None, bundle)  # auto: skipped, with the reason, for the next backend that runs it
@@ -129,7 +129,7 @@ def test_engine_of_another_tensorrt_says_to_rebuild(fake_trt, trt_bundles, monke
     build_engine(bundle)
     monkeypatch.setenv("EDGE_FAKE_TENSORRT_VERSION", "100700")
     with pytest.raises(BackendUnavailable) as refused:
-        BACKEND.load(bundle, EngineOptions())
+        BACKEND.load(bundle, EngineOptions.of(bundle))
     message = str(refused.value)
     assert "engine built by TensorRT 10.3.0, this is 10.7.0" in message
     assert f"rebuild with `edge-sdk build {bundle.path} --force`" in message
@@ -140,7 +140,7 @@ def test_engine_tensorrt_refuses_says_what_it_said_and_how_to_rebuild(fake_trt, 
     directory = build_engine(bundle)
     (directory / "model.engine").write_bytes(b"a plan serialized by another TensorRT")
     with pytest.raises(BackendUnavailable) as refused:
-        BACKEND.load(bundle, EngineOptions())
+        BACKEND.load(bundle, EngineOptions.of(bundle))
     message = str(refused.value)
     assert "model.engine: TensorRT could not load this engine (TensorRT: fake TensorRT: the plan is no fake" in message
     assert "this process has TensorRT 10.3.0, Fake Orin (compute capability 8.7)" in message

@@ -31,7 +31,7 @@ LOGITS_TOLERANCE = 1e-3
 def assert_engine_matches_onnx_runtime(bundle: Bundle, tiny_model_dir) -> None:
     ids = Tokenizer.from_dir(tiny_model_dir).encode(PROMPT)
     build_engine(bundle)  # into $EDGE_SDK_ENGINE_CACHE, where the C engine looks
-    engine = BACKEND.load(bundle, EngineOptions())
+    engine = BACKEND.load(bundle, EngineOptions.of(bundle))
     reference = OrtBundleSession(bundle)
     try:
         ours, theirs = engine.prefill(ids), reference.prefill(np.array([ids]))[0, -1]
