@@ -10,6 +10,7 @@ namespace {
 
 enum Input { kX = 0, kCodes, kScales };
 constexpr int32_t kInputs = 3;
+constexpr char kTransposedField[] = "transposed";
 
 void expectCounts(int32_t nbInputs, int32_t nbOutputs) {
   if (nbInputs != kInputs) {
@@ -23,11 +24,18 @@ void expectCounts(int32_t nbInputs, int32_t nbOutputs) {
 std::vector<nvinfer1::PluginField> QuantizedMatMulPlugin::fieldNames() {
   std::vector<nvinfer1::PluginField> fields;
   QuantLayout::addFieldNames(fields);
+  fields.emplace_back(kTransposedField, nullptr, nvinfer1::PluginFieldType::kINT32, 1);
   return fields;
 }
 
-QuantizedMatMulPlugin::QuantizedMatMulPlugin(nvinfer1::PluginFieldCollection const* fields)
-    : mLayout(QuantLayout::read(Attributes(fields, {QuantLayout::kFormatField, QuantLayout::kGroupSizeField}))) {}
+QuantizedMatMulPlugin::QuantizedMatMulPlugin(nvinfer1::PluginFieldCollection const* fields) {
+  Attributes const attributes(fields, {QuantLayout::kFormatField, QuantLayout::kGroupSizeField, kTransposedField});
+  mLayout = QuantLayout::read(attributes);
+  mTransposed = attributes.getInt(kTransposedField).value_or(1);
+  if (mTransposed != 0 && mTransposed != 1) {
+    throw PluginError("attribute 'transposed': expected 0 or 1, found " + std::to_string(mTransposed));
+  }
+}
 
 int32_t QuantizedMatMulPlugin::getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
                                                   nvinfer1::DataType const*, int32_t nbInputs) const noexcept {
@@ -39,16 +47,21 @@ int32_t QuantizedMatMulPlugin::getOutputDataTypes(nvinfer1::DataType* outputType
 
 int32_t QuantizedMatMulPlugin::getOutputShapes(nvinfer1::DimsExprs const* inputs, int32_t nbInputs,
                                                nvinfer1::DimsExprs const*, int32_t, nvinfer1::DimsExprs* outputs,
-                                               int32_t nbOutputs, nvinfer1::IExprBuilder&) noexcept {
+                                               int32_t nbOutputs, nvinfer1::IExprBuilder& exprBuilder) noexcept {
   return reportFailure([&] {
     expectCounts(nbInputs, nbOutputs);
     if (inputs[kX].nbDims != 2 || inputs[kCodes].nbDims != 2) {
       throw PluginError("inputs 'x' and 'w': expected 2 dimensions each, found " + std::to_string(inputs[kX].nbDims) +
                         " and " + std::to_string(inputs[kCodes].nbDims));
     }
-    outputs[0].nbDims = 2;  // y: [T, N]
+    outputs[0].nbDims = 2;  // y: [T, N]: N is W's rows (transposed), else its columns, v per INT32 word
     outputs[0].d[0] = inputs[kX].d[0];
-    outputs[0].d[1] = inputs[kCodes].d[0];
+    if (mTransposed != 0) {
+      outputs[0].d[1] = inputs[kCodes].d[0];
+    } else {
+      nvinfer1::IDimensionExpr const* perWord = exprBuilder.constant(mLayout.valuesPerWord());
+      outputs[0].d[1] = exprBuilder.operation(nvinfer1::DimensionOperation::kPROD, *inputs[kCodes].d[1], *perWord);
+    }
   });
 }
 
@@ -75,7 +88,13 @@ int32_t QuantizedMatMulPlugin::configurePlugin(nvinfer1::DynamicPluginTensorDesc
     nvinfer1::Dims const& x = in[kX].desc.dims;
     expectRank("x", x, 2);
     nvinfer1::Dims const& codes = in[kCodes].desc.dims;
-    mLayout.expectMatrix("w", codes, in[kScales].desc.dims, codes.nbDims == 2 ? codes.d[0] : -1, x.d[1]);
+    expectRank("w codes", codes, 2);
+    if (mTransposed != 0) {  // W [N, K]: rows N, cols K (x's columns)
+      mLayout.expectMatrix("w", codes, in[kScales].desc.dims, codes.d[0], x.d[1]);
+    } else {  // W [K, N]: rows K (x's columns), cols N
+      int64_t const cols = codes.d[1] < 0 ? -1 : codes.d[1] * mLayout.valuesPerWord();
+      mLayout.expectMatrix("w", codes, in[kScales].desc.dims, x.d[1], cols);
+    }
   });
 }
 
@@ -90,13 +109,16 @@ int32_t QuantizedMatMulPlugin::enqueue(nvinfer1::PluginTensorDesc const* inputDe
   return reportFailure([&] {
     int const tokens = checkedDim("x", inputDesc[kX].dims.d[0]);
     int const n_in = checkedDim("x", inputDesc[kX].dims.d[1]);
-    int const n_out = checkedDim("w", inputDesc[kCodes].dims.d[0]);
+    int const n_out = mTransposed != 0 ? checkedDim("w", inputDesc[kCodes].dims.d[0])
+                                       : checkedDim("w", inputDesc[kCodes].dims.d[1] * mLayout.valuesPerWord());
     if (tokens == 0) return;
-    cudaError_t const status = edge_matvec_q(stream, inputs[kX], cudaDtype(inputDesc[kX].type), tokens, n_in, n_out,
-                                             inputs[kCodes], static_cast<uint16_t const*>(inputs[kScales]),
-                                             mLayout.format, mLayout.groupSize, nullptr,
-                                             static_cast<float*>(outputs[0]));
-    if (status != cudaSuccess) throw PluginError(std::string("edge_matvec_q: ") + cudaGetErrorString(status));
+    auto launcher = mTransposed != 0 ? edge_matvec_q : edge_matvec_q_t;
+    cudaError_t const status =
+        launcher(stream, inputs[kX], cudaDtype(inputDesc[kX].type), tokens, n_in, n_out, inputs[kCodes],
+                 static_cast<uint16_t const*>(inputs[kScales]), mLayout.format, mLayout.groupSize, nullptr,
+                 static_cast<float*>(outputs[0]));
+    char const* name = mTransposed != 0 ? "edge_matvec_q: " : "edge_matvec_q_t: ";
+    if (status != cudaSuccess) throw PluginError(std::string(name) + cudaGetErrorString(status));
   });
 }
 
@@ -105,6 +127,7 @@ nvinfer1::PluginFieldCollection const* QuantizedMatMulPlugin::getFieldsToSeriali
   bool const built = reportFailure([&] {
     mSerialized.clear();
     mLayout.addFields(mSerialized);
+    mSerialized.emplace_back(kTransposedField, &mTransposed, nvinfer1::PluginFieldType::kINT32, 1);
   }) == 0;
   mSerializedCollection.nbFields = built ? static_cast<int32_t>(mSerialized.size()) : 0;
   mSerializedCollection.fields = mSerialized.data();

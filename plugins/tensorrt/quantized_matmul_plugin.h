@@ -1,7 +1,8 @@
-// QuantizedMatMul: y = x W^T for a group-wise quantized W [N, K] (a projection or the LM head), calling
-// edge_matvec_q. Inputs: x [T, K] (fp32/fp16/bf16), W's codes as INT32 words [N, K / 4] (int8) or [N, K / 8]
-// (int4), the bundle's bytes, and its scales [N, K / G] fp16. Output: y [T, N] fp32. Attributes: weight_format,
-// group_size. A bias is the graph's own Add.
+// QuantizedMatMul: y = x W^T for a group-wise quantized W [N, K] (transposed = 1: a projection, the LM head, a prompt's
+// gate and up; edge_matvec_q), or y = x W for W [K, N] (transposed = 0: a prompt's neuron-major down projection;
+// edge_matvec_q_t). Inputs: x [T, K] (fp32/fp16/bf16), W's codes as INT32 words [rows, cols / v] (v = 4 for int8, 8
+// for int4), the bundle's bytes, and its scales [rows, cols / G] fp16; groups run along W's rows. Output: y [T, N]
+// fp32. Attributes: weight_format, group_size, transposed (default 1). A bias is the graph's own Add.
 #ifndef EDGE_SDK_TRT_QUANTIZED_MATMUL_PLUGIN_H
 #define EDGE_SDK_TRT_QUANTIZED_MATMUL_PLUGIN_H
 
@@ -36,7 +37,8 @@ class QuantizedMatMulPlugin : public PluginBase<QuantizedMatMulPlugin> {
   nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
 
  private:
-  QuantLayout mLayout;
+  QuantLayout mLayout{};
+  int32_t mTransposed = 1;  // 1: W [N, K], y = x W^T; 0: W [K, N], y = x W
   std::vector<nvinfer1::PluginField> mSerialized;
   nvinfer1::PluginFieldCollection mSerializedCollection{};
 };

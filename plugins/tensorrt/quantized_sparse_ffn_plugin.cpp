@@ -23,11 +23,6 @@ void expectInputCount(int32_t nbInputs) {
   }
 }
 
-std::vector<std::string> attributeNames() {
-  return {GateActivation::kField, GateActivation::kThresholdField, QuantLayout::kFormatField,
-          QuantLayout::kGroupSizeField};
-}
-
 }  // namespace
 
 std::vector<nvinfer1::PluginField> QuantizedSparseFfnPlugin::fieldNames() {
@@ -37,9 +32,12 @@ std::vector<nvinfer1::PluginField> QuantizedSparseFfnPlugin::fieldNames() {
   return fields;
 }
 
-QuantizedSparseFfnPlugin::QuantizedSparseFfnPlugin(nvinfer1::PluginFieldCollection const* fields)
-    : mActivation(GateActivation::read(Attributes(fields, attributeNames()))),
-      mLayout(QuantLayout::read(Attributes(fields, attributeNames()))) {}
+QuantizedSparseFfnPlugin::QuantizedSparseFfnPlugin(nvinfer1::PluginFieldCollection const* fields) {
+  Attributes const attributes(fields, {GateActivation::kField, GateActivation::kThresholdField,
+                                       QuantLayout::kFormatField, QuantLayout::kGroupSizeField});
+  mActivation = GateActivation::read(attributes);
+  mLayout = QuantLayout::read(attributes);
+}
 
 int32_t QuantizedSparseFfnPlugin::getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
                                                      nvinfer1::DataType const*, int32_t nbInputs) const noexcept {

@@ -39,8 +39,8 @@ class QuantizedSparseFfnPlugin : public PluginBase<QuantizedSparseFfnPlugin> {
   nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
 
  private:
-  GateActivation mActivation;
-  QuantLayout mLayout;
+  GateActivation mActivation{};
+  QuantLayout mLayout{};
   int32_t mNbInputs = 0;  // 8, or 9 with thresholds; known from configurePlugin / onShapeChange
   std::vector<nvinfer1::PluginField> mSerialized;
   nvinfer1::PluginFieldCollection mSerializedCollection{};

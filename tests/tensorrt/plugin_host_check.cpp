@@ -225,6 +225,36 @@ IDimensionExpr const* fakeDimension(int index) {
   return reinterpret_cast<IDimensionExpr const*>(&anchors[index]);
 }
 
+// An IExprBuilder whose expressions are recorded (TensorRT makes the real one; its methods forward to an
+// apiv::VExprBuilder, which this one is): constants return fakeDimension(4), operations fakeDimension(5).
+class RecordingExprBuilder : public apiv::VExprBuilder {
+ public:
+  struct Operation {
+    DimensionOperation op;
+    IDimensionExpr const* first;
+    IDimensionExpr const* second;
+  };
+  IDimensionExpr const* constant(int64_t value) override {
+    constants.push_back(value);
+    return fakeDimension(4);
+  }
+  IDimensionExpr const* operation(DimensionOperation op, IDimensionExpr const& first,
+                                  IDimensionExpr const& second) override {
+    operations.push_back({op, &first, &second});
+    return fakeDimension(5);
+  }
+  IDimensionExpr const* declareSizeTensor(int32_t, IDimensionExpr const&, IDimensionExpr const&) override {
+    return nullptr;
+  }
+  std::vector<int64_t> constants;
+  std::vector<Operation> operations;
+};
+
+class ExprBuilderOver : public IExprBuilder {
+ public:
+  explicit ExprBuilderOver(apiv::VExprBuilder* impl) { mImpl = impl; }
+};
+
 // The rejections every plugin with a quantized weight layout shares; `valid` completes the other attributes.
 void expectLayoutValidated(IPluginCreatorV3One* creator, RecordingLogger& logger, std::vector<PluginField> valid) {
   static int32_t const groupOf32 = 32;
@@ -365,16 +395,23 @@ void checkQuantizedSparseFfn(IPluginCreatorV3One* creator, RecordingLogger& logg
 
 void checkQuantizedMatMul(IPluginCreatorV3One* creator, RecordingLogger& logger) {
   int32_t const groupOf64 = 64;
+  int32_t const groupOf32 = 32;
+  int32_t const two = 2;
+  int32_t const zero = 0;
   expectRejected(creator,
                  {stringField("weight_format", "int8"), intField("group_size", &groupOf64),
                   stringField("activation", "relu")},
-                 logger, "unknown attribute 'activation'; expected only weight_format, group_size");
+                 logger, "unknown attribute 'activation'; expected only weight_format, group_size, transposed");
+  expectRejected(creator,
+                 {stringField("weight_format", "int8"), intField("group_size", &groupOf64),
+                  intField("transposed", &two)},
+                 logger, "attribute 'transposed': expected 0 or 1, found 2");
   expectLayoutValidated(creator, logger, {});
   IPluginV3* plugin = create(creator, {stringField("weight_format", "int8"), intField("group_size", &groupOf64)},
                              TensorRTPhase::kBUILD);
   expect(plugin != nullptr, "QuantizedMatMul int8 g64 is created");
   if (plugin == nullptr) return;
-  // int8: 4 codes per INT32 word; groups of 64
+  // transposed (the default): W [N, K], int8: 4 codes per INT32 word; groups of 64
   int64_t const T = 3, K = 256, N = 77;
   std::vector<DynamicPluginTensorDesc> io = {tensor(DataType::kHALF, {T, K}), tensor(DataType::kINT32, {N, K / 4}),
                                              tensor(DataType::kHALF, {N, K / 64}), tensor(DataType::kFLOAT, {T, N})};
@@ -405,12 +442,49 @@ void checkQuantizedMatMul(IPluginCreatorV3One* creator, RecordingLogger& logger)
   for (auto& dims : inputs) dims.nbDims = 2;
   inputs[0].d[0] = fakeDimension(2);
   inputs[1].d[0] = fakeDimension(3);
+  inputs[1].d[1] = fakeDimension(6);
   DimsExprs output{};
   expect(build(plugin)->getOutputShapes(inputs, 3, nullptr, 0, &output, 1, exprBuilder) == 0 && output.nbDims == 2 &&
              output.d[0] == fakeDimension(2) && output.d[1] == fakeDimension(3),
-         "QuantizedMatMul: y is [T, N]");
+         "QuantizedMatMul: y is [T, N], N = W's rows");
   expect(build(plugin)->getOutputShapes(inputs, 2, nullptr, 0, &output, 1, exprBuilder) != 0,
          "QuantizedMatMul: 2 inputs are refused");
+  expectRoundTrip(creator, plugin);
+  delete plugin;
+
+  // transposed = 0: W [K, N] (a prompt's neuron-major down rows), int4: 8 codes per word; groups of 32 along N
+  plugin = create(creator,
+                  {stringField("weight_format", "int4"), intField("group_size", &groupOf32),
+                   intField("transposed", &zero)},
+                  TensorRTPhase::kBUILD);
+  expect(plugin != nullptr, "QuantizedMatMul int4 g32 transposed 0 is created");
+  if (plugin == nullptr) return;
+  int64_t const rows = 300, columns = 96;
+  std::vector<DynamicPluginTensorDesc> down = {
+      tensor(DataType::kFLOAT, {T, rows}), tensor(DataType::kINT32, {rows, columns / 8}),
+      tensor(DataType::kHALF, {rows, columns / 32}), tensor(DataType::kFLOAT, {T, columns})};
+  expect(build(plugin)->configurePlugin(down.data(), 3, &down[3], 1) == 0,
+         "QuantizedMatMul transposed 0: W [K, N] with K = x's columns configures");
+  auto otherRows = down;
+  otherRows[1].desc.dims.d[0] = rows + 1;
+  logger.last.clear();
+  expect(build(plugin)->configurePlugin(otherRows.data(), 3, &otherRows[3], 1) != 0,
+         "QuantizedMatMul transposed 0: W with other rows than x's columns is refused");
+  expect(logger.last.find("input 'w codes' rows: expected 300, found 301") != std::string::npos,
+         "QuantizedMatMul transposed 0 rows message, logged '" + logger.last + "'");
+  auto scalesOf64 = down;
+  scalesOf64[2].desc.dims.d[1] = columns / 64 + 1;
+  expect(build(plugin)->configurePlugin(scalesOf64.data(), 3, &scalesOf64[3], 1) != 0,
+         "QuantizedMatMul transposed 0: scales of another group size are refused");
+  RecordingExprBuilder recording;
+  ExprBuilderOver builder(&recording);
+  expect(build(plugin)->getOutputShapes(inputs, 3, nullptr, 0, &output, 1, builder) == 0 && output.nbDims == 2 &&
+             output.d[0] == fakeDimension(2) && output.d[1] == fakeDimension(5),
+         "QuantizedMatMul transposed 0: y is [T, N], N an expression");
+  expect(recording.constants == std::vector<int64_t>{8} && recording.operations.size() == 1 &&
+             recording.operations[0].op == DimensionOperation::kPROD &&
+             recording.operations[0].first == fakeDimension(6) && recording.operations[0].second == fakeDimension(4),
+         "QuantizedMatMul transposed 0: N = W's INT32 words per row x 8");
   expectRoundTrip(creator, plugin);
   delete plugin;
 }
