@@ -57,7 +57,6 @@ def _library() -> ctypes.CDLL:
         "edge_model_open": (_status, [ctypes.c_char_p, _handle, ctypes.POINTER(_handle)]),
         "edge_model_close": (None, [_handle]),
         "edge_model_backend": (ctypes.c_char_p, [_handle]),
-        "edge_model_sparsity_level": (ctypes.c_double, [_handle]),
         "edge_session_create": (_status, [_handle, ctypes.POINTER(_handle)]),
         "edge_session_destroy": (None, [_handle]),
         "edge_session_last_error": (ctypes.c_char_p, [_handle]),
@@ -133,7 +132,6 @@ class RuntimeEngine:
     """Engine protocol over one edge_model and one edge_session of libedge_sdk, on its `backend` engine."""
 
     def __init__(self, bundle: Bundle, options: EngineOptions, backend: str = "cpu"):
-        bundle.sparsity.resolve(options.sparsity, options.dense)  # the message for a level the bundle lacks
         library = _library()
         self._library = library
         self._model = _handle()
@@ -143,6 +141,7 @@ class RuntimeEngine:
         try:
             self._check(library.edge_options_set_backend(c_options, backend.encode()), "backend")
             self._check(library.edge_options_set_threads(c_options, options.threads), "threads")
+            # the level already resolved (EngineOptions): the runtime finds the same row of its level tensors
             level = -1.0 if options.sparsity is None else float(options.sparsity)
             self._check(library.edge_options_set_sparsity(c_options, level), "sparsity")
             self._check(library.edge_options_set_dense(c_options, int(options.dense)), "dense")
@@ -158,9 +157,7 @@ class RuntimeEngine:
             raise BackendUnavailable(f"backend '{backend}' is not available here: {reason}")
         self._check(status, "edge_model_open")
         self._check(library.edge_session_create(self._model, ctypes.byref(self._session)), "edge_session_create")
-        level = library.edge_model_sparsity_level(self._model)
         self.backend = library.edge_model_backend(self._model).decode()
-        self.level = None if level < 0 else level
         self.vocab_size = bundle.config.vocab_size
         self.max_seq_len = bundle.max_seq_len
         self._logits = ctypes.POINTER(ctypes.c_float)()

@@ -1,17 +1,21 @@
-"""Time one decode-step SparseFFN (edge_sparse_ffn, plugins/kernels) against a dense cuBLAS FFN on the GPU.
+"""Time one decode-step SparseFFN (edge_sparse_ffn / edge_sparse_ffn_q, plugins/kernels) against a dense cuBLAS FFN.
 
 LLaMA-2-7B shapes by default (d=4096, D=11008, fp16 weights). For each sparsity s the mask keeps a random
 (1 - s) of the neurons, and every kept neuron fires (x and W_gate are positive), so the kernel reads exactly
 those rows of W_gate, W_up and W_down^T. The dense baseline is three cuBLAS GEMVs (cublasHgemm with n = 1 for fp16
-weights, cublasSgemv for fp32): gate, up and down, without the elementwise activation. Several copies of the
-weights ("layers") are cycled so that no run finds its rows in L2. Times are CUDA-event device times per FFN after
-warm-up, with the calls captured in a CUDA graph (launch overhead excluded), and also with plain launches from
-Python. Bandwidth counts the weight rows and the mask read, against a measured device-to-device copy rate.
+weights, cublasSgemv for fp32): gate, up and down, without the elementwise activation; int8 / int4 weights (group-wise,
+edge_sdk/quant.py, --group-size) are compared with that fp16 baseline, the dense FFN a user would otherwise run. Several
+copies of the weights ("layers") are cycled so that no run finds its rows in L2. Times are CUDA-event device times per
+FFN after warm-up, with the calls captured in a CUDA graph (launch overhead excluded), and also with plain launches
+from Python. Bandwidth counts the weight rows (codes and scales for int8 / int4) and the mask read, against a measured
+device-to-device copy rate. For int8 / int4 also the dense projection edge_matvec_q (QuantizedMatMul) on a d x d
+matrix for one token (GEMV, bandwidth) and for a prompt of 128 (tiled GEMM, GFLOP/s), against cuBLAS fp16.
 
 Needs an NVIDIA GPU, the kernel library built (`pip install -e .` with nvcc) and libcublas from the CUDA toolkit:
 
     .venv/bin/python benchmarks/cuda_ffn.py
-    .venv/bin/python benchmarks/cuda_ffn.py --dtype fp32 --layers 4 --json results.json
+    .venv/bin/python benchmarks/cuda_ffn.py --dtype int4 --group-size 32 --json results.json
+    .venv/bin/python benchmarks/cuda_ffn.py --dtype fp32 --layers 4
 """
 
 from __future__ import annotations
@@ -26,9 +30,12 @@ from pathlib import Path
 
 import torch
 
+from edge_sdk import quant
+
 HARNESS = Path(__file__).resolve().parent.parent / "tests" / "gpu" / "cuda_harness.py"
 SPARSITIES = (0.0, 0.5, 0.8, 0.9, 0.95)
-DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
+DTYPES = {"fp16": torch.float16, "fp32": torch.float32, "int8": torch.float16, "int4": torch.float16}
+PROMPT_TOKENS = 128
 CUBLAS_LIBRARIES = ("libcublas.so.13", "libcublas.so.12", "libcublas.so")
 _CUBLAS_OP_N, _CUBLAS_OP_T = 0, 1
 _HALF_ONE, _HALF_ZERO = 0x3C00, 0x0000
@@ -88,6 +95,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--d", type=int, default=4096, help="hidden size")
     parser.add_argument("--D", type=int, default=11008, help="intermediate size (neurons)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp16", help="weight storage type")
+    parser.add_argument(
+        "--group-size", type=int, choices=quant.GROUP_SIZES, default=quant.DEFAULT_GROUP_SIZE, help="int8 / int4 group"
+    )
     parser.add_argument("--layers", type=int, default=8, help="weight copies cycled so that L2 never holds them")
     parser.add_argument("--repeats", type=int, default=20, help="timed FFN calls per measurement (per layer cycle)")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -120,6 +130,49 @@ def timed(device, enqueue, repeats: int) -> tuple[float, float]:
     return in_graph, launched
 
 
+def time_matvec(harness, device, kernels, cublas, args, generator) -> list[dict]:
+    """edge_matvec_q on a d x d matrix (an attention projection) for 1 and PROMPT_TOKENS tokens, against cuBLAS fp16
+    (GEMV / GEMM): microseconds, the weight bandwidth of one token and the arithmetic rate of a prompt."""
+    d = args.d
+    weight = torch.rand(d, d, generator=generator) / d
+    matrices = [quant.quantize(weight.numpy(), args.dtype, args.group_size) for _ in range(args.layers)]
+    uploaded = [harness.upload_quantized(device, m) for m in matrices]
+    half = [device.upload(weight.half()) for _ in range(args.layers)]
+    cycle = itertools.count()
+    rows = []
+    print(f"QuantizedMatMul {d}x{d} ({args.dtype}, groups of {args.group_size}) against cuBLAS fp16:")
+    for tokens in (1, PROMPT_TOKENS):
+        x = device.upload(torch.rand(tokens, d, generator=generator))
+        x_half = device.upload(torch.rand(tokens, d, generator=generator).half())
+        y = device.empty((tokens, d), torch.float32)
+        y_half = device.empty((tokens, d), torch.float16)
+
+        def quantized(x=x, y=y):
+            kernels.matvec_q(x, uploaded[next(cycle) % args.layers], None, y)
+
+        def dense(tokens=tokens, x_half=x_half, y_half=y_half):  # y^T = W x^T: column-major [d, d] W^T, n = tokens
+            weights = half[next(cycle) % args.layers]
+            shape = (_CUBLAS_OP_T, _CUBLAS_OP_N, d, tokens, d)
+            one, zero = ctypes.c_uint16(_HALF_ONE), ctypes.c_uint16(_HALF_ZERO)
+            p = ctypes.c_void_p
+            operands = (p(weights.pointer), d, p(x_half.pointer), d, ctypes.byref(zero), p(y_half.pointer), d)
+            status = cublas.library.cublasHgemm(cublas.handle, *shape, ctypes.byref(one), *operands)
+            cublas._check(status, "cublasHgemm")
+
+        quantized_us = timed(device, quantized, args.repeats)[0]
+        dense_us = timed(device, dense, args.repeats)[0] if cublas is not None else None
+        row = {"tokens": tokens, "quantized_us": quantized_us, "cublas_fp16_us": dense_us}
+        row["weight_gb_per_s"] = matrices[0].nbytes / quantized_us / 1e3
+        row["gflop_per_s"] = 2 * tokens * d * d / quantized_us / 1e3
+        versus = f", cuBLAS fp16 {dense_us:.1f} us" if dense_us is not None else ""
+        print(
+            f"  {tokens:>4} tokens: {quantized_us:.1f} us ({row['weight_gb_per_s']:.0f} GB/s of weights, "
+            f"{row['gflop_per_s']:.0f} GFLOP/s){versus}"
+        )
+        rows.append(row)
+    return rows
+
+
 def device_name() -> str:
     """The name of CUDA device 0, from the driver API (torch may be a CPU build)."""
     driver = ctypes.CDLL("libcuda.so.1")
@@ -137,7 +190,12 @@ def main() -> int:
     if reason is not None:
         print(f"benchmarks/cuda_ffn.py needs an NVIDIA GPU and the CUDA kernel library: {reason}", file=sys.stderr)
         return 2
+    # dtype: of the dense baseline (and of the sparse kernel's weights unless quantized)
     dtype, d, n_neurons = DTYPES[args.dtype], args.d, args.D
+    quantized = args.dtype in quant.FORMATS
+    if quantized and d % args.group_size:
+        print(f"--d {d}: expected a multiple of --group-size {args.group_size}", file=sys.stderr)
+        return 2
     device = harness.Device()
     kernels = harness.Kernels(device)
     try:
@@ -145,6 +203,14 @@ def main() -> int:
         x = torch.rand(1, d, generator=generator) + 0.1  # positive, so every masked neuron fires
         host_weights = [(torch.rand(n_neurons, d, generator=generator) / d).to(dtype) for _ in range(3)]
         layers = [tuple(device.upload(w) for w in host_weights) for _ in range(args.layers)]
+        if quantized:
+            matrices = [quant.quantize(w.float().numpy(), args.dtype, args.group_size) for w in host_weights]
+            quantized_layers = [
+                tuple(harness.upload_quantized(device, m) for m in matrices) for _ in range(args.layers)
+            ]
+            row_bytes = matrices[0].nbytes / n_neurons  # codes and scales of one row
+        else:
+            row_bytes = d * torch.empty((), dtype=dtype).element_size()
         x_device, x_half = device.upload(x), device.upload(x.to(dtype))
         y = device.empty((1, d), torch.float32)
         workspace = device.allocate(kernels.workspace_size(d, n_neurons, 1))
@@ -167,10 +233,12 @@ def main() -> int:
             cublas.matvec(dtype, False, d, n_neurons, w_down_t.pointer, dense_gate.pointer, dense_hidden.pointer)
 
         dense_us = timed(device, dense_ffn, args.repeats)[0] if cublas is not None else None
-        setup = f"d={d}, D={n_neurons}, {args.dtype} weights, {args.layers} weight copies"
+        weights = f"{args.dtype} weights (groups of {args.group_size})" if quantized else f"{args.dtype} weights"
+        setup = f"d={d}, D={n_neurons}, {weights}, {args.layers} weight copies"
         print(f"{device_name()}: {setup}; device-to-device copy {peak:.0f} GB/s")
         if dense_us is not None:
-            print(f"cuBLAS dense FFN: {dense_us:.1f} us ({3 * n_neurons * d * element / dense_us / 1e3:.0f} GB/s)")
+            baseline = f"cuBLAS dense FFN ({'fp16' if quantized else args.dtype})"
+            print(f"{baseline}: {dense_us:.1f} us ({3 * n_neurons * d * element / dense_us / 1e3:.0f} GB/s)")
         print(f"{'sparsity':>8} {'graph us':>9} {'launch us':>10} {'GB/s':>7} {'% copy':>7} {'vs dense':>9}")
         results = []
         for sparsity in SPARSITIES:
@@ -180,18 +248,25 @@ def main() -> int:
             mask_device = device.upload(mask)
 
             def sparse_ffn(mask_device=mask_device):
-                weights = layers[next(cycle) % args.layers]
-                kernels.sparse_ffn(x_device, weights, mask_device, None, "relu", 0.0, y, workspace)
+                if quantized:
+                    weights = quantized_layers[next(cycle) % args.layers]
+                    kernels.sparse_ffn_q(x_device, weights, mask_device, None, "relu", 0.0, y, workspace)
+                else:
+                    weights = layers[next(cycle) % args.layers]
+                    kernels.sparse_ffn(x_device, weights, mask_device, None, "relu", 0.0, y, workspace)
 
             graph_us, launch_us = timed(device, sparse_ffn, args.repeats)
-            weight_bytes = 3 * len(kept) * d * element + n_neurons
+            weight_bytes = 3 * len(kept) * row_bytes + 4 * n_neurons
             bandwidth = weight_bytes / graph_us / 1e3
             speedup = dense_us / graph_us if dense_us is not None else float("nan")
             row = f"{sparsity:>8.2f} {graph_us:>9.1f} {launch_us:>10.1f} {bandwidth:>7.0f}"
             print(f"{row} {100 * bandwidth / peak:>6.0f}% {speedup:>8.2f}x")
             results.append({"sparsity": sparsity, "graph_us": graph_us, "launch_us": launch_us, "gb_per_s": bandwidth})
+        record = {"d": d, "D": n_neurons, "dtype": args.dtype, "copy_gb_per_s": peak, "dense_us": dense_us}
+        if quantized:
+            record["group_size"] = args.group_size
+            record["matvec"] = time_matvec(harness, device, kernels, cublas, args, generator)
         if args.json is not None:
-            record = {"d": d, "D": n_neurons, "dtype": args.dtype, "copy_gb_per_s": peak, "dense_us": dense_us}
             args.json.write_text(json.dumps(record | {"sparse": results}, indent=2) + "\n")
     finally:
         device.close()

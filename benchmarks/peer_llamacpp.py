@@ -467,7 +467,7 @@ def timing_configurations(
             else:
                 levels.append(float(requested))
         for level in levels:
-            options = EngineOptions(sparsity=level, dense=level is None, threads=threads)
+            options = EngineOptions.of(bundle, level, dense=level is None, threads=threads)
             label = "dense" if level is None else f"sparse {level:g}"
             configurations.append(
                 Configuration(

@@ -16,11 +16,12 @@ from typing import Any
 
 import click
 
-from edge_sdk import __version__, memory
+from edge_sdk import __version__, memory, predictors
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.quant import DEFAULT_GROUP_SIZE, GROUP_SIZES
 from edge_sdk.runtime.backends import MAX_THREADS
 from edge_sdk.runtime.generator import MAX_SEED
+from edge_sdk.sparsity.settings import DEFAULT_LEVELS, LEVEL_ALLOCATIONS, CalibrationSettings
 
 USAGE_ERROR = 2
 INTERRUPTED = 130
@@ -130,44 +131,6 @@ _RANK_HELP = (
 )
 _FORCE_HELP = "Replace an earlier edge-sdk output at that path (never anything edge-sdk did not write)."
 
-# what calibrate and export share: the predictor's fit and the choice of the default level
-_calibration_options = _options(
-    click.option("--eval", "evaluation_files", multiple=True, help="Held-out text for the report. Repeatable."),
-    click.option("--rank", type=click.IntRange(min=1), default=None, help=_RANK_HELP),
-    click.option("--sparsity", type=click.FloatRange(0, 1), default=None, help=_SPARSITY_HELP),
-    click.option(
-        "--ppl-budget",
-        type=click.FloatRange(min=0),
-        default=0.5,
-        show_default=True,
-        help="Choosing the default level: allowed perplexity increase over dense, in percent.",
-    ),
-    click.option(
-        "--validation-tokens",
-        type=click.IntRange(min=1),
-        default=2048,
-        show_default=True,
-        help="Choosing the default level: most calibration-text tokens to validate on, after --tokens.",
-    ),
-    click.option("--levels", default=None, help="Comma-separated sparsity levels to calibrate (default 0.3,...,0.9)."),
-    click.option(
-        "--level-allocation",
-        type=click.Choice(["importance", "uniform"]),
-        default="importance",
-        show_default=True,
-        help=_LEVEL_ALLOCATION_HELP,
-    ),
-    click.option(
-        "--tokens",
-        "max_tokens",
-        type=click.IntRange(min=1),
-        default=20000,
-        show_default=True,
-        help="Calibration tokens.",
-    ),
-)
-
-
 _group_size_option = click.option(
     "--group-size",
     type=click.Choice([str(size) for size in GROUP_SIZES]),
@@ -176,22 +139,6 @@ _group_size_option = click.option(
     help="int8 / int4: values per fp16 scale along each weight row. 32 by measurement: on SmolLM2-135M int4 costs "
     "+23% held-out perplexity at 32 and +32% at 64, for 6% more bytes (QUANT.md, 'Quality').",
 )
-
-
-def _calibration_settings(predictor: str, options: dict[str, Any], **extra: Any):
-    from edge_sdk.sparsity.pipeline import DEFAULT_LEVELS, CalibrationSettings
-
-    return CalibrationSettings(
-        predictor=predictor,
-        rank=options["rank"],
-        sparsity=options["sparsity"],
-        ppl_budget=options["ppl_budget"],
-        validation_tokens=options["validation_tokens"],
-        levels=_parse_levels(options["levels"]) or DEFAULT_LEVELS,
-        level_allocation=options["level_allocation"],
-        max_tokens=options["max_tokens"],
-        **extra,
-    )
 
 
 @contextlib.contextmanager
@@ -233,9 +180,94 @@ def _default_level_text(report: dict) -> str:
 
 
 def _predictor_choices(with_none: bool) -> list[str]:
-    from edge_sdk import predictors
-
     return [name for name in predictors.KINDS if with_none or name != predictors.NO_PREDICTOR]
+
+
+# what calibrate and export share: the model and the output, the calibration text, the predictor and its fit, the
+# choice of the default level (one option set, so the two commands fit predictors alike)
+def _predictor_fit_options(*, output_help: str, calib_required: bool, with_none: bool) -> Callable:
+    calib_help = "Calibration text: plain text or JSON lines with a 'text' field. Repeatable."
+    return _options(
+        click.argument("model_dir", type=click.Path(path_type=str)),
+        click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=str), help=output_help),
+        click.option("--calib", "calibration_files", multiple=True, required=calib_required, help=calib_help),
+        click.option(
+            "--predictor",
+            type=click.Choice(_predictor_choices(with_none)),
+            default=CalibrationSettings.predictor,
+            show_default=True,
+        ),
+        click.option("--eval", "evaluation_files", multiple=True, help="Held-out text for the report. Repeatable."),
+        click.option("--rank", type=click.IntRange(min=1), default=None, help=_RANK_HELP),
+        click.option("--sparsity", type=click.FloatRange(0, 1), default=None, help=_SPARSITY_HELP),
+        click.option(
+            "--ppl-budget",
+            type=click.FloatRange(min=0),
+            default=CalibrationSettings.ppl_budget,
+            show_default=True,
+            help="Choosing the default level: allowed perplexity increase over dense, in percent.",
+        ),
+        click.option(
+            "--validation-tokens",
+            type=click.IntRange(min=1),
+            default=CalibrationSettings.validation_tokens,
+            show_default=True,
+            help="Choosing the default level: most calibration-text tokens to validate on, after --tokens.",
+        ),
+        click.option(
+            "--levels",
+            default=None,
+            help="Comma-separated sparsity levels to calibrate (default "
+            + ",".join(f"{level:g}" for level in DEFAULT_LEVELS)
+            + ").",
+        ),
+        click.option(
+            "--level-allocation",
+            type=click.Choice(LEVEL_ALLOCATIONS),
+            default=CalibrationSettings.level_allocation,
+            show_default=True,
+            help=_LEVEL_ALLOCATION_HELP,
+        ),
+        click.option(
+            "--tokens",
+            "max_tokens",
+            type=click.IntRange(min=1),
+            default=CalibrationSettings.max_tokens,
+            show_default=True,
+            help="Calibration tokens.",
+        ),
+        click.option("--no-whiten", is_flag=True, help="svd: naive SVD of W_gate (ablation)."),
+        click.option(
+            "--no-bias-calibration",
+            is_flag=True,
+            help="svd: one global threshold instead of per-neuron biases (ablation).",
+        ),
+        click.option(
+            "--recall-target",
+            type=click.FloatRange(0, 1),
+            default=CalibrationSettings.recall_target,
+            show_default=True,
+            help="signbit: per-layer recall.",
+        ),
+        click.option("--force", is_flag=True, help=_FORCE_HELP),
+    )
+
+
+def _calibration_settings(fit: dict[str, Any]) -> CalibrationSettings:
+    """CalibrationSettings from the predictor options of _predictor_fit_options."""
+    return CalibrationSettings(
+        predictor=fit["predictor"],
+        rank=fit["rank"],
+        sparsity=fit["sparsity"],
+        ppl_budget=fit["ppl_budget"],
+        validation_tokens=fit["validation_tokens"],
+        levels=_parse_levels(fit["levels"]) or DEFAULT_LEVELS,
+        whiten=not fit["no_whiten"],
+        calibrate_bias=not fit["no_bias_calibration"],
+        recall_target=fit["recall_target"],
+        level_allocation=fit["level_allocation"],
+        max_tokens=fit["max_tokens"],
+    )
 
 
 @click.group(cls=EdgeSdkGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -281,45 +313,20 @@ def doctor(bundle_dir: str | None, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("model_dir", type=click.Path(path_type=str))
-@click.option(
-    "--calib",
-    "calibration_files",
-    multiple=True,
-    required=True,
-    help="Calibration text: plain text or JSON lines with a 'text' field. Repeatable.",
-)
-@click.option("--predictor", type=click.Choice(_predictor_choices(False)), default="svd", show_default=True)
-@_calibration_options
-@click.option("--no-whiten", is_flag=True, help="Naive SVD of W_gate (ablation).")
-@click.option(
-    "--no-bias-calibration", is_flag=True, help="One global threshold instead of per-neuron biases (ablation)."
-)
-@click.option(
-    "--recall-target", type=click.FloatRange(0, 1), default=0.99, show_default=True, help="signbit: per-layer recall."
-)
-@click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=str))
-@click.option("--force", is_flag=True, help=_FORCE_HELP)
-def calibrate(
-    model_dir, calibration_files, predictor, no_whiten, no_bias_calibration, recall_target, out_dir, force, **options
-) -> None:
+@_predictor_fit_options(output_help="Predictors directory.", calib_required=True, with_none=False)
+def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **fit) -> None:
     """Build sparsity predictors from calibration text; write predictors.safetensors and a report."""
     _runs_torch_pipeline("`edge-sdk calibrate`")
     from tqdm import tqdm
 
     from edge_sdk.model.checkpoint import open_checkpoint
-    from edge_sdk.sparsity.pipeline import calibrate_model, check_output_dir, validate_settings, write_calibration
+    from edge_sdk.sparsity.pipeline import calibrate_model
+    from edge_sdk.sparsity.predictors_dir import check_output_dir, write_calibration
+    from edge_sdk.sparsity.settings import validate_settings
 
-    evaluation_files = options.pop("evaluation_files")
     target = check_output_dir(out_dir, force, model_dir, (*calibration_files, *evaluation_files))
     checkpoint = open_checkpoint(model_dir)
-    settings = _calibration_settings(
-        predictor,
-        options,
-        whiten=not no_whiten,
-        calibrate_bias=not no_bias_calibration,
-        recall_target=recall_target,
-    )
+    settings = _calibration_settings(fit)
     validate_settings(checkpoint.config, settings)
     layers = checkpoint.config.num_layers
     calibrating = tqdm(total=layers, desc="calibrating layers", unit="layer", file=sys.stderr, delay=PROGRESS_DELAY)
@@ -355,11 +362,7 @@ def calibrate(
 
 
 @main.command()
-@click.argument("model_dir", type=click.Path(path_type=str))
-@click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=str), help="Bundle directory.")
-@click.option("--calib", "calibration_files", multiple=True, help="Calibration text (plain or JSON lines). Repeatable.")
-@click.option("--predictor", type=click.Choice(_predictor_choices(True)), default="svd", show_default=True)
-@_calibration_options
+@_predictor_fit_options(output_help="Bundle directory.", calib_required=False, with_none=True)
 @click.option(
     "--dtype",
     type=click.Choice(["fp16", "bf16", "fp32", "int8", "int4"]),
@@ -383,9 +386,17 @@ def calibrate(
     default=None,
     help="Longest sequence the bundle serves (default: min(2048, the model's max_position_embeddings)).",
 )
-@click.option("--force", is_flag=True, help=_FORCE_HELP)
 def export(
-    model_dir, out_dir, calibration_files, predictor, dtype, group_size, quant_method, max_seq_len, force, **options
+    model_dir,
+    out_dir,
+    calibration_files,
+    evaluation_files,
+    force,
+    dtype,
+    group_size,
+    quant_method,
+    max_seq_len,
+    **fit,
 ) -> None:
     """Export a checkpoint and its predictors to a bundle (ONNX + weights + tokenizer + manifest)."""
     _runs_torch_pipeline("`edge-sdk export`")
@@ -394,24 +405,22 @@ def export(
     from edge_sdk.export.exporter import ExportSettings, check_output, export_bundle
     from edge_sdk.model.checkpoint import open_checkpoint
 
-    evaluation_files = options.pop("evaluation_files")
     check_output(out_dir, force, model_dir, (*calibration_files, *evaluation_files))
     checkpoint = open_checkpoint(model_dir)
     config = checkpoint.config
     settings = ExportSettings(
-        predictor=predictor,
         dtype=dtype,
         group_size=int(group_size),
         quant_method=quant_method,
         max_seq_len=max_seq_len,
-        calibration=_calibration_settings(predictor, options),
+        calibration=_calibration_settings(fit),
     )
     calibrating = tqdm(
         total=config.num_layers,
         desc="calibrating",
         unit="layer",
         file=sys.stderr,
-        disable=predictor == "none",
+        disable=not settings.calibration.kind.calibrated,
         delay=PROGRESS_DELAY,
     )
     validating = tqdm(
@@ -438,7 +447,7 @@ def export(
     click.echo(f"bundle {bundle.path}")
     for name, entry in bundle.manifest.files.items():
         click.echo(f"  {name:<24} {entry.size / 1e6:10.2f} MB")
-    if bundle.sparsity.predictor != "none":
+    if predictors.kind(bundle.sparsity.predictor).calibrated:
         click.echo(f"predictor {bundle.sparsity.predictor}")
         report = bundle.read_json("report.json", 64 << 20)
         click.echo(_default_level_text(report))

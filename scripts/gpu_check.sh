@@ -6,11 +6,13 @@
 #
 # 1. builds the package's native libraries with the CUDA kernels for this GPU's architecture only
 #    (nvidia-smi --query-gpu=compute_cap, e.g. 8.7 -> EDGE_SDK_CUDA_ARCHITECTURES=87);
-# 2. runs the tests marked `gpu`;
-# 3. runs them again under compute-sanitizer, once per tool: memcheck, racecheck, synccheck;
+# 2. runs the tests marked `gpu`: tests/gpu (every CUDA kernel, the quantized ones included, against the reference,
+#    bit-identical repeats, CUDA graph capture) and the CUDA column of the op table (tests/ops);
+# 3. runs tests/gpu again under compute-sanitizer, once per tool: memcheck, racecheck, synccheck;
 # 4. runs the tests marked `tensorrt` (where TensorRT is installed: `edge-sdk build` and libedge_sdk's TensorRT engine
-#    on a fixture bundle against ONNX Runtime; they skip, saying why, without TensorRT);
-# 5. runs benchmarks/cuda_ffn.py at LLaMA-2-7B shapes (d 4096, D 11008, fp16);
+#    on fixture bundles, fp16, int8 and int4, against ONNX Runtime; the op table's TensorRT column: each op's one-node
+#    graph through the plugins; they skip, saying why, without TensorRT);
+# 5. runs benchmarks/cuda_ffn.py at LLaMA-2-7B shapes (d 4096, D 11008) for fp16, int8 and int4 weights (groups of 32);
 # 6. writes everything (commit, GPU, driver, CUDA, each step's status, time and figures) to
 #    benchmarks/results/gpu-check-<gpu>.json, and keeps each step's log under benchmarks/results/gpu-check-logs/.
 #
@@ -75,6 +77,7 @@ skip_step() {
 }
 
 SANITIZER_TOOLS=(memcheck racecheck synccheck)
+BENCHMARK_DTYPES=(fp16 int8 int4)
 SANITIZER=$(command -v compute-sanitizer || true)
 if [ -z "$SANITIZER" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
     SANITIZER=/usr/local/cuda/bin/compute-sanitizer
@@ -82,7 +85,7 @@ fi
 
 if run_step build "$PYTHON" -m pip install --no-deps -e . \
     -C "cmake.define.EDGE_SDK_CUDA_ARCHITECTURES=$ARCH"; then
-    run_step gpu-tests "$PYTHON" -m pytest -q -rs -m gpu tests/gpu --junitxml="$LOGS/gpu-tests.xml"
+    run_step gpu-tests "$PYTHON" -m pytest -q -rs -m gpu tests/gpu tests/ops --junitxml="$LOGS/gpu-tests.xml"
     for tool in "${SANITIZER_TOOLS[@]}"; do
         if [ -z "$SANITIZER" ]; then
             skip_step "sanitizer-$tool"
@@ -92,10 +95,14 @@ if run_step build "$PYTHON" -m pip install --no-deps -e . \
         run_step "sanitizer-$tool" "$SANITIZER" --tool "$tool" --target-processes all --error-exitcode 86 \
             "$PYTHON" -m pytest -q -m gpu tests/gpu --junitxml="$LOGS/sanitizer-$tool.xml"
     done
-    run_step tensorrt-tests "$PYTHON" -m pytest -q -rs -m tensorrt tests/tensorrt --junitxml="$LOGS/tensorrt-tests.xml"
-    run_step benchmark "$PYTHON" benchmarks/cuda_ffn.py --d 4096 --D 11008 --dtype fp16 --json "$LOGS/benchmark.json"
+    run_step tensorrt-tests "$PYTHON" -m pytest -q -rs -m tensorrt tests/tensorrt tests/ops \
+        --junitxml="$LOGS/tensorrt-tests.xml"
+    for dtype in "${BENCHMARK_DTYPES[@]}"; do
+        run_step "benchmark-$dtype" "$PYTHON" benchmarks/cuda_ffn.py --d 4096 --D 11008 --dtype "$dtype" \
+            --json "$LOGS/benchmark-$dtype.json"
+    done
 else
-    for name in gpu-tests "${SANITIZER_TOOLS[@]/#/sanitizer-}" tensorrt-tests benchmark; do
+    for name in gpu-tests "${SANITIZER_TOOLS[@]/#/sanitizer-}" tensorrt-tests "${BENCHMARK_DTYPES[@]/#/benchmark-}"; do
         skip_step "$name"
     done
 fi
@@ -137,8 +144,8 @@ for line in Path(steps_file).read_text().splitlines():
     if name.startswith("sanitizer-") and log.is_file():
         summaries = re.findall(r"ERROR SUMMARY: (\d+) error", log.read_text(errors="replace"))
         step["sanitizer_errors"] = sum(int(count) for count in summaries) if summaries else None
-    if name == "benchmark" and (logs / "benchmark.json").is_file():
-        step["results"] = json.loads((logs / "benchmark.json").read_text())
+    if name.startswith("benchmark-") and (logs / f"{name}.json").is_file():
+        step["results"] = json.loads((logs / f"{name}.json").read_text())
     steps[name] = step
 
 record = {

@@ -42,13 +42,13 @@ class BundleMatrix:
     def __getitem__(self, name: str):
         if name not in self._opened:
             from edge_sdk.export.exporter import ExportSettings, export_bundle
-            from edge_sdk.sparsity.pipeline import CalibrationSettings
+            from edge_sdk.sparsity.settings import CalibrationSettings
 
             predictor, dtype = BUNDLE_MATRIX[name]
-            calibration = CalibrationSettings(rank=16, max_tokens=2048, levels=MATRIX_LEVELS, sparsity=MATRIX_LEVELS[0])
-            settings = ExportSettings(
-                predictor=predictor, dtype=dtype, max_seq_len=MATRIX_MAX_SEQ_LEN, calibration=calibration
+            calibration = CalibrationSettings(
+                predictor=predictor, rank=16, max_tokens=2048, levels=MATRIX_LEVELS, sparsity=MATRIX_LEVELS[0]
             )
+            settings = ExportSettings(dtype=dtype, max_seq_len=MATRIX_MAX_SEQ_LEN, calibration=calibration)
             self._opened[name] = export_bundle(TINY_MODEL, self.root / name, settings, [TINY_MODEL / "calibration.txt"])
         return self._opened[name]
 

@@ -31,7 +31,7 @@ def load_gather_engine(
         torch.set_num_threads(options.threads)
     return TorchEngine.load(
         bundle,
-        bundle.sparsity.resolve(options.sparsity, options.dense),
+        options.level,
         device=device,
         dtype=dtype,
         ffn_class=functools.partial(GatherSparseFFN, device=device, dtype=dtype, mode=mode),

@@ -38,12 +38,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.model.activation import Activation
-from edge_sdk.sparsity.core import core_mask_from_counts, core_neuron_counts
-from edge_sdk.sparsity.signbit import BITS_PER_WORD
 from edge_sdk.sparsity.sparse_model import LayerPredictor, SparseFeedForward
 
 from . import MODES
@@ -57,12 +54,6 @@ def to_compute_dtype(x: torch.Tensor, device: torch.device, dtype: torch.dtype) 
     if dtype == torch.float16:
         x = x.float().clamp(-FP16_MAX, FP16_MAX)
     return x.to(dtype)
-
-
-# Predictors whose mask exists before the gate; the others (and dense decoding) compute the gate densely.
-PREDICTOR_FIRST_KINDS = ("svd", "signbit", "core")
-# Value of bit j of a two's complement int32 word: 2^j, and -2^31 for bit 31 (as sparsity/signbit.py packs).
-_BIT_VALUES = [1 << j for j in range(BITS_PER_WORD - 1)] + [-(1 << 31)]
 
 
 @dataclass
@@ -80,55 +71,6 @@ class GatherStep:
             return everyone if self.kept is None else self.kept.clone()
         flags = torch.ones_like(self.rows, dtype=torch.bool) if self.kept is None else self.kept
         return torch.zeros(n_neurons, dtype=torch.bool, device=self.rows.device).index_put_((self.rows,), flags)
-
-
-def signbit_max_negatives(d: int, alpha: float) -> int:
-    """The largest count of negative products N_neg that sparsity/signbit.signbit_mask predicts active.
-
-    The rule there is: active unless alpha * (d - N_neg) < N_neg, compared in float64. The left side falls
-    and the right side grows with N_neg, so the active counts are exactly 0..this value, and the device
-    compares integers instead of doubles (float64 is slow or missing on NPUs)."""
-    negatives = torch.arange(d + 1, dtype=torch.float64)
-    predicted_active = ~(float(alpha) * (d - negatives) < negatives)
-    return int(predicted_active.sum()) - 1
-
-
-def _popcount32(words: torch.Tensor) -> torch.Tensor:
-    """words: int32 -> their set-bit counts (int32), by SWAR bit arithmetic.
-
-    The sign bit is counted apart so that every intermediate stays non-negative: no int32 overflow on any
-    device. In-place steps keep the temporaries few (each is as large as the packed W_gate)."""
-    counts = words & 0x7FFFFFFF
-    counts -= (counts >> 1).bitwise_and_(0x55555555)  # 2-bit fields: 0..2
-    counts = (counts & 0x33333333).add_((counts >> 2).bitwise_and_(0x33333333))  # 4-bit fields: 0..4
-    counts += counts >> 4
-    counts &= 0x0F0F0F0F  # bytes: 0..8
-    counts += counts >> 8
-    counts += counts >> 16
-    counts &= 0x3F  # 0..31
-    return counts + (words < 0)
-
-
-class DeviceSignBit:
-    """The sign-bit predictor (DESIGN 3.2, sparsity/signbit.py) in torch integer ops on the weights' device:
-    pack x's sign bits, XOR with W_gate's packed bits, popcount per row."""
-
-    def __init__(self, packed: torch.Tensor, alpha: float, d: int, device: torch.device):
-        self.packed = packed.to(device=device, dtype=torch.int32)  # [D, W] sign bits of W_gate
-        self.d = d
-        self.max_negatives = signbit_max_negatives(d, alpha)
-        self.bit_values = torch.tensor(_BIT_VALUES, dtype=torch.int32, device=device)  # [32]
-
-    def negatives(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [d] -> N_neg [D] int32, the products W_gate_ij * x_j predicted negative per row."""
-        words = self.packed.shape[1]
-        negative = F.pad((x < 0).to(torch.int32), (0, words * BITS_PER_WORD - self.d))  # [32W]; -0.0 is not < 0
-        packed_x = (negative.view(words, BITS_PER_WORD) * self.bit_values).sum(-1, dtype=torch.int32)  # [W]
-        return _popcount32(self.packed ^ packed_x).sum(-1, dtype=torch.int32)  # XOR: [D, W]
-
-    def scores(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [d] -> [D] float32, positive exactly where signbit_mask predicts the neuron active."""
-        return (self.max_negatives + 1 - self.negatives(x)).to(torch.float32)
 
 
 class GatherSparseFFN(SparseFeedForward):
@@ -159,30 +101,23 @@ class GatherSparseFFN(SparseFeedForward):
         self.w_down_t = self.w_down_t.contiguous()
         self.device, self.dtype, self.mode = device, dtype, mode
         self.capacity_override = capacity
-        d = self.w_gate.shape[1]
-        kind, tensors = predictor.kind, predictor.tensors
-        self.svd_a = self.svd_b = self.svd_biases = self.thresholds = self.signbit = None
-        if kind == "svd":
-            self.svd_a = tensors["svd.a"].to(device=device, dtype=torch.float32)  # [D, r], scores in fp32
-            self.svd_b = tensors["svd.b"].to(device=device, dtype=torch.float32)  # [r, d]
-            self.svd_biases = tensors["svd.biases"].to(device=device, dtype=torch.float32)  # [levels, D]
-        elif kind == "signbit":
-            self.signbit = DeviceSignBit(tensors["signbit.packed"], float(tensors["signbit.alpha"][0]), d, device)
-        elif kind == "threshold":
-            self.thresholds = tensors["threshold.thresholds"].to(device=device, dtype=torch.float32)  # [levels, D]
-        capacity_name = f"{kind}.capacity"
-        if mode == "static" and capacity is None and kind != "none" and capacity_name not in tensors:
+        d, tensors = self.w_gate.shape[1], predictor.tensors
+        self.scorer = self.kind.device_scorer(predictor, d, device)  # None for gate-first kinds
+        self.thresholds = self.kind.device_thresholds(predictor, device)  # [levels, D] or None
+        capacity_name = f"{predictor.kind}.capacity"
+        if mode == "static" and capacity is None and self.kind.calibrated and capacity_name not in tensors:
             raise EdgeSdkError(
                 f"static mode needs the predictor tensor '{capacity_name}', which this bundle lacks; "
                 f"re-export it with this edge-sdk version or use dynamic mode"
             )
         self.capacities = [int(c) for c in tensors[capacity_name].tolist()] if capacity_name in tensors else []
-        self._core_cache: tuple[torch.Tensor, list] | None = None  # (core_mask, candidates per batch row)
+        # a mask fixed at prefill gives the same candidates at every step: (prefill_mask, candidates per batch row)
+        self._fixed_candidates_cache: tuple[torch.Tensor | None, dict[int, tuple]] | None = None
 
     @property
     def gate_first(self) -> bool:
-        """True when the gate is computed densely before any selection (threshold, none, dense decoding)."""
-        return self.dense or self.predictor.kind not in PREDICTOR_FIRST_KINDS
+        """True when the gate is computed densely before any selection (gate-first kinds, dense decoding)."""
+        return self.dense or self.kind.gate_first
 
     def static_capacity(self) -> int:
         """Rows gathered per token in static mode: the override, else the bundle's capacity at the chosen level
@@ -211,32 +146,19 @@ class GatherSparseFFN(SparseFeedForward):
         x_c = to_compute_dtype(x, self.device, self.dtype)
         gate = self.activation.gate(x_c @ self.w_gate.T)  # [B, S, D]
         hidden = gate * self.activation.up(x_c @ self.w_up.T)
-        if self.predictor.kind == "core":
-            masks = []
-            for row in gate.float().cpu():
-                counts, sums = core_neuron_counts(row, self.predictor.core_alpha)
-                masks.append(core_mask_from_counts(counts, sums, self.predictor.core_beta))
-            self.core_mask = torch.stack(masks).to(self.device)  # [B, D]
+        prefill_mask = self.kind.prefill_mask(self.predictor, gate)
+        self.prefill_mask = None if prefill_mask is None else prefill_mask.to(self.device)  # [B, D]
         return (hidden @ self.w_down_t).to(x.dtype)
 
     def scores(self, x: torch.Tensor, batch_row: int = 0) -> torch.Tensor:
         """x: [d] -> [D] float32 predictor scores, positive exactly where the predictor predicts active
-        (svd, signbit and core; the other kinds select after the gate)."""
-        kind = self.predictor.kind
-        if kind == "svd":
-            x_f = x.to(device=self.device, dtype=torch.float32).unsqueeze(0)  # [1, d], unrounded
-            low_rank = ((x_f @ self.svd_b.T) @ self.svd_a.T)[0]  # [D] float32
-            return low_rank + self.svd_biases[self.level_index]
-        if kind == "signbit":
-            return self.signbit.scores(x.to(self.device))
-        if kind == "core":
-            return self._core_mask_row(batch_row).to(torch.float32)
-        raise EdgeSdkError(f"predictor {kind!r} has no scores before the gate (it selects after a dense gate)")
-
-    def _core_mask_row(self, batch_row: int) -> torch.Tensor:
-        if self.core_mask is None:
-            raise EdgeSdkError("core predictor: decode called before prefill chose the core neurons")
-        return self.core_mask[batch_row]  # [D] bool
+        (the kinds with a mask before the gate; the others select after the gate)."""
+        if self.scorer is None:
+            raise EdgeSdkError(
+                f"predictor {self.predictor.kind!r} has no scores before the gate (it selects after a dense gate)"
+            )
+        prefill_row = None if self.prefill_mask is None else self.prefill_mask[batch_row]
+        return self.scorer(x, self.level_index, prefill_row)
 
     def candidates(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """scores [D] -> (rows [k] int64, valid [k] bool or None): the neurons whose gate rows are gathered.
@@ -248,14 +170,13 @@ class GatherSparseFFN(SparseFeedForward):
         rows = torch.topk(scores, self.static_capacity(), sorted=False).indices  # [capacity]
         return rows, scores.index_select(0, rows) > 0
 
-    def _core_candidates(self, batch_row: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The core neurons are fixed for the whole decode: their candidates are computed once per prompt."""
-        mask = self._core_mask_row(batch_row)
-        if self._core_cache is None or self._core_cache[0] is not self.core_mask:
-            self._core_cache = (self.core_mask, [None] * self.core_mask.shape[0])
-        cached = self._core_cache[1]
-        if cached[batch_row] is None:
-            cached[batch_row] = self.candidates(mask.to(torch.float32))
+    def _fixed_candidates(self, x: torch.Tensor, batch_row: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A mask fixed for the whole decode (fixed_at_prefill) has its candidates computed once per prompt."""
+        if self._fixed_candidates_cache is None or self._fixed_candidates_cache[0] is not self.prefill_mask:
+            self._fixed_candidates_cache = (self.prefill_mask, {})
+        cached = self._fixed_candidates_cache[1]
+        if batch_row not in cached:
+            cached[batch_row] = self.candidates(self.scores(x, batch_row))
         return cached[batch_row]
 
     def step(self, x: torch.Tensor, batch_row: int = 0) -> GatherStep:
@@ -264,8 +185,8 @@ class GatherSparseFFN(SparseFeedForward):
         x_c = to_compute_dtype(x, self.device, self.dtype)  # [d]
         if self.gate_first:
             return self.step_dense_gate(x_c)
-        if self.predictor.kind == "core":
-            rows, valid = self._core_candidates(batch_row)
+        if self.kind.fixed_at_prefill:
+            rows, valid = self._fixed_candidates(x, batch_row)
         else:
             rows, valid = self.candidates(self.scores(x, batch_row))
         return self.step_from_candidates(x_c, rows, valid)

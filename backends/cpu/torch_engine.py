@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from edge_sdk.bundle import Bundle
-from edge_sdk.errors import EdgeSdkError
 from edge_sdk.runtime.backends import EngineOptions
 from edge_sdk.sparsity.bundle_model import TorchEngine, bundle_tensor, is_quantized, quantized_matrix
 from edge_sdk.sparsity.sparse_model import SparseFeedForward
@@ -45,26 +44,14 @@ class NativeFeedForward(SparseFeedForward):
         n_neurons, d = self.w_gate.shape
         self.kernel = kernels.SparseFFNKernel(d, n_neurons, threads)
         self.output = torch.empty(d, dtype=torch.float32)
-        if self.predictor.kind == "svd":
-            self.svd_a_t = self.predictor.tensors["svd.a"].t().contiguous()  # the layout the kernel reads
+        self.masker = self.kind.native_masker(self.predictor, kernels)  # the kind's mask through the C kernels
 
     def _native_mask(self, token: torch.Tensor, row: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The predictor mask [D] (None = every neuron) and CHESS thresholds for one decode token."""
-        kind, tensors = self.predictor.kind, self.predictor.tensors
         if self.dense:
             return None, None
-        if kind == "svd":
-            bias = tensors["svd.biases"][self.level_index]
-            return kernels.svd_predictor(token, self.svd_a_t, tensors["svd.b"], bias), None
-        if kind == "signbit":
-            return kernels.signbit_predictor(token, tensors["signbit.packed"], float(tensors["signbit.alpha"][0])), None
-        if kind == "core":
-            if self.core_mask is None:
-                raise EdgeSdkError("core predictor: decode called before prefill chose the core neurons")
-            return self.core_mask[row].contiguous(), None
-        if kind == "threshold":
-            return None, tensors["threshold.thresholds"][self.level_index].contiguous()
-        return None, None
+        prefill_row = None if self.prefill_mask is None else self.prefill_mask[row]
+        return self.masker(token, self.level_index, prefill_row)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [B, S, d]
@@ -181,7 +168,7 @@ def load_torch_cpu_engine(bundle: Bundle, options: EngineOptions) -> TorchEngine
         torch.set_num_threads(options.threads)
     return TorchEngine.load(
         bundle,
-        bundle.sparsity.resolve(options.sparsity, options.dense),
+        options.level,
         ffn_class=functools.partial(NativeFeedForward, threads=options.threads),
         ffn_as_stored=True,
         prepare=lambda model: _prepare(model, bundle, options.threads),

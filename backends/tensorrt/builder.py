@@ -17,7 +17,6 @@ from types import ModuleType
 from edge_sdk.bundle import Bundle
 from edge_sdk.bundle.format import WEIGHTS_FILE
 from edge_sdk.bundle.graph_ops import OP_TYPES, PLUGIN_NAMESPACE, PLUGIN_VERSION
-from edge_sdk.bundle.layout import QUANTIZED_DTYPES
 from edge_sdk.errors import EdgeSdkError
 
 from ..c_runtime import tensorrt_engine_info
@@ -142,12 +141,6 @@ def build_engine(
     directory = Path(info["directory"])
     if not force and info["cached"]:
         return directory
-    if bundle.manifest.dtype in QUANTIZED_DTYPES:
-        raise EngineBuildError(
-            f"{bundle_path}: no TensorRT engine for {bundle.manifest.dtype} weights yet: SparseFFN would take its rows "
-            "dequantized (TensorRT folds them and the float32 scales to float32 copies; `edge-sdk verify --target "
-            "tensorrt` lists each rule); export with --dtype fp16 for TensorRT, or run this bundle on the cpu backend"
-        )
     try:
         profiles = [
             profile_shapes(bundle.config, bundle.max_seq_len, profile, bundle.sparsity.predictor)

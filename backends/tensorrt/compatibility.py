@@ -20,6 +20,9 @@ Sources, as cited by the rules:
   builder's constant folding turns into one constant of the cast type: an fp32 copy of fp16/bf16 weights.
 - operators.md 10.x, DequantizeLinear: types INT8, FP8, INT4, "`x_zero_point` must be zero"; onnxOpImporters.cpp
   (10.x) QuantDequantLinearHelper: "TensorRT only supports symmetric quantization" (a nonzero zero point is refused).
+- NvInfer.h 10.3, IDequantizeLayer: "Block dequantization is supported only for 2-D input tensors with
+  DataType::kINT4 that are rooted at an IConstantLayer", and "All scale coefficients must have positive values" (the
+  sign of a scale is in the weights, which this check does not read).
 - TensorRT 10.x developer guide, "Working with Quantized Types" (weight-only quantization): a DequantizeLinear of
   constant weights is kept quantized when it feeds the weight input of a MatMul / Gemm (or a convolution); a
   dequantized constant that feeds anything else (a plugin, a Gather) is constant-folded to a float32 tensor.
@@ -131,6 +134,7 @@ SOURCES = {
     "fp32-weight-copy": "onnx-tensorrt Cast importer + builder constant folding: an fp32 copy in the engine",
     "dq-zero-point": "operators.md 10.x DequantizeLinear: x_zero_point must be zero (symmetric quantization only)",
     "dq-weight-copy": "TensorRT 10.x developer guide, weight-only quantization: DQ of weights must feed MatMul/Gemm",
+    "dq-block-int4": "NvInfer.h 10.3 IDequantizeLayer: block dequantization only for 2-D INT4 constants",
 }
 # The ops whose weight input TensorRT computes from quantized weights directly (weight-only quantization).
 WEIGHT_ONLY_CONSUMERS = {"MatMul": (0, 1), "Gemm": (0, 1)}
@@ -316,7 +320,7 @@ def check_graph(model: onnx.ModelProto, graph: str) -> list[Violation]:
         else:
             violations.extend(_standard_node_violations(node, types, constants, graph))
         if node.op_type == "DequantizeLinear":
-            violations.extend(_dequantize_violations(model, node, constants, graph))
+            violations.extend(_dequantize_violations(model, node, constants, types, graph))
     return violations
 
 
@@ -334,9 +338,19 @@ def _folded_to_float(model: onnx.ModelProto, node: onnx.NodeProto) -> bool:
 
 
 def _dequantize_violations(
-    model: onnx.ModelProto, node: onnx.NodeProto, constants: dict[str, TensorProto], graph: str
+    model: onnx.ModelProto, node: onnx.NodeProto, constants: dict[str, TensorProto], types: dict[str, str], graph: str
 ) -> Iterable[Violation]:
     name = _node_name(node)
+    block_size = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "block_size"), 0)
+    found = types.get(node.input[0])
+    if block_size and found != "INT4":
+        yield Violation(
+            "dq-block-int4",
+            graph,
+            name,
+            f"DequantizeLinear with block_size {block_size} of {node.input[0]!r}: expected INT4 codes (TensorRT "
+            f"dequantizes blocks of INT4 only), found {found or 'an untyped tensor'}",
+        )
     if len(node.input) > 2 and node.input[2]:
         zero_point = constants.get(node.input[2])
         if zero_point is None or np.any(onnx.numpy_helper.to_array(zero_point)):

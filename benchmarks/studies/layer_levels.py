@@ -37,7 +37,8 @@ from edge_sdk.formats.files import sha256_of
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import EngineOptions, select_backend
 from edge_sdk.sparsity.collect import read_calibration_texts, token_stream
-from edge_sdk.sparsity.validation import DEFAULT_VALIDATION_TOKENS, MIN_VALIDATION_TOKENS, split_validation
+from edge_sdk.sparsity.settings import DEFAULT_VALIDATION_TOKENS, MIN_VALIDATION_TOKENS
+from edge_sdk.sparsity.validation import split_validation
 
 # The fixture's four layers: uniform levels, then layer 0 held at 0.5 or 0.6 while the others go higher.
 DEFAULT_MIXES = (
@@ -121,14 +122,16 @@ def main() -> None:
         "validation": validation_windows(bundle, args.calib, args.context),
     }
     backend = select_backend("cpu").backend
-    dense = backend.load(bundle, EngineOptions(dense=True, threads=1))
+    dense = backend.load(bundle, EngineOptions.of(bundle, dense=True, threads=1))
     dense_runs = {name: teacher_forced(dense, part, args.prompt_tokens) for name, part in windows.items()}
     points = []
     with tempfile.TemporaryDirectory() as scratch:
         for number, mix in enumerate(mixes):
             copy = Path(scratch) / f"mix-{number}"
             write_mixed_copy(bundle, mix, copy)
-            sparse = backend.load(Bundle.open(copy), EngineOptions(sparsity=bundle.sparsity.levels[0], threads=1))
+            sparse = backend.load(
+                Bundle.open(copy), EngineOptions.of(Bundle.open(copy), sparsity=bundle.sparsity.levels[0], threads=1)
+            )
             point = {"levels": list(mix)}
             for name, part in windows.items():
                 run = teacher_forced(sparse, part, args.prompt_tokens)

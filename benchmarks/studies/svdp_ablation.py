@@ -16,7 +16,8 @@ import numpy as np
 
 from edge_sdk.bench.record import with_machine_info
 from edge_sdk.model.checkpoint import Checkpoint
-from edge_sdk.sparsity.pipeline import CalibrationSettings, calibrate_model
+from edge_sdk.sparsity.pipeline import calibrate_model
+from edge_sdk.sparsity.settings import CalibrationSettings
 from edge_sdk.sparsity.svd import default_rank
 
 TARGETS = (0.5, 0.6, 0.7, 0.8, 0.9)

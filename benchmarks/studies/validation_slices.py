@@ -24,12 +24,8 @@ from edge_sdk.model.loader import load_layer
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.sparsity.bundle_model import bundle_predictors
 from edge_sdk.sparsity.collect import read_calibration_texts, token_chunks, token_stream
-from edge_sdk.sparsity.validation import (
-    DEFAULT_PPL_BUDGET_PERCENT,
-    DEFAULT_VALIDATION_TOKENS,
-    VALIDATION_PROMPT_TOKENS,
-    LevelValidation,
-)
+from edge_sdk.sparsity.settings import DEFAULT_PPL_BUDGET_PERCENT, DEFAULT_VALIDATION_TOKENS
+from edge_sdk.sparsity.validation import VALIDATION_PROMPT_TOKENS, LevelValidation
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ def bench_e2e(
     The runs alternate dense, sparse, dense, ... so that load from other processes hits both alike.
     on_progress(phase, done, total) is called after each run."""
     bundle = Bundle.open(bundle_path)
+    choice = bundle.sparsity.resolve(sparsity)  # raises, naming the calibrated levels, before any work
     selection = select_backend(backend, bundle)
     ids = Tokenizer.from_bundle(bundle).encode(prompt)
     decode_tokens = min(decode_tokens, bundle.max_seq_len - len(ids))
@@ -41,7 +43,7 @@ def bench_e2e(
         "threads": threads,
     }
     engines = {
-        mode: selection.backend.load(bundle, EngineOptions(sparsity=sparsity, dense=dense, threads=threads))
+        mode: selection.backend.load(bundle, EngineOptions(replace(choice, dense=dense), threads))
         for mode, dense in (("dense", True), ("sparse", False))
     }
     best = {mode: float("inf") for mode in engines}
@@ -59,7 +61,6 @@ def bench_e2e(
     for mode, seconds in best.items():
         results[f"{mode}_tokens_per_second"] = decode_tokens / seconds
     results["speedup"] = results["sparse_tokens_per_second"] / results["dense_tokens_per_second"]
-    choice = bundle.sparsity.resolve(sparsity)
     # "dense": the bundle's default is dense decoding (no level was within its export's perplexity budget)
     results["sparsity_level"] = "dense" if choice.dense else choice.level
     return results

@@ -28,11 +28,11 @@ import torch
 import torch.nn.functional as F
 
 from edge_sdk.backends.cann import MODES
-from edge_sdk.backends.cann.gather_ffn import DeviceSignBit, GatherSparseFFN
+from edge_sdk.backends.cann.gather_ffn import GatherSparseFFN
 from edge_sdk.bench import ffn as ffn_bench
 from edge_sdk.bench.ffn import DTYPES
 from edge_sdk.model.activation import Activation
-from edge_sdk.sparsity.signbit import words_for
+from edge_sdk.sparsity.signbit import DeviceSignBit, words_for
 from edge_sdk.sparsity.sparse_model import LayerPredictor
 from edge_sdk.sparsity.svd import default_rank
 

@@ -85,7 +85,7 @@ def model_tensors(
 def predictor_tensors(
     config: ModelConfig, predictor: str, levels: int, ranks: list[int] | None = None
 ) -> dict[str, ExpectedTensor]:
-    """Every predictor tensor of a bundle; ranks: each layer's svd rank (svd only)."""
+    """Every predictor tensor of a bundle; ranks: each layer's rank (kinds storing a tensor with a rank dimension)."""
     kind = predictors.kind(predictor)
     d, n_neurons = config.hidden_size, config.intermediate_size
     expected = {}

@@ -27,6 +27,7 @@ from edge_sdk.formats import safetensors, strict_json
 from edge_sdk.model import config as model_config
 from edge_sdk.model.activation import SUPPORTED_ACTIVATIONS, Activation
 from edge_sdk.model.config import ModelConfig, RopeConfig
+from edge_sdk.predictors.core import CoreSettings
 
 MAX_LEVELS = 64
 SHA256_HEX = frozenset("0123456789abcdef")
@@ -202,8 +203,8 @@ class SparsityConfig:
     levels: tuple[float, ...]
     default_level: float | None  # None: dense by default (no level was within the export's perplexity budget)
     layers: tuple[dict[str, Any], ...]
-    core_alpha: float = predictors.DEFAULT_CORE.alpha
-    core_beta: float = predictors.DEFAULT_CORE.beta
+    core_alpha: float = CoreSettings.alpha
+    core_beta: float = CoreSettings.beta
 
     def level_index(self, level: float | None) -> int:
         """Index of a calibrated level in the weights' stacked biases/thresholds (None: the default level)."""
@@ -310,20 +311,26 @@ def _declared_tensors(fields: Fields) -> dict[str, ExpectedTensor]:
     return declared
 
 
-def _svd_ranks(declared: dict[str, ExpectedTensor], config: ModelConfig, where: str) -> list[int]:
-    """Each layer's svd rank, read from its declared svd.a [D, rank]: 1 <= rank <= min(d, D)."""
+def _ranks(
+    declared: dict[str, ExpectedTensor], config: ModelConfig, kind: predictors.PredictorKind, where: str
+) -> list[int] | None:
+    """Each layer's rank, for a kind storing a tensor with a rank dimension (svd.a [D, rank]), read from its
+    declared shape: 1 <= rank <= min(d, D); None for kinds without."""
+    ranked = next((tensor for tensor in kind.tensors if "rank" in tensor.shape), None)
+    if ranked is None:
+        return None
     limit = min(config.hidden_size, config.intermediate_size)
+    sizes = {"d": config.hidden_size, "D": config.intermediate_size}
+    axis = ranked.shape.index("rank")
+    wanted = ", ".join("rank" if size == "rank" else str(sizes.get(size, size)) for size in ranked.shape)
     ranks = []
     for layer in range(config.num_layers):
-        name = predictors.tensor_name(layer, "svd", "a")
+        name = predictors.tensor_name(layer, kind.name, ranked.name)
         entry = declared.get(name)
-        if entry is None or len(entry.shape) != 2 or not 1 <= entry.shape[1] <= limit:
+        if entry is None or len(entry.shape) != len(ranked.shape) or not 1 <= entry.shape[axis] <= limit:
             found = "missing" if entry is None else f"{entry.dtype} {list(entry.shape)}"
-            raise BundleError(
-                f"{where}: tensor '{name}' must be [{config.intermediate_size}, rank] with 1 <= rank <= {limit}, "
-                f"found {found}"
-            )
-        ranks.append(entry.shape[1])
+            raise BundleError(f"{where}: tensor '{name}' must be [{wanted}] with 1 <= rank <= {limit}, found {found}")
+        ranks.append(entry.shape[axis])
     return ranks
 
 
@@ -336,7 +343,7 @@ def expected_tensors(
     where: str,
     group_size: int | None = None,
 ) -> dict[str, ExpectedTensor]:
-    ranks = _svd_ranks(declared, config, where) if sparsity.predictor == "svd" else None
+    ranks = _ranks(declared, config, predictors.kind(sparsity.predictor), where)
     return model_tensors(config, dtype, max_seq_len, group_size) | predictor_tensors(
         config, sparsity.predictor, len(sparsity.levels), ranks
     )

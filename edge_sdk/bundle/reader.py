@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from edge_sdk import predictors
 from edge_sdk.bundle import format as bundle_format
 from edge_sdk.bundle.manifest import BundleError, Manifest, SparsityConfig, validate
 from edge_sdk.formats import onnx_wire, safetensors, strict_json
@@ -110,20 +111,26 @@ class Bundle:
         extra = sorted(set(header.tensors) - set(self.manifest.tensors))
         if extra:
             raise BundleError(f"{path}: tensor '{extra[0][:200]}' is not listed in manifest.json ({len(extra)} such)")
-        self._check_signbit_alphas(path)
+        self._check_finite_predictor_tensors(path)
 
-    def _check_signbit_alphas(self, path: Path) -> None:
-        """The sign-bit rule compares alpha * positives with negatives: a NaN or infinite alpha is no rule at all."""
-        if self.sparsity.predictor != "signbit":
+    def _check_finite_predictor_tensors(self, path: Path) -> None:
+        """Predictor tensors whose values are rules must be finite (signbit.alpha: the sign-bit rule compares
+        alpha * positives with negatives; a NaN or infinite alpha is no rule at all)."""
+        kind = predictors.kind(self.sparsity.predictor)
+        finite = [tensor.name for tensor in kind.tensors if tensor.finite]
+        if not finite:
             return
         descriptor = open_regular(path, follow_symlinks=False, error=BundleError)
         with open(descriptor, "rb") as handle:
             for layer in range(self.config.num_layers):
-                name = f"layers.{layer}.signbit.alpha"
-                handle.seek(self.header.data_start + self.header.tensors[name].begin)
-                (alpha,) = struct.unpack("<f", handle.read(4))
-                if not math.isfinite(alpha):
-                    raise BundleError(f"{path}: tensor '{name}' is {alpha}, expected a finite number")
+                for tensor in finite:
+                    name = predictors.tensor_name(layer, kind.name, tensor)
+                    entry = self.header.tensors[name]  # F32 (the kinds flag F32 tensors only)
+                    handle.seek(self.header.data_start + entry.begin)
+                    size = entry.end - entry.begin
+                    for value in struct.unpack(f"<{size // 4}f", handle.read(size)):
+                        if not math.isfinite(value):
+                            raise BundleError(f"{path}: tensor '{name}' is {value}, expected a finite number")
 
     def _check_graph(self, name: str) -> None:
         path = self.root / name
@@ -201,11 +208,15 @@ class Bundle:
 
 def _same_type(tensor: onnx_wire.ExternalTensor, entry: safetensors.TensorEntry) -> bool:
     """The ONNX type and dims of an external tensor name the safetensors tensor's bytes: the same dtype and shape,
-    or (int4 bundles) ONNX INT4 [rows, cols] over U8 [rows, cols / 2], two signed 4-bit values per byte."""
+    or (int4 bundles) ONNX INT4 [rows, cols] over U8 [rows, cols / 2], two signed 4-bit values per byte, or (the
+    quantized codes of int8 / int4 bundles as their decode graph's custom ops take them) ONNX INT32 [rows, n] over
+    I8 / U8 [rows, 4 n], the same bytes as little-endian words."""
+    dims = tuple(tensor.dims)
     if tensor.data_type == onnx_wire.ONNX_INT4:
-        dims = tuple(tensor.dims)
         return entry.dtype == "U8" and len(dims) == 2 and dims[1] % 2 == 0 and (dims[0], dims[1] // 2) == entry.shape
-    return onnx_wire.ONNX_TO_SAFETENSORS.get(tensor.data_type) == entry.dtype and tensor.dims == entry.shape
+    if tensor.data_type == onnx_wire.ONNX_INT32 and entry.dtype in ("I8", "U8"):
+        return len(dims) == 2 and (dims[0], 4 * dims[1]) == entry.shape
+    return onnx_wire.ONNX_TO_SAFETENSORS.get(tensor.data_type) == entry.dtype and dims == entry.shape
 
 
 def _check_files(root: Path, manifest: Manifest, verify_checksums: bool) -> None:

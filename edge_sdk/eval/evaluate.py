@@ -5,7 +5,7 @@ nothing. The held-out text is cut into windows of `context` tokens; each window'
 are prefilled (dense, and where the core predictor picks its neurons), then the remaining tokens are fed
 one decode step at a time (teacher forcing) and the log-probability of the next held-out token is scored
 after every step. The same windows run through the backend's engine twice, sparse and dense
-(EngineOptions(dense=True)); perplexity and top-1 agreement come from those engines.
+(EngineOptions with a dense operating point); perplexity and top-1 agreement come from those engines.
 
 Per-layer predictor statistics are measured during the same teacher-forced decode on the torch reference
 (sparsity/sparse_model.py), whose FFN decode inputs are hooked: gate activations, neuron importance
@@ -19,7 +19,7 @@ import itertools
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -310,7 +310,7 @@ def evaluate_bundle(
 
     runs = {}
     for mode, dense in (("dense", True), ("sparse", False)):
-        engine = selection.backend.load(bundle, EngineOptions(sparsity=sparsity, dense=dense, threads=threads))
+        engine = selection.backend.load(bundle, EngineOptions(replace(choice, dense=dense), threads))
         runs[mode] = teacher_forced(
             engine, windows, prompt_tokens, window_counter(on_progress, f"{mode} decode", windows)
         )

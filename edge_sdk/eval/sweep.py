@@ -46,7 +46,7 @@ from edge_sdk.runtime.backends import EngineOptions, select_backend
 from edge_sdk.runtime.engine import Engine
 from edge_sdk.sparsity.bundle_model import configure, load_reference_decoder
 from edge_sdk.sparsity.collect import read_calibration_texts
-from edge_sdk.sparsity.pipeline import DEFAULT_LEVELS, CalibrationSettings
+from edge_sdk.sparsity.settings import DEFAULT_LEVELS, CalibrationSettings
 
 DEFAULT_RECALL_TARGETS = (0.999, 0.99, 0.95, 0.9)
 DEFAULT_CORE_BETAS = (0.5, 0.4, 0.3, 0.2, 0.1)
@@ -243,7 +243,7 @@ def sweep(
         default_level = None
         for value in bundle_values:
             calibration = _calibration(kind, value, levels, calibration_tokens, rank)
-            export = ExportSettings(predictor=kind.predictor, dtype=dtype, max_seq_len=context, calibration=calibration)
+            export = ExportSettings(dtype=dtype, max_seq_len=context, calibration=calibration)
             bundle_dir = out_dir / "bundles" / (name if value is None else f"{name}-{value:g}")
             layers = checkpoint.config.num_layers
             calibrated = _layer_counter(on_progress, f"{bundle_dir.name}: calibrating", layers)
@@ -351,12 +351,13 @@ def _measure_bundle(
 ) -> Iterator[tuple[float | None, dict[str, Any]]]:
     """(level, measurement) per level of one bundle: perplexity against dense (run once per bundle), top-1
     agreement, decode speed against dense and, with layer_stats, the reference's per-layer statistics."""
-    dense = backend.load(bundle, EngineOptions(dense=True, threads=threads))
+    dense = backend.load(bundle, EngineOptions.of(bundle, dense=True, threads=threads))
     name = bundle.path.name
     dense_run = teacher_forced(dense, windows, prompt_tokens, window_counter(on_progress, f"{name}: dense", windows))
     reference = load_reference_decoder(bundle) if layer_stats else None
     for level in levels:
-        sparse = backend.load(bundle, EngineOptions(sparsity=level, threads=threads))
+        options = EngineOptions.of(bundle, level, threads=threads)
+        sparse = backend.load(bundle, options)
         phase = f"{name}: {'default' if level is None else f'{level:g}'}"
         sparse_run = teacher_forced(sparse, windows, prompt_tokens, window_counter(on_progress, phase, windows))
         point = {
@@ -367,7 +368,7 @@ def _measure_bundle(
             **decode_speed(dense, sparse, windows[0], prompt_tokens, speed_repeats, timer),
         }
         if reference is not None:
-            configure(reference, bundle.sparsity.resolve(level))
+            configure(reference, options.level)
             counter = window_counter(on_progress, f"{phase} layer statistics", windows)
             layers = reference_layer_statistics(reference, bundle, windows, prompt_tokens, counter)[0]
             point |= {f"mean_{key}": mean for key, mean in layer_means(layers).items()}

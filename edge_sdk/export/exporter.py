@@ -38,10 +38,10 @@ from edge_sdk.model.checkpoint import Checkpoint, open_checkpoint
 from edge_sdk.model.decoder import rope_tables
 from edge_sdk.model.gguf_checkpoint import GgufCheckpoint
 from edge_sdk.model.loader import parse_dtype
-from edge_sdk.sparsity.pipeline import CalibrationSettings, calibrate_model, fitting_chunks, validate_settings
+from edge_sdk.sparsity.pipeline import calibrate_model, fitting_chunks
 from edge_sdk.sparsity.report import write_report_plot
+from edge_sdk.sparsity.settings import CalibrationSettings, validate_settings
 
-EXPORT_PREDICTORS = tuple(predictors.KINDS)
 DEFAULT_MAX_SEQ_LEN = 2048
 
 
@@ -51,12 +51,17 @@ class ExportError(EdgeSdkError):
 
 @dataclass(frozen=True)
 class ExportSettings:
-    predictor: str = "svd"
+    """What to export; the predictor is the calibration's (`none`: no predictor, nothing calibrated)."""
+
     dtype: str = "fp32"  # fp16 | bf16 | fp32 | int8 | int4: how model weights are stored in the bundle
     group_size: int = quant.DEFAULT_GROUP_SIZE  # int8 / int4: values per fp16 scale along each row
     quant_method: str = "rtn"  # int8 / int4: "rtn", or "awq" (activation-aware scales folded in first)
     max_seq_len: int | None = None  # None: min(model's max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
     calibration: CalibrationSettings = field(default_factory=CalibrationSettings)
+
+    @property
+    def predictor(self) -> str:
+        return self.calibration.predictor
 
 
 def _model_tensor_spec(
@@ -99,8 +104,8 @@ def check_output(
 
 
 def _validate(checkpoint: Checkpoint | GgufCheckpoint, settings: ExportSettings) -> int:
-    if settings.predictor not in EXPORT_PREDICTORS:
-        raise ExportError(f"predictor {settings.predictor!r} is not one of {', '.join(EXPORT_PREDICTORS)}")
+    if settings.predictor not in predictors.KINDS:
+        raise ExportError(f"predictor {settings.predictor!r} is not one of {', '.join(predictors.KINDS)}")
     if settings.dtype in QUANTIZED_DTYPES:
         if settings.quant_method not in QUANT_METHODS:
             raise ExportError(
@@ -118,7 +123,7 @@ def _validate(checkpoint: Checkpoint | GgufCheckpoint, settings: ExportSettings)
                 )
     else:
         parse_dtype(settings.dtype)
-    if settings.predictor != predictors.NO_PREDICTOR:
+    if settings.calibration.kind.calibrated:
         validate_settings(checkpoint.config, settings.calibration)
     limit = checkpoint.config.max_position_embeddings
     max_seq_len = settings.max_seq_len or min(limit, DEFAULT_MAX_SEQ_LEN)
@@ -154,20 +159,21 @@ def export_bundle(
     # a bundle carries a tokenizer its readers load; every runtime stops on the manifest's eos ids, so they include
     # the tokenizer config's eos token (chat models often stop on several)
     eos_token_ids = checkpoint.tokenizer().eos_token_ids
-    if settings.predictor != predictors.NO_PREDICTOR and not calibration_files:
+    calibration = settings.calibration
+    kind = calibration.kind
+    if kind.calibrated and not calibration_files:
         raise ExportError(f"predictor '{settings.predictor}' needs calibration text: pass --calib FILE")
     quantized = settings.dtype in QUANTIZED_DTYPES
     if quantized and settings.quant_method == "awq" and not calibration_files:
         raise ExportError("--quant-method awq searches its scales on calibration text: pass --calib FILE")
 
-    calibration = replace(settings.calibration, predictor=settings.predictor)
     # what the bundle will hold: predictors are fitted and the default level validated on it
     model, quantization = checkpoint, None
     if quantized:
         model, quantization = _quantized_model(checkpoint, settings, calibration, calibration_files)
     predictor_tensors: dict[str, torch.Tensor] = {}
     report: dict[str, Any] | None = None
-    if settings.predictor != predictors.NO_PREDICTOR:
+    if kind.calibrated:
         result = calibrate_model(
             model, calibration, calibration_files, evaluation_files, on_layer_calibrated, on_layer_validated
         )
@@ -209,17 +215,12 @@ def export_bundle(
             )
             for spec in specs
         }
-        signbit_alphas = tuple(
-            float(predictor_tensors[predictors.tensor_name(i, "signbit", "alpha")][0])
-            for i in range(config.num_layers)
-            if settings.predictor == "signbit"
-        )
         graph_spec = graphs.GraphSpec(
             config,
             bundle_format.WEIGHTS_FILE,
             external,
             settings.predictor,
-            signbit_alphas,
+            _layer_attributes(kind, predictor_tensors, config.num_layers),
             quant_format=settings.dtype if quantized else None,
             group_size=settings.group_size if quantized else None,
         )
@@ -240,6 +241,16 @@ def export_bundle(
     return Bundle.open(target.path, verify_checksums=False)
 
 
+def _layer_attributes(
+    kind: predictors.PredictorKind, predictor_tensors: dict[str, torch.Tensor], n_layers: int
+) -> tuple[dict[str, float], ...]:
+    """Per layer, the node attributes its predictor's graph reads from the fitted tensors (graph_attributes)."""
+    return tuple(
+        kind.graph_attributes(lambda name, i=layer: predictor_tensors[predictors.tensor_name(i, kind.name, name)])
+        for layer in range(n_layers)
+    )
+
+
 def _quantized_model(
     checkpoint: Checkpoint | GgufCheckpoint,
     settings: ExportSettings,
@@ -257,13 +268,18 @@ def _quantized_model(
     if settings.quant_method == "awq":
         chunks, _ = fitting_chunks(checkpoint, calibration, calibration_files)
         scales, described["awq_layers"] = search_awq_scales(
-            checkpoint, chunks, settings.dtype, settings.group_size, scale_ffn_hidden=settings.predictor != "threshold"
+            checkpoint,
+            chunks,
+            settings.dtype,
+            settings.group_size,
+            scale_ffn_hidden=not calibration.kind.ranks_by_up,
         )
     return QuantizedCheckpoint(checkpoint, settings.dtype, settings.group_size, scales), described
 
 
 def _manifest(config, settings, calibration, max_seq_len, specs, report, staging: Path) -> dict[str, Any]:
-    levels = report["levels"] if report and predictors.KINDS[settings.predictor].has_levels else []
+    kind = calibration.kind
+    levels = report["levels"] if report and kind.has_levels else []
     layers = []
     for index in range(config.num_layers):
         layer: dict[str, Any] = {"layer": index, "kind": settings.predictor}
@@ -301,7 +317,7 @@ def _manifest(config, settings, calibration, max_seq_len, specs, report, staging
             "default_level": report["default_level"] if levels else None,
             "core_alpha": calibration.core_alpha,
             "core_beta": calibration.core_beta,
-            "settings": asdict(calibration) if settings.predictor != "none" else None,
+            "settings": asdict(calibration) if kind.calibrated else None,
             "layers": layers,
         },
         "graphs": {"prefill": bundle_format.PREFILL_GRAPH, "decode": bundle_format.DECODE_GRAPH},

@@ -12,14 +12,13 @@ Inputs of both graphs:
   past_key_values.{i}.key / .value [batch, kv_heads, past_seq, head_dim] float32
 Outputs: logits [batch, seq, vocab] float32, present.{i}.key / .value [batch, kv_heads, past_seq + seq, head_dim].
 Decode adds: sparsity_level int64 scalar (index into the calibrated levels; svd and threshold),
-dense bool scalar (true = every neuron predicted active), core_mask.{i} [batch, D] int32, 1 = core neuron (core).
+dense bool scalar (true = every neuron predicted active), and the inputs the predictor kind adds
+(PredictorKind.decode_inputs: core_mask.{i} [batch, D] int32, 1 = core neuron, for core).
 Every mask is int32 (1 = predicted active): no BOOL tensor crosses a plugin boundary (OPS.md).
-Both add for core: core_activations.{i} [batch, seq, D] float32, the prompt's gate activations, from which
-the runtime picks each layer's core neurons on the host (predictors/core.py, sparsity/core.py's rule) for the
-decode. The selection stays off the graph: per token it takes the top alpha share of the positive activations, a
-TopK over all D neurons, which TensorRT 10.3 cannot build past K = 3840 (ITopKLayer), and its ties and float64
-sums have no TensorRT formulation either. The decode graph's are those of its prompt rows: [batch, 0, D] on a
-decode step.
+Each kind emits its own part (edge_sdk/predictors/<kind>.py): the decode step's mask and thresholds
+(emit_step_mask) and what a prompt's dense FFN outputs for it (emit_prompt_outputs: for core, core_activations.{i}
+[batch, seq, D] float32, the prompt's gate activations, from which the runtime picks each layer's core neurons on
+the host; the decode graph's are those of its prompt rows: [batch, 0, D] on a decode step).
 
 Activations are float32 between the matrix products; every weight is read as stored (no Cast of a weight: TensorRT
 would fold it into an fp32 copy in the engine). A product with an fp16/bf16 matrix casts its activation to the
@@ -27,15 +26,22 @@ matrix's type, multiplies in that type and casts the result back to float32 (`_m
 gathered as stored and then cast. Norm weights, biases and the RoPE tables are F32 in a bundle (bundle/layout.py)
 and are used as they are. SparseFFN takes its weights as stored (fp16/bf16/fp32).
 
-Quantized bundles (int8 / int4, bundle/layout.py) import standard opset 21: each matrix is DequantizeLinear
-(codes, Cast(scales) to float32, axis 1, block_size = the group size) -- float32 scales, so every product
-code * scale is exact and the graph computes with the very matrix edge_sdk.quant.dequantize gives. No zero point:
-the codes are symmetric (TensorRT's DequantizeLinear takes zero point 0 only). int8 codes are INT8 initializers over
-the bundle's I8 bytes; packed int4 codes, signed nibbles, are INT4 [rows, cols] initializers over the bundle's U8
-bytes, whose ONNX element order (element 2k low nibble, 2k+1 high nibble of byte k) is a permutation of the Q4_0
-block order inside each 32-value block: a Gather on the columns restores it.
-The dense projections are that DequantizeLinear feeding Gemm (`_matmul`); SparseFFN receives the dequantized
-float32 matrices.
+Quantized bundles (int8 / int4, bundle/layout.py) import standard opset 21 (DequantizeLinear's block_size), and every
+quantized matrix is read as its codes and its fp16 scales:
+- decode.onnx, the graph TensorRT builds its engine from, gives every product with a quantized matrix to a custom op:
+  QuantizedMatMul for the projections, the LM head and a prompt's dense FFN (the neuron-major down rows with
+  transposed = 0), QuantizedSparseFFN for a decode step's FFN. Both take the codes as INT32 words, an INT32 initializer
+  [rows, row bytes / 4] over the bundle's I8 / U8 bytes (`_word_initializer`), and the scales as stored (OPS.md,
+  "Quantized matrices"): each matrix is one initializer read by plugins only, so the engine holds it once, as stored,
+  and no DequantizeLinear is left for TensorRT 10.3 (which dequantizes blocks only for INT4 with positive scales).
+  ONNX Runtime runs the ops' reference functions, which dequantize exactly as prefill.onnx does.
+- prefill.onnx, which only ONNX Runtime and the C runtime read, keeps the matrices in standard ops: DequantizeLinear
+  (codes, Cast(scales) to float32, axis 1, block_size = the group size) feeding Gemm (`_matmul`) -- float32 scales,
+  so every product code * scale is exact and the graph computes with the very matrix edge_sdk.quant.dequantize gives.
+  int8 codes are INT8 initializers over the bundle's I8 bytes; packed int4 codes, signed nibbles, are INT4
+  [rows, cols] initializers over the bundle's U8 bytes, whose ONNX element order (element 2k low nibble, 2k+1 high
+  nibble of byte k) is a permutation of the Q4_0 block order inside each 32-value block: a Gather on the columns
+  restores it.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from edge_sdk import predictors
 from edge_sdk.export import ops
 from edge_sdk.model.config import ModelConfig
 
@@ -59,7 +66,6 @@ ONNX_DTYPES = {
     "I8": TensorProto.INT8,
     "INT4": TensorProto.INT4,  # packed int4 codes, U8 in weights.safetensors (_int4_initializer)
 }
-QUANTIZED_OPSET_VERSION = 21  # DequantizeLinear's block_size attribute (blocked quantization)
 INT4_BLOCK = 32
 NEGATIVE_INFINITY = float("-inf")
 
@@ -82,10 +88,14 @@ class GraphSpec:
     config: ModelConfig
     weights_file: str
     tensors: dict[str, ExternalTensor]
-    predictor: str  # svd | signbit | core | threshold | none
-    signbit_alphas: tuple[float, ...] = ()
+    predictor: str  # a kind of edge_sdk.predictors
+    layer_attributes: tuple[dict[str, float], ...] = ()  # per layer, the kind's node attributes (graph_attributes)
     quant_format: str | None = None  # int8 | int4 for quantized bundles
     group_size: int | None = None
+
+    @property
+    def kind(self) -> predictors.PredictorKind:
+        return predictors.kind(self.predictor)
 
 
 def _int4_initializer(tensor: ExternalTensor, location: str) -> TensorProto:
@@ -93,6 +103,15 @@ def _int4_initializer(tensor: ExternalTensor, location: str) -> TensorProto:
     rows, width = tensor.shape
     return external_initializer(
         ExternalTensor(tensor.name, "INT4", (rows, 2 * width), tensor.offset, tensor.length), location
+    )
+
+
+def _word_initializer(tensor: ExternalTensor, location: str) -> TensorProto:
+    """Quantized codes, I8 [rows, cols] or U8 [rows, cols / 2] in weights.safetensors, as the INT32 words
+    [rows, row bytes / 4] the quantized custom ops take: the same bytes (row bytes are a multiple of 16)."""
+    rows, row_bytes = tensor.shape
+    return external_initializer(
+        ExternalTensor(tensor.name, "I32", (rows, row_bytes // 4), tensor.offset, tensor.length), location
     )
 
 
@@ -117,14 +136,19 @@ def external_initializer(tensor: ExternalTensor, location: str) -> TensorProto:
 
 
 class GraphBuilder:
-    """Accumulates nodes with unique names; small helpers keep the decoder code close to its formulas."""
+    """Accumulates nodes with unique names; small helpers keep the decoder code close to its formulas.
 
-    def __init__(self, spec: GraphSpec):
+    quantized_ops: products with quantized matrices go to the custom ops QuantizedMatMul / QuantizedSparseFFN (the
+    decode graph of an int8 / int4 bundle) instead of DequantizeLinear -> Gemm."""
+
+    def __init__(self, spec: GraphSpec, quantized_ops: bool = False):
         self.spec = spec
+        self.quantized_ops = quantized_ops and spec.quant_format is not None
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[TensorProto] = []
         self.used_weights: set[str] = set()
         self.int4_codes: set[str] = set()
+        self.code_words: set[str] = set()
         self.counter = 0
 
     def fresh(self, hint: str) -> str:
@@ -140,6 +164,13 @@ class GraphBuilder:
         output = self.fresh(hint)
         self.nodes.append(ops.make_node(op_type, inputs, [output], name=self.fresh(op_type), **attributes))
         return output
+
+    def every_neuron_mask(self, x2d: str) -> str:
+        """An int32 mask [T, D] of ones for the rows of x2d [T, d]: every neuron a candidate."""
+        every = helper.make_tensor("every", TensorProto.INT32, [1], [1])
+        rows = self.op("Shape", [x2d], start=0, end=1)
+        shape = self.op("Concat", [rows, self.ints(self.spec.config.intermediate_size)], axis=0)
+        return self.op("ConstantOfShape", [shape], value=every)
 
     def constant(self, value: np.ndarray, hint: str = "const") -> str:
         name = self.fresh(hint)
@@ -157,11 +188,8 @@ class GraphBuilder:
         return name
 
     def weight_f32(self, name: str) -> str:
-        """An F32 initializer from weights.safetensors (vectors: norms, biases, RoPE tables), or a quantized matrix
-        dequantized to float32; anything else is an error, because a Cast of a weight becomes an fp32 copy of it in
-        a TensorRT engine."""
-        if name + ".scales" in self.spec.tensors:
-            return self.dequantized(name)
+        """An F32 initializer from weights.safetensors (vectors: norms, biases, RoPE tables); anything else is an
+        error, because a Cast of a weight becomes an fp32 copy of it in a TensorRT engine."""
         stored = self.weight(name)
         found = self.spec.tensors[name].dtype
         if found != "F32":
@@ -185,13 +213,28 @@ class GraphBuilder:
             matrix = self.op("Gather", [matrix, self.constant(columns, "int4_columns")], axis=1)
         return matrix
 
+    def quantized(self, name: str) -> list[str]:
+        """A quantized matrix as the quantized custom ops take it: its codes as INT32 words and its fp16 scales."""
+        self.code_words.add(name)
+        return [self.weight(name), self.weight(name + ".scales")]
+
+    def quantized_layout(self) -> dict[str, str | int]:
+        """The weight_format and group_size attributes of the quantized custom ops."""
+        return {"weight_format": self.spec.quant_format, "group_size": self.spec.group_size}
+
     def external_initializers(self) -> list[TensorProto]:
-        return [
-            (_int4_initializer if name in self.int4_codes else external_initializer)(
-                self.spec.tensors[name], self.spec.weights_file
-            )
-            for name in sorted(self.used_weights)
-        ]
+        both = self.code_words & self.int4_codes
+        if both:  # one initializer per name: a graph reads a matrix either way, never both
+            raise ValueError(f"weights {sorted(both)} are read both as INT4 codes and as INT32 words in one graph")
+
+        def initializer(name: str) -> TensorProto:
+            if name in self.code_words:
+                return _word_initializer(self.spec.tensors[name], self.spec.weights_file)
+            if name in self.int4_codes:
+                return _int4_initializer(self.spec.tensors[name], self.spec.weights_file)
+            return external_initializer(self.spec.tensors[name], self.spec.weights_file)
+
+        return [initializer(name) for name in sorted(self.used_weights)]
 
 
 def _rms_norm(g: GraphBuilder, x: str, weight: str, eps: float) -> str:
@@ -209,7 +252,10 @@ def _matmul(g: GraphBuilder, x2d: str, weight: str, transposed: bool) -> str:
     take fp16 inputs; its output is rounded to fp16/bf16 once, before the cast back to float32. Everything that
     needs more range or precision stays float32: the residual stream, RMSNorm's mean of squares, attention scores
     and softmax, the KV cache, the bias adds and the logits after the cast."""
-    if weight + ".scales" in g.spec.tensors:  # quantized: DequantizeLinear -> Gemm, the weight-only pattern
+    if weight + ".scales" in g.spec.tensors and g.quantized_ops:  # the QuantizedMatMul plugin, reading the codes
+        inputs = [x2d, *g.quantized(weight)]
+        return g.custom("QuantizedMatMul", inputs, hint=weight, transposed=int(transposed), **g.quantized_layout())
+    if weight + ".scales" in g.spec.tensors:  # DequantizeLinear -> Gemm in standard ops (prefill.onnx)
         return g.op("Gemm", [x2d, g.dequantized(weight)], hint=weight, transB=int(transposed))
     stored = g.weight(weight)
     weight_type = g.weight_type(weight)
@@ -336,32 +382,16 @@ def _dense_ffn(
     ctx: _Context,
     outputs: list[onnx.ValueInfoProto],
 ) -> str:
-    """Prefill FFN in standard ops: x2d [T, d] (a prompt's rows; rows: [1] int64 = T) -> [T, d]; core predictors also
-    output the gate activations."""
+    """Prefill FFN in standard ops: x2d [T, d] (a prompt's rows; rows: [1] int64 = T) -> [T, d], and the outputs the
+    predictor kind adds (core: the gate activations)."""
     prefix = f"layers.{layer}.mlp"
     gate = _activation_gate(g, config, _linear(g, x2d, f"{prefix}.gate_proj"))
     up = _linear(g, x2d, f"{prefix}.up_proj")
     if config.activation.kind == "drelu":
         up = g.op("Relu", [up])
     hidden = g.op("Mul", [gate, up])
-    if g.spec.predictor == "core":
-        _core_activations(g, config, layer, gate, rows, ctx, outputs)
+    g.spec.kind.emit_prompt_outputs(g, layer, gate, rows, ctx, outputs)
     return _matmul(g, hidden, f"{prefix}.down_proj.weight_t", transposed=False)
-
-
-def _core_activations(
-    g: GraphBuilder, config: ModelConfig, layer: int, gate: str, rows: str, ctx: _Context, outputs: list
-) -> None:
-    """The layer's gate activations [T, D] (rows: [1] int64 = T) as the output core_activations.{layer}
-    [B, T / B, D] float32."""
-    n_neurons = config.intermediate_size
-    name = f"core_activations.{layer}"
-    batch = g.op("Slice", [ctx.batch_seq, g.ints(0), g.ints(1)])
-    # the row count spelled out, and allowzero: a decode step leaves no prompt rows, and with allowzero = 0 a 0 would
-    # copy the input's dimension (a -1 would not be inferable either)
-    per_row = g.op("Concat", [batch, g.op("Div", [rows, batch]), g.ints(n_neurons)], axis=0)
-    g.nodes.append(helper.make_node("Reshape", [gate, per_row], [name], allowzero=1))
-    outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", "seq", n_neurons]))
 
 
 def _step_ffn(
@@ -384,54 +414,29 @@ def _step_ffn(
 
 
 def _sparse_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, prompt_rows: str, ctx: _Context) -> str:
-    """Decode FFN: the layer's predictor mask, then the SparseFFN custom op: x2d [T, d] (a decode step's rows, those
-    of the B*S tokens after the prompt_rows) -> [T, d]."""
+    """Decode FFN: the layer's predictor mask (its kind's emit_step_mask), then the SparseFFN custom op: x2d [T, d]
+    (a decode step's rows, those of the B*S tokens after the prompt_rows) -> [T, d]."""
     prefix = f"layers.{layer}"
-    n_neurons = config.intermediate_size
-    kind = g.spec.predictor
-    thresholds = None
-    if kind == "svd":
-        bias = g.op("Gather", [g.weight(f"{prefix}.svd.biases"), "sparsity_level"], axis=0)
-        inputs = [x2d, g.weight(f"{prefix}.svd.a"), g.weight(f"{prefix}.svd.b"), bias]
-        mask = g.custom("SvdPredictor", inputs, hint="svd_mask")
-    elif kind == "signbit":
-        alpha = g.spec.signbit_alphas[layer]
-        mask = g.custom(
-            "SignBitPredictor", [x2d, g.weight(f"{prefix}.signbit.packed")], hint="signbit_mask", alpha=alpha
-        )
-    elif kind == "core":
-        rows = g.op("Unsqueeze", [f"core_mask.{layer}", g.ints(1)])  # [B, 1, D]
-        per_token = g.op("Expand", [rows, g.op("Concat", [ctx.batch_seq, g.ints(n_neurons)], axis=0)])
-        every_token = g.op("Reshape", [per_token, g.op("Concat", [ctx.tokens, g.ints(n_neurons)], axis=0)])
-        mask = g.op("Slice", [every_token, prompt_rows, ctx.tokens, g.ints(0)])  # the step's rows
-    else:
-        every = helper.make_tensor("every", TensorProto.INT32, [1], [1])
-        rows = g.op("Shape", [x2d], start=0, end=1)
-        mask = g.op("ConstantOfShape", [g.op("Concat", [rows, g.ints(n_neurons)], axis=0)], value=every)
-        if kind == "threshold":
-            level = g.op("Gather", [g.weight(f"{prefix}.threshold.thresholds"), "sparsity_level"], axis=0)
-            zero = g.constant(np.zeros(n_neurons, dtype=np.float32))
-            thresholds = g.op("Where", ["dense", zero, level])
+    mask, thresholds = g.spec.kind.emit_step_mask(g, layer, x2d, prompt_rows, ctx)
     # dense decoding predicts every neuron active; the mask stays int32 into the plugin (OPS.md, the mask)
     mask = g.op("Where", ["dense", g.constant(np.array(1, dtype=np.int32)), mask])
-    ffn_weight = g.weight_f32 if g.spec.quant_format is not None else g.weight
-    inputs = [
-        x2d,
-        ffn_weight(f"{prefix}.mlp.gate_proj.weight"),
-        ffn_weight(f"{prefix}.mlp.up_proj.weight"),
-        ffn_weight(f"{prefix}.mlp.down_proj.weight_t"),
-        mask,
-    ]
-    if thresholds is not None:
-        inputs.append(thresholds)
+    matrices = [f"{prefix}.mlp.gate_proj.weight", f"{prefix}.mlp.up_proj.weight", f"{prefix}.mlp.down_proj.weight_t"]
     activation = config.activation
     attributes = {"activation": activation.kind}
     if activation.kind == "fatrelu":
         attributes["activation_threshold"] = activation.threshold
-    return g.custom("SparseFFN", inputs, hint="sparse_ffn", **attributes)
+    if g.quantized_ops:  # codes and scales of each matrix (OPS.md, QuantizedSparseFFN)
+        op, weights = "QuantizedSparseFFN", [name for matrix in matrices for name in g.quantized(matrix)]
+        attributes |= g.quantized_layout()
+    else:
+        op, weights = "SparseFFN", [g.weight(matrix) for matrix in matrices]
+    inputs = [x2d, *weights, mask]
+    if thresholds is not None:
+        inputs.append(thresholds)
+    return g.custom(op, inputs, hint="sparse_ffn", **attributes)
 
 
-def _io(config: ModelConfig, decode: bool, predictor: str) -> tuple[list, list]:
+def _io(config: ModelConfig, decode: bool, kind: predictors.PredictorKind) -> tuple[list, list]:
     kv_shape = ["batch", config.num_kv_heads, "past_seq", config.head_dim]
     present_shape = ["batch", config.num_kv_heads, "total_seq", config.head_dim]
     inputs = [
@@ -446,21 +451,15 @@ def _io(config: ModelConfig, decode: bool, predictor: str) -> tuple[list, list]:
     if decode:
         inputs.append(helper.make_tensor_value_info("sparsity_level", TensorProto.INT64, []))
         inputs.append(helper.make_tensor_value_info("dense", TensorProto.BOOL, []))
-        if predictor == "core":
-            for layer in range(config.num_layers):
-                inputs.append(
-                    helper.make_tensor_value_info(
-                        f"core_mask.{layer}", TensorProto.INT32, ["batch", config.intermediate_size]
-                    )
-                )
+        inputs += kind.decode_inputs(config)
     return inputs, outputs
 
 
 def build_graph(spec: GraphSpec, decode: bool) -> onnx.ModelProto:
     """The prefill (decode=False) or decode (decode=True) decoder graph."""
     config = spec.config
-    g = GraphBuilder(spec)
-    inputs, outputs = _io(config, decode, spec.predictor)
+    g = GraphBuilder(spec, quantized_ops=decode)
+    inputs, outputs = _io(config, decode, spec.kind)
     ctx = _context(g, config)
     embeddings = g.op("Gather", [g.weight("embed_tokens.weight"), "input_ids"])  # [B, S, d] as stored
     if g.weight_type("embed_tokens.weight") != TensorProto.FLOAT:
@@ -492,22 +491,13 @@ def build_graph(spec: GraphSpec, decode: bool) -> onnx.ModelProto:
         outputs,
         initializer=g.external_initializers() + g.initializers,
     )
+    # a model and the functions it calls import one version of the standard domain: 21 for quantized bundles
+    opset = ops.STANDARD_OPSET_VERSION if spec.quant_format is None else ops.QUANTIZED_OPSET_VERSION
     model = helper.make_model(
         graph,
-        opset_imports=ops.function_opset_imports(),
-        functions=ops.reference_functions() if decode else [],
+        opset_imports=ops.function_opset_imports(opset),
+        functions=ops.reference_functions(opset) if decode else [],
         producer_name="edge-sdk",
     )
     model.ir_version = ops.IR_VERSION
-    if spec.quant_format is not None:
-        _import_quantized_opset(model)
     return model
-
-
-def _import_quantized_opset(model: onnx.ModelProto) -> None:
-    """Standard opset QUANTIZED_OPSET_VERSION for the graph and its reference functions alike (a model and the
-    functions it calls import one version of a domain); their bodies use no op that changed from 19 to 21."""
-    for imports in (model.opset_import, *(function.opset_import for function in model.functions)):
-        for entry in imports:
-            if entry.domain == "":
-                entry.version = QUANTIZED_OPSET_VERSION

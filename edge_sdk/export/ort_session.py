@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from edge_sdk import predictors
 from edge_sdk.bundle import Bundle
 from edge_sdk.errors import EdgeSdkError
-from edge_sdk.predictors.core import core_masks_from_activations
 
 
 class OrtBundleSession:
@@ -45,7 +45,7 @@ class OrtBundleSession:
             f"past_key_values.{layer}.{part}": empty for layer in range(config.num_layers) for part in ("key", "value")
         }
         self.position = 0
-        self.core_masks: dict[str, np.ndarray] = {}
+        self.prompt_feed: dict[str, np.ndarray] = {}  # the decode inputs the predictor kind takes from the prompt
 
     def _feed(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         seq = ids.shape[1]
@@ -64,20 +64,15 @@ class OrtBundleSession:
         self.reset()
         names = [output.name for output in self.prefill_session.get_outputs()]
         outputs = self.prefill_session.run(names, self._feed(ids))
-        values = dict(zip(names, outputs, strict=True))
         sparsity = self.bundle.sparsity
-        if sparsity.predictor == "core":
-            for layer in range(self.bundle.config.num_layers):
-                # decode's core_mask inputs are int32 (1 = core neuron), as every mask of the graphs
-                self.core_masks[f"core_mask.{layer}"] = core_masks_from_activations(
-                    values[f"core_activations.{layer}"], sparsity.core_alpha, sparsity.core_beta
-                ).astype(np.int32)
+        values = dict(zip(names, outputs, strict=True))
+        self.prompt_feed = predictors.kind(sparsity.predictor).decode_feed(values, sparsity)
         return self._advance(outputs, names, ids.shape[1])
 
     def decode(self, ids: np.ndarray) -> np.ndarray:
         """ids [1, 1] -> logits [1, 1, V] through the predictors and SparseFFN."""
         names = [output.name for output in self.decode_session.get_outputs()]
-        feed = self._feed(ids) | self.core_masks
+        feed = self._feed(ids) | self.prompt_feed
         feed["sparsity_level"] = np.array(self.level_index, dtype=np.int64)
         feed["dense"] = np.array(self.dense)
         outputs = self.decode_session.run(names, feed)

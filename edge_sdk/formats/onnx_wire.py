@@ -24,6 +24,7 @@ MAX_MESSAGE_DEPTH = 64
 EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
 # TensorProto.DataType -> safetensors dtype, for the types a bundle stores
 ONNX_INT4 = 22  # TensorProto.INT4: two signed 4-bit values per byte, element 2k in the low nibble of byte k
+ONNX_INT32 = 6
 ONNX_TO_SAFETENSORS = {
     1: "F32",
     2: "U8",

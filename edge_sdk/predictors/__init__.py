@@ -1,87 +1,36 @@
-"""The predictor kinds, each described once: name, whether it is calibrated at several sparsity levels, which
-FFN activations it serves, its default settings, and the tensors it stores in a bundle.
+"""The predictor kinds: one module per kind, and this registry of them.
 
-Everything else derives from this table: the CLI's choices, the exporter, the bundle reader's expected tensors
-and the C runtime's kind table (jetson/src/predictor_kinds.{h,c}, generated from it by `python -m
-edge_sdk.predictors.c_table jetson/src`; tests/bundle/test_predictor_kinds.py fails when they are stale). It
-imports no torch: the device runtime reads it too.
+A kind's module (svd.py, signbit.py, core.py, threshold.py, none.py) holds everything about it: its name, whether it
+is calibrated at several sparsity levels, which FFN activations it serves, the tensors it stores in a bundle, its
+calibration knobs with their defaults (a settings dataclass), its fit, its torch masks (the reference, the C
+kernels' and the gather executor's) and its ONNX emission. Everything else derives from KINDS: the CLI's choices,
+the calibration, the exporter and its graphs, the torch engines, the bundle readers' expected tensors, and the C
+runtime's kind table (jetson/src/predictor_kinds.{h,c}, generated from it by `python -m
+edge_sdk.predictors.c_table jetson/src`; tests/bundle/test_predictor_kinds.py fails when they are stale). Adding a
+kind to the Python side means adding its module and naming it below; a kind with knobs of its own also records them
+as CalibrationSettings fields (sparsity/settings.py: the record's fields are a format, in a fixed order), and the
+native engines (the C runtime's decoder, the TensorRT plugins) implement each kind's kernels themselves.
 
-Tensor shapes are written in the bundle's sizes: d (hidden size), D (intermediate size), levels (the calibrated
-levels' count), rank (an svd layer's rank, read from its stored `svd.a`).
+Why one module per kind can serve the device runtime, which has neither torch nor onnx: a kind is a PredictorKind
+(kind.py) whose fields are the torch-free description the bundle readers and the C table need, and whose methods
+are the behaviour; a method imports torch, onnx or the calibration code when it runs, never when its module is
+imported. So `import edge_sdk.predictors` loads the descriptions only, and the behaviour is reached only from the
+calibration, the exporter and the torch engines, which have the `export` extra installed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from edge_sdk.predictors import core, none, signbit, svd, threshold
+from edge_sdk.predictors.kind import PredictorKind
 
-NO_PREDICTOR = "none"
+NO_PREDICTOR = none.KIND.name
 
-
-@dataclass(frozen=True)
-class StoredTensor:
-    """One tensor a predictor stores per layer, as `layers.{i}.{kind}.{name}`."""
-
-    name: str
-    dtype: str  # safetensors dtype
-    shape: tuple[str | int, ...]  # symbols d, D, levels, rank, words (= ceil(d / 32)), or fixed sizes
-
-
-@dataclass(frozen=True)
-class CoreSettings:
-    """SparseInfer (semantic) core neurons: per prompt token its top `alpha` share of positive activations, counted
-    per neuron over the prompt; the top `beta` share of neurons is the decode's fixed mask."""
-
-    alpha: float = 0.4
-    beta: float = 0.2
-
-
-@dataclass(frozen=True)
-class PredictorKind:
-    name: str
-    paper: str
-    has_levels: bool  # calibrated at several model-wide sparsity levels, one row per level
-    relu_only: bool  # needs exact zeros from the gate activation (relu, fatrelu, drelu)
-    tensors: tuple[StoredTensor, ...] = field(default=())
-
-
-def _capacity(rows: str | int) -> StoredTensor:
-    # every kind stores the 99th percentile of its per-token predicted-active count, for static-shape executors
-    return StoredTensor("capacity", "I32", (rows,))
-
-
+# In this order: the CLI lists them so, and the C enum numbers them so.
 KINDS: dict[str, PredictorKind] = {
-    "svd": PredictorKind(
-        "svd",
-        "SVDP",
-        has_levels=True,
-        relu_only=True,
-        tensors=(
-            StoredTensor("a", "F32", ("D", "rank")),
-            StoredTensor("b", "F32", ("rank", "d")),
-            StoredTensor("biases", "F32", ("levels", "D")),
-            _capacity("levels"),
-        ),
-    ),
-    "signbit": PredictorKind(
-        "signbit",
-        "SparseInfer (Jetson)",
-        has_levels=False,
-        relu_only=True,
-        tensors=(StoredTensor("packed", "I32", ("D", "words")), StoredTensor("alpha", "F32", (1,)), _capacity(1)),
-    ),
-    "core": PredictorKind("core", "SparseInfer (semantic)", has_levels=False, relu_only=True, tensors=(_capacity(1),)),
-    "threshold": PredictorKind(
-        "threshold",
-        "CHESS",
-        has_levels=True,
-        relu_only=False,
-        tensors=(StoredTensor("thresholds", "F32", ("levels", "D")), _capacity("levels")),
-    ),
-    NO_PREDICTOR: PredictorKind(NO_PREDICTOR, "", has_levels=False, relu_only=False),
+    kind.name: kind for kind in (svd.KIND, signbit.KIND, core.KIND, threshold.KIND, none.KIND)
 }
-CALIBRATED_KINDS = tuple(name for name in KINDS if name != NO_PREDICTOR)
+CALIBRATED_KINDS = tuple(name for name, kind in KINDS.items() if kind.calibrated)
 LEVEL_KINDS = tuple(name for name, kind in KINDS.items() if kind.has_levels)
-DEFAULT_CORE = CoreSettings()
 
 
 def kind(name: str) -> PredictorKind:

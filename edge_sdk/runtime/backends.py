@@ -12,10 +12,13 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.runtime.engine import Engine
+
+if TYPE_CHECKING:
+    from edge_sdk.bundle import Bundle, LevelChoice
 
 BACKEND_ORDER = ("tensorrt", "cann", "cpu")
 BACKEND_ENV = "EDGE_SDK_BACKEND"
@@ -30,18 +33,38 @@ MAX_THREADS = 4096  # the C runtime's bound too
 
 @dataclass(frozen=True)
 class EngineOptions:
-    sparsity: float | None = None  # a calibrated level; None = the bundle's default
-    dense: bool = False  # the dense model: every FFN neuron computed, zeros included (the speedups' baseline)
+    """How an engine runs a bundle: its operating point and the CPU threads.
+
+    The operating point is resolved against the bundle once, where the options are made (EngineOptions.of, the one
+    place a requested level becomes a row of the bundle's level tensors); engines read level.index and level.dense,
+    and a runtime with its own level API (the C runtime) is handed the resolved level, never the request."""
+
+    level: LevelChoice  # SparsityConfig.resolve's operating point
     threads: int = 0  # 0: every core
 
     def __post_init__(self) -> None:
         if isinstance(self.threads, bool) or not isinstance(self.threads, int) or not 0 <= self.threads <= MAX_THREADS:
             raise EdgeSdkError(f"threads: expected 0 (every core) to {MAX_THREADS}, found {self.threads!r}")
-        level = self.sparsity
-        if level is not None and (
-            isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 <= level <= 1
+
+    @classmethod
+    def of(cls, bundle: Bundle, sparsity: float | None = None, dense: bool = False, threads: int = 0) -> EngineOptions:
+        """sparsity: a calibrated level, None for the bundle's default; dense: the dense model, every FFN neuron
+        computed, zeros included (the speedups' baseline). BundleError names the calibrated levels when sparsity is
+        not one of them."""
+        if sparsity is not None and (
+            isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0 <= sparsity <= 1
         ):
-            raise EdgeSdkError(f"sparsity: expected a calibrated level in [0, 1] or None, found {level!r}")
+            raise EdgeSdkError(f"sparsity: expected a calibrated level in [0, 1] or None, found {sparsity!r}")
+        return cls(bundle.sparsity.resolve(sparsity, dense), threads)
+
+    @property
+    def sparsity(self) -> float | None:
+        """The resolved level: a calibrated level, or None (no levels, or a bundle whose default is dense)."""
+        return self.level.level
+
+    @property
+    def dense(self) -> bool:
+        return self.level.dense
 
 
 class Backend(Protocol):

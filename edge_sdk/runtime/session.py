@@ -50,7 +50,7 @@ class Session:
     @property
     def info(self) -> dict[str, Any]:
         config, sparsity = self.bundle.config, self.bundle.sparsity
-        choice = sparsity.resolve(self.options.sparsity, self.options.dense)
+        choice = self.options.level
         level: float | str | None = "dense" if choice.dense else choice.level
         return {
             "bundle": str(self.bundle.path),
@@ -98,8 +98,9 @@ def load(
     log receives the selection report: why each earlier backend was skipped and which one was chosen."""
     opened = Bundle.open(bundle, verify_checksums=verify_checksums)
     check_memory(opened)
+    options = EngineOptions.of(opened, sparsity, dense, threads)  # the level resolved, once, for every backend
     selection = select_backend(None if backend == "auto" else backend, opened)
     if log is not None:
         for line in selection.describe():
             log(line)
-    return Session(opened, selection, EngineOptions(sparsity=sparsity, dense=dense, threads=threads))
+    return Session(opened, selection, options)

@@ -44,8 +44,10 @@ def load_reference_decoder(
     dtype: torch.dtype = torch.float32,
     ffn_class: Callable[..., SparseFeedForward] = SparseFeedForward,
     ffn_as_stored: bool = False,
+    choice: LevelChoice | None = None,
 ) -> SparseDecoder:
-    """The bundle's decoder at its default level.
+    """The bundle's decoder at an operating point (choice, resolved by SparsityConfig.resolve; None: the bundle's
+    default level).
 
     ffn_as_stored keeps the FFN matrices as the memory-mapped tensors of weights.safetensors (no cast, no
     copy) for FFN implementations that read fp16 directly; ffn_class picks that implementation. The matrices of
@@ -80,7 +82,7 @@ def load_reference_decoder(
     # the bundle's RoPE tables are what every backend uses, so the reference uses them too
     decoder.rope_cos, decoder.rope_sin = bundle_tensor(bundle, "rope.cos"), bundle_tensor(bundle, "rope.sin")
     model = SparseDecoder(decoder, bundle_predictors(bundle), ffn_class)
-    configure(model, bundle.sparsity.resolve(None))
+    configure(model, bundle.sparsity.resolve(None) if choice is None else choice)
     return model
 
 
@@ -127,13 +129,14 @@ class TorchEngine:
     ) -> TorchEngine:
         """The bundle's decoder at an operating point: FFNs of ffn_class (see load_reference_decoder), prepare(model)
         applied before the model moves to device."""
-        model = load_reference_decoder(bundle, dtype=dtype, ffn_class=ffn_class, ffn_as_stored=ffn_as_stored)
+        model = load_reference_decoder(
+            bundle, dtype=dtype, ffn_class=ffn_class, ffn_as_stored=ffn_as_stored, choice=choice
+        )
         if prepare is not None:
             prepare(model)
         decoder = model.decoder
         decoder.to(device)  # parameters and KV caches; FFN weights created on the device stay there
         decoder.rope_cos, decoder.rope_sin = decoder.rope_cos.to(device), decoder.rope_sin.to(device)
-        configure(model, choice)
         return cls(model, bundle.max_seq_len, device)
 
     def _ids(self, ids: list[int]) -> torch.Tensor:

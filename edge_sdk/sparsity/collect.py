@@ -21,9 +21,8 @@ from edge_sdk.model.checkpoint import Checkpoint
 from edge_sdk.model.decoder import TransformerBlock, rope_tables
 from edge_sdk.model.loader import load_layer
 from edge_sdk.model.tokenizer import Tokenizer
+from edge_sdk.sparsity.settings import DEFAULT_CALIBRATION_TOKENS, DEFAULT_CHUNK_TOKENS
 
-DEFAULT_CALIBRATION_TOKENS = 20_000  # the SVDP paper's ~112 few-shot samples
-DEFAULT_CHUNK_TOKENS = 512
 JSON_LINES_SUFFIXES = (".jsonl", ".json")
 
 

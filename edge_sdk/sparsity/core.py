@@ -46,7 +46,7 @@ def _ceil_times(ratio: Fraction, n: torch.Tensor) -> torch.Tensor:
     return rounded[inverse]
 
 
-def core_neuron_counts(gate_activations: torch.Tensor, alpha: float = 0.4) -> tuple[torch.Tensor, torch.Tensor]:
+def core_neuron_counts(gate_activations: torch.Tensor, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Per neuron, how many tokens have it as a token-wise core neuron, and its activation summed over those.
 
     gate_activations: [T, D] act.gate outputs of the prompt tokens. Returns (counts [D] int64,
@@ -76,7 +76,7 @@ def core_neuron_counts(gate_activations: torch.Tensor, alpha: float = 0.4) -> tu
     return counts, sums
 
 
-def core_mask_from_counts(counts: torch.Tensor, activation_sums: torch.Tensor, beta: float = 0.2) -> torch.Tensor:
+def core_mask_from_counts(counts: torch.Tensor, activation_sums: torch.Tensor, beta: float) -> torch.Tensor:
     """The sentence-wise core neurons from accumulated counts.
 
     counts: [D] int64 and activation_sums: [D] float from core_neuron_counts (summed over prompt chunks).
@@ -101,7 +101,7 @@ def core_mask_from_counts(counts: torch.Tensor, activation_sums: torch.Tensor, b
     return mask
 
 
-def core_neuron_mask(gate_activations: torch.Tensor, alpha: float = 0.4, beta: float = 0.2) -> torch.Tensor:
+def core_neuron_mask(gate_activations: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
     """The FFN mask held for the whole decode of one prompt.
 
     gate_activations: [T, D] act.gate outputs for the prompt tokens -> bool [D] core neurons.

@@ -23,6 +23,7 @@ import math
 from fractions import Fraction
 
 import torch
+import torch.nn.functional as F
 
 from edge_sdk.errors import CalibrationError
 
@@ -142,7 +143,7 @@ def calibrate_alpha(
     packed_w: torch.Tensor,
     x: torch.Tensor,
     truly_active: torch.Tensor,
-    recall_target: float = 0.99,
+    recall_target: float,
     *,
     alpha_range: tuple[float, float] = (0.5, 2.0),
 ) -> float:
@@ -181,3 +182,52 @@ def calibrate_alpha(
     while int(_active_from_counts(neg, d, alpha).sum()) < needed:
         alpha = math.nextafter(alpha, math.inf)
     return min(max(alpha, low), high)
+
+
+def signbit_max_negatives(d: int, alpha: float) -> int:
+    """The largest count of negative products N_neg that sparsity/signbit.signbit_mask predicts active.
+
+    The rule there is: active unless alpha * (d - N_neg) < N_neg, compared in float64. The left side falls
+    and the right side grows with N_neg, so the active counts are exactly 0..this value, and the device
+    compares integers instead of doubles (float64 is slow or missing on NPUs)."""
+    negatives = torch.arange(d + 1, dtype=torch.float64)
+    predicted_active = ~(float(alpha) * (d - negatives) < negatives)
+    return int(predicted_active.sum()) - 1
+
+
+def _popcount32(words: torch.Tensor) -> torch.Tensor:
+    """words: int32 -> their set-bit counts (int32), by SWAR bit arithmetic.
+
+    The sign bit is counted apart so that every intermediate stays non-negative: no int32 overflow on any
+    device. In-place steps keep the temporaries few (each is as large as the packed W_gate)."""
+    counts = words & 0x7FFFFFFF
+    counts -= (counts >> 1).bitwise_and_(0x55555555)  # 2-bit fields: 0..2
+    counts = (counts & 0x33333333).add_((counts >> 2).bitwise_and_(0x33333333))  # 4-bit fields: 0..4
+    counts += counts >> 4
+    counts &= 0x0F0F0F0F  # bytes: 0..8
+    counts += counts >> 8
+    counts += counts >> 16
+    counts &= 0x3F  # 0..31
+    return counts + (words < 0)
+
+
+class DeviceSignBit:
+    """The sign-bit predictor in torch integer ops on the weights' device (the gather executor's, on an NPU or
+    GPU): pack x's sign bits, XOR with W_gate's packed bits, popcount per row."""
+
+    def __init__(self, packed: torch.Tensor, alpha: float, d: int, device: torch.device):
+        self.packed = packed.to(device=device, dtype=torch.int32)  # [D, W] sign bits of W_gate
+        self.d = d
+        self.max_negatives = signbit_max_negatives(d, alpha)
+        self.bit_values = _BIT_VALUES.to(device)  # [32]
+
+    def negatives(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [d] -> N_neg [D] int32, the products W_gate_ij * x_j predicted negative per row."""
+        words = self.packed.shape[1]
+        negative = F.pad((x < 0).to(torch.int32), (0, words * BITS_PER_WORD - self.d))  # [32W]; -0.0 is not < 0
+        packed_x = (negative.view(words, BITS_PER_WORD) * self.bit_values).sum(-1, dtype=torch.int32)  # [W]
+        return _popcount32(self.packed ^ packed_x).sum(-1, dtype=torch.int32)  # XOR: [D, W]
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [d] -> [D] float32, positive exactly where signbit_mask predicts the neuron active."""
+        return (self.max_negatives + 1 - self.negatives(x)).to(torch.float32)

@@ -2,7 +2,8 @@
 
 Every exported graph and every backend is compared against this: it puts the predictor semantics of
 DESIGN.md 3.2 in front of sparsity/ffn.py's sequential SparseFFN, per layer, inside the reference
-decoder. Predictor tensors use the names of sparsity/pipeline.py (`svd.a`, `signbit.packed`, ...).
+decoder. What each predictor kind computes is its kind's (edge_sdk/predictors/<kind>.py); predictor tensors use the
+names its kind stores (`svd.a`, `signbit.packed`, ...).
 """
 
 from __future__ import annotations
@@ -13,23 +14,21 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from edge_sdk import predictors
 from edge_sdk.model.activation import Activation
 from edge_sdk.model.decoder import Decoder
-from edge_sdk.sparsity.core import core_mask_from_counts, core_neuron_counts
+from edge_sdk.predictors.core import CoreSettings
 from edge_sdk.sparsity.ffn import sparse_ffn
-from edge_sdk.sparsity.signbit import signbit_mask
-
-PREDICTOR_KINDS = ("svd", "signbit", "core", "threshold", "none")
 
 
 @dataclass
 class LayerPredictor:
-    """One layer's predictor: its kind, tensors (without the `layers.{i}.` prefix) and scalar settings."""
+    """One layer's predictor: its kind's name, tensors (without the `layers.{i}.` prefix) and scalar settings."""
 
     kind: str
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
-    core_alpha: float = 0.4
-    core_beta: float = 0.2
+    core_alpha: float = CoreSettings.alpha
+    core_beta: float = CoreSettings.beta
 
 
 class SparseFeedForward(nn.Module):
@@ -47,10 +46,11 @@ class SparseFeedForward(nn.Module):
         self.w_gate, self.w_up, self.w_down_t = w_gate, w_up, w_down_t  # [D, d] each
         self.activation = activation
         self.predictor = predictor
+        self.kind = predictors.kind(predictor.kind)
         self.phase = "prefill"
         self.level_index = 0
         self.dense = False
-        self.core_mask: torch.Tensor | None = None  # [B, D], chosen at prefill
+        self.prefill_mask: torch.Tensor | None = None  # [B, D], chosen at prefill by a kind fixed_at_prefill
         self.last_active: torch.Tensor | None = None  # [T, D] neurons that reached up/down at the last decode
         # Near-tie bookkeeping for comparing implementations (export/verify.py): with tie_tolerance set, each decode
         # records the mask decisions within that relative margin of their boundary; flipped names neurons whose
@@ -78,60 +78,28 @@ class SparseFeedForward(nn.Module):
         # weights stored in half precision are cast for the prompt's GEMMs (a no-op when dtypes match)
         gate = self.activation.gate(x @ self.w_gate.to(x.dtype).T)  # [B, S, D]
         hidden = gate * self.activation.up(x @ self.w_up.to(x.dtype).T)
-        if self.predictor.kind == "core":
-            masks = []
-            for row in gate.float():
-                counts, sums = core_neuron_counts(row, self.predictor.core_alpha)
-                masks.append(core_mask_from_counts(counts, sums, self.predictor.core_beta))
-            self.core_mask = torch.stack(masks)
+        self.prefill_mask = self.kind.prefill_mask(self.predictor, gate)
         return hidden @ self.w_down_t.to(x.dtype)
 
     def _decode_mask(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The predictor's mask [T, D] for decode tokens [T, d], and CHESS thresholds [D] if any."""
         n_tokens, n_neurons = tokens.shape[0], self.w_gate.shape[0]
-        kind, tensors = self.predictor.kind, self.predictor.tensors
-        thresholds = None
-        if kind == "svd":
-            scores = (tokens.float() @ tensors["svd.b"].T) @ tensors["svd.a"].T
-            mask = scores + tensors["svd.biases"][self.level_index] > 0
-        elif kind == "signbit":
-            mask = signbit_mask(tensors["signbit.packed"], tokens.float(), float(tensors["signbit.alpha"][0]))
-        elif kind == "core":
-            if self.core_mask is None:
-                raise RuntimeError("core predictor: decode called before prefill chose the core neurons")
-            mask = self.core_mask.repeat_interleave(n_tokens // self.core_mask.shape[0], dim=0)
-        else:
-            mask = torch.ones(n_tokens, n_neurons, dtype=torch.bool)
-            if kind == "threshold" and not self.dense:
-                thresholds = tensors["threshold.thresholds"][self.level_index]
         if self.dense:
-            mask = torch.ones_like(mask)
+            return torch.ones(n_tokens, n_neurons, dtype=torch.bool), None
+        mask, thresholds = self.kind.decode_mask(self.predictor, tokens, self.level_index, self.prefill_mask)
+        if mask is None:
+            mask = torch.ones(n_tokens, n_neurons, dtype=torch.bool)
         return mask, thresholds
 
     def _decision_margins(self, x: torch.Tensor, thresholds: torch.Tensor | None) -> torch.Tensor | None:
         """Each neuron's mask decision value over the magnitude its rounding error scales with ([D]), for token x
         [d]; None when this predictor's decisions have no floating-point boundary (core, signbit's integer
-        counts, dense).
-
-        svd: |scores + bias| / ((|x| |B|^T) |A|^T + |bias|); threshold: ||act(g)| - t| / (|x| |W_gate|^T), the
-        sums whose terms' rounding errors add up to the decision's (inf where t = 0)."""
+        counts, dense): the kind's decision_margins."""
         if self.dense:
             return None
-        x = x.float()
-        tensors = self.predictor.tensors
-        if self.predictor.kind == "svd":
-            a, b, bias = tensors["svd.a"], tensors["svd.b"], tensors["svd.biases"][self.level_index]
-            value = (x @ b.T) @ a.T + bias
-            scale = (x.abs() @ b.abs().T) @ a.abs().T + bias.abs()
-            return value.abs() / scale.clamp_min(torch.finfo(torch.float32).tiny)
-        if self.predictor.kind == "threshold" and thresholds is not None:
-            gate = x @ self.w_gate.to(torch.float32).T
-            value = self.activation.gate(gate).abs() - thresholds.float()
-            scale = x.abs() @ self.w_gate.to(torch.float32).abs().T
-            margins = value.abs() / scale.clamp_min(torch.finfo(torch.float32).tiny)
-            # a zero threshold adds no condition: the neuron's output is continuous at a = 0, nothing can jump
-            return torch.where(thresholds > 0, margins, torch.inf)
-        return None
+        return self.kind.decision_margins(
+            self.predictor, x.float(), self.level_index, thresholds, self.w_gate, self.activation
+        )
 
     def _near_ties(self, x: torch.Tensor, thresholds: torch.Tensor | None) -> list[tuple[int, float]]:
         margins = self._decision_margins(x, thresholds)
@@ -192,4 +160,4 @@ class SparseDecoder:
     def reset(self) -> None:
         self.decoder.reset()
         for ffn in self.ffns:
-            ffn.core_mask = None
+            ffn.prefill_mask = None

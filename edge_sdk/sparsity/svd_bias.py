@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -247,3 +247,18 @@ def calibrate_biases(
         taken = target
         biases[level] = -tau.gather(1, steps_taken[:, None])[:, 0]
     return {level: biases[level].clone() for level in levels}
+
+
+def uniform_biases(scores: torch.Tensor, levels: Sequence[float]) -> dict[float, torch.Tensor]:
+    """One threshold shared by all neurons per level (SVDP's "without bias calibration" ablation).
+
+    scores: [N, D]. The threshold is the level-quantile of all scores, so the fraction of pairs with
+    score + bias <= 0 is at least the level; level 0 puts every calibration pair above the threshold.
+    """
+    flat = scores.flatten()
+    biases = {}
+    for level in levels:
+        k = math.ceil(level * flat.numel())
+        tau = flat.min() - 1.0 if k == 0 else flat.kthvalue(k).values
+        biases[level] = torch.full((scores.shape[1],), -float(tau), dtype=torch.float32)
+    return biases

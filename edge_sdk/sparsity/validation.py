@@ -18,18 +18,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from edge_sdk.model.checkpoint import Checkpoint
 from edge_sdk.model.decoder import RMSNorm, TransformerBlock, rope_tables
+from edge_sdk.sparsity.settings import MIN_CALIBRATION_TOKENS, MIN_VALIDATION_TOKENS, CalibrationSettings
 from edge_sdk.sparsity.sparse_model import LayerPredictor, SparseFeedForward
 
-DEFAULT_PPL_BUDGET_PERCENT = 0.5  # half of the "under 1% loss" goal, leaving room for text unlike the validation
-DEFAULT_VALIDATION_TOKENS = 2048
 VALIDATION_PROMPT_TOKENS = 32  # `edge-sdk eval`'s default dense prompt per window
-MIN_VALIDATION_TOKENS = 128  # one chunk: the prompt plus 95 scored tokens
 VALIDATION_SHARE = 5  # without text beyond the calibration tokens, 1/5 of the text is held back for validation
 BATCH_CHUNKS = 4
 LOGIT_BLOCK_BYTES = 32 << 20
@@ -162,3 +161,21 @@ class LevelValidation:
     @property
     def scored_tokens(self) -> int:
         return self.chunks.shape[0] * (self.chunks.shape[1] - self.prompt_tokens - 1)
+
+
+def default_level(
+    settings: CalibrationSettings, validation: LevelValidation | None
+) -> tuple[float | None, dict[str, Any]]:
+    """The default operating level (None: dense) and how it was set, for the report."""
+    if settings.sparsity is not None:
+        return settings.sparsity, {"method": "given"}
+    if not settings.chooses_level:
+        return settings.reference_level, {"method": f"nominal ({settings.predictor} has no calibrated levels)"}
+    if validation is None:
+        return settings.reference_level, {
+            "method": "fallback",
+            "reason": f"the calibration text leaves fewer than {MIN_VALIDATION_TOKENS} validation tokens beside the "
+            f"{MIN_CALIBRATION_TOKENS} needed for fitting; give more text or --sparsity",
+        }
+    choice = validation.choose(settings.ppl_budget)
+    return choice.level, choice.to_report()

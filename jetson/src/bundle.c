@@ -304,6 +304,7 @@ static int same_dims(const struct onnx_summary *summary, const struct onnx_exter
 /* An external tensor names weights.safetensors, and exactly the bytes, type and dims of the tensor of its name. */
 /* Packed int4 codes: ONNX INT4 [rows, cols] over the bundle's U8 [rows, cols / 2], two signed values per byte. */
 #define ONNX_INT4 22
+#define ONNX_INT32 6
 
 static int int4_over_bytes(const struct onnx_summary *summary, const struct onnx_external_tensor *external,
                            const struct tensor *tensor) {
@@ -312,6 +313,18 @@ static int int4_over_bytes(const struct onnx_summary *summary, const struct onnx
   }
   uint64_t rows = summary->dims[external->first_dim], cols = summary->dims[external->first_dim + 1];
   return cols % 2 == 0 && rows == (uint64_t)tensor->shape[0] && cols / 2 == (uint64_t)tensor->shape[1];
+}
+
+/* Quantized codes as the decode graph's custom ops take them: ONNX INT32 [rows, n] over the bundle's I8 or U8
+ * [rows, 4 n], the same bytes as little-endian words (edge_sdk/bundle/reader.py, _same_type). */
+static int words_over_bytes(const struct onnx_summary *summary, const struct onnx_external_tensor *external,
+                            const struct tensor *tensor) {
+  if (external->data_type != ONNX_INT32 || (tensor->dtype != DTYPE_I8 && tensor->dtype != DTYPE_U8) ||
+      external->n_dims != 2 || tensor->rank != 2) {
+    return 0;
+  }
+  uint64_t rows = summary->dims[external->first_dim], words = summary->dims[external->first_dim + 1];
+  return rows == (uint64_t)tensor->shape[0] && words <= UINT64_MAX / 4 && 4 * words == (uint64_t)tensor->shape[1];
 }
 
 static edge_status check_external(const struct bundle *bundle, const char *path, const struct onnx_summary *summary,
@@ -339,7 +352,7 @@ static edge_status check_external(const struct bundle *bundle, const char *path,
   }
   const char *dtype = onnx_safetensors_dtype(external->data_type);
   int same = dtype != NULL && strcmp(dtype, tensor_dtype_name(tensor->dtype)) == 0 && same_dims(summary, external, tensor);
-  if (!same && !int4_over_bytes(summary, external, tensor)) {
+  if (!same && !int4_over_bytes(summary, external, tensor) && !words_over_bytes(summary, external, tensor)) {
     char dims[160], shape[160];
     return edge_fail(EDGE_ERROR_BUNDLE, "%s is declared ONNX type %llu %s, but %s holds it as %s %s", where,
                      (unsigned long long)external->data_type,

@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "edge_cpu_kernels.h" /* enum edge_dtype, enum edge_activation */
+#include "edge_cpu_kernels.h" /* enum edge_dtype, enum edge_quant_format, enum edge_activation */
 
 #if defined(__GNUC__)
 #define EDGE_CUDA_API __attribute__((visibility("default")))
@@ -86,6 +86,43 @@ EDGE_CUDA_API cudaError_t edge_sparse_ffn(cudaStream_t stream, const void *x, in
                                           int weight_dtype, const int32_t *mask, const float *thresholds,
                                           int activation, float act_threshold, float *y, void *workspace,
                                           uint8_t *active_out);
+
+/* edge_sparse_ffn over group-wise quantized rows (plugins/kernels/cpu/QUANT.md; the CPU's edge_cpu_sparse_ffn_q):
+ * w_gate, w_up, w_down_t hold the codes of quant_format (enum edge_quant_format), each a [D, d] matrix in that
+ * format (EDGE_Q8: int8 [D, d]; EDGE_Q4: [D, d / 2] bytes, signed 4-bit two's complement nibbles in llama.cpp's
+ * Q4_0 order within each 32-value block: byte k holds value k in its low nibble and value 16 + k in its high
+ * nibble), 4-byte aligned (16-byte aligned for the vector loads; they cross TensorRT as INT32 words), with
+ * gate_scales, up_scales, down_scales [D, d / group_size] fp16 bits; d a multiple of group_size (32, 64 or 128).
+ * Every other argument, the workspace (edge_sparse_ffn_workspace_size) and the pipeline as for edge_sparse_ffn.
+ * Rows are dequantized in registers: gate and up sum code * x over each 16-byte piece of the row (16 int8 values or
+ * one 32-value int4 block) and scale the piece's sum by its group's scale; a down row adds (h_i * scale) * code. x
+ * stays fp32 (no activation quantization), so y differs from the reference on the dequantized rows by fp32
+ * summation order only. */
+EDGE_CUDA_API cudaError_t edge_sparse_ffn_q(cudaStream_t stream, const void *x, int x_dtype, int tokens, int d, int D,
+                                            const void *w_gate, const uint16_t *gate_scales, const void *w_up,
+                                            const uint16_t *up_scales, const void *w_down_t,
+                                            const uint16_t *down_scales, int quant_format, int group_size,
+                                            const int32_t *mask, const float *thresholds, int activation,
+                                            float act_threshold, float *y, void *workspace, uint8_t *active_out);
+
+/* Dense y_t = W x_t (+ bias) over quantized rows for each token t (the CPU's edge_cpu_matvec_q): the projections and
+ * the LM head of a quantized bundle. x: [tokens, in] of x_dtype; w: [out, in] codes of quant_format, 4-byte aligned,
+ * with scales [out, in / group_size] fp16 bits, in a multiple of group_size; bias: [out] fp32 or NULL; y: [tokens,
+ * out] fp32. Up to 4 tokens: one warp per row, the row read once for all of them; more: tiles of 64 rows x 32 tokens
+ * through shared memory. Each output is summed in an order fixed by the shapes (tokens, in), so it is bit-identical
+ * run to run; the same token may round differently in a call with another number of tokens. No workspace. */
+EDGE_CUDA_API cudaError_t edge_matvec_q(cudaStream_t stream, const void *x, int x_dtype, int tokens, int in, int out,
+                                        const void *w, const uint16_t *scales, int quant_format, int group_size,
+                                        const float *bias, float *y);
+
+/* edge_matvec_q with W stored transposed: y_t = W^T x_t (+ bias) for w [in, out], quantized along its rows (scales
+ * [in, out / group_size], out a multiple of group_size; in any size); x: [tokens, in]; y: [tokens, out]. This is the
+ * down projection of a dense FFN over the neuron-major W_down^T that SparseFFN reads, so a prompt's FFN needs no
+ * second copy of it. Tiles of 64 outputs x 32 tokens through shared memory, for any number of tokens; each output
+ * summed over the rows of W in order, bit-identical run to run. No workspace. */
+EDGE_CUDA_API cudaError_t edge_matvec_q_t(cudaStream_t stream, const void *x, int x_dtype, int tokens, int in,
+                                          int out, const void *w, const uint16_t *scales, int quant_format,
+                                          int group_size, const float *bias, float *y);
 
 #ifdef __cplusplus
 }

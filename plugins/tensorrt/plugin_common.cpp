@@ -1,6 +1,7 @@
 #include "plugin_common.h"
 
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -140,6 +141,20 @@ std::optional<float> Attributes::getFloat(char const* name) const {
                     fieldTypeName(field->type));
 }
 
+std::optional<int32_t> Attributes::getInt(char const* name) const {
+  nvinfer1::PluginField const* field = find(name);
+  if (field == nullptr) return std::nullopt;
+  if (field->type != nvinfer1::PluginFieldType::kINT32) {
+    throw PluginError(std::string("attribute '") + name + "': expected type int32, found " +
+                      fieldTypeName(field->type));
+  }
+  if (field->length != 1 || field->data == nullptr) {
+    throw PluginError(std::string("attribute '") + name + "': expected one int32 value, found " +
+                      std::to_string(field->length) + " values");
+  }
+  return *static_cast<int32_t const*>(field->data);
+}
+
 std::optional<std::string> Attributes::getString(char const* name) const {
   nvinfer1::PluginField const* field = find(name);
   if (field == nullptr) return std::nullopt;
@@ -153,6 +168,105 @@ std::optional<std::string> Attributes::getString(char const* name) const {
   // The ONNX parser counts the terminating NUL in `length`; a serialized field may not have one.
   char const* text = static_cast<char const*>(field->data);
   return std::string(text, field->length == 0 ? 0 : strnlen(text, static_cast<size_t>(field->length)));
+}
+
+namespace {
+
+struct NamedValue {
+  char const* name;
+  int value;
+};
+constexpr NamedValue kActivations[] = {
+    {"relu", EDGE_ACT_RELU}, {"fatrelu", EDGE_ACT_FATRELU}, {"drelu", EDGE_ACT_DRELU}, {"silu", EDGE_ACT_SILU}};
+constexpr NamedValue kQuantFormats[] = {{"int8", EDGE_Q8}, {"int4", EDGE_Q4}};
+constexpr int32_t kGroupSizes[] = {32, 64, 128};
+
+// The value of `found` among `choices`, or a PluginError naming the attribute and every choice.
+template <size_t N>
+int chooseNamed(char const* attribute, std::string const& found, NamedValue const (&choices)[N]) {
+  std::string expected;
+  for (NamedValue const& choice : choices) {
+    if (found == choice.name) return choice.value;
+    expected += std::string(expected.empty() ? "" : ", ") + choice.name;
+  }
+  throw PluginError(std::string("attribute '") + attribute + "': expected one of " + expected + ", found '" + found +
+                    "'");
+}
+
+nvinfer1::PluginField stringField(char const* name, std::string const& value) {
+  return nvinfer1::PluginField(name, value.c_str(), nvinfer1::PluginFieldType::kCHAR,
+                               static_cast<int32_t>(value.size() + 1));
+}
+
+}  // namespace
+
+GateActivation GateActivation::read(Attributes const& attributes) {
+  std::optional<std::string> const name = attributes.getString(kField);
+  if (!name) throw PluginError("attribute 'activation' is required, found none");
+  GateActivation activation{*name, chooseNamed(kField, *name, kActivations),
+                            attributes.getFloat(kThresholdField).value_or(0.0f)};
+  if (!std::isfinite(activation.threshold) || activation.threshold < 0.0f) {
+    throw PluginError("attribute 'activation_threshold': expected a finite value >= 0, found " +
+                      formatFloat(activation.threshold));
+  }
+  if (activation.value != EDGE_ACT_FATRELU && activation.threshold != 0.0f) {
+    throw PluginError("attribute 'activation_threshold': expected 0 for activation '" + activation.name +
+                      "' (only fatrelu has a threshold), found " + formatFloat(activation.threshold));
+  }
+  return activation;
+}
+
+void GateActivation::addFieldNames(std::vector<nvinfer1::PluginField>& fields) {
+  fields.emplace_back(kField, nullptr, nvinfer1::PluginFieldType::kCHAR, 0);
+  fields.emplace_back(kThresholdField, nullptr, nvinfer1::PluginFieldType::kFLOAT32, 1);
+}
+
+void GateActivation::addFields(std::vector<nvinfer1::PluginField>& fields) const {
+  fields.push_back(stringField(kField, name));
+  fields.emplace_back(kThresholdField, &threshold, nvinfer1::PluginFieldType::kFLOAT32, 1);
+}
+
+QuantLayout QuantLayout::read(Attributes const& attributes) {
+  std::optional<std::string> const format = attributes.getString(kFormatField);
+  if (!format) throw PluginError("attribute 'weight_format' is required, found none");
+  std::optional<int32_t> const groupSize = attributes.getInt(kGroupSizeField);
+  if (!groupSize) throw PluginError("attribute 'group_size' is required, found none");
+  bool known = false;
+  for (int32_t size : kGroupSizes) known = known || size == *groupSize;
+  if (!known) throw PluginError("attribute 'group_size': expected 32, 64 or 128, found " + std::to_string(*groupSize));
+  return QuantLayout{*format, chooseNamed(kFormatField, *format, kQuantFormats), *groupSize};
+}
+
+void QuantLayout::addFieldNames(std::vector<nvinfer1::PluginField>& fields) {
+  fields.emplace_back(kFormatField, nullptr, nvinfer1::PluginFieldType::kCHAR, 0);
+  fields.emplace_back(kGroupSizeField, nullptr, nvinfer1::PluginFieldType::kINT32, 1);
+}
+
+void QuantLayout::addFields(std::vector<nvinfer1::PluginField>& fields) const {
+  fields.push_back(stringField(kFormatField, formatName));
+  fields.emplace_back(kGroupSizeField, &groupSize, nvinfer1::PluginFieldType::kINT32, 1);
+}
+
+int64_t QuantLayout::valuesPerWord() const { return format == EDGE_Q4 ? 8 : 4; }
+
+void QuantLayout::expectMatrix(char const* matrix, nvinfer1::Dims const& codes, nvinfer1::Dims const& scales,
+                               int64_t rows, int64_t cols) const {
+  std::string const name(matrix);
+  expectRank((name + " codes").c_str(), codes, 2);
+  expectRank((name + " scales").c_str(), scales, 2);
+  if (cols >= 0 && cols % groupSize != 0) {
+    throw PluginError("input '" + name + "' columns: expected a multiple of group_size " + std::to_string(groupSize) +
+                      ", found " + std::to_string(cols));
+  }
+  expectDim(("input '" + name + " codes' rows").c_str(), rows, codes.d[0]);
+  expectDim(("input '" + name + " scales' rows").c_str(), rows, scales.d[0]);
+  int64_t const words = cols < 0 ? -1 : cols / valuesPerWord();
+  expectDim(("input '" + name + " codes' INT32 words per row (" + formatName + ": columns / " +
+             std::to_string(valuesPerWord()) + ")")
+                .c_str(),
+            words, codes.d[1]);
+  expectDim(("input '" + name + " scales' per row (columns / group_size)").c_str(), cols < 0 ? -1 : cols / groupSize,
+            scales.d[1]);
 }
 
 }  // namespace edge_sdk::trt

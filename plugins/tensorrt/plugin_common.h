@@ -1,7 +1,8 @@
-// What the three edge-sdk TensorRT plugins share: their names, version and namespace (the one place they are
-// written), error reporting through TensorRT's logger, reading attributes from a PluginFieldCollection, and
-// the IPluginV3 / IPluginCreatorV3One boilerplate. The plugins only validate, compute shapes and types, and
-// call the launchers of plugins/kernels/edge_cuda_kernels.h.
+// What the edge-sdk TensorRT plugins share: their names, version and namespace (the one place they are written),
+// error reporting through TensorRT's logger, reading and validating attributes from a PluginFieldCollection (the
+// gate activation and the quantized weight layout, which several plugins take), and the IPluginV3 /
+// IPluginCreatorV3One boilerplate. The plugins only validate, compute shapes and types, and call the launchers of
+// plugins/kernels/edge_cuda_kernels.h.
 #ifndef EDGE_SDK_TRT_PLUGIN_COMMON_H
 #define EDGE_SDK_TRT_PLUGIN_COMMON_H
 
@@ -16,12 +17,14 @@
 
 namespace edge_sdk::trt {
 
-// The ONNX nodes' op types and plugin attributes (edge_sdk/export/ops.py: PLUGIN_VERSION, PLUGIN_NAMESPACE).
+// The ONNX nodes' op types and plugin attributes (edge_sdk/bundle/graph_ops.py: PLUGIN_VERSION, PLUGIN_NAMESPACE).
 inline constexpr char kPluginVersion[] = "1";
 inline constexpr char kPluginNamespace[] = "edge_sdk";
 inline constexpr char kSvdPredictorName[] = "SvdPredictor";
 inline constexpr char kSignBitPredictorName[] = "SignBitPredictor";
 inline constexpr char kSparseFfnName[] = "SparseFFN";
+inline constexpr char kQuantizedSparseFfnName[] = "QuantizedSparseFFN";
+inline constexpr char kQuantizedMatMulName[] = "QuantizedMatMul";
 
 // An invalid attribute, shape or type; the message names the item, the expected and the found value (logError
 // prefixes the op).
@@ -57,11 +60,49 @@ class Attributes {
  public:
   Attributes(nvinfer1::PluginFieldCollection const* fields, std::vector<std::string> const& known);
   std::optional<float> getFloat(char const* name) const;
+  std::optional<int32_t> getInt(char const* name) const;
   std::optional<std::string> getString(char const* name) const;
 
  private:
   nvinfer1::PluginField const* find(char const* name) const;
   nvinfer1::PluginFieldCollection const* mFields;
+};
+
+// The gate activation of the FFN plugins: attributes `activation` (relu, fatrelu, drelu, silu; required) and
+// `activation_threshold` (fatrelu's t: finite, >= 0, and 0 for the other activations; default 0).
+struct GateActivation {
+  static constexpr char kField[] = "activation";
+  static constexpr char kThresholdField[] = "activation_threshold";
+  std::string name;
+  int value;  // enum edge_activation
+  float threshold;
+
+  // Reads and validates the two attributes; throws PluginError.
+  static GateActivation read(Attributes const& attributes);
+  static void addFieldNames(std::vector<nvinfer1::PluginField>& fields);
+  // The two fields pointing into this object, the string counting its NUL as the ONNX parser's do.
+  void addFields(std::vector<nvinfer1::PluginField>& fields) const;
+};
+
+// How a quantized matrix is stored (plugins/kernels/cpu/QUANT.md): attributes `weight_format` ("int8" or "int4",
+// required) and `group_size` (32, 64 or 128, required). The codes cross TensorRT as INT32 words holding the bundle's
+// bytes: 4 int8 codes or 8 int4 nibbles per word.
+struct QuantLayout {
+  static constexpr char kFormatField[] = "weight_format";
+  static constexpr char kGroupSizeField[] = "group_size";
+  std::string formatName;
+  int format;  // enum edge_quant_format
+  int32_t groupSize;
+
+  static QuantLayout read(Attributes const& attributes);
+  static void addFieldNames(std::vector<nvinfer1::PluginField>& fields);
+  void addFields(std::vector<nvinfer1::PluginField>& fields) const;
+  int64_t valuesPerWord() const;
+  // Build-time checks of one matrix [rows, cols] given as codes [rows, cols / valuesPerWord()] INT32 and scales
+  // [rows, cols / groupSize]: ranks, rows against `rows`, widths against cols (each skipped where a value is -1), and
+  // cols a multiple of groupSize. `matrix` names it in messages (e.g. "w_gate").
+  void expectMatrix(char const* matrix, nvinfer1::Dims const& codes, nvinfer1::Dims const& scales, int64_t rows,
+                    int64_t cols) const;
 };
 
 // IPluginV3 with its three capabilities in one object. Derived provides kName, a copy constructor (clone and

@@ -1,6 +1,5 @@
 #include "sparse_ffn_plugin.h"
 
-#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -8,16 +7,6 @@
 
 namespace edge_sdk::trt {
 namespace {
-
-constexpr char kActivationField[] = "activation";
-constexpr char kActivationThresholdField[] = "activation_threshold";
-
-struct ActivationKind {
-  char const* name;
-  int value;  // enum edge_activation
-};
-constexpr ActivationKind kActivations[] = {
-    {"relu", EDGE_ACT_RELU}, {"fatrelu", EDGE_ACT_FATRELU}, {"drelu", EDGE_ACT_DRELU}, {"silu", EDGE_ACT_SILU}};
 
 enum Input { kX = 0, kWGate, kWUp, kWDownT, kMask, kThresholds };
 constexpr int32_t kRequiredInputs = 5;
@@ -33,33 +22,13 @@ void expectInputCount(int32_t nbInputs) {
 }  // namespace
 
 std::vector<nvinfer1::PluginField> SparseFfnPlugin::fieldNames() {
-  return {nvinfer1::PluginField(kActivationField, nullptr, nvinfer1::PluginFieldType::kCHAR, 0),
-          nvinfer1::PluginField(kActivationThresholdField, nullptr, nvinfer1::PluginFieldType::kFLOAT32, 1)};
+  std::vector<nvinfer1::PluginField> fields;
+  GateActivation::addFieldNames(fields);
+  return fields;
 }
 
-SparseFfnPlugin::SparseFfnPlugin(nvinfer1::PluginFieldCollection const* fields) {
-  Attributes const attributes(fields, {kActivationField, kActivationThresholdField});
-  std::optional<std::string> const activation = attributes.getString(kActivationField);
-  if (!activation) throw PluginError("attribute 'activation' is required, found none");
-  std::string expected;
-  mActivation = -1;
-  for (ActivationKind const& kind : kActivations) {
-    expected += std::string(expected.empty() ? "" : ", ") + kind.name;
-    if (*activation == kind.name) mActivation = kind.value;
-  }
-  if (mActivation < 0) {
-    throw PluginError("attribute 'activation': expected one of " + expected + ", found '" + *activation + "'");
-  }
-  mActivationName = *activation;
-  mActivationThreshold = attributes.getFloat(kActivationThresholdField).value_or(0.0f);
-  if (!std::isfinite(mActivationThreshold) || mActivationThreshold < 0.0f) {
-    throw PluginError("attribute 'activation_threshold': expected a finite value >= 0, found " +
-                      formatFloat(mActivationThreshold));
-  }
-  if (mActivation != EDGE_ACT_FATRELU && mActivationThreshold != 0.0f) {
-    throw PluginError("attribute 'activation_threshold': expected 0 for activation '" + mActivationName +
-                      "' (only fatrelu has a threshold), found " + formatFloat(mActivationThreshold));
-  }
+SparseFfnPlugin::SparseFfnPlugin(nvinfer1::PluginFieldCollection const* fields)
+    : mActivation(GateActivation::read(Attributes(fields, {GateActivation::kField, GateActivation::kThresholdField}))) {
 }
 
 int32_t SparseFfnPlugin::getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
@@ -162,7 +131,7 @@ int32_t SparseFfnPlugin::enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nv
     cudaError_t const status = edge_sparse_ffn(
         stream, inputs[kX], cudaDtype(inputDesc[kX].type), tokens, d, n_neurons, inputs[kWGate], inputs[kWUp],
         inputs[kWDownT], cudaDtype(inputDesc[kWGate].type), static_cast<int32_t const*>(inputs[kMask]), thresholds,
-        mActivation, mActivationThreshold, static_cast<float*>(outputs[0]), workspace, nullptr);
+        mActivation.value, mActivation.threshold, static_cast<float*>(outputs[0]), workspace, nullptr);
     if (status != cudaSuccess) throw PluginError(std::string("edge_sparse_ffn: ") + cudaGetErrorString(status));
   });
 }
@@ -171,10 +140,8 @@ nvinfer1::PluginFieldCollection const* SparseFfnPlugin::getFieldsToSerialize() n
   // The fields point into this object, so they are rebuilt here rather than copied with it. The string field
   // counts its NUL, as the ONNX parser's do.
   bool const built = reportFailure([&] {
-    mSerialized = {nvinfer1::PluginField(kActivationField, mActivationName.c_str(), nvinfer1::PluginFieldType::kCHAR,
-                                         static_cast<int32_t>(mActivationName.size() + 1)),
-                   nvinfer1::PluginField(kActivationThresholdField, &mActivationThreshold,
-                                         nvinfer1::PluginFieldType::kFLOAT32, 1)};
+    mSerialized.clear();
+    mActivation.addFields(mSerialized);
   }) == 0;
   mSerializedCollection.nbFields = built ? static_cast<int32_t>(mSerialized.size()) : 0;
   mSerializedCollection.fields = mSerialized.data();

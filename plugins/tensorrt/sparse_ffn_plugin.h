@@ -4,7 +4,6 @@
 #ifndef EDGE_SDK_TRT_SPARSE_FFN_PLUGIN_H
 #define EDGE_SDK_TRT_SPARSE_FFN_PLUGIN_H
 
-#include <string>
 #include <vector>
 
 #include "plugin_common.h"
@@ -38,9 +37,7 @@ class SparseFfnPlugin : public PluginBase<SparseFfnPlugin> {
   nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
 
  private:
-  std::string mActivationName;
-  int mActivation;
-  float mActivationThreshold;
+  GateActivation mActivation;
   int32_t mNbInputs = 0;  // 5, or 6 with thresholds; known from configurePlugin / onShapeChange
   std::vector<nvinfer1::PluginField> mSerialized;
   nvinfer1::PluginFieldCollection mSerializedCollection{};

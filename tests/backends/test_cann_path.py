@@ -8,13 +8,14 @@ import importlib
 import importlib.util
 import sys
 import types
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 from edge_sdk.backends import cann
 from edge_sdk.backends.cann.engine import load_gather_engine
-from edge_sdk.backends.cann.gather_ffn import DeviceSignBit, GatherSparseFFN, signbit_max_negatives
+from edge_sdk.backends.cann.gather_ffn import GatherSparseFFN
 
 from edge_sdk.bench.gather import COLUMNS, bench_gather_ffn, format_table
 from edge_sdk.export.exporter import ExportSettings, export_bundle
@@ -24,8 +25,8 @@ from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions, get_backend, select_backend
 from edge_sdk.sparsity.bundle_model import load_reference_decoder
 from edge_sdk.sparsity.ffn import sparse_ffn
-from edge_sdk.sparsity.pipeline import CalibrationSettings
-from edge_sdk.sparsity.signbit import pack_sign_bits, signbit_mask
+from edge_sdk.sparsity.settings import CalibrationSettings
+from edge_sdk.sparsity.signbit import DeviceSignBit, pack_sign_bits, signbit_mask, signbit_max_negatives
 from edge_sdk.sparsity.sparse_model import LayerPredictor, SparseFeedForward
 
 D_MODEL, N_NEURONS, RANK = 72, 256, 8  # d not a multiple of 32: the sign-bit words carry padding
@@ -150,7 +151,7 @@ def test_each_predictor_kind_matches_sparse_feed_forward(kind, mode):
     prompt = tokens[None, :5]  # [1, 5, d]
     torch.testing.assert_close(gather(prompt), reference(prompt))  # dense prefill (core picks its neurons)
     if kind == "core":
-        assert torch.equal(gather.core_mask, reference.core_mask) and 0 < int(reference.core_mask.sum()) <= 52
+        assert torch.equal(gather.prefill_mask, reference.prefill_mask) and 0 < int(reference.prefill_mask.sum()) <= 52
     gather.phase = reference.phase = "decode"
     for x in tokens[5:]:
         x = x.clone()
@@ -202,7 +203,7 @@ def bundles(tiny_model_dir, tmp_path_factory):
     calibration = CalibrationSettings(rank=16, max_tokens=1024, levels=(0.5, 0.8), sparsity=0.5)
     made = {}
     for kind, dtype in (("svd", "fp32"), ("signbit", "fp32"), ("core", "fp16"), ("threshold", "fp32")):
-        settings = ExportSettings(predictor=kind, dtype=dtype, max_seq_len=128, calibration=calibration)
+        settings = ExportSettings(dtype=dtype, max_seq_len=128, calibration=replace(calibration, predictor=kind))
         made[kind] = export_bundle(tiny_model_dir, root / kind, settings, [tiny_model_dir / "calibration.txt"])
     return made
 
@@ -233,7 +234,7 @@ def reference_tokens(bundles, prompt_ids):
         )
         native = None
         if cpu.probe()[0]:
-            engine = cpu.load(bundle, EngineOptions())
+            engine = cpu.load(bundle, EngineOptions.of(bundle))
             native = greedy(engine.prefill, engine.decode, prompt_ids)
         tokens[kind] = (reference, native)
     return tokens
@@ -242,7 +243,9 @@ def reference_tokens(bundles, prompt_ids):
 @pytest.mark.parametrize("mode", ["dynamic", "static"])
 @pytest.mark.parametrize("kind", ["svd", "signbit", "core", "threshold"])
 def test_engine_greedy_tokens_equal_reference_and_cpu_backend(bundles, prompt_ids, reference_tokens, kind, mode):
-    engine = load_gather_engine(bundles[kind], EngineOptions(), device="cpu", dtype=torch.float32, mode=mode)
+    engine = load_gather_engine(
+        bundles[kind], EngineOptions.of(bundles[kind]), device="cpu", dtype=torch.float32, mode=mode
+    )
     if mode == "static":  # the calibrated capacities, which must really cut
         capacities = [ffn.static_capacity() for ffn in engine.model.ffns]
         assert all(0 < capacity < bundles[kind].config.intermediate_size for capacity in capacities), capacities
@@ -256,8 +259,8 @@ def test_engine_greedy_tokens_equal_reference_and_cpu_backend(bundles, prompt_id
 
 def test_engine_levels_dense_and_reset(bundles, prompt_ids):
     bundle = bundles["svd"]
-    sparse = load_gather_engine(bundle, EngineOptions(sparsity=0.8))
-    dense = load_gather_engine(bundle, EngineOptions(dense=True))
+    sparse = load_gather_engine(bundle, EngineOptions.of(bundle, sparsity=0.8))
+    dense = load_gather_engine(bundle, EngineOptions.of(bundle, dense=True))
     assert [ffn.level_index for ffn in sparse.model.ffns] == [1] * bundle.config.num_layers
     first = sparse.prefill(prompt_ids), sparse.decode(prompt_ids[-1])
     sparse.reset()
@@ -332,7 +335,7 @@ def test_cann_load_casts_an_fp32_bundle_with_a_notice(bundles, prompt_ids, monke
     monkeypatch.setattr(backend, "probe", lambda: (True, "pretend NPU"))
     monkeypatch.setenv(cann.MODE_ENV, "static")
     with pytest.warns(UserWarning, match="casting fp32 bundle to fp16 for the Ascend cube unit"):
-        engine = backend.load(bundles["svd"], EngineOptions())
+        engine = backend.load(bundles["svd"], EngineOptions.of(bundles["svd"]))
     assert all(ffn.mode == "static" and ffn.w_gate.dtype == torch.float16 for ffn in engine.model.ffns)
     assert engine.model.decoder.dtype == torch.float16
     logits = engine.prefill(prompt_ids)
@@ -340,7 +343,7 @@ def test_cann_load_casts_an_fp32_bundle_with_a_notice(bundles, prompt_ids, monke
     assert np.isfinite(logits).all() and logits.argmax() == reference.argmax()
     monkeypatch.setenv(cann.MODE_ENV, "graph")
     with pytest.raises(Exception, match=r"\$EDGE_SDK_CANN_MODE: expected one of dynamic, static, found 'graph'"):
-        backend.load(bundles["svd"], EngineOptions())
+        backend.load(bundles["svd"], EngineOptions.of(bundles["svd"]))
 
 
 # ---- on a real Ascend NPU ----
@@ -370,7 +373,7 @@ def test_npu_engine_follows_the_reference(bundles, prompt_ids, reference_tokens,
     available, reason = cann.BACKEND.probe()
     if not available:
         pytest.skip(reason)
-    engine = cann.BACKEND.load(bundles["core"], EngineOptions())  # an fp16 bundle: no cast
+    engine = cann.BACKEND.load(bundles["core"], EngineOptions.of(bundles["core"]))  # an fp16 bundle: no cast
     tokens = greedy(engine.prefill, engine.decode, prompt_ids)
     reference, _ = reference_tokens["core"]
     # fp16 attention and matmuls may drift from the fp32 reference late in a greedy run; the start must agree

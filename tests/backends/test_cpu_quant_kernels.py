@@ -29,7 +29,7 @@ from edge_sdk.backends.cpu.kernels import ACTIVATIONS_ENV, QuantizedWeight, Spar
 # Kernel bound, declared in ops.ERROR_BOUNDS (the same for int8 and int4, SparseFFN and MatVec): max |y - y_ref| <=
 # KERNEL_RTOL * max |y_ref|, y_ref on the dequantized weights and on the x the kernel computes with
 # (quantized_activations(x) for the integer dot products): the same real numbers in another fp32 order.
-KERNEL_RTOL = error_bound("SparseFFN", "int8")
+KERNEL_RTOL = error_bound("QuantizedSparseFFN", "int8")
 # Activation bound (QUANT.md): each value of x enters the integer dot products within ACTIVATION_STEP times its
 # block's scale (max |x| / 127 over its 32 values; 1/512 but where the low code clamps), plus float32 rounding of the
 # value itself. A dot product's bound follows: sum over j of |w_j| * ACTIVATION_STEP * scale of x_j's block.

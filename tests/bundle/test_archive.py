@@ -15,12 +15,17 @@ from edge_sdk.bundle import Bundle, BundleError
 from edge_sdk.bundle.archive import ArchiveError, pack_bundle, unpack_bundle
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.export.exporter import ExportSettings, export_bundle
+from edge_sdk.sparsity.settings import CalibrationSettings
 
 
 @pytest.fixture(scope="module")
 def bundle_dir(tiny_model_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("archive") / "bundle"
-    export_bundle(tiny_model_dir, out, ExportSettings(predictor="none", dtype="fp16", max_seq_len=32))
+    export_bundle(
+        tiny_model_dir,
+        out,
+        ExportSettings(dtype="fp16", max_seq_len=32, calibration=CalibrationSettings(predictor="none")),
+    )
     return out
 
 

@@ -1,13 +1,19 @@
-"""The C runtime's predictor kind table is the registry's: jetson/src/predictor_kinds.{h,c} are exactly what
-edge_sdk.predictors.c_table generates, and the C reader derives the same expected predictor tensors as Python."""
+"""The predictor registry: the C runtime's kind table is the registry's (jetson/src/predictor_kinds.{h,c} are exactly
+what edge_sdk.predictors.c_table generates), each kind's description agrees with its behaviour, the descriptions load
+without torch, and the modules that run predictors ask the kind instead of naming one."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
-from edge_sdk.predictors import KINDS, c_table
+import pytest
 
-JETSON_SRC = Path(__file__).resolve().parents[2] / "jetson" / "src"
+from edge_sdk.predictors import KINDS, PredictorKind, c_table
+
+REPO = Path(__file__).resolve().parents[2]
+JETSON_SRC = REPO / "jetson" / "src"
 
 
 def test_the_committed_c_table_is_the_generated_one():
@@ -34,3 +40,44 @@ def test_no_hand_written_kind_list_is_left_in_the_c_reader():
     for name in ("config.c", "layout.c", "config.h"):
         text = (JETSON_SRC / name).read_text()
         assert '"signbit"' not in text and '"threshold", "none"' not in text, name
+
+
+def test_the_registry_and_the_calibration_settings_import_no_torch():
+    """The device runtime reads the kinds' descriptions: a kind's behaviour imports torch / onnx only when it runs."""
+    code = (
+        "import sys, edge_sdk.predictors, edge_sdk.sparsity.settings, edge_sdk.cli; "
+        "print(sorted(name for name in ('torch', 'onnx', 'onnxruntime') if name in sys.modules))"
+    )
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert found == "[]"
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_each_kind_describes_what_its_behaviour_does(name):
+    kind = KINDS[name]
+    behaviour = {method for method, member in vars(PredictorKind).items() if callable(member)}
+    overrides = {method for method in behaviour if getattr(type(kind), method) is not getattr(PredictorKind, method)}
+    assert kind.calibrated == ("fit" in overrides) == any(tensor.name == "capacity" for tensor in kind.tensors)
+    assert kind.has_levels == any("levels" in tensor.shape for tensor in kind.tensors)
+    assert kind.fixed_at_prefill == ("prefill_mask" in overrides)
+    # a kind predicting before the gate gives every engine its mask: the reference's, the C kernels', the device's
+    predicts_first = {"decode_mask", "native_masker", "device_scorer", "emit_step_mask"}
+    assert (not kind.gate_first) == (predicts_first <= overrides)
+
+
+def test_no_module_that_runs_a_predictor_names_a_kind():
+    """The engines, the graph builder, the exporter and the calibration loop ask the kind; none branches on its name."""
+    modules = (
+        "edge_sdk/sparsity/sparse_model.py",
+        "edge_sdk/sparsity/pipeline.py",
+        "edge_sdk/sparsity/levels.py",
+        "edge_sdk/export/graph.py",
+        "edge_sdk/export/exporter.py",
+        "edge_sdk/export/ort_session.py",
+        "backends/cpu/torch_engine.py",
+        "backends/cann/gather_ffn.py",
+    )
+    for module in modules:
+        text = (REPO / module).read_text()
+        named = [name for name in KINDS if f'"{name}"' in text or f"'{name}'" in text]
+        assert not named, f"{module} names the predictor kinds {named}"

@@ -31,7 +31,7 @@ from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions, get_backend
 from edge_sdk.sparsity.bundle_model import TorchEngine, bundle_tensor, load_reference_decoder
 from edge_sdk.sparsity.metrics import layer_metrics
-from edge_sdk.sparsity.pipeline import CalibrationSettings
+from edge_sdk.sparsity.settings import CalibrationSettings
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # Small windows keep every evaluation to a few hundred decode steps; one thread avoids oversubscribing a
@@ -55,7 +55,7 @@ def held_out(tiny_model_dir):
 @pytest.fixture(scope="module")
 def svd_bundle(tiny_model_dir, tmp_path_factory):
     calibration = CalibrationSettings(rank=16, max_tokens=2048, sparsity=0.5, levels=(0.3, 0.9))
-    settings = ExportSettings(predictor="svd", dtype="fp32", max_seq_len=128, calibration=calibration)
+    settings = ExportSettings(dtype="fp32", max_seq_len=128, calibration=calibration)
     out = tmp_path_factory.mktemp("eval") / "svd"
     return export_bundle(tiny_model_dir, out, settings, [tiny_model_dir / "calibration.txt"])
 
@@ -106,7 +106,9 @@ def test_more_sparsity_costs_more_perplexity(svd_bundle, held_out, tmp_path):
 def test_top1_agreement(svd_bundle, held_out):
     windows = held_out_windows(Tokenizer.from_bundle(svd_bundle), read_texts([held_out]), 64, 64, 8)
     runs = [
-        teacher_forced(get_backend("cpu").load(svd_bundle, EngineOptions(dense=True, threads=1)), windows, 8)
+        teacher_forced(
+            get_backend("cpu").load(svd_bundle, EngineOptions.of(svd_bundle, dense=True, threads=1)), windows, 8
+        )
         for _ in range(2)
     ]
     assert top1_agreement(runs[0], runs[1]) == 1.0
@@ -172,8 +174,8 @@ def test_layer_statistics_equal_direct_computation(svd_bundle, held_out):
 def test_threshold_statistics_count_only_neurons_above_their_threshold(tiny_model_dir, held_out, tmp_path):
     """CHESS computes the gate densely and keeps |act(g)| > t: its predicted set lies inside the truly active
     one, so predicted and realized sparsity coincide and exceed the true sparsity at a level above it."""
-    calibration = CalibrationSettings(max_tokens=1024, levels=(0.95,))
-    settings = ExportSettings(predictor="threshold", dtype="fp32", max_seq_len=128, calibration=calibration)
+    calibration = CalibrationSettings(predictor="threshold", max_tokens=1024, levels=(0.95,))
+    settings = ExportSettings(dtype="fp32", max_seq_len=128, calibration=calibration)
     bundle = export_bundle(tiny_model_dir, tmp_path / "threshold", settings, [tiny_model_dir / "calibration.txt"])
     result = evaluate_bundle(bundle.path, [held_out], backend="cpu", sparsity=0.95, **WINDOW)
     for layer in result["layers"]:

@@ -24,7 +24,7 @@ from edge_sdk.model.activation import SUPPORTED_ACTIVATIONS, Activation
 from edge_sdk.sparsity.ffn import sparse_ffn
 from edge_sdk.sparsity.signbit import pack_sign_bits, signbit_mask
 
-OPS_MD = Path(ops.__file__).with_name("OPS.md")
+OPS_MD = Path(ops.__file__).parent.with_name("OPS.md")
 FFN_TOLERANCE = ops.error_bound("SparseFFN", "float16")  # max |y - y_ref| relative to max |y_ref|
 
 _ONNX_TYPES = {
@@ -156,19 +156,25 @@ def test_predictor_feeds_sparse_ffn() -> None:
 # ------------------------------------------------------------------------------- schemas, nodes and functions
 
 
-def test_reference_functions_implement_the_schemas() -> None:
-    functions = {f.name: f for f in ops.reference_functions()}
-    assert list(functions) == list(ops.SCHEMAS)
-    for name, schema in ops.SCHEMAS.items():
-        function = functions[name]
+@pytest.mark.parametrize("opset", [ops.STANDARD_OPSET_VERSION, ops.QUANTIZED_OPSET_VERSION])
+def test_reference_functions_implement_the_schemas(opset: int) -> None:
+    """Float bundles' graphs (opset 19) carry the float ops' functions; int8 / int4 bundles' (opset 21, DequantizeLinear
+    with block_size) every op's, each importing the model's opset."""
+    functions = {f.name: f for f in ops.reference_functions(opset)}
+    quantized = opset == ops.QUANTIZED_OPSET_VERSION
+    assert list(functions) == [op for op in ops.SCHEMAS if quantized or op not in ops.QUANTIZED_OPS]
+    for name, function in functions.items():
+        schema = ops.SCHEMAS[name]
         assert function.domain == ops.DOMAIN
         assert list(function.input) == [spec.name for spec in schema.inputs]
         assert list(function.output) == [spec.name for spec in schema.outputs]
         declared = list(function.attribute) + [a.name for a in function.attribute_proto]
         assert sorted(declared) == sorted(spec.name for spec in schema.attributes)
-        assert [(o.domain, o.version) for o in function.opset_import] == [("", ops.STANDARD_OPSET_VERSION)]
-    imports = [(o.domain, o.version) for o in ops.function_opset_imports()]
-    assert imports == [(ops.DOMAIN, ops.OPSET_VERSION), ("", ops.STANDARD_OPSET_VERSION)]
+        assert [(o.domain, o.version) for o in function.opset_import] == [("", opset)]
+    imports = [(o.domain, o.version) for o in ops.function_opset_imports(opset)]
+    assert imports == [(ops.DOMAIN, ops.OPSET_VERSION), ("", opset)]
+    with pytest.raises(ValueError, match="opset: expected 19 or 21, found 20"):
+        ops.reference_functions(20)
 
 
 def test_ops_module_stays_free_of_torch() -> None:
@@ -205,7 +211,13 @@ def test_make_node_rounds_alpha_up_to_float32() -> None:
 @pytest.mark.parametrize(
     ("op_type", "inputs", "attributes", "message"),
     [
-        ("Softmax", ["x"], {}, "op_type: expected one of SvdPredictor, SignBitPredictor, SparseFFN, found 'Softmax'"),
+        (
+            "Softmax",
+            ["x"],
+            {},
+            "op_type: expected one of SvdPredictor, SignBitPredictor, SparseFFN, QuantizedSparseFFN, QuantizedMatMul, "
+            "found 'Softmax'",
+        ),
         ("SignBitPredictor", ["x", "p"], {}, "'alpha' is required, found none"),
         ("SignBitPredictor", ["x", "p"], {"alpha": 0.0}, "'alpha': expected a value > 0.0, found 0.0"),
         ("SignBitPredictor", ["x", "p"], {"alpha": -1.5}, "'alpha': expected a value > 0.0, found -1.5"),
@@ -252,6 +264,44 @@ def test_make_node_rounds_alpha_up_to_float32() -> None:
             "optional input 'thresholds': expected it left off the end of the inputs, found the empty name",
         ),
         ("SvdPredictor", ["x", "a", "b", "bias", "extra"], {}, "expected 4 to 4 inputs"),
+        ("QuantizedMatMul", ["x", "w", "s"], {"group_size": 32}, "'weight_format' is required, found none"),
+        ("QuantizedMatMul", ["x", "w", "s"], {"weight_format": "int4"}, "'group_size' is required, found none"),
+        (
+            "QuantizedMatMul",
+            ["x", "w", "s"],
+            {"weight_format": "int2", "group_size": 32},
+            "'weight_format': expected one of 'int8', 'int4', found 'int2'",
+        ),
+        (
+            "QuantizedMatMul",
+            ["x", "w", "s"],
+            {"weight_format": "int8", "group_size": 48},
+            "'group_size': expected one of 32, 64, 128, found 48",
+        ),
+        (
+            "QuantizedMatMul",
+            ["x", "w", "s"],
+            {"weight_format": "int8", "group_size": 32.0},
+            "'group_size': expected type int, found float",
+        ),
+        (
+            "QuantizedMatMul",
+            ["x", "w", "s"],
+            {"weight_format": "int8", "group_size": 32, "transposed": 2},
+            "'transposed': expected one of 0, 1, found 2",
+        ),
+        (
+            "QuantizedSparseFFN",
+            ["x", "g", "gs", "u", "us", "d", "ds", "m"],
+            {"activation": "silu", "activation_threshold": 0.5, "weight_format": "int4", "group_size": 32},
+            "'activation_threshold': expected 0.0 for activation 'silu' (only fatrelu has a threshold), found 0.5",
+        ),
+        (
+            "QuantizedSparseFFN",
+            ["x", "g", "u", "d", "m"],
+            {"activation": "relu", "weight_format": "int4", "group_size": 32},
+            "expected 8 to 9 inputs",
+        ),
     ],
 )
 def test_make_node_rejects_bad_nodes(op_type: str, inputs: list[str], attributes: dict, message: str) -> None:
@@ -305,7 +355,7 @@ def test_removing_the_reference_functions_keeps_nodes_and_other_functions() -> N
     stripped = onnx.load_from_string(without_functions(model.SerializeToString(), ops.DOMAIN, set(OP_TYPES)))
     assert [(f.domain, f.name) for f in stripped.functions] == [("com.example", "SparseFFN")]
     assert set(ops.SCHEMAS) == set(OP_TYPES)  # the runtimes' list of our ops is the schemas' list
-    assert len(model.functions) == len(ops.SCHEMAS) + 1  # the input is left as it was
+    assert len(model.functions) == len(ops.reference_functions()) + 1  # the input is left as it was
     assert list(stripped.graph.node) == [node]
     assert [(o.domain, o.version) for o in stripped.opset_import] == [(o.domain, o.version) for o in model.opset_import]
     with pytest.raises(Fail, match=r"edge_sdk:SignBitPredictor.* is not a registered function/op"):

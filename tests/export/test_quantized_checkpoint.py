@@ -29,7 +29,8 @@ from edge_sdk.model.checkpoint import open_checkpoint
 from edge_sdk.model.loader import load_decoder
 from edge_sdk.sparsity.bundle_model import configure, load_reference_decoder
 from edge_sdk.sparsity.collect import calibration_chunks, read_calibration_texts
-from edge_sdk.sparsity.pipeline import CalibrationSettings, fitting_chunks
+from edge_sdk.sparsity.pipeline import fitting_chunks
+from edge_sdk.sparsity.settings import CalibrationSettings
 from edge_sdk.sparsity.validation import VALIDATION_PROMPT_TOKENS
 
 

@@ -20,9 +20,18 @@ from edge_sdk.native import find_library
 CUDA_KERNELS_LIBRARY = "libedge_cuda_kernels.so"
 CUDA_KERNELS_ENV = "EDGE_SDK_CUDA_KERNELS"
 # Every symbol the library exports (edge_cuda_kernels.h), and nothing else.
-LAUNCHERS = ("edge_svd_predictor", "edge_signbit_predictor", "edge_sparse_ffn_workspace_size", "edge_sparse_ffn")
-# enum edge_cuda_dtype and enum edge_activation.
+LAUNCHERS = (
+    "edge_svd_predictor",
+    "edge_signbit_predictor",
+    "edge_sparse_ffn_workspace_size",
+    "edge_sparse_ffn",
+    "edge_sparse_ffn_q",
+    "edge_matvec_q",
+    "edge_matvec_q_t",
+)
+# enum edge_cuda_dtype, enum edge_quant_format and enum edge_activation.
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+QUANT_FORMATS = {"int8": 2, "int4": 3}
 ACTIVATIONS = {"relu": 0, "fatrelu": 1, "drelu": 2, "silu": 3}
 CUDA_SUCCESS = 0
 CUDA_ERROR_INVALID_VALUE = 1
@@ -79,6 +88,32 @@ def load_kernels() -> ctypes.CDLL:
             _ptr,  # workspace
             _ptr,  # active_out
         ],
+        "edge_sparse_ffn_q": [
+            _ptr,  # stream
+            _ptr,  # x
+            _int,  # x_dtype
+            _int,  # tokens
+            _int,  # d
+            _int,  # D
+            _ptr,  # w_gate (codes)
+            _ptr,  # gate_scales
+            _ptr,  # w_up
+            _ptr,  # up_scales
+            _ptr,  # w_down_t
+            _ptr,  # down_scales
+            _int,  # quant_format
+            _int,  # group_size
+            _ptr,  # mask
+            _ptr,  # thresholds
+            _int,  # activation
+            ctypes.c_float,  # act_threshold
+            _ptr,  # y
+            _ptr,  # workspace
+            _ptr,  # active_out
+        ],
+        # stream, x, x_dtype, tokens, in, out, w, scales, quant_format, group_size, bias, y
+        "edge_matvec_q": [_ptr, _ptr, _int, _int, _int, _int, _ptr, _ptr, _int, _int, _ptr, _ptr],
+        "edge_matvec_q_t": [_ptr, _ptr, _int, _int, _int, _int, _ptr, _ptr, _int, _int, _ptr, _ptr],
         "cudaGetDeviceCount": [ctypes.POINTER(_int)],
         "cudaMalloc": [ctypes.POINTER(_ptr), _size],
         "cudaFree": [_ptr],
@@ -237,6 +272,24 @@ def _address(tensor: DeviceTensor | None) -> int | None:
     return None if tensor is None else tensor.pointer
 
 
+@dataclass
+class DeviceQuantized:
+    """A quantized matrix on the device (edge_sdk.quant.QuantizedMatrix): its codes and fp16 scales."""
+
+    format: str  # int8 | int4
+    group_size: int
+    codes: DeviceTensor  # int8 [rows, cols] or uint8 [rows, cols / 2]
+    scales: DeviceTensor  # float16 [rows, cols / group_size]
+    cols: int
+
+
+def upload_quantized(device: Device, matrix, byte_offset: int = 0) -> DeviceQuantized:
+    """A device copy of an edge_sdk.quant.QuantizedMatrix; byte_offset shifts the codes past the allocation's start."""
+    codes = device.upload(torch.from_numpy(matrix.data), byte_offset=byte_offset)
+    scales = device.upload(torch.from_numpy(matrix.scales))
+    return DeviceQuantized(matrix.format, matrix.group_size, codes, scales, matrix.shape[1])
+
+
 class Kernels:
     """The launchers on DeviceTensors, one call each; shapes are taken from the tensors."""
 
@@ -288,3 +341,41 @@ class Kernels:
         rest = (_address(mask), _address(thresholds), ACTIVATIONS[activation], act_threshold, y.pointer, workspace)
         status = self.cuda.edge_sparse_ffn(self.device.stream, *shapes, *matrices, *rest, _address(active_out))
         check(status, "edge_sparse_ffn")
+
+    def sparse_ffn_q(
+        self,
+        x: DeviceTensor,  # [T, d]
+        weights: tuple[DeviceQuantized, DeviceQuantized, DeviceQuantized],  # w_gate, w_up, w_down_t: [D, d]
+        mask: DeviceTensor | None,  # [T, D] int32, nonzero = predicted active
+        thresholds: DeviceTensor | None,  # [D] fp32
+        activation: str,
+        act_threshold: float,
+        y: DeviceTensor,  # [T, d] fp32
+        workspace: int,  # workspace_size(d, D, T) bytes
+        active_out: DeviceTensor | None = None,  # [T, D] uint8
+    ) -> None:
+        tokens, d = x.shape
+        w_gate = weights[0]
+        shapes = (x.pointer, DTYPES[x.dtype], tokens, d, w_gate.codes.shape[0])
+        matrices = tuple(pointer for w in weights for pointer in (w.codes.pointer, w.scales.pointer))
+        layout = (QUANT_FORMATS[w_gate.format], w_gate.group_size)
+        rest = (_address(mask), _address(thresholds), ACTIVATIONS[activation], act_threshold, y.pointer, workspace)
+        stream = self.device.stream
+        status = self.cuda.edge_sparse_ffn_q(stream, *shapes, *matrices, *layout, *rest, _address(active_out))
+        check(status, "edge_sparse_ffn_q")
+
+    def matvec_q(
+        self,
+        x: DeviceTensor,  # [T, in]
+        w: DeviceQuantized,  # [out, in], or [in, out] when not transposed
+        bias: DeviceTensor | None,  # [out] fp32
+        y: DeviceTensor,  # [T, out] fp32
+        transposed: bool = True,  # y = x W^T (edge_matvec_q); False: y = x W (edge_matvec_q_t)
+    ) -> None:
+        tokens, n_in = x.shape
+        n_out = w.codes.shape[0] if transposed else w.cols
+        arguments = (x.pointer, DTYPES[x.dtype], tokens, n_in, n_out, w.codes.pointer, w.scales.pointer)
+        layout = (QUANT_FORMATS[w.format], w.group_size)
+        launcher = "edge_matvec_q" if transposed else "edge_matvec_q_t"
+        status = getattr(self.cuda, launcher)(self.device.stream, *arguments, *layout, _address(bias), y.pointer)
+        check(status, launcher)

@@ -1,21 +1,25 @@
-"""CUDA kernels (plugins/kernels) against the torch reference: sparsity/ffn.py, svd.py, signbit.py.
+"""CUDA kernels (plugins/kernels) against the torch reference: sparsity/ffn.py, svd.py, signbit.py, and the quantized
+kernels against the same reference on the dequantized rows (edge_sdk/quant.py).
 
 Run on any NVIDIA GPU with the kernel library built (`pip install -e .` with nvcc present); they skip with the
-reason otherwise. Tolerances are those of edge_sdk/export/ops.py's schemas.
+reason otherwise. Tolerances are those of edge_sdk/export/ops/schemas.py.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
 
+from edge_sdk import quant
 from edge_sdk.export.ops import error_bound
 from edge_sdk.model.activation import Activation
 from edge_sdk.sparsity.ffn import sparse_ffn
 from edge_sdk.sparsity.signbit import pack_sign_bits, signbit_mask
 
-from .cuda_harness import Device, Kernels, gpu_unavailable_reason
+from . import cuda_emulation
+from .cuda_harness import Device, Kernels, gpu_unavailable_reason, upload_quantized
 
 UNAVAILABLE = gpu_unavailable_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))]
@@ -244,3 +248,202 @@ def test_signbit_predictor_is_exact(device, d, alpha, x_dtype):
     expected = signbit_mask(packed, x.float(), alpha)
     assert expected.any() and not expected.all()
     assert torch.equal(device.download(mask), expected.to(torch.int32))  # exactly 1 / 0
+
+
+# ------------------------------------------------------------------------------------------ quantized rows
+
+QUANT_RTOL = {fmt: error_bound("QuantizedSparseFFN", fmt) for fmt in quant.FORMATS}
+MATMUL_RTOL = {fmt: error_bound("QuantizedMatMul", fmt) for fmt in quant.FORMATS}
+
+
+def quantized_ffn_case(tokens, d, n_neurons, fmt, group_size, activation, mask_fraction=0.5, seed=0):
+    """x [T, d] fp32, the three matrices quantized (QuantizedMatrix) and as the dequantized fp32 rows they hold, and a
+    mask [T, D], from the first seed whose masked neurons sit DECISION_MARGIN from a boundary on the dequantized
+    rows."""
+    for attempt in range(seed, seed + 100):
+        generator = torch.Generator().manual_seed(attempt)
+        x = torch.randn(tokens, d, generator=generator)
+        fp32 = [torch.randn(n_neurons, d, generator=generator) / d**0.5 for _ in range(3)]
+        matrices = tuple(quant.quantize(w.numpy(), fmt, group_size) for w in fp32)
+        rows = tuple(torch.from_numpy(quant.dequantize(m)) for m in matrices)
+        mask = torch.rand(tokens, n_neurons, generator=generator) < mask_fraction
+        if margins(x, rows[0], activation, mask) > DECISION_MARGIN:
+            return x, matrices, rows, mask
+    raise AssertionError(f"no seed gives clear decisions for d={d}, D={n_neurons}")
+
+
+def run_ffn_q(device, x, matrices, mask, activation, thresholds=None, byte_offset=0, weights=None):
+    """The kernel's (y [T, d], active [T, D] bool); weights: device copies to use instead of uploading."""
+    kernels = Kernels(device)
+    tokens, d = x.shape
+    n_neurons = matrices[0].shape[0]
+    weights = weights or tuple(upload_quantized(device, m, byte_offset) for m in matrices)
+    y = device.empty((tokens, d), torch.float32)
+    active = device.empty((tokens, n_neurons), torch.uint8)
+    workspace = device.allocate(kernels.workspace_size(d, n_neurons, tokens))
+    kernels.sparse_ffn_q(
+        device.upload(x),
+        weights,
+        None if mask is None else device.upload(mask.to(torch.int32)),
+        None if thresholds is None else device.upload(thresholds),
+        activation.kind,
+        activation.threshold,
+        y,
+        workspace,
+        active,
+    )
+    return device.download(y), device.download(active).bool()
+
+
+def assert_quantized_matches_reference(device, x, matrices, rows, mask, activation, **options):
+    y, active = run_ffn_q(device, x, matrices, mask, activation, **options)
+    full = torch.ones(x.shape[0], matrices[0].shape[0], dtype=torch.bool)
+    thresholds = options.get("thresholds")
+    reference = sparse_ffn(x.float(), *rows, full if mask is None else mask, activation, thresholds=thresholds)
+    assert torch.equal(active, reference.active)
+    scale = reference.output.abs().max()
+    assert (y - reference.output).abs().max() <= QUANT_RTOL[matrices[0].format] * max(scale, 1e-30)
+    return y, reference
+
+
+@pytest.mark.parametrize("fmt", quant.FORMATS)
+@pytest.mark.parametrize("group_size", quant.GROUP_SIZES)
+@pytest.mark.parametrize("name", ACTIVATIONS)
+def test_quantized_sparse_ffn_matches_reference(device, fmt, group_size, name):
+    # d: several tiles of the down kernel (512 int8 / 1024 int4 columns) plus a partial one; D: several chunks
+    x, matrices, rows, mask = quantized_ffn_case(3, 1152, 700, fmt, group_size, ACTIVATIONS[name])
+    _, reference = assert_quantized_matches_reference(device, x, matrices, rows, mask, ACTIVATIONS[name])
+    assert reference.active.any() and not reference.active.all()
+
+
+@pytest.mark.parametrize("fmt", quant.FORMATS)
+def test_quantized_sparse_ffn_reads_codes_at_any_4_byte_alignment(device, fmt):
+    """Codes 4 bytes past a 16-byte boundary take the word-load path, with the same result."""
+    x, matrices, rows, mask = quantized_ffn_case(2, 4096, 300, fmt, 32, ACTIVATIONS["drelu"])
+    aligned, _ = assert_quantized_matches_reference(device, x, matrices, rows, mask, ACTIVATIONS["drelu"])
+    drelu = ACTIVATIONS["drelu"]
+    shifted, _ = assert_quantized_matches_reference(device, x, matrices, rows, mask, drelu, byte_offset=4)
+    assert torch.equal(aligned.view(torch.int32), shifted.view(torch.int32))
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_quantized_sparse_ffn_converts_half_precision_x(device, x_dtype):
+    x, matrices, rows, mask = quantized_ffn_case(2, 256, 300, "int4", 64, ACTIVATIONS["relu"])
+    x = x.to(x_dtype)
+    assert margins(x, rows[0], ACTIVATIONS["relu"], mask) > DECISION_MARGIN
+    assert_quantized_matches_reference(device, x, matrices, rows, mask, ACTIVATIONS["relu"])
+
+
+def test_quantized_sparse_ffn_with_chess_thresholds_and_no_mask(device):
+    silu = ACTIVATIONS["silu"]
+    everything = torch.ones(1, 500, dtype=torch.bool)
+    for seed in range(100):
+        x, matrices, rows, _ = quantized_ffn_case(1, 256, 500, "int8", 128, silu, seed=seed)
+        gate = silu.gate(x @ rows[0].T)[0].abs()
+        thresholds = gate.median() * 2 * torch.rand(500, generator=torch.Generator().manual_seed(seed))
+        if margins(x, rows[0], silu, everything, thresholds) > DECISION_MARGIN:
+            break
+    _, reference = assert_quantized_matches_reference(device, x, matrices, rows, None, silu, thresholds=thresholds)
+    assert 0 < reference.active.sum() < 500
+
+
+@pytest.mark.parametrize("fmt", quant.FORMATS)
+def test_quantized_sparse_ffn_is_bit_identical_run_to_run_and_equals_its_emulation(device, fmt):
+    """Repeated runs give the same bits; the host emulation of the kernels (cuda_emulation.cu) computes the same
+    sums in the same order, so it must agree within the op's bound (bits may differ only through expf and fused
+    multiply-adds the device compiler forms)."""
+    x, matrices, _, mask = quantized_ffn_case(2, 4096, 2000, fmt, 32, ACTIVATIONS["relu"])
+    weights = tuple(upload_quantized(device, m) for m in matrices)
+    runs = [run_ffn_q(device, x, matrices, mask, ACTIVATIONS["relu"], weights=weights) for _ in range(5)]
+    for y, active in runs[1:]:
+        assert torch.equal(y.view(torch.int32), runs[0][0].view(torch.int32))
+        assert torch.equal(active, runs[0][1])
+    if cuda_emulation.unavailable_reason() is None:
+        emulated, emulated_active = cuda_emulation.sparse_ffn_q(x.numpy(), matrices, mask.numpy(), None, "relu", 0.0)
+        assert np.array_equal(emulated_active, runs[0][1].numpy())
+        scale = float(np.abs(emulated).max())
+        assert float((runs[0][0] - torch.from_numpy(emulated)).abs().max()) <= QUANT_RTOL[fmt] * scale
+
+
+def test_quantized_sparse_ffn_graph_capture_replays_the_same_result(device):
+    kernels = Kernels(device)
+    x, matrices, _, mask = quantized_ffn_case(1, 1024, 3000, "int4", 32, ACTIVATIONS["relu"], 0.3)
+    direct, _ = run_ffn_q(device, x, matrices, mask, ACTIVATIONS["relu"])
+    weights = tuple(upload_quantized(device, m) for m in matrices)
+    inputs = device.upload(x), weights, device.upload(mask.to(torch.int32))
+    y = device.empty((1, 1024), torch.float32)
+    workspace = device.allocate(kernels.workspace_size(1024, 3000, 1))
+    graph = device.capture(lambda: kernels.sparse_ffn_q(*inputs, None, "relu", 0.0, y, workspace))
+    try:
+        for _ in range(3):
+            device.fill_bytes(y, 0xFF)
+            device.launch_graph(graph)
+            assert torch.equal(device.download(y).view(torch.int32), direct.view(torch.int32))
+    finally:
+        device.destroy_graph(graph)
+
+
+def run_matvec_q(device, x, matrix, bias, byte_offset=0, transposed=True):
+    y = device.empty((x.shape[0], matrix.shape[0] if transposed else matrix.shape[1]), torch.float32)
+    bias_device = None if bias is None else device.upload(bias)
+    weights = upload_quantized(device, matrix, byte_offset)
+    Kernels(device).matvec_q(device.upload(x), weights, bias_device, y, transposed=transposed)
+    return device.download(y)
+
+
+# tokens: one (lane_row_dot), 3 (one warp per row for several tokens), 37 and 100 (tiled GEMM, partial tiles)
+@pytest.mark.parametrize("tokens", [1, 3, 37, 100])
+@pytest.mark.parametrize("fmt", quant.FORMATS)
+@pytest.mark.parametrize("group_size", quant.GROUP_SIZES)
+def test_quantized_matvec_matches_reference(device, tokens, fmt, group_size):
+    generator = torch.Generator().manual_seed(tokens + group_size)
+    n_in, n_out = 1024, 130  # 130 rows: a partial tile of 64 rows and a partial block of 8 warps
+    x = torch.randn(tokens, n_in, generator=generator)
+    matrix = quant.quantize(torch.randn(n_out, n_in, generator=generator).numpy(), fmt, group_size)
+    bias = torch.randn(n_out, generator=generator)
+    expected = x.double() @ torch.from_numpy(quant.dequantize(matrix)).double().T + bias.double()
+    y = run_matvec_q(device, x, matrix, bias)
+    assert (y.double() - expected).abs().max() <= MATMUL_RTOL[fmt] * expected.abs().max()
+    unbiased = run_matvec_q(device, x, matrix, None, byte_offset=4)
+    assert (unbiased.double() + bias.double() - expected).abs().max() <= MATMUL_RTOL[fmt] * expected.abs().max()
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("tokens", [1, 40])
+def test_quantized_matvec_converts_half_precision_x(device, x_dtype, tokens):
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(tokens, 256, generator=generator).to(x_dtype)
+    matrix = quant.quantize(torch.randn(70, 256, generator=generator).numpy(), "int4", 32)
+    expected = x.double() @ torch.from_numpy(quant.dequantize(matrix)).double().T
+    y = run_matvec_q(device, x, matrix, None)
+    assert (y.double() - expected).abs().max() <= MATMUL_RTOL["int4"] * expected.abs().max()
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 37])
+def test_quantized_matvec_equals_its_emulation_and_repeats_bit_for_bit(device, tokens):
+    generator = torch.Generator().manual_seed(11)
+    x = torch.randn(tokens, 512, generator=generator)
+    matrix = quant.quantize(torch.randn(200, 512, generator=generator).numpy(), "int8", 64)
+    first, second = run_matvec_q(device, x, matrix, None), run_matvec_q(device, x, matrix, None)
+    assert torch.equal(first.view(torch.int32), second.view(torch.int32))
+    if cuda_emulation.unavailable_reason() is None:
+        emulated = torch.from_numpy(cuda_emulation.matvec_q(x.numpy(), matrix, None))
+        assert (first - emulated).abs().max() <= MATMUL_RTOL["int8"] * emulated.abs().max()
+
+
+# edge_matvec_q_t over W [in, out] (the neuron-major down projection of a prompt's dense FFN): in (the rows) not a
+# multiple of the 32-row step, out a partial 64-column tile
+@pytest.mark.parametrize("tokens", [1, 37])
+@pytest.mark.parametrize("fmt", quant.FORMATS)
+@pytest.mark.parametrize("group_size", quant.GROUP_SIZES)
+def test_transposed_quantized_matvec_matches_reference(device, tokens, fmt, group_size):
+    generator = torch.Generator().manual_seed(tokens * group_size)
+    n_in, n_out = 700, 640
+    x = torch.randn(tokens, n_in, generator=generator)
+    matrix = quant.quantize(torch.randn(n_in, n_out, generator=generator).numpy(), fmt, group_size)
+    bias = torch.randn(n_out, generator=generator)
+    expected = x.double() @ torch.from_numpy(quant.dequantize(matrix)).double() + bias.double()
+    y = run_matvec_q(device, x, matrix, bias, transposed=False)
+    assert (y.double() - expected).abs().max() <= MATMUL_RTOL[fmt] * expected.abs().max()
+    again = run_matvec_q(device, x, matrix, bias, byte_offset=4, transposed=False)
+    assert torch.equal(y.view(torch.int32), again.view(torch.int32))

@@ -76,6 +76,115 @@ def test_sparse_ffn_rejects_invalid_arguments(field, value):
     assert load_kernels().edge_sparse_ffn(None, *arguments.values()) == CUDA_ERROR_INVALID_VALUE
 
 
+# Arguments of a valid edge_sparse_ffn_q call (after the stream): int4 rows in groups of 32.
+FFN_Q_ARGUMENTS = {
+    "x": UNUSED,
+    "x_dtype": 0,
+    "tokens": 1,
+    "d": 64,
+    "D": 128,
+    "w_gate": UNUSED,
+    "gate_scales": UNUSED,
+    "w_up": UNUSED,
+    "up_scales": UNUSED,
+    "w_down_t": UNUSED,
+    "down_scales": UNUSED,
+    "quant_format": 3,
+    "group_size": 32,
+    "mask": None,
+    "thresholds": None,
+    "activation": 0,
+    "act_threshold": 0.0,
+    "y": UNUSED,
+    "workspace": UNUSED,
+    "active_out": None,
+}
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("x", None),
+        ("w_up", None),
+        ("down_scales", None),
+        ("y", None),
+        ("workspace", None),
+        ("w_gate", UNUSED + 2),  # codes are read in 4-byte words at least
+        ("d", 48),  # not a multiple of the group size
+        ("d", 0),
+        ("D", 0),
+        ("tokens", 65536),
+        ("quant_format", 1),  # EDGE_F16 is no quantized format
+        ("quant_format", 4),
+        ("group_size", 16),
+        ("group_size", 256),
+        ("x_dtype", 3),
+        ("activation", -1),
+        ("act_threshold", math.nan),
+    ],
+)
+def test_sparse_ffn_q_rejects_invalid_arguments(field, value):
+    arguments = FFN_Q_ARGUMENTS | {field: value}
+    assert load_kernels().edge_sparse_ffn_q(None, *arguments.values()) == CUDA_ERROR_INVALID_VALUE
+
+
+# Arguments of a valid edge_matvec_q call (after the stream): int8 rows in groups of 64.
+MATVEC_Q_ARGUMENTS = {
+    "x": UNUSED,
+    "x_dtype": 1,
+    "tokens": 3,
+    "in": 128,
+    "out": 77,
+    "w": UNUSED,
+    "scales": UNUSED,
+    "quant_format": 2,
+    "group_size": 64,
+    "bias": None,
+    "y": UNUSED,
+}
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("x", None),
+        ("w", None),
+        ("w", UNUSED + 1),
+        ("scales", None),
+        ("y", None),
+        ("tokens", 0),
+        ("tokens", 32 * 65535 + 1),  # more token tiles than gridDim.y holds
+        ("in", 96),  # not a multiple of 64
+        ("out", 0),
+        ("x_dtype", -1),
+        ("quant_format", 0),
+        ("group_size", 48),
+    ],
+)
+def test_matvec_q_rejects_invalid_arguments(field, value):
+    arguments = MATVEC_Q_ARGUMENTS | {field: value}
+    assert load_kernels().edge_matvec_q(None, *arguments.values()) == CUDA_ERROR_INVALID_VALUE
+
+
+# edge_matvec_q_t quantizes W [in, out] along its rows: out is the grouped dimension, in may be any size
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("x", None),
+        ("w", UNUSED + 2),
+        ("scales", None),
+        ("tokens", 0),
+        ("in", 0),
+        ("out", 77),  # not a multiple of 64
+        ("quant_format", 5),
+        ("group_size", 0),
+    ],
+)
+def test_matvec_q_t_rejects_invalid_arguments(field, value):
+    arguments = MATVEC_Q_ARGUMENTS | {"in": 77, "out": 128} | {field: value}
+    assert load_kernels().edge_matvec_q_t(None, *arguments.values()) == CUDA_ERROR_INVALID_VALUE
+
+
 @pytest.mark.parametrize(
     "arguments",
     [

@@ -643,6 +643,18 @@ def graph_cases() -> list[Case]:
     def int4_codes_unsigned(model):
         next(t for t in model.graph.initializer if t.data_type == TensorProto.INT4).data_type = TensorProto.UINT4
 
+    def code_words(model) -> TensorProto:
+        """decode.onnx's first quantized codes read as INT32 words (the quantized custom ops' view of them)."""
+        initializers = model.graph.initializer
+        return next(t for t in initializers if t.data_type == TensorProto.INT32 and t.name.endswith("weight"))
+
+    def code_words_one_short(model):
+        code_words(model).dims[1] -= 1
+
+    def code_words_as_int8(model):
+        words = code_words(model)
+        words.data_type, words.dims[1] = TensorProto.INT8, 4 * words.dims[1]  # what prefill.onnx holds: accepted
+
     def drop_graph(model):
         model.ClearField("graph")
 
@@ -686,7 +698,14 @@ def graph_cases() -> list[Case]:
         ),
     }
     made = [Case("graphs", name, "svd-fp16", mutate) for name, mutate in cases.items()]
-    made.append(Case("graphs", "int4 codes read as UINT4", "svd-int4", edit_graph(int4_codes_unsigned)))
+    # prefill.onnx holds the int4 codes as INT4 (decode.onnx as the quantized ops' INT32 words)
+    made.append(
+        Case("graphs", "int4 codes read as UINT4", "svd-int4", edit_graph(int4_codes_unsigned, "prefill.onnx"))
+    )
+    # the quantized ops' INT32 words must cover exactly the codes' bytes, rows and width
+    made.append(Case("graphs", "int8 code words one word short", "svd-int8", edit_graph(code_words_one_short)))
+    made.append(Case("graphs", "int4 code words one word short", "svd-int4", edit_graph(code_words_one_short)))
+    made.append(Case("graphs", "int8 code words read as INT8", "svd-int8", edit_graph(code_words_as_int8), ACCEPT))
     made.append(
         Case("graphs", "subgraphs nested 10 deep", "svd-fp16", edit_graph(lambda m: nested_subgraphs(m, 10)), ACCEPT)
     )

@@ -17,6 +17,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from edge_sdk.bundle import manifest_digest
 from edge_sdk.bundle.format import MANIFEST_DIGEST_FIELD
 from edge_sdk.export.exporter import ExportSettings, export_bundle
+from edge_sdk.sparsity.settings import CalibrationSettings
 
 from .support import (
     BUNDLE_KINDS,
@@ -236,7 +237,11 @@ def test_a_null_default_level_decodes_densely(x86_build: Build, bundles, tmp_pat
 
 def test_bf16_bundles_are_refused_with_the_reason(x86_build: Build, tiny_model_dir, tmp_path):
     bundle = tmp_path / "bf16"
-    export_bundle(tiny_model_dir, bundle, ExportSettings(predictor="none", dtype="bf16", max_seq_len=32))
+    export_bundle(
+        tiny_model_dir,
+        bundle,
+        ExportSettings(dtype="bf16", max_seq_len=32, calibration=CalibrationSettings(predictor="none")),
+    )
     message = open_error(x86_build, bundle)
     assert "EDGE_ERROR_UNSUPPORTED" in message and "is BF16" in message and "--dtype fp16" in message
 
@@ -287,7 +292,7 @@ def test_model_config_variants_match_python(x86_build: Build, bundles, tiny_mode
         (copy / "manifest.json").write_text(json.dumps(manifest, indent=2))
     else:
         checkpoint = tied_checkpoint(tiny_model_dir, tmp_path / "tied")
-        settings = ExportSettings(predictor="none", dtype="fp32", max_seq_len=128)
+        settings = ExportSettings(dtype="fp32", max_seq_len=128, calibration=CalibrationSettings(predictor="none"))
         export_bundle(checkpoint, copy, settings)
     with python_cpu_engine():
         session = edge_sdk.load(copy, backend="cpu", threads=1)

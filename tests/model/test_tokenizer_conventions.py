@@ -13,6 +13,7 @@ from edge_sdk.bundle import Bundle
 from edge_sdk.errors import CheckpointError
 from edge_sdk.export.exporter import ExportSettings, export_bundle
 from edge_sdk.model.tokenizer import Tokenizer
+from edge_sdk.sparsity.settings import CalibrationSettings
 
 from .tokenizer_files import save_gpt2_style, save_llama2_style, save_qwen2_style
 
@@ -67,7 +68,7 @@ def test_chat_template_json_is_read(tmp_path):
 def test_export_carries_the_jinja_chat_template_into_the_bundle(tmp_path):
     model = _fixture_copy(tmp_path / "model", with_template=False)
     (model / "chat_template.jinja").write_text(JINJA_TEMPLATE)
-    export_bundle(model, tmp_path / "bundle", ExportSettings(predictor="none"))
+    export_bundle(model, tmp_path / "bundle", ExportSettings(calibration=CalibrationSettings(predictor="none")))
     bundle = Bundle.open(tmp_path / "bundle")  # every listed file's size and sha256 checked
     assert Tokenizer.from_bundle(bundle).chat_template == JINJA_TEMPLATE
     assert "chat_template.jinja" not in bundle.manifest.files  # carried inside tokenizer_config.json

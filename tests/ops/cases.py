@@ -79,7 +79,8 @@ class FFNData:
 
 @dataclass(frozen=True)
 class SparseFFNCase:
-    """SparseFFN on float weights (float32, float16, bfloat16) or quantized ones (int8, int4 with group_size)."""
+    """SparseFFN on float weights (float32, float16, bfloat16), or QuantizedSparseFFN on quantized ones (int8, int4
+    with group_size)."""
 
     weights: str
     activation: str
@@ -89,7 +90,10 @@ class SparseFFNCase:
     thresholds: bool
     group_size: int = 0
     tokens: int = 2
-    op = "SparseFFN"
+
+    @property
+    def op(self) -> str:
+        return "QuantizedSparseFFN" if self.quantized else "SparseFFN"
 
     @property
     def id(self) -> str:
@@ -349,6 +353,71 @@ def _signbit_cases() -> list[SignBitPredictorCase]:
     return cases
 
 
+# -------------------------------------------------------------------------------------------- QuantizedMatMul
+
+
+@dataclass(frozen=True)
+class QuantizedMatMulData:
+    x: torch.Tensor  # [T, K] float32
+    quantized: quant.QuantizedMatrix  # W: [N, K] when transposed, else [K, N]
+    weight: torch.Tensor  # W dequantized, float32
+    expected: torch.Tensor  # [T, N] float64
+
+
+@dataclass(frozen=True)
+class QuantizedMatMulCase:
+    """y = x W^T (transposed, W [N, K]: projections, the LM head) or y = x W (W [K, N]: a prompt's neuron-major down
+    projection) for a group-wise quantized W, groups along W's rows."""
+
+    weights: str  # int8 | int4
+    group_size: int
+    tokens: int
+    n_in: int  # K
+    n_out: int  # N
+    transposed: bool = True
+    op = "QuantizedMatMul"
+
+    @property
+    def id(self) -> str:
+        layout = "W[N,K]" if self.transposed else "W[K,N]"
+        shape = f"T={self.tokens},K={self.n_in},N={self.n_out}"
+        return f"{self.op}[{self.weights},g={self.group_size},{layout},{shape}]"
+
+    @property
+    def bound(self) -> float:
+        return error_bound(self.op, self.weights)
+
+    def data(self) -> QuantizedMatMulData:
+        return _quantized_matmul_data(self)
+
+    def reference_on(self, x: torch.Tensor) -> torch.Tensor:
+        """The float64 y on another x [T, K] (the one an implementation computes with)."""
+        weight = self.data().weight.double()
+        return x.double() @ (weight.T if self.transposed else weight)
+
+
+@functools.cache
+def _quantized_matmul_data(case: QuantizedMatMulCase) -> QuantizedMatMulData:
+    generator = torch.Generator().manual_seed(case.n_in * 31 + case.n_out + case.tokens)
+    x = torch.randn(case.tokens, case.n_in, generator=generator)
+    shape = (case.n_out, case.n_in) if case.transposed else (case.n_in, case.n_out)
+    matrix = quant.quantize(torch.randn(*shape, generator=generator).numpy(), case.weights, case.group_size)
+    weight = torch.from_numpy(quant.dequantize(matrix))
+    expected = x.double() @ (weight.double().T if case.transposed else weight.double())
+    return QuantizedMatMulData(x, matrix, weight, expected)
+
+
+def _quantized_matmul_cases() -> list[QuantizedMatMulCase]:
+    cases = []
+    for weights in QUANT_FORMATS:
+        for group_size in quant.GROUP_SIZES:
+            width = 416 if group_size == 32 else 384  # the grouped dimension: 13 groups of 32, or 3 of 128
+            for tokens in (1, 3, 37):  # one warp per row for up to 4 tokens, the tiled GEMM beyond (CUDA)
+                cases += [QuantizedMatMulCase(weights, group_size, tokens, width, n_out) for n_out in (77, 130)]
+                cases.append(QuantizedMatMulCase(weights, group_size, tokens, 300, width, transposed=False))
+    return cases
+
+
 # ---------------------------------------------------------------------------------------------------- MatVec
 
 
@@ -424,4 +493,4 @@ def _matvec_cases() -> list[MatVecCase]:
     return cases
 
 
-CASES = [*_sparse_ffn_cases(), *_svd_cases(), *_signbit_cases(), *_matvec_cases()]
+CASES = [*_sparse_ffn_cases(), *_svd_cases(), *_signbit_cases(), *_quantized_matmul_cases(), *_matvec_cases()]

@@ -22,7 +22,15 @@ from edge_sdk.sparsity.ffn import sparse_ffn
 from edge_sdk.sparsity.signbit import signbit_mask
 from edge_sdk.sparsity.sparse_model import LayerPredictor
 
-from .cases import ACTIVATIONS, QUANT_FORMATS, MatVecCase, SignBitPredictorCase, SparseFFNCase, SvdPredictorCase
+from .cases import (
+    ACTIVATIONS,
+    QUANT_FORMATS,
+    MatVecCase,
+    QuantizedMatMulCase,
+    SignBitPredictorCase,
+    SparseFFNCase,
+    SvdPredictorCase,
+)
 
 _ONNX_TYPES = {
     torch.float32: TensorProto.FLOAT,
@@ -31,6 +39,11 @@ _ONNX_TYPES = {
 }
 # numpy has no bfloat16: such an x is an initializer of the model instead of an input
 _FED_DTYPES = (torch.float32, torch.float16)
+
+
+def code_words(matrix) -> np.ndarray:
+    """A QuantizedMatrix's codes as the quantized ops take them: INT32 words [rows, row bytes / 4] of the same bytes."""
+    return np.ascontiguousarray(matrix.data).view(np.int32)
 
 
 def int32_mask(mask: torch.Tensor) -> np.ndarray:
@@ -55,6 +68,8 @@ class TorchReference:
         if isinstance(case, SparseFFNCase):
             result = sparse_ffn(data.x, *data.weights, data.reference_mask, case.act, thresholds=data.thresholds)
             return result.output, result.active
+        if isinstance(case, QuantizedMatMulCase):
+            return data.x @ (data.weight.T if case.transposed else data.weight)
         if isinstance(case, SvdPredictorCase):
             return data.scores > 0
         return signbit_mask(data.packed, data.x.float(), case.alpha)
@@ -63,7 +78,9 @@ class TorchReference:
 # ------------------------------------------------------------------------------------------------ ONNX Runtime
 
 
-def _initializer(name: str, tensor: torch.Tensor) -> onnx.TensorProto:
+def _initializer(name: str, tensor: torch.Tensor | np.ndarray) -> onnx.TensorProto:
+    if isinstance(tensor, np.ndarray):
+        return numpy_helper.from_array(tensor, name)
     if tensor.dtype == torch.bfloat16:
         bits = tensor.view(torch.int16).numpy().view(np.uint16)
         return helper.make_tensor(name, TensorProto.BFLOAT16, list(tensor.shape), bits.tobytes(), raw=True)
@@ -73,7 +90,8 @@ def _initializer(name: str, tensor: torch.Tensor) -> onnx.TensorProto:
 def one_node_model(
     node: onnx.NodeProto, inputs: dict[str, tuple[int, list]], outputs: dict[str, tuple[int, list]], constants: dict
 ) -> onnx.ModelProto:
-    """A model of one custom node and the reference functions, as the exporter writes it (IR, opsets), checked."""
+    """A model of one custom node and the reference functions, as the exporter writes it (IR, opsets: 21 for the
+    quantized ops, as int8 / int4 bundles), checked."""
     graph = helper.make_graph(
         [node],
         node.op_type,
@@ -81,10 +99,11 @@ def one_node_model(
         [helper.make_tensor_value_info(name, *spec) for name, spec in outputs.items()],
         initializer=[_initializer(name, tensor) for name, tensor in constants.items()],
     )
+    opset = ops.QUANTIZED_OPSET_VERSION if node.op_type in ops.QUANTIZED_OPS else ops.STANDARD_OPSET_VERSION
     model = helper.make_model(
         graph,
-        opset_imports=ops.function_opset_imports(),
-        functions=ops.reference_functions(),
+        opset_imports=ops.function_opset_imports(opset),
+        functions=ops.reference_functions(opset),
         ir_version=ops.IR_VERSION,
     )
     onnx.checker.check_model(model, full_check=True)
@@ -109,17 +128,30 @@ def op_model(case, feed_bfloat16: bool = False) -> tuple[onnx.ModelProto, dict[s
     feeds = {"x": _host_array(data.x)} if x_fed else {}
     constants = {} if x_fed else {"x": data.x}
     if isinstance(case, SparseFFNCase):
-        constants.update(zip(("w_gate", "w_up", "w_down_t"), data.weights, strict=True))
-        names = ["x", "w_gate", "w_up", "w_down_t", "mask"]
+        matrices = ("w_gate", "w_up", "w_down_t")
+        if data.quantized is None:
+            constants.update(zip(matrices, data.weights, strict=True))
+            names = [*matrices]
+            layout = {}
+        else:  # codes as INT32 words and fp16 scales, the quantized op's inputs
+            names = [name for matrix in matrices for name in (matrix, f"{matrix}_scales")]
+            for matrix, quantized in zip(matrices, data.quantized, strict=True):
+                constants.update({matrix: code_words(quantized), f"{matrix}_scales": quantized.scales})
+            layout = {"weight_format": case.weights, "group_size": case.group_size}
+        names = ["x", *names, "mask"]
         if data.thresholds is not None:
             constants["thresholds"] = data.thresholds
             names.append("thresholds")
-        node = ops.make_node(
-            "SparseFFN", names, ["y"], activation=case.activation, activation_threshold=case.act.threshold
-        )
+        attributes = {"activation": case.activation, "activation_threshold": case.act.threshold} | layout
+        node = ops.make_node(case.op, names, ["y"], **attributes)
         inputs["mask"] = (TensorProto.INT32, ["T", case.n_neurons])
         feeds["mask"] = int32_mask(data.mask)
         outputs = {"y": (TensorProto.FLOAT, ["T", d])}
+    elif isinstance(case, QuantizedMatMulCase):
+        constants.update(w=code_words(data.quantized), w_scales=data.quantized.scales)
+        layout = {"weight_format": case.weights, "group_size": case.group_size, "transposed": int(case.transposed)}
+        node = ops.make_node(case.op, ["x", "w", "w_scales"], ["y"], **layout)
+        outputs = {"y": (TensorProto.FLOAT, ["T", case.n_out])}
     elif isinstance(case, SvdPredictorCase):
         constants.update(a=data.a, b=data.b, bias=data.bias)
         node = ops.make_node("SvdPredictor", ["x", "a", "b", "bias"], ["mask"])
@@ -142,11 +174,11 @@ class OnnxRuntime:
         return None
 
     def supports(self, case) -> bool:
-        if isinstance(case, SparseFFNCase):  # a quantized bundle dequantizes before SparseFFN; the mask is an input
-            return not case.quantized and case.mask != "absent"
+        if isinstance(case, SparseFFNCase):  # the mask is an input
+            return case.mask != "absent"
         if isinstance(case, SvdPredictorCase):
             return case.bias  # bias is a required input
-        return isinstance(case, SignBitPredictorCase)
+        return isinstance(case, SignBitPredictorCase | QuantizedMatMulCase)
 
     def run(self, case):
         model, feeds = op_model(case)
@@ -154,7 +186,7 @@ class OnnxRuntime:
         (result,) = session.run(None, feeds)
         if isinstance(case, SparseFFNCase):
             return torch.from_numpy(result), None
-        return torch.from_numpy(result)
+        return torch.from_numpy(result)  # a mask, or QuantizedMatMul's y
 
 
 # ------------------------------------------------------------------------------------------------- C kernels
@@ -181,6 +213,8 @@ class CKernels:
         return None
 
     def supports(self, case) -> bool:
+        if isinstance(case, QuantizedMatMulCase):  # edge_cpu_matvec_q: W [N, K], one token per call
+            return case.transposed
         quantized = isinstance(case, SparseFFNCase | MatVecCase) and case.weights in QUANT_FORMATS
         if self.activations == "fp32":
             return quantized
@@ -192,7 +226,7 @@ class CKernels:
         """The x the kernel computes with when it is not the case's (integer dot products on quantized rows)."""
         if (
             self.activations == "integer"
-            and isinstance(case, SparseFFNCase | MatVecCase)
+            and isinstance(case, SparseFFNCase | MatVecCase | QuantizedMatMulCase)
             and case.weights in QUANT_FORMATS
         ):
             from edge_sdk.backends.cpu.kernels import quantized_activations
@@ -217,6 +251,9 @@ class CKernels:
         from edge_sdk.backends.cpu import kernels
 
         data = case.data()
+        if isinstance(case, QuantizedMatMulCase):
+            weight = kernels.QuantizedWeight.from_matrix(data.quantized)
+            return torch.stack([kernels.matvec_quantized(x, weight) for x in data.x])
         if isinstance(case, MatVecCase):
             if data.quantized is not None:
                 return kernels.matvec_quantized(data.x, kernels.QuantizedWeight.from_matrix(data.quantized), data.bias)
@@ -273,7 +310,7 @@ class CannGather:
         return ffn
 
     def run(self, case):
-        from edge_sdk.backends.cann.gather_ffn import DeviceSignBit
+        from edge_sdk.sparsity.signbit import DeviceSignBit
 
         data = case.data()
         if isinstance(case, SignBitPredictorCase):
@@ -311,7 +348,8 @@ class CannGather:
 
 
 class Cuda:
-    """The CUDA kernels (plugins/kernels, edge_cuda_kernels.h) through tests/gpu/cuda_harness.py."""
+    """The CUDA kernels (plugins/kernels, edge_cuda_kernels.h) through tests/gpu/cuda_harness.py. Quantized rows go to
+    edge_sparse_ffn_q, which dequantizes them in registers and keeps x in fp32 (the reference runs on x itself)."""
 
     name = "cuda"
 
@@ -322,18 +360,21 @@ class Cuda:
         return gpu_unavailable_reason()
 
     def supports(self, case) -> bool:
-        if isinstance(case, SparseFFNCase):
-            return not case.quantized
         return not isinstance(case, MatVecCase)
 
     def run(self, case):
-        from ..gpu.cuda_harness import Device, Kernels
+        from ..gpu.cuda_harness import Device, Kernels, upload_quantized
 
         data = case.data()
         device = Device()
         try:
             kernels = Kernels(device)
             tokens = data.x.shape[0]
+            if isinstance(case, QuantizedMatMulCase):
+                y = device.empty((tokens, case.n_out), torch.float32)
+                weight = upload_quantized(device, data.quantized)
+                kernels.matvec_q(device.upload(data.x), weight, None, y, transposed=case.transposed)
+                return device.download(y)
             mask = device.empty((tokens, case.n_neurons), torch.int32)
             if isinstance(case, SvdPredictorCase):
                 bias = None if data.bias is None else device.upload(data.bias)
@@ -347,9 +388,7 @@ class Cuda:
             y = device.empty((tokens, case.d), torch.float32)
             active = device.empty((tokens, case.n_neurons), torch.uint8)
             workspace = device.allocate(kernels.workspace_size(case.d, case.n_neurons, tokens))
-            kernels.sparse_ffn(
-                device.upload(data.x),
-                tuple(device.upload(w) for w in data.weights),
+            arguments = (
                 None if data.mask is None else device.upload(torch.from_numpy(int32_mask(data.mask))),
                 None if data.thresholds is None else device.upload(data.thresholds),
                 case.activation,
@@ -358,9 +397,44 @@ class Cuda:
                 workspace,
                 active,
             )
+            if data.quantized is None:
+                kernels.sparse_ffn(device.upload(data.x), tuple(device.upload(w) for w in data.weights), *arguments)
+            else:
+                weights = tuple(upload_quantized(device, m) for m in data.quantized)
+                kernels.sparse_ffn_q(device.upload(data.x), weights, *arguments)
             return device.download(y), device.download(active).bool()
         finally:
             device.close()
+
+
+class CudaEmulation:
+    """The quantized CUDA kernels emulated on the host (tests/gpu/cuda_emulation.cu: every block, warp, lane and thread
+    of edge_sparse_ffn_q, edge_matvec_q and edge_matvec_q_t through the kernels' own __host__ __device__ functions);
+    needs nvcc, not a GPU."""
+
+    name = "cuda_emulation"
+
+    @functools.cache  # noqa: B019 (one instance per session)
+    def unavailable(self) -> str | None:
+        from ..gpu import cuda_emulation
+
+        return cuda_emulation.unavailable_reason()
+
+    def supports(self, case) -> bool:
+        return (isinstance(case, SparseFFNCase) and case.quantized) or isinstance(case, QuantizedMatMulCase)
+
+    def run(self, case):
+        from ..gpu import cuda_emulation
+
+        data = case.data()
+        if isinstance(case, QuantizedMatMulCase):
+            return torch.from_numpy(cuda_emulation.matvec_q(data.x.numpy(), data.quantized, None, case.transposed))
+        mask = None if data.mask is None else int32_mask(data.mask)
+        thresholds = None if data.thresholds is None else data.thresholds.numpy()
+        y, active = cuda_emulation.sparse_ffn_q(
+            data.x.numpy(), data.quantized, mask, thresholds, case.activation, case.act.threshold
+        )
+        return torch.from_numpy(y), torch.from_numpy(active)
 
 
 # -------------------------------------------------------------------------------------------------- TensorRT
@@ -369,7 +443,7 @@ class Cuda:
 class TensorRT:
     """TensorRT with the edge-sdk plugins (plugins/tensorrt) on the case's one-node model without its reference
     function, as the TensorRT backend parses a bundle's graphs: strongly typed, TF32 off, one profile at the case's
-    shapes."""
+    shapes. Quantized codes reach the plugins as the model's INT32 initializers, as in a bundle's decode.onnx."""
 
     name = "tensorrt"
 
@@ -389,7 +463,7 @@ class TensorRT:
         return gpu_unavailable_reason()  # device buffers through the CUDA kernel library's runtime
 
     def supports(self, case) -> bool:
-        return OnnxRuntime().supports(case)  # the same graphs: mask and bias are inputs, weights are floats
+        return OnnxRuntime().supports(case)  # the same graphs: mask and bias are inputs
 
     def run(self, case):
         import tensorrt as trt
@@ -428,7 +502,7 @@ class TensorRT:
                 buffers[name] = device.upload(torch.from_numpy(np.ascontiguousarray(array)))
             names = [engine.get_tensor_name(index) for index in range(engine.num_io_tensors)]
             (output,) = [name for name in names if engine.get_tensor_mode(name) == trt.TensorIOMode.OUTPUT]
-            dtype = torch.float32 if isinstance(case, SparseFFNCase) else torch.int32
+            dtype = torch.float32 if isinstance(case, SparseFFNCase | QuantizedMatMulCase) else torch.int32
             buffers[output] = device.empty(tuple(context.get_tensor_shape(output)), dtype)
             for name, buffer in buffers.items():
                 context.set_tensor_address(name, buffer.pointer)
@@ -447,5 +521,6 @@ IMPLEMENTATIONS = [
     CannGather("dynamic"),
     CannGather("static"),
     Cuda(),
+    CudaEmulation(),
     TensorRT(),
 ]

@@ -1,28 +1,35 @@
 """Every op case on every implementation, as ggml's test-backend-ops: one table, one test id per (case, implementation).
 
-Cases (cases.py): SparseFFN on float32 / float16 / bfloat16 and int8 / int4 weights, SvdPredictor, SignBitPredictor and
-the CPU kernels' MatVec, at shapes with partial vectors, every activation, masks all / none / random / absent, with
-and without CHESS thresholds. Implementations (implementations.py): the torch reference, ONNX Runtime running the
-op's reference function, the C kernels (quantized rows dotted with x quantized, the default, or with x in fp32), the
-CANN gather path on the CPU, CUDA, and TensorRT with the plugins (the last two skip with the reason where they cannot
-run). Each is compared with the torch reference (edge_sdk.sparsity) on the x it computes with, within the bound its
-op declares (edge_sdk.export.ops.ERROR_BOUNDS); the torch reference itself is compared with the op's definition
-written out here in float64. A case's data tell a correct implementation from one that ignores the mask, the
-thresholds, the activation kind, the bias or the last partial vector (cases.py draws them so, and the MatVec check
-shows it). An id reads `SparseFFN[float16,relu,d=67,D=130,mask=random,no-thresholds]-c_kernels`.
+Cases (cases.py): SparseFFN on float32 / float16 / bfloat16 weights and QuantizedSparseFFN on int8 / int4 ones,
+SvdPredictor, SignBitPredictor, QuantizedMatMul (both layouts) and the CPU kernels' MatVec, at shapes with partial
+vectors, every activation, masks all / none / random / absent, with and without CHESS thresholds. Implementations
+(implementations.py): the torch reference, ONNX Runtime running the op's reference function, the C kernels
+(quantized rows dotted with x quantized, the default, or with x in fp32), the CANN gather path on the CPU, CUDA, the
+quantized CUDA kernels emulated on the host (nvcc, no GPU), and TensorRT with the plugins (CUDA and TensorRT skip
+with the reason where they cannot run). Each is compared with the torch reference
+(edge_sdk.sparsity) on the x it computes with, within the bound its op declares (edge_sdk.export.ops.ERROR_BOUNDS);
+the torch reference itself is compared with the op's definition written out here in float64. A case's data tell a
+correct implementation from one that ignores the mask, the thresholds, the activation kind, the bias or the last
+partial vector (cases.py draws them so, and the MatVec check shows it). An id reads
+`SparseFFN[float16,relu,d=67,D=130,mask=random,no-thresholds]-c_kernels`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
+
+from edge_sdk import quant
 
 from .cases import (
     CASES,
     DISCRIMINATION,
     VECTOR_WIDTH,
     MatVecCase,
+    QuantizedMatMulCase,
     SignBitPredictorCase,
     SparseFFNCase,
     SvdPredictorCase,
@@ -62,6 +69,8 @@ def test_op(case, implementation) -> None:
         _check_svd_predictor(case, result, is_reference)
     elif isinstance(case, SignBitPredictorCase):
         _check_signbit_predictor(case, result, is_reference)
+    elif isinstance(case, QuantizedMatMulCase):
+        _check_quantized_matmul(case, result, own_x)
     else:
         _check_matvec(case, result, own_x)
 
@@ -163,6 +172,25 @@ def _check_signbit_predictor(case: SignBitPredictorCase, mask: torch.Tensor, is_
         assert 0 < int(expected.sum()) < expected.numel(), "one decision only"
     assert torch.equal(mask, expected)  # exact: the bound is 0
     assert case.bound == 0.0
+
+
+# -------------------------------------------------------------------------------------------- QuantizedMatMul
+
+
+def _check_quantized_matmul(case: QuantizedMatMulCase, y: torch.Tensor, own_x: torch.Tensor | None) -> None:
+    data = case.data()
+    assert y.dtype == torch.float32 and y.shape == (case.tokens, case.n_out)
+    _assert_within(y, data.expected if own_x is None else case.reference_on(own_x), case.bound)
+    # the data tell the right groups from wrong ones: each row's last group dropped, or read with the next group's scale
+    matrix = data.quantized
+    last_dropped = matrix.scales.copy()
+    last_dropped[:, -1] = 0
+    for what, scales in (
+        ("drops each row's last group", last_dropped),
+        ("reads each group with the next group's scale", np.roll(matrix.scales, -1, axis=1)),
+    ):
+        weight = torch.from_numpy(quant.dequantize(dataclasses.replace(matrix, scales=scales))).double()
+        _assert_beyond(data.x.double() @ (weight.T if case.transposed else weight), data.expected, case.bound, what)
 
 
 # ---------------------------------------------------------------------------------------------------- MatVec

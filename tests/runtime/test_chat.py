@@ -15,6 +15,7 @@ from edge_sdk.errors import EdgeSdkError
 from edge_sdk.export.exporter import ExportSettings, export_bundle
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.chat import RENDER_SECONDS, chat_prompt_ids, render_chat
+from edge_sdk.sparsity.settings import CalibrationSettings
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -116,7 +117,7 @@ def test_run_chat_with_a_hanging_template_exits_2_in_one_line(tiny_model_dir, tm
     config["chat_template"] = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
     (model / "tokenizer_config.json").write_text(json.dumps(config))
     bundle = tmp_path / "bundle"
-    export_bundle(model, bundle, ExportSettings(predictor="none", max_seq_len=64))
+    export_bundle(model, bundle, ExportSettings(max_seq_len=64, calibration=CalibrationSettings(predictor="none")))
     command = [
         sys.executable,
         "-m",

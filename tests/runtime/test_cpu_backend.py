@@ -24,7 +24,7 @@ from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.native import NativeLibraryError, load_runtime
 from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions, get_backend
 from edge_sdk.sparsity.bundle_model import TorchEngine, load_reference_decoder
-from edge_sdk.sparsity.pipeline import CalibrationSettings
+from edge_sdk.sparsity.settings import CalibrationSettings
 
 PROMPT = "class Namespace(object):\n    def __init__(self"
 STEPS = 24
@@ -66,7 +66,7 @@ def greedy(prefill, decode, ids):
 def test_cpu_greedy_tokens_equal_reference_and_onnx_runtime(bundles, tiny_model_dir, name, cpu_engine):
     bundle = bundles[name]
     ids = Tokenizer.from_dir(tiny_model_dir).encode(PROMPT)
-    engine = get_backend("cpu").load(bundle, EngineOptions())
+    engine = get_backend("cpu").load(bundle, EngineOptions.of(bundle))
     assert isinstance(engine, RuntimeEngine if cpu_engine == "runtime" else TorchEngine)
     reference = load_reference_decoder(bundle)
     session = OrtBundleSession(bundle)
@@ -85,14 +85,14 @@ def test_cpu_greedy_tokens_equal_reference_and_onnx_runtime(bundles, tiny_model_
 def test_cpu_decode_is_deterministic_and_levels_change_the_result(bundles, tiny_model_dir, cpu_engine):
     bundle = bundles["svd-fp32"]
     ids = Tokenizer.from_dir(tiny_model_dir).encode(PROMPT)
-    first = get_backend("cpu").load(bundle, EngineOptions(sparsity=0.8))
-    second = get_backend("cpu").load(bundle, EngineOptions(sparsity=0.8, threads=1))
+    first = get_backend("cpu").load(bundle, EngineOptions.of(bundle, sparsity=0.8))
+    second = get_backend("cpu").load(bundle, EngineOptions.of(bundle, sparsity=0.8, threads=1))
     runs = []
     for engine in (first, second, first):
         engine.prefill(ids)
         runs.append(engine.decode(ids[-1]))
     assert np.array_equal(runs[0], runs[1]) and np.array_equal(runs[0], runs[2])
-    dense = get_backend("cpu").load(bundle, EngineOptions(dense=True))
+    dense = get_backend("cpu").load(bundle, EngineOptions.of(bundle, dense=True))
     dense.prefill(ids)
     assert not np.array_equal(dense.decode(ids[-1]), runs[0])
 
@@ -101,11 +101,12 @@ def test_cpu_decode_is_deterministic_and_levels_change_the_result(bundles, tiny_
 def test_engines_agree_on_logits(bundles, tiny_model_dir, monkeypatch):
     """Dense and sparse decode logits of the C runtime and the torch engine agree to float32 rounding."""
     ids = Tokenizer.from_dir(tiny_model_dir).encode(PROMPT)
-    for options in (EngineOptions(sparsity=0.5), EngineOptions(dense=True)):
+    bundle = bundles["svd-fp16"]
+    for options in (EngineOptions.of(bundle, sparsity=0.5), EngineOptions.of(bundle, dense=True)):
         logits = {}
         for choice in ("runtime", "torch"):
             monkeypatch.setenv(ENGINE_ENV, choice)
-            engine = get_backend("cpu").load(bundles["svd-fp16"], options)
+            engine = get_backend("cpu").load(bundle, options)
             engine.prefill(ids)
             logits[choice] = [engine.decode(token) for token in ids[-4:]]
         for runtime_step, torch_step in zip(logits["runtime"], logits["torch"], strict=True):
@@ -116,16 +117,14 @@ def test_engines_agree_on_logits(bundles, tiny_model_dir, monkeypatch):
 def test_runtime_logits_are_identical_with_one_thread_and_two_on_a_long_context(tiny_model_dir, tmp_path, monkeypatch):
     """One thread runs every kernel without OpenMP, two threads run them in parallel regions: attention over 400
     positions (enough work to split the heads), the LM head, the predictor and the FFN. Same bits either way."""
-    settings = ExportSettings(
-        predictor="svd", dtype="fp16", max_seq_len=512, calibration=CalibrationSettings(rank=16, max_tokens=2048)
-    )
+    settings = ExportSettings(dtype="fp16", max_seq_len=512, calibration=CalibrationSettings(rank=16, max_tokens=2048))
     bundle = export_bundle(tiny_model_dir, tmp_path / "long", settings, [tiny_model_dir / "calibration.txt"])
     ids = Tokenizer.from_dir(tiny_model_dir).encode((tiny_model_dir / "held_out.txt").read_text())[:410]
     assert len(ids) == 410
     monkeypatch.setenv(ENGINE_ENV, "runtime")
     runs = []
     for threads in (1, 2):
-        engine = get_backend("cpu").load(bundle, EngineOptions(sparsity=0.5, threads=threads))
+        engine = get_backend("cpu").load(bundle, EngineOptions.of(bundle, sparsity=0.5, threads=threads))
         assert isinstance(engine, RuntimeEngine)
         engine.prefill(ids[:400])
         runs.append([engine.decode(token) for token in ids[400:]])
@@ -136,7 +135,7 @@ def test_runtime_logits_are_identical_with_one_thread_and_two_on_a_long_context(
 def test_engine_choice_is_validated(bundles, monkeypatch):
     monkeypatch.setenv(ENGINE_ENV, "gpu")
     with pytest.raises(EdgeSdkError, match=r"EDGE_SDK_CPU_ENGINE='gpu': expected one of auto, runtime, torch"):
-        get_backend("cpu").load(bundles["svd-fp32"], EngineOptions())
+        get_backend("cpu").load(bundles["svd-fp32"], EngineOptions.of(bundles["svd-fp32"]))
     monkeypatch.setenv(ENGINE_ENV, "torch")
     assert "decode in torch + kernels ($EDGE_SDK_CPU_ENGINE=torch)" in get_backend("cpu").probe()[1]
 
@@ -145,13 +144,15 @@ def test_engine_choice_is_validated(bundles, monkeypatch):
 def test_runtime_engine_is_the_default_and_bf16_falls_back_to_torch(bundles, tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.delenv(ENGINE_ENV, raising=False)
     assert "decode in the C runtime libedge_sdk" in get_backend("cpu").probe()[1]
-    assert isinstance(get_backend("cpu").load(bundles["svd-fp32"], EngineOptions()), RuntimeEngine)
-    settings = ExportSettings(predictor="none", dtype="bf16", max_seq_len=64)
+    assert isinstance(
+        get_backend("cpu").load(bundles["svd-fp32"], EngineOptions.of(bundles["svd-fp32"])), RuntimeEngine
+    )
+    settings = ExportSettings(dtype="bf16", max_seq_len=64, calibration=CalibrationSettings(predictor="none"))
     bf16 = export_bundle(tiny_model_dir, tmp_path / "bf16", settings, [])
-    assert isinstance(get_backend("cpu").load(bf16, EngineOptions()), TorchEngine)
+    assert isinstance(get_backend("cpu").load(bf16, EngineOptions.of(bf16)), TorchEngine)
     monkeypatch.setenv(ENGINE_ENV, "runtime")
     with pytest.raises(BackendUnavailable, match=r"EDGE_SDK_CPU_ENGINE=runtime.*bf16"):
-        get_backend("cpu").load(bf16, EngineOptions())
+        get_backend("cpu").load(bf16, EngineOptions.of(bf16))
 
 
 def test_python_api_generates_and_reports(bundles):

@@ -12,6 +12,7 @@ import pytest
 
 import edge_sdk
 from edge_sdk.export.exporter import ExportSettings, export_bundle
+from edge_sdk.sparsity.settings import CalibrationSettings
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = "def main(argv=None):"
@@ -45,7 +46,11 @@ def device_venv(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def bundle(tiny_model_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("device-bundle") / "bundle"
-    export_bundle(tiny_model_dir, out, ExportSettings(predictor="none", dtype="fp16", max_seq_len=64))
+    export_bundle(
+        tiny_model_dir,
+        out,
+        ExportSettings(dtype="fp16", max_seq_len=64, calibration=CalibrationSettings(predictor="none")),
+    )
     return out
 
 

@@ -67,7 +67,7 @@ def cpu_backend_ids(engine_kind: str) -> Callable:
         previous = os.environ.get(ENGINE_ENV)
         os.environ[ENGINE_ENV] = engine_kind
         try:
-            engine = get_backend("cpu").load(bundle, EngineOptions(sparsity=level, dense=dense, threads=1))
+            engine = get_backend("cpu").load(bundle, EngineOptions.of(bundle, sparsity=level, dense=dense, threads=1))
         finally:
             if previous is None:
                 del os.environ[ENGINE_ENV]
@@ -79,7 +79,9 @@ def cpu_backend_ids(engine_kind: str) -> Callable:
 
 
 def cann_path_ids(bundle, level: float | None, dense: bool, ids: list[int]) -> list[int]:
-    engine = load_gather_engine(bundle, EngineOptions(sparsity=level, dense=dense), device="cpu", mode="dynamic")
+    engine = load_gather_engine(
+        bundle, EngineOptions.of(bundle, sparsity=level, dense=dense), device="cpu", mode="dynamic"
+    )
     return greedy(engine.prefill, engine.decode, ids)
 
 

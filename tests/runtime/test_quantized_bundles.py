@@ -69,8 +69,10 @@ def test_c_runtime_and_torch_engine_match_the_dequantized_reference_dense(bundle
     ids = prompt_ids(bundle)
     choice = bundle.sparsity.resolve(None, True)
     reference, reference_logits = greedy(TorchEngine.load(bundle, choice), ids)
-    runtime, runtime_logits = greedy(RuntimeEngine(bundle, EngineOptions(dense=True, threads=1)), ids)
-    torch_cpu, torch_logits = greedy(load_torch_cpu_engine(bundle, EngineOptions(dense=True, threads=1)), ids)
+    runtime, runtime_logits = greedy(RuntimeEngine(bundle, EngineOptions.of(bundle, dense=True, threads=1)), ids)
+    torch_cpu, torch_logits = greedy(
+        load_torch_cpu_engine(bundle, EngineOptions.of(bundle, dense=True, threads=1)), ids
+    )
     assert runtime == reference
     assert torch_cpu == reference
     scale = max(float(np.abs(step).max()) for step in reference_logits)
@@ -80,7 +82,7 @@ def test_c_runtime_and_torch_engine_match_the_dequantized_reference_dense(bundle
 
 
 def _engines(bundle):
-    options = EngineOptions(threads=1)
+    options = EngineOptions.of(bundle, threads=1)
     return {"c_runtime": RuntimeEngine(bundle, options), "torch_cpu": load_torch_cpu_engine(bundle, options)}
 
 
@@ -116,7 +118,7 @@ def test_int4_continuation_differs_from_int8(bundle_matrix):
     logits = {}
     for name in QUANTIZED:
         bundle = bundle_matrix[name]
-        engine = RuntimeEngine(bundle, EngineOptions(dense=True, threads=1))
+        engine = RuntimeEngine(bundle, EngineOptions.of(bundle, dense=True, threads=1))
         logits[name] = engine.prefill(prompt_ids(bundle))
     assert float(np.abs(logits["svd-int8"] - logits["svd-int4"]).max()) > 1e-3
 
@@ -124,6 +126,6 @@ def test_int4_continuation_differs_from_int8(bundle_matrix):
 def test_c_runtime_is_bit_identical_for_any_thread_count(bundle_matrix):
     bundle = bundle_matrix["svd-int4"]
     ids = prompt_ids(bundle)
-    one = greedy(RuntimeEngine(bundle, EngineOptions(threads=1)), ids)[1]
-    two = greedy(RuntimeEngine(bundle, EngineOptions(threads=2)), ids)[1]
+    one = greedy(RuntimeEngine(bundle, EngineOptions.of(bundle, threads=1)), ids)[1]
+    two = greedy(RuntimeEngine(bundle, EngineOptions.of(bundle, threads=2)), ids)[1]
     assert all(np.array_equal(a, b) for a, b in zip(one, two, strict=True))

@@ -109,9 +109,9 @@ def test_ratios_are_validated(alpha, beta, field):
 
 def test_bad_activations_are_reported():
     with pytest.raises(CalibrationError, match="gate_activations"):
-        core_neuron_mask(PROMPT[0])
+        core_neuron_mask(PROMPT[0], alpha=0.4, beta=0.2)
     with pytest.raises(CalibrationError, match="gate_activations"):
-        core_neuron_mask(torch.tensor([[1.0, math.nan]]))
+        core_neuron_mask(torch.tensor([[1.0, math.nan]]), alpha=0.4, beta=0.2)
 
 
 @pytest.mark.parametrize("alpha", [0.4, 0.15, 1.0])

@@ -13,7 +13,9 @@ from safetensors import safe_open
 
 from edge_sdk.cli import main
 from edge_sdk.model.checkpoint import Checkpoint
-from edge_sdk.sparsity.pipeline import ALLOCATION_GRID, CalibrationSettings, allocate_levels, calibrate_model
+from edge_sdk.sparsity.levels import allocate_levels
+from edge_sdk.sparsity.pipeline import calibrate_model
+from edge_sdk.sparsity.settings import ALLOCATION_GRID, CalibrationSettings
 from edge_sdk.sparsity.svd import default_rank
 
 QUICK = ["--tokens", "2048", "--levels", "0.5,0.8"]

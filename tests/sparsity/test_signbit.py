@@ -132,7 +132,7 @@ def test_calibrated_alpha_is_clipped_to_the_range():
     [
         ({"recall_target": 0.0}, "recall_target"),
         ({"recall_target": 1.5}, "recall_target"),
-        ({"alpha_range": (2.0, 1.0)}, "alpha_range"),
+        ({"recall_target": 0.99, "alpha_range": (2.0, 1.0)}, "alpha_range"),
     ],
 )
 def test_calibrate_rejects_bad_settings(kwargs, field):
@@ -144,6 +144,6 @@ def test_calibrate_rejects_bad_settings(kwargs, field):
 def test_shape_mismatches_are_reported():
     packed, x, truly_active = calibration_layer(seed=13)
     with pytest.raises(CalibrationError, match="truly_active"):
-        calibrate_alpha(packed, x, truly_active[:, :10])
+        calibrate_alpha(packed, x, truly_active[:, :10], 0.99)
     with pytest.raises(CalibrationError, match="packed_w"):
         signbit_mask(packed, x[:, :60], 1.0)

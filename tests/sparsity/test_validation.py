@@ -19,14 +19,14 @@ from edge_sdk.model.loader import load_layer
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.sparsity.bundle_model import bundle_predictors, load_reference_decoder
 from edge_sdk.sparsity.collect import read_calibration_texts, token_chunks, token_stream
-from edge_sdk.sparsity.pipeline import CalibrationSettings, calibrate_model, validate_settings
-from edge_sdk.sparsity.validation import (
+from edge_sdk.sparsity.pipeline import calibrate_model
+from edge_sdk.sparsity.settings import (
     DEFAULT_PPL_BUDGET_PERCENT,
     DEFAULT_VALIDATION_TOKENS,
-    LevelValidation,
-    choose_level,
-    split_validation,
+    CalibrationSettings,
+    validate_settings,
 )
+from edge_sdk.sparsity.validation import LevelValidation, choose_level, split_validation
 
 LEVELS = (0.3, 0.6, 0.9)
 
@@ -67,7 +67,7 @@ def test_the_level_rises_while_the_change_stays_within_the_budget():
 @pytest.fixture(scope="module")
 def fp32_bundle(tiny_model_dir, tmp_path_factory):
     calibration = CalibrationSettings(rank=16, max_tokens=1024, sparsity=0.3, levels=LEVELS)
-    settings = ExportSettings(predictor="svd", dtype="fp32", max_seq_len=64, calibration=calibration)
+    settings = ExportSettings(dtype="fp32", max_seq_len=64, calibration=calibration)
     out = tmp_path_factory.mktemp("validation") / "svd"
     return export_bundle(tiny_model_dir, out, settings, [tiny_model_dir / "calibration.txt"])
 

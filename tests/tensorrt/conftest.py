@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import pytest
 
 from edge_sdk.export.exporter import ExportSettings, export_bundle
-from edge_sdk.sparsity.pipeline import CalibrationSettings
+from edge_sdk.sparsity.settings import CalibrationSettings
 
 BUNDLE_KINDS = ("svd", "core")
 
@@ -20,7 +21,7 @@ def trt_bundles(tiny_model_dir, tmp_path_factory):
     calibration = CalibrationSettings(rank=16, max_tokens=2048, levels=(0.5, 0.8), sparsity=0.5)
     paths = {}
     for kind in BUNDLE_KINDS:
-        settings = ExportSettings(predictor=kind, dtype="fp16", max_seq_len=64, calibration=calibration)
+        settings = ExportSettings(dtype="fp16", max_seq_len=64, calibration=replace(calibration, predictor=kind))
         paths[kind] = export_bundle(tiny_model_dir, root / kind, settings, [tiny_model_dir / "calibration.txt"])
     return paths
 

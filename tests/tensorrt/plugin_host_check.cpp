@@ -3,14 +3,19 @@
 // through TensorRT's interfaces: names, attribute validation and its messages, formats, output types and shapes,
 // build-time shape checks, workspace sizes, serialization round trips. Compiled and run by
 // test_plugin_library.py against the TensorRT headers; prints one line per failed check, exits 1 if any failed.
+// Given a nodes file, it also makes the plugin of every custom node of an exported graph as TensorRT's ONNX parser
+// would, and checks that it takes the node's inputs and gives the type the graph declares (checkGraphNode).
 //
-//   plugin_host_check <libedge_trt_plugins.so> <libedge_cuda_kernels.so>
+//   plugin_host_check <libedge_trt_plugins.so> <libedge_cuda_kernels.so> [nodes file]
 #include <NvInferRuntime.h>
 #include <dlfcn.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -111,6 +116,7 @@ void expectRoundTrip(IPluginCreatorV3One* creator, IPluginV3* plugin) {
   for (int32_t i = 0; i < again->nbFields && i < serialized->nbFields; ++i) {
     PluginField const& a = serialized->fields[i];
     PluginField const& b = again->fields[i];
+    // strings: their bytes; every other field here is one float32 or int32
     size_t const bytes = a.type == PluginFieldType::kCHAR ? static_cast<size_t>(a.length) : sizeof(float);
     expect(std::strcmp(a.name, b.name) == 0 && a.type == b.type && a.length == b.length &&
                std::memcmp(a.data, b.data, bytes) == 0,
@@ -214,6 +220,280 @@ void checkSparseFfn(IPluginCreatorV3One* creator, RecordingLogger& logger, size_
   delete plugin;
 }
 
+PluginField intField(char const* name, int32_t const* value) {
+  return PluginField(name, value, PluginFieldType::kINT32, 1);
+}
+
+// Distinct stand-ins for dimension expressions: the plugins copy them into output shapes and never dereference them.
+IDimensionExpr const* fakeDimension(int index) {
+  static int anchors[8];
+  return reinterpret_cast<IDimensionExpr const*>(&anchors[index]);
+}
+
+// An IExprBuilder whose expressions are recorded (TensorRT makes the real one; its methods forward to an
+// apiv::VExprBuilder, which this one is): constants return fakeDimension(4), operations fakeDimension(5).
+class RecordingExprBuilder : public apiv::VExprBuilder {
+ public:
+  struct Operation {
+    DimensionOperation op;
+    IDimensionExpr const* first;
+    IDimensionExpr const* second;
+  };
+  IDimensionExpr const* constant(int64_t value) override {
+    constants.push_back(value);
+    return fakeDimension(4);
+  }
+  IDimensionExpr const* operation(DimensionOperation op, IDimensionExpr const& first,
+                                  IDimensionExpr const& second) override {
+    operations.push_back({op, &first, &second});
+    return fakeDimension(5);
+  }
+  IDimensionExpr const* declareSizeTensor(int32_t, IDimensionExpr const&, IDimensionExpr const&) override {
+    return nullptr;
+  }
+  std::vector<int64_t> constants;
+  std::vector<Operation> operations;
+};
+
+class ExprBuilderOver : public IExprBuilder {
+ public:
+  explicit ExprBuilderOver(apiv::VExprBuilder* impl) { mImpl = impl; }
+};
+
+// The rejections every plugin with a quantized weight layout shares; `valid` completes the other attributes.
+void expectLayoutValidated(IPluginCreatorV3One* creator, RecordingLogger& logger, std::vector<PluginField> valid) {
+  static int32_t const groupOf32 = 32;
+  static int32_t const groupOf48 = 48;
+  static float const floatGroup = 32.0f;
+  auto with = [&](std::vector<PluginField> extra) {
+    auto fields = valid;
+    fields.insert(fields.end(), extra.begin(), extra.end());
+    return fields;
+  };
+  expectRejected(creator, with({intField("group_size", &groupOf32)}), logger,
+                 "attribute 'weight_format' is required, found none");
+  expectRejected(creator, with({stringField("weight_format", "int4")}), logger,
+                 "attribute 'group_size' is required, found none");
+  expectRejected(creator, with({stringField("weight_format", "int2"), intField("group_size", &groupOf32)}), logger,
+                 "attribute 'weight_format': expected one of int8, int4, found 'int2'");
+  expectRejected(creator, with({stringField("weight_format", "int8"), intField("group_size", &groupOf48)}), logger,
+                 "attribute 'group_size': expected 32, 64 or 128, found 48");
+  expectRejected(creator,
+                 with({stringField("weight_format", "int8"),
+                       PluginField("group_size", &floatGroup, PluginFieldType::kFLOAT32, 1)}),
+                 logger, "attribute 'group_size': expected type int32, found float32");
+}
+
+void checkQuantizedSparseFfn(IPluginCreatorV3One* creator, RecordingLogger& logger,
+                             size_t (*workspaceSize)(int, int, int)) {
+  int32_t const groupOf32 = 32;
+  std::vector<PluginField> const layout = {stringField("weight_format", "int4"), intField("group_size", &groupOf32)};
+  auto withLayout = [&](std::vector<PluginField> fields) {
+    fields.insert(fields.end(), layout.begin(), layout.end());
+    return fields;
+  };
+  expectRejected(creator, withLayout({}), logger, "attribute 'activation' is required, found none");
+  expectRejected(creator, withLayout({stringField("activation", "gelu")}), logger,
+                 "attribute 'activation': expected one of relu, fatrelu, drelu, silu, found 'gelu'");
+  expectRejected(creator, withLayout({stringField("activation", "relu"), stringField("alpha", "1")}), logger,
+                 "unknown attribute 'alpha'; expected only activation, activation_threshold, weight_format, "
+                 "group_size");
+  expectLayoutValidated(creator, logger, {stringField("activation", "relu")});
+
+  IPluginV3* plugin = create(creator, withLayout({stringField("activation", "drelu")}), TensorRTPhase::kBUILD);
+  expect(plugin != nullptr, "QuantizedSparseFFN drelu int4 g32 is created");
+  if (plugin == nullptr) return;
+  auto const* core = static_cast<IPluginV3OneCore*>(plugin->getCapabilityInterface(PluginCapabilityType::kCORE));
+  expect(std::strcmp(core->getPluginName(), "QuantizedSparseFFN") == 0 &&
+             std::strcmp(core->getPluginVersion(), "1") == 0 &&
+             std::strcmp(core->getPluginNamespace(), "edge_sdk") == 0,
+         "QuantizedSparseFFN core names");
+
+  // int4: 8 codes per INT32 word; groups of 32
+  int64_t const T = 2, d = 192, D = 768, W = d / 8, G = d / 32;
+  std::vector<DynamicPluginTensorDesc> io = {
+      tensor(DataType::kFLOAT, {T, d}), tensor(DataType::kINT32, {D, W}), tensor(DataType::kHALF, {D, G}),
+      tensor(DataType::kINT32, {D, W}), tensor(DataType::kHALF, {D, G}), tensor(DataType::kINT32, {D, W}),
+      tensor(DataType::kHALF, {D, G}),  tensor(DataType::kINT32, {T, D}), tensor(DataType::kFLOAT, {T, d})};
+  expect(supports(plugin, io, 8), "QuantizedSparseFFN: x fp32, codes int32, scales fp16, mask int32, y fp32");
+  auto halfX = io;
+  halfX[0].desc.type = DataType::kBF16;
+  expect(supports(plugin, halfX, 8), "QuantizedSparseFFN: x bf16");
+  for (DataType codes : {DataType::kINT8, DataType::kUINT8, DataType::kINT4}) {
+    auto byteCodes = io;
+    byteCodes[3].desc.type = codes;
+    expect(!supports(plugin, byteCodes, 8), "QuantizedSparseFFN: codes other than INT32 words are refused");
+  }
+  auto floatScales = io;
+  floatScales[6].desc.type = DataType::kFLOAT;
+  expect(!supports(plugin, floatScales, 8), "QuantizedSparseFFN: only fp16 scales");
+  auto boolMask = io;
+  boolMask[7].desc.type = DataType::kBOOL;
+  expect(!supports(plugin, boolMask, 8), "QuantizedSparseFFN: a BOOL mask is refused");
+  auto withThresholds = io;
+  withThresholds.insert(withThresholds.begin() + 8, tensor(DataType::kFLOAT, {D}));
+  expect(supports(plugin, withThresholds, 9), "QuantizedSparseFFN: fp32 thresholds");
+
+  DataType inputTypes[8] = {DataType::kFLOAT, DataType::kINT32, DataType::kHALF, DataType::kINT32,
+                            DataType::kHALF, DataType::kINT32, DataType::kHALF, DataType::kINT32};
+  DataType outputType = DataType::kINT8;
+  expect(build(plugin)->getOutputDataTypes(&outputType, 1, inputTypes, 8) == 0 && outputType == DataType::kFLOAT,
+         "QuantizedSparseFFN: y is fp32");
+  expect(build(plugin)->getOutputDataTypes(&outputType, 1, inputTypes, 5) != 0,
+         "QuantizedSparseFFN: SparseFFN's 5 inputs are refused");
+
+  expect(build(plugin)->configurePlugin(io.data(), 8, &io[8], 1) == 0, "QuantizedSparseFFN: consistent shapes");
+  expect(build(plugin)->configurePlugin(withThresholds.data(), 9, &withThresholds[9], 1) == 0,
+         "QuantizedSparseFFN: consistent shapes with thresholds");
+  auto int8Words = io;
+  int8Words[3].desc.dims.d[1] = d / 4;
+  logger.last.clear();
+  expect(build(plugin)->configurePlugin(int8Words.data(), 8, &int8Words[8], 1) != 0,
+         "QuantizedSparseFFN: int8-sized w_up codes are refused for int4");
+  expect(logger.last.find("input 'w_up codes' INT32 words per row (int4: columns / 8): expected 24, found 48") !=
+             std::string::npos,
+         "QuantizedSparseFFN codes message, logged '" + logger.last + "'");
+  auto scalesOf64 = io;
+  scalesOf64[6].desc.dims.d[1] = d / 64;
+  logger.last.clear();
+  expect(build(plugin)->configurePlugin(scalesOf64.data(), 8, &scalesOf64[8], 1) != 0,
+         "QuantizedSparseFFN: w_down_t scales of groups of 64 are refused for group_size 32");
+  expect(logger.last.find("input 'w_down_t scales' per row (columns / group_size): expected 6, found 3") !=
+             std::string::npos,
+         "QuantizedSparseFFN scales message, logged '" + logger.last + "'");
+  auto oddWidth = io;
+  oddWidth[0].desc.dims.d[1] = oddWidth[8].desc.dims.d[1] = 200;
+  logger.last.clear();
+  expect(build(plugin)->configurePlugin(oddWidth.data(), 8, &oddWidth[8], 1) != 0,
+         "QuantizedSparseFFN: d = 200 is refused for group_size 32");
+  expect(logger.last.find("input 'w_gate' columns: expected a multiple of group_size 32, found 200") !=
+             std::string::npos,
+         "QuantizedSparseFFN group message, logged '" + logger.last + "'");
+  auto fewerRows = io;
+  fewerRows[2].desc.dims.d[0] = D - 1;
+  expect(build(plugin)->configurePlugin(fewerRows.data(), 8, &fewerRows[8], 1) != 0,
+         "QuantizedSparseFFN: gate scales with D - 1 rows are refused");
+  auto dynamic = io;
+  dynamic[0].desc.dims.d[0] = dynamic[7].desc.dims.d[0] = -1;
+  dynamic[0].max.d[0] = dynamic[7].max.d[0] = 8;
+  expect(build(plugin)->configurePlugin(dynamic.data(), 8, &dynamic[8], 1) == 0,
+         "QuantizedSparseFFN: runtime T configures");
+  expect(build(plugin)->getWorkspaceSize(dynamic.data(), 8, &dynamic[8], 1) == workspaceSize(192, 768, 8),
+         "QuantizedSparseFFN: workspace for the profile's largest T");
+
+  UnusedExprBuilder exprBuilder;
+  DimsExprs inputs[8]{};
+  for (auto& dims : inputs) dims.nbDims = 2;
+  inputs[0].d[0] = fakeDimension(0);
+  inputs[0].d[1] = fakeDimension(1);
+  DimsExprs output{};
+  expect(build(plugin)->getOutputShapes(inputs, 8, nullptr, 0, &output, 1, exprBuilder) == 0 && output.nbDims == 2 &&
+             output.d[0] == fakeDimension(0) && output.d[1] == fakeDimension(1),
+         "QuantizedSparseFFN: y has x's shape");
+
+  IPluginV3* clone = plugin->clone();
+  expect(clone != nullptr, "QuantizedSparseFFN clones");
+  expectRoundTrip(creator, clone != nullptr ? clone : plugin);
+  delete clone;
+  delete plugin;
+}
+
+void checkQuantizedMatMul(IPluginCreatorV3One* creator, RecordingLogger& logger) {
+  int32_t const groupOf64 = 64;
+  int32_t const groupOf32 = 32;
+  int32_t const two = 2;
+  int32_t const zero = 0;
+  expectRejected(creator,
+                 {stringField("weight_format", "int8"), intField("group_size", &groupOf64),
+                  stringField("activation", "relu")},
+                 logger, "unknown attribute 'activation'; expected only weight_format, group_size, transposed");
+  expectRejected(creator,
+                 {stringField("weight_format", "int8"), intField("group_size", &groupOf64),
+                  intField("transposed", &two)},
+                 logger, "attribute 'transposed': expected 0 or 1, found 2");
+  expectLayoutValidated(creator, logger, {});
+  IPluginV3* plugin = create(creator, {stringField("weight_format", "int8"), intField("group_size", &groupOf64)},
+                             TensorRTPhase::kBUILD);
+  expect(plugin != nullptr, "QuantizedMatMul int8 g64 is created");
+  if (plugin == nullptr) return;
+  // transposed (the default): W [N, K], int8: 4 codes per INT32 word; groups of 64
+  int64_t const T = 3, K = 256, N = 77;
+  std::vector<DynamicPluginTensorDesc> io = {tensor(DataType::kHALF, {T, K}), tensor(DataType::kINT32, {N, K / 4}),
+                                             tensor(DataType::kHALF, {N, K / 64}), tensor(DataType::kFLOAT, {T, N})};
+  expect(supports(plugin, io, 3), "QuantizedMatMul: x fp16, codes int32, scales fp16, y fp32");
+  auto int8Codes = io;
+  int8Codes[1].desc.type = DataType::kINT8;
+  expect(!supports(plugin, int8Codes, 3), "QuantizedMatMul: INT8 codes are refused");
+  auto halfOutput = io;
+  halfOutput[3].desc.type = DataType::kHALF;
+  expect(!supports(plugin, halfOutput, 3), "QuantizedMatMul: only fp32 y");
+  DataType inputTypes[3] = {DataType::kHALF, DataType::kINT32, DataType::kHALF};
+  DataType outputType = DataType::kINT8;
+  expect(build(plugin)->getOutputDataTypes(&outputType, 1, inputTypes, 3) == 0 && outputType == DataType::kFLOAT,
+         "QuantizedMatMul: y is fp32");
+  expect(build(plugin)->configurePlugin(io.data(), 3, &io[3], 1) == 0, "QuantizedMatMul: consistent shapes");
+  auto int4Words = io;
+  int4Words[1].desc.dims.d[1] = K / 8;
+  logger.last.clear();
+  expect(build(plugin)->configurePlugin(int4Words.data(), 3, &int4Words[3], 1) != 0,
+         "QuantizedMatMul: int4-sized codes are refused for int8");
+  expect(logger.last.find("input 'w codes' INT32 words per row (int8: columns / 4): expected 64, found 32") !=
+             std::string::npos,
+         "QuantizedMatMul codes message, logged '" + logger.last + "'");
+  expect(build(plugin)->getWorkspaceSize(io.data(), 3, &io[3], 1) == 0, "QuantizedMatMul: no workspace");
+
+  UnusedExprBuilder exprBuilder;
+  DimsExprs inputs[3]{};
+  for (auto& dims : inputs) dims.nbDims = 2;
+  inputs[0].d[0] = fakeDimension(2);
+  inputs[1].d[0] = fakeDimension(3);
+  inputs[1].d[1] = fakeDimension(6);
+  DimsExprs output{};
+  expect(build(plugin)->getOutputShapes(inputs, 3, nullptr, 0, &output, 1, exprBuilder) == 0 && output.nbDims == 2 &&
+             output.d[0] == fakeDimension(2) && output.d[1] == fakeDimension(3),
+         "QuantizedMatMul: y is [T, N], N = W's rows");
+  expect(build(plugin)->getOutputShapes(inputs, 2, nullptr, 0, &output, 1, exprBuilder) != 0,
+         "QuantizedMatMul: 2 inputs are refused");
+  expectRoundTrip(creator, plugin);
+  delete plugin;
+
+  // transposed = 0: W [K, N] (a prompt's neuron-major down rows), int4: 8 codes per word; groups of 32 along N
+  plugin = create(creator,
+                  {stringField("weight_format", "int4"), intField("group_size", &groupOf32),
+                   intField("transposed", &zero)},
+                  TensorRTPhase::kBUILD);
+  expect(plugin != nullptr, "QuantizedMatMul int4 g32 transposed 0 is created");
+  if (plugin == nullptr) return;
+  int64_t const rows = 300, columns = 96;
+  std::vector<DynamicPluginTensorDesc> down = {
+      tensor(DataType::kFLOAT, {T, rows}), tensor(DataType::kINT32, {rows, columns / 8}),
+      tensor(DataType::kHALF, {rows, columns / 32}), tensor(DataType::kFLOAT, {T, columns})};
+  expect(build(plugin)->configurePlugin(down.data(), 3, &down[3], 1) == 0,
+         "QuantizedMatMul transposed 0: W [K, N] with K = x's columns configures");
+  auto otherRows = down;
+  otherRows[1].desc.dims.d[0] = rows + 1;
+  logger.last.clear();
+  expect(build(plugin)->configurePlugin(otherRows.data(), 3, &otherRows[3], 1) != 0,
+         "QuantizedMatMul transposed 0: W with other rows than x's columns is refused");
+  expect(logger.last.find("input 'w codes' rows: expected 300, found 301") != std::string::npos,
+         "QuantizedMatMul transposed 0 rows message, logged '" + logger.last + "'");
+  auto scalesOf64 = down;
+  scalesOf64[2].desc.dims.d[1] = columns / 64 + 1;
+  expect(build(plugin)->configurePlugin(scalesOf64.data(), 3, &scalesOf64[3], 1) != 0,
+         "QuantizedMatMul transposed 0: scales of another group size are refused");
+  RecordingExprBuilder recording;
+  ExprBuilderOver builder(&recording);
+  expect(build(plugin)->getOutputShapes(inputs, 3, nullptr, 0, &output, 1, builder) == 0 && output.nbDims == 2 &&
+             output.d[0] == fakeDimension(2) && output.d[1] == fakeDimension(5),
+         "QuantizedMatMul transposed 0: y is [T, N], N an expression");
+  expect(recording.constants == std::vector<int64_t>{8} && recording.operations.size() == 1 &&
+             recording.operations[0].op == DimensionOperation::kPROD &&
+             recording.operations[0].first == fakeDimension(6) && recording.operations[0].second == fakeDimension(4),
+         "QuantizedMatMul transposed 0: N = W's INT32 words per row x 8");
+  expectRoundTrip(creator, plugin);
+  delete plugin;
+}
+
 void checkSignBit(IPluginCreatorV3One* creator, RecordingLogger& logger) {
   expectRejected(creator, {}, logger, "attribute 'alpha' is required, found none");
   float const zero = 0.0f;
@@ -269,11 +549,118 @@ void checkSvd(IPluginCreatorV3One* creator, RecordingLogger& logger) {
   delete plugin;
 }
 
+// One custom node of an exported graph, as test_plugin_library.py writes it (one item per line):
+//   node <name> <op type>
+//   attribute <name> int|float|string <value>      (floats in C99 hexadecimal, exact)
+//   input <TensorRT DataType value> <rank> <dims>  (-1: a dimension known only at runtime)
+//   output <TensorRT DataType value> <rank> <dims>
+struct NodeAttribute {
+  std::string name, type, value;
+};
+
+struct GraphNode {
+  std::string name, op;
+  std::vector<NodeAttribute> attributes;
+  std::vector<DynamicPluginTensorDesc> inputs;
+  std::vector<DynamicPluginTensorDesc> outputs;
+};
+
+DynamicPluginTensorDesc readTensor(std::istream& in) {
+  int32_t type = 0, rank = 0;
+  in >> type >> rank;
+  std::vector<int64_t> dims(rank > 0 && rank <= Dims::MAX_DIMS ? rank : 0);
+  for (int64_t& dim : dims) in >> dim;
+  return tensor(static_cast<DataType>(type), dims);
+}
+
+std::vector<GraphNode> readNodes(char const* path) {
+  std::ifstream in(path);
+  expect(in.good(), std::string("nodes file ") + path + " opens");
+  std::vector<GraphNode> nodes;
+  std::string item;
+  while (in >> item) {
+    if (item == "node") {
+      nodes.emplace_back();
+      in >> nodes.back().name >> nodes.back().op;
+    } else if (!nodes.empty() && item == "attribute") {
+      NodeAttribute attribute;
+      in >> attribute.name >> attribute.type >> attribute.value;
+      nodes.back().attributes.push_back(attribute);
+    } else if (!nodes.empty() && (item == "input" || item == "output")) {
+      (item == "input" ? nodes.back().inputs : nodes.back().outputs).push_back(readTensor(in));
+    } else {
+      expect(false, "nodes file: unexpected item '" + item + "'");
+      break;
+    }
+  }
+  return nodes;
+}
+
+// The plugin of `node` made as onnx-tensorrt's loadFields makes it (onnxOpImporters.cpp, 10.x): one field for each
+// of the creator's field names the node has, INT as one kINT32, FLOAT as one kFLOAT32, STRING as kCHAR counting its
+// NUL; an attribute that is none of the creator's field names never reaches the plugin, so every attribute of the
+// node but plugin_version / plugin_namespace (which only pick the creator) must be one. The plugin then takes the
+// node's input types (kLINEAR), gives the output type the graph declares, and configures with the node's shapes.
+void checkGraphNode(IPluginCreatorV3One* creator, GraphNode const& node) {
+  std::string const where = node.op + " node '" + node.name + "'";
+  PluginFieldCollection const* known = creator->getFieldNames();
+  std::map<std::string, NodeAttribute const*> attributes;
+  for (NodeAttribute const& attribute : node.attributes) {
+    if (attribute.name == "plugin_version" || attribute.name == "plugin_namespace") continue;
+    attributes[attribute.name] = &attribute;
+    bool isField = false;
+    for (int32_t i = 0; i < known->nbFields; ++i) isField = isField || attribute.name == known->fields[i].name;
+    expect(isField, where + ": attribute '" + attribute.name + "' is one of the creator's field names");
+  }
+  std::vector<int32_t> ints;
+  std::vector<float> floats;
+  ints.reserve(attributes.size());
+  floats.reserve(attributes.size());
+  std::vector<PluginField> fields;
+  for (int32_t i = 0; i < known->nbFields; ++i) {
+    auto const found = attributes.find(known->fields[i].name);
+    if (found == attributes.end()) continue;
+    NodeAttribute const& attribute = *found->second;
+    if (attribute.type == "int") {
+      ints.push_back(static_cast<int32_t>(std::strtol(attribute.value.c_str(), nullptr, 10)));
+      fields.emplace_back(known->fields[i].name, &ints.back(), PluginFieldType::kINT32, 1);
+    } else if (attribute.type == "float") {
+      floats.push_back(std::strtof(attribute.value.c_str(), nullptr));
+      fields.emplace_back(known->fields[i].name, &floats.back(), PluginFieldType::kFLOAT32, 1);
+    } else {
+      fields.push_back(stringField(known->fields[i].name, attribute.value.c_str()));
+    }
+  }
+  IPluginV3* plugin = create(creator, fields, TensorRTPhase::kBUILD);
+  expect(plugin != nullptr, where + ": the creator makes a plugin from the node's attributes");
+  if (plugin == nullptr) return;
+  int32_t const nbInputs = static_cast<int32_t>(node.inputs.size());
+  expect(node.outputs.size() == 1, where + ": one output");
+  std::vector<DataType> inputTypes;
+  for (DynamicPluginTensorDesc const& input : node.inputs) inputTypes.push_back(input.desc.type);
+  DataType outputType = DataType::kBOOL;
+  bool const typed = build(plugin)->getOutputDataTypes(&outputType, 1, inputTypes.data(), nbInputs) == 0;
+  expect(typed && !node.outputs.empty() && outputType == node.outputs[0].desc.type,
+         where + ": the plugin's output type (TensorRT DataType " + std::to_string(static_cast<int32_t>(outputType)) +
+             ") is the graph's");
+  std::vector<DynamicPluginTensorDesc> io = node.inputs;
+  io.insert(io.end(), node.outputs.begin(), node.outputs.end());
+  for (int32_t pos = 0; pos < static_cast<int32_t>(io.size()); ++pos) {
+    expect(build(plugin)->supportsFormatCombination(pos, io.data(), nbInputs, 1),
+           where + ": takes " + (pos < nbInputs ? "input " : "output ") +
+               std::to_string(pos < nbInputs ? pos : pos - nbInputs) + " as the graph types it (TensorRT DataType " +
+               std::to_string(static_cast<int32_t>(io[pos].desc.type)) + ")");
+  }
+  expect(build(plugin)->configurePlugin(io.data(), nbInputs, io.data() + nbInputs, 1) == 0,
+         where + ": configures with the graph's shapes");
+  delete plugin;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: %s libedge_trt_plugins.so libedge_cuda_kernels.so\n", argv[0]);
+  if (argc != 3 && argc != 4) {
+    std::fprintf(stderr, "usage: %s libedge_trt_plugins.so libedge_cuda_kernels.so [nodes file]\n", argv[0]);
     return 2;
   }
   void* kernels = dlopen(argv[2], RTLD_NOW | RTLD_GLOBAL);
@@ -296,8 +683,9 @@ int main(int argc, char** argv) {
   setLoggerFinder(&finder);
   int32_t count = 0;
   IPluginCreatorInterface* const* creators = getCreators(count);
-  expect(count == 3, "three creators");
+  expect(count == 5, "five creators");
   std::vector<std::string> names;
+  std::map<std::string, IPluginCreatorV3One*> byName;
   for (int32_t i = 0; i < count; ++i) {
     expect(std::strcmp(creators[i]->getInterfaceInfo().kind, "PLUGIN CREATOR_V3ONE") == 0, "IPluginCreatorV3One");
     auto* creator = static_cast<IPluginCreatorV3One*>(creators[i]);
@@ -305,11 +693,25 @@ int main(int argc, char** argv) {
     expect(std::strcmp(creator->getPluginNamespace(), "edge_sdk") == 0, "creator namespace edge_sdk");
     std::string const name = creator->getPluginName();
     names.push_back(name);
+    byName[name] = creator;
     if (name == "SparseFFN") checkSparseFfn(creator, logger, workspaceSize);
     if (name == "SignBitPredictor") checkSignBit(creator, logger);
     if (name == "SvdPredictor") checkSvd(creator, logger);
+    if (name == "QuantizedSparseFFN") checkQuantizedSparseFfn(creator, logger, workspaceSize);
+    if (name == "QuantizedMatMul") checkQuantizedMatMul(creator, logger);
   }
-  expect(names == std::vector<std::string>{"SvdPredictor", "SignBitPredictor", "SparseFFN"}, "creator names");
+  expect(names == std::vector<std::string>{"SvdPredictor", "SignBitPredictor", "SparseFFN", "QuantizedSparseFFN",
+                                           "QuantizedMatMul"},
+         "creator names");
+  if (argc == 4) {
+    std::vector<GraphNode> const nodes = readNodes(argv[3]);
+    expect(!nodes.empty(), "the nodes file lists nodes");
+    for (GraphNode const& node : nodes) {
+      auto const creator = byName.find(node.op);
+      expect(creator != byName.end(), node.op + " node '" + node.name + "': a creator of that name");
+      if (creator != byName.end()) checkGraphNode(creator->second, node);
+    }
+  }
   std::printf("%s\n", gFailures == 0 ? "all checks passed" : "some checks failed");
   return gFailures == 0 ? 0 : 1;
 }

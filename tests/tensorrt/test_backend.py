@@ -14,6 +14,7 @@ from edge_sdk.backends import tensorrt as backend
 from edge_sdk.backends.c_runtime import tensorrt_engine_info
 from edge_sdk.backends.tensorrt import availability, builder
 
+from edge_sdk.bundle import LevelChoice
 from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions, get_backend
 
 from .fake_engine import fake_tensorrt_package
@@ -27,7 +28,7 @@ def test_registered_under_its_name():
 def test_load_refuses_with_the_probe_reason(monkeypatch):
     monkeypatch.setattr(backend, "probe", lambda: (False, "no CUDA device"))
     with pytest.raises(BackendUnavailable, match="backend 'tensorrt' is not available here: no CUDA device"):
-        backend.BACKEND.load(object(), EngineOptions())
+        backend.BACKEND.load(object(), EngineOptions(LevelChoice(None, None, False)))
 
 
 def test_build_needs_tensorrts_python_package(monkeypatch, trt_bundles):
@@ -153,18 +154,17 @@ def test_build_refuses_a_bundle_too_short_for_a_decode_step(fake_trt, trt_bundle
     assert not (tmp_path / "cache").exists()
 
 
-@pytest.mark.parametrize("dtype", ["int8", "int4"])
-def test_build_refuses_quantized_bundles_with_the_reason(fake_trt, trt_bundles, tmp_path, dtype):
-    """int8 / int4 graphs are not TensorRT-ready (tests/tensorrt/test_compatibility.py lists the gaps): the build says
-    so before TensorRT's parser would, and writes nothing."""
-    bundle = trt_bundles["svd"]
-    manifest = types.SimpleNamespace(dtype=dtype, raw=bundle.manifest.raw)
-    quantized = types.SimpleNamespace(
-        path=bundle.path, config=bundle.config, sparsity=bundle.sparsity, manifest=manifest, max_seq_len=64
-    )
-    with pytest.raises(builder.EngineBuildError, match=rf"no TensorRT engine for {dtype} weights yet: .*--dtype fp16"):
-        backend.build_engine(quantized, cache_dir=tmp_path / "cache")
-    assert not (tmp_path / "cache").exists()
+@pytest.mark.parametrize("name", ["svd-int8", "svd-int4"])
+def test_build_takes_quantized_bundles_to_tensorrt(fake_trt, bundle_matrix, tmp_path, name):
+    """int8 / int4 graphs keep every rule of the static check since their products with quantized matrices go to the
+    quantized plugins (tests/tensorrt/test_compatibility.py): the build hands their decode.onnx to TensorRT's parser
+    like any other and caches the engine."""
+    bundle = bundle_matrix[name]
+    trt = sys.modules["tensorrt"]
+    directory = backend.build_engine(bundle, cache_dir=tmp_path / "cache")
+    ((parsed, _, _),) = trt.builds
+    assert parsed == str(bundle.graph_path("decode"))
+    assert sorted(path.name for path in directory.iterdir()) == ["engine.json", "model.engine"]
 
 
 def test_doctor_says_whether_the_bundles_engine_is_cached(fake_trt, fake_trt_build, trt_bundles):

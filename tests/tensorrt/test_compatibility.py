@@ -4,8 +4,9 @@ the graph TensorRT parses (decode.onnx) of 7B-sized models as exported today, th
 
 The 7B graphs are built with the exporter's graph builder from the configs (one layer, the real d, D, heads, kv
 heads and vocabulary): the check reads graphs without their weights' bytes, so a multi-gigabyte export would test
-nothing more. Which rules today's graphs break is asserted exactly; the rule-by-rule cases that wait for a contract
-change are strict xfails that name the fix, so they fail the day it lands and their marker must go.
+nothing more. Every graph of every model, predictor kind and weight dtype keeps every rule, one test per rule: the
+float graphs since issue 21 (INT32 masks, weights kept in their bundle dtype), the int8 / int4 ones since their
+products with quantized matrices went to the QuantizedMatMul / QuantizedSparseFFN plugins (issue 23 item 5).
 """
 
 from __future__ import annotations
@@ -197,10 +198,15 @@ def test_dequantize_linear_takes_signed_int4_or_int8_with_zero_point_0_only():
         )  # fmt: skip
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
 
-    assert _rules(dequantize(TensorProto.INT4, None)) == []  # what int4 bundles hold
-    assert _rules(dequantize(TensorProto.INT8, 0)) == []
+    assert _rules(dequantize(TensorProto.INT4, None)) == []  # what int4 bundles' prefill.onnx holds
+    # group-wise INT8: TensorRT 10.3 dequantizes blocks of INT4 only (int8 bundles' decode.onnx has no DequantizeLinear)
+    assert _rules(dequantize(TensorProto.INT8, 0)) == [("dq-block-int4", "dq")]
     # the int4 bundles of format version 1: Q4_0's unsigned nibbles with zero point 8
-    assert _rules(dequantize(TensorProto.UINT4, 8)) == [("op-dtype", "dq"), ("dq-zero-point", "dq")]
+    assert _rules(dequantize(TensorProto.UINT4, 8)) == [
+        ("op-dtype", "dq"),
+        ("dq-block-int4", "dq"),
+        ("dq-zero-point", "dq"),
+    ]
     assert _rules(dequantize(TensorProto.INT4, 1)) == [("dq-zero-point", "dq")]
 
 
@@ -240,13 +246,6 @@ LEVELS = 2
 RANK = 96
 GROUP_SIZE = 32
 SAFETENSORS_ITEMSIZE = {"F16": 2, "BF16": 2, "F32": 4, "I32": 4, "I8": 1, "U8": 1}
-# The quantized graphs' known gaps on TensorRT (issue 23 item 3), each with the change it waits for.
-QUANTIZED_GAPS = {
-    "dq-weight-copy": "SparseFFN takes dequantized float32 rows (and int4 codes pass a column Gather): TensorRT "
-    "would fold them to float32 copies; needs the quantized SparseFFN plugin taking codes and scales",
-    "fp32-weight-copy": "the fp16 scales are Cast to float32 for DequantizeLinear (exact products); a float32 "
-    "copy of the scales, 1/8 of an int4 matrix's bytes",
-}
 
 
 def stored_tensors(config: ModelConfig, kind: str, dtype: str) -> dict[str, graphs.ExternalTensor]:
@@ -277,7 +276,7 @@ def built_graphs(model: str, kind: str, dtype: str) -> dict[str, onnx.ModelProto
             "weights.safetensors",
             stored_tensors(config, kind, dtype),
             kind,
-            signbit_alphas=(1.25,),
+            layer_attributes=({"alpha": 1.25},),  # the one layer's signbit alpha
             quant_format=dtype if quantized else None,
             group_size=GROUP_SIZE if quantized else None,
         )
@@ -293,34 +292,14 @@ def violations_of(model: str, kind: str, dtype: str) -> list[compatibility.Viola
     return _checked[key]
 
 
-def failing_today(kind: str, dtype: str) -> dict[tuple[str, str], str]:
-    """{(graph, rule): the fix it waits for} of today's graphs: none for float weights since issue 21 items 1 and 3
-    (INT32 masks, weights kept in their bundle dtype); the quantized graphs' gaps otherwise (int4 codes are signed
-    INT4 without a zero point, so int4 graphs keep op-dtype and dq-zero-point)."""
-    gaps = QUANTIZED_GAPS if dtype in QUANTIZED_DTYPES else {}
-    return {(f"{ENGINE_GRAPH}.onnx", rule): reason for rule, reason in gaps.items()}
-
-
 CASES = [(model, kind, dtype) for model in MODELS for kind in KINDS for dtype in DTYPES]
 
 
-@pytest.mark.parametrize(("model", "kind", "dtype"), CASES)
-def test_todays_graphs_fail_exactly_the_known_rules(model, kind, dtype):
-    found = {(v.graph, v.rule) for v in violations_of(model, kind, dtype)}
-    assert found == set(failing_today(kind, dtype))
-
-
 def _rule_cases():
+    graph = f"{ENGINE_GRAPH}.onnx"
     for model, kind, dtype in CASES:
-        failing = failing_today(kind, dtype)
-        for graph in (f"{ENGINE_GRAPH}.onnx",):
-            for rule in RULES:
-                marks = ()
-                if (graph, rule) in failing:
-                    marks = pytest.mark.xfail(strict=True, reason=failing[(graph, rule)])
-                yield pytest.param(
-                    model, kind, dtype, graph, rule, marks=marks, id=f"{model}-{kind}-{dtype}-{graph}-{rule}"
-                )
+        for rule in RULES:
+            yield pytest.param(model, kind, dtype, graph, rule, id=f"{model}-{kind}-{dtype}-{graph}-{rule}")
 
 
 @pytest.mark.parametrize(("model", "kind", "dtype", "graph", "rule"), list(_rule_cases()))
@@ -360,12 +339,14 @@ def test_core_prefill_hands_the_selection_to_the_host(phase):
     assert compatibility.check_graph(graph, f"{phase}.onnx") == []
 
 
-def test_every_op_is_in_the_table_and_every_tensor_typed():
+@pytest.mark.parametrize("dtype", ["fp16", *QUANTIZED_DTYPES])
+def test_every_op_is_in_the_table_and_every_tensor_typed(dtype):
     """The rules can only judge what they see: every op of every graph is in the support table (a missing one
-    would be reported as unsupported-op) and shape inference types every tensor the nodes make."""
+    would be reported as unsupported-op) and shape inference types every tensor the nodes make (through the
+    quantized ops' reference functions too)."""
     for model in MODELS:
         for kind in KINDS:
-            for phase, graph in built_graphs(model, kind, "fp16").items():
+            for phase, graph in built_graphs(model, kind, dtype).items():
                 used = {node.op_type for node in graph.graph.node if node.domain != ops.DOMAIN}
                 assert used <= set(compatibility.SUPPORTED_TYPES), (model, kind, phase)
                 types = compatibility.tensor_types(graph)
@@ -396,15 +377,7 @@ def test_weight_memory_of_llama2_7b_svd(dtype):
         )
 
 
-def _memory_cases():
-    for model, kind, dtype in CASES:
-        marks = ()
-        if dtype in QUANTIZED_DTYPES:
-            marks = pytest.mark.xfail(strict=True, reason=QUANTIZED_GAPS["dq-weight-copy"])
-        yield pytest.param(model, kind, dtype, marks=marks, id=f"{model}-{kind}-{dtype}")
-
-
-@pytest.mark.parametrize(("model", "kind", "dtype"), list(_memory_cases()))
+@pytest.mark.parametrize(("model", "kind", "dtype"), CASES, ids=["-".join(case) for case in CASES])
 def test_the_engine_holds_at_most_1_1x_the_bundles_weights(model, kind, dtype):
     """Issue 21 item 3: one engine (decode.onnx, prefill and decode profiles) holds the weights once; the two
     engines of prefill.onnx and decode.onnx held them about twice."""
@@ -416,21 +389,44 @@ def test_the_engine_holds_at_most_1_1x_the_bundles_weights(model, kind, dtype):
     assert two_engines > 1.8 * memory.bundle_weights
 
 
-def test_quantized_dense_projections_stay_quantized_and_the_ffn_rows_are_what_folds():
-    """The int8 graph's dense projections are DequantizeLinear -> Gemm, which TensorRT keeps quantized; what the
-    estimate adds in float32 is exactly the FFN matrices SparseFFN reads dequantized, and the scales."""
+@pytest.mark.parametrize("dtype", QUANTIZED_DTYPES)
+@pytest.mark.parametrize("kind", ["svd", "core"])
+def test_quantized_graphs_hand_every_quantized_matrix_to_a_plugin_once(kind, dtype):
+    """Issue 23 item 5: decode.onnx of an int8 / int4 bundle has no DequantizeLinear and no Cast of a weight; every
+    quantized matrix is one INT32 initializer over its codes' bytes ([rows, row bytes / 4]), read by the quantized
+    plugins only (with its fp16 scales as stored), so the engine holds exactly the bundle's bytes. prefill.onnx (ONNX
+    Runtime's) keeps DequantizeLinear -> Gemm over the codes as INT8 / INT4."""
     config = MODELS["llama2-7b"]
-    decode = built_graphs("llama2-7b", "none", "int8")[ENGINE_GRAPH]
-    copies = [v for v in compatibility.check_graph(decode, "decode.onnx") if v.rule == "dq-weight-copy"]
-    ffn_matrix = config.intermediate_size * config.hidden_size
-    assert len(copies) == 3 and all(f"float32 copy of {4 * ffn_matrix} bytes" in v.message for v in copies)
-    tensors = stored_tensors(config, "none", "int8")
-    memory = compatibility.weight_memory(built_graphs("llama2-7b", "none", "int8"))
-    scales = sum(t.length for name, t in tensors.items() if name.endswith(".scales"))
-    ffn_codes = 3 * ffn_matrix
-    # a float32 copy of the FFN codes beside the int8 codes (the prompt's dense FFN reads them through
-    # DequantizeLinear -> Gemm, which stays quantized), and every scale as float32 beside its fp16 bytes
-    assert memory.engine - memory.bundle_weights == 4 * ffn_codes + scales
+    graphs_of_bundle = built_graphs("llama2-7b", kind, dtype)
+    decode, prefill = graphs_of_bundle[ENGINE_GRAPH], graphs_of_bundle["prefill"]
+    tensors = stored_tensors(config, kind, dtype)
+    quantized = {name.removesuffix(".scales") for name in tensors if name.endswith(".scales")}
+    assert not any(node.op_type == "DequantizeLinear" for node in decode.graph.node)
+    assert not any(v.rule == "fp32-weight-copy" for v in violations_of("llama2-7b", kind, dtype))  # no Cast of one
+    initializers = {t.name: t for t in decode.graph.initializer}
+    readers: dict[str, set[str]] = {}
+    for node in decode.graph.node:
+        for name in node.input:
+            readers.setdefault(name, set()).add(node.op_type)
+    for name in quantized:
+        rows, row_bytes = tensors[name].shape
+        assert initializers[name].data_type == TensorProto.INT32
+        assert list(initializers[name].dims) == [rows, row_bytes // 4]
+        assert readers[name] <= {"QuantizedMatMul", "QuantizedSparseFFN"}, (name, readers[name])
+        assert readers[name + ".scales"] <= {"QuantizedMatMul", "QuantizedSparseFFN"}
+        assert initializers[name + ".scales"].data_type == TensorProto.FLOAT16
+    ffn = [node for node in decode.graph.node if node.op_type == "QuantizedSparseFFN"]
+    assert len(ffn) == 1 and [a.i for a in ffn[0].attribute if a.name == "group_size"] == [GROUP_SIZE]
+    # the prompt's dense FFN reads the neuron-major down rows that QuantizedSparseFFN reads, through QuantizedMatMul
+    down = "layers.0.mlp.down_proj.weight_t"
+    down_products = [node for node in decode.graph.node if node.op_type == "QuantizedMatMul" and down in node.input]
+    assert [[a.i for a in node.attribute if a.name == "transposed"] for node in down_products] == [[0]]
+    memory = compatibility.weight_memory(graphs_of_bundle)
+    assert memory.engine == memory.bundle_weights
+    prefill_types = {t.name: t.data_type for t in prefill.graph.initializer}
+    code_type = TensorProto.INT8 if dtype == "int8" else TensorProto.INT4
+    assert {prefill_types[name] for name in quantized} == {code_type}
+    assert sum(node.op_type == "DequantizeLinear" for node in prefill.graph.node) == len(quantized)
 
 
 # ----------------------------------------------------------------------------------- the command on a bundle

@@ -34,7 +34,7 @@ def test_engine_steps_reproduce_onnx_runtime(fake_trt, trt_bundles, kind):
     level = 0.8 if kind == "svd" else None
     build_engine(bundle)
     before = fake_trt.report()
-    engine = BACKEND.load(bundle, EngineOptions(sparsity=level))
+    engine = BACKEND.load(bundle, EngineOptions.of(bundle, level))
     assert engine.backend == "tensorrt"
     reference = OrtBundleSession(bundle, level=level)
     loaded = fake_trt.report()
@@ -70,10 +70,31 @@ def test_engine_steps_reproduce_onnx_runtime(fake_trt, trt_bundles, kind):
     assert (after["runtimes"], after["engines"], after["contexts"]) == (0, 0, 0)
 
 
+@pytest.mark.parametrize("name", ["svd-int8", "svd-int4"])
+def test_quantized_engine_steps_reproduce_onnx_runtime(fake_trt, bundle_matrix, name):
+    """An int8 / int4 bundle's engine (decode.onnx: every quantized product a QuantizedMatMul / QuantizedSparseFFN
+    node, run here by the ops' reference functions) goes through libedge_sdk's TensorRT engine as a float one does:
+    prompt and decode steps give OrtBundleSession's logits (prefill.onnx's DequantizeLinear -> Gemm for the prompt)
+    exactly, so the greedy ids are the same."""
+    bundle = bundle_matrix[name]
+    build_engine(bundle)
+    engine = BACKEND.load(bundle, EngineOptions.of(bundle, 0.8))
+    reference = OrtBundleSession(bundle, level=0.8)
+    try:
+        ours, theirs = engine.prefill(IDS), reference.prefill(np.array([IDS]))[0, -1]
+        for _ in range(DECODE_STEPS):
+            np.testing.assert_array_equal(ours, theirs)
+            token = int(theirs.argmax())
+            ours, theirs = engine.decode(token), reference.decode(np.array([[token]]))[0, -1]
+        np.testing.assert_array_equal(ours, theirs)
+    finally:
+        engine.close()
+
+
 def test_only_a_longer_prompt_allocates(fake_trt, trt_bundles):
     bundle = trt_bundles["svd"]
     build_engine(bundle)
-    engine = BACKEND.load(bundle, EngineOptions())
+    engine = BACKEND.load(bundle, EngineOptions.of(bundle))
     try:
         start = fake_trt.report()["allocation_calls"]
         engine.prefill(IDS[:3])
@@ -92,7 +113,7 @@ def test_only_a_longer_prompt_allocates(fake_trt, trt_bundles):
 def test_sequence_longer_than_max_seq_len_is_refused(fake_trt, trt_bundles):
     bundle = trt_bundles["svd"]
     build_engine(bundle)
-    engine = BACKEND.load(bundle, EngineOptions())
+    engine = BACKEND.load(bundle, EngineOptions.of(bundle))
     try:
         with pytest.raises(EdgeSdkError, match="decode: call edge_session_prefill first"):
             engine.decode(1)
@@ -113,7 +134,7 @@ def test_without_an_engine_the_backend_says_to_build_it(fake_trt, trt_bundles):
     bundle = trt_bundles["svd"]
     expected = f"no TensorRT engine cached for this bundle on this device: run `edge-sdk build {bundle.path}` first"
     with pytest.raises(BackendUnavailable, match=expected.replace("(", r"\(")):
-        BACKEND.load(bundle, EngineOptions())
+        BACKEND.load(bundle, EngineOptions.of(bundle))
     with pytest.raises(BackendUnavailable, match=r"backend 'tensorrt' \(--backend\) is not available here: no Tens"):
         select_backend("tensorrt", bundle)
     selection = select_backend(None, bundle)  # auto: skipped, with the reason, for the next backend that runs it
@@ -129,7 +150,7 @@ def test_engine_of_another_tensorrt_says_to_rebuild(fake_trt, trt_bundles, monke
     build_engine(bundle)
     monkeypatch.setenv("EDGE_FAKE_TENSORRT_VERSION", "100700")
     with pytest.raises(BackendUnavailable) as refused:
-        BACKEND.load(bundle, EngineOptions())
+        BACKEND.load(bundle, EngineOptions.of(bundle))
     message = str(refused.value)
     assert "engine built by TensorRT 10.3.0, this is 10.7.0" in message
     assert f"rebuild with `edge-sdk build {bundle.path} --force`" in message
@@ -140,7 +161,7 @@ def test_engine_tensorrt_refuses_says_what_it_said_and_how_to_rebuild(fake_trt, 
     directory = build_engine(bundle)
     (directory / "model.engine").write_bytes(b"a plan serialized by another TensorRT")
     with pytest.raises(BackendUnavailable) as refused:
-        BACKEND.load(bundle, EngineOptions())
+        BACKEND.load(bundle, EngineOptions.of(bundle))
     message = str(refused.value)
     assert "model.engine: TensorRT could not load this engine (TensorRT: fake TensorRT: the plan is no fake" in message
     assert "this process has TensorRT 10.3.0, Fake Orin (compute capability 8.7)" in message

@@ -1,6 +1,7 @@
 """End to end on a device with TensorRT >= 10.3 (its Python package too, for `edge-sdk build`), a libedge_sdk built
 with it and the plugin library: the engine built from a bundle, run by libedge_sdk's TensorRT engine, gives ONNX
-Runtime's logits (same fp16 weights, fp32 math) and the same greedy tokens, and the cache is reused.
+Runtime's logits (same fp16 weights, fp32 math; for int8 / int4 bundles the same dequantized weights, through the
+QuantizedMatMul / QuantizedSparseFFN plugins) and the same greedy tokens, and the cache is reused.
 tests/tensorrt/test_engine_buffers.py runs the same path on a fake TensorRT everywhere."""
 
 from __future__ import annotations
@@ -27,13 +28,10 @@ DECODE_STEPS = 16
 LOGITS_TOLERANCE = 1e-3
 
 
-@pytest.mark.parametrize("kind", ["svd", "core"])
-def test_engine_matches_onnx_runtime(trt_bundles, tiny_model_dir, tmp_path, monkeypatch, kind):
-    monkeypatch.setenv("EDGE_SDK_ENGINE_CACHE", str(tmp_path))
-    bundle = Bundle.open(trt_bundles[kind])
+def assert_engine_matches_onnx_runtime(bundle: Bundle, tiny_model_dir) -> None:
     ids = Tokenizer.from_dir(tiny_model_dir).encode(PROMPT)
     build_engine(bundle)  # into $EDGE_SDK_ENGINE_CACHE, where the C engine looks
-    engine = BACKEND.load(bundle, EngineOptions())
+    engine = BACKEND.load(bundle, EngineOptions.of(bundle))
     reference = OrtBundleSession(bundle)
     try:
         ours, theirs = engine.prefill(ids), reference.prefill(np.array([ids]))[0, -1]
@@ -44,6 +42,20 @@ def test_engine_matches_onnx_runtime(trt_bundles, tiny_model_dir, tmp_path, monk
             ours, theirs = engine.decode(token), reference.decode(np.array([[token]]))[0, -1]
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("kind", ["svd", "core"])
+def test_engine_matches_onnx_runtime(trt_bundles, tiny_model_dir, tmp_path, monkeypatch, kind):
+    monkeypatch.setenv("EDGE_SDK_ENGINE_CACHE", str(tmp_path))
+    assert_engine_matches_onnx_runtime(Bundle.open(trt_bundles[kind]), tiny_model_dir)
+
+
+@pytest.mark.parametrize("name", ["svd-int8", "svd-int4"])
+def test_quantized_engine_matches_onnx_runtime(bundle_matrix, tiny_model_dir, tmp_path, monkeypatch, name):
+    """The int8 / int4 engine: every quantized product in the plugins, prompt (QuantizedMatMul, both layouts) and
+    decode steps (QuantizedSparseFFN), against ONNX Runtime's reference functions on the same bundle."""
+    monkeypatch.setenv("EDGE_SDK_ENGINE_CACHE", str(tmp_path))
+    assert_engine_matches_onnx_runtime(Bundle.open(bundle_matrix.path(name)), tiny_model_dir)
 
 
 def test_engine_cache_is_reused(trt_bundles, tmp_path):

@@ -1,0 +1,321 @@
+"""The custom ops' schemas: each op's inputs, outputs and attributes with their types and shapes, what it means,
+and the error bound every implementation may have against the reference (ERROR_BOUNDS)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edge_sdk.bundle.graph_ops import PLUGIN_NAMESPACE, PLUGIN_VERSION
+from edge_sdk.model.activation import SUPPORTED_ACTIVATIONS
+
+ACTIVATIONS = SUPPORTED_ACTIVATIONS
+
+FLOAT_TYPES = ("float16", "bfloat16", "float32")
+# The quantized weight formats (edge_sdk/quant.py, plugins/kernels/cpu/QUANT.md) and their group sizes.
+WEIGHT_FORMATS = ("int8", "int4")
+GROUP_SIZES = (32, 64, 128)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output of an op.
+
+    shape lists the dimension symbols (T tokens, d hidden size, D neurons, r predictor rank, W = ceil(d / 32); for
+    quantized matrices v codes per INT32 word, 4 for int8 and 8 for int4, and G the group size; K and N a
+    QuantizedMatMul's input and output sizes).
+    dtypes lists the accepted element types; tensors naming the same type_var must share one. An optional
+    input is absent only by being left off the end of the node's inputs: TensorRT 10.x's ONNX parser turns an
+    empty input name into a null ITensor and hands it to addPluginV3 (onnx-tensorrt ModelImporter.cpp).
+    """
+
+    name: str
+    shape: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    doc: str
+    type_var: str = ""
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class AttributeSpec:
+    """One attribute of an op: its ONNX type ("string", "float" or "int") and the values it may take.
+
+    default None means required. allowed, when non-empty, lists every accepted value. A float is checked
+    after rounding to float32 (what the node stores) and must be finite and above minimum (or equal to it
+    when minimum_inclusive). round_up: make_node rounds the value up to float32 rather than to nearest, for
+    a bound whose calibrated value must not shrink (alpha: a smaller one predicts fewer neurons active).
+    """
+
+    name: str
+    type: str
+    doc: str
+    default: str | float | int | None = None
+    allowed: tuple[str | int, ...] = ()  # string and int attributes only
+    minimum: float | None = None
+    minimum_inclusive: bool = True
+    round_up: bool = False
+
+
+@dataclass(frozen=True)
+class OpSchema:
+    """A custom op in domain edge_sdk: its interface, meaning (doc) and the error other implementations may have.
+
+    tolerance says in words what ERROR_BOUNDS[name] declares in numbers.
+    """
+
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    attributes: tuple[AttributeSpec, ...]
+    doc: str
+    tolerance: str
+
+
+PLUGIN_ATTRIBUTES = (
+    AttributeSpec(
+        "plugin_version",
+        "string",
+        "TensorRT plugin creator version; the parser looks the creator up by op type, version and namespace.",
+        default=PLUGIN_VERSION,
+        allowed=(PLUGIN_VERSION,),
+    ),
+    AttributeSpec(
+        "plugin_namespace",
+        "string",
+        "TensorRT plugin creator namespace.",
+        default=PLUGIN_NAMESPACE,
+        allowed=(PLUGIN_NAMESPACE,),
+    ),
+)
+
+_X = TensorSpec("x", ("T", "d"), FLOAT_TYPES, "FFN input tokens (the normalised hidden states); T >= 1.", type_var="TX")
+# int32, not bool: TensorRT 10.3 plugins can neither output kBOOL / kUINT8 (NvInferRuntime.h 10.3,
+# IPluginV3OneBuild::getOutputDataTypes) nor reliably take BOOL / INT8 inputs (NVIDIA/TensorRT#3959).
+_MASK = TensorSpec(
+    "mask",
+    ("T", "D"),
+    ("int32",),
+    "1 where neuron i is predicted active for token t, 0 elsewhere; consumers treat any nonzero as active.",
+)
+
+_ACTIVATION_ATTRIBUTES = (
+    AttributeSpec(
+        "activation",
+        "string",
+        "Gate activation a = act(g): relu, fatrelu (g > t ? g : 0), drelu (relu on gate and up), "
+        "silu (g * sigmoid(g)).",
+        allowed=ACTIVATIONS,
+    ),
+    AttributeSpec(
+        "activation_threshold",
+        "float",
+        "fatrelu's cut-off t; must be 0 for the other activations.",
+        default=0.0,
+        minimum=0.0,
+    ),
+)
+_QUANT_ATTRIBUTES = (
+    AttributeSpec(
+        "weight_format",
+        "string",
+        "How the codes are stored (plugins/kernels/cpu/QUANT.md): int8, one byte per value; int4, one signed "
+        "two's-complement nibble per value, byte k of each 32-value block holding value k (low nibble) and 16 + k "
+        "(high nibble).",
+        allowed=WEIGHT_FORMATS,
+    ),
+    AttributeSpec("group_size", "int", "Values per fp16 scale along each row of a matrix.", allowed=GROUP_SIZES),
+)
+_THRESHOLDS = TensorSpec(
+    "thresholds",
+    ("D",),
+    ("float32",),
+    "CHESS per-neuron thresholds: active also needs |a_i| > t_i. Absent means no such condition.",
+    optional=True,
+)
+_SPARSE_FFN_DOC = (
+    "One decode step of the sparse gated FFN, sequential pipeline (DESIGN 3.1), float32 math on float32-converted "
+    "weights: g = x w_gate^T; a = act(g); active = mask and a != 0 [and |a| > thresholds]; u = x w_up^T, relu(u) "
+    "for drelu; h = active ? a * u : 0; y = h w_down_t. Only active neurons need their w_up and w_down_t rows read."
+)
+
+
+def _quantized(name: str, shape: tuple[str, str], what: str) -> tuple[TensorSpec, TensorSpec]:
+    """The two inputs of a quantized matrix [rows, cols] (shape: the symbols of rows and cols): its codes and its
+    scales."""
+    rows, cols = shape
+    codes = TensorSpec(
+        name,
+        (rows, f"{cols} / v"),
+        ("int32",),
+        f"{what}: the codes of weight_format, v = 4 (int8) or 8 (int4) per INT32 word, little-endian: the "
+        "bundle's bytes of the codes as they are stored.",
+    )
+    scales = TensorSpec(
+        f"{name}_scales",
+        (rows, f"{cols} / G"),
+        ("float16",),
+        f"Scale of each group of G = group_size consecutive values of a row of {name}: value j of row i is "
+        f"code * {name}_scales[i, j / G], exact in float32.",
+    )
+    return codes, scales
+
+
+SCHEMAS: dict[str, OpSchema] = {
+    schema.name: schema
+    for schema in (
+        OpSchema(
+            name="SvdPredictor",
+            inputs=(
+                _X,
+                TensorSpec("a", ("D", "r"), ("float32",), "Left factor U_r Sigma_r."),
+                TensorSpec("b", ("r", "d"), ("float32",), "Right factor V_r^T S^-1 (whitened)."),
+                TensorSpec("bias", ("D",), ("float32",), "Calibrated per-neuron bias (-tau)."),
+            ),
+            outputs=(_MASK,),
+            attributes=PLUGIN_ATTRIBUTES,
+            doc="Low-rank predictor of the gate: mask = ((x b^T) a^T + bias) > 0, computed in float32.",
+            tolerance=(
+                "Exact except where |score| is within rounding error of 0 (different summation orders): a decision "
+                "may differ only where |score| <= bound * max |score|, bound by x's type."
+            ),
+        ),
+        OpSchema(
+            name="SignBitPredictor",
+            inputs=(
+                _X,
+                TensorSpec(
+                    "packed",
+                    ("D", "W"),
+                    ("int32",),
+                    "Sign bits of W_gate, 32 per word, LSB first: bit j of word k is 1 when w[i, 32k + j] < 0. "
+                    "Padding bits past d must be 0.",
+                ),
+            ),
+            outputs=(_MASK,),
+            attributes=(
+                AttributeSpec(
+                    "alpha",
+                    "float",
+                    "Conservativeness: a neuron is inactive when alpha * N_pos < N_neg; larger keeps more.",
+                    minimum=0.0,
+                    minimum_inclusive=False,
+                    round_up=True,
+                ),
+                *PLUGIN_ATTRIBUTES,
+            ),
+            doc=(
+                "Sign-bit predictor: N_neg = #{j < d : signbit(w_ij) != signbit(x_j)}, where x_j has sign bit 1 "
+                "when x_j < 0 (0 and -0.0 have 0); N_pos = d - N_neg. mask = not (alpha * N_pos < N_neg), "
+                "compared exactly (alpha * N_pos fits a double; do not round it to float)."
+            ),
+            tolerance=(
+                "Exact (bound 0 for every x type): equal to sparsity.signbit.signbit_mask(packed, x, alpha) for the "
+                "node's float32 alpha."
+            ),
+        ),
+        OpSchema(
+            name="SparseFFN",
+            inputs=(
+                _X,
+                TensorSpec("w_gate", ("D", "d"), FLOAT_TYPES, "Gate projection, neuron-major.", type_var="TW"),
+                TensorSpec("w_up", ("D", "d"), FLOAT_TYPES, "Up projection, neuron-major.", type_var="TW"),
+                TensorSpec(
+                    "w_down_t",
+                    ("D", "d"),
+                    FLOAT_TYPES,
+                    "Down projection transposed: row i is neuron i's.",
+                    type_var="TW",
+                ),
+                _MASK,
+                _THRESHOLDS,
+            ),
+            outputs=(TensorSpec("y", ("T", "d"), ("float32",), "FFN output."),),
+            attributes=(*_ACTIVATION_ATTRIBUTES, *PLUGIN_ATTRIBUTES),
+            doc=_SPARSE_FFN_DOC,
+            tolerance=(
+                "max |y - y_ref| <= bound * max |y_ref|, bound by the weights' type (float32 accumulation in any "
+                "order)."
+            ),
+        ),
+        OpSchema(
+            name="QuantizedSparseFFN",
+            inputs=(
+                _X,
+                *_quantized("w_gate", ("D", "d"), "Gate projection, neuron-major"),
+                *_quantized("w_up", ("D", "d"), "Up projection, neuron-major"),
+                *_quantized("w_down_t", ("D", "d"), "Down projection transposed: row i is neuron i's"),
+                _MASK,
+                _THRESHOLDS,
+            ),
+            outputs=(TensorSpec("y", ("T", "d"), ("float32",), "FFN output."),),
+            attributes=(*_ACTIVATION_ATTRIBUTES, *_QUANT_ATTRIBUTES, *PLUGIN_ATTRIBUTES),
+            doc=(
+                "SparseFFN over group-wise quantized rows (int8 / int4 bundles): each matrix is its codes and fp16 "
+                "scales, and the op is SparseFFN on the float32 matrices they hold (dequantized exactly). "
+                + _SPARSE_FFN_DOC
+            ),
+            tolerance=(
+                "max |y - y_ref| <= bound * max |y_ref|, y_ref the reference (sparsity/ffn.py) on the dequantized "
+                "rows and on the x the implementation computes with: x itself, or for the CPU kernels' integer dot "
+                "products x quantized per token (QUANT.md), so the bound is float32 summation order only."
+            ),
+        ),
+        OpSchema(
+            name="QuantizedMatMul",
+            inputs=(
+                TensorSpec("x", ("T", "K"), FLOAT_TYPES, "Input rows (activations); T >= 1.", type_var="TX"),
+                *_quantized("w", ("R", "C"), "The quantized matrix W [R, C]: [N, K] when transposed, else [K, N]"),
+            ),
+            outputs=(TensorSpec("y", ("T", "N"), ("float32",), "x W^T (transposed) or x W."),),
+            attributes=(
+                *_QUANT_ATTRIBUTES,
+                AttributeSpec(
+                    "transposed",
+                    "int",
+                    "1: W is [N, K], y = x W^T, each row of W one output's (projections, the LM head, gate and up); "
+                    "0: W is [K, N], y = x W, each row one input's (the neuron-major down projection of a dense FFN).",
+                    default=1,
+                    allowed=(0, 1),
+                ),
+                *PLUGIN_ATTRIBUTES,
+            ),
+            doc=(
+                "A dense product with a group-wise quantized matrix (int8 / int4 bundles), float32 math on the "
+                "exactly dequantized W: y = x W^T (transposed = 1) or y = x W (transposed = 0). Groups always run "
+                "along W's rows, as the bundle stores them."
+            ),
+            tolerance=(
+                "max |y - y_ref| <= bound * max |y_ref|, y_ref in float64 on the dequantized W and the x the "
+                "implementation computes with (float32 summation order only)."
+            ),
+        ),
+    )
+}
+
+# The error bound each implementation of an op may have against the reference (edge_sdk.sparsity), by op and by the
+# type that decides it (SparseFFN, QuantizedSparseFFN, QuantizedMatMul, MatVec: the weights'; the predictors: x's).
+# What a bound bounds is the op's tolerance: SparseFFN, QuantizedSparseFFN, QuantizedMatMul and MatVec
+# max |y - y_ref| <= bound * max |y_ref|; SvdPredictor the scores around which a decision may flip,
+# |score| <= bound * max |score|; SignBitPredictor none (exact). MatVec is no ONNX op: it is the CPU kernels' dense
+# projection y = W x (+ bias) (edge_cpu_matvec, edge_cpu_matvec_q), y_ref in float64 on the same (dequantized)
+# weights. For quantized weights x is the one the kernel computes with: quantized_activations(x) for the CPU kernels'
+# integer dot products (plugins/kernels/cpu/QUANT.md), x itself for the CUDA kernels, so the bound is fp32 summation
+# order only. The op tests (tests/ops) read their tolerances here and nowhere else.
+ERROR_BOUNDS: dict[str, dict[str, float]] = {
+    "SvdPredictor": {"float32": 1e-5, "float16": 1e-5, "bfloat16": 1e-5},
+    "SignBitPredictor": {"float32": 0.0, "float16": 0.0, "bfloat16": 0.0},
+    "SparseFFN": {"float32": 1e-5, "float16": 1e-5, "bfloat16": 1e-5},
+    "QuantizedSparseFFN": {"int8": 1e-5, "int4": 1e-5},
+    "QuantizedMatMul": {"int8": 1e-5, "int4": 1e-5},
+    "MatVec": {"float32": 1e-5, "float16": 1e-5, "int8": 1e-5, "int4": 1e-5},
+}
+
+
+def error_bound(op: str, dtype: str) -> float:
+    """ERROR_BOUNDS[op][dtype], or a ValueError naming the op and type that have none."""
+    bounds = ERROR_BOUNDS.get(op)
+    if bounds is None:
+        raise ValueError(f"op: expected one of {', '.join(ERROR_BOUNDS)}, found {op!r}")
+    if dtype not in bounds:
+        raise ValueError(f"{op}: no error bound declared for type {dtype!r}; declared: {', '.join(bounds)}")
+    return bounds[dtype]

@@ -1,0 +1,147 @@
+// Dense y = W x (+ bias) over group-wise quantized INT8 / INT4 rows (plugins/kernels/cpu/QUANT.md), for the
+// projections and the LM head of a quantized bundle's TensorRT graph: TensorRT 10.3 dequantizes blocks only for INT4
+// with positive scales (NvInfer.h, IDequantizeLayer), which the group-wise INT8 and the signed-scale INT4 of the
+// format are not, so the graph gives these products to a plugin (QuantizedMatMul) that calls this launcher.
+//
+// Two shapes of work, chosen by the number of tokens:
+// - up to quant::kGemvTokens tokens (decode): one warp per weight row, the row's 16-byte pieces read once with the
+//   evict-first hint and dequantized in registers; each token's sum in a fixed lane order, then a warp butterfly;
+// - more tokens (a prompt): tiles of 64 rows x 32 tokens per block, stepping 32 columns at a time through shared
+//   memory (each weight piece dequantized once per step, code * scale exact in fp32), every output summed by one
+//   thread in column order.
+// Either way each output's order of summation depends only on the shapes, so y is bit-identical run to run.
+// edge_matvec_q_t takes W transposed, [in, out] quantized along its rows: the down projection of a prompt's dense FFN
+// over the neuron-major rows SparseFFN reads (one copy of the weights serves both); always the tiled GEMM (a prompt).
+#include "edge_cuda_common.cuh"
+#include "quant_rows.cuh"
+
+namespace edge {
+namespace {
+
+constexpr int kGemvWarps = 8;  // rows per block of the GEMV
+
+template <int kFormat, typename TX>
+__global__ void __launch_bounds__(kGemvWarps * kWarpSize)
+    gemv_kernel(const TX* __restrict__ x, int tokens, bool x_aligned16, quant::QuantMatrix w, int n_rows,
+                const float* __restrict__ bias, float* __restrict__ y) {
+  const int row = blockIdx.x * kGemvWarps + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (row >= n_rows) return;
+  float acc[quant::kGemvTokens];
+  if (tokens == 1) {
+    acc[0] = quant::lane_row_dot<kFormat>(w, row, x, x_aligned16, lane);
+  } else {
+    quant::lane_row_dot_tokens<kFormat>(w, row, x, static_cast<size_t>(w.cols), tokens, x_aligned16, lane, acc);
+  }
+#pragma unroll
+  for (int t = 0; t < quant::kGemvTokens; ++t) {
+    if (t < tokens) {  // the same for the whole warp
+      const float sum = warp_sum(acc[t]);
+      if (lane == 0) y[static_cast<size_t>(t) * n_rows + row] = bias != nullptr ? sum + bias[row] : sum;
+    }
+  }
+}
+
+template <int kFormat, typename TX>
+__global__ void __launch_bounds__(quant::kGemmThreads)
+    gemm_kernel(const TX* __restrict__ x, int tokens, quant::QuantMatrix w, int n_rows, const float* __restrict__ bias,
+                float* __restrict__ y) {
+  __shared__ quant::GemmTiles tiles;
+  const int row0 = blockIdx.x * quant::kTileRows;
+  const int token0 = blockIdx.y * quant::kTileTokens;
+  const int thread = threadIdx.x;
+  float acc[quant::kThreadTokens][quant::kThreadRows] = {};
+  for (int k0 = 0; k0 < w.cols; k0 += quant::kTileK) {
+    quant::gemm_stage_weights<kFormat>(w, n_rows, row0, k0, thread, tiles);
+    quant::gemm_stage_x(x, tokens, w.cols, token0, k0, thread, tiles);
+    __syncthreads();
+    quant::gemm_accumulate(tiles, thread, acc);
+    __syncthreads();  // the next step overwrites the tiles
+  }
+  quant::gemm_store(acc, thread, token0, row0, tokens, n_rows, bias, y);
+}
+
+// edge_matvec_q_t: the same tiles over W [in, out], quantized along its rows (out), so output n of y is column n.
+template <int kFormat, typename TX>
+__global__ void __launch_bounds__(quant::kGemmThreads)
+    gemm_t_kernel(const TX* __restrict__ x, int tokens, int n_in, quant::QuantMatrix w, const float* __restrict__ bias,
+                  float* __restrict__ y) {
+  __shared__ quant::GemmTiles tiles;
+  const int col0 = blockIdx.x * quant::kTileRows;
+  const int token0 = blockIdx.y * quant::kTileTokens;
+  const int thread = threadIdx.x;
+  float acc[quant::kThreadTokens][quant::kThreadRows] = {};
+  for (int k0 = 0; k0 < n_in; k0 += quant::kTileK) {
+    quant::gemm_stage_weights_t<kFormat>(w, n_in, col0, k0, thread, tiles);
+    quant::gemm_stage_x(x, tokens, n_in, token0, k0, thread, tiles);
+    __syncthreads();
+    quant::gemm_accumulate(tiles, thread, acc);
+    __syncthreads();
+  }
+  quant::gemm_store(acc, thread, token0, col0, tokens, w.cols, bias, y);
+}
+
+template <int kFormat, typename TX>
+cudaError_t launch_matvec_q(cudaStream_t stream, const TX* x, int tokens, const quant::QuantMatrix& w, int n_rows,
+                            const float* bias, float* y) {
+  if (tokens <= quant::kGemvTokens) {
+    // fp32 x whose token rows are 16-byte aligned is read in float4s (cols is a multiple of 32)
+    const bool x_aligned16 = sizeof(TX) == sizeof(float) && aligned16(x);
+    gemv_kernel<kFormat, TX><<<ceil_div(n_rows, kGemvWarps), kGemvWarps * kWarpSize, 0, stream>>>(
+        x, tokens, x_aligned16, w, n_rows, bias, y);
+  } else {
+    const dim3 grid(ceil_div(n_rows, quant::kTileRows), ceil_div(tokens, quant::kTileTokens));
+    gemm_kernel<kFormat, TX><<<grid, quant::kGemmThreads, 0, stream>>>(x, tokens, w, n_rows, bias, y);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+}  // namespace edge
+
+extern "C" cudaError_t edge_matvec_q_t(cudaStream_t stream, const void* x, int x_dtype, int tokens, int in, int out,
+                                       const void* w, const uint16_t* scales, int quant_format, int group_size,
+                                       const float* bias, float* y) {
+  using namespace edge;
+  if (x == nullptr || w == nullptr || scales == nullptr || y == nullptr || reinterpret_cast<uintptr_t>(w) % 4 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (tokens <= 0 || in <= 0 || out <= 0 || !valid_dtype(x_dtype) || !quant::valid_format(quant_format) ||
+      !quant::valid_group_size(group_size) || out % group_size != 0 ||
+      ceil_div(tokens, quant::kTileTokens) > kMaxGridYZ) {
+    return cudaErrorInvalidValue;
+  }
+  const quant::QuantMatrix matrix{static_cast<const uint8_t*>(w), scales, out, group_size, aligned16(w)};
+  const dim3 grid(ceil_div(out, quant::kTileRows), ceil_div(tokens, quant::kTileTokens));
+  return dispatch_dtype(x_dtype, [&](auto tag) {
+    using TX = decltype(tag);
+    const TX* xt = static_cast<const TX*>(x);
+    if (quant_format == EDGE_Q4) {
+      gemm_t_kernel<EDGE_Q4, TX><<<grid, quant::kGemmThreads, 0, stream>>>(xt, tokens, in, matrix, bias, y);
+    } else {
+      gemm_t_kernel<EDGE_Q8, TX><<<grid, quant::kGemmThreads, 0, stream>>>(xt, tokens, in, matrix, bias, y);
+    }
+    return cudaGetLastError();
+  });
+}
+
+extern "C" cudaError_t edge_matvec_q(cudaStream_t stream, const void* x, int x_dtype, int tokens, int in, int out,
+                                     const void* w, const uint16_t* scales, int quant_format, int group_size,
+                                     const float* bias, float* y) {
+  using namespace edge;
+  if (x == nullptr || w == nullptr || scales == nullptr || y == nullptr || reinterpret_cast<uintptr_t>(w) % 4 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (tokens <= 0 || in <= 0 || out <= 0 || !valid_dtype(x_dtype) || !quant::valid_format(quant_format) ||
+      !quant::valid_group_size(group_size) || in % group_size != 0 ||
+      ceil_div(tokens, quant::kTileTokens) > kMaxGridYZ) {
+    return cudaErrorInvalidValue;
+  }
+  const quant::QuantMatrix matrix{static_cast<const uint8_t*>(w), scales, in, group_size, aligned16(w)};
+  return dispatch_dtype(x_dtype, [&](auto tag) {
+    using TX = decltype(tag);
+    const TX* xt = static_cast<const TX*>(x);
+    return quant_format == EDGE_Q4 ? launch_matvec_q<EDGE_Q4>(stream, xt, tokens, matrix, out, bias, y)
+                                   : launch_matvec_q<EDGE_Q8>(stream, xt, tokens, matrix, out, bias, y);
+  });
+}

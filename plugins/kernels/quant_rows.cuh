@@ -1,0 +1,401 @@
+// Quantized weight rows (plugins/kernels/cpu/QUANT.md) on the GPU: how a row's bytes become values, and the
+// per-lane / per-thread arithmetic of the quantized kernels (sparse_ffn_q.cu, matvec_q.cu).
+//
+// Everything here is __host__ __device__: the kernels call these functions for their lanes and threads, and the
+// host emulation of the kernels (tests/gpu/cuda_emulation.cu) calls the very same functions for every lane and
+// thread of every block, in the kernels' order, so the indexing and the summation orders are checked on a machine
+// without a GPU. A kernel keeps only what cannot run on the host: thread and block indices, warp shuffles, shared
+// memory and barriers.
+//
+// Layout of a quantized [rows, cols] matrix (cols a multiple of the group size G, G in {32, 64, 128}):
+// - codes, row-major, row r at byte r * row_bytes: EDGE_Q8 one int8 per value (row_bytes = cols); EDGE_Q4 one signed
+//   4-bit two's complement nibble per value (row_bytes = cols / 2), in llama.cpp's Q4_0 order inside each block of
+//   32 values: byte k of a block holds value k in its low nibble and value 16 + k in its high nibble;
+// - scales [rows, cols / G], IEEE fp16 bits; value j of row r = code * scale[r, j / G], exact in fp32.
+// Rows are read in "pieces" of 16 bytes: 16 int8 values or one whole 32-value int4 block. A piece never straddles a
+// group (G is a multiple of both), so it has one scale, and row_bytes is a multiple of 16, so piece p of every row
+// starts at byte 16 p of the row: 16-byte aligned whenever the matrix is.
+#ifndef EDGE_QUANT_ROWS_CUH
+#define EDGE_QUANT_ROWS_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "edge_cuda_kernels.h"
+
+#define EDGE_HD __host__ __device__ __forceinline__
+// #pragma unroll inside EDGE_HD functions, for the device compilation only (host compilers warn about it)
+#ifdef __CUDA_ARCH__
+#define EDGE_UNROLL _Pragma("unroll")
+#else
+#define EDGE_UNROLL
+#endif
+
+namespace edge {
+namespace quant {
+
+constexpr int kWarpLanes = 32;
+constexpr int kPieceBytes = 16;
+constexpr int kLanePiecesInFlight = 4;  // pieces a lane loads before using them (latency hiding)
+
+// What differs between the two formats: values per 16-byte piece, bytes per row, and how a piece unpacks.
+template <int kFormat>
+struct Format;
+
+template <>
+struct Format<EDGE_Q8> {
+  static constexpr int kPieceValues = 16;
+  EDGE_HD static size_t row_bytes(int cols) { return static_cast<size_t>(cols); }
+  // values[e] = int8 byte e of the piece (little-endian words).
+  EDGE_HD static void unpack(uint4 raw, float (&values)[kPieceValues]) {
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+EDGE_UNROLL
+    for (int q = 0; q < 4; ++q) {
+EDGE_UNROLL
+      for (int b = 0; b < 4; ++b) {
+        const int byte = static_cast<int>((words[q] >> (8 * b)) & 0xFFu);
+        values[4 * q + b] = static_cast<float>((byte ^ 0x80) - 0x80);  // sign-extend
+      }
+    }
+  }
+};
+
+template <>
+struct Format<EDGE_Q4> {
+  static constexpr int kPieceValues = 32;
+  EDGE_HD static size_t row_bytes(int cols) { return static_cast<size_t>(cols) / 2; }
+  // values[k] = low nibble of byte k, values[16 + k] = its high nibble (Q4_0 order), each a signed 4-bit code.
+  EDGE_HD static void unpack(uint4 raw, float (&values)[kPieceValues]) {
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+EDGE_UNROLL
+    for (int q = 0; q < 4; ++q) {
+EDGE_UNROLL
+      for (int b = 0; b < 4; ++b) {
+        const int byte = static_cast<int>((words[q] >> (8 * b)) & 0xFFu);
+        values[4 * q + b] = static_cast<float>(((byte & 0xF) ^ 0x8) - 0x8);
+        values[16 + 4 * q + b] = static_cast<float>(((byte >> 4) ^ 0x8) - 0x8);
+      }
+    }
+  }
+};
+
+EDGE_HD bool valid_format(int format) { return format == EDGE_Q8 || format == EDGE_Q4; }
+EDGE_HD bool valid_group_size(int group_size) { return group_size == 32 || group_size == 64 || group_size == 128; }
+
+EDGE_HD size_t row_bytes(int format, int cols) {
+  return format == EDGE_Q4 ? Format<EDGE_Q4>::row_bytes(cols) : Format<EDGE_Q8>::row_bytes(cols);
+}
+
+EDGE_HD float as_float(float v) { return v; }
+EDGE_HD float as_float(__half v) { return __half2float(v); }
+EDGE_HD float as_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// The 16-byte piece at `offset` bytes into a row. aligned16: the row is 16-byte aligned (one vector load);
+// otherwise it is 4-byte aligned and read as four words. Weights are streamed once per token: evict-first loads.
+EDGE_HD uint4 load_piece(const uint8_t* row, size_t offset, bool aligned16) {
+#ifdef __CUDA_ARCH__
+  if (aligned16) return __ldcs(reinterpret_cast<const uint4*>(row + offset));
+  const unsigned int* words = reinterpret_cast<const unsigned int*>(row + offset);
+  return make_uint4(__ldcs(words), __ldcs(words + 1), __ldcs(words + 2), __ldcs(words + 3));
+#else
+  (void)aligned16;
+  uint4 raw;
+  std::memcpy(&raw, row + offset, sizeof(raw));
+  return raw;
+#endif
+}
+
+// Scale `index` of a row's fp16 scales, as fp32 (exact).
+EDGE_HD float load_scale(const uint16_t* scales, size_t index) {
+#ifdef __CUDA_ARCH__
+  return __half2float(__ushort_as_half(__ldg(scales + index)));
+#else
+  return __half2float(__ushort_as_half(scales[index]));
+#endif
+}
+
+template <typename T>
+EDGE_HD float load_value(const T* p) {
+#ifdef __CUDA_ARCH__
+  return as_float(__ldg(p));
+#else
+  return as_float(*p);
+#endif
+}
+
+// values[e] = x[e] for the 4 values of x at `x`, as fp32. x_aligned16: fp32 x, 16-byte aligned (one float4 load).
+template <typename TX>
+EDGE_HD void load_x4(const TX* x, bool x_aligned16, float (&values)[4]) {
+#ifdef __CUDA_ARCH__
+  if constexpr (sizeof(TX) == sizeof(float)) {
+    if (x_aligned16) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(x));
+      values[0] = v.x;
+      values[1] = v.y;
+      values[2] = v.z;
+      values[3] = v.w;
+      return;
+    }
+  }
+#else
+  (void)x_aligned16;
+#endif
+EDGE_UNROLL
+  for (int e = 0; e < 4; ++e) values[e] = load_value(x + e);
+}
+
+// codes . x over a piece's unpacked codes (x: the piece's first column), summed in value order.
+template <int kV, typename TX>
+EDGE_HD float codes_dot(const float (&codes)[kV], const TX* x, bool x_aligned16) {
+  float sum = 0.0f;
+EDGE_UNROLL
+  for (int q = 0; q < kV / 4; ++q) {
+    float xs[4];
+    load_x4(x + 4 * q, x_aligned16, xs);
+EDGE_UNROLL
+    for (int e = 0; e < 4; ++e) sum = fmaf(codes[4 * q + e], xs[e], sum);
+  }
+  return sum;
+}
+
+template <int kFormat, typename TX>
+EDGE_HD float piece_dot(uint4 raw, const TX* x, bool x_aligned16) {
+  float codes[Format<kFormat>::kPieceValues];
+  Format<kFormat>::unpack(raw, codes);
+  return codes_dot(codes, x, x_aligned16);
+}
+
+// A quantized matrix as the kernels see it. codes: row-major, 4-byte aligned; aligned16: codes is 16-byte aligned.
+struct QuantMatrix {
+  const uint8_t* codes;
+  const uint16_t* scales;
+  int cols;
+  int group_size;
+  bool aligned16;
+
+  EDGE_HD const uint8_t* row_codes(int row, int format) const {
+    return codes + static_cast<size_t>(row) * quant::row_bytes(format, cols);
+  }
+  EDGE_HD const uint16_t* row_scales(int row) const {
+    return scales + static_cast<size_t>(row) * static_cast<size_t>(cols / group_size);
+  }
+};
+
+// Lane `lane`'s share of row . x, the row read by one warp: the lane takes pieces lane, lane + 32, ...; each piece adds
+// scale * (piece . x) to one of kLanePiecesInFlight accumulators (the u-th piece of a round of loads to accumulator u,
+// the pieces past the last whole round to accumulator 0), which are then added pairwise. The warp sums the lanes'
+// shares with a butterfly (warp_sum).
+template <int kFormat, typename TX>
+EDGE_HD float lane_row_dot(const QuantMatrix& m, int row, const TX* x, bool x_aligned16, int lane) {
+  constexpr int kV = Format<kFormat>::kPieceValues;
+  constexpr int kStride = kWarpLanes;
+  const uint8_t* codes = m.row_codes(row, kFormat);
+  const uint16_t* scales = m.row_scales(row);
+  const int n_pieces = m.cols / kV;
+  const int pieces_per_group = m.group_size / kV;
+  float acc[kLanePiecesInFlight] = {0.0f, 0.0f, 0.0f, 0.0f};
+  int p = lane;
+  for (; p + (kLanePiecesInFlight - 1) * kStride < n_pieces; p += kLanePiecesInFlight * kStride) {
+    uint4 raw[kLanePiecesInFlight];
+EDGE_UNROLL
+    for (int u = 0; u < kLanePiecesInFlight; ++u) {
+      raw[u] = load_piece(codes, static_cast<size_t>(p + u * kStride) * kPieceBytes, m.aligned16);
+    }
+EDGE_UNROLL
+    for (int u = 0; u < kLanePiecesInFlight; ++u) {
+      const int piece = p + u * kStride;
+      const float dot = piece_dot<kFormat>(raw[u], x + static_cast<size_t>(piece) * kV, x_aligned16);
+      acc[u] = fmaf(load_scale(scales, piece / pieces_per_group), dot, acc[u]);
+    }
+  }
+  for (; p < n_pieces; p += kStride) {
+    const uint4 raw = load_piece(codes, static_cast<size_t>(p) * kPieceBytes, m.aligned16);
+    const float dot = piece_dot<kFormat>(raw, x + static_cast<size_t>(p) * kV, x_aligned16);
+    acc[0] = fmaf(load_scale(scales, p / pieces_per_group), dot, acc[0]);
+  }
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+// The GEMV of edge_matvec_q for up to kGemvTokens tokens: like lane_row_dot, with every piece loaded once and dotted
+// with each token's x (x_t = x + t * x_stride). acc[t] receives the lane's share for token t.
+constexpr int kGemvTokens = 4;
+
+template <int kFormat, typename TX>
+EDGE_HD void lane_row_dot_tokens(const QuantMatrix& m, int row, const TX* x, size_t x_stride, int tokens,
+                                 bool x_aligned16, int lane, float (&acc)[kGemvTokens]) {
+  constexpr int kV = Format<kFormat>::kPieceValues;
+  const uint8_t* codes = m.row_codes(row, kFormat);
+  const uint16_t* scales = m.row_scales(row);
+  const int n_pieces = m.cols / kV;
+  const int pieces_per_group = m.group_size / kV;
+EDGE_UNROLL
+  for (int t = 0; t < kGemvTokens; ++t) acc[t] = 0.0f;
+  for (int p = lane; p < n_pieces; p += kWarpLanes) {
+    float piece[kV];
+    Format<kFormat>::unpack(load_piece(codes, static_cast<size_t>(p) * kPieceBytes, m.aligned16), piece);
+    const float scale = load_scale(scales, p / pieces_per_group);
+EDGE_UNROLL
+    for (int t = 0; t < kGemvTokens; ++t) {
+      if (t < tokens) {
+        const TX* xt = x + static_cast<size_t>(t) * x_stride + static_cast<size_t>(p) * kV;
+        acc[t] = fmaf(scale, codes_dot(piece, xt, x_aligned16), acc[t]);
+      }
+    }
+  }
+}
+
+// The down projection of the quantized SparseFFN, for one lane of one warp: the lane owns the kPieceValues columns
+// from `column` (one piece of every row); acc[e] += (h_r * scale) * code for each of the warp's rows r that is read
+// (neuron[r] >= 0), in r order.
+template <int kFormat, int kRows>
+EDGE_HD void lane_down(const QuantMatrix& m, int column, const float (&h)[kRows], const int (&neuron)[kRows],
+                       float (&acc)[Format<kFormat>::kPieceValues]) {
+  constexpr int kV = Format<kFormat>::kPieceValues;
+  const size_t piece_offset = static_cast<size_t>(column / kV) * kPieceBytes;
+  uint4 raw[kRows];
+EDGE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    raw[r] = make_uint4(0, 0, 0, 0);
+    if (neuron[r] >= 0) raw[r] = load_piece(m.row_codes(neuron[r], kFormat), piece_offset, m.aligned16);
+  }
+EDGE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    if (neuron[r] < 0) continue;
+    const float factor = h[r] * load_scale(m.row_scales(neuron[r]), column / m.group_size);
+    float codes[kV];
+    Format<kFormat>::unpack(raw[r], codes);
+EDGE_UNROLL
+    for (int e = 0; e < kV; ++e) acc[e] = fmaf(factor, codes[e], acc[e]);
+  }
+}
+
+// ------------------------------------------------------------------------ tiled GEMM (edge_matvec_q, _q_t)
+// A block computes kTileRows outputs x kTileTokens tokens, stepping through the inputs kTileK at a time: its threads
+// stage the step's x values and dequantized weights in shared memory (tiles.x[k][token], tiles.w[k][output]), then
+// each thread adds the step to its kThreadTokens x kThreadRows outputs, k in increasing order. edge_matvec_q's
+// outputs are weight rows (W [out, in], y = W x); edge_matvec_q_t's are weight columns (W [in, out], y = W^T x).
+constexpr int kGemmThreads = 256;
+constexpr int kTileRows = 64;
+constexpr int kTileTokens = 32;
+constexpr int kTileK = 32;  // one int4 block, two int8 pieces; within one group
+constexpr int kThreadRows = 4;
+constexpr int kThreadTokens = 2;
+static_assert((kTileRows / kThreadRows) * (kTileTokens / kThreadTokens) == kGemmThreads, "one output block per thread");
+
+struct GemmTiles {
+  float x[kTileK][kTileTokens];
+  float w[kTileK][kTileRows];
+};
+
+// Thread `thread`'s part of staging weight rows row0.. row0 + kTileRows - 1, columns k0.. k0 + kTileK - 1: one piece
+// (int8: row thread / 2, piece thread % 2 of the step; int4: row `thread`), dequantized (code * scale, exact), or zeros
+// past the last row.
+template <int kFormat>
+EDGE_HD void gemm_stage_weights(const QuantMatrix& m, int n_rows, int row0, int k0, int thread, GemmTiles& tiles) {
+  constexpr int kV = Format<kFormat>::kPieceValues;
+  constexpr int kPiecesPerStep = kTileK / kV;
+  if (thread >= kTileRows * kPiecesPerStep) return;
+  const int local_row = thread / kPiecesPerStep;
+  const int first = (thread % kPiecesPerStep) * kV;  // the piece's first column within the step
+  const int row = row0 + local_row;
+  float codes[kV];
+  float scale = 0.0f;
+  if (row < n_rows) {
+    const size_t offset = static_cast<size_t>((k0 + first) / kV) * kPieceBytes;
+    Format<kFormat>::unpack(load_piece(m.row_codes(row, kFormat), offset, m.aligned16), codes);
+    scale = load_scale(m.row_scales(row), (k0 + first) / m.group_size);
+  } else {
+EDGE_UNROLL
+    for (int e = 0; e < kV; ++e) codes[e] = 0.0f;
+  }
+EDGE_UNROLL
+  for (int e = 0; e < kV; ++e) tiles.w[first + e][local_row] = codes[e] * scale;
+}
+
+// Transposed layout (edge_matvec_q_t): the step covers rows k0.. k0 + kTileK - 1 of a matrix [n_in, n_out] stored
+// row-major and quantized along its rows (m.cols = n_out), and output columns col0.. col0 + kTileRows - 1, so
+// tiles.w[k][n] = W[k0 + k, col0 + n]. Thread `thread` stages one piece: row thread / (kTileRows / kPieceValues), the
+// piece's kPieceValues columns from col0 + kPieceValues * (thread % (kTileRows / kPieceValues)), dequantized, or zeros
+// past the last row or column.
+template <int kFormat>
+EDGE_HD void gemm_stage_weights_t(const QuantMatrix& m, int n_in, int col0, int k0, int thread, GemmTiles& tiles) {
+  constexpr int kV = Format<kFormat>::kPieceValues;
+  constexpr int kPiecesPerRow = kTileRows / kV;
+  if (thread >= kTileK * kPiecesPerRow) return;
+  const int k = thread / kPiecesPerRow;
+  const int first = (thread % kPiecesPerRow) * kV;  // the piece's first column within the tile
+  const int row = k0 + k;
+  const int column = col0 + first;
+  float codes[kV];
+  float scale = 0.0f;
+  if (row < n_in && column < m.cols) {  // m.cols is a multiple of kV: the piece is inside the row
+    const size_t offset = static_cast<size_t>(column / kV) * kPieceBytes;
+    Format<kFormat>::unpack(load_piece(m.row_codes(row, kFormat), offset, m.aligned16), codes);
+    scale = load_scale(m.row_scales(row), column / m.group_size);
+  } else {
+EDGE_UNROLL
+    for (int e = 0; e < kV; ++e) codes[e] = 0.0f;
+  }
+EDGE_UNROLL
+  for (int e = 0; e < kV; ++e) tiles.w[k][first + e] = codes[e] * scale;
+}
+
+// Thread `thread`'s part of staging x: the values idx = thread + kGemmThreads q, token idx / kTileK, column
+// idx % kTileK of the step, zero past the last token or the last column.
+template <typename TX>
+EDGE_HD void gemm_stage_x(const TX* x, int tokens, int cols, int token0, int k0, int thread, GemmTiles& tiles) {
+  constexpr int kPerThread = kTileTokens * kTileK / kGemmThreads;
+EDGE_UNROLL
+  for (int q = 0; q < kPerThread; ++q) {
+    const int idx = thread + kGemmThreads * q;
+    const int token = idx / kTileK;
+    const int k = idx % kTileK;
+    const int t = token0 + token;
+    const bool inside = t < tokens && k0 + k < cols;
+    tiles.x[k][token] = inside ? load_value(x + static_cast<size_t>(t) * cols + k0 + k) : 0.0f;
+  }
+}
+
+// Thread `thread` owns tokens token0 + kThreadTokens * (thread / 16) + i and rows
+// row0 + kThreadRows * (thread % 16) + j.
+EDGE_HD int gemm_thread_token(int thread) { return kThreadTokens * (thread / (kTileRows / kThreadRows)); }
+EDGE_HD int gemm_thread_row(int thread) { return kThreadRows * (thread % (kTileRows / kThreadRows)); }
+
+EDGE_HD void gemm_accumulate(const GemmTiles& tiles, int thread, float (&acc)[kThreadTokens][kThreadRows]) {
+  const int token = gemm_thread_token(thread);
+  const int row = gemm_thread_row(thread);
+EDGE_UNROLL
+  for (int k = 0; k < kTileK; ++k) {
+EDGE_UNROLL
+    for (int i = 0; i < kThreadTokens; ++i) {
+EDGE_UNROLL
+      for (int j = 0; j < kThreadRows; ++j) acc[i][j] = fmaf(tiles.x[k][token + i], tiles.w[k][row + j], acc[i][j]);
+    }
+  }
+}
+
+// y[t, row] = acc (+ bias[row]) for the thread's outputs inside the matrix.
+EDGE_HD void gemm_store(const float (&acc)[kThreadTokens][kThreadRows], int thread, int token0, int row0, int tokens,
+                        int n_rows, const float* bias, float* y) {
+EDGE_UNROLL
+  for (int i = 0; i < kThreadTokens; ++i) {
+    const int t = token0 + gemm_thread_token(thread) + i;
+EDGE_UNROLL
+    for (int j = 0; j < kThreadRows; ++j) {
+      const int row = row0 + gemm_thread_row(thread) + j;
+      if (t < tokens && row < n_rows) {
+        y[static_cast<size_t>(t) * n_rows + row] = bias != nullptr ? acc[i][j] + bias[row] : acc[i][j];
+      }
+    }
+  }
+}
+
+}  // namespace quant
+}  // namespace edge
+
+#endif

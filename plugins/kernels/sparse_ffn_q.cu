@@ -1,0 +1,117 @@
+// Sequential SparseFFN over group-wise quantized INT8 / INT4 rows (DESIGN 3.1, plugins/kernels/cpu/QUANT.md): the
+// pipeline of sparse_ffn_pipeline.cuh with rows read as codes and dequantized in registers, never in memory.
+//
+// gate and up: one warp per row, lane l reading the 16-byte pieces l, l + 32, ... of the row's codes with the
+// evict-first hint (quant::lane_row_dot): each piece's values are dotted with x in fp32 and the sum is scaled by the
+// piece's group scale. down: a lane owns one piece's columns (16 for int8, a 32-value block for int4) of a tile of
+// 32 pieces and adds (h_r * scale) * code for each of its warp's rows (quant::lane_down); partial sums per chunk of
+// rows, reduced in order as for float rows. Every sum has a fixed order: y is bit-identical run to run.
+#include "sparse_ffn_pipeline.cuh"
+
+namespace edge {
+namespace {
+
+template <int kFormat>
+struct QuantRows {
+  quant::QuantMatrix m;
+  __device__ float row_dot(int row, const float* x32, bool x_aligned16) const {
+    return warp_sum(quant::lane_row_dot<kFormat>(m, row, x32, x_aligned16, threadIdx.x % kWarpSize));
+  }
+};
+
+// partial[t, chunk, c] = sum over the chunk's listed rows k of h_k * w_down_t[index_k, c] for the columns c of this
+// block's tile (kWarpSize pieces); warp w takes rows w, w + kDownWarps, ... of the chunk, and the warps' sums are
+// added in warp order.
+template <int kFormat>
+__global__ void __launch_bounds__(kDownWarps * kWarpSize) down_kernel_q(quant::QuantMatrix w_down_t, Workspace ws) {
+  constexpr int kV = quant::Format<kFormat>::kPieceValues;
+  constexpr int kTileColumns = kWarpSize * kV;
+  __shared__ float warp_sums[kDownWarps][kTileColumns];
+  const int t = blockIdx.z;
+  const int chunk = blockIdx.y;
+  const int first = chunk * kRowsPerChunk;
+  const int n_listed = ws.count[t];
+  if (first >= n_listed) return;
+  const int end = min(first + kRowsPerChunk, n_listed);
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int tile_start = blockIdx.x * kTileColumns;
+  const int d = w_down_t.cols;
+
+  float acc[kV];
+#pragma unroll
+  for (int e = 0; e < kV; ++e) acc[e] = 0.0f;
+  float h[kRowsPerDownWarp];
+  int neuron[kRowsPerDownWarp];
+  down_rows(first, end, warp, ws.hidden + t * ws.D_stride, ws.index + t * ws.D_stride, h, neuron);
+  const int column = tile_start + lane * kV;
+  if (column < d) quant::lane_down<kFormat>(w_down_t, column, h, neuron, acc);
+#pragma unroll
+  for (int e = 0; e < kV; ++e) warp_sums[warp][lane * kV + e] = acc[e];
+  __syncthreads();
+  float* partial = ws.partial + (static_cast<size_t>(t) * ws.n_chunks + chunk) * ws.d_stride;
+  for (int slot = threadIdx.x; slot < kTileColumns; slot += kDownWarps * kWarpSize) {
+    const int c = tile_start + slot;
+    if (c >= d) continue;
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDownWarps; ++w) total += warp_sums[w][slot];
+    partial[c] = total;
+  }
+}
+
+template <int kFormat>
+cudaError_t launch_ffn_q(cudaStream_t stream, const float* x32, size_t x_stride, int tokens, int D,
+                         const quant::QuantMatrix& w_gate, const quant::QuantMatrix& w_up,
+                         const quant::QuantMatrix& w_down_t, const int32_t* mask, const float* thresholds,
+                         int activation, float act_threshold, float* y, const Workspace& ws, uint8_t* active_out) {
+  constexpr int kV = quant::Format<kFormat>::kPieceValues;
+  const int d = w_gate.cols;
+  const bool x_aligned = aligned16(x32) && x_stride % 4 == 0;
+  const dim3 rows(ceil_div(D, kRowWarps), tokens);
+  gate_kernel<<<rows, kRowWarps * kWarpSize, 0, stream>>>(x32, x_stride, x_aligned, D, QuantRows<kFormat>{w_gate},
+                                                          mask, thresholds, activation, act_threshold, ws, active_out);
+  compact_kernel<<<tokens, kCompactThreads, 0, stream>>>(D, ws);
+  up_kernel<<<rows, kRowWarps * kWarpSize, 0, stream>>>(x32, x_stride, x_aligned, QuantRows<kFormat>{w_up},
+                                                        activation, ws);
+  const dim3 down_grid(ceil_div(d, kWarpSize * kV), ws.n_chunks, tokens);
+  down_kernel_q<kFormat><<<down_grid, kDownWarps * kWarpSize, 0, stream>>>(w_down_t, ws);
+  reduce_kernel<<<dim3(ceil_div(d, kReduceColumns), tokens), kReduceColumns * kReduceLanes, 0, stream>>>(d, ws, y);
+  return cudaGetLastError();
+}
+
+bool aligned4(const void* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; }
+
+}  // namespace
+}  // namespace edge
+
+extern "C" cudaError_t edge_sparse_ffn_q(cudaStream_t stream, const void* x, int x_dtype, int tokens, int d, int D,
+                                         const void* w_gate, const uint16_t* gate_scales, const void* w_up,
+                                         const uint16_t* up_scales, const void* w_down_t, const uint16_t* down_scales,
+                                         int quant_format, int group_size, const int32_t* mask,
+                                         const float* thresholds, int activation, float act_threshold, float* y,
+                                         void* workspace, uint8_t* active_out) {
+  using namespace edge;
+  if (!valid_ffn_arguments(x, x_dtype, tokens, d, D, activation, act_threshold, y, workspace)) {
+    return cudaErrorInvalidValue;
+  }
+  if (!quant::valid_format(quant_format) || !quant::valid_group_size(group_size) || d % group_size != 0) {
+    return cudaErrorInvalidValue;
+  }
+  const void* codes[] = {w_gate, w_up, w_down_t};
+  const uint16_t* scales[] = {gate_scales, up_scales, down_scales};
+  quant::QuantMatrix matrices[3];
+  for (int m = 0; m < 3; ++m) {
+    // codes are read in 4-byte words at least (they cross TensorRT as INT32)
+    if (codes[m] == nullptr || scales[m] == nullptr || !aligned4(codes[m])) return cudaErrorInvalidValue;
+    matrices[m] = {static_cast<const uint8_t*>(codes[m]), scales[m], d, group_size, aligned16(codes[m])};
+  }
+  const Workspace ws = layout_workspace(workspace, d, D, tokens);
+  const float* x32;
+  size_t x_stride;
+  const cudaError_t status = fp32_input(stream, x, x_dtype, tokens, d, ws, &x32, &x_stride);
+  if (status != cudaSuccess) return status;
+  auto launch = quant_format == EDGE_Q4 ? launch_ffn_q<EDGE_Q4> : launch_ffn_q<EDGE_Q8>;
+  return launch(stream, x32, x_stride, tokens, D, matrices[0], matrices[1], matrices[2], mask, thresholds, activation,
+                act_threshold, y, ws, active_out);
+}

@@ -1,0 +1,247 @@
+// Host emulation of the quantized CUDA kernels (plugins/kernels/sparse_ffn_q.cu, matvec_q.cu), for machines without a
+// GPU: every block, warp, lane and thread of each kernel, in the launchers' grids, calling the same __host__
+// __device__ functions the kernels call (quant_rows.cuh, sparse_ffn_pipeline.cuh) with the same indices, warp sums as
+// the same butterfly, and block-level sums in the kernels' order. What a kernel does besides those calls (its index
+// arithmetic from blockIdx / threadIdx, shared-memory staging and barriers) is written out again here, next to a
+// comment naming the kernel line it mirrors; tests/gpu/test_cuda_emulation.py and the op table (tests/ops) check the
+// results against the reference on the dequantized weights. Compiled by the tests with nvcc into a shared library.
+//
+// The compaction and reduction kernels are the float pipeline's, emulated from their definitions (the neurons with
+// a != 0 in increasing order; per column, lane group g sums chunks g, g + 8, ..., then the groups in order).
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "quant_rows.cuh"
+#include "sparse_ffn_pipeline.cuh"
+
+namespace {
+
+using edge::quant::QuantMatrix;
+constexpr int kLanes = edge::quant::kWarpLanes;
+
+// warp_sum (edge_cuda_common.cuh): v += shfl_xor(v, offset) for offset 16, 8, 4, 2, 1, on all lanes at once.
+float warp_sum(float (&lanes)[kLanes]) {
+  for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+    float next[kLanes];
+    for (int lane = 0; lane < kLanes; ++lane) next[lane] = lanes[lane] + lanes[lane ^ offset];
+    std::memcpy(lanes, next, sizeof(next));
+  }
+  return lanes[0];
+}
+
+// QuantRows::row_dot: lane_row_dot on every lane, then the warp sum.
+template <int kFormat>
+float row_dot(const QuantMatrix& m, int row, const float* x) {
+  float lanes[kLanes];
+  for (int lane = 0; lane < kLanes; ++lane) lanes[lane] = edge::quant::lane_row_dot<kFormat>(m, row, x, true, lane);
+  return warp_sum(lanes);
+}
+
+template <int kFormat>
+void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&w)[3], const int32_t* mask,
+                  const float* thresholds, int activation, float act_threshold, float* y, uint8_t* active_out) {
+  using namespace edge;
+  constexpr int kV = quant::Format<kFormat>::kPieceValues;
+  constexpr int kTileColumns = kLanes * kV;
+  const int n_chunks = ceil_div(D, kRowsPerChunk);
+  for (int t = 0; t < tokens; ++t) {
+    const float* xt = x + static_cast<size_t>(t) * d;
+    // gate_kernel: warp i of the grid computes neuron i
+    std::vector<float> act(D, 0.0f);
+    for (int i = 0; i < D; ++i) {
+      if (mask == nullptr || mask[static_cast<size_t>(t) * D + i] != 0) {
+        const float g = row_dot<kFormat>(w[0], i, xt);
+        act[i] = gated_activation(activation, g, act_threshold, thresholds != nullptr ? thresholds + i : nullptr);
+      }
+      if (active_out != nullptr) active_out[static_cast<size_t>(t) * D + i] = act[i] != 0.0f;
+    }
+    // compact_kernel
+    std::vector<int32_t> index;
+    for (int i = 0; i < D; ++i) {
+      if (act[i] != 0.0f) index.push_back(i);
+    }
+    const int count = static_cast<int>(index.size());
+    // up_kernel: warp k of the grid computes listed neuron k
+    std::vector<float> hidden(count);
+    for (int k = 0; k < count; ++k) {
+      hidden[k] = hidden_value(activation, act[index[k]], row_dot<kFormat>(w[1], index[k], xt));
+    }
+    // down_kernel_q: block (tile, chunk); warp w's rows (down_rows); lane l's piece of the tile (lane_down); then
+    // each column's warp sums in warp order
+    std::vector<float> partial(static_cast<size_t>(n_chunks) * d, 0.0f);
+    for (int chunk = 0; chunk < n_chunks; ++chunk) {
+      const int first = chunk * kRowsPerChunk;
+      if (first >= count) continue;
+      const int end = first + kRowsPerChunk < count ? first + kRowsPerChunk : count;
+      for (int tile_start = 0; tile_start < d; tile_start += kTileColumns) {
+        std::vector<float> warp_sums(static_cast<size_t>(kDownWarps) * kTileColumns);
+        for (int warp = 0; warp < kDownWarps; ++warp) {
+          float h[kRowsPerDownWarp];
+          int neuron[kRowsPerDownWarp];
+          down_rows(first, end, warp, hidden.data(), index.data(), h, neuron);
+          for (int lane = 0; lane < kLanes; ++lane) {
+            float acc[kV] = {};
+            const int column = tile_start + lane * kV;
+            if (column < d) quant::lane_down<kFormat>(w[2], column, h, neuron, acc);
+            for (int e = 0; e < kV; ++e) warp_sums[static_cast<size_t>(warp) * kTileColumns + lane * kV + e] = acc[e];
+          }
+        }
+        for (int slot = 0; slot < kTileColumns; ++slot) {
+          const int c = tile_start + slot;
+          if (c >= d) continue;
+          float total = 0.0f;
+          for (int warp = 0; warp < kDownWarps; ++warp) {
+            total += warp_sums[static_cast<size_t>(warp) * kTileColumns + slot];
+          }
+          partial[static_cast<size_t>(chunk) * d + c] = total;
+        }
+      }
+    }
+    // reduce_kernel
+    const int used = ceil_div(count, kRowsPerChunk);
+    for (int c = 0; c < d; ++c) {
+      float total = 0.0f;
+      for (int group = 0; group < kReduceLanes; ++group) {
+        float sum = 0.0f;
+        for (int chunk = group; chunk < used; chunk += kReduceLanes) sum += partial[static_cast<size_t>(chunk) * d + c];
+        total += sum;
+      }
+      y[static_cast<size_t>(t) * d + c] = total;
+    }
+  }
+}
+
+template <int kFormat>
+void matvec_q(const float* x, int tokens, int out, const QuantMatrix& w, const float* bias, float* y) {
+  using namespace edge;
+  const int in = w.cols;
+  if (tokens <= quant::kGemvTokens) {
+    // gemv_kernel: warp `row` of the grid
+    for (int row = 0; row < out; ++row) {
+      float lanes[quant::kGemvTokens][kLanes];
+      for (int lane = 0; lane < kLanes; ++lane) {
+        float acc[quant::kGemvTokens];
+        if (tokens == 1) {
+          acc[0] = quant::lane_row_dot<kFormat>(w, row, x, true, lane);
+        } else {
+          quant::lane_row_dot_tokens<kFormat>(w, row, x, static_cast<size_t>(in), tokens, true, lane, acc);
+        }
+        for (int t = 0; t < tokens; ++t) lanes[t][lane] = acc[t];
+      }
+      for (int t = 0; t < tokens; ++t) {
+        const float sum = warp_sum(lanes[t]);
+        y[static_cast<size_t>(t) * out + row] = bias != nullptr ? sum + bias[row] : sum;
+      }
+    }
+    return;
+  }
+  // gemm_kernel: block (blockIdx.x, blockIdx.y), its threads staging then accumulating each step between barriers
+  std::vector<float> acc(static_cast<size_t>(quant::kGemmThreads) * quant::kThreadTokens * quant::kThreadRows);
+  quant::GemmTiles tiles;
+  for (int block_y = 0; block_y < ceil_div(tokens, quant::kTileTokens); ++block_y) {
+    for (int block_x = 0; block_x < ceil_div(out, quant::kTileRows); ++block_x) {
+      const int row0 = block_x * quant::kTileRows;
+      const int token0 = block_y * quant::kTileTokens;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int k0 = 0; k0 < in; k0 += quant::kTileK) {
+        std::memset(&tiles, 0xFF, sizeof(tiles));  // NaNs: an element no thread stages poisons the result
+        for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
+          quant::gemm_stage_weights<kFormat>(w, out, row0, k0, thread, tiles);
+          quant::gemm_stage_x(x, tokens, in, token0, k0, thread, tiles);
+        }
+        for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
+          auto& mine = *reinterpret_cast<float(*)[quant::kThreadTokens][quant::kThreadRows]>(
+              acc.data() + static_cast<size_t>(thread) * quant::kThreadTokens * quant::kThreadRows);
+          quant::gemm_accumulate(tiles, thread, mine);
+        }
+      }
+      for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
+        const auto& mine = *reinterpret_cast<const float(*)[quant::kThreadTokens][quant::kThreadRows]>(
+            acc.data() + static_cast<size_t>(thread) * quant::kThreadTokens * quant::kThreadRows);
+        quant::gemm_store(mine, thread, token0, row0, tokens, out, bias, y);
+      }
+    }
+  }
+}
+
+// gemm_t_kernel (edge_matvec_q_t): as the GEMM above with outputs over W's columns and steps over its rows
+template <int kFormat>
+void matvec_q_t(const float* x, int tokens, int in, const QuantMatrix& w, const float* bias, float* y) {
+  using namespace edge;
+  const int out = w.cols;
+  std::vector<float> acc(static_cast<size_t>(quant::kGemmThreads) * quant::kThreadTokens * quant::kThreadRows);
+  quant::GemmTiles tiles;
+  for (int block_y = 0; block_y < ceil_div(tokens, quant::kTileTokens); ++block_y) {
+    for (int block_x = 0; block_x < ceil_div(out, quant::kTileRows); ++block_x) {
+      const int col0 = block_x * quant::kTileRows;
+      const int token0 = block_y * quant::kTileTokens;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int k0 = 0; k0 < in; k0 += quant::kTileK) {
+        std::memset(&tiles, 0xFF, sizeof(tiles));
+        for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
+          quant::gemm_stage_weights_t<kFormat>(w, in, col0, k0, thread, tiles);
+          quant::gemm_stage_x(x, tokens, in, token0, k0, thread, tiles);
+        }
+        for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
+          auto& mine = *reinterpret_cast<float(*)[quant::kThreadTokens][quant::kThreadRows]>(
+              acc.data() + static_cast<size_t>(thread) * quant::kThreadTokens * quant::kThreadRows);
+          quant::gemm_accumulate(tiles, thread, mine);
+        }
+      }
+      for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
+        const auto& mine = *reinterpret_cast<const float(*)[quant::kThreadTokens][quant::kThreadRows]>(
+            acc.data() + static_cast<size_t>(thread) * quant::kThreadTokens * quant::kThreadRows);
+        quant::gemm_store(mine, thread, token0, col0, tokens, out, bias, y);
+      }
+    }
+  }
+}
+
+bool valid(int quant_format, int group_size, int cols) {
+  return edge::quant::valid_format(quant_format) && edge::quant::valid_group_size(group_size) && cols > 0 &&
+         cols % group_size == 0;
+}
+
+}  // namespace
+
+// edge_sparse_ffn_q on host memory, fp32 x [tokens, d]; returns 0, or 1 for invalid arguments.
+extern "C" __attribute__((visibility("default"))) int edge_emulate_sparse_ffn_q(
+    const float* x, int tokens, int d, int D, const void* w_gate, const uint16_t* gate_scales, const void* w_up,
+    const uint16_t* up_scales, const void* w_down_t, const uint16_t* down_scales, int quant_format, int group_size,
+    const int32_t* mask, const float* thresholds, int activation, float act_threshold, float* y,
+    uint8_t* active_out) {
+  if (!valid(quant_format, group_size, d) || tokens <= 0 || D <= 0) return 1;
+  const QuantMatrix w[3] = {{static_cast<const uint8_t*>(w_gate), gate_scales, d, group_size, true},
+                            {static_cast<const uint8_t*>(w_up), up_scales, d, group_size, true},
+                            {static_cast<const uint8_t*>(w_down_t), down_scales, d, group_size, true}};
+  auto run = quant_format == EDGE_Q4 ? sparse_ffn_q<EDGE_Q4> : sparse_ffn_q<EDGE_Q8>;
+  run(x, tokens, d, D, w, mask, thresholds, activation, act_threshold, y, active_out);
+  return 0;
+}
+
+// edge_matvec_q on host memory, fp32 x [tokens, in]; returns 0, or 1 for invalid arguments.
+extern "C" __attribute__((visibility("default"))) int edge_emulate_matvec_q(const float* x, int tokens, int in, int out,
+                                                                          const void* w, const uint16_t* scales,
+                                                                          int quant_format, int group_size,
+                                                                          const float* bias, float* y) {
+  if (!valid(quant_format, group_size, in) || tokens <= 0 || out <= 0) return 1;
+  const QuantMatrix matrix{static_cast<const uint8_t*>(w), scales, in, group_size, true};
+  auto run = quant_format == EDGE_Q4 ? matvec_q<EDGE_Q4> : matvec_q<EDGE_Q8>;
+  run(x, tokens, out, matrix, bias, y);
+  return 0;
+}
+
+// edge_matvec_q_t on host memory: W [in, out] quantized along its rows, fp32 x [tokens, in]; 0, or 1 for invalid
+// arguments.
+extern "C" __attribute__((visibility("default"))) int edge_emulate_matvec_q_t(const float* x, int tokens, int in,
+                                                                            int out, const void* w,
+                                                                            const uint16_t* scales, int quant_format,
+                                                                            int group_size, const float* bias,
+                                                                            float* y) {
+  if (!valid(quant_format, group_size, out) || tokens <= 0 || in <= 0) return 1;
+  const QuantMatrix matrix{static_cast<const uint8_t*>(w), scales, out, group_size, true};
+  auto run = quant_format == EDGE_Q4 ? matvec_q_t<EDGE_Q4> : matvec_q_t<EDGE_Q8>;
+  run(x, tokens, in, matrix, bias, y);
+  return 0;
+}
