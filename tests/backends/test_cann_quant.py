@@ -136,10 +136,9 @@ def test_reference_matmul_is_the_documented_formula_and_enforces_its_constraints
     codes = torch.randint(-127, 128, (k, n), generator=generator, dtype=torch.int8)
     scale = torch.rand(k // group, n, generator=generator)
     reference = ReferenceWeightQuant()
-    expected = torch.stack(
-        [sum(x[m, j] * codes[j, c] * scale[j // group, c] for j in range(k)) for m in range(3) for c in range(n)]
-    ).view(3, n)
-    torch.testing.assert_close(reference.matmul(x, codes, scale, group), expected, rtol=1e-5, atol=1e-4)
+    scale_of_each_weight = scale[torch.arange(k) // group]  # (K, N): weight j of a column has the scale of group j / G
+    expected = x.double() @ (codes.double() * scale_of_each_weight.double())
+    torch.testing.assert_close(reference.matmul(x, codes, scale, group).double(), expected, rtol=1e-6, atol=1e-5)
     per_channel = scale[:1]
     torch.testing.assert_close(
         reference.matmul(x, codes, per_channel, 0), x @ (codes.float() * per_channel), rtol=1e-5, atol=1e-4
