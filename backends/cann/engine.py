@@ -107,6 +107,12 @@ def _use_quantized_linears(model, bundle: Bundle, device: torch.device, dtype: t
         for name in ATTENTION_PROJECTIONS:
             weight_name = f"layers.{index}.self_attn.{name}.weight"
             setattr(attention, name, quantized(getattr(attention, name), weight_name))
-    lm_head = next((name for name in LM_HEAD_TENSORS if is_quantized(bundle, name)), None)
-    if lm_head is not None:  # otherwise an fp16 head (tied to the fp16 embedding) stays a torch Linear
+    lm_head = quantized_lm_head(bundle)
+    if lm_head is not None:  # otherwise an fp16 head (tied to an fp16 embedding) stays a torch Linear
         decoder.lm_head = quantized(decoder.lm_head, lm_head)
+
+
+def quantized_lm_head(bundle: Bundle) -> str | None:
+    """The tensor holding the LM head's codes: its own matrix, else the embedding it is tied to when that is stored
+    quantized; None when the head is float."""
+    return next((name for name in LM_HEAD_TENSORS if is_quantized(bundle, name)), None)

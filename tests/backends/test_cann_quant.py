@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from edge_sdk.backends import cann
-from edge_sdk.backends.cann.engine import load_gather_engine
+from edge_sdk.backends.cann.engine import load_gather_engine, quantized_lm_head
 from edge_sdk.backends.cann.quantized import (
     DEQUANTIZE,
     MAX_MATMUL_DIM,
@@ -237,6 +237,19 @@ def test_engine_reads_the_quantized_matrices_on_the_chosen_path(bundle_matrix, n
     if operators is not None:  # int4: every matrix of the weight-quant path packed once at load, none per token
         packed = bundle.config.num_layers * 6 + isinstance(decoder.lm_head, QuantizedLinear)  # gate, up, q, k, v, o
         assert operators.matmul_calls > 0 and operators.pack_calls == (packed if name == "svd-int4" else 0)
+
+
+@pytest.mark.parametrize(
+    ("stored", "head"),
+    [
+        ({"lm_head.weight.scales", "embed_tokens.weight.scales"}, "lm_head.weight"),  # untied, both quantized
+        ({"lm_head.weight.scales"}, "lm_head.weight"),  # untied, fp16 embedding
+        ({"embed_tokens.weight.scales"}, "embed_tokens.weight"),  # tied to a quantized embedding
+        (set(), None),  # tied to an fp16 embedding: the head stays a torch Linear
+    ],
+)
+def test_the_lm_head_reads_the_quantized_matrix_the_bundle_holds(stored, head):
+    assert quantized_lm_head(types.SimpleNamespace(has_tensor=lambda name: name in stored)) == head
 
 
 @pytest.mark.parametrize("device_name", ["Ascend910B3", "Ascend310P3"])
