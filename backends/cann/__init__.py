@@ -14,11 +14,13 @@ from __future__ import annotations
 import importlib
 import os
 import warnings
+from typing import TYPE_CHECKING
 
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions
 
-from .quantized import DEQUANTIZE, QuantPlan, TorchNpuWeightQuant, choose_quant_path, requested_quant_path
+if TYPE_CHECKING:  # quantized.py imports torch, which the device install need not have
+    from .quantized import QuantPlan
 
 MODES = ("dynamic", "static")  # gather_ffn.py's decode FFN modes
 MODE_ENV = "EDGE_SDK_CANN_MODE"
@@ -37,6 +39,8 @@ def npu_weight_notice(bundle_dtype: str) -> str | None:
 
 def quant_notice(plan: QuantPlan) -> str | None:
     """The notice for a quantized bundle whose chip cannot multiply it quantized (None on the weight-quant path)."""
+    from .quantized import DEQUANTIZE
+
     return plan.reason if plan.path == DEQUANTIZE else None
 
 
@@ -87,6 +91,8 @@ class CannBackend:
         notice = npu_weight_notice(bundle.dtype)
         weight_quant = None
         if bundle.dtype in QUANTIZED_DTYPES:
+            from .quantized import DEQUANTIZE, TorchNpuWeightQuant, choose_quant_path, requested_quant_path
+
             torch_npu = importlib.import_module("torch_npu")
             plan = choose_quant_path(torch_npu.npu.get_device_name(0), torch_npu, bundle.dtype, requested_quant_path())
             notice = quant_notice(plan)
