@@ -4,6 +4,8 @@ The engine is backends/cann/engine.py's gather engine on device "npu" in fp16: t
 unit has no fp32 matmul, so fp32 and bf16 bundles are cast once at load, with a warning. The decode FFN
 runs in dynamic mode (nonzero: exact, one host synchronisation per nonzero) unless $EDGE_SDK_CANN_MODE
 is "static" (top-k to the bundle's calibrated capacity: static shapes, no synchronisation).
+int8 / int4 bundles keep their codes on the NPU: the chip decides at load whether gate, up and the dense matrices go
+through torch_npu's weight-quant matmul (Atlas A2 / A3) or are dequantized (310P and the rest; quantized.py).
 See backends/cann/README.md.
 """
 
@@ -12,21 +14,34 @@ from __future__ import annotations
 import importlib
 import os
 import warnings
+from typing import TYPE_CHECKING
 
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions
+
+if TYPE_CHECKING:  # quantized.py imports torch, which the device install need not have
+    from .quantized import QuantPlan
 
 MODES = ("dynamic", "static")  # gather_ffn.py's decode FFN modes
 MODE_ENV = "EDGE_SDK_CANN_MODE"
 NOT_INSTALLED = "torch_npu is not installed (pip install edge-sdk[ascend] on a machine with CANN)"
 NPU_WEIGHT_DTYPE = "fp16"  # the 310P cube unit has no fp32 matmul
+QUANTIZED_DTYPES = ("int8", "int4")  # kept quantized on the NPU (quantized.py)
 
 
 def npu_weight_notice(bundle_dtype: str) -> str | None:
-    """The notice to give when a bundle's weights are cast to fp16 for the NPU (None when they are fp16 already)."""
-    if bundle_dtype == NPU_WEIGHT_DTYPE:
+    """The notice to give when a bundle's weights are cast to fp16 for the NPU (None when they are fp16 already, or
+    quantized: those keep their codes, see quant_notice)."""
+    if bundle_dtype == NPU_WEIGHT_DTYPE or bundle_dtype in QUANTIZED_DTYPES:
         return None
     return f"casting {bundle_dtype} bundle to fp16 for the Ascend cube unit"
+
+
+def quant_notice(plan: QuantPlan) -> str | None:
+    """The notice for a quantized bundle whose chip cannot multiply it quantized (None on the weight-quant path)."""
+    from .quantized import DEQUANTIZE
+
+    return plan.reason if plan.path == DEQUANTIZE else None
 
 
 def _cann_version(torch_npu) -> str:
@@ -74,13 +89,23 @@ class CannBackend:
             raise BackendUnavailable(f"backend 'cann' is not available here: {reason}")
         mode = self.mode()
         notice = npu_weight_notice(bundle.dtype)
+        weight_quant = None
+        if bundle.dtype in QUANTIZED_DTYPES:
+            from .quantized import DEQUANTIZE, TorchNpuWeightQuant, choose_quant_path, requested_quant_path
+
+            torch_npu = importlib.import_module("torch_npu")
+            plan = choose_quant_path(torch_npu.npu.get_device_name(0), torch_npu, bundle.dtype, requested_quant_path())
+            notice = quant_notice(plan)
+            weight_quant = None if plan.path == DEQUANTIZE else TorchNpuWeightQuant(torch_npu)
         if notice is not None:
             warnings.warn(notice, stacklevel=2)
         import torch
 
         from .engine import load_gather_engine
 
-        return load_gather_engine(bundle, options, device=self.device, dtype=torch.float16, mode=mode)
+        return load_gather_engine(
+            bundle, options, device=self.device, dtype=torch.float16, mode=mode, weight_quant=weight_quant
+        )
 
 
 BACKEND = CannBackend()

@@ -23,6 +23,10 @@ Two modes:
   device, so the step can be captured in a graph. When more neurons score positive than fit, the
   lowest-scoring ones are dropped; with the calibrated capacity that happens on about 1% of tokens.
 
+int8 / int4 bundles (quantized.py): the gate and up rows are gathered as codes and scales and multiplied through
+torch_npu's weight-quant matmul where the chip has one, or dequantized on gather; the down rows are always
+dequantized on gather. The predictors, the selection and the masking are the same for every weight format.
+
 The same code runs on every torch device; the compute dtype is fp16 on the NPU (the 310P cube has no fp32
 matmul) and fp32 on the CPU, where it is tested against sparsity/ffn.py. Two parts never run in fp16:
 - the svd predictor's scores: x B^T A^T + b in fp32 from the unrounded x. B is whitened (V_r^T S^-1), so a channel
@@ -44,6 +48,7 @@ from edge_sdk.model.activation import Activation
 from edge_sdk.sparsity.sparse_model import LayerPredictor, SparseFeedForward
 
 from . import MODES
+from .quantized import QuantizedFFN
 
 FP16_MAX = torch.finfo(torch.float16).max  # 65504
 
@@ -78,6 +83,8 @@ class GatherSparseFFN(SparseFeedForward):
 
     Prefill stays dense (core predictors choose their neurons there, like SparseFeedForward). `capacity`
     overrides the bundle's {kind}.capacity in static mode; without either, static mode keeps all D neurons.
+    `quantized` holds the layer's matrices of an int8 / int4 bundle on the device; the float w_gate, w_up and
+    w_down_t are then only their shapes (never copied to the device).
     """
 
     def __init__(
@@ -92,12 +99,17 @@ class GatherSparseFFN(SparseFeedForward):
         dtype: torch.dtype = torch.float32,
         mode: str = "dynamic",
         capacity: int | None = None,
+        quantized: QuantizedFFN | None = None,
     ):
         if mode not in MODES:
             raise ValueError(f"mode: expected one of {', '.join(MODES)}, found {mode!r}")
         device = torch.device(device)
-        # [D, d] each, on the device in the compute dtype (a no-op when they already are: no copy)
-        super().__init__(*(w.to(device=device, dtype=dtype) for w in (w_gate, w_up, w_down_t)), activation, predictor)
+        if quantized is not None:  # shapes only: the products read the quantized matrices
+            weights = [torch.empty(w.shape, device="meta") for w in (w_gate, w_up, w_down_t)]
+        else:  # [D, d] each, on the device in the compute dtype (a no-op when they already are: no copy)
+            weights = [w.to(device=device, dtype=dtype) for w in (w_gate, w_up, w_down_t)]
+        super().__init__(*weights, activation, predictor)
+        self.quantized = quantized
         self.w_down_t = self.w_down_t.contiguous()
         self.device, self.dtype, self.mode = device, dtype, mode
         self.capacity_override = capacity
@@ -144,11 +156,11 @@ class GatherSparseFFN(SparseFeedForward):
     def _prefill(self, x: torch.Tensor) -> torch.Tensor:
         # x: [B, S, d]; dense, in the compute dtype; core masks are chosen on the host (once per prompt)
         x_c = to_compute_dtype(x, self.device, self.dtype)
-        gate = self.activation.gate(x_c @ self.w_gate.T)  # [B, S, D]
-        hidden = gate * self.activation.up(x_c @ self.w_up.T)
+        gate = self.activation.gate(self._product("gate", x_c, None))  # [B, S, D]
+        hidden = gate * self.activation.up(self._product("up", x_c, None))
         prefill_mask = self.kind.prefill_mask(self.predictor, gate)
         self.prefill_mask = None if prefill_mask is None else prefill_mask.to(self.device)  # [B, D]
-        return (hidden @ self.w_down_t).to(x.dtype)
+        return (hidden @ self._down_rows(None)).to(x.dtype)
 
     def scores(self, x: torch.Tensor, batch_row: int = 0) -> torch.Tensor:
         """x: [d] -> [D] float32 predictor scores, positive exactly where the predictor predicts active
@@ -229,21 +241,32 @@ class GatherSparseFFN(SparseFeedForward):
         kept = keep.index_select(0, rows)
         return GatherStep(self._up_down(x, rows, gate_act.index_select(0, rows), kept), rows, kept)
 
+    def _product(self, name: str, x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        """x [..., d] @ W[rows]^T for W = W_gate or W_up ("gate" | "up"): [..., k] ([..., D] for rows None)."""
+        if self.quantized is not None:
+            matrix = getattr(self.quantized, name)
+            return matrix.product(x.reshape(-1, x.shape[-1]), rows).view(*x.shape[:-1], -1)
+        weight = getattr(self, f"w_{name}")
+        return x @ (weight if rows is None else weight.index_select(0, rows)).T  # rows gathered: [k, d]
+
+    def _down_rows(self, rows: torch.Tensor | None) -> torch.Tensor:
+        """W_down_t[rows] [k, d] ([D, d] for rows None) in the compute dtype; quantized rows dequantized on gather."""
+        if self.quantized is not None:
+            return self.quantized.down.rows(rows)
+        return self.w_down_t if rows is None else self.w_down_t.index_select(0, rows)
+
     def _gate(self, x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
         """act.gate(W_gate[rows] x) as float32 [k] ([D] for rows None)."""
-        w_gate = self.w_gate if rows is None else self.w_gate.index_select(0, rows)  # [k, d]
-        return self.activation.gate((w_gate @ x).float())
+        return self.activation.gate(self._product("gate", x, rows).float())
 
     def _up_down(
         self, x: torch.Tensor, rows: torch.Tensor | None, gate_act: torch.Tensor, kept: torch.Tensor | None
     ) -> torch.Tensor:
         """y = sum over rows of gate_act * act.up(W_up_i . x) * W_down_t_i, masked by kept: [d] float32."""
-        w_up = self.w_up if rows is None else self.w_up.index_select(0, rows)  # [k, d]
-        w_down_t = self.w_down_t if rows is None else self.w_down_t.index_select(0, rows)  # [k, d]
-        hidden = gate_act * self.activation.up((w_up @ x).float())  # [k]
+        hidden = gate_act * self.activation.up(self._product("up", x, rows).float())  # [k]
         if kept is not None:
             hidden = torch.where(kept, hidden, torch.zeros_like(hidden))
-        return (hidden.to(self.dtype) @ w_down_t).float()
+        return (hidden.to(self.dtype) @ self._down_rows(rows)).float()
 
     def _empty_step(self) -> GatherStep:
         """No neuron fires: y = 0, nothing read past the gate."""

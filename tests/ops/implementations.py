@@ -288,31 +288,73 @@ class CannGather:
     factors, the bias says which neurons); all / absent as the predictor "none"; CHESS thresholds exist only as the
     predictor "threshold", whose candidates are every neuron. The predictor ops run in dynamic mode only (the mode
     changes the rows gathered, not the scores).
+
+    Quantized weights (backends/cann/quantized.py) take one of the two products the backend chooses per chip:
+    `weight-quant-matmul` (Atlas A2 / A3), torch_npu's operators replaced by the CPU reference of their documented
+    semantics (tests/backends/cann_reference.py), on the float columns `cann_gather_{mode}`; and `dequantize` (310P),
+    the code the NPU runs, on the columns `cann_gather_{mode}_dequantize`, which run the quantized cases only. Both run
+    QuantizedSparseFFN through the gather FFN, and (mode dynamic) MatVec and QuantizedMatMul through the matrices the
+    engine uses for the dense projections (W [N, K]) and the prompt's down projection (W [K, N], always dequantized).
     """
 
-    def __init__(self, mode: str):
-        self.mode = mode
-        self.name = f"cann_gather_{mode}"
+    def __init__(self, mode: str, quant_path: str):
+        self.mode, self.quant_path = mode, quant_path
+        self.name = f"cann_gather_{mode}" + ("_dequantize" if quant_path == "dequantize" else "")
 
     def unavailable(self) -> str | None:
         return None
 
     def supports(self, case) -> bool:
+        dequantize_column = self.quant_path == "dequantize"
         if isinstance(case, SparseFFNCase):
-            return not case.quantized and (not case.thresholds or case.mask in ("all", "absent"))
-        return self.mode == "dynamic" and isinstance(case, SvdPredictorCase | SignBitPredictorCase)
+            if dequantize_column and not case.quantized:
+                return False
+            return not case.thresholds or case.mask in ("all", "absent")
+        if isinstance(case, MatVecCase | QuantizedMatMulCase):
+            return self.mode == "dynamic" and case.weights in QUANT_FORMATS
+        return (
+            self.mode == "dynamic"
+            and not dequantize_column
+            and isinstance(case, SvdPredictorCase | SignBitPredictorCase)
+        )
 
-    def _ffn(self, weights, activation, predictor: LayerPredictor):
+    def _ops(self):
+        from ..backends.cann_reference import ReferenceWeightQuant
+
+        return None if self.quant_path == "dequantize" else ReferenceWeightQuant()
+
+    def _matrix(self, matrix):
+        from edge_sdk.backends.cann.quantized import device_matrix
+
+        return device_matrix(matrix, torch.device("cpu"), torch.float32, self._ops())
+
+    def _ffn(self, weights, activation, predictor: LayerPredictor, quantized=None):
         from edge_sdk.backends.cann.gather_ffn import GatherSparseFFN
+        from edge_sdk.backends.cann.quantized import DequantizingMatrix, QuantizedFFN
 
-        ffn = GatherSparseFFN(*weights, activation, predictor, mode=self.mode)
+        layer = None
+        if quantized is not None:
+            gate, up, down = quantized
+            layer = QuantizedFFN(
+                self._matrix(gate), self._matrix(up), DequantizingMatrix(down, torch.device("cpu"), torch.float32)
+            )
+        ffn = GatherSparseFFN(*weights, activation, predictor, mode=self.mode, quantized=layer)
         ffn.phase = "decode"
         return ffn
 
     def run(self, case):
+        from edge_sdk.backends.cann.quantized import DequantizingMatrix
+
         from edge_sdk.sparsity.signbit import DeviceSignBit
 
         data = case.data()
+        if isinstance(case, MatVecCase):
+            y = self._matrix(data.quantized).product(data.x[None])[0]
+            return y if data.bias is None else y + data.bias
+        if isinstance(case, QuantizedMatMulCase):
+            if case.transposed:
+                return self._matrix(data.quantized).product(data.x)
+            return data.x @ DequantizingMatrix(data.quantized, torch.device("cpu"), torch.float32).rows()
         if isinstance(case, SignBitPredictorCase):
             signbit = DeviceSignBit(data.packed, case.alpha, case.d, torch.device("cpu"))
             return torch.stack([signbit.scores(x) > 0 for x in data.x])
@@ -338,7 +380,7 @@ class CannGather:
                     "svd.capacity": capacity,
                 }
                 predictor = LayerPredictor("svd", tensors)
-            step = self._ffn(data.weights, case.act, predictor).step(x)
+            step = self._ffn(data.weights, case.act, predictor, data.quantized).step(x)
             outputs.append(step.output)
             actives.append(step.active(case.n_neurons))
         return torch.stack(outputs), torch.stack(actives)
@@ -518,8 +560,10 @@ IMPLEMENTATIONS = [
     OnnxRuntime(),
     CKernels("integer"),
     CKernels("fp32"),
-    CannGather("dynamic"),
-    CannGather("static"),
+    CannGather("dynamic", "weight-quant-matmul"),
+    CannGather("static", "weight-quant-matmul"),
+    CannGather("dynamic", "dequantize"),
+    CannGather("static", "dequantize"),
     Cuda(),
     CudaEmulation(),
     TensorRT(),
