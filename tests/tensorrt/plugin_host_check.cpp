@@ -3,14 +3,19 @@
 // through TensorRT's interfaces: names, attribute validation and its messages, formats, output types and shapes,
 // build-time shape checks, workspace sizes, serialization round trips. Compiled and run by
 // test_plugin_library.py against the TensorRT headers; prints one line per failed check, exits 1 if any failed.
+// Given a nodes file, it also makes the plugin of every custom node of an exported graph as TensorRT's ONNX parser
+// would, and checks that it takes the node's inputs and gives the type the graph declares (checkGraphNode).
 //
-//   plugin_host_check <libedge_trt_plugins.so> <libedge_cuda_kernels.so>
+//   plugin_host_check <libedge_trt_plugins.so> <libedge_cuda_kernels.so> [nodes file]
 #include <NvInferRuntime.h>
 #include <dlfcn.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -544,11 +549,118 @@ void checkSvd(IPluginCreatorV3One* creator, RecordingLogger& logger) {
   delete plugin;
 }
 
+// One custom node of an exported graph, as test_plugin_library.py writes it (one item per line):
+//   node <name> <op type>
+//   attribute <name> int|float|string <value>      (floats in C99 hexadecimal, exact)
+//   input <TensorRT DataType value> <rank> <dims>  (-1: a dimension known only at runtime)
+//   output <TensorRT DataType value> <rank> <dims>
+struct NodeAttribute {
+  std::string name, type, value;
+};
+
+struct GraphNode {
+  std::string name, op;
+  std::vector<NodeAttribute> attributes;
+  std::vector<DynamicPluginTensorDesc> inputs;
+  std::vector<DynamicPluginTensorDesc> outputs;
+};
+
+DynamicPluginTensorDesc readTensor(std::istream& in) {
+  int32_t type = 0, rank = 0;
+  in >> type >> rank;
+  std::vector<int64_t> dims(rank > 0 && rank <= Dims::MAX_DIMS ? rank : 0);
+  for (int64_t& dim : dims) in >> dim;
+  return tensor(static_cast<DataType>(type), dims);
+}
+
+std::vector<GraphNode> readNodes(char const* path) {
+  std::ifstream in(path);
+  expect(in.good(), std::string("nodes file ") + path + " opens");
+  std::vector<GraphNode> nodes;
+  std::string item;
+  while (in >> item) {
+    if (item == "node") {
+      nodes.emplace_back();
+      in >> nodes.back().name >> nodes.back().op;
+    } else if (!nodes.empty() && item == "attribute") {
+      NodeAttribute attribute;
+      in >> attribute.name >> attribute.type >> attribute.value;
+      nodes.back().attributes.push_back(attribute);
+    } else if (!nodes.empty() && (item == "input" || item == "output")) {
+      (item == "input" ? nodes.back().inputs : nodes.back().outputs).push_back(readTensor(in));
+    } else {
+      expect(false, "nodes file: unexpected item '" + item + "'");
+      break;
+    }
+  }
+  return nodes;
+}
+
+// The plugin of `node` made as onnx-tensorrt's loadFields makes it (onnxOpImporters.cpp, 10.x): one field for each
+// of the creator's field names the node has, INT as one kINT32, FLOAT as one kFLOAT32, STRING as kCHAR counting its
+// NUL; an attribute that is none of the creator's field names never reaches the plugin, so every attribute of the
+// node but plugin_version / plugin_namespace (which only pick the creator) must be one. The plugin then takes the
+// node's input types (kLINEAR), gives the output type the graph declares, and configures with the node's shapes.
+void checkGraphNode(IPluginCreatorV3One* creator, GraphNode const& node) {
+  std::string const where = node.op + " node '" + node.name + "'";
+  PluginFieldCollection const* known = creator->getFieldNames();
+  std::map<std::string, NodeAttribute const*> attributes;
+  for (NodeAttribute const& attribute : node.attributes) {
+    if (attribute.name == "plugin_version" || attribute.name == "plugin_namespace") continue;
+    attributes[attribute.name] = &attribute;
+    bool isField = false;
+    for (int32_t i = 0; i < known->nbFields; ++i) isField = isField || attribute.name == known->fields[i].name;
+    expect(isField, where + ": attribute '" + attribute.name + "' is one of the creator's field names");
+  }
+  std::vector<int32_t> ints;
+  std::vector<float> floats;
+  ints.reserve(attributes.size());
+  floats.reserve(attributes.size());
+  std::vector<PluginField> fields;
+  for (int32_t i = 0; i < known->nbFields; ++i) {
+    auto const found = attributes.find(known->fields[i].name);
+    if (found == attributes.end()) continue;
+    NodeAttribute const& attribute = *found->second;
+    if (attribute.type == "int") {
+      ints.push_back(static_cast<int32_t>(std::strtol(attribute.value.c_str(), nullptr, 10)));
+      fields.emplace_back(known->fields[i].name, &ints.back(), PluginFieldType::kINT32, 1);
+    } else if (attribute.type == "float") {
+      floats.push_back(std::strtof(attribute.value.c_str(), nullptr));
+      fields.emplace_back(known->fields[i].name, &floats.back(), PluginFieldType::kFLOAT32, 1);
+    } else {
+      fields.push_back(stringField(known->fields[i].name, attribute.value.c_str()));
+    }
+  }
+  IPluginV3* plugin = create(creator, fields, TensorRTPhase::kBUILD);
+  expect(plugin != nullptr, where + ": the creator makes a plugin from the node's attributes");
+  if (plugin == nullptr) return;
+  int32_t const nbInputs = static_cast<int32_t>(node.inputs.size());
+  expect(node.outputs.size() == 1, where + ": one output");
+  std::vector<DataType> inputTypes;
+  for (DynamicPluginTensorDesc const& input : node.inputs) inputTypes.push_back(input.desc.type);
+  DataType outputType = DataType::kBOOL;
+  bool const typed = build(plugin)->getOutputDataTypes(&outputType, 1, inputTypes.data(), nbInputs) == 0;
+  expect(typed && !node.outputs.empty() && outputType == node.outputs[0].desc.type,
+         where + ": the plugin's output type (TensorRT DataType " + std::to_string(static_cast<int32_t>(outputType)) +
+             ") is the graph's");
+  std::vector<DynamicPluginTensorDesc> io = node.inputs;
+  io.insert(io.end(), node.outputs.begin(), node.outputs.end());
+  for (int32_t pos = 0; pos < static_cast<int32_t>(io.size()); ++pos) {
+    expect(build(plugin)->supportsFormatCombination(pos, io.data(), nbInputs, 1),
+           where + ": takes " + (pos < nbInputs ? "input " : "output ") +
+               std::to_string(pos < nbInputs ? pos : pos - nbInputs) + " as the graph types it (TensorRT DataType " +
+               std::to_string(static_cast<int32_t>(io[pos].desc.type)) + ")");
+  }
+  expect(build(plugin)->configurePlugin(io.data(), nbInputs, io.data() + nbInputs, 1) == 0,
+         where + ": configures with the graph's shapes");
+  delete plugin;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: %s libedge_trt_plugins.so libedge_cuda_kernels.so\n", argv[0]);
+  if (argc != 3 && argc != 4) {
+    std::fprintf(stderr, "usage: %s libedge_trt_plugins.so libedge_cuda_kernels.so [nodes file]\n", argv[0]);
     return 2;
   }
   void* kernels = dlopen(argv[2], RTLD_NOW | RTLD_GLOBAL);
@@ -573,6 +685,7 @@ int main(int argc, char** argv) {
   IPluginCreatorInterface* const* creators = getCreators(count);
   expect(count == 5, "five creators");
   std::vector<std::string> names;
+  std::map<std::string, IPluginCreatorV3One*> byName;
   for (int32_t i = 0; i < count; ++i) {
     expect(std::strcmp(creators[i]->getInterfaceInfo().kind, "PLUGIN CREATOR_V3ONE") == 0, "IPluginCreatorV3One");
     auto* creator = static_cast<IPluginCreatorV3One*>(creators[i]);
@@ -580,6 +693,7 @@ int main(int argc, char** argv) {
     expect(std::strcmp(creator->getPluginNamespace(), "edge_sdk") == 0, "creator namespace edge_sdk");
     std::string const name = creator->getPluginName();
     names.push_back(name);
+    byName[name] = creator;
     if (name == "SparseFFN") checkSparseFfn(creator, logger, workspaceSize);
     if (name == "SignBitPredictor") checkSignBit(creator, logger);
     if (name == "SvdPredictor") checkSvd(creator, logger);
@@ -589,6 +703,15 @@ int main(int argc, char** argv) {
   expect(names == std::vector<std::string>{"SvdPredictor", "SignBitPredictor", "SparseFFN", "QuantizedSparseFFN",
                                            "QuantizedMatMul"},
          "creator names");
+  if (argc == 4) {
+    std::vector<GraphNode> const nodes = readNodes(argv[3]);
+    expect(!nodes.empty(), "the nodes file lists nodes");
+    for (GraphNode const& node : nodes) {
+      auto const creator = byName.find(node.op);
+      expect(creator != byName.end(), node.op + " node '" + node.name + "': a creator of that name");
+      if (creator != byName.end()) checkGraphNode(creator->second, node);
+    }
+  }
   std::printf("%s\n", gFailures == 0 ? "all checks passed" : "some checks failed");
   return gFailures == 0 ? 0 : 1;
 }

@@ -248,7 +248,6 @@ GROUP_SIZE = 32
 SAFETENSORS_ITEMSIZE = {"F16": 2, "BF16": 2, "F32": 4, "I32": 4, "I8": 1, "U8": 1}
 
 
-
 def stored_tensors(config: ModelConfig, kind: str, dtype: str) -> dict[str, graphs.ExternalTensor]:
     """Every tensor of a bundle of this config, laid out back to back as in weights.safetensors."""
     expected = model_tensors(config, dtype, MAX_SEQ_LEN, GROUP_SIZE if dtype in QUANTIZED_DTYPES else None)

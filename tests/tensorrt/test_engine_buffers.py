@@ -70,6 +70,27 @@ def test_engine_steps_reproduce_onnx_runtime(fake_trt, trt_bundles, kind):
     assert (after["runtimes"], after["engines"], after["contexts"]) == (0, 0, 0)
 
 
+@pytest.mark.parametrize("name", ["svd-int8", "svd-int4"])
+def test_quantized_engine_steps_reproduce_onnx_runtime(fake_trt, bundle_matrix, name):
+    """An int8 / int4 bundle's engine (decode.onnx: every quantized product a QuantizedMatMul / QuantizedSparseFFN
+    node, run here by the ops' reference functions) goes through libedge_sdk's TensorRT engine as a float one does:
+    prompt and decode steps give OrtBundleSession's logits (prefill.onnx's DequantizeLinear -> Gemm for the prompt)
+    exactly, so the greedy ids are the same."""
+    bundle = bundle_matrix[name]
+    build_engine(bundle)
+    engine = BACKEND.load(bundle, EngineOptions.of(bundle, 0.8))
+    reference = OrtBundleSession(bundle, level=0.8)
+    try:
+        ours, theirs = engine.prefill(IDS), reference.prefill(np.array([IDS]))[0, -1]
+        for _ in range(DECODE_STEPS):
+            np.testing.assert_array_equal(ours, theirs)
+            token = int(theirs.argmax())
+            ours, theirs = engine.decode(token), reference.decode(np.array([[token]]))[0, -1]
+        np.testing.assert_array_equal(ours, theirs)
+    finally:
+        engine.close()
+
+
 def test_only_a_longer_prompt_allocates(fake_trt, trt_bundles):
     bundle = trt_bundles["svd"]
     build_engine(bundle)

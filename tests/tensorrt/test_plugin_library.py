@@ -15,9 +15,15 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import onnx
 import pytest
+from edge_sdk.backends.tensorrt.profiles import ENGINE_GRAPH
+from onnx import helper
 
+from edge_sdk.bundle.graph_ops import DOMAIN
 from edge_sdk.native import find_library
+
+from .fake_engine import DATA_TYPES
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN_SOURCES = ROOT / "plugins" / "tensorrt"
@@ -101,19 +107,92 @@ def test_plugin_sources_compile_warning_free_and_export_only_the_entry_points(pl
     assert {line.split()[-1] for line in listing.splitlines() if line.strip()} == EXPORTS
 
 
+@pytest.fixture(scope="module")
+def host_check(headers_and_kernels, tmp_path_factory) -> Path:
+    """plugin_host_check.cpp compiled against the TensorRT headers."""
+    trt_include, cuda_include, _, cxx = headers_and_kernels
+    program = tmp_path_factory.mktemp("host-check") / "plugin_host_check"
+    source = Path(__file__).with_name("plugin_host_check.cpp")
+    includes = ["-isystem", str(trt_include), "-isystem", str(cuda_include)]
+    subprocess.run([cxx, "-std=c++17", *WARNINGS, *includes, str(source), "-ldl", "-o", str(program)], check=True)
+    return program
+
+
 @pytest.mark.parametrize("build", ["package", "sources"])
-def test_plugins_through_tensorrt_interfaces(build, headers_and_kernels, request, tmp_path):
-    trt_include, cuda_include, kernels, cxx = headers_and_kernels
+def test_plugins_through_tensorrt_interfaces(build, headers_and_kernels, host_check, request):
+    kernels = headers_and_kernels[2]
     if build == "package":
         plugins = find_library("libedge_trt_plugins.so", "EDGE_SDK_TRT_PLUGINS")
         if plugins is None:
             pytest.skip("libedge_trt_plugins.so was not built (TensorRT was not found when the package was built)")
     else:
         plugins = request.getfixturevalue("plugins_built_from_sources")
-    program = tmp_path / "plugin_host_check"
-    source = Path(__file__).with_name("plugin_host_check.cpp")
-    includes = ["-isystem", str(trt_include), "-isystem", str(cuda_include)]
-    subprocess.run([cxx, "-std=c++17", *WARNINGS, *includes, str(source), "-ldl", "-o", str(program)], check=True)
-    result = subprocess.run([str(program), str(plugins), str(kernels)], capture_output=True, text=True)
+    result = subprocess.run([str(host_check), str(plugins), str(kernels)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == "all checks passed"
+
+
+def plugin_nodes(graph: onnx.ModelProto) -> list[str]:
+    """The custom nodes of `graph` in plugin_host_check.cpp's nodes format: attributes as stored, each input's and
+    output's TensorRT type and dims (-1 where only runtime knows one) from ONNX shape inference, which sees through
+    the ops' reference functions."""
+    inferred = onnx.shape_inference.infer_shapes(graph)
+    tensors = {tensor.name: (tensor.data_type, list(tensor.dims)) for tensor in inferred.graph.initializer}
+    for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+        shape = value.type.tensor_type.shape.dim
+        tensors[value.name] = (
+            value.type.tensor_type.elem_type,
+            [dim.dim_value if dim.HasField("dim_value") else -1 for dim in shape],
+        )
+    lines = []
+    for node in graph.graph.node:
+        if node.domain != DOMAIN:
+            continue
+        lines.append(f"node {node.name} {node.op_type}")
+        for attribute in node.attribute:
+            value = helper.get_attribute_value(attribute)
+            if attribute.type == onnx.AttributeProto.INT:
+                lines.append(f"attribute {attribute.name} int {value}")
+            elif attribute.type == onnx.AttributeProto.FLOAT:
+                lines.append(f"attribute {attribute.name} float {float(value).hex()}")
+            else:
+                lines.append(f"attribute {attribute.name} string {value.decode()}")
+        for role, names in (("input", node.input), ("output", node.output)):
+            for name in names:
+                elem_type, dims = tensors[name]
+                lines.append(f"{role} {DATA_TYPES[elem_type]} {len(dims)} {' '.join(map(str, dims))}".rstrip())
+    return lines
+
+
+# every plugin and both SparseFFN input counts: SVD and sign-bit predictors, CHESS thresholds, and the quantized ops
+GRAPH_BUNDLES = ("svd-fp16", "signbit-fp32", "threshold-fp32", "svd-int8", "svd-int4")
+
+
+@pytest.mark.parametrize("name", GRAPH_BUNDLES)
+def test_every_plugin_node_of_an_exported_graph_makes_its_plugin(
+    name, bundle_matrix, headers_and_kernels, host_check, plugins_built_from_sources, tmp_path
+):
+    """The graph the engine is built from (decode.onnx) and the plugins agree: each custom node's attributes are the
+    creator's field names and, passed as TensorRT's ONNX parser passes them, make a plugin; that plugin takes the
+    node's input types and shapes and gives the output type the graph declares."""
+    bundle = bundle_matrix[name]
+    graph = onnx.load(str(bundle.graph_path(ENGINE_GRAPH)), load_external_data=False)
+    lines = plugin_nodes(graph)
+    ops = {line.split()[2] for line in lines if line.startswith("node ")}
+    expected = {"svd": {"SvdPredictor"}, "signbit": {"SignBitPredictor"}, "threshold": set()}[name.split("-")[0]]
+    if bundle.manifest.dtype in ("int8", "int4"):
+        # every product with a quantized matrix is a plugin; the graph holds no SparseFFN over dequantized rows
+        assert {"QuantizedSparseFFN", "QuantizedMatMul"} <= ops and "SparseFFN" not in ops
+        matmuls = [line for line in lines if line.startswith("attribute transposed")]
+        assert {line.split()[-1] for line in matmuls} == {"0", "1"}  # projections and the prompt's down rows
+    else:
+        expected |= {"SparseFFN"}
+    assert expected <= ops
+    nodes = tmp_path / "nodes.txt"
+    nodes.write_text("\n".join(lines) + "\n")
+    kernels = headers_and_kernels[2]
+    result = subprocess.run(
+        [str(host_check), str(plugins_built_from_sources), str(kernels), str(nodes)], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == "all checks passed"
