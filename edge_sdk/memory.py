@@ -41,18 +41,24 @@ def require(purpose: str, needed: int, parts: str, advice: str) -> None:
 
 M_MMAP_THRESHOLD = -3  # glibc <malloc.h>
 LARGE_BLOCK_BYTES = 2 << 20
+USER_THRESHOLD_VARIABLE = "MALLOC_MMAP_THRESHOLD_"
 
 
 def map_large_blocks(threshold: int = LARGE_BLOCK_BYTES) -> bool:
     """Have glibc serve every allocation of threshold bytes or more by its own mapping, returned to the kernel when
-    freed; False where the C library has no mallopt (not glibc) or refuses.
+    freed; False where the user set glibc's MALLOC_MMAP_THRESHOLD_ (their choice stands), where the C library has no
+    mallopt (not glibc) or where it refuses.
 
     By default glibc raises its mapping threshold to the size of each mapped block freed, up to 32 MiB, after which
     the calibration's per-layer temporaries (a few [tokens, D] activations of a few MB each, made and freed thousands
     of times) come from the heap, where the small allocations made between them keep the freed space from going back:
     the process grew by about a layer's worth of them per layer with no more live tensors (SmolLM2-135M's export
     peaked at 0.99 GB instead of 0.75 GB; benchmarks/README.md section 2). Large tensors are unaffected: they are
-    mapped either way. The cost is the kernel zeroing fresh pages for each temporary."""
+    mapped either way. The cost is the kernel zeroing fresh pages for each temporary: about a third more CPU time
+    on a 1.1B model, whose heap growth is small beside its weights; MALLOC_MMAP_THRESHOLD_=33554432 trades the
+    memory back for that time."""
+    if USER_THRESHOLD_VARIABLE in os.environ:
+        return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):

@@ -7,6 +7,7 @@ same-sized temporaries end up in the heap, where they stayed: the export's peak 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -36,6 +37,8 @@ libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 if sys.argv[1] == "mapped":
     assert memory.map_large_blocks()
+if sys.argv[1] == "user's threshold":
+    assert not memory.map_large_blocks()
 size = 3 << 20
 libc.free(libc.malloc(size))
 before = libc.mallinfo2().hblks
@@ -46,8 +49,10 @@ print(json.dumps({"new_mappings": held - before}))
 """
 
 
-def new_mappings(mode: str) -> int:
-    result = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True)
+def new_mappings(mode: str, env: dict[str, str] | None = None) -> int:
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True, env=env
+    )
     return json.loads(result.stdout)["new_mappings"]
 
 
@@ -55,6 +60,12 @@ def new_mappings(mode: str) -> int:
 def test_large_blocks_stay_mapped_after_one_is_freed():
     assert new_mappings("default") == 0  # glibc raised its threshold: the block came from the heap
     assert new_mappings("mapped") == 1
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt's mapping threshold is glibc's")
+def test_users_mapping_threshold_is_left_alone():
+    environment = {**os.environ, memory.USER_THRESHOLD_VARIABLE: str(32 << 20)}
+    assert new_mappings("user's threshold", environment) == 0
 
 
 def test_export_command_maps_large_blocks(monkeypatch, tiny_model_dir, tmp_path):

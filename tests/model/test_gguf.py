@@ -18,8 +18,9 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import pre_tokenizers
 
+from edge_sdk import quant
 from edge_sdk.bundle import Bundle
-from edge_sdk.bundle.layout import model_tensor_names
+from edge_sdk.bundle.layout import SCALES_SUFFIX, TRANSPOSED_SUFFIX, is_quantized_matrix, model_tensor_names
 from edge_sdk.errors import CheckpointError
 from edge_sdk.model.checkpoint import Checkpoint, open_checkpoint
 from edge_sdk.model.gguf_checkpoint import GgufCheckpoint
@@ -311,3 +312,33 @@ def test_row_blocks_dequantize_exactly_as_one_call(tensor_type, tmp_path, monkey
         entry = checkpoint.entries[name]
         whole = torch.from_numpy(gguf.quants.dequantize(entry.data, entry.tensor_type).reshape(entry.shape).copy())
         assert torch.equal(checkpoint.tensor(name, torch.float32), whole.float())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("tensor_type", "dtype"), [(Q.Q8_0, "int8"), (Q.Q4_0, "int4")], ids=["Q8_0", "Q4_0"])
+def test_q8_0_and_q4_0_weights_keep_their_values_in_the_bundle(tensor_type, dtype, tmp_path):
+    """Q8_0 and Q4_0 are our int8 and int4 at group size 32 (fp16 scale = max|w| / 127, and = m / -8 for m the value
+    of largest magnitude): re-quantizing their dequantized values gives back the same codes and scales, so every
+    matrix whose groups run along the GGUF's rows is carried over exactly. The down projection is stored neuron-major
+    (its groups run along the other axis), so it alone is quantized again."""
+    path = fixture_gguf(tmp_path / "tiny.gguf", tensor_type)
+    out = tmp_path / "bundle"
+    export = edge_sdk("export", str(path), "-o", str(out), "--predictor", "none", "--dtype", dtype)
+    assert export.returncode == 0, export.stderr
+    bundle = Bundle.open(out)
+    assert bundle.manifest.group_size == quant.DEFAULT_GROUP_SIZE == 32
+    source = open_checkpoint(path)
+    carried = 0
+    for name, hf_name in model_tensor_names(bundle.config):
+        expected = source.tensor(hf_name, torch.float32).numpy()
+        if not is_quantized_matrix(name, expected.shape) or source.entries[hf_name].tensor_type != tensor_type:
+            continue
+        stored = quant.dequantize(
+            quant.QuantizedMatrix(dtype, 32, bundle.array(name), bundle.array(name + SCALES_SUFFIX))
+        )
+        if name.endswith(TRANSPOSED_SUFFIX):
+            assert not np.array_equal(stored.T, expected), name
+            continue
+        assert np.array_equal(stored, expected), name
+        carried += 1
+    assert carried == 1 + 6 * bundle.config.num_layers  # LM head; q, k, v, o, gate, up per layer
