@@ -378,7 +378,7 @@ def manifest_field_cases() -> list[Case]:
     refused = {
         "format other": setting("format", "other-bundle"),
         "format missing": setting("format", DELETE),
-        "format_version 3": setting("format_version", 3),
+        "format_version 4": setting("format_version", 4),
         "format_version 0": setting("format_version", 0),
         "format_version -1": setting("format_version", -1),
         "format_version string": setting("format_version", "1"),
