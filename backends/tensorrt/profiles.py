@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edge_sdk import predictors
 from edge_sdk.model.config import ModelConfig
 
 # The graph the engine is built from, and its profiles in the order they are added (index = profile index).
@@ -51,7 +52,7 @@ def profile_shapes(model: ModelConfig, max_seq_len: int, profile: str, predictor
     for layer in range(model.num_layers):
         for part in ("key", "value"):
             ranges[f"past_key_values.{layer}.{part}"] = ShapeRange(*((1, kv_heads, p, head_dim) for p in past))
-    if predictor == "core":
+    if predictors.KINDS[predictor].fixed_at_prefill:  # the prompt's mask is a decode input (decode_inputs)
         mask = (1, model.intermediate_size)
         for layer in range(model.num_layers):
             ranges[f"core_mask.{layer}"] = ShapeRange(mask, mask, mask)

@@ -102,12 +102,15 @@ def harness_case(path: Path, d: int, n_neurons: int, format: str, group_size: in
     return torch.from_numpy(x), [torch.from_numpy(quant.dequantize(m)) for m in matrices], torch.from_numpy(mask).bool()
 
 
-# The harness's cases: d = 416 ends the rows in half a unit of 64 values at group size 32.
+# The harness's cases: the integer path's rows end in a partial unit (INT8 units are 2 blocks of 32 values, INT4
+# units 4): d = 416 in half an INT8 unit and 1 block of an INT4 one, 448 in 2 blocks (at group size 64, a group of its
+# own), 480 in 3.
 HARNESS_CASES = [
     (416, "int8", 32, Activation("relu")),
-    (384, "int4", 64, Activation("fatrelu", 0.05)),
+    (448, "int4", 64, Activation("fatrelu", 0.05)),
     (384, "int4", 128, Activation("silu")),
     (416, "int4", 32, Activation("relu")),
+    (480, "int4", 32, Activation("drelu")),
 ]
 HARNESS_NEURONS = 301
 AARCH64_TOOLS = pytest.mark.skipif(

@@ -1,8 +1,8 @@
 """Quantized rows (edge_sdk/quant.py, plugins/kernels/cpu/QUANT.md): the format's round trip, and the CPU kernels
 edge_cpu_sparse_ffn_q / edge_cpu_matvec_q beyond the op table (tests/ops: their values on every op case, with x
 quantized to two int8 planes for integer dot products, the default, and with x in fp32,
-EDGE_SDK_QUANT_ACTIVATIONS=fp32): thread counts, rows ending in half a unit, the activations' bound, scales and
-nibbles in the wrong place, bad arguments."""
+EDGE_SDK_QUANT_ACTIVATIONS=fp32): thread counts, rows ending in a partial unit, non-finite activations, the
+activations' bound, scales and nibbles in the wrong place, bad arguments."""
 
 from __future__ import annotations
 
@@ -341,12 +341,28 @@ def test_integer_matvec_against_unquantized_x_is_within_the_activation_bound(for
 
 
 @pytest.mark.parametrize("format", FORMATS)
-def test_rows_ending_in_half_a_unit(format, kernel_x):
-    """Rows of 32 (mod 64) values: the integer path's last unit of 64 values is half a unit. 4128 inputs also take
-    the matvec's heap buffer for x's planes (more than 4096)."""
-    for n_in in (32, 2080, 4128):
-        matrix = quant.quantize(random_weights((33, n_in), seed=n_in), format, 32)
+def test_rows_ending_in_a_partial_unit(format, kernel_x):
+    """The integer path sums units of 16 lanes, 2 blocks of 32 values (INT8) or 4 (INT4): rows of 1, 2 or 3 blocks
+    beyond whole units end in a partial unit, at group size 32 and at 64 (whose groups then straddle the unit's
+    blocks). 4128 and more inputs also take the matvec's heap buffer for x's planes (more than 4096)."""
+    for n_in, group_size in [(32, 32), (64, 32), (96, 32), (2080, 32), (2144, 32), (4128, 32), (4192, 32), (192, 64),
+                             (4288, 64)]:  # fmt: skip
+        matrix = quant.quantize(random_weights((33, n_in), seed=n_in), format, group_size)
         x = torch.from_numpy(random_weights(n_in, seed=23))
         expected = torch.from_numpy(quant.dequantize(matrix)).double() @ kernel_x(x).double()
         found = kernels.matvec_quantized(x, QuantizedWeight.from_matrix(matrix))
         assert (found.double() - expected).abs().max() <= KERNEL_RTOL * expected.abs().max()
+
+
+@pytest.mark.parametrize("format", FORMATS)
+def test_a_non_finite_activation_makes_every_dot_product_nan(format, kernel_x):
+    """A NaN or an infinity in x: no row's product is finite, as in fp32 arithmetic (the integer path gives the
+    value's block a NaN scale, so its products are NaN), rather than a finite number that hides it."""
+    matrix = QuantizedWeight.from_matrix(quant.quantize(random_weights((9, 320), seed=30), format, 32))
+    for value in (float("nan"), float("inf"), float("-inf")):
+        x = torch.from_numpy(random_weights(320, seed=31))
+        x[300] = value  # in the last, partial, INT4 unit
+        found = kernels.matvec_quantized(x, matrix)
+        assert not torch.isfinite(found).any()
+        if kernel_x is quantized_activations:
+            assert torch.isnan(found).all()

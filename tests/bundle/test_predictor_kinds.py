@@ -59,7 +59,8 @@ def test_each_kind_describes_what_its_behaviour_does(name):
     overrides = {method for method in behaviour if getattr(type(kind), method) is not getattr(PredictorKind, method)}
     assert kind.calibrated == ("fit" in overrides) == any(tensor.name == "capacity" for tensor in kind.tensors)
     assert kind.has_levels == any("levels" in tensor.shape for tensor in kind.tensors)
-    assert kind.fixed_at_prefill == ("prefill_mask" in overrides)
+    # a mask fixed at prefill is a decode input of the graphs (the TensorRT profiles bound it by this flag)
+    assert kind.fixed_at_prefill == ("prefill_mask" in overrides) == ("decode_inputs" in overrides)
     # a kind predicting before the gate gives every engine its mask: the reference's, the C kernels', the device's
     predicts_first = {"decode_mask", "native_masker", "device_scorer", "emit_step_mask"}
     assert (not kind.gate_first) == (predicts_first <= overrides)
@@ -76,6 +77,7 @@ def test_no_module_that_runs_a_predictor_names_a_kind():
         "edge_sdk/export/ort_session.py",
         "backends/cpu/torch_engine.py",
         "backends/cann/gather_ffn.py",
+        "backends/tensorrt/profiles.py",
     )
     for module in modules:
         text = (REPO / module).read_text()

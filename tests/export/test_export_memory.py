@@ -50,9 +50,7 @@ print(json.dumps({"new_mappings": held - before}))
 
 
 def new_mappings(mode: str, env: dict[str, str] | None = None) -> int:
-    result = subprocess.run(
-        [sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True, env=env
-    )
+    result = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True, env=env)
     return json.loads(result.stdout)["new_mappings"]
 
 

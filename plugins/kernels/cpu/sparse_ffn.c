@@ -60,9 +60,17 @@
 /* Column blocks up to this many floats are summed 64 columns per step (see add_rows). */
 #define EDGE_SHORT_BLOCK 512
 
-/* Read prefetch into all cache levels. Callers with nothing to prefetch pass the row they read (a branch in
- * the loop would keep GCC from vectorising the portable path). Prefetches never fault. */
-#define EDGE_PREFETCH(next, byte_offset) __builtin_prefetch((const char *)(next) + (byte_offset), 0, 3)
+/* Read prefetch. Callers with nothing to prefetch pass the row they read (a branch in the loop would keep GCC from
+ * vectorising the portable path). Prefetches never fault. On x86-64 into L2 (prefetcht1), not L1: a prefetch into
+ * L1 holds one of the core's few L1 miss buffers until its line arrives from memory, which capped a core's reads of
+ * scattered rows well below its streaming rate (benchmarks/README.md, section 3); elsewhere into all levels. */
+#if defined(__x86_64__)
+#define EDGE_PREFETCH_LOCALITY 2
+#else
+#define EDGE_PREFETCH_LOCALITY 3
+#endif
+#define EDGE_PREFETCH(next, byte_offset) \
+  __builtin_prefetch((const char *)(next) + (byte_offset), 0, EDGE_PREFETCH_LOCALITY)
 
 /* ---- Row primitives ----------------------------------------------------------------------------------
  * dot_row(w, dtype, x, d, next): w . x over d elements, while prefetching the row `next` (the same byte length).
@@ -482,35 +490,85 @@ EDGE_ALWAYS_INLINE float quant_dot_row(const char *row, const uint16_t *scales, 
   return sum_lanes(&acc);
 }
 
+/* Groups whose factors add_quant_rows computes at once, for a piece of the columns (1024 at group size 32). */
+#define EDGE_FACTOR_GROUPS 32
+
+/* factors[r][g] = h[r] * scale g0 + g of row rows[r], for g < n_groups. */
+EDGE_ALWAYS_INLINE void row_factors(const uint16_t *scales, size_t groups, const size_t *rows, const float *h,
+                                    int n_rows, int g0, int n_groups, float factors[][EDGE_FACTOR_GROUPS]) {
+  for (int r = 0; r < n_rows; r++) {
+    const uint16_t *row = scales + rows[r] * groups + g0;
+#if EDGE_ROWS_AVX512
+    __m512 hr = _mm512_set1_ps(h[r]);
+    for (int g = 0; g < n_groups; g += 16) {
+      int count = n_groups - g < 16 ? n_groups - g : 16;
+      __m512 s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail_mask(count), row + g));
+      _mm512_mask_storeu_ps(factors[r] + g, tail_mask(count), _mm512_mul_ps(hr, s));
+    }
+#else
+    for (int g = 0; g < n_groups; g++) factors[r][g] = h[r] * scale_at(row, (size_t)g);
+#endif
+  }
+}
+
 /* Columns [c0, c0 + n) of y, both multiples of EDGE_QUANT_BLOCK, plus h[r] times the rows rows[r] (neuron
  * indices) of `codes` / `scales`, in order of r, 32 columns per step; the rows next[0:n_next] are prefetched over
- * the same columns. Each element gets one FMA per row with the factor h[r] * scale, so its value does not depend
- * on where a block of y starts or ends. */
+ * the same columns. Each element gets, per row, the product (h[r] * scale) * code, rounded, then added: a multiply
+ * and an add, not fused, on every target (a fused multiply-add is a library call of about 8 ns per value on an
+ * x86-64 without FMA), so an element's value does not depend on where a block of y starts or ends. The factors
+ * h[r] * scale are computed once per row and group, a piece of EDGE_FACTOR_GROUPS groups at a time. */
 EDGE_ALWAYS_INLINE void add_quant_rows(float *y, int c0, int n, const char *codes, const uint16_t *scales, int dtype,
                                        int group_size, int d, const size_t *rows, const float *h, int n_rows,
                                        const size_t *next, int n_next) {
   size_t row_bytes = (size_t)d / EDGE_QUANT_BLOCK * block_bytes(dtype);
   size_t groups = (size_t)(d / group_size);
-  for (int column = c0; column < c0 + n; column += EDGE_QUANT_BLOCK) {
-    int block = column / EDGE_QUANT_BLOCK, group = column / group_size;
-    size_t offset = (size_t)block * block_bytes(dtype);
-    for (int r = 0; r < n_next && offset % EDGE_CACHE_LINE == 0; r++) {
-      EDGE_PREFETCH(codes, next[r] * row_bytes + offset);
+  int c1 = c0 + n;
+  float factors[EDGE_DOWN_GROUP][EDGE_FACTOR_GROUPS];
+  for (int piece = c0; piece < c1;) {
+    int g0 = piece / group_size;
+    int piece_end = (g0 + EDGE_FACTOR_GROUPS) * group_size < c1 ? (g0 + EDGE_FACTOR_GROUPS) * group_size : c1;
+    int n_groups = (piece_end - 1) / group_size - g0 + 1;
+    row_factors(scales, groups, rows, h, n_rows, g0, n_groups, factors);
+    for (int r = 0; r < n_next; r++) { /* the piece's scales of the next rows: 64 bytes, on one or two lines */
+      EDGE_PREFETCH(scales, (next[r] * groups + (size_t)g0) * sizeof(uint16_t));
+      EDGE_PREFETCH(scales, (next[r] * groups + (size_t)(g0 + n_groups - 1)) * sizeof(uint16_t));
     }
-    for (int r = 0; r < n_next && (column % group_size == 0) && (group * sizeof(uint16_t)) % EDGE_CACHE_LINE == 0;
-         r++) {
-      EDGE_PREFETCH(scales, (next[r] * groups + group) * sizeof(uint16_t));
+    for (int column = piece; column < piece_end; column += EDGE_QUANT_BLOCK) {
+      int block = column / EDGE_QUANT_BLOCK, g = column / group_size - g0;
+      size_t offset = (size_t)block * block_bytes(dtype);
+      for (int r = 0; r < n_next && offset % EDGE_CACHE_LINE == 0; r++) {
+        EDGE_PREFETCH(codes, next[r] * row_bytes + offset);
+      }
+#if EDGE_ROWS_AVX512
+      if (dtype == EDGE_Q4) {
+        /* The 16 products of a factor with the 16 codes, in one multiply, then picked by each nibble: vpermps reads
+         * the low 4 bits of each index, so a byte zero-extended to 32 bits picks its low nibble's product, and
+         * shifted right by 4 its high nibble's (the same rounded products as a multiply per value). */
+        const __m512 code_values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
+        __m512 acc_low = _mm512_loadu_ps(y + column), acc_high = _mm512_loadu_ps(y + column + 16);
+        for (int r = 0; r < n_rows; r++) {
+          __m512 products = _mm512_mul_ps(code_values, _mm512_set1_ps(factors[r][g]));
+          const char *row = codes + rows[r] * row_bytes + offset;
+          __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)row));
+          acc_low = _mm512_add_ps(acc_low, _mm512_permutexvar_ps(bytes, products));
+          acc_high = _mm512_add_ps(acc_high, _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), products));
+        }
+        _mm512_storeu_ps(y + column, acc_low);
+        _mm512_storeu_ps(y + column + 16, acc_high);
+        continue;
+      }
+#endif
+      vec16 acc_low = VEC16_AT(y + column), acc_high = VEC16_AT(y + column + 16);
+      for (int r = 0; r < n_rows; r++) {
+        vec16 low, high;
+        load_codes(codes + rows[r] * row_bytes, dtype, block, &low, &high);
+        acc_low += factors[r][g] * low;
+        acc_high += factors[r][g] * high;
+      }
+      VEC16_AT(y + column) = acc_low;
+      VEC16_AT(y + column + 16) = acc_high;
     }
-    vec16 acc_low = VEC16_AT(y + column), acc_high = VEC16_AT(y + column + 16);
-    for (int r = 0; r < n_rows; r++) {
-      float factor = h[r] * scale_at(scales, rows[r] * groups + group);
-      vec16 low, high;
-      load_codes(codes + rows[r] * row_bytes, dtype, block, &low, &high);
-      acc_low += factor * low;
-      acc_high += factor * high;
-    }
-    VEC16_AT(y + column) = acc_low;
-    VEC16_AT(y + column + 16) = acc_high;
+    piece = piece_end;
   }
 }
 
@@ -519,39 +577,53 @@ EDGE_ALWAYS_INLINE void add_quant_rows(float *y, int c0, int n, const char *code
  * max|x| / 127, t = x * (127 / max|x|), high code = round(t), low code = round(256 (t - high)) (ties to even, the
  * low one clamped to +-127), so x ~ (high + low / 256) * scale to within scale / 512 (scale / 256 where the low
  * code clamps): two int8 planes, about 16 bits per value. One plane alone (int8 activations, as llama.cpp's
- * Q8_0) changed the fixture's greedy ids against the fp32 reference and ONNX Runtime (QUANT.md); the second costs
- * one more integer product, a shift and an add per 64 values.
- * A row's codes times each plane are summed exactly in int32 lanes of 4 consecutive values (8 lanes per block, 16
- * per unit of two blocks) and combined exactly as 256 high + low; each lane is converted to fp32 (rounded) and
- * added to its accumulator with one fused multiply-add by the factor x scale * weight scale of its block. The
- * integer part is exact and the float part the same sequence of operations on every target: AVX-512 (VNNI vpdpbusd,
- * or vpmaddubsw), AVX2 (AVX-VNNI, or vpmaddubsw), NEON (sdot with the dot-product extension, or smull) and portable
- * C give bit-identical results. vpdpbusd and vpmaddubsw multiply unsigned by signed bytes: the INT4 codes are taken
- * as code + 8 (their signed nibbles xor 8) and, with VNNI, the INT8 codes as code + 128 (xor 0x80); the surplus,
- * offset times the lane's activation codes (256 high + low), starts the lane negated, computed once per call. Without
- * VNNI an INT8 lane would overflow vpmaddubsw's int16 pairs (255 * 127 * 2), so there the codes' magnitudes multiply
- * x's codes carrying the codes' signs, with no surplus. */
+ * Q8_0) changed the fixture's greedy ids against the fp32 reference and ONNX Runtime (QUANT.md).
+ * A row's codes times each plane are summed exactly in int32 lanes and combined exactly as 256 high + low; each lane
+ * is converted to fp32 (rounded) and added to its accumulator with one fused multiply-add by the factor x scale *
+ * weight scale of its block. 16 lanes make a unit, one 64-byte cache line of codes and one accumulator vector:
+ *   INT8: a lane is 4 consecutive values, 8 lanes per block, 2 blocks per unit;
+ *   INT4: a lane is 8 values of a block, 4i..4i+3 and 16 + 4i..16 + 4i + 3 (the low and the high nibbles of the
+ *         block's bytes 4i..4i + 3), 4 lanes per block, 4 blocks per unit. The nibbles of a block's 16 bytes are
+ *         two vectors of 16 codes as they come (no shuffle), and the products of both add into the same lanes: half
+ *         the lanes, conversions and multiply-adds per value of 4 consecutive values, which would have needed the
+ *         low and high nibbles interleaved.
+ * The integer part is exact and the float part the same sequence of operations on every target: AVX-512 (VNNI
+ * vpdpbusd, or vpmaddubsw), AVX2 (AVX-VNNI, or vpmaddubsw), NEON (sdot with the dot-product extension, or smull)
+ * and portable C give bit-identical results. vpdpbusd and vpmaddubsw multiply unsigned by signed bytes: the INT4
+ * codes are taken as code + 8 (their signed nibbles xor 8) and, with VNNI, the INT8 codes as code + 128 (xor 0x80);
+ * the surplus, offset times the lane's activation codes (256 high + low), starts the lane negated, computed once per
+ * call. Without VNNI an INT8 lane would overflow vpmaddubsw's int16 pairs (255 * 127 * 2), so there the codes'
+ * magnitudes multiply x's codes carrying the codes' signs, with no surplus. */
 
-/* Values per int32 lane and per unit (the 16 lanes one accumulator holds). */
-#define EDGE_LANE_VALUES 4
-#define EDGE_UNIT_VALUES 64
+#define EDGE_UNIT_LANES 16
+/* Values per unit, the most of the two formats (INT4's) */
+#define EDGE_MAX_UNIT_VALUES 128
 
-/* x quantized for the integer dot products: high and low codes [d] int8, lane_scales [d / 4] (the scale of lane i's
- * block, i / 8, over 256, the weight of a low code; repeated so a unit's 16 factors are one vector product), and on
- * x86 code_offset_sums [d / 4] (minus the codes' offset times 256 high + low summed over lane i's 4 values; NULL
- * elsewhere). d a multiple of 32. */
+/* Blocks per unit, and lanes per block. */
+static inline int unit_blocks(int dtype) { return dtype == EDGE_Q4 ? 4 : 2; }
+static inline int block_lanes(int dtype) { return EDGE_UNIT_LANES / unit_blocks(dtype); }
+
+/* x quantized for the integer dot products (d a multiple of 32, the arrays padded with zeros to whole units):
+ * high and low codes, int8: for INT8 rows value j at j; for INT4 rows in the order of a unit's nibbles, value
+ * 128 u + 32 b + k (k < 16) at 128 u + 16 b + k and value 128 u + 32 b + 16 + k at 128 u + 64 + 16 b + k, so that
+ * each 64 bytes of a plane meet a unit's low or high nibbles as loaded. lane_scales: per lane, its block's scale
+ * over 256 (the weight of a low code); block_scales: the same per block. code_offset_sums: on x86, per lane, minus
+ * the codes' offset times 256 high + low summed over the lane's values (NULL elsewhere). */
 struct quantized_activations {
   const int8_t *high, *low;
   const float *lane_scales;
   const int32_t *code_offset_sums;
-  const float *block_scales; /* AVX-512: [d / 32] each block's scale / 256 (int_dot_row's eight units at a time) */
+  const float *block_scales;
 };
 
-/* Bytes quantize_activations needs for d values (any d, so a workspace can hold them whatever the rows' type). */
-static size_t activation_bytes(int d) {
-  size_t values = ((size_t)d + EDGE_QUANT_BLOCK - 1) / EDGE_QUANT_BLOCK * EDGE_QUANT_BLOCK;
-  return 5 * ((values + EDGE_CACHE_LINE - 1) / EDGE_CACHE_LINE * EDGE_CACHE_LINE) + EDGE_CACHE_LINE;
+/* Values of d rounded up to whole units of either format. */
+static size_t padded_values(int d) {
+  return ((size_t)d + EDGE_MAX_UNIT_VALUES - 1) / EDGE_MAX_UNIT_VALUES * EDGE_MAX_UNIT_VALUES;
 }
+
+/* Bytes quantize_activations needs for d values (any d, so a workspace can hold them whatever the rows' type): five
+ * arrays of at most padded_values(d) bytes, each on a cache line. */
+static size_t activation_bytes(int d) { return 5 * padded_values(d) + EDGE_CACHE_LINE; }
 
 #if EDGE_ROWS_AVX512 || EDGE_ROWS_AVX2
 /* What the unsigned codes of `dtype` exceed the signed ones by, in the x86 integer products (see above). */
@@ -564,56 +636,94 @@ static inline int32_t code_offset(int dtype) {
 }
 #endif
 
+/* Position in a plane of value j (< 32) of block `block`, for rows of `dtype`. */
+static inline size_t plane_position(int dtype, int block, int j) {
+  if (dtype != EDGE_Q4) return (size_t)block * EDGE_QUANT_BLOCK + (size_t)j;
+  size_t unit_start = (size_t)(block / 4) * EDGE_MAX_UNIT_VALUES;
+  return unit_start + (size_t)(j / 16) * 64 + (size_t)(block % 4) * 16 + (size_t)(j % 16);
+}
+
+/* Value k (< 32 / lanes per block) of lane `lane` of a block: INT8 4 consecutive values, INT4 two runs of 4. */
+static inline int lane_value(int dtype, int lane, int k) {
+  return dtype == EDGE_Q4 ? 4 * lane + k % 4 + 16 * (k / 4) : 4 * lane + k;
+}
+
+/* The high and low codes of one block of 32 values, with the factor `inverse` (0 for an all-zero block). Written as
+ * loops over the block without calls or branches, which GCC vectorises (fmaxf and fminf were library calls, a
+ * third of a 90%-sparse 7B FFN's fixed cost); the clamp compares finite values, as fminf / fmaxf would. */
+static inline void quantize_block(const float *values, float inverse, int8_t high[EDGE_QUANT_BLOCK],
+                                  int8_t low[EDGE_QUANT_BLOCK]) {
+  for (int j = 0; j < EDGE_QUANT_BLOCK; j++) {
+    float scaled = values[j] * inverse;
+    float rounded = nearbyintf(scaled);
+    /* scaled - rounded is exact, and times 256 too: |it| <= 0.5, so the low code is within [-128, 128] */
+    float rest = nearbyintf((scaled - rounded) * 256.0f);
+    rest = rest < -127.0f ? -127.0f : rest;
+    rest = rest > 127.0f ? 127.0f : rest;
+    high[j] = (int8_t)(int32_t)rounded;
+    low[j] = (int8_t)(int32_t)rest;
+  }
+}
+
 /* x [d] into `buffer` (activation_bytes(d), any alignment) for rows of `dtype`. A block holding a non-finite value
  * gets codes 0 and a NaN scale, so every dot product it enters is NaN, as the fp32 products would be at best. */
 static struct quantized_activations quantize_activations(const float *x, int d, int dtype, void *buffer) {
   uintptr_t base = ((uintptr_t)buffer + EDGE_CACHE_LINE - 1) / EDGE_CACHE_LINE * EDGE_CACHE_LINE;
-  size_t stride = ((size_t)d + EDGE_CACHE_LINE - 1) / EDGE_CACHE_LINE * EDGE_CACHE_LINE;
+  size_t stride = padded_values(d);
   int8_t *high = (int8_t *)base, *low = (int8_t *)(base + stride);
-  float *lane_scales = (float *)(base + 2 * stride);
-  for (int block = 0; block < d / EDGE_QUANT_BLOCK; block++) {
-    const float *values = x + block * EDGE_QUANT_BLOCK;
-    float largest = 0.0f;
-    int finite = 1;
-    for (int j = 0; j < EDGE_QUANT_BLOCK; j++) {
-      largest = fmaxf(largest, fabsf(values[j]));
-      finite &= isfinite(values[j]) != 0;
-    }
-    float scale = finite ? largest / 127.0f : NAN;
-    float inverse = finite && largest > 0.0f ? 127.0f / largest : 0.0f;
-    for (int j = 0; j < EDGE_QUANT_BLOCK; j++) {
-      float scaled = finite ? values[j] * inverse : 0.0f;
-      float rounded = nearbyintf(scaled);
-      /* scaled - rounded is exact, and times 256 too: |it| <= 0.5, so the low code is within [-128, 128] */
-      float rest = nearbyintf((scaled - rounded) * 256.0f);
-      high[block * EDGE_QUANT_BLOCK + j] = (int8_t)rounded;
-      low[block * EDGE_QUANT_BLOCK + j] = (int8_t)fminf(fmaxf(rest, -127.0f), 127.0f);
-    }
-    for (int l = 0; l < EDGE_QUANT_BLOCK / EDGE_LANE_VALUES; l++) {
-      lane_scales[block * (EDGE_QUANT_BLOCK / EDGE_LANE_VALUES) + l] = scale / 256.0f;
-    }
-  }
-#if EDGE_ROWS_AVX512
-  float *block_scales = (float *)(base + 4 * stride);
-  for (int block = 0; block < d / EDGE_QUANT_BLOCK; block++) {
-    block_scales[block] = lane_scales[block * (EDGE_QUANT_BLOCK / EDGE_LANE_VALUES)];
-  }
-#else
-  float *block_scales = NULL;
-#endif
-#if EDGE_ROWS_AVX512 || EDGE_ROWS_AVX2
+  float *lane_scales = (float *)(base + 2 * stride), *block_scales = (float *)(base + 4 * stride);
   int32_t *offset_sums = (int32_t *)(base + 3 * stride);
+  int blocks = d / EDGE_QUANT_BLOCK, lanes = block_lanes(dtype);
+  /* a last partial unit's missing blocks: zero codes, scales and sums, so its lanes add exact zeros */
+  size_t unit_values = (size_t)unit_blocks(dtype) * EDGE_QUANT_BLOCK;
+  size_t tail = (size_t)blocks * EDGE_QUANT_BLOCK / unit_values * unit_values;
+  memset(high + tail, 0, stride - tail);
+  memset(low + tail, 0, stride - tail);
+  memset(lane_scales, 0, stride);
+  memset(offset_sums, 0, stride);
+#if EDGE_ROWS_AVX512 || EDGE_ROWS_AVX2
   int32_t offset = code_offset(dtype);
-  for (int lane = 0; lane < d / EDGE_LANE_VALUES; lane++) {
-    int32_t sum = 0;
-    for (int k = 0; k < EDGE_LANE_VALUES; k++) {
-      sum += 256 * high[lane * EDGE_LANE_VALUES + k] + low[lane * EDGE_LANE_VALUES + k];
+#endif
+  for (int block = 0; block < blocks; block++) {
+    const float *values = x + block * EDGE_QUANT_BLOCK;
+    /* max |x| on the magnitudes' bits, whose order as integers is that of the finite magnitudes (a float max with
+     * NaN rules was a library call per value); a bit pattern at or above infinity's marks a non-finite value */
+    union {
+      vec16 v;
+      uint32_t bits[16];
+    } first = {VEC16_AT(values)}, second = {VEC16_AT(values + 16)};
+    uint32_t largest_bits = 0;
+    for (int l = 0; l < 16; l++) {
+      uint32_t a = first.bits[l] & 0x7fffffffu, b = second.bits[l] & 0x7fffffffu;
+      uint32_t m = a > b ? a : b;
+      largest_bits = m > largest_bits ? m : largest_bits;
     }
-    offset_sums[lane] = -offset * sum;
+    int finite = largest_bits < 0x7f800000u;
+    float largest;
+    memcpy(&largest, &largest_bits, sizeof largest);
+    float scale = finite ? largest / 127.0f : NAN;
+    int8_t block_high[EDGE_QUANT_BLOCK] = {0}, block_low[EDGE_QUANT_BLOCK] = {0};
+    if (finite) quantize_block(values, largest > 0.0f ? 127.0f / largest : 0.0f, block_high, block_low);
+    /* values 0..15 and 16..31 each stay consecutive in either plane order */
+    for (int half = 0; half < 2; half++) {
+      memcpy(high + plane_position(dtype, block, 16 * half), block_high + 16 * half, 16);
+      memcpy(low + plane_position(dtype, block, 16 * half), block_low + 16 * half, 16);
+    }
+    block_scales[block] = scale / 256.0f;
+    for (int lane = 0; lane < lanes; lane++) lane_scales[block * lanes + lane] = scale / 256.0f;
+#if EDGE_ROWS_AVX512 || EDGE_ROWS_AVX2
+    int32_t combined[EDGE_QUANT_BLOCK];
+    for (int j = 0; j < EDGE_QUANT_BLOCK; j++) combined[j] = 256 * block_high[j] + block_low[j];
+    for (int lane = 0; lane < lanes; lane++) {
+      int32_t sum = 0;
+      for (int k = 0; k < EDGE_QUANT_BLOCK / lanes; k++) sum += combined[lane_value(dtype, lane, k)];
+      offset_sums[block * lanes + lane] = -offset * sum;
+    }
+#endif
   }
+#if EDGE_ROWS_AVX512 || EDGE_ROWS_AVX2
   struct quantized_activations quantized = {high, low, lane_scales, offset_sums, block_scales};
 #else
-  (void)dtype;
   struct quantized_activations quantized = {high, low, lane_scales, NULL, block_scales};
 #endif
   return quantized;
@@ -621,50 +731,70 @@ static struct quantized_activations quantize_activations(const float *x, int d, 
 
 typedef int32_t ivec16 __attribute__((vector_size(64)));
 typedef float unaligned_vec8 __attribute__((vector_size(32), aligned(4), may_alias));
+typedef float unaligned_vec4 __attribute__((vector_size(16), aligned(4), may_alias));
 #define VEC8_AT(p) (*(unaligned_vec8 *)(p))
+#define VEC4_AT(p) (*(unaligned_vec4 *)(p))
 
 #if EDGE_ROWS_AVX512
 
-/* The integer lanes of unit `unit` (values [64 unit, 64 unit + 64)) of a row, n_blocks 2, or 1 for a row's last
+/* The integer lanes of INT8 unit `unit` (values [64 unit, 64 unit + 64)) of a row, n_blocks 2, or 1 for a row's last
  * half unit (lanes 8..15 then 0). */
-EDGE_ALWAYS_INLINE void unit_products(const char *row, int dtype, int unit, const struct quantized_activations *xa,
-                                      int n_blocks, ivec16 *out) {
-  size_t first = (size_t)unit * EDGE_UNIT_VALUES;
-  const int32_t *sums = xa->code_offset_sums + (size_t)unit * 16;
-  const char *codes = row + (size_t)unit * 2 * block_bytes(dtype);
+EDGE_ALWAYS_INLINE void int8_unit_products(const char *row, int unit, const struct quantized_activations *xa,
+                                           int n_blocks, ivec16 *out) {
+  size_t first = (size_t)unit * 64;
+  const int32_t *sums = xa->code_offset_sums + (size_t)unit * EDGE_UNIT_LANES;
+  const char *codes = row + (size_t)unit * 64;
 #define EDGE_LOAD_HALF_OR_ALL(p) \
   (n_blocks == 2 ? _mm512_loadu_si512(p) : _mm512_zextsi256_si512(_mm256_loadu_si256((const void *)(p))))
   __m512i high = EDGE_LOAD_HALF_OR_ALL(xa->high + first), low = EDGE_LOAD_HALF_OR_ALL(xa->low + first);
   __m512i lanes = EDGE_LOAD_HALF_OR_ALL(sums);
-  __m512i unsigned_codes;
-  if (dtype == EDGE_Q4) {
-    __m256i bytes = n_blocks == 2 ? _mm256_loadu_si256((const void *)codes)
-                                  : _mm256_zextsi128_si256(_mm_loadu_si128((const void *)codes));
-    /* quadwords: block 0's low nibbles (values 0..15), its high nibbles (16..31), then block 1's */
-    const __m512i order = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
-    __m512i halves = _mm512_permutex2var_epi64(_mm512_castsi256_si512(bytes), order,
-                                               _mm512_castsi256_si512(_mm256_srli_epi16(bytes, 4)));
-    /* code + 8 = (nibble & 0x0f) ^ 8: the mask and the sign flip in one vpternlogd (0x6a: (a & b) ^ c) */
-    unsigned_codes = _mm512_ternarylogic_epi32(halves, _mm512_set1_epi8(0x0f), _mm512_set1_epi8(8), 0x6a);
-  } else {
-    __m512i w = EDGE_LOAD_HALF_OR_ALL(codes);
-#ifdef __AVX512VNNI__
-    unsigned_codes = _mm512_xor_si512(w, _mm512_set1_epi8((char)0x80));
-#else
-    unsigned_codes = _mm512_abs_epi8(w);
-    __mmask64 negative = _mm512_movepi8_mask(w);
-    high = _mm512_mask_sub_epi8(high, negative, _mm512_setzero_si512(), high);
-    low = _mm512_mask_sub_epi8(low, negative, _mm512_setzero_si512(), low);
-#endif
-  }
+  __m512i w = EDGE_LOAD_HALF_OR_ALL(codes);
 #undef EDGE_LOAD_HALF_OR_ALL
 #ifdef __AVX512VNNI__
+  __m512i unsigned_codes = _mm512_xor_si512(w, _mm512_set1_epi8((char)0x80));
   __m512i high_sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), unsigned_codes, high);
   __m512i low_sums = _mm512_dpbusd_epi32(lanes, unsigned_codes, low);
 #else
+  __m512i unsigned_codes = _mm512_abs_epi8(w);
+  __mmask64 negative = _mm512_movepi8_mask(w);
+  high = _mm512_mask_sub_epi8(high, negative, _mm512_setzero_si512(), high);
+  low = _mm512_mask_sub_epi8(low, negative, _mm512_setzero_si512(), low);
   const __m512i ones = _mm512_set1_epi16(1);
   __m512i high_sums = _mm512_madd_epi16(_mm512_maddubs_epi16(unsigned_codes, high), ones);
   __m512i low_sums = _mm512_add_epi32(lanes, _mm512_madd_epi16(_mm512_maddubs_epi16(unsigned_codes, low), ones));
+#endif
+  *out = (ivec16)_mm512_add_epi32(_mm512_slli_epi32(high_sums, 8), low_sums);
+}
+
+/* The 16 lanes of INT4 unit `unit` (blocks 4 unit .. 4 unit + n_blocks - 1, n_blocks 1..4): the 64 bytes of codes
+ * give the low nibbles in one vector and the high nibbles in another, each multiplied with its 64 bytes of each
+ * plane into the same lanes. A missing block's bytes load as zeros (code + 8 = 8), whose x codes and sums are 0. */
+EDGE_ALWAYS_INLINE void int4_unit_products(const char *row, int unit, const struct quantized_activations *xa,
+                                           int n_blocks, ivec16 *out) {
+  const char *codes = row + (size_t)unit * 64;
+  const int8_t *high = xa->high + (size_t)unit * EDGE_MAX_UNIT_VALUES;
+  const int8_t *low = xa->low + (size_t)unit * EDGE_MAX_UNIT_VALUES;
+  __m512i bytes = n_blocks == 4 ? _mm512_loadu_si512(codes)
+                                : _mm512_maskz_loadu_epi8(((__mmask64)1 << (16 * n_blocks)) - 1, codes);
+  /* code + 8 = (nibble & 0x0f) ^ 8: the mask and the sign flip in one vpternlogd (0x6a: (a & b) ^ c) */
+  const __m512i nibble = _mm512_set1_epi8(0x0f), sign = _mm512_set1_epi8(8);
+  __m512i low_codes = _mm512_ternarylogic_epi32(bytes, nibble, sign, 0x6a);
+  __m512i high_codes = _mm512_ternarylogic_epi32(_mm512_srli_epi16(bytes, 4), nibble, sign, 0x6a);
+  __m512i lanes = _mm512_loadu_si512(xa->code_offset_sums + (size_t)unit * EDGE_UNIT_LANES);
+#ifdef __AVX512VNNI__
+  __m512i high_sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), low_codes, _mm512_loadu_si512(high));
+  high_sums = _mm512_dpbusd_epi32(high_sums, high_codes, _mm512_loadu_si512(high + 64));
+  __m512i low_sums = _mm512_dpbusd_epi32(lanes, low_codes, _mm512_loadu_si512(low));
+  low_sums = _mm512_dpbusd_epi32(low_sums, high_codes, _mm512_loadu_si512(low + 64));
+#else
+  /* (code + 8) x: at most 15 * 127, four of them fit an int16 */
+  const __m512i ones = _mm512_set1_epi16(1);
+  __m512i high_pairs = _mm512_add_epi16(_mm512_maddubs_epi16(low_codes, _mm512_loadu_si512(high)),
+                                        _mm512_maddubs_epi16(high_codes, _mm512_loadu_si512(high + 64)));
+  __m512i low_pairs = _mm512_add_epi16(_mm512_maddubs_epi16(low_codes, _mm512_loadu_si512(low)),
+                                       _mm512_maddubs_epi16(high_codes, _mm512_loadu_si512(low + 64)));
+  __m512i high_sums = _mm512_madd_epi16(high_pairs, ones);
+  __m512i low_sums = _mm512_add_epi32(lanes, _mm512_madd_epi16(low_pairs, ones));
 #endif
   *out = (ivec16)_mm512_add_epi32(_mm512_slli_epi32(high_sums, 8), low_sums);
 }
@@ -674,37 +804,59 @@ EDGE_ALWAYS_INLINE void fused_multiply_add16(vec16 *acc, const ivec16 *products,
   *acc = (vec16)_mm512_fmadd_ps(_mm512_cvtepi32_ps((__m512i)*products), (__m512)*factors, (__m512)*acc);
 }
 
-#else /* AVX2, NEON and portable C: a unit is two blocks of 8 lanes */
+#else /* AVX2, NEON and portable C */
 
 #if EDGE_ROWS_AVX2
-/* The 8 lanes of one block: codes at `codes`, activation codes high, low, starting values `sums`. */
-static inline __m256i block_products(const char *codes, int dtype, const int8_t *high, const int8_t *low,
-                                     const int32_t *sums) {
+/* The 8 lanes of one INT8 block: codes at `codes`, activation codes high, low, starting values `sums`. */
+static inline __m256i int8_block_products(const char *codes, const int8_t *high, const int8_t *low,
+                                          const int32_t *sums) {
   __m256i high8 = _mm256_loadu_si256((const void *)high), low8 = _mm256_loadu_si256((const void *)low);
   __m256i lanes = _mm256_loadu_si256((const void *)sums);
-  __m256i unsigned_codes;
-  if (dtype == EDGE_Q4) {
-    /* each nibble's sign bit flipped: code + 8 */
-    __m128i bytes = _mm_xor_si128(_mm_loadu_si128((const void *)codes), _mm_set1_epi8((char)0x88));
-    unsigned_codes = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), _mm256_set1_epi8(0x0f));
-  } else {
-    __m256i w = _mm256_loadu_si256((const void *)codes);
+  __m256i w = _mm256_loadu_si256((const void *)codes);
 #ifdef __AVXVNNI__
-    unsigned_codes = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
-#else
-    unsigned_codes = _mm256_abs_epi8(w);
-    high8 = _mm256_sign_epi8(high8, w);
-    low8 = _mm256_sign_epi8(low8, w);
-#endif
-  }
-#ifdef __AVXVNNI__
+  __m256i unsigned_codes = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
   __m256i high_sums = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), unsigned_codes, high8);
   __m256i low_sums = _mm256_dpbusd_avx_epi32(lanes, unsigned_codes, low8);
 #else
+  __m256i unsigned_codes = _mm256_abs_epi8(w);
+  high8 = _mm256_sign_epi8(high8, w);
+  low8 = _mm256_sign_epi8(low8, w);
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i high_sums = _mm256_madd_epi16(_mm256_maddubs_epi16(unsigned_codes, high8), ones);
   __m256i low_sums = _mm256_add_epi32(lanes, _mm256_madd_epi16(_mm256_maddubs_epi16(unsigned_codes, low8), ones));
 #endif
+  return _mm256_add_epi32(_mm256_slli_epi32(high_sums, 8), low_sums);
+}
+
+/* The 8 lanes of two INT4 blocks (n_blocks 1 or 2; a missing block's bytes are zero, its x codes and sums too):
+ * their 32 bytes' low nibbles meet 32 bytes of each plane at `high`, `low`, their high nibbles the 32 at + 64. */
+static inline __m256i int4_block_pair_products(const char *codes, int n_blocks, const int8_t *high, const int8_t *low,
+                                               const int32_t *sums) {
+  __m256i bytes = n_blocks == 2 ? _mm256_loadu_si256((const void *)codes)
+                                : _mm256_zextsi128_si256(_mm_loadu_si128((const void *)codes));
+  /* each nibble's sign bit flipped: code + 8 */
+  bytes = _mm256_xor_si256(bytes, _mm256_set1_epi8((char)0x88));
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  __m256i low_codes = _mm256_and_si256(bytes, nibble);
+  __m256i high_codes = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+  __m256i lanes = _mm256_loadu_si256((const void *)sums);
+#define EDGE_LOAD256(p) _mm256_loadu_si256((const void *)(p))
+#ifdef __AVXVNNI__
+  __m256i high_sums = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), low_codes, EDGE_LOAD256(high));
+  high_sums = _mm256_dpbusd_avx_epi32(high_sums, high_codes, EDGE_LOAD256(high + 64));
+  __m256i low_sums = _mm256_dpbusd_avx_epi32(lanes, low_codes, EDGE_LOAD256(low));
+  low_sums = _mm256_dpbusd_avx_epi32(low_sums, high_codes, EDGE_LOAD256(low + 64));
+#else
+  /* (code + 8) x: at most 15 * 127, four of them fit an int16 */
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i high_pairs = _mm256_add_epi16(_mm256_maddubs_epi16(low_codes, EDGE_LOAD256(high)),
+                                        _mm256_maddubs_epi16(high_codes, EDGE_LOAD256(high + 64)));
+  __m256i low_pairs = _mm256_add_epi16(_mm256_maddubs_epi16(low_codes, EDGE_LOAD256(low)),
+                                       _mm256_maddubs_epi16(high_codes, EDGE_LOAD256(low + 64)));
+  __m256i high_sums = _mm256_madd_epi16(high_pairs, ones);
+  __m256i low_sums = _mm256_add_epi32(lanes, _mm256_madd_epi16(low_pairs, ones));
+#endif
+#undef EDGE_LOAD256
   return _mm256_add_epi32(_mm256_slli_epi32(high_sums, 8), low_sums);
 }
 
@@ -738,17 +890,35 @@ static inline int32x4_t two_plane_products(int8x16_t codes, const int8_t *high, 
   return vaddq_s32(vshlq_n_s32(lane_products(codes, vld1q_s8(high)), 8), lane_products(codes, vld1q_s8(low)));
 }
 
-static inline void block_products(const char *codes, int dtype, const int8_t *high, const int8_t *low,
-                                  int32x4_t out[2]) {
-  int8x16_t first, second;
-  if (dtype == EDGE_Q4) {
-    codes16 bytes = load_codes16(codes);
-    first = low_nibbles(bytes), second = high_nibbles(bytes);
-  } else {
-    first = load_codes16(codes), second = load_codes16(codes + 16);
-  }
-  out[0] = two_plane_products(first, high, low);
-  out[1] = two_plane_products(second, high + 16, low + 16);
+/* The 8 lanes of one INT8 block. */
+static inline void int8_block_products(const char *codes, const int8_t *high, const int8_t *low, int32x4_t out[2]) {
+  out[0] = two_plane_products(load_codes16(codes), high, low);
+  out[1] = two_plane_products(load_codes16(codes + 16), high + 16, low + 16);
+}
+
+/* The 4 lanes of one INT4 block's 16 low-nibble codes times xl and 16 high-nibble codes times xh: lane i sums
+ * values 4i..4i+3 of each (sdot accumulates both into the same lanes; without it the int16 pair sums of both are
+ * added before widening: four products of at most 8 * 127). */
+static inline int32x4_t nibble_lane_products(int32x4_t start, int8x16_t low_codes, int8x16_t high_codes, int8x16_t xl,
+                                             int8x16_t xh) {
+#ifdef __ARM_FEATURE_DOTPROD
+  return vdotq_s32(vdotq_s32(start, low_codes, xl), high_codes, xh);
+#else
+  int16x8_t low_pairs = vpaddq_s16(vmull_s8(vget_low_s8(low_codes), vget_low_s8(xl)), vmull_high_s8(low_codes, xl));
+  int16x8_t high_pairs =
+      vpaddq_s16(vmull_s8(vget_low_s8(high_codes), vget_low_s8(xh)), vmull_high_s8(high_codes, xh));
+  return vaddq_s32(start, vpaddlq_s16(vaddq_s16(low_pairs, high_pairs)));
+#endif
+}
+
+/* The 4 lanes of one INT4 block whose x codes start at high, low (its low nibbles' values) and + 64 (its high
+ * nibbles' values): the high plane's sums, shifted, start the low plane's. */
+static inline int32x4_t int4_block_products(const char *codes, const int8_t *high, const int8_t *low) {
+  codes16 bytes = load_codes16(codes);
+  int8x16_t low_codes = low_nibbles(bytes), high_codes = high_nibbles(bytes);
+  int32x4_t high_sums = nibble_lane_products(vdupq_n_s32(0), low_codes, high_codes, vld1q_s8(high),
+                                             vld1q_s8(high + 64));
+  return nibble_lane_products(vshlq_n_s32(high_sums, 8), low_codes, high_codes, vld1q_s8(low), vld1q_s8(low + 64));
 }
 
 EDGE_ALWAYS_INLINE void fused_multiply_add16(vec16 *acc, const ivec16 *products, const vec16 *factors) {
@@ -773,14 +943,18 @@ static inline int32_t block_code(const char *codes, int dtype, int j) {
   return (nibble ^ 8) - 8; /* the 4-bit two's complement, sign-extended */
 }
 
-static inline void block_products(const char *codes, int dtype, const int8_t *high, const int8_t *low,
-                                  int32_t out[8]) {
-  for (int l = 0; l < 8; l++) {
+/* The lanes of block `block` of a row, its codes at `codes`. */
+static inline void block_products(const char *codes, int dtype, int block, const struct quantized_activations *xa,
+                                  int32_t *out) {
+  int lanes = block_lanes(dtype);
+  for (int l = 0; l < lanes; l++) {
     int32_t high_sum = 0, low_sum = 0;
-    for (int k = 0; k < EDGE_LANE_VALUES; k++) {
-      int32_t code = block_code(codes, dtype, 4 * l + k);
-      high_sum += code * high[4 * l + k];
-      low_sum += code * low[4 * l + k];
+    for (int k = 0; k < EDGE_QUANT_BLOCK / lanes; k++) {
+      int j = lane_value(dtype, l, k);
+      int32_t code = block_code(codes, dtype, j);
+      size_t at = plane_position(dtype, block, j);
+      high_sum += code * xa->high[at];
+      low_sum += code * xa->low[at];
     }
     out[l] = 256 * high_sum + low_sum;
   }
@@ -798,37 +972,54 @@ EDGE_ALWAYS_INLINE void fused_multiply_add16(vec16 *acc, const ivec16 *products,
 }
 #endif
 
-EDGE_ALWAYS_INLINE void unit_products(const char *row, int dtype, int unit, const struct quantized_activations *xa,
-                                      int n_blocks, ivec16 *out) {
-  size_t first = (size_t)unit * EDGE_UNIT_VALUES;
-  const char *codes = row + (size_t)unit * 2 * block_bytes(dtype);
+/* The 16 lanes of unit `unit` of a row (n_blocks of its blocks present; the other lanes 0). */
+EDGE_ALWAYS_INLINE void unit_lanes(const char *row, int dtype, int unit, const struct quantized_activations *xa,
+                                   int n_blocks, ivec16 *out) {
+  const char *codes = row + (size_t)unit * 64;
 #if EDGE_ROWS_AVX2
   union {
     ivec16 all;
     __m256i half[2];
   } lanes = {{0}};
-  const int32_t *sums = xa->code_offset_sums + (size_t)unit * 16;
-  for (int b = 0; b < n_blocks; b++) {
-    size_t at = first + (size_t)b * EDGE_QUANT_BLOCK;
-    lanes.half[b] = block_products(codes + b * block_bytes(dtype), dtype, xa->high + at, xa->low + at, sums + 8 * b);
+  const int32_t *sums = xa->code_offset_sums + (size_t)unit * EDGE_UNIT_LANES;
+  if (dtype == EDGE_Q4) {
+    size_t first = (size_t)unit * EDGE_MAX_UNIT_VALUES;
+    for (int pair = 0; pair < 2 && 2 * pair < n_blocks; pair++) {
+      int present = n_blocks - 2 * pair < 2 ? n_blocks - 2 * pair : 2;
+      lanes.half[pair] = int4_block_pair_products(codes + 32 * pair, present, xa->high + first + 32 * pair,
+                                                  xa->low + first + 32 * pair, sums + 8 * pair);
+    }
+  } else {
+    for (int b = 0; b < n_blocks; b++) {
+      size_t at = (size_t)unit * 64 + (size_t)b * EDGE_QUANT_BLOCK;
+      lanes.half[b] = int8_block_products(codes + 32 * b, xa->high + at, xa->low + at, sums + 8 * b);
+    }
   }
 #elif defined(__ARM_NEON)
   union {
     ivec16 all;
     int32x4_t quarter[4];
   } lanes = {{0}};
-  for (int b = 0; b < n_blocks; b++) {
-    size_t at = first + (size_t)b * EDGE_QUANT_BLOCK;
-    block_products(codes + b * block_bytes(dtype), dtype, xa->high + at, xa->low + at, lanes.quarter + 2 * b);
+  if (dtype == EDGE_Q4) {
+    size_t first = (size_t)unit * EDGE_MAX_UNIT_VALUES;
+    for (int b = 0; b < n_blocks; b++) {
+      lanes.quarter[b] = int4_block_products(codes + 16 * b, xa->high + first + 16 * b, xa->low + first + 16 * b);
+    }
+  } else {
+    for (int b = 0; b < n_blocks; b++) {
+      size_t at = (size_t)unit * 64 + (size_t)b * EDGE_QUANT_BLOCK;
+      int8_block_products(codes + 32 * b, xa->high + at, xa->low + at, lanes.quarter + 2 * b);
+    }
   }
 #else
   union {
     ivec16 all;
     int32_t lane[16];
   } lanes = {{0}};
+  int per_block = block_lanes(dtype);
   for (int b = 0; b < n_blocks; b++) {
-    size_t at = first + (size_t)b * EDGE_QUANT_BLOCK;
-    block_products(codes + b * block_bytes(dtype), dtype, xa->high + at, xa->low + at, lanes.lane + 8 * b);
+    block_products(codes + b * block_bytes(dtype), dtype, unit * unit_blocks(dtype) + b, xa,
+                   lanes.lane + per_block * b);
   }
 #endif
   *out = lanes.all;
@@ -836,121 +1027,169 @@ EDGE_ALWAYS_INLINE void unit_products(const char *row, int dtype, int unit, cons
 
 #endif
 
-/* The factors of unit `unit`'s 16 lanes: x's block scale times the row's group scale (lanes 8..15 zero when the
- * unit is a row's last half). group_shift: log2(group_size / 64) for group sizes 64 and 128. */
 #if EDGE_ROWS_AVX512
-/* With AVX-512 the two group scales of a unit at group size 32 are converted together and spread over the lanes by
- * one permutation: assembling the vector from two 8-lane halves went through memory (a failed store forwarding
- * per unit, the unit's cost several times over). */
-EDGE_ALWAYS_INLINE void unit_factors(const float *lane_scales, const uint16_t *scales, int group_size, int group_shift,
-                                     int unit, int n_blocks, vec16 *out) {
-  __mmask16 lanes = n_blocks == 2 ? 0xffff : 0x00ff;
-  __m512 x_scales = _mm512_maskz_loadu_ps(lanes, lane_scales + (size_t)unit * 16);
-  __m512 row_scales;
-  if (group_size == EDGE_QUANT_BLOCK) {
-    uint32_t two_scales = 0;
-    memcpy(&two_scales, scales + 2 * (size_t)unit, n_blocks == 2 ? sizeof two_scales : sizeof(uint16_t));
-    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    __m128 converted = _mm_cvtph_ps(_mm_cvtsi32_si128((int)two_scales));
-    row_scales = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(converted));
+EDGE_ALWAYS_INLINE void unit_lanes(const char *row, int dtype, int unit, const struct quantized_activations *xa,
+                                   int n_blocks, ivec16 *out) {
+  if (dtype == EDGE_Q4) {
+    int4_unit_products(row, unit, xa, n_blocks, out);
   } else {
-    row_scales = _mm512_set1_ps(scale_at(scales, (size_t)(unit >> group_shift)));
+    int8_unit_products(row, unit, xa, n_blocks, out);
   }
+}
+
+/* Lane l's block within a unit: l / 4 (INT4) or l / 8 (INT8), as int32 lanes for permutations. */
+static inline __m512i lane_blocks(int dtype) {
+  return dtype == EDGE_Q4 ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+                          : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+}
+
+/* The factors of unit `unit`'s 16 lanes: x's block scale times the row's group scale of the lane's block (0 in the
+ * lanes of missing blocks). The unit's group scales (at most 4) are converted together and spread over the lanes
+ * by one permutation: assembling the vector from pieces went through memory (a failed store forwarding per unit,
+ * the unit's cost several times over). group_log: log2 of blocks per group. */
+EDGE_ALWAYS_INLINE void unit_factors(const struct quantized_activations *xa, const uint16_t *scales, int dtype,
+                                     int group_log, int unit, int n_blocks, vec16 *out) {
+  int first_block = unit * unit_blocks(dtype), first_group = first_block >> group_log;
+  int groups = ((first_block + n_blocks - 1) >> group_log) - first_group + 1;
+  __mmask16 lanes = (__mmask16)((1u << (n_blocks * block_lanes(dtype))) - 1u);
+  __m512 x_scales = _mm512_maskz_loadu_ps(lanes, xa->lane_scales + (size_t)unit * EDGE_UNIT_LANES);
+  __m128 group_scales = _mm_cvtph_ps(_mm_maskz_loadu_epi16((__mmask8)((1u << groups) - 1u), scales + first_group));
+  __m512i within = _mm512_add_epi32(lane_blocks(dtype), _mm512_set1_epi32(first_block & ((1 << group_log) - 1)));
+  __m512 row_scales = _mm512_permutexvar_ps(_mm512_srlv_epi32(within, _mm512_set1_epi32(group_log)),
+                                            _mm512_castps128_ps512(group_scales));
   *out = (vec16)_mm512_mul_ps(x_scales, row_scales);
 }
 #else
-EDGE_ALWAYS_INLINE void unit_factors(const float *lane_scales, const uint16_t *scales, int group_size, int group_shift,
-                                     int unit, int n_blocks, vec16 *out) {
-  const float *lanes = lane_scales + (size_t)unit * 16;
+EDGE_ALWAYS_INLINE void unit_factors(const struct quantized_activations *xa, const uint16_t *scales, int dtype,
+                                     int group_log, int unit, int n_blocks, vec16 *out) {
+  const float *lanes = xa->lane_scales + (size_t)unit * EDGE_UNIT_LANES;
+  int first_block = unit * unit_blocks(dtype);
   union {
     vec16 all;
     vec8 half[2];
-  } f;
-  if (group_size == EDGE_QUANT_BLOCK) {
-    f.half[0] = VEC8_AT(lanes) * scale_at(scales, 2 * (size_t)unit);
-    f.half[1] = (vec8){0};
-    if (n_blocks == 2) f.half[1] = VEC8_AT(lanes + 8) * scale_at(scales, 2 * (size_t)unit + 1);
-  } else if (n_blocks == 2) {
-    f.all = VEC16_AT(lanes) * scale_at(scales, (size_t)(unit >> group_shift));
+    vec4 quarter[4];
+  } f = {{0}};
+  if (dtype == EDGE_Q4) {
+    for (int b = 0; b < n_blocks; b++) {
+      f.quarter[b] = VEC4_AT(lanes + 4 * b) * scale_at(scales, (size_t)((first_block + b) >> group_log));
+    }
   } else {
-    f.half[0] = VEC8_AT(lanes) * scale_at(scales, (size_t)(unit >> group_shift));
-    f.half[1] = (vec8){0};
+    for (int b = 0; b < n_blocks; b++) {
+      f.half[b] = VEC8_AT(lanes + 8 * b) * scale_at(scales, (size_t)((first_block + b) >> group_log));
+    }
   }
   *out = f.all;
 }
 #endif
 
-EDGE_ALWAYS_INLINE void int_dot_unit(const char *row, const uint16_t *scales, int dtype, int group_size,
-                                     int group_shift, const struct quantized_activations *xa, int unit, int n_blocks,
-                                     vec16 *acc) {
+EDGE_ALWAYS_INLINE void int_dot_unit(const char *row, const uint16_t *scales, int dtype, int group_log,
+                                     const struct quantized_activations *xa, int unit, int n_blocks, vec16 *acc) {
   ivec16 products;
   vec16 factors;
-  unit_products(row, dtype, unit, xa, n_blocks, &products);
-  unit_factors(xa->lane_scales, scales, group_size, group_shift, unit, n_blocks, &factors);
+  unit_lanes(row, dtype, unit, xa, n_blocks, &products);
+  unit_factors(xa, scales, dtype, group_log, unit, n_blocks, &factors);
   fused_multiply_add16(acc, &products, &factors);
 }
 
-/* row . x through x's quantized planes, prefetching the row `next` and its scales. Even and odd units have their own
- * accumulators (two FMA chains in flight); their sum's 16 lanes are added pairwise, as quant_dot_row does. */
-EDGE_ALWAYS_INLINE float int_dot_row(const char *row, const uint16_t *scales, int dtype, int group_size,
-                                     const struct quantized_activations *xa, int d, const char *next,
-                                     const uint16_t *next_scales) {
-  vec16 even = {0}, odd = {0};
-  int units = d / EDGE_UNIT_VALUES, group_shift = group_size == 128 ? 1 : 0;
-  size_t unit_bytes = 2 * block_bytes(dtype);
+/* Rows at most dotted at once by int_dot_rows: with AVX-512, 4, each with its own accumulators in registers (8 of the
+ * 32); the core then has the cache lines of four rows in flight instead of one row's, which is what bounds a cold
+ * row's read (benchmarks/README.md, section 3). Elsewhere 1: four rows' accumulators would not fit AVX2's 16 or
+ * NEON's 32 registers (a vec16 takes 2 and 4 of them). */
+#if EDGE_ROWS_AVX512
+#define EDGE_ROWS_AT_ONCE 4
+#else
+#define EDGE_ROWS_AT_ONCE 1
+#endif
+
+/* out[t] = row[t] . x through x's quantized planes for t < n (1 or EDGE_ROWS_AT_ONCE, a constant once inlined),
+ * prefetching the rows next[t] and their scales. Each row has its own accumulators for even and odd units (two FMA
+ * chains in flight); their sum's 16 lanes are added pairwise, as quant_dot_row does. A row's operations and their
+ * order do not depend on n, so neither do its bits. */
+EDGE_ALWAYS_INLINE void int_dot_rows(int n, const char *const *row, const uint16_t *const *scales, int dtype,
+                                     int group_size, const struct quantized_activations *xa, int d,
+                                     const char *const *next, const uint16_t *const *next_scales, float *out) {
+  vec16 even[EDGE_ROWS_AT_ONCE], odd[EDGE_ROWS_AT_ONCE];
+  for (int t = 0; t < n; t++) even[t] = odd[t] = (vec16){0};
+  int per_unit = unit_blocks(dtype), blocks = d / EDGE_QUANT_BLOCK;
+  int full_units = blocks / per_unit, partial_blocks = blocks % per_unit;
+  int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2; /* log2 of blocks per group */
   int unit = 0;
 #if EDGE_ROWS_AVX512
-  /* Eight units (16 blocks) at a time: their 16 factors are one vector product, spread over each unit's lanes by one
-   * permutation, where converting and multiplying the scales unit by unit took a third of a unit's instructions.
-   * The factors are the same products, so the results are the same bits. */
-  int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2; /* log2 of blocks per group */
+  /* 16 blocks at a time: their factors are one vector product, spread over each unit's lanes by one permutation,
+   * where converting and multiplying the scales unit by unit took a third of a unit's instructions. The factors
+   * are the same products, so the results are the same bits. */
   const __m512i block_index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i group_of_block = _mm512_srlv_epi32(block_index, _mm512_set1_epi32(group_log));
-  const __m512i first_pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i first_lanes = lane_blocks(dtype);
   __mmask16 group_lanes = (__mmask16)((1u << (16 >> group_log)) - 1u);
-  for (; unit + 8 <= units; unit += 8) {
-    size_t first_block = 2 * (size_t)unit, first_group = first_block >> group_log;
-    EDGE_PREFETCH(next_scales, first_group * sizeof(uint16_t));
-    __m512 row_scales = _mm512_permutexvar_ps(
-        group_of_block, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(group_lanes, scales + first_group)));
-    __m512 block_factors = _mm512_mul_ps(row_scales, _mm512_loadu_ps(xa->block_scales + first_block));
-    for (int k = 0; k < 8; k += 2) {
-      for (int j = 0; j < 2; j++) {
-        size_t offset = (size_t)(unit + k + j) * unit_bytes;
-        if (offset % EDGE_CACHE_LINE == 0) EDGE_PREFETCH(next, offset);
+  int step_units = 16 / per_unit;
+  for (; unit + step_units <= full_units; unit += step_units) {
+    size_t first_block = (size_t)unit * per_unit, first_group = first_block >> group_log;
+    __m512 x_scales = _mm512_loadu_ps(xa->block_scales + first_block);
+    __m512 block_factors[EDGE_ROWS_AT_ONCE];
+    for (int t = 0; t < n; t++) {
+      EDGE_PREFETCH(next_scales[t], first_group * sizeof(uint16_t));
+      __m512 row_scales = _mm512_permutexvar_ps(
+          group_of_block, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(group_lanes, scales[t] + first_group)));
+      block_factors[t] = _mm512_mul_ps(row_scales, x_scales);
+    }
+    for (int k = 0; k < step_units; k += 2) {
+      __m512i even_lanes = _mm512_add_epi32(first_lanes, _mm512_set1_epi32(k * per_unit));
+      __m512i odd_lanes = _mm512_add_epi32(first_lanes, _mm512_set1_epi32((k + 1) * per_unit));
+      for (int t = 0; t < n; t++) {
+        EDGE_PREFETCH(next[t], (size_t)(unit + k) * 64);
+        EDGE_PREFETCH(next[t], (size_t)(unit + k + 1) * 64);
       }
-      ivec16 products;
-      vec16 factors;
-      unit_products(row, dtype, unit + k, xa, 2, &products);
-      factors = (vec16)_mm512_permutexvar_ps(_mm512_add_epi32(first_pair, _mm512_set1_epi32(2 * k)), block_factors);
-      fused_multiply_add16(&even, &products, &factors);
-      unit_products(row, dtype, unit + k + 1, xa, 2, &products);
-      factors = (vec16)_mm512_permutexvar_ps(_mm512_add_epi32(first_pair, _mm512_set1_epi32(2 * k + 2)), block_factors);
-      fused_multiply_add16(&odd, &products, &factors);
+      for (int t = 0; t < n; t++) {
+        ivec16 products;
+        unit_lanes(row[t], dtype, unit + k, xa, per_unit, &products);
+        vec16 factors = (vec16)_mm512_permutexvar_ps(even_lanes, block_factors[t]);
+        fused_multiply_add16(&even[t], &products, &factors);
+      }
+      for (int t = 0; t < n; t++) {
+        ivec16 products;
+        unit_lanes(row[t], dtype, unit + k + 1, xa, per_unit, &products);
+        vec16 factors = (vec16)_mm512_permutexvar_ps(odd_lanes, block_factors[t]);
+        fused_multiply_add16(&odd[t], &products, &factors);
+      }
     }
   }
 #endif
-  for (; unit + 2 <= units; unit += 2) {
-    for (int k = 0; k < 2; k++) {
-      size_t offset = (size_t)(unit + k) * unit_bytes;
-      if (offset % EDGE_CACHE_LINE == 0) EDGE_PREFETCH(next, offset);
+  for (; unit + 2 <= full_units; unit += 2) {
+    for (int t = 0; t < n; t++) {
+      EDGE_PREFETCH(next[t], (size_t)unit * 64);
+      EDGE_PREFETCH(next[t], (size_t)(unit + 1) * 64);
+      /* a cache line of scales covers 32 groups */
+      if ((unit * per_unit) % (32 << group_log) < 2 * per_unit) {
+        EDGE_PREFETCH(next_scales[t], (size_t)((unit * per_unit) >> group_log) * sizeof(uint16_t));
+      }
     }
-    /* a cache line of scales covers 1024 values at group size 32, more at larger groups; a unit has 4, 2 or 1
-     * bytes of them */
-    if (unit % 16 == 0) EDGE_PREFETCH(next_scales, ((size_t)unit * 4) >> (group_shift + (group_size > 32)));
-    int_dot_unit(row, scales, dtype, group_size, group_shift, xa, unit, 2, &even);
-    int_dot_unit(row, scales, dtype, group_size, group_shift, xa, unit + 1, 2, &odd);
+    for (int t = 0; t < n; t++) {
+      int_dot_unit(row[t], scales[t], dtype, group_log, xa, unit, per_unit, &even[t]);
+      int_dot_unit(row[t], scales[t], dtype, group_log, xa, unit + 1, per_unit, &odd[t]);
+    }
   }
-  if (unit < units) int_dot_unit(row, scales, dtype, group_size, group_shift, xa, unit++, 2, &even);
-  /* a last half unit, its lanes 8..15 adding exact zeros; separate calls, as a pointer chosen at run time would
-   * keep the accumulators in memory throughout the loop */
-  if (d % EDGE_UNIT_VALUES != 0 && unit % 2 == 0) {
-    int_dot_unit(row, scales, dtype, group_size, group_shift, xa, unit, 1, &even);
-  } else if (d % EDGE_UNIT_VALUES != 0) {
-    int_dot_unit(row, scales, dtype, group_size, group_shift, xa, unit, 1, &odd);
+  if (unit < full_units) {
+    for (int t = 0; t < n; t++) {
+      EDGE_PREFETCH(next[t], (size_t)unit * 64);
+      int_dot_unit(row[t], scales[t], dtype, group_log, xa, unit, per_unit, &even[t]);
+    }
+    unit++;
   }
-  vec16 acc = even + odd;
-  return sum_lanes(&acc);
+  /* a last partial unit, its missing blocks' lanes adding exact zeros; separate calls, as a pointer chosen at run time
+   * would keep the accumulators in memory throughout the loop */
+  for (int t = 0; t < n && partial_blocks != 0; t++) {
+    EDGE_PREFETCH(next[t], (size_t)unit * 64);
+    if (unit % 2 == 0) {
+      int_dot_unit(row[t], scales[t], dtype, group_log, xa, unit, partial_blocks, &even[t]);
+    } else {
+      int_dot_unit(row[t], scales[t], dtype, group_log, xa, unit, partial_blocks, &odd[t]);
+    }
+  }
+  for (int t = 0; t < n; t++) {
+    vec16 acc = even[t] + odd[t];
+    out[t] = sum_lanes(&acc);
+  }
 }
 
 /* ---- Sparse FFN ----------------------------------------------------------------------------------------- */
@@ -1019,21 +1258,11 @@ static inline const uint16_t *row_scales(const struct weight_rows *w, int row, i
   return w->scales + (size_t)row * (size_t)(d / w->group_size);
 }
 
-/* Row `row` of w . x while row `next` of next_w (the same storage type and row length) is prefetched; each
- * storage type gets its own inlined loop. Quantized rows are dotted with x's quantized planes xa when given, else
- * with x. */
-static inline float row_dot(const struct weight_rows *w, int row, const float *x,
-                            const struct quantized_activations *xa, int d, const struct weight_rows *next_w,
-                            int next) {
+/* Row `row` of w . x, x in fp32, while row `next` of next_w (the same storage type and row length) is prefetched;
+ * each storage type gets its own inlined loop. (Quantized rows' integer dot products: rows_dot, int_dot_rows.) */
+static inline float row_dot(const struct weight_rows *w, int row, const float *x, int d,
+                            const struct weight_rows *next_w, int next) {
   const char *start = row_address(w, row, d), *ahead = row_address(next_w, next, d);
-  if (xa != NULL && w->dtype == EDGE_Q8) {
-    return int_dot_row(start, row_scales(w, row, d), EDGE_Q8, w->group_size, xa, d, ahead,
-                       row_scales(next_w, next, d));
-  }
-  if (xa != NULL && w->dtype == EDGE_Q4) {
-    return int_dot_row(start, row_scales(w, row, d), EDGE_Q4, w->group_size, xa, d, ahead,
-                       row_scales(next_w, next, d));
-  }
   switch (w->dtype) {
     case EDGE_Q8:
       return quant_dot_row(start, row_scales(w, row, d), EDGE_Q8, w->group_size, x, d, ahead,
@@ -1059,8 +1288,14 @@ static inline int list_index(const struct row_list *list, int k) {
   return list->rows != NULL ? list->rows[k] : list->first + k;
 }
 
-/* Bytes of rows to have in flight ahead of the row being read: one L3 latency's worth of reads. */
+/* Bytes of rows to have in flight ahead of the row being read: on x86-64, where they go to L2, 16 KiB (7 INT4 rows
+ * of a 7B model; 2 KiB, one row, left the core waiting for its rows: benchmarks/README.md, section 3); elsewhere,
+ * into L1, one L3 latency's worth as before (not measured on an aarch64 core yet). */
+#if defined(__x86_64__)
+#define EDGE_PREFETCH_BYTES 16384
+#else
 #define EDGE_PREFETCH_BYTES 2048
+#endif
 
 #ifdef EDGE_DOT_GROUP
 /* out[k] = row k of `rows` . x for fp16 rows, EDGE_DOT_GROUP at a time; a last partial group repeats its last
@@ -1079,12 +1314,60 @@ static void rows_dot_grouped(const struct row_list *rows, const float *x, int d,
 }
 #endif
 
+/* Prefetches row `row` of w whole: its values or codes, and its scales. */
+static void prefetch_row(const struct weight_rows *w, int row, int d) {
+  const char *start = row_address(w, row, d);
+  for (size_t byte = 0; byte < row_bytes(w->dtype, d); byte += EDGE_CACHE_LINE) EDGE_PREFETCH(start, byte);
+  if (is_quantized(w->dtype)) {
+    size_t scale_bytes = (size_t)(d / w->group_size) * sizeof(uint16_t);
+    for (size_t byte = 0; byte < scale_bytes; byte += EDGE_CACHE_LINE) EDGE_PREFETCH(row_scales(w, row, d), byte);
+  }
+}
+
+/* The row `ahead` places after row k of `rows`, past its end into `then`, or row k itself when there is none. */
+static inline void row_ahead(const struct row_list *rows, const struct row_list *then, int k, int ahead,
+                             const struct weight_rows **next_w, int *next) {
+  int later = k + ahead;
+  *next_w = rows->w;
+  *next = list_index(rows, k); /* nothing left to prefetch: its own row, in cache */
+  if (later < rows->n) {
+    *next = list_index(rows, later);
+  } else if (later - rows->n < then->n) {
+    *next_w = then->w;
+    *next = list_index(then, later - rows->n);
+  }
+}
+
+/* out[k .. k + n) = rows k .. k + n - 1 of `rows` . x through x's quantized planes xa (n at most EDGE_ROWS_AT_ONCE,
+ * a constant once inlined), prefetching the rows `ahead` places later. */
+EDGE_ALWAYS_INLINE void int_dot_list(int n, const struct row_list *rows, const struct row_list *then,
+                                     const struct quantized_activations *xa, int d, int k, int ahead, float *out) {
+  const char *row[EDGE_ROWS_AT_ONCE], *next[EDGE_ROWS_AT_ONCE];
+  const uint16_t *scales[EDGE_ROWS_AT_ONCE], *next_scales[EDGE_ROWS_AT_ONCE];
+  for (int t = 0; t < n; t++) {
+    const struct weight_rows *next_w;
+    int next_row;
+    row_ahead(rows, then, k + t, ahead, &next_w, &next_row);
+    row[t] = row_address(rows->w, list_index(rows, k + t), d);
+    scales[t] = row_scales(rows->w, list_index(rows, k + t), d);
+    next[t] = row_address(next_w, next_row, d);
+    next_scales[t] = row_scales(next_w, next_row, d);
+  }
+  if (rows->w->dtype == EDGE_Q4) {
+    int_dot_rows(n, row, scales, EDGE_Q4, rows->w->group_size, xa, d, next, next_scales, out + k);
+  } else {
+    int_dot_rows(n, row, scales, EDGE_Q8, rows->w->group_size, xa, d, next, next_scales, out + k);
+  }
+}
+
 /* out[k] = row k of `rows` . x. While row k is read, the row `ahead` places later is prefetched, ahead rows
- * making about EDGE_PREFETCH_BYTES (several for the short rows of small models, one for 7B rows); past the end
- * of `rows` the look-ahead goes on into `then` (rows of the same storage type), the rows the caller reads next,
- * so they do not start cold. */
+ * making about EDGE_PREFETCH_BYTES (on x86-64 7 INT4 rows of a 7B model, 2 fp16 rows, many short rows of small
+ * models); past the end of `rows` the look-ahead goes on into `then` (rows of the same storage type), the rows the
+ * caller reads next, so they do not start cold. With `cold`, nothing has prefetched the first rows: they are prefetched
+ * whole before the first is read. Quantized rows with x's quantized planes xa are dotted EDGE_ROWS_AT_ONCE at a
+ * time, the last few one by one. */
 static void rows_dot(const struct row_list *rows, const struct row_list *then, const float *x,
-                     const struct quantized_activations *xa, int d, float *out) {
+                     const struct quantized_activations *xa, int d, int cold, float *out) {
 #ifdef EDGE_DOT_GROUP
   if (rows->w->dtype == EDGE_F16 && d <= EDGE_GROUP_MAX_D) {
     rows_dot_grouped(rows, x, d, out);
@@ -1093,17 +1376,20 @@ static void rows_dot(const struct row_list *rows, const struct row_list *then, c
 #endif
   size_t bytes = row_bytes(rows->w->dtype, d);
   int ahead = bytes >= EDGE_PREFETCH_BYTES ? 1 : (int)(EDGE_PREFETCH_BYTES / bytes);
-  for (int k = 0; k < rows->n; k++) {
-    int later = k + ahead;
-    const struct weight_rows *next_w = rows->w;
-    int next = list_index(rows, k); /* nothing left to prefetch: its own row, in cache */
-    if (later < rows->n) {
-      next = list_index(rows, later);
-    } else if (later - rows->n < then->n) {
-      next_w = then->w;
-      next = list_index(then, later - rows->n);
+  for (int k = 0; cold && k < ahead && k < rows->n; k++) prefetch_row(rows->w, list_index(rows, k), d);
+  if (xa != NULL && is_quantized(rows->w->dtype)) {
+    int k = 0;
+    for (; k + EDGE_ROWS_AT_ONCE <= rows->n; k += EDGE_ROWS_AT_ONCE) {
+      int_dot_list(EDGE_ROWS_AT_ONCE, rows, then, xa, d, k, ahead, out);
     }
-    out[k] = row_dot(rows->w, list_index(rows, k), x, xa, d, next_w, next);
+    for (; k < rows->n; k++) int_dot_list(1, rows, then, xa, d, k, ahead, out);
+    return;
+  }
+  for (int k = 0; k < rows->n; k++) {
+    const struct weight_rows *next_w;
+    int next;
+    row_ahead(rows, then, k, ahead, &next_w, &next);
+    out[k] = row_dot(rows->w, list_index(rows, k), x, d, next_w, next);
   }
 }
 
@@ -1120,7 +1406,7 @@ static int gate_up_chunk(const struct ffn_workspace *ws, int k0, int k1, int n_c
    * the next chunk's gate rows */
   struct row_list gate_rows = {gate, ws->candidates + k0, 0, k1 - k0};
   struct row_list likely_up_rows = {up, ws->candidates + k0, 0, k1 - k0};
-  rows_dot(&gate_rows, &likely_up_rows, x, xa, d, values);
+  rows_dot(&gate_rows, &likely_up_rows, x, xa, d, 1, values);
   int32_t *index = ws->active_index + k0;
   float *hidden = ws->active_hidden + k0;
   int n_active = 0;
@@ -1135,7 +1421,7 @@ static int gate_up_chunk(const struct ffn_workspace *ws, int k0, int k1, int n_c
   }
   struct row_list up_rows = {up, index, 0, n_active};
   struct row_list next_gate_rows = {gate, ws->candidates + k1, 0, n_candidates - k1};
-  rows_dot(&up_rows, &next_gate_rows, x, xa, d, values);
+  rows_dot(&up_rows, &next_gate_rows, x, xa, d, 0, values);
   for (int j = 0; j < n_active; j++) {
     float u = activation == EDGE_ACT_DRELU ? keep_or_zero(values[j], !(values[j] < 0.0f)) : values[j];
     hidden[j] *= u;
@@ -1186,6 +1472,15 @@ static void down_columns(float *y, int c0, int c1, int d, const struct weight_ro
   float h[2][EDGE_DOWN_GROUP];
   int now = 0;
   int n_rows = next_down_group(&cursor, row_length, column, rows[now], h[now]);
+  /* the first group's pieces, which no earlier group prefetched */
+  for (int r = 0; r < n_rows; r++) {
+    size_t first = rows[now][r] * weight_bytes(down->dtype), piece = (size_t)n * weight_bytes(down->dtype);
+    if (quantized) {
+      first = rows[now][r] * row_bytes(down->dtype, d) + (size_t)c0 / EDGE_QUANT_BLOCK * block_bytes(down->dtype);
+      piece = (size_t)n / EDGE_QUANT_BLOCK * block_bytes(down->dtype);
+    }
+    for (size_t byte = 0; byte < piece; byte += EDGE_CACHE_LINE) EDGE_PREFETCH(down->values, first + byte);
+  }
   while (n_rows > 0) {
     int n_next = next_down_group(&cursor, row_length, column, rows[!now], h[!now]);
     switch (down->dtype) {
@@ -1252,7 +1547,7 @@ static int check_ffn_arguments(const float *x, int d, int D, const struct weight
 
 /* The environment variable that selects how quantized rows are dotted with x: "fp32" keeps x in fp32 and widens the
  * codes to fp32 in registers (quant_dot_row: the reference's numbers up to fp32 rounding order); unset or anything
- * else quantizes x to int8 for the integer dot products (int_dot_row: faster, QUANT.md gives its error bound). */
+ * else quantizes x to int8 for the integer dot products (int_dot_rows: faster, QUANT.md gives its error bound). */
 #define EDGE_ACTIVATIONS_ENV "EDGE_SDK_QUANT_ACTIVATIONS"
 
 /* Nonzero when rows of `dtype` are to be dotted with x quantized to int8. */
@@ -1386,7 +1681,7 @@ static void matvec_rows(const float *x, const struct quantized_activations *xa, 
                         const float *bias, float *y, int out, int parts, int part) {
   int r0 = split_point(out, parts, part), r1 = split_point(out, parts, part + 1);
   struct row_list rows = {w, NULL, r0, r1 - r0}, nothing_after = {w, NULL, r1, 0};
-  rows_dot(&rows, &nothing_after, x, xa, in, y + r0);
+  rows_dot(&rows, &nothing_after, x, xa, in, 1, y + r0);
   if (bias != NULL) {
     for (int r = r0; r < r1; r++) y[r] += bias[r];
   }

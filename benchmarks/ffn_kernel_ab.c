@@ -1,0 +1,118 @@
+/* A/B of builds of the CPU kernel library (libedge_cpu_kernels.so) on the sparse FFN over quantized rows, call by
+ * call in one process: each round calls every library once, in turn, each call after the caches are flushed by
+ * reading 256 MiB, so that load from other processes falls on all of them alike (alternating whole `edge-sdk bench
+ * ffn` runs between builds left ratios that moved 3x between runs on the shared machine). LLaMA-2-7B FFN shape (d
+ * 4096, D 11008), group size 32, random codes and fp16 scales, SiLU so that every neuron of the mask is active; the
+ * mask has the given sparsity. Prints per library the median and minimum time and the rate at which it reads the
+ * active rows' codes and scales (gate, up and down), and says when a library's output differs in any bit from the
+ * first library's.
+ *
+ *   gcc -O2 -fopenmp -o /tmp/ffn_kernel_ab benchmarks/ffn_kernel_ab.c -ldl
+ *   [THREADS=2] /tmp/ffn_kernel_ab int4|int8 SPARSITY ROUNDS LIB.so [LIB.so ...]
+ *
+ * Libraries of other commits: build them from `git archive COMMIT plugins/kernels/cpu` with the package's flags
+ * (gcc -std=c11 -O3 -march=native -fopenmp -shared -fPIC ... -lm). */
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef int (*sparse_ffn_q_fn)(const float *, int, int, const void *, const uint16_t *, const void *,
+                               const uint16_t *, const void *, const uint16_t *, int, int, const uint8_t *,
+                               const float *, int, float, float *, void *, int, uint8_t *);
+typedef size_t (*workspace_size_fn)(int, int, int);
+
+enum { D_MODEL = 4096, D_FFN = 11008, GROUP = 32, MAX_LIBRARIES = 8, Q8 = 2, Q4 = 3, ACT_SILU = 3 };
+#define FLUSH_BYTES ((size_t)256 << 20)
+
+static double seconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int by_value(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 5 || argc - 4 > MAX_LIBRARIES || (strcmp(argv[1], "int4") != 0 && strcmp(argv[1], "int8") != 0)) {
+    fprintf(stderr, "usage: [THREADS=n] %s int4|int8 SPARSITY ROUNDS LIB.so [LIB.so ...] (at most %d libraries)\n",
+            argv[0], MAX_LIBRARIES);
+    return 2;
+  }
+  int n_libraries = argc - 4, format = strcmp(argv[1], "int4") == 0 ? Q4 : Q8, rounds = atoi(argv[3]);
+  double sparsity = atof(argv[2]);
+  int threads = getenv("THREADS") != NULL ? atoi(getenv("THREADS")) : 1;
+  if (rounds < 1 || threads < 1 || !(sparsity >= 0.0 && sparsity < 1.0)) {
+    fprintf(stderr, "expected ROUNDS >= 1, THREADS >= 1 and 0 <= SPARSITY < 1\n");
+    return 2;
+  }
+  sparse_ffn_q_fn ffn[MAX_LIBRARIES];
+  size_t workspace_bytes = 0;
+  for (int l = 0; l < n_libraries; l++) {
+    void *library = dlopen(argv[4 + l], RTLD_NOW | RTLD_LOCAL);
+    if (library == NULL) {
+      fprintf(stderr, "%s\n", dlerror());
+      return 1;
+    }
+    ffn[l] = (sparse_ffn_q_fn)dlsym(library, "edge_cpu_sparse_ffn_q");
+    workspace_size_fn size = (workspace_size_fn)dlsym(library, "edge_cpu_sparse_ffn_workspace_size");
+    if (ffn[l] == NULL || size == NULL) {
+      fprintf(stderr, "%s: no edge_cpu_sparse_ffn_q / edge_cpu_sparse_ffn_workspace_size\n", argv[4 + l]);
+      return 1;
+    }
+    size_t bytes = size(D_MODEL, D_FFN, threads);
+    workspace_bytes = bytes > workspace_bytes ? bytes : workspace_bytes;
+  }
+  size_t row_bytes = format == Q4 ? D_MODEL / 2 : D_MODEL, row_scales = D_MODEL / GROUP;
+  srand(1);
+  char *codes[3];
+  uint16_t *scales[3];
+  for (int m = 0; m < 3; m++) {
+    codes[m] = malloc(row_bytes * D_FFN);
+    scales[m] = malloc(row_scales * D_FFN * sizeof(uint16_t));
+    for (size_t i = 0; i < row_bytes * D_FFN; i++) codes[m][i] = (char)rand();
+    for (size_t i = 0; i < row_scales * D_FFN; i++) scales[m][i] = (uint16_t)(0x1c00 + (rand() & 0x3ff));
+  }
+  float *x = malloc(D_MODEL * sizeof(float)), *y = malloc(D_MODEL * sizeof(float));
+  float *first_y = malloc(D_MODEL * sizeof(float));
+  for (int i = 0; i < D_MODEL; i++) x[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+  uint8_t *mask = malloc(D_FFN);
+  int n_active = 0;
+  for (int i = 0; i < D_FFN; i++) n_active += mask[i] = (double)rand() / RAND_MAX >= sparsity;
+  void *workspace = malloc(workspace_bytes);
+  float *flush = malloc(FLUSH_BYTES);
+  for (size_t i = 0; i < FLUSH_BYTES / sizeof(float); i++) flush[i] = 1.0f;
+  double *times = malloc(sizeof(double) * (size_t)rounds * (size_t)n_libraries);
+  volatile float sink = 0.0f;
+  for (int r = 0; r < rounds; r++) {
+    for (int l = 0; l < n_libraries; l++) {
+      float sum = 0.0f;
+      for (size_t i = 0; i < FLUSH_BYTES / sizeof(float); i += 16) sum += flush[i]; /* a line at a time */
+      sink += sum;
+      double start = seconds();
+      ffn[l](x, D_MODEL, D_FFN, codes[0], scales[0], codes[1], scales[1], codes[2], scales[2], format, GROUP, mask,
+             NULL, ACT_SILU, 0.0f, y, workspace, threads, NULL);
+      times[(size_t)l * rounds + r] = seconds() - start;
+      if (r == 0 && l == 0) memcpy(first_y, y, D_MODEL * sizeof(float));
+      if (r == 0 && l > 0 && memcmp(first_y, y, D_MODEL * sizeof(float)) != 0) {
+        printf("%s: output differs from %s's\n", argv[4 + l], argv[4]);
+      }
+    }
+  }
+  double read_bytes = 3.0 * n_active * (double)(row_bytes + row_scales * sizeof(uint16_t));
+  printf("%s, sparsity %.2f (%d active rows, %.1f MB), %d thread(s), %d rounds\n", argv[1], sparsity, n_active,
+         read_bytes / 1e6, threads, rounds);
+  for (int l = 0; l < n_libraries; l++) {
+    double *t = times + (size_t)l * rounds;
+    qsort(t, (size_t)rounds, sizeof(double), by_value);
+    double median = t[rounds / 2];
+    printf("%-40s median %8.3f ms  min %8.3f ms  %6.2f GB/s at the median\n", argv[4 + l], median * 1e3, t[0] * 1e3,
+           read_bytes / median / 1e9);
+  }
+  return 0;
+}
