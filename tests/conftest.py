@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,11 @@ BUNDLE_MATRIX = {
     "none-fp32": ("none", "fp32"),
     "svd-int8": ("svd", "int8"),
     "svd-int4": ("svd", "int4"),
+    # the tiny model with tied embeddings (tied_checkpoint): a quantized bundle stores the shared matrix quantized
+    "tied-svd-int8": ("svd", "int8"),
+    "tied-svd-int4": ("svd", "int4"),
 }
+TIED_PREFIX = "tied-"
 MATRIX_LEVELS = (0.5, 0.8)
 MATRIX_MAX_SEQ_LEN = 128
 
@@ -29,6 +35,21 @@ MATRIX_MAX_SEQ_LEN = 128
 def tiny_model_dir() -> Path:
     """The committed tiny ReLU Llama (tests/fixtures/tiny-relu-llama, trained by its script)."""
     return TINY_MODEL
+
+
+def tied_checkpoint(model_dir: Path, directory: Path) -> Path:
+    """A copy of the checkpoint at model_dir (its text files left out) with tied embeddings: lm_head.weight dropped,
+    tie_word_embeddings set, so the LM head becomes the embedding matrix (another model, but a valid one, tied as
+    SmolLM2 is)."""
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(model_dir, directory, ignore=shutil.ignore_patterns("*.txt"))
+    tensors = load_file(str(directory / "model.safetensors"))
+    del tensors["lm_head.weight"]
+    save_file(tensors, str(directory / "model.safetensors"))
+    config = json.loads((directory / "config.json").read_text()) | {"tie_word_embeddings": True}
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
 
 
 class BundleMatrix:
@@ -49,8 +70,14 @@ class BundleMatrix:
                 predictor=predictor, rank=16, max_tokens=2048, levels=MATRIX_LEVELS, sparsity=MATRIX_LEVELS[0]
             )
             settings = ExportSettings(dtype=dtype, max_seq_len=MATRIX_MAX_SEQ_LEN, calibration=calibration)
-            self._opened[name] = export_bundle(TINY_MODEL, self.root / name, settings, [TINY_MODEL / "calibration.txt"])
+            model = self.tied_model() if name.startswith(TIED_PREFIX) else TINY_MODEL
+            self._opened[name] = export_bundle(model, self.root / name, settings, [TINY_MODEL / "calibration.txt"])
         return self._opened[name]
+
+    def tied_model(self) -> Path:
+        """The tiny model with tied embeddings, written on first use."""
+        directory = self.root / "tied-model"
+        return directory if directory.exists() else tied_checkpoint(TINY_MODEL, directory)
 
     def path(self, name: str) -> Path:
         return self[name].path

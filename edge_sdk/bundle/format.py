@@ -8,10 +8,15 @@ from __future__ import annotations
 import re
 
 FORMAT = "edge-sdk-bundle"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 # int4 codes are signed nibbles (4-bit two's complement, ONNX INT4) from format version 2 on; version 1 stored
-# code + 8 (UINT4 with zero point 8), which this edge-sdk refuses rather than misread. Other dtypes read both.
+# code + 8 (UINT4 with zero point 8), which this edge-sdk refuses rather than misread.
 SIGNED_INT4_FORMAT_VERSION = 2
+# an int8 / int4 bundle of a model with tied embeddings stores the shared matrix quantized from format version 3
+# on; before, it stored it F16, a layout this edge-sdk refuses (re-export). Every other bundle reads the same in
+# versions 2 and 3 (and in 1, but for int4).
+QUANTIZED_TIED_EMBEDDING_FORMAT_VERSION = 3
+
 MANIFEST_FILE = "manifest.json"
 WEIGHTS_FILE = "weights.safetensors"
 PREFILL_GRAPH = "prefill.onnx"
@@ -30,3 +35,10 @@ MAX_TOKENIZER_BYTES = 64 << 20  # tokenizer.json of real models: 2-35 MB
 MAX_TOKENIZER_CONFIG_BYTES = 16 << 20
 # a bundle is one flat directory; names never start with a dot (staging directories and editor files do)
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+
+
+def written_format_version(quantized_tied_embedding: bool) -> int:
+    """The format_version an export writes: 3 only for the layout version 3 introduced (an int8 / int4 bundle of a
+    model with tied embeddings), 2 for every other bundle, which is then byte-identical to what edge-sdk wrote before
+    version 3 and still readable by the readers of version 2 (an older libedge_sdk on a device)."""
+    return QUANTIZED_TIED_EMBEDDING_FORMAT_VERSION if quantized_tied_embedding else SIGNED_INT4_FORMAT_VERSION

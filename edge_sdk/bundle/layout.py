@@ -5,10 +5,11 @@ Model tensors keep their Hugging Face names without the `model.` prefix; W_down 
 are stored in the bundle's weight dtype, vectors (norms, biases) in F32, and the RoPE tables `rope.cos` /
 `rope.sin` [max_seq_len, head_dim] in F32. Predictor tensors follow edge_sdk.predictors.
 
-Quantized bundles (dtype int8 | int4, plugins/kernels/cpu/QUANT.md): every matrix but the token embedding holds
-its codes under its own name (I8 [rows, cols] for int8, U8 [rows, cols / 2] for packed int4) and its fp16 group
-scales as `<name>.scales` F16 [rows, cols / group_size]; the embedding (a row lookup, not a product) stays F16, so
-a model with tied embeddings keeps an F16 LM head.
+Quantized bundles (dtype int8 | int4, plugins/kernels/cpu/QUANT.md): every matrix holds its codes under its own
+name (I8 [rows, cols] for int8, U8 [rows, cols / 2] for packed int4) and its fp16 group scales as `<name>.scales`
+F16 [rows, cols / group_size], except the token embedding of a model with an LM head of its own: a row lookup, not
+a product, it stays F16. A tied embedding is the LM head too, a product over the whole matrix every token, so it is
+stored once in the quantized format (since bundle format version 3) and the lookup dequantizes its one row.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ WEIGHT_DTYPES = {"fp32": "F32", "fp16": "F16", "bf16": "BF16"}
 QUANTIZED_DTYPES = {"int8": "I8", "int4": "U8"}
 BUNDLE_DTYPES = (*WEIGHT_DTYPES, *QUANTIZED_DTYPES)
 GROUP_SIZES = (32, 64, 128)
-UNQUANTIZED_MATRIX = "embed_tokens.weight"  # a quantized bundle stores the embedding as F16
-QUANTIZED_EMBEDDING_DTYPE = "F16"
+EMBEDDING = "embed_tokens.weight"
+UNTIED_EMBEDDING_DTYPE = "F16"  # a quantized bundle's embedding when the model has an LM head of its own
 SCALES_SUFFIX = ".scales"
 TRANSPOSED_SUFFIX = "_t"
 
@@ -46,9 +47,10 @@ def model_tensor_names(config: ModelConfig) -> list[tuple[str, str]]:
     return names
 
 
-def is_quantized_matrix(name: str, shape: tuple[int, ...]) -> bool:
-    """Whether a model tensor is stored as codes + scales in a quantized bundle: every matrix but the embedding."""
-    return len(shape) == 2 and name != UNQUANTIZED_MATRIX
+def is_quantized_matrix(name: str, shape: tuple[int, ...], tied_embeddings: bool) -> bool:
+    """Whether a model tensor is stored as codes + scales in a quantized bundle: every matrix but the embedding of a
+    model whose LM head is a matrix of its own (tied_embeddings: the model's tie_word_embeddings)."""
+    return len(shape) == 2 and (name != EMBEDDING or tied_embeddings)
 
 
 def quantized_tensors(name: str, shape: tuple[int, ...], dtype: str, group_size: int) -> dict[str, ExpectedTensor]:
@@ -72,10 +74,10 @@ def model_tensors(
         shape = hf_shapes[hf_name]
         if name.endswith(TRANSPOSED_SUFFIX):
             shape = shape[::-1]
-        if dtype in QUANTIZED_DTYPES and is_quantized_matrix(name, shape):
+        if dtype in QUANTIZED_DTYPES and is_quantized_matrix(name, shape, config.tie_word_embeddings):
             expected |= quantized_tensors(name, shape, dtype, group_size)
         elif dtype in QUANTIZED_DTYPES and len(shape) == 2:
-            expected[name] = ExpectedTensor(QUANTIZED_EMBEDDING_DTYPE, shape)
+            expected[name] = ExpectedTensor(UNTIED_EMBEDDING_DTYPE, shape)
         else:
             expected[name] = ExpectedTensor(WEIGHT_DTYPES[dtype] if len(shape) > 1 else "F32", shape)
     rope = ExpectedTensor("F32", (max_seq_len, config.head_dim))

@@ -435,6 +435,13 @@ def validate(raw: Any, where: str) -> Manifest:
             f"no longer reads (signed codes since format version {bundle_format.SIGNED_INT4_FORMAT_VERSION}); "
             f"re-export the bundle"
         )
+    tied_layout = bundle_format.QUANTIZED_TIED_EMBEDDING_FORMAT_VERSION
+    if dtype in QUANTIZED_DTYPES and config.tie_word_embeddings and version < tied_layout:
+        raise BundleError(
+            f"{where}: an {dtype} bundle of format version {version} of a model with tied embeddings stores the "
+            f"embedding (its LM head) in F16, which this edge-sdk no longer reads (quantized since format version "
+            f"{tied_layout}); re-export the bundle"
+        )
     group_size = _group_size(fields, dtype, config)
     max_seq_len = fields.integer("max_seq_len", 2, config.max_position_embeddings)
     sparsity = _sparsity(fields.object("sparsity"), config.num_layers)

@@ -188,7 +188,9 @@ def export_bundle(
     specs += [TensorSpec(name, tensor.dtype, tuple(tensor.shape)) for name, tensor in extra_tensors.items()]
     hf_names = dict(names)
     shapes = {spec.name: spec.shape for spec in specs}
-    quantized_names = {name for name, _ in names if quantized and is_quantized_matrix(name, shapes[name])}
+    quantized_names = {
+        name for name, _ in names if quantized and is_quantized_matrix(name, shapes[name], config.tie_word_embeddings)
+    }
 
     with outputs.staged_output(target) as staging:
         writer = SafetensorsWriter(
@@ -306,7 +308,9 @@ def _manifest(config, settings, calibration, max_seq_len, specs, report, staging
             files[path.name] = {"size": size, "sha256": digest}
     manifest = {
         "format": bundle_format.FORMAT,
-        "format_version": bundle_format.FORMAT_VERSION,
+        "format_version": bundle_format.written_format_version(
+            settings.dtype in QUANTIZED_DTYPES and config.tie_word_embeddings
+        ),
         "exporter": {"name": "edge-sdk", "version": __version__},
         "model": config.to_dict(),
         "dtype": settings.dtype,

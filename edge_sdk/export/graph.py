@@ -42,6 +42,9 @@ quantized matrix is read as its codes and its fp16 scales:
   [rows, cols] initializers over the bundle's U8 bytes, whose ONNX element order (element 2k low nibble, 2k+1 high
   nibble of byte k) is a permutation of the Q4_0 block order inside each 32-value block: a Gather on the columns
   restores it.
+- A tied model's embedding is its LM head, stored quantized like it: decode.onnx looks the tokens' rows up in its
+  INT32 words and scales and dequantizes them in standard integer ops (`GraphBuilder.dequantized_rows`),
+  prefill.onnx gathers them from the LM head's DequantizeLinear output.
 """
 
 from __future__ import annotations
@@ -149,6 +152,7 @@ class GraphBuilder:
         self.used_weights: set[str] = set()
         self.int4_codes: set[str] = set()
         self.code_words: set[str] = set()
+        self.dequantized_matrices: dict[str, str] = {}
         self.counter = 0
 
     def fresh(self, hint: str) -> str:
@@ -201,7 +205,10 @@ class GraphBuilder:
         return ONNX_DTYPES[self.spec.tensors[name].dtype]
 
     def dequantized(self, name: str) -> str:
-        """A quantized matrix [rows, cols] as float32: DequantizeLinear over its codes and float32 scales."""
+        """A quantized matrix [rows, cols] as float32: DequantizeLinear over its codes and float32 scales (once per
+        graph: a tied embedding's lookup and the LM head read the same node)."""
+        if name in self.dequantized_matrices:
+            return self.dequantized_matrices[name]
         group_size = self.spec.group_size
         scales = self.op("Cast", [self.weight(name + ".scales")], hint=f"{name}.scales.f32", to=TensorProto.FLOAT)
         matrix = self.op(
@@ -211,7 +218,49 @@ class GraphBuilder:
             self.int4_codes.add(name)
             columns = int4_onnx_columns(2 * self.spec.tensors[name].shape[1])
             matrix = self.op("Gather", [matrix, self.constant(columns, "int4_columns")], axis=1)
+        self.dequantized_matrices[name] = matrix
         return matrix
+
+    def dequantized_rows(self, name: str, rows: str) -> str:
+        """Rows [T] int64 of a quantized matrix [rows, cols] as float32 [T, cols], read from its codes as INT32 words
+        (the view QuantizedMatMul takes, so the graph holds the matrix once) and its fp16 scales, in standard integer
+        ops TensorRT and ONNX Runtime both run (no bit operations: TensorRT has none on INT32).
+
+        A word w holds `per_word` codes of `bits` bits, code k in bits [k bits, (k + 1) bits) (little-endian bytes;
+        int4: nibble memory order, which is ONNX INT4's element order). Every division is of non-negative values,
+        so truncating and flooring agree: the sign bit is taken out first (low = w + 2^31 for w < 0, in two steps
+        that never leave int32's range), digit k is low / 2^(k bits) mod 2^bits, plus 2^(bits - 1) for the top
+        digit of a negative word, and a digit u is the code u - 2^bits * (u / 2^(bits - 1)) (two's complement).
+        Each value is then code * scale in float32, exact, as DequantizeLinear computes it."""
+        bits = 8 if self.spec.quant_format == "int8" else 4
+        per_word, base, half = 32 // bits, 1 << bits, 1 << (bits - 1)
+
+        def int32(value, hint: str = "const") -> str:
+            return self.constant(np.array(value, dtype=np.int32), hint)
+
+        words = self.op("Gather", [self.weight(name), rows], hint=f"{name}.rows", axis=0)  # [T, W] int32
+        self.code_words.add(name)
+        negative = self.op("Less", [words, int32(0)])
+        sign = self.op("Unsqueeze", [self.op("Cast", [negative], to=TensorProto.INT32), self.ints(2)])  # [T, W, 1]
+        lifted = self.op("Add", [words, self.op("Where", [negative, int32(np.iinfo(np.int32).max), int32(0)])])
+        low = self.op("Add", [self.op("Unsqueeze", [lifted, self.ints(2)]), sign])  # [T, W, 1] in [0, 2^31)
+        places = int32([1 << (bits * k) for k in range(per_word)], "digit_places")
+        shifted = self.op("Div", [low, places])  # [T, W, per_word]
+        top_digit = int32([0] * (per_word - 1) + [half], "sign_digit_place")
+        remainder = self.op("Sub", [shifted, self.op("Mul", [self.op("Div", [shifted, int32(base)]), int32(base)])])
+        digits = self.op("Add", [remainder, self.op("Mul", [sign, top_digit])])  # unsigned, in [0, base)
+        codes = self.op("Sub", [digits, self.op("Mul", [self.op("Div", [digits, int32(half)]), int32(base)])])
+        cols = self.spec.tensors[name].shape[1] * (8 // bits)
+        codes = self.op("Reshape", [codes, self.ints(-1, cols)])
+        if bits == 4:
+            codes = self.op("Gather", [codes, self.constant(int4_onnx_columns(cols), "int4_columns")], axis=1)
+        group_size = self.spec.group_size
+        values = self.op(
+            "Reshape", [self.op("Cast", [codes], to=TensorProto.FLOAT), self.ints(-1, cols // group_size, group_size)]
+        )
+        scales = self.op("Gather", [self.weight(name + ".scales"), rows], hint=f"{name}.scales.rows", axis=0)
+        scales = self.op("Unsqueeze", [self.op("Cast", [scales], to=TensorProto.FLOAT), self.ints(2)])
+        return self.op("Reshape", [self.op("Mul", [values, scales]), self.ints(-1, cols)], hint=f"{name}.rows.f32")
 
     def quantized(self, name: str) -> list[str]:
         """A quantized matrix as the quantized custom ops take it: its codes as INT32 words and its fp16 scales."""
@@ -436,6 +485,22 @@ def _sparse_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, prom
     return g.custom(op, inputs, hint="sparse_ffn", **attributes)
 
 
+def _embedding(g: GraphBuilder, config: ModelConfig) -> str:
+    """The input tokens' embedding rows [T, d] float32. A quantized embedding (a tied model's, which is its LM head
+    too): in decode.onnx the rows of its INT32 words dequantized (GraphBuilder.dequantized_rows), in prefill.onnx the
+    rows of the LM head's dequantized matrix (ONNX's Gather takes no INT4)."""
+    name = "embed_tokens.weight"
+    if name + ".scales" in g.spec.tensors:
+        ids = g.op("Reshape", ["input_ids", g.ints(-1)])  # [T]
+        if g.quantized_ops:
+            return g.dequantized_rows(name, ids)
+        return g.op("Gather", [g.dequantized(name), ids], hint="embeddings.f32")
+    embeddings = g.op("Gather", [g.weight(name), "input_ids"])  # [B, S, d] as stored
+    if g.weight_type(name) != TensorProto.FLOAT:
+        embeddings = g.op("Cast", [embeddings], hint="embeddings.f32", to=TensorProto.FLOAT)
+    return g.op("Reshape", [embeddings, g.ints(-1, config.hidden_size)])
+
+
 def _io(config: ModelConfig, decode: bool, kind: predictors.PredictorKind) -> tuple[list, list]:
     kv_shape = ["batch", config.num_kv_heads, "past_seq", config.head_dim]
     present_shape = ["batch", config.num_kv_heads, "total_seq", config.head_dim]
@@ -461,10 +526,7 @@ def build_graph(spec: GraphSpec, decode: bool) -> onnx.ModelProto:
     g = GraphBuilder(spec, quantized_ops=decode)
     inputs, outputs = _io(config, decode, spec.kind)
     ctx = _context(g, config)
-    embeddings = g.op("Gather", [g.weight("embed_tokens.weight"), "input_ids"])  # [B, S, d] as stored
-    if g.weight_type("embed_tokens.weight") != TensorProto.FLOAT:
-        embeddings = g.op("Cast", [embeddings], hint="embeddings.f32", to=TensorProto.FLOAT)
-    hidden = g.op("Reshape", [embeddings, g.ints(-1, config.hidden_size)])  # [T, d]
+    hidden = _embedding(g, config)  # [T, d]
     ffn: Callable[[int, str], str]
     if decode:
         prompt_rows = _prompt_rows(g, ctx)

@@ -1,7 +1,8 @@
 """The model an int8 / int4 bundle holds, seen as a checkpoint, and the activation-aware scales folded into it.
 
-A quantized bundle stores every matrix but the embedding as group-wise codes (edge_sdk/quant.py) and the embedding
-in fp16; the C runtime, the engines and the ONNX graphs all compute with those values. Calibration and the choice
+A quantized bundle stores every matrix as group-wise codes (edge_sdk/quant.py) but the embedding of a model with an
+LM head of its own, which it keeps in fp16 (a tied embedding is the LM head, and quantized like it); the C runtime,
+the engines and the ONNX graphs all compute with those values. Calibration and the choice
 of the default level must see the same model (quantization error and sparsity error add up), so the exporter hands
 them a QuantizedCheckpoint: the checkpoint's interface, whose tensors are the bundle's values dequantized to fp32.
 
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from edge_sdk import quant
-from edge_sdk.bundle.layout import UNQUANTIZED_MATRIX
+from edge_sdk.bundle.layout import EMBEDDING, is_quantized_matrix
 from edge_sdk.model.checkpoint import Checkpoint
 from edge_sdk.model.config import ModelConfig
 from edge_sdk.model.decoder import rope_tables
@@ -85,7 +86,8 @@ def fake_quantize(weight: torch.Tensor, format: str, group_size: int) -> torch.T
 
 class QuantizedCheckpoint:
     """A checkpoint as an int8 / int4 bundle of it holds it: AWQ scales (if any) folded in, every quantized matrix
-    dequantized, the embedding rounded to fp16. Everything else (config, tokenizer, shapes) is the checkpoint's."""
+    dequantized (a tied embedding, which is also the LM head, among them), an untied embedding rounded to fp16.
+    Everything else (config, tokenizer, shapes) is the checkpoint's."""
 
     def __init__(
         self,
@@ -103,7 +105,9 @@ class QuantizedCheckpoint:
         return getattr(self.checkpoint, name)
 
     def is_quantized(self, hf_name: str) -> bool:
-        return len(self.checkpoint.expected_shapes[hf_name]) == 2 and hf_name != f"model.{UNQUANTIZED_MATRIX}"
+        """Whether the bundle stores the tensor as codes and scales (bundle/layout.py)."""
+        shape = self.checkpoint.expected_shapes[hf_name]
+        return is_quantized_matrix(hf_name.removeprefix("model."), shape, self.checkpoint.config.tie_word_embeddings)
 
     def scaled_tensor(self, hf_name: str) -> torch.Tensor:
         """fp32, with the AWQ scales folded in: the values the bundle quantizes (or stores, for norms)."""
@@ -121,13 +125,13 @@ class QuantizedCheckpoint:
         return quant.quantize(weight.numpy(), self.format, self.group_size)
 
     def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
-        if name == f"model.{UNQUANTIZED_MATRIX}":  # stored fp16; a tied LM head with it
-            tensor = self.checkpoint.tensor(name, torch.float16).float()
-        elif self.is_quantized(name):
+        if self.is_quantized(name):
             # down_proj is quantized neuron-major, so its groups run along the columns of the HF matrix
             neuron_major = name.endswith("mlp.down_proj.weight")
             dequantized = torch.from_numpy(quant.dequantize(self.quantized_matrix(name, neuron_major)))
             tensor = dequantized.T.contiguous() if neuron_major else dequantized
+        elif name == f"model.{EMBEDDING}":  # an untied embedding, stored fp16
+            tensor = self.checkpoint.tensor(name, torch.float16).float()
         else:
             tensor = self.scaled_tensor(name)
         return tensor if dtype is None else tensor.to(dtype)

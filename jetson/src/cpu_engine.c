@@ -3,9 +3,10 @@
  *   Config   struct model_config (model.h), read from the manifest
  *   Weights  struct cpu_weights: pointers into the read-only mapping of weights.safetensors, never copied.
  *            Matrices are F32 or F16 as stored, or int8 / int4 codes with fp16 group scales (quantized bundles, read
- *            by edge_cpu_matvec_q and edge_cpu_sparse_ffn_q, the dense FFN as the latter with mask NULL); otherwise
- *            the kernels (edge_cpu_matvec for the attention projections
- *            and lm_head, the FFN kernels) widen F16 rows to fp32 on the fly, as does the embedding lookup.
+ *            by edge_cpu_matvec_q and edge_cpu_sparse_ffn_q, the dense FFN as the latter with mask NULL; a tied
+ *            embedding is quantized too, and its lookup dequantizes the token's row); otherwise the kernels
+ *            (edge_cpu_matvec for the attention projections and lm_head, the FFN kernels) widen F16 rows to fp32 on
+ *            the fly, as does the embedding lookup.
  *   RunState struct run_state: activation buffers and the preallocated KV cache of one session.
  *
  * Math of edge_sdk/model/decoder.py and edge_sdk/sparsity/sparse_model.py: RMSNorm x * rsqrt(mean(x^2) + eps)
@@ -466,9 +467,30 @@ static void matvec(const struct matrix *m, const float *x, const float *bias, fl
   edge_cpu_matvec(x, m->cols, m->rows, m->data, m->dtype, bias, y, parallel ? threads : 1);
 }
 
+/* x = one row of a quantized [rows, cols] matrix: code * scale, exact in fp32 (edge_sdk.quant.dequantize). Int4
+ * value 32 b + k (k < 16) is the low nibble of byte 16 b + k of the row, value 32 b + 16 + k its high nibble, each a
+ * 4-bit two's complement code (QUANT.md). */
+static void dequantized_row(const struct matrix *m, size_t row, float *x) {
+  const uint16_t *scales = m->scales + row * (size_t)(m->cols / m->group_size);
+  if (m->dtype == EDGE_Q8) {
+    const int8_t *codes = (const int8_t *)m->data + row * (size_t)m->cols;
+    for (int i = 0; i < m->cols; i++) x[i] = (float)codes[i] * half_to_float(scales[i / m->group_size]);
+    return;
+  }
+  const uint8_t *bytes = (const uint8_t *)m->data + row * (size_t)(m->cols / 2);
+  for (int i = 0; i < m->cols; i++) {
+    uint8_t byte = bytes[i / 32 * 16 + i % 16];
+    int nibble = i % 32 < 16 ? byte & 0x0F : byte >> 4;
+    x[i] = (float)(nibble < 8 ? nibble : nibble - 16) * half_to_float(scales[i / m->group_size]);
+  }
+}
+
+/* x = the token's embedding; a quantized embedding (the LM head of a tied model) dequantizes that one row. */
 static void embedding_row(const struct matrix *embed, int token, float *x) {
   size_t offset = (size_t)token * (size_t)embed->cols;
-  if (embed->dtype == EDGE_F16) {
+  if (embed->scales != NULL) {
+    dequantized_row(embed, (size_t)token, x);
+  } else if (embed->dtype == EDGE_F16) {
     const uint16_t *row = (const uint16_t *)embed->data + offset;
     for (int i = 0; i < embed->cols; i++) x[i] = half_to_float(row[i]);
   } else {

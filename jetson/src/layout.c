@@ -208,7 +208,12 @@ static edge_status build_table(struct declared_tensor *declared, size_t n, const
     edge_status status = svd_ranks(declared, n, c, where, ranks);
     if (status != EDGE_OK) return status;
   }
-  add(table, "embed_tokens.weight", table->group_size ? DTYPE_F16 : w, 2, c->vocab_size, c->hidden_size);
+  /* a quantized bundle stores the embedding F16 (a row lookup), unless it is the LM head too (format version 3) */
+  if (table->group_size && !c->tie_word_embeddings) {
+    add(table, "embed_tokens.weight", DTYPE_F16, 2, c->vocab_size, c->hidden_size);
+  } else {
+    add_matrix(table, "embed_tokens.weight", w, c->vocab_size, c->hidden_size);
+  }
   add(table, "norm.weight", DTYPE_F32, 1, c->hidden_size, 0);
   if (!c->tie_word_embeddings) add_matrix(table, "lm_head.weight", w, c->vocab_size, c->hidden_size);
   for (int layer = 0; layer < c->num_layers; layer++) add_layer(table, c, w, layer);

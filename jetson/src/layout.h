@@ -18,8 +18,8 @@
 
 /* manifest "tensors" (name -> {dtype, shape}) must be exactly the tensors above; where: "BUNDLE/manifest.json:
  * tensors". weight_dtype I8 / U8 with group_size > 0: an int8 / int4 bundle (edge_sdk/bundle/layout.py): every
- * matrix but embed_tokens.weight (F16) holds its codes, I8 [rows, cols] or U8 [rows, cols / 2], under its name and
- * F16 scales [rows, cols / group_size] as <name>.scales. */
+ * matrix holds its codes, I8 [rows, cols] or U8 [rows, cols / 2], under its name and F16 scales
+ * [rows, cols / group_size] as <name>.scales, except embed_tokens.weight of an untied model (F16). */
 edge_status layout_check_tensors(const cJSON *tensors, const struct model_config *config, enum tensor_dtype weight_dtype,
                                  int group_size, int max_seq_len, const struct sparsity_settings *sparsity,
                                  const char *where);

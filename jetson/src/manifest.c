@@ -167,6 +167,13 @@ static edge_status read_model(const cJSON *manifest, const char *where, int64_t 
                      "which this edge-sdk no longer reads (signed codes since format version %d); re-export the bundle",
                      where, (long long)version, BUNDLE_SIGNED_INT4_FORMAT_VERSION);
   }
+  if (status == EDGE_OK && quant_formats[dtype] != 0 && out->model.tie_word_embeddings &&
+      version < BUNDLE_QUANTIZED_TIED_EMBEDDING_FORMAT_VERSION) {
+    return edge_fail(EDGE_ERROR_UNSUPPORTED, "%s: an %s bundle of format version %lld of a model with tied embeddings "
+                     "stores the embedding (its LM head) in F16, which this edge-sdk no longer reads (quantized since "
+                     "format version %d); re-export the bundle",
+                     where, dtypes[dtype], (long long)version, BUNDLE_QUANTIZED_TIED_EMBEDDING_FORMAT_VERSION);
+  }
   if (status == EDGE_OK) {
     out->quant_format = quant_formats[dtype];
     status = read_group_size(manifest, where, out);

@@ -13,9 +13,11 @@
 #include "safetensors.h"
 
 #define BUNDLE_FORMAT "edge-sdk-bundle"
-#define BUNDLE_FORMAT_VERSION 2
+#define BUNDLE_FORMAT_VERSION 3
 /* int4 codes are signed nibbles from this format version on; version 1 stored code + 8 and is refused for int4 */
 #define BUNDLE_SIGNED_INT4_FORMAT_VERSION 2
+/* an int8 / int4 bundle of a tied model stores the embedding quantized from this version on (F16 before: refused) */
+#define BUNDLE_QUANTIZED_TIED_EMBEDDING_FORMAT_VERSION 3
 #define BUNDLE_MANIFEST_FILE "manifest.json"
 #define BUNDLE_MANIFEST_DIGEST_FIELD "manifest_sha256"
 #define BUNDLE_WEIGHTS_FILE "weights.safetensors"
@@ -26,7 +28,7 @@
 struct manifest {
   struct model_config model;     /* bundle_max_seq_len and max_seq_len are 0: the options set them */
   enum tensor_dtype weight_dtype; /* of the matrices: F32, F16 or BF16 (dtype fp32, fp16, bf16); I8 / U8: the codes
-                                   * of int8 / int4 (embedding F16, each matrix with F16 <name>.scales) */
+                                   * of int8 / int4 (each matrix with F16 <name>.scales; an untied embedding F16) */
   int quant_format;               /* 0, or EDGE_Q8 / EDGE_Q4 (edge_cpu_kernels.h) for dtype int8 / int4 */
   int group_size;                 /* int8 / int4: 32, 64 or 128, dividing every quantized row; 0 otherwise */
   int max_seq_len;               /* in [2, model.max_position_embeddings] */
@@ -35,8 +37,9 @@ struct manifest {
 };
 
 /* Checks the parsed manifest (text[0:size], for its digest; where: its path) and fills *out. EDGE_ERROR_BUNDLE
- * naming the field, EDGE_ERROR_UNSUPPORTED for a newer format_version or an int4 bundle of a format version before
- * BUNDLE_SIGNED_INT4_FORMAT_VERSION. */
+ * naming the field, EDGE_ERROR_UNSUPPORTED for a newer format_version, an int4 bundle of a format version before
+ * BUNDLE_SIGNED_INT4_FORMAT_VERSION or an int8 / int4 bundle of a tied model before
+ * BUNDLE_QUANTIZED_TIED_EMBEDDING_FORMAT_VERSION. */
 edge_status manifest_validate(const cJSON *manifest, const char *text, size_t size, const char *where,
                               struct manifest *out);
 

@@ -108,6 +108,19 @@ def test_quantized_checkpoint_holds_the_bundles_values(checkpoint):
     assert torch.equal(model.tensor(norm), checkpoint.tensor(norm, torch.float32))
 
 
+def test_a_tied_embedding_is_held_quantized(tiny_model_dir, tmp_path):
+    """A tied embedding is the LM head: the bundle stores it quantized, so calibration and the default level see its
+    dequantized values (for the lookup and the head alike), not the fp16 matrix an untied embedding keeps."""
+    from ..conftest import tied_checkpoint
+
+    tied = open_checkpoint(tied_checkpoint(tiny_model_dir, tmp_path / "tied"))
+    embedding = "model.embed_tokens.weight"
+    source = tied.tensor(embedding, torch.float32)
+    held = QuantizedCheckpoint(tied, "int4", 32).tensor(embedding)
+    assert torch.equal(held, torch.from_numpy(quant.dequantize(quant.quantize(source.numpy(), "int4", 32))))
+    assert not torch.equal(held, tied.tensor(embedding, torch.float16).float())
+
+
 def test_awq_scales_lower_the_quantized_output_error(checkpoint, tiny_model_dir):
     texts = read_calibration_texts([tiny_model_dir / "calibration.txt"])
     chunks = calibration_chunks(checkpoint.tokenizer(), texts, 512, 256)

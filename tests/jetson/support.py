@@ -22,8 +22,18 @@ AARCH64_TOOLCHAIN = JETSON / "cmake" / "aarch64-linux-gnu.cmake"
 AARCH64_SYSROOT = "/usr/aarch64-linux-gnu"
 PROMPT = "class Namespace(object):\n    def __init__(self"
 STEPS = 24
-# names in tests/conftest.py's BUNDLE_MATRIX: every predictor kind, fp32 and fp16 weights
-BUNDLE_KINDS = ("svd-fp32", "svd-fp16", "signbit-fp32", "core-fp16", "threshold-fp32", "svd-int8", "svd-int4")
+# names in tests/conftest.py's BUNDLE_MATRIX: every predictor kind, fp32, fp16, int8 and int4 weights, and an int4
+# bundle of a tied model (its quantized embedding is also the LM head)
+BUNDLE_KINDS = (
+    "svd-fp32",
+    "svd-fp16",
+    "signbit-fp32",
+    "core-fp16",
+    "threshold-fp32",
+    "svd-int8",
+    "svd-int4",
+    "tied-svd-int4",
+)
 BUILD_TIMEOUT_S = 600
 
 

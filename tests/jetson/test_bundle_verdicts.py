@@ -32,6 +32,7 @@ from .support import Build, run, sanitizer_env
 
 ACCEPT, REFUSE = "accept", "refuse"
 OLD_INT4 = "int4 format_version 1 (codes stored as code + 8)"
+OLD_TIED = "tied int4 format_version 2 (embedding stored F16)"
 
 
 @dataclass(frozen=True)
@@ -377,7 +378,7 @@ def manifest_field_cases() -> list[Case]:
     refused = {
         "format other": setting("format", "other-bundle"),
         "format missing": setting("format", DELETE),
-        "format_version 3": setting("format_version", 3),
+        "format_version 4": setting("format_version", 4),
         "format_version 0": setting("format_version", 0),
         "format_version -1": setting("format_version", -1),
         "format_version string": setting("format_version", "1"),
@@ -495,6 +496,13 @@ def manifest_field_cases() -> list[Case]:
         "int4 read as int8": ("svd-int4", setting("dtype", "int8")),
         # an int4 bundle written before signed nibbles (its codes code + 8): refused, never misread
         OLD_INT4: ("svd-int4", setting("format_version", 1)),
+        # an int4 bundle of a tied model written before its embedding was quantized: refused, never misread
+        OLD_TIED: ("tied-svd-int4", setting("format_version", 2)),
+        "tied int4 embedding F16": ("tied-svd-int4", setting("tensors", "embed_tokens.weight", "dtype", "F16")),
+        "tied int4 embedding scales missing": (
+            "tied-svd-int4",
+            setting("tensors", "embed_tokens.weight.scales", DELETE),
+        ),
         "fp16 with a group_size": ("svd-fp16", setting("group_size", 32)),
     }
     cases += [
@@ -507,6 +515,11 @@ def manifest_field_cases() -> list[Case]:
     cases += [
         Case("manifest fields", f"{base} format_version 1", base, edit_manifest(setting("format_version", 1)), ACCEPT)
         for base in ("svd-fp16", "svd-int8")
+    ]
+    # version 3 changed only int8 / int4 bundles of tied models: the exporter writes 2 for every other, and 3 reads
+    cases += [
+        Case("manifest fields", f"{base} format_version 3", base, edit_manifest(setting("format_version", 3)), ACCEPT)
+        for base in ("svd-fp16", "svd-int4")
     ]
     cases += [
         Case("manifest fields", "digest not re-stamped", "svd-fp16", edit_manifest(setting("dtype", "fp32"), False)),
@@ -892,6 +905,15 @@ def test_an_int4_bundle_of_format_version_1_is_refused_with_re_export(x86_build:
     (c_message,) = c_verdicts(x86_build, [path])
     for message in (python_verify(path), python_run(path), c_message):
         assert "format version 1" in message and "code + 8" in message and "re-export the bundle" in message, message
+
+
+def test_a_tied_int4_bundle_of_format_version_2_is_refused_with_re_export(x86_build: Build, corpus_dirs):
+    """Its embedding (the LM head) is F16 where version 3 stores codes: every reader says so, asks for a re-export."""
+    path = corpus_dirs[f"manifest fields: {OLD_TIED}"][1]
+    (c_message,) = c_verdicts(x86_build, [path])
+    for message in (python_verify(path), python_run(path), c_message):
+        assert "format version 2" in message and "tied embeddings" in message, message
+        assert "re-export the bundle" in message, message
 
 
 def test_python_messages_name_the_bundle(corpus_dirs):

@@ -19,6 +19,7 @@ from edge_sdk.bundle.format import MANIFEST_DIGEST_FIELD
 from edge_sdk.export.exporter import ExportSettings, export_bundle
 from edge_sdk.sparsity.settings import CalibrationSettings
 
+from ..conftest import tied_checkpoint
 from .support import (
     BUNDLE_KINDS,
     PROMPT,
@@ -257,20 +258,6 @@ def test_prompt_encoding_matches_python(x86_build: Build, bundles, tmp_path):
 
 def test_aarch64_build_is_warning_free(aarch64_build: Build):
     assert "warning:" not in aarch64_build.log
-
-
-def tied_checkpoint(tiny_model_dir: Path, directory: Path) -> Path:
-    """The fixture with tied embeddings: lm_head.weight dropped, tie_word_embeddings set (the LM head becomes the
-    embedding matrix: another model, but a valid one)."""
-    from safetensors.numpy import load_file, save_file
-
-    shutil.copytree(tiny_model_dir, directory, ignore=shutil.ignore_patterns("*.txt"))
-    tensors = load_file(str(directory / "model.safetensors"))
-    del tensors["lm_head.weight"]
-    save_file(tensors, str(directory / "model.safetensors"))
-    config = json.loads((directory / "config.json").read_text()) | {"tie_word_embeddings": True}
-    (directory / "config.json").write_text(json.dumps(config))
-    return directory
 
 
 @pytest.mark.parametrize("variant", ["sliding_window", "tie_word_embeddings"])

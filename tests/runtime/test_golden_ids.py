@@ -34,7 +34,18 @@ PROMPT = "def parse_args(self, args=None, namespace=None):\n    "
 STEPS = 24
 # operating points: (level, dense); None is the bundle's default level
 POINTS = {"default": (None, False), "dense": (None, True), "0.8": (0.8, False)}
-BUNDLES = ("svd-fp32", "svd-fp16", "signbit-fp32", "core-fp16", "threshold-fp32", "none-fp32", "svd-int8", "svd-int4")
+BUNDLES = (
+    "svd-fp32",
+    "svd-fp16",
+    "signbit-fp32",
+    "core-fp16",
+    "threshold-fp32",
+    "none-fp32",
+    "svd-int8",
+    "svd-int4",
+    "tied-svd-int8",
+    "tied-svd-int4",
+)
 
 
 def points_of(bundle) -> list[str]:

@@ -1,4 +1,5 @@
-"""int8 / int4 bundles of the tiny model: the stored format, and one greedy continuation from every CPU engine.
+"""int8 / int4 bundles of the tiny model (and of its tied variant, whose one embedding matrix is also the LM head and
+stored quantized): the stored format, and one greedy continuation from every CPU engine.
 
 The reference is the float32 decoder on the dequantized weights (load_reference_decoder); the C runtime and the
 CPU torch engine read the codes and scales in place through the quantized kernels, which take x as two int8 planes
@@ -10,6 +11,9 @@ makes of ONNX Runtime), with the integer path's margin QUANTIZED_TIE_TOLERANCE.
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -17,12 +21,18 @@ from edge_sdk.backends.c_runtime import RuntimeEngine
 from edge_sdk.backends.cpu.torch_engine import load_torch_cpu_engine
 
 from edge_sdk import quant
+from edge_sdk.bundle import Bundle, BundleError, manifest_digest
+from edge_sdk.bundle.format import MANIFEST_DIGEST_FIELD
+from edge_sdk.export.ort_session import OrtBundleSession
 from edge_sdk.export.verify import explain_by_a_near_tie
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import EngineOptions
 from edge_sdk.sparsity.bundle_model import TorchEngine, configure, load_reference_decoder, quantized_matrix
 
-QUANTIZED = ("svd-int8", "svd-int4")
+UNTIED = ("svd-int8", "svd-int4")
+TIED = ("tied-svd-int8", "tied-svd-int4")
+QUANTIZED = UNTIED + TIED
+CODE_DTYPES = {"int8": "I8", "int4": "U8"}
 STEPS = 24
 # logits of the whole decoder: the per-product bound of QUANT.md carried through 4 layers, on logits of size ~10
 LOGIT_TOLERANCE = 2e-3
@@ -49,10 +59,16 @@ def greedy(engine, ids: list[int]) -> tuple[list[int], list[np.ndarray]]:
 @pytest.mark.parametrize("name", QUANTIZED)
 def test_stored_matrices_are_the_quant_format(bundle_matrix, name):
     bundle = bundle_matrix[name]
-    fmt = name.split("-")[1]
+    fmt = name.split("-")[-1]
+    tied = name in TIED
     assert bundle.dtype == fmt and bundle.manifest.group_size == 32
-    assert bundle.header.tensors["embed_tokens.weight"].dtype == "F16"
-    for tensor in ("layers.1.mlp.down_proj.weight_t", "layers.2.self_attn.o_proj.weight", "lm_head.weight"):
+    # an untied embedding is a row lookup and stays F16; a tied one is the LM head, stored once, quantized, in the
+    # layout of format version 3 (every other bundle keeps version 2, its bytes unchanged)
+    assert bundle.header.tensors["embed_tokens.weight"].dtype == (CODE_DTYPES[fmt] if tied else "F16")
+    assert bundle.has_tensor("lm_head.weight") is not tied
+    assert bundle.manifest.format_version == (3 if tied else 2)
+    head = "embed_tokens.weight" if tied else "lm_head.weight"
+    for tensor in ("layers.1.mlp.down_proj.weight_t", "layers.2.self_attn.o_proj.weight", head):
         matrix = quantized_matrix(bundle, tensor)
         weights = quant.dequantize(matrix)
         # requantizing the dequantized matrix gives back the same codes and scales: the stored bytes are the format
@@ -116,7 +132,7 @@ def test_engines_follow_the_reference_at_the_default_level_up_to_near_ties(bundl
 def test_int4_continuation_differs_from_int8(bundle_matrix):
     """The two formats are different weights: identical logits would mean one of them was not read as stored."""
     logits = {}
-    for name in QUANTIZED:
+    for name in UNTIED:
         bundle = bundle_matrix[name]
         engine = RuntimeEngine(bundle, EngineOptions.of(bundle, dense=True, threads=1))
         logits[name] = engine.prefill(prompt_ids(bundle))
@@ -129,3 +145,54 @@ def test_c_runtime_is_bit_identical_for_any_thread_count(bundle_matrix):
     one = greedy(RuntimeEngine(bundle, EngineOptions.of(bundle, threads=1)), ids)[1]
     two = greedy(RuntimeEngine(bundle, EngineOptions.of(bundle, threads=2)), ids)[1]
     assert all(np.array_equal(a, b) for a, b in zip(one, two, strict=True))
+
+
+def held_out_ids(bundle, tiny_model_dir, count: int = 48) -> list[int]:
+    text = (tiny_model_dir / "held_out.txt").read_text()[:2000]
+    return Tokenizer.from_bundle(bundle).encode(text)[:count]
+
+
+@pytest.mark.parametrize("name", TIED)
+def test_tied_lookup_and_head_follow_the_reference_on_held_out_text(bundle_matrix, tiny_model_dir, name):
+    """The tied matrix is every input token's lookup and the LM head. Teacher-forced on held-out text, so that many
+    distinct rows are looked up (a greedy continuation of this derived model repeats one token), the C runtime, the
+    CPU torch engine and ONNX Runtime (decode.onnx, whose lookup unpacks the codes from INT32 words) give the logits
+    of the reference (the matrix dequantized, then float32) within LOGIT_TOLERANCE, dense."""
+    bundle = bundle_matrix[name]
+    ids = held_out_ids(bundle, tiny_model_dir)
+    reference = load_reference_decoder(bundle)
+    configure(reference, bundle.sparsity.resolve(None, True))
+    expected = [reference.prefill(torch.tensor([ids[:4]]))[0, -1].numpy()]
+    expected += [reference.decode(torch.tensor([[token]]))[0, -1].numpy() for token in ids[4:]]
+    assert len({int(np.argmax(step)) for step in expected}) >= 20  # many distinct predictions, not one repeated
+    options = EngineOptions.of(bundle, dense=True, threads=1)
+    runtime, torch_cpu, ort = (
+        RuntimeEngine(bundle, options),
+        load_torch_cpu_engine(bundle, options),
+        OrtBundleSession(bundle, None, True),
+    )
+    engines = {
+        "c_runtime": (runtime.prefill, runtime.decode),
+        "torch_cpu": (torch_cpu.prefill, torch_cpu.decode),
+        "onnx_runtime": (lambda p: ort.prefill(np.array([p]))[0, -1], lambda t: ort.decode(np.array([[t]]))[0, -1]),
+    }
+    scale = max(float(np.abs(step).max()) for step in expected)
+    for engine, (prefill, decode) in engines.items():
+        found = [np.asarray(prefill(ids[:4])).reshape(-1)]
+        found += [np.asarray(decode(token)).reshape(-1) for token in ids[4:]]
+        worst = max(float(np.abs(a - b).max()) for a, b in zip(found, expected, strict=True))
+        assert worst <= LOGIT_TOLERANCE * scale, f"{engine}: logits differ by {worst:.3g}"
+        assert [int(np.argmax(step)) for step in found] == [int(np.argmax(step)) for step in expected], engine
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_tied_quantized_bundle_of_an_older_format_version_is_refused(bundle_matrix, tmp_path, version):
+    """Before format version 3 an int8 / int4 bundle of a tied model stored the embedding F16: refused with a request
+    to re-export, never misread as codes."""
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle_matrix.path("tied-svd-int8"), copy)
+    manifest = json.loads((copy / "manifest.json").read_text()) | {"format_version": version}
+    manifest[MANIFEST_DIGEST_FIELD] = manifest_digest(manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    with pytest.raises(BundleError, match=rf"format version {version} of a model with tied embeddings .*re-export"):
+        Bundle.open(copy)

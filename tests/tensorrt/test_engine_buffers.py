@@ -70,7 +70,7 @@ def test_engine_steps_reproduce_onnx_runtime(fake_trt, trt_bundles, kind):
     assert (after["runtimes"], after["engines"], after["contexts"]) == (0, 0, 0)
 
 
-@pytest.mark.parametrize("name", ["svd-int8", "svd-int4"])
+@pytest.mark.parametrize("name", ["svd-int8", "svd-int4", "tied-svd-int4"])
 def test_quantized_engine_steps_reproduce_onnx_runtime(fake_trt, bundle_matrix, name):
     """An int8 / int4 bundle's engine (decode.onnx: every quantized product a QuantizedMatMul / QuantizedSparseFFN
     node, run here by the ops' reference functions) goes through libedge_sdk's TensorRT engine as a float one does:
