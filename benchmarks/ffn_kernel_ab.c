@@ -10,7 +10,8 @@
  *   gcc -O2 -fopenmp -o /tmp/ffn_kernel_ab benchmarks/ffn_kernel_ab.c -ldl
  *   [THREADS=2] /tmp/ffn_kernel_ab int4|int8 SPARSITY ROUNDS LIB.so [LIB.so ...]
  *
- * Libraries of other commits: build them from `git archive COMMIT plugins/kernels/cpu` with the package's flags
+ * Libraries of other commits: build them from `git archive COMMIT kernels/cpu` (`plugins/kernels/cpu` before the
+ * folder moved) with the package's flags
  * (gcc -std=c11 -O3 -march=native -fopenmp -shared -fPIC ... -lm). */
 #include <dlfcn.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-"""Group-wise weight-only INT8 / INT4 quantization of weight rows (plugins/kernels/cpu/QUANT.md), in numpy only.
+"""Group-wise weight-only INT8 / INT4 quantization of weight rows (kernels/cpu/QUANT.md), in numpy only.
 
 The format the CPU kernels read (edge_cpu_sparse_ffn_q, edge_cpu_matvec_q): each row of a [rows, cols] matrix is
 cut into groups of `group_size` consecutive values, each group with one fp16 scale; a value is its integer code

@@ -1,7 +1,7 @@
 """int8 / int4 bundles on the Ascend backend: which product each chip runs, and the quantized matrices on the device.
 
 A quantized bundle stores every matrix but the embedding as codes plus fp16 scales, one scale per group of G values
-along each row (plugins/kernels/cpu/QUANT.md). Two ways to multiply by such a matrix W [N, K] on an NPU:
+along each row (kernels/cpu/QUANT.md). Two ways to multiply by such a matrix W [N, K] on an NPU:
 
 - weight-quant matmul: `torch_npu.npu_weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_group_size=G)`
   computes x @ ((weight + offset) * scale) for weight (K, N) int8, or int4 packed eight to an int32 by

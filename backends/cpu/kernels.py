@@ -1,4 +1,4 @@
-"""ctypes bindings of the native CPU kernels (plugins/kernels/cpu/edge_cpu_kernels.h) on torch tensors.
+"""ctypes bindings of the native CPU kernels (kernels/cpu/edge_cpu_kernels.h) on torch tensors.
 
 Tensors are passed by data_ptr(), never copied: the weights are read in place (e.g. from memory-mapped
 safetensors). So every tensor must already be on the CPU, contiguous, and of the dtype and shape the kernel
@@ -25,7 +25,7 @@ ACTIVATIONS = {"relu": 0, "fatrelu": 1, "drelu": 2, "silu": 3}
 # enum edge_quant_format: the formats of edge_sdk.quant.
 QUANT_FORMATS = {"int8": 2, "int4": 3}
 _STATUS_OUT_OF_MEMORY = 2
-# How the quantized kernels dot rows with x (plugins/kernels/cpu/QUANT.md): unset, x is quantized per token to two
+# How the quantized kernels dot rows with x (kernels/cpu/QUANT.md): unset, x is quantized per token to two
 # int8 planes for integer dot products (quantized_activations gives the values they use); "fp32" keeps x in fp32.
 ACTIVATIONS_ENV = "EDGE_SDK_QUANT_ACTIVATIONS"
 ACTIVATION_BLOCK = 32  # values per activation scale

@@ -5,7 +5,7 @@ Model tensors keep their Hugging Face names without the `model.` prefix; W_down 
 are stored in the bundle's weight dtype, vectors (norms, biases) in F32, and the RoPE tables `rope.cos` /
 `rope.sin` [max_seq_len, head_dim] in F32. Predictor tensors follow edge_sdk.predictors.
 
-Quantized bundles (dtype int8 | int4, plugins/kernels/cpu/QUANT.md): every matrix holds its codes under its own
+Quantized bundles (dtype int8 | int4, kernels/cpu/QUANT.md): every matrix holds its codes under its own
 name (I8 [rows, cols] for int8, U8 [rows, cols / 2] for packed int4) and its fp16 group scales as `<name>.scales`
 F16 [rows, cols / group_size], except the token embedding of a model with an LM head of its own: a row lookup, not
 a product, it stays F16. A tied embedding is the LM head too, a product over the whole matrix every token, so it is

@@ -1,7 +1,7 @@
 /* edge-sdk CUDA kernels: one extern "C" launcher per op (DESIGN.md 3.6). The TensorRT plugins
  * (plugins/tensorrt) call only these launchers, and the ctypes harness of tests/gpu calls the same ones.
  *
- * Each launcher mirrors its CPU kernel in cpu/edge_cpu_kernels.h: edge_cpu_<op>(x, d, D, ...) becomes
+ * Each launcher mirrors its CPU kernel in kernels/cpu/edge_cpu_kernels.h: edge_cpu_<op>(x, d, D, ...) becomes
  * edge_<op>(stream, x, x_dtype, tokens, d, D, ...), the rest of the arguments in the same order, and
  * - x is [tokens, d] of x_dtype (enum edge_cuda_dtype) instead of one fp32 token; masks are [tokens, D];
  * - every pointer is device memory; weight matrices are read in place (no copies);
@@ -87,7 +87,7 @@ EDGE_CUDA_API cudaError_t edge_sparse_ffn(cudaStream_t stream, const void *x, in
                                           int activation, float act_threshold, float *y, void *workspace,
                                           uint8_t *active_out);
 
-/* edge_sparse_ffn over group-wise quantized rows (plugins/kernels/cpu/QUANT.md; the CPU's edge_cpu_sparse_ffn_q):
+/* edge_sparse_ffn over group-wise quantized rows (kernels/cpu/QUANT.md; the CPU's edge_cpu_sparse_ffn_q):
  * w_gate, w_up, w_down_t hold the codes of quant_format (enum edge_quant_format), each a [D, d] matrix in that
  * format (EDGE_Q8: int8 [D, d]; EDGE_Q4: [D, d / 2] bytes, signed 4-bit two's complement nibbles in llama.cpp's
  * Q4_0 order within each 32-value block: byte k holds value k in its low nibble and value 16 + k in its high

@@ -1,4 +1,4 @@
-// Dense y = W x (+ bias) over group-wise quantized INT8 / INT4 rows (plugins/kernels/cpu/QUANT.md), for the
+// Dense y = W x (+ bias) over group-wise quantized INT8 / INT4 rows (kernels/cpu/QUANT.md), for the
 // projections and the LM head of a quantized bundle's TensorRT graph: TensorRT 10.3 dequantizes blocks only for INT4
 // with positive scales (NvInfer.h, IDequantizeLayer), which the group-wise INT8 and the signed-scale INT4 of the
 // format are not, so the graph gives these products to a plugin (QuantizedMatMul) that calls this launcher.

@@ -1,4 +1,4 @@
-// Quantized weight rows (plugins/kernels/cpu/QUANT.md) on the GPU: how a row's bytes become values, and the
+// Quantized weight rows (kernels/cpu/QUANT.md) on the GPU: how a row's bytes become values, and the
 // per-lane / per-thread arithmetic of the quantized kernels (sparse_ffn_q.cu, matvec_q.cu).
 //
 // Everything here is __host__ __device__: the kernels call these functions for their lanes and threads, and the

@@ -1,4 +1,4 @@
-// Sequential SparseFFN over group-wise quantized INT8 / INT4 rows (DESIGN 3.1, plugins/kernels/cpu/QUANT.md): the
+// Sequential SparseFFN over group-wise quantized INT8 / INT4 rows (DESIGN 3.1, kernels/cpu/QUANT.md): the
 // pipeline of sparse_ffn_pipeline.cuh with rows read as codes and dequantized in registers, never in memory.
 //
 // gate and up: one warp per row, lane l reading the 16-byte pieces l, l + 32, ... of the row's codes with the

@@ -84,7 +84,7 @@ struct GateActivation {
   void addFields(std::vector<nvinfer1::PluginField>& fields) const;
 };
 
-// How a quantized matrix is stored (plugins/kernels/cpu/QUANT.md): attributes `weight_format` ("int8" or "int4",
+// How a quantized matrix is stored (kernels/cpu/QUANT.md): attributes `weight_format` ("int8" or "int4",
 // required) and `group_size` (32, 64 or 128, required). The codes cross TensorRT as INT32 words holding the bundle's
 // bytes: 4 int8 codes or 8 int4 nibbles per word.
 struct QuantLayout {

@@ -26,7 +26,7 @@ from edge_sdk.model.activation import Activation
 from edge_sdk.sparsity.ffn import sparse_ffn
 
 ROOT = Path(__file__).resolve().parents[2]
-KERNEL_SOURCES = sorted((ROOT / "plugins" / "kernels" / "cpu").glob("*.c"))
+KERNEL_SOURCES = sorted((ROOT / "kernels" / "cpu").glob("*.c"))
 KERNEL_TESTS = [
     "tests/backends/test_cpu_kernels.py",
     "tests/backends/test_cpu_matvec.py",
@@ -47,7 +47,7 @@ x86_64_gcc = pytest.mark.skipif(
 def build(tmp_path: Path, march: str) -> Path:
     library = tmp_path / f"libedge_cpu_kernels-{march}.so"
     command = ["gcc", "-std=c11", "-O3", f"-march={march}", "-fopenmp", "-shared", "-fPIC", "-Wall", "-Wextra",
-               "-Werror", f"-I{ROOT / 'plugins' / 'kernels' / 'cpu'}", "-o", str(library), *map(str, KERNEL_SOURCES),
+               "-Werror", f"-I{ROOT / 'kernels' / 'cpu'}", "-o", str(library), *map(str, KERNEL_SOURCES),
                "-lm"]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
@@ -126,7 +126,7 @@ QEMU = ["qemu-aarch64", "-cpu", "max", "-L", str(AARCH64_SYSROOT), "-E", f"LD_LI
 def build_harness(tmp_path: Path, compiler: str, flags: list[str], name: str) -> Path:
     binary = tmp_path / f"quant_kernels_check-{name}"
     command = [compiler, "-std=c11", "-O3", *flags, "-fopenmp", "-Wall", "-Wextra", "-Werror",
-               f"-I{ROOT / 'plugins' / 'kernels' / 'cpu'}", "-o", str(binary), str(QUANT_CHECK),
+               f"-I{ROOT / 'kernels' / 'cpu'}", "-o", str(binary), str(QUANT_CHECK),
                *map(str, KERNEL_SOURCES), "-lm"]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -1,4 +1,4 @@
-"""Native CPU kernels (plugins/kernels/cpu) beyond the op table (tests/ops, their values on every op case): dense and
+"""Native CPU kernels (kernels/cpu) beyond the op table (tests/ops, their values on every op case): dense and
 sparse paths bit for bit, thread counts, fp16 subnormals, a hand-computed case, alpha rounding and bad arguments."""
 
 import ctypes

@@ -1,4 +1,4 @@
-"""Quantized rows (edge_sdk/quant.py, plugins/kernels/cpu/QUANT.md): the format's round trip, and the CPU kernels
+"""Quantized rows (edge_sdk/quant.py, kernels/cpu/QUANT.md): the format's round trip, and the CPU kernels
 edge_cpu_sparse_ffn_q / edge_cpu_matvec_q beyond the op table (tests/ops: their values on every op case, with x
 quantized to two int8 planes for integer dot products, the default, and with x in fp32,
 EDGE_SDK_QUANT_ACTIVATIONS=fp32): thread counts, rows ending in a partial unit, non-finite activations, the

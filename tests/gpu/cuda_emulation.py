@@ -22,7 +22,7 @@ from edge_sdk import quant
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = Path(__file__).with_name("cuda_emulation.cu")
-INCLUDES = (ROOT / "plugins" / "kernels", ROOT / "plugins" / "kernels" / "cpu")
+INCLUDES = (ROOT / "plugins" / "kernels", ROOT / "kernels" / "cpu")
 QUANT_FORMATS = {"int8": 2, "int4": 3}  # enum edge_quant_format
 ACTIVATIONS = {"relu": 0, "fatrelu": 1, "drelu": 2, "silu": 3}  # enum edge_activation
 
@@ -53,12 +53,28 @@ def load() -> ctypes.CDLL:
     ]
     subprocess.run(command, check=True, capture_output=True, text=True)
     emulation = ctypes.CDLL(str(library))
-    emulation.edge_emulate_sparse_ffn_q.argtypes = [_ptr, _int, _int, _int, *[_ptr] * 6, _int, _int, _ptr, _ptr, _int,
-                                                    ctypes.c_float, _ptr, _ptr]
+    emulation.edge_emulate_sparse_ffn_q.argtypes = [
+        _ptr,
+        _int,
+        _int,
+        _int,
+        *[_ptr] * 6,
+        _int,
+        _int,
+        _ptr,
+        _ptr,
+        _int,
+        ctypes.c_float,
+        _ptr,
+        _ptr,
+    ]
     emulation.edge_emulate_matvec_q.argtypes = [_ptr, _int, _int, _int, _ptr, _ptr, _int, _int, _ptr, _ptr]
     emulation.edge_emulate_matvec_q_t.argtypes = [_ptr, _int, _int, _int, _ptr, _ptr, _int, _int, _ptr, _ptr]
-    for function in (emulation.edge_emulate_sparse_ffn_q, emulation.edge_emulate_matvec_q,
-                     emulation.edge_emulate_matvec_q_t):
+    for function in (
+        emulation.edge_emulate_sparse_ffn_q,
+        emulation.edge_emulate_matvec_q,
+        emulation.edge_emulate_matvec_q_t,
+    ):
         function.restype = _int
     return emulation
 
@@ -85,9 +101,19 @@ def sparse_ffn_q(
     y = np.empty((tokens, d), np.float32)
     active = np.empty((tokens, n_neurons), np.uint8)
     status = load().edge_emulate_sparse_ffn_q(
-        _address(x), tokens, d, n_neurons, *map(_address, matrices), QUANT_FORMATS[weights[0].format],
-        weights[0].group_size, _address(mask), _address(thresholds), ACTIVATIONS[activation], act_threshold,
-        _address(y), _address(active),
+        _address(x),
+        tokens,
+        d,
+        n_neurons,
+        *map(_address, matrices),
+        QUANT_FORMATS[weights[0].format],
+        weights[0].group_size,
+        _address(mask),
+        _address(thresholds),
+        ACTIVATIONS[activation],
+        act_threshold,
+        _address(y),
+        _address(active),
     )
     if status != 0:
         raise ValueError(f"edge_emulate_sparse_ffn_q refused the arguments (d={d}, D={n_neurons})")
@@ -105,8 +131,16 @@ def matvec_q(x: np.ndarray, w: quant.QuantizedMatrix, bias: np.ndarray | None, t
     y = np.empty((tokens, n_out), np.float32)
     emulate = load().edge_emulate_matvec_q if transposed else load().edge_emulate_matvec_q_t
     status = emulate(
-        _address(x), tokens, n_in, n_out, _address(codes), _address(scales), QUANT_FORMATS[w.format], w.group_size,
-        _address(bias), _address(y),
+        _address(x),
+        tokens,
+        n_in,
+        n_out,
+        _address(codes),
+        _address(scales),
+        QUANT_FORMATS[w.format],
+        w.group_size,
+        _address(bias),
+        _address(y),
     )
     if status != 0:
         raise ValueError(f"the emulated launcher refused the arguments (in={n_in}, out={n_out})")

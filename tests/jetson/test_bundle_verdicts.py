@@ -712,9 +712,7 @@ def graph_cases() -> list[Case]:
     }
     made = [Case("graphs", name, "svd-fp16", mutate) for name, mutate in cases.items()]
     # prefill.onnx holds the int4 codes as INT4 (decode.onnx as the quantized ops' INT32 words)
-    made.append(
-        Case("graphs", "int4 codes read as UINT4", "svd-int4", edit_graph(int4_codes_unsigned, "prefill.onnx"))
-    )
+    made.append(Case("graphs", "int4 codes read as UINT4", "svd-int4", edit_graph(int4_codes_unsigned, "prefill.onnx")))
     # the quantized ops' INT32 words must cover exactly the codes' bytes, rows and width
     made.append(Case("graphs", "int8 code words one word short", "svd-int8", edit_graph(code_words_one_short)))
     made.append(Case("graphs", "int4 code words one word short", "svd-int4", edit_graph(code_words_one_short)))

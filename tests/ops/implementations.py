@@ -193,7 +193,7 @@ class OnnxRuntime:
 
 
 class CKernels:
-    """The native CPU kernels (plugins/kernels/cpu) through backends/cpu/kernels.py, one token per call.
+    """The native CPU kernels (kernels/cpu) through backends/cpu/kernels.py, one token per call.
 
     Quantized rows are dotted with x quantized to two int8 planes by default (integer dot products, the reference
     then runs on quantized_activations(x)), or with x in fp32 under EDGE_SDK_QUANT_ACTIVATIONS=fp32: one

@@ -81,7 +81,7 @@ def plugins_built_from_sources(headers_and_kernels, tmp_path_factory) -> Path:
         pytest.skip(f"no CUDA runtime library directory next to {cuda_include}")
     output = tmp_path_factory.mktemp("trt-plugins")
     includes = ["-isystem", str(trt_include), "-isystem", str(cuda_include)]
-    includes += [f"-I{ROOT / 'plugins' / 'kernels'}", f"-I{ROOT / 'plugins' / 'kernels' / 'cpu'}"]
+    includes += [f"-I{ROOT / 'plugins' / 'kernels'}", f"-I{ROOT / 'kernels' / 'cpu'}"]
     objects = []
     for source in sorted(PLUGIN_SOURCES.glob("*.cpp")):
         target = output / f"{source.stem}.o"

@@ -219,8 +219,10 @@ def _quantized_sparse_ffn_body() -> str:
     lines = FUNCTION_BODIES["SparseFFN"].strip().removeprefix("{").removesuffix("}").splitlines()
     casts = ("gate_w = Cast", "up_w = Cast", "down_w = Cast")
     kept = "\n".join(line for line in lines if not line.strip().startswith(casts))
-    dequantized = "".join(_dequantized(codes, matrix) for codes, matrix in (
-        ("w_gate", "gate_w"), ("w_up", "up_w"), ("w_down_t", "down_w")))
+    dequantized = "".join(
+        _dequantized(codes, matrix)
+        for codes, matrix in (("w_gate", "gate_w"), ("w_up", "up_w"), ("w_down_t", "down_w"))
+    )
     return "{" + _FORMAT_CONSTANTS + dequantized + kept + "\n}"
 
 

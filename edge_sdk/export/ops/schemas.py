@@ -11,7 +11,7 @@ from edge_sdk.model.activation import SUPPORTED_ACTIVATIONS
 ACTIVATIONS = SUPPORTED_ACTIVATIONS
 
 FLOAT_TYPES = ("float16", "bfloat16", "float32")
-# The quantized weight formats (edge_sdk/quant.py, plugins/kernels/cpu/QUANT.md) and their group sizes.
+# The quantized weight formats (edge_sdk/quant.py, kernels/cpu/QUANT.md) and their group sizes.
 WEIGHT_FORMATS = ("int8", "int4")
 GROUP_SIZES = (32, 64, 128)
 
@@ -118,7 +118,7 @@ _QUANT_ATTRIBUTES = (
     AttributeSpec(
         "weight_format",
         "string",
-        "How the codes are stored (plugins/kernels/cpu/QUANT.md): int8, one byte per value; int4, one signed "
+        "How the codes are stored (kernels/cpu/QUANT.md): int8, one byte per value; int4, one signed "
         "two's-complement nibble per value, byte k of each 32-value block holding value k (low nibble) and 16 + k "
         "(high nibble).",
         allowed=WEIGHT_FORMATS,
@@ -299,7 +299,7 @@ SCHEMAS: dict[str, OpSchema] = {
 # |score| <= bound * max |score|; SignBitPredictor none (exact). MatVec is no ONNX op: it is the CPU kernels' dense
 # projection y = W x (+ bias) (edge_cpu_matvec, edge_cpu_matvec_q), y_ref in float64 on the same (dequantized)
 # weights. For quantized weights x is the one the kernel computes with: quantized_activations(x) for the CPU kernels'
-# integer dot products (plugins/kernels/cpu/QUANT.md), x itself for the CUDA kernels, so the bound is fp32 summation
+# integer dot products (kernels/cpu/QUANT.md), x itself for the CUDA kernels, so the bound is fp32 summation
 # order only. The op tests (tests/ops) read their tolerances here and nowhere else.
 ERROR_BOUNDS: dict[str, dict[str, float]] = {
     "SvdPredictor": {"float32": 1e-5, "float16": 1e-5, "bfloat16": 1e-5},

@@ -32,7 +32,7 @@ enum edge_cpu_status {
 /* Storage type of weight matrices. Accumulation is always fp32. */
 enum edge_dtype { EDGE_F32 = 0, EDGE_F16 = 1 };
 
-/* Group-wise quantized weight rows (plugins/kernels/cpu/QUANT.md, edge_sdk/quant.py), numbered on from enum
+/* Group-wise quantized weight rows (kernels/cpu/QUANT.md, edge_sdk/quant.py), numbered on from enum
  * edge_dtype so that one number names any storage type. Each row of d values is cut into d / group_size groups
  * (group_size 32, 64 or 128) with one fp16 scale each: scales [rows, d / group_size], IEEE half bits.
  * EDGE_Q8: int8 codes [rows, d], value = code * scale. EDGE_Q4: [rows, d / 2] bytes; per block of 32 values,
