@@ -86,8 +86,9 @@ class PredictorKind:
     def fit(
         self, acts: LayerActivations, weights: LayerWeights, settings: CalibrationSettings, config: ModelConfig
     ) -> FittedLayer:
-        """The layer's predictor fitted on its calibration activations."""
-        raise NotImplementedError(f"predictor {self.name!r} is not calibrated")
+        """The layer's predictor fitted on its calibration activations. A kind that is not calibrated has nothing to
+        fit (validate_settings refuses it before any work starts; this is the same refusal for a direct call)."""
+        raise CalibrationError(f"predictor {self.name!r} is not calibrated: it has nothing to fit")
 
     # --- the torch reference (sparsity/sparse_model.py) -----------------------------------------------------------
 

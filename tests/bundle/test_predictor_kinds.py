@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from edge_sdk.errors import CalibrationError
 from edge_sdk.predictors import KINDS, PredictorKind, c_table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,3 +84,9 @@ def test_no_module_that_runs_a_predictor_names_a_kind():
         text = (REPO / module).read_text()
         named = [name for name in KINDS if f'"{name}"' in text or f"'{name}'" in text]
         assert not named, f"{module} names the predictor kinds {named}"
+
+
+@pytest.mark.parametrize("name", [name for name, kind in KINDS.items() if not kind.calibrated])
+def test_a_kind_without_calibration_refuses_to_fit(name):
+    with pytest.raises(CalibrationError, match=f"predictor '{name}' is not calibrated"):
+        KINDS[name].fit(None, None, None, None)
