@@ -2,13 +2,15 @@
  * call in one process: each round calls every library once, in turn, each call after the caches are flushed by
  * reading 256 MiB, so that load from other processes falls on all of them alike (alternating whole `edge-sdk bench
  * ffn` runs between builds left ratios that moved 3x between runs on the shared machine). LLaMA-2-7B FFN shape (d
- * 4096, D 11008), group size 32, random codes and fp16 scales, SiLU so that every neuron of the mask is active; the
- * mask has the given sparsity. Prints per library the median and minimum time and the rate at which it reads the
- * active rows' codes and scales (gate, up and down), and says when a library's output differs in any bit from the
- * first library's.
+ * 4096, D 11008) unless SHAPE=dxD gives another (576x1536: SmolLM2-135M's), group size 32, random codes and fp16
+ * scales, SiLU so that every neuron of the mask is active; the mask has the given sparsity. With MATVEC=1 each call
+ * is instead the dense matvec (edge_cpu_matvec_q) of the first matrix, D rows of d values, as a decode step's
+ * projections and LM head call it (SPARSITY must be 0). Prints per library the median and minimum time and the rate
+ * at which it reads the active rows' codes and scales (gate, up and down; the matrix's for MATVEC), and says when a
+ * library's output differs in any bit from the first library's.
  *
  *   gcc -O2 -fopenmp -o /tmp/ffn_kernel_ab benchmarks/ffn_kernel_ab.c -ldl
- *   [THREADS=2] /tmp/ffn_kernel_ab int4|int8 SPARSITY ROUNDS LIB.so [LIB.so ...]
+ *   [THREADS=2] [SHAPE=576x1536] [MATVEC=1] /tmp/ffn_kernel_ab int4|int8 SPARSITY ROUNDS LIB.so [LIB.so ...]
  *
  * Libraries of other commits: build them from `git archive COMMIT kernels/cpu` (`plugins/kernels/cpu` before the
  * folder moved) with the package's flags
@@ -24,8 +26,10 @@ typedef int (*sparse_ffn_q_fn)(const float *, int, int, const void *, const uint
                                const uint16_t *, const void *, const uint16_t *, int, int, const uint8_t *,
                                const float *, int, float, float *, void *, int, uint8_t *);
 typedef size_t (*workspace_size_fn)(int, int, int);
+typedef int (*matvec_q_fn)(const float *, int, int, const void *, const uint16_t *, int, int, const float *, float *,
+                           int);
 
-enum { D_MODEL = 4096, D_FFN = 11008, GROUP = 32, MAX_LIBRARIES = 8, Q8 = 2, Q4 = 3, ACT_SILU = 3 };
+enum { GROUP = 32, MAX_LIBRARIES = 8, Q8 = 2, Q4 = 3, ACT_SILU = 3 };
 #define FLUSH_BYTES ((size_t)256 << 20)
 
 static double seconds(void) {
@@ -48,11 +52,23 @@ int main(int argc, char **argv) {
   int n_libraries = argc - 4, format = strcmp(argv[1], "int4") == 0 ? Q4 : Q8, rounds = atoi(argv[3]);
   double sparsity = atof(argv[2]);
   int threads = getenv("THREADS") != NULL ? atoi(getenv("THREADS")) : 1;
+  int D_MODEL = 4096, D_FFN = 11008;
+  if (getenv("SHAPE") != NULL && (sscanf(getenv("SHAPE"), "%dx%d", &D_MODEL, &D_FFN) != 2 || D_MODEL <= 0 ||
+                                  D_MODEL % GROUP != 0 || D_FFN <= 0)) {
+    fprintf(stderr, "SHAPE: expected dxD (d a multiple of %d), found %s\n", GROUP, getenv("SHAPE"));
+    return 2;
+  }
   if (rounds < 1 || threads < 1 || !(sparsity >= 0.0 && sparsity < 1.0)) {
     fprintf(stderr, "expected ROUNDS >= 1, THREADS >= 1 and 0 <= SPARSITY < 1\n");
     return 2;
   }
+  int matvec = getenv("MATVEC") != NULL && strcmp(getenv("MATVEC"), "1") == 0;
+  if (matvec && sparsity != 0.0) {
+    fprintf(stderr, "MATVEC=1 times the dense matvec: SPARSITY must be 0\n");
+    return 2;
+  }
   sparse_ffn_q_fn ffn[MAX_LIBRARIES];
+  matvec_q_fn matvec_q[MAX_LIBRARIES];
   size_t workspace_bytes = 0;
   for (int l = 0; l < n_libraries; l++) {
     void *library = dlopen(argv[4 + l], RTLD_NOW | RTLD_LOCAL);
@@ -61,9 +77,11 @@ int main(int argc, char **argv) {
       return 1;
     }
     ffn[l] = (sparse_ffn_q_fn)dlsym(library, "edge_cpu_sparse_ffn_q");
+    matvec_q[l] = (matvec_q_fn)dlsym(library, "edge_cpu_matvec_q");
     workspace_size_fn size = (workspace_size_fn)dlsym(library, "edge_cpu_sparse_ffn_workspace_size");
-    if (ffn[l] == NULL || size == NULL) {
-      fprintf(stderr, "%s: no edge_cpu_sparse_ffn_q / edge_cpu_sparse_ffn_workspace_size\n", argv[4 + l]);
+    if (ffn[l] == NULL || size == NULL || matvec_q[l] == NULL) {
+      fprintf(stderr, "%s: no edge_cpu_sparse_ffn_q / edge_cpu_matvec_q / edge_cpu_sparse_ffn_workspace_size\n",
+              argv[4 + l]);
       return 1;
     }
     size_t bytes = size(D_MODEL, D_FFN, threads);
@@ -79,8 +97,9 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < row_bytes * D_FFN; i++) codes[m][i] = (char)rand();
     for (size_t i = 0; i < row_scales * D_FFN; i++) scales[m][i] = (uint16_t)(0x1c00 + (rand() & 0x3ff));
   }
-  float *x = malloc(D_MODEL * sizeof(float)), *y = malloc(D_MODEL * sizeof(float));
-  float *first_y = malloc(D_MODEL * sizeof(float));
+  int n_out = matvec ? D_FFN : D_MODEL;
+  float *x = malloc(D_MODEL * sizeof(float)), *y = malloc((size_t)n_out * sizeof(float));
+  float *first_y = malloc((size_t)n_out * sizeof(float));
   for (int i = 0; i < D_MODEL; i++) x[i] = (float)rand() / (float)RAND_MAX - 0.5f;
   uint8_t *mask = malloc(D_FFN);
   int n_active = 0;
@@ -96,18 +115,22 @@ int main(int argc, char **argv) {
       for (size_t i = 0; i < FLUSH_BYTES / sizeof(float); i += 16) sum += flush[i]; /* a line at a time */
       sink += sum;
       double start = seconds();
-      ffn[l](x, D_MODEL, D_FFN, codes[0], scales[0], codes[1], scales[1], codes[2], scales[2], format, GROUP, mask,
-             NULL, ACT_SILU, 0.0f, y, workspace, threads, NULL);
+      if (matvec) {
+        matvec_q[l](x, D_MODEL, D_FFN, codes[0], scales[0], format, GROUP, NULL, y, threads);
+      } else {
+        ffn[l](x, D_MODEL, D_FFN, codes[0], scales[0], codes[1], scales[1], codes[2], scales[2], format, GROUP, mask,
+               NULL, ACT_SILU, 0.0f, y, workspace, threads, NULL);
+      }
       times[(size_t)l * rounds + r] = seconds() - start;
-      if (r == 0 && l == 0) memcpy(first_y, y, D_MODEL * sizeof(float));
-      if (r == 0 && l > 0 && memcmp(first_y, y, D_MODEL * sizeof(float)) != 0) {
+      if (r == 0 && l == 0) memcpy(first_y, y, (size_t)n_out * sizeof(float));
+      if (r == 0 && l > 0 && memcmp(first_y, y, (size_t)n_out * sizeof(float)) != 0) {
         printf("%s: output differs from %s's\n", argv[4 + l], argv[4]);
       }
     }
   }
-  double read_bytes = 3.0 * n_active * (double)(row_bytes + row_scales * sizeof(uint16_t));
-  printf("%s, sparsity %.2f (%d active rows, %.1f MB), %d thread(s), %d rounds\n", argv[1], sparsity, n_active,
-         read_bytes / 1e6, threads, rounds);
+  double read_bytes = (matvec ? 1.0 : 3.0) * n_active * (double)(row_bytes + row_scales * sizeof(uint16_t));
+  printf("%s %s %dx%d, sparsity %.2f (%d active rows, %.1f MB), %d thread(s), %d rounds\n", argv[1],
+         matvec ? "matvec" : "FFN", D_MODEL, D_FFN, sparsity, n_active, read_bytes / 1e6, threads, rounds);
   for (int l = 0; l < n_libraries; l++) {
     double *t = times + (size_t)l * rounds;
     qsort(t, (size_t)rounds, sizeof(double), by_value);

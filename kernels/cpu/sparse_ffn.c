@@ -434,12 +434,16 @@ EDGE_ALWAYS_INLINE void load_codes(const char *row, int dtype, int block, vec16 
 
 /* The 16 lanes added pairwise (l + 8, l + 4, l + 2, l + 1): a fixed order on every target. */
 static inline float sum_lanes(const vec16 *v) {
-  float lanes[16];
-  memcpy(lanes, v, sizeof lanes);
-  for (int half = 8; half > 0; half /= 2) {
-    for (int l = 0; l < half; l++) lanes[l] += lanes[l + half];
-  }
-  return lanes[0];
+  union {
+    vec16 all;
+    vec8 half[2];
+  } sixteen = {*v};
+  union {
+    vec8 all;
+    vec4 half[2];
+  } eight = {sixteen.half[0] + sixteen.half[1]};
+  vec4 four = eight.half[0] + eight.half[1];
+  return (four[0] + four[2]) + (four[1] + four[3]);
 }
 
 /* The codes times x over one group, summed in two lane vectors (the low and high halves of its blocks), while
@@ -1043,22 +1047,6 @@ static inline __m512i lane_blocks(int dtype) {
                           : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
 }
 
-/* The factors of unit `unit`'s 16 lanes: x's block scale times the row's group scale of the lane's block (0 in the
- * lanes of missing blocks). The unit's group scales (at most 4) are converted together and spread over the lanes
- * by one permutation: assembling the vector from pieces went through memory (a failed store forwarding per unit,
- * the unit's cost several times over). group_log: log2 of blocks per group. */
-EDGE_ALWAYS_INLINE void unit_factors(const struct quantized_activations *xa, const uint16_t *scales, int dtype,
-                                     int group_log, int unit, int n_blocks, vec16 *out) {
-  int first_block = unit * unit_blocks(dtype), first_group = first_block >> group_log;
-  int groups = ((first_block + n_blocks - 1) >> group_log) - first_group + 1;
-  __mmask16 lanes = (__mmask16)((1u << (n_blocks * block_lanes(dtype))) - 1u);
-  __m512 x_scales = _mm512_maskz_loadu_ps(lanes, xa->lane_scales + (size_t)unit * EDGE_UNIT_LANES);
-  __m128 group_scales = _mm_cvtph_ps(_mm_maskz_loadu_epi16((__mmask8)((1u << groups) - 1u), scales + first_group));
-  __m512i within = _mm512_add_epi32(lane_blocks(dtype), _mm512_set1_epi32(first_block & ((1 << group_log) - 1)));
-  __m512 row_scales = _mm512_permutexvar_ps(_mm512_srlv_epi32(within, _mm512_set1_epi32(group_log)),
-                                            _mm512_castps128_ps512(group_scales));
-  *out = (vec16)_mm512_mul_ps(x_scales, row_scales);
-}
 #else
 EDGE_ALWAYS_INLINE void unit_factors(const struct quantized_activations *xa, const uint16_t *scales, int dtype,
                                      int group_log, int unit, int n_blocks, vec16 *out) {
@@ -1080,7 +1068,6 @@ EDGE_ALWAYS_INLINE void unit_factors(const struct quantized_activations *xa, con
   }
   *out = f.all;
 }
-#endif
 
 EDGE_ALWAYS_INLINE void int_dot_unit(const char *row, const uint16_t *scales, int dtype, int group_log,
                                      const struct quantized_activations *xa, int unit, int n_blocks, vec16 *acc) {
@@ -1090,6 +1077,7 @@ EDGE_ALWAYS_INLINE void int_dot_unit(const char *row, const uint16_t *scales, in
   unit_factors(xa, scales, dtype, group_log, unit, n_blocks, &factors);
   fused_multiply_add16(acc, &products, &factors);
 }
+#endif
 
 /* Rows at most dotted at once by int_dot_rows: with AVX-512, 4, each with its own accumulators in registers (8 of the
  * 32); the core then has the cache lines of four rows in flight instead of one row's, which is what bounds a cold
@@ -1101,6 +1089,60 @@ EDGE_ALWAYS_INLINE void int_dot_unit(const char *row, const uint16_t *scales, in
 #define EDGE_ROWS_AT_ONCE 1
 #endif
 
+#if EDGE_ROWS_AVX512
+/* Blocks [first_block, first_block + step_blocks) of rows row[t < n] into their even and odd units' accumulators,
+ * step_blocks at most 16 and first_block a multiple of 16 (so the step starts at an even unit), prefetching the rows
+ * next[t] at the same offsets. The step's factors are one vector product, spread over each unit's lanes by one
+ * permutation, where converting and multiplying the scales unit by unit took a third of a unit's instructions; they
+ * are the same products, so the results are the same bits. The rows' last step (fewer than 16 blocks left, its last
+ * unit possibly partial) loads under masks, the missing blocks' factors 0: taken unit by unit through memory, it
+ * took half the time of a 576-value row (SmolLM2's), where every row ends in such a step. */
+EDGE_ALWAYS_INLINE void int_dot_step(int n, const char *const *row, const uint16_t *const *scales, int dtype,
+                                     int group_log, const struct quantized_activations *xa, int first_block,
+                                     int step_blocks, const char *const *next, const uint16_t *const *next_scales,
+                                     vec16 *even, vec16 *odd) {
+  const __m512i group_of_block =
+      _mm512_srlv_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                        _mm512_set1_epi32(group_log));
+  const __m512i first_lanes = lane_blocks(dtype);
+  int per_unit = unit_blocks(dtype), first_unit = first_block / per_unit;
+  int step_units = (step_blocks + per_unit - 1) / per_unit;
+  size_t first_group = (size_t)first_block >> group_log;
+  __mmask16 block_mask = tail_mask(step_blocks), group_mask = tail_mask(step_blocks >> group_log);
+  __m512 x_scales = _mm512_maskz_loadu_ps(block_mask, xa->block_scales + first_block);
+  __m512 block_factors[EDGE_ROWS_AT_ONCE];
+  for (int t = 0; t < n; t++) {
+    EDGE_PREFETCH(next_scales[t], first_group * sizeof(uint16_t));
+    __m512 row_scales = _mm512_permutexvar_ps(
+        group_of_block, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(group_mask, scales[t] + first_group)));
+    block_factors[t] = _mm512_mul_ps(row_scales, x_scales);
+  }
+  for (int k = 0; k < step_units; k += 2) {
+    int even_blocks = step_blocks - k * per_unit < per_unit ? step_blocks - k * per_unit : per_unit;
+    int odd_blocks = step_blocks - (k + 1) * per_unit < per_unit ? step_blocks - (k + 1) * per_unit : per_unit;
+    __m512i even_lanes = _mm512_add_epi32(first_lanes, _mm512_set1_epi32(k * per_unit));
+    __m512i odd_lanes = _mm512_add_epi32(first_lanes, _mm512_set1_epi32((k + 1) * per_unit));
+    for (int t = 0; t < n; t++) {
+      EDGE_PREFETCH(next[t], (size_t)(first_unit + k) * 64);
+      EDGE_PREFETCH(next[t], (size_t)(first_unit + k + 1) * 64);
+    }
+    for (int t = 0; t < n; t++) {
+      ivec16 products;
+      unit_lanes(row[t], dtype, first_unit + k, xa, even_blocks, &products);
+      vec16 factors = (vec16)_mm512_permutexvar_ps(even_lanes, block_factors[t]);
+      fused_multiply_add16(&even[t], &products, &factors);
+    }
+    if (odd_blocks <= 0) break;
+    for (int t = 0; t < n; t++) {
+      ivec16 products;
+      unit_lanes(row[t], dtype, first_unit + k + 1, xa, odd_blocks, &products);
+      vec16 factors = (vec16)_mm512_permutexvar_ps(odd_lanes, block_factors[t]);
+      fused_multiply_add16(&odd[t], &products, &factors);
+    }
+  }
+}
+#endif
+
 /* out[t] = row[t] . x through x's quantized planes for t < n (1 or EDGE_ROWS_AT_ONCE, a constant once inlined),
  * prefetching the rows next[t] and their scales. Each row has its own accumulators for even and odd units (two FMA
  * chains in flight); their sum's 16 lanes are added pairwise, as quant_dot_row does. A row's operations and their
@@ -1110,51 +1152,18 @@ EDGE_ALWAYS_INLINE void int_dot_rows(int n, const char *const *row, const uint16
                                      const char *const *next, const uint16_t *const *next_scales, float *out) {
   vec16 even[EDGE_ROWS_AT_ONCE], odd[EDGE_ROWS_AT_ONCE];
   for (int t = 0; t < n; t++) even[t] = odd[t] = (vec16){0};
-  int per_unit = unit_blocks(dtype), blocks = d / EDGE_QUANT_BLOCK;
-  int full_units = blocks / per_unit, partial_blocks = blocks % per_unit;
+  int blocks = d / EDGE_QUANT_BLOCK;
   int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2; /* log2 of blocks per group */
-  int unit = 0;
 #if EDGE_ROWS_AVX512
-  /* 16 blocks at a time: their factors are one vector product, spread over each unit's lanes by one permutation,
-   * where converting and multiplying the scales unit by unit took a third of a unit's instructions. The factors
-   * are the same products, so the results are the same bits. */
-  const __m512i block_index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i group_of_block = _mm512_srlv_epi32(block_index, _mm512_set1_epi32(group_log));
-  const __m512i first_lanes = lane_blocks(dtype);
-  __mmask16 group_lanes = (__mmask16)((1u << (16 >> group_log)) - 1u);
-  int step_units = 16 / per_unit;
-  for (; unit + step_units <= full_units; unit += step_units) {
-    size_t first_block = (size_t)unit * per_unit, first_group = first_block >> group_log;
-    __m512 x_scales = _mm512_loadu_ps(xa->block_scales + first_block);
-    __m512 block_factors[EDGE_ROWS_AT_ONCE];
-    for (int t = 0; t < n; t++) {
-      EDGE_PREFETCH(next_scales[t], first_group * sizeof(uint16_t));
-      __m512 row_scales = _mm512_permutexvar_ps(
-          group_of_block, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(group_lanes, scales[t] + first_group)));
-      block_factors[t] = _mm512_mul_ps(row_scales, x_scales);
-    }
-    for (int k = 0; k < step_units; k += 2) {
-      __m512i even_lanes = _mm512_add_epi32(first_lanes, _mm512_set1_epi32(k * per_unit));
-      __m512i odd_lanes = _mm512_add_epi32(first_lanes, _mm512_set1_epi32((k + 1) * per_unit));
-      for (int t = 0; t < n; t++) {
-        EDGE_PREFETCH(next[t], (size_t)(unit + k) * 64);
-        EDGE_PREFETCH(next[t], (size_t)(unit + k + 1) * 64);
-      }
-      for (int t = 0; t < n; t++) {
-        ivec16 products;
-        unit_lanes(row[t], dtype, unit + k, xa, per_unit, &products);
-        vec16 factors = (vec16)_mm512_permutexvar_ps(even_lanes, block_factors[t]);
-        fused_multiply_add16(&even[t], &products, &factors);
-      }
-      for (int t = 0; t < n; t++) {
-        ivec16 products;
-        unit_lanes(row[t], dtype, unit + k + 1, xa, per_unit, &products);
-        vec16 factors = (vec16)_mm512_permutexvar_ps(odd_lanes, block_factors[t]);
-        fused_multiply_add16(&odd[t], &products, &factors);
-      }
-    }
+  int first_block = 0;
+  for (; first_block + 16 <= blocks; first_block += 16) {
+    int_dot_step(n, row, scales, dtype, group_log, xa, first_block, 16, next, next_scales, even, odd);
   }
-#endif
+  if (first_block < blocks) {
+    int_dot_step(n, row, scales, dtype, group_log, xa, first_block, blocks - first_block, next, next_scales, even, odd);
+  }
+#else
+  int per_unit = unit_blocks(dtype), unit = 0, full_units = blocks / per_unit, partial_blocks = blocks % per_unit;
   for (; unit + 2 <= full_units; unit += 2) {
     for (int t = 0; t < n; t++) {
       EDGE_PREFETCH(next[t], (size_t)unit * 64);
@@ -1186,6 +1195,7 @@ EDGE_ALWAYS_INLINE void int_dot_rows(int n, const char *const *row, const uint16
       int_dot_unit(row[t], scales[t], dtype, group_log, xa, unit, partial_blocks, &odd[t]);
     }
   }
+#endif
   for (int t = 0; t < n; t++) {
     vec16 acc = even[t] + odd[t];
     out[t] = sum_lanes(&acc);

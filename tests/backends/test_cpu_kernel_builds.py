@@ -104,13 +104,16 @@ def harness_case(path: Path, d: int, n_neurons: int, format: str, group_size: in
 
 # The harness's cases: the integer path's rows end in a partial unit (INT8 units are 2 blocks of 32 values, INT4
 # units 4): d = 416 in half an INT8 unit and 1 block of an INT4 one, 448 in 2 blocks (at group size 64, a group of its
-# own), 480 in 3.
+# own), 480 in 3. Past 16 blocks (AVX-512 takes 16 at a time, then the rest under masks): d = 576 (SmolLM2's) ends in
+# 2 blocks of an INT4 unit, 608 in one and a half INT8 units.
 HARNESS_CASES = [
     (416, "int8", 32, Activation("relu")),
     (448, "int4", 64, Activation("fatrelu", 0.05)),
     (384, "int4", 128, Activation("silu")),
     (416, "int4", 32, Activation("relu")),
     (480, "int4", 32, Activation("drelu")),
+    (576, "int4", 64, Activation("silu")),
+    (608, "int8", 32, Activation("relu")),
 ]
 HARNESS_NEURONS = 301
 AARCH64_TOOLS = pytest.mark.skipif(
