@@ -34,6 +34,20 @@ _ptr = ctypes.c_void_p
 _int = ctypes.c_int
 
 
+class _Matrix(ctypes.Structure):
+    """edge_cpu_kernels.h's struct edge_cpu_matrix."""
+
+    _fields_ = [
+        ("w", _ptr),
+        ("scales", _ptr),
+        ("dtype", _int),
+        ("group_size", _int),
+        ("rows", _int),
+        ("bias", _ptr),
+        ("y", _ptr),
+    ]
+
+
 @functools.cache
 def _library() -> ctypes.CDLL:
     """The kernel library with every kernel's signature declared once."""
@@ -66,6 +80,8 @@ def _library() -> ctypes.CDLL:
         "edge_cpu_dense_ffn": [_ptr, _int, _int, _ptr, _ptr, _ptr, _int, _int, ctypes.c_float, _ptr, _ptr, _int],
         # x, in, out, w, scales, quant_format, group_size, bias, y, threads
         "edge_cpu_matvec_q": [_ptr, _int, _int, _ptr, _ptr, _int, _int, _ptr, _ptr, _int],
+        # x, in, matrices, n, threads
+        "edge_cpu_matvecs": [_ptr, _int, ctypes.POINTER(_Matrix), _int, _int],
         "edge_cpu_sparse_ffn_q": [
             _ptr,  # x
             _int,  # d
@@ -310,6 +326,56 @@ def matvec_quantized(
     )
     _check_status("edge_cpu_matvec_q", status)
     return out
+
+
+def matvecs(
+    x: torch.Tensor,  # [in] float32
+    weights: list[torch.Tensor | QuantizedWeight],  # each [rows_i, in]: one storage type (and group size) for all
+    biases: list[torch.Tensor | None] | None = None,  # each [rows_i] float32 or None
+    threads: int = 0,
+) -> list[torch.Tensor]:
+    """[weights[i] @ x (+ biases[i])] in one kernel call (edge_cpu_matvecs: x quantized once, one parallel region):
+    bit for bit what matvec / matvec_quantized give for each matrix alone."""
+    n_in = _vector_size("x", x)
+    _check_tensor("x", x, (torch.float32,), [n_in])
+    if not weights:
+        raise ValueError("weights: expected at least one matrix, found none")
+    biases = [None] * len(weights) if biases is None else biases
+    if len(biases) != len(weights):
+        raise ValueError(f"biases: expected {len(weights)} (one per weight), found {len(biases)}")
+    storage = {_storage(weight) for weight in weights}
+    if len(storage) != 1:
+        raise ValueError(f"weights: expected one storage type and group size, found {sorted(storage)}")
+    matrices, outputs = (_Matrix * len(weights))(), []
+    for i, (weight, bias) in enumerate(zip(weights, biases, strict=True)):
+        if isinstance(weight, QuantizedWeight):
+            n_out = weight.data.shape[0] if weight.data.dim() == 2 else 0
+            _check_quantized(f"weights[{i}]", weight, n_out, n_in)
+            data, scales = weight.data, weight.scales
+        else:
+            if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+                found = getattr(weight, "shape", type(weight).__name__)
+                raise ValueError(f"weights[{i}]: expected a 2-D tensor or a QuantizedWeight, found {found}")
+            n_out = weight.shape[0]
+            data, scales = _check_tensor(f"weights[{i}]", weight, tuple(WEIGHT_DTYPES), [n_out, n_in]), None
+        if bias is not None:
+            _check_tensor(f"biases[{i}]", bias, (torch.float32,), [n_out])
+        out = torch.empty(n_out, dtype=torch.float32)
+        dtype, group_size = _storage(weight)
+        matrices[i] = _Matrix(
+            data.data_ptr(), _optional_ptr(scales), dtype, group_size, n_out, _optional_ptr(bias), out.data_ptr()
+        )
+        outputs.append(out)
+    status = _library().edge_cpu_matvecs(x.data_ptr(), n_in, matrices, len(weights), threads)
+    _check_status("edge_cpu_matvecs", status)
+    return outputs
+
+
+def _storage(weight: object) -> tuple[int, int]:
+    """(the kernels' dtype code, group size) of a weight matrix: fp rows have group size 0."""
+    if isinstance(weight, QuantizedWeight):
+        return QUANT_FORMATS.get(weight.format, -1), weight.group_size
+    return WEIGHT_DTYPES.get(getattr(weight, "dtype", None), -1), 0
 
 
 class SparseFFNKernel:

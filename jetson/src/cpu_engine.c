@@ -467,6 +467,28 @@ static void matvec(const struct matrix *m, const float *x, const float *bias, fl
   edge_cpu_matvec(x, m->cols, m->rows, m->data, m->dtype, bias, y, parallel ? threads : 1);
 }
 
+/* q, k and v of one token from the same x: one kernel call (x quantized once, one parallel region) where the three
+ * matrices share their storage, as in every bundle the exporter writes; three calls otherwise. */
+static void project_qkv(const struct layer_weights *w, const float *x, float *q, float *k, float *v, int threads) {
+  const struct matrix *m[3] = {&w->wq, &w->wk, &w->wv};
+  const float *bias[3] = {w->bq, w->bk, w->bv};
+  float *y[3] = {q, k, v};
+  struct edge_cpu_matrix matrices[3];
+  int64_t work = 0;
+  int shared_storage = 1;
+  for (int i = 0; i < 3; i++) {
+    matrices[i] = (struct edge_cpu_matrix){m[i]->data, m[i]->scales, m[i]->dtype, m[i]->group_size, m[i]->rows,
+                                           bias[i], y[i]};
+    work += (int64_t)m[i]->rows * m[i]->cols;
+    shared_storage &= m[i]->dtype == m[0]->dtype && m[i]->group_size == m[0]->group_size;
+  }
+  if (!shared_storage) {
+    for (int i = 0; i < 3; i++) matvec(m[i], x, bias[i], y[i], threads);
+    return;
+  }
+  edge_cpu_matvecs(x, m[0]->cols, matrices, 3, work >= PARALLEL_MIN_WORK && threads > 1 ? threads : 1);
+}
+
 /* x = one row of a quantized [rows, cols] matrix: code * scale, exact in fp32 (edge_sdk.quant.dequantize). Int4
  * value 32 b + k (k < 16) is the low nibble of byte 16 b + k of the row, value 32 b + 16 + k its high nibble, each a
  * 4-bit two's complement code (QUANT.md). */
@@ -895,9 +917,7 @@ static edge_status forward(struct run_state *s, int32_t token, int pos, int pref
     const struct layer_weights *w = &weights->layers[layer];
     float *value = s->value_cache + ((size_t)layer * seq + (size_t)pos) * kv_dim;
     rmsnorm(s->xb, s->x, w->input_norm, d, c->rms_norm_eps);
-    matvec(&w->wq, s->xb, w->bq, s->q, e->threads);
-    matvec(&w->wk, s->xb, w->bk, s->key, e->threads);
-    matvec(&w->wv, s->xb, w->bv, value, e->threads);
+    project_qkv(w, s->xb, s->q, s->key, value, e->threads);
     rope(s->q, c->num_heads, hd, cos_row, sin_row);
     rope(s->key, c->num_kv_heads, hd, cos_row, sin_row);
     store_key(s, layer, pos);

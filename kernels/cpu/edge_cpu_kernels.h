@@ -127,6 +127,25 @@ int edge_cpu_sparse_ffn_q(const float *x, int d, int D, const void *w_gate, cons
 int edge_cpu_matvec_q(const float *x, int in, int out, const void *w, const uint16_t *scales, int quant_format,
                       int group_size, const float *bias, float *y, int threads);
 
+/* One matrix of edge_cpu_matvecs: y [rows] = w x (+ bias). w [rows, in] row-major of dtype (enum edge_dtype, or
+ * enum edge_quant_format with scales [rows, in / group_size] fp16; scales NULL and group_size 0 for fp rows); bias
+ * [rows] fp32 or NULL. */
+struct edge_cpu_matrix {
+  const void *w;
+  const uint16_t *scales;
+  int dtype;
+  int group_size;
+  int rows;
+  const float *bias;
+  float *y;
+};
+
+/* y_i = W_i x (+ bias_i) for n matrices of one storage type and group size over the same x [in] (a token's q, k and
+ * v projections): the results of n edge_cpu_matvec / edge_cpu_matvec_q calls, bit for bit, in one call. x is
+ * quantized once, and the rows of all n matrices are split over the threads as one list (one parallel region where
+ * n calls took n), each thread prefetching across a matrix's end into the next matrix's rows. */
+int edge_cpu_matvecs(const float *x, int in, const struct edge_cpu_matrix *matrices, int n, int threads);
+
 #ifdef __cplusplus
 }
 #endif

@@ -26,6 +26,7 @@
  * The row primitives below (dot products and row accumulation, fp32 and fp16 storage, fp32 arithmetic)
  * have three builds: AVX-512 and AVX2 intrinsics on x86-64, because GCC does not vectorise the fp16 -> fp32
  * conversion on its own, and a portable C path that GCC vectorises for any target. */
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -1686,14 +1687,27 @@ int edge_cpu_dense_ffn(const float *x, int d, int D, const void *w_gate, const v
   return run_ffn(x, d, D, gate, up, down, NULL, NULL, activation, act_threshold, y, workspace, threads, NULL, 0);
 }
 
-/* Part `part` of `parts` contiguous runs of y = W x (+ bias). */
-static void matvec_rows(const float *x, const struct quantized_activations *xa, int in, const struct weight_rows *w,
-                        const float *bias, float *y, int out, int parts, int part) {
-  int r0 = split_point(out, parts, part), r1 = split_point(out, parts, part + 1);
-  struct row_list rows = {w, NULL, r0, r1 - r0}, nothing_after = {w, NULL, r1, 0};
-  rows_dot(&rows, &nothing_after, x, xa, in, 1, y + r0);
-  if (bias != NULL) {
-    for (int r = r0; r < r1; r++) y[r] += bias[r];
+/* Part `part` of `parts` contiguous runs of the rows of all n matrices, taken as one list in order: each matrix's
+ * piece of the run is dotted with x into its y (+ bias), and the run's next piece, the next matrix's first rows, is
+ * what the end of a piece prefetches. */
+static void matvecs_rows(const float *x, const struct quantized_activations *xa, int in,
+                         const struct edge_cpu_matrix *m, int n, int total, int parts, int part) {
+  int r0 = split_point(total, parts, part), r1 = split_point(total, parts, part + 1);
+  int cold = 1;
+  for (int i = 0, first = 0; i < n && first < r1; first += m[i].rows, i++) {
+    int a = r0 > first ? r0 - first : 0, b = r1 - first < m[i].rows ? r1 - first : m[i].rows;
+    if (a >= b) continue;
+    int last = i + 1 == n, after = r1 - (first + m[i].rows);
+    const struct edge_cpu_matrix *next = last ? m + i : m + i + 1;
+    struct weight_rows w = {m[i].w, m[i].scales, m[i].dtype, m[i].group_size};
+    struct weight_rows next_w = {next->w, next->scales, next->dtype, next->group_size};
+    int next_rows = last || after <= 0 ? 0 : after < m[i + 1].rows ? after : m[i + 1].rows;
+    struct row_list rows = {&w, NULL, a, b - a}, then = {&next_w, NULL, 0, next_rows};
+    rows_dot(&rows, &then, x, xa, in, cold, m[i].y + a);
+    if (m[i].bias != NULL) {
+      for (int r = a; r < b; r++) m[i].y[r] += m[i].bias[r];
+    }
+    cold = 0;
   }
 }
 
@@ -1701,32 +1715,41 @@ static void matvec_rows(const float *x, const struct quantized_activations *xa, 
  * the frame is reserved for fp rows too), on the heap beyond. */
 #define EDGE_MATVEC_STACK_VALUES 4096
 
-static int run_matvec(const float *x, int in, int out, struct weight_rows w, const float *bias, float *y,
-                      int threads) {
-  if (x == NULL || y == NULL || out <= 0 || !valid_weights(&w, in)) return EDGE_CPU_INVALID_ARGUMENT;
+int edge_cpu_matvecs(const float *x, int in, const struct edge_cpu_matrix *matrices, int n, int threads) {
+  if (x == NULL || matrices == NULL || n <= 0) return EDGE_CPU_INVALID_ARGUMENT;
+  int total = 0;
+  for (int i = 0; i < n; i++) {
+    const struct edge_cpu_matrix *m = matrices + i;
+    struct weight_rows w = {m->w, m->scales, m->dtype, m->group_size};
+    int same_storage = m->dtype == matrices[0].dtype && m->group_size == matrices[0].group_size;
+    if (m->y == NULL || m->rows <= 0 || m->rows > INT_MAX - total || !same_storage || !valid_weights(&w, in)) {
+      return EDGE_CPU_INVALID_ARGUMENT;
+    }
+    total += m->rows;
+  }
   if (threads <= 0) threads = edge_cpu_max_threads();
   unsigned char stack_buffer[5 * EDGE_MATVEC_STACK_VALUES + EDGE_CACHE_LINE];
   void *heap_buffer = NULL;
   struct quantized_activations activations;
   const struct quantized_activations *xa = NULL;
-  if (integer_dot_products(w.dtype)) {
+  if (integer_dot_products(matrices[0].dtype)) {
     if (in > EDGE_MATVEC_STACK_VALUES && (heap_buffer = malloc(activation_bytes(in))) == NULL) {
       return EDGE_CPU_OUT_OF_MEMORY;
     }
-    activations = quantize_activations(x, in, w.dtype, heap_buffer != NULL ? heap_buffer : stack_buffer);
+    activations = quantize_activations(x, in, matrices[0].dtype, heap_buffer != NULL ? heap_buffer : stack_buffer);
     xa = &activations;
   }
-  int parts = threads < out ? threads : out;
+  int parts = threads < total ? threads : total;
   /* one contiguous run of rows per thread, so each streams its rows with the next group prefetched */
 #ifdef _OPENMP
   if (parts > 1) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int part = 0; part < parts; part++) matvec_rows(x, xa, in, &w, bias, y, out, parts, part);
+    for (int part = 0; part < parts; part++) matvecs_rows(x, xa, in, matrices, n, total, parts, part);
     free(heap_buffer);
     return EDGE_CPU_OK;
   }
 #endif
-  matvec_rows(x, xa, in, &w, bias, y, out, 1, 0); /* without OpenMP's per-call cost, as run_ffn */
+  matvecs_rows(x, xa, in, matrices, n, total, 1, 0); /* without OpenMP's per-call cost, as run_ffn */
   free(heap_buffer);
   return EDGE_CPU_OK;
 }
@@ -1734,13 +1757,13 @@ static int run_matvec(const float *x, int in, int out, struct weight_rows w, con
 int edge_cpu_matvec(const float *x, int in, int out, const void *w, int weight_dtype, const float *bias, float *y,
                     int threads) {
   if (weight_dtype != EDGE_F32 && weight_dtype != EDGE_F16) return EDGE_CPU_INVALID_ARGUMENT;
-  struct weight_rows rows = {w, NULL, weight_dtype, 0};
-  return run_matvec(x, in, out, rows, bias, y, threads);
+  struct edge_cpu_matrix matrix = {w, NULL, weight_dtype, 0, out, bias, y};
+  return edge_cpu_matvecs(x, in, &matrix, 1, threads);
 }
 
 int edge_cpu_matvec_q(const float *x, int in, int out, const void *w, const uint16_t *scales, int quant_format,
                       int group_size, const float *bias, float *y, int threads) {
   if (!is_quantized(quant_format)) return EDGE_CPU_INVALID_ARGUMENT;
-  struct weight_rows rows = {w, scales, quant_format, group_size};
-  return run_matvec(x, in, out, rows, bias, y, threads);
+  struct edge_cpu_matrix matrix = {w, scales, quant_format, group_size, out, bias, y};
+  return edge_cpu_matvecs(x, in, &matrix, 1, threads);
 }

@@ -206,6 +206,55 @@ def test_matvec_is_bit_identical_across_threads_and_rows(format, kernel_x):
         assert torch.equal(kernels.matvec_quantized(x, alone), runs[0][row : row + 1])
 
 
+@pytest.mark.parametrize("storage", ["int8", "int4", "fp16", "fp32"])
+def test_matvecs_equal_each_matvec_alone_for_any_split(storage, kernel_x):
+    """A token's q, k and v in one call (edge_cpu_matvecs): each output is, bit for bit, the matvec of its matrix
+    alone, whichever thread's run of rows crosses a matrix's end (37, 5 and 19 rows over 1 to 4 threads), with a
+    bias on some matrices."""
+    d, row_counts = 576, (37, 5, 19)
+    x = torch.from_numpy(random_weights(d, seed=21))
+    matrices = [random_weights((rows, d), seed=22 + i, scale=d**-0.5) for i, rows in enumerate(row_counts)]
+    biases = [
+        torch.from_numpy(random_weights(rows, seed=30 + i)) if i != 1 else None for i, rows in enumerate(row_counts)
+    ]
+    if storage in FORMATS:
+        weights = [QuantizedWeight.from_matrix(quant.quantize(m, storage, 64)) for m in matrices]
+        expected = [kernels.matvec_quantized(x, w, b) for w, b in zip(weights, biases, strict=True)]
+    else:
+        dtype = torch.float16 if storage == "fp16" else torch.float32
+        weights = [torch.from_numpy(m).to(dtype) for m in matrices]
+        expected = [kernels.matvec(x, w, b) for w, b in zip(weights, biases, strict=True)]
+    assert expected[0].abs().max() > 0.1  # real dot products, not zeros
+    for threads in (1, 2, 3, 4):
+        found = kernels.matvecs(x, weights, biases, threads=threads)
+        assert [f.shape for f in found] == [e.shape for e in expected]
+        assert all(torch.equal(f, e) for f, e in zip(found, expected, strict=True)), f"threads={threads}"
+
+
+def test_matvecs_refuse_matrices_of_different_storage():
+    """One call takes one storage type and group size: the binding says so, and the C kernel returns
+    EDGE_CPU_INVALID_ARGUMENT without writing any output."""
+    x = torch.from_numpy(random_weights(64, seed=40))
+    weights = [
+        QuantizedWeight.from_matrix(quant.quantize(random_weights((4, 64), seed=41), "int8", g)) for g in (32, 64)
+    ]
+    with pytest.raises(ValueError, match="one storage type and group size"):
+        kernels.matvecs(x, weights)
+    with pytest.raises(ValueError, match="one storage type and group size"):
+        kernels.matvecs(x, [weights[0], torch.zeros(4, 64)])
+    outputs = [torch.full((4,), 7.0), torch.full((4,), 7.0)]
+    matrices = (kernels._Matrix * 2)(
+        *[
+            kernels._Matrix(w.data.data_ptr(), w.scales.data_ptr(), 2, w.group_size, 4, None, y.data_ptr())
+            for w, y in zip(weights, outputs, strict=True)
+        ]
+    )
+    assert kernels._library().edge_cpu_matvecs(x.data_ptr(), 64, matrices, 2, 1) == 1
+    assert all(torch.equal(y, torch.full((4,), 7.0)) for y in outputs)
+    assert kernels._library().edge_cpu_matvecs(x.data_ptr(), 64, matrices, 1, 1) == 0  # the first alone is valid
+    assert torch.equal(outputs[0], kernels.matvec_quantized(x, weights[0]))
+
+
 def test_kernels_read_int4_bytes_as_signed_nibbles(kernel_x):
     """Rows of every byte value, built here from the format's definition rather than by quant.pack_int4: the matvec
     and the sparse FFN (gate, up and down rows) compute with code = the nibble's two's complement."""
