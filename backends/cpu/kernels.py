@@ -55,6 +55,7 @@ def _library() -> ctypes.CDLL:
     signatures = {
         # x, d, D, rank, a_t, b, bias, mask, scratch
         "edge_cpu_svd_predictor": [_ptr, _int, _int, _int, _ptr, _ptr, _ptr, _ptr, _ptr],
+        "edge_cpu_svd_predictor_f16": [_ptr, _int, _int, _int, _ptr, _ptr, _ptr, _ptr, _ptr],
         # x, d, D, packed, alpha, mask
         "edge_cpu_signbit_predictor": [_ptr, _int, _int, _ptr, ctypes.c_float, _ptr],
         # x, in, out, w, weight_dtype, bias, y, threads
@@ -189,23 +190,25 @@ def max_threads() -> int:
 
 def svd_predictor(
     x: torch.Tensor,  # [d] float32
-    a_t: torch.Tensor,  # [rank, D] float32: svd.a transposed (contiguous), made once per layer at load
-    b: torch.Tensor,  # [rank, d] float32
+    a_t: torch.Tensor,  # [rank, D] float32 or float16: svd.a transposed (contiguous), made once per layer at load
+    b: torch.Tensor,  # [rank, d] the dtype of a_t
     bias: torch.Tensor | None,  # [D] float32, or None for no bias
 ) -> torch.Tensor:
-    """Predicted-active mask [D] bool: (x B^T) A^T + bias > 0 (SvdPredictor.scores plus the calibrated bias)."""
+    """Predicted-active mask [D] bool: (x B^T) A^T + bias > 0 (SvdPredictor.scores plus the calibrated bias), in
+    float32; float16 factors (a bundle's F16 factors) are widened in registers (edge_cpu_svd_predictor_f16)."""
     d = _vector_size("x", x)
     _check_tensor("x", x, (torch.float32,), [d])
     if not isinstance(a_t, torch.Tensor) or a_t.dim() != 2 or 0 in a_t.shape:
         raise ValueError(f"a_t: expected a non-empty 2-D tensor [rank, D], found {getattr(a_t, 'shape', type(a_t))}")
     rank, n_neurons = a_t.shape
-    _check_tensor("a_t", a_t, (torch.float32,), [rank, n_neurons])
-    _check_tensor("b", b, (torch.float32,), [rank, d])
+    _check_tensor("a_t", a_t, (torch.float32, torch.float16), [rank, n_neurons])
+    _check_tensor("b", b, (a_t.dtype,), [rank, d])
     if bias is not None:
         _check_tensor("bias", bias, (torch.float32,), [n_neurons])
     mask = torch.empty(n_neurons, dtype=torch.uint8)
     scratch = torch.empty(rank, dtype=torch.float32)
-    status = _library().edge_cpu_svd_predictor(
+    kernel = "edge_cpu_svd_predictor_f16" if a_t.dtype == torch.float16 else "edge_cpu_svd_predictor"
+    status = getattr(_library(), kernel)(
         x.data_ptr(),
         d,
         n_neurons,
@@ -216,7 +219,7 @@ def svd_predictor(
         mask.data_ptr(),
         scratch.data_ptr(),
     )
-    _check_status("edge_cpu_svd_predictor", status)
+    _check_status(kernel, status)
     return mask.view(torch.bool)
 
 

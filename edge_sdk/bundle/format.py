@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 FORMAT = "edge-sdk-bundle"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 5
 # int4 codes are signed nibbles (4-bit two's complement, ONNX INT4) from format version 2 on; version 1 stored
 # code + 8 (UINT4 with zero point 8), which this edge-sdk refuses rather than misread.
 SIGNED_INT4_FORMAT_VERSION = 2
@@ -16,6 +16,10 @@ SIGNED_INT4_FORMAT_VERSION = 2
 # on; before, it stored it F16, a layout this edge-sdk refuses (re-export). Every other bundle reads the same in
 # versions 2 and 3 (and in 1, but for int4).
 QUANTIZED_TIED_EMBEDDING_FORMAT_VERSION = 3
+# the svd predictor's factors (svd.a, svd.b) are F16 in every bundle whose weights are not fp32 from format version 5
+# on, F32 before (and in fp32 bundles); a reader of an older version would misread them, so such a bundle is version
+# 5 and older readers refuse it as newer. Every other bundle reads the same in versions 3 and 5.
+HALF_PREDICTOR_FACTORS_FORMAT_VERSION = 5
 
 MANIFEST_FILE = "manifest.json"
 WEIGHTS_FILE = "weights.safetensors"
@@ -37,8 +41,22 @@ MAX_TOKENIZER_CONFIG_BYTES = 16 << 20
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 
 
-def written_format_version(quantized_tied_embedding: bool) -> int:
-    """The format_version an export writes: 3 only for the layout version 3 introduced (an int8 / int4 bundle of a
-    model with tied embeddings), 2 for every other bundle, which is then byte-identical to what edge-sdk wrote before
-    version 3 and still readable by the readers of version 2 (an older libedge_sdk on a device)."""
+def written_format_version(quantized_tied_embedding: bool, half_predictor_factors: bool = False) -> int:
+    """The format_version an export writes: the oldest version that reads its layout, so every bundle is
+    byte-identical to what edge-sdk wrote before the newer versions and readable by the readers of its version (an
+    older libedge_sdk on a device). 5 for a bundle with F16 predictor factors (an svd bundle whose weights are not
+    fp32); 3 for an int8 / int4 bundle of a model with tied embeddings; 2 for every other bundle."""
+    if half_predictor_factors:
+        return HALF_PREDICTOR_FACTORS_FORMAT_VERSION
     return QUANTIZED_TIED_EMBEDDING_FORMAT_VERSION if quantized_tied_embedding else SIGNED_INT4_FORMAT_VERSION
+
+
+def predictor_factor_dtype(dtype: str, format_version: int) -> str:
+    """The safetensors dtype of the predictor factors (StoredTensor.factor: svd.a, svd.b) in a bundle of weight dtype
+    `dtype` and format_version: F16 from HALF_PREDICTOR_FACTORS_FORMAT_VERSION on unless the weights are fp32, F32
+    otherwise. The scores stay float32 arithmetic on every path (the factors are widened on load or in registers),
+    and calibration rounds the factors to F16 before it fits the biases, so the stored factors are the calibrated
+    ones."""
+    if format_version >= HALF_PREDICTOR_FACTORS_FORMAT_VERSION and dtype != "fp32":
+        return "F16"
+    return "F32"

@@ -10,6 +10,9 @@ name (I8 [rows, cols] for int8, U8 [rows, cols / 2] for packed int4) and its fp1
 F16 [rows, cols / group_size], except the token embedding of a model with an LM head of its own: a row lookup, not
 a product, it stays F16. A tied embedding is the LM head too, a product over the whole matrix every token, so it is
 stored once in the quantized format (since bundle format version 3) and the lookup dequantizes its one row.
+
+The svd predictor's factors (svd.a, svd.b) are F16 in bundles whose weights are not fp32 (since bundle format version
+5, bundle/format.py predictor_factor_dtype) and F32 otherwise; the predictors' other tensors keep their kinds' dtypes.
 """
 
 from __future__ import annotations
@@ -85,9 +88,10 @@ def model_tensors(
 
 
 def predictor_tensors(
-    config: ModelConfig, predictor: str, levels: int, ranks: list[int] | None = None
+    config: ModelConfig, predictor: str, levels: int, ranks: list[int] | None = None, factor_dtype: str = "F32"
 ) -> dict[str, ExpectedTensor]:
-    """Every predictor tensor of a bundle; ranks: each layer's rank (kinds storing a tensor with a rank dimension)."""
+    """Every predictor tensor of a bundle; ranks: each layer's rank (kinds storing a tensor with a rank dimension);
+    factor_dtype: the dtype of the low-rank factors (StoredTensor.factor; bundle/format.py predictor_factor_dtype)."""
     kind = predictors.kind(predictor)
     d, n_neurons = config.hidden_size, config.intermediate_size
     expected = {}
@@ -97,7 +101,8 @@ def predictor_tensors(
             sizes["rank"] = ranks[layer]
         for tensor in kind.tensors:
             shape = tuple(sizes[size] if isinstance(size, str) else size for size in tensor.shape)
-            expected[predictors.tensor_name(layer, predictor, tensor.name)] = ExpectedTensor(tensor.dtype, shape)
+            dtype = factor_dtype if tensor.factor else tensor.dtype
+            expected[predictors.tensor_name(layer, predictor, tensor.name)] = ExpectedTensor(dtype, shape)
     return expected
 
 

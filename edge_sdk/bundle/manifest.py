@@ -342,18 +342,37 @@ def expected_tensors(
     declared: dict[str, ExpectedTensor],
     where: str,
     group_size: int | None = None,
+    factor_dtype: str = "F32",
 ) -> dict[str, ExpectedTensor]:
     ranks = _ranks(declared, config, predictors.kind(sparsity.predictor), where)
     return model_tensors(config, dtype, max_seq_len, group_size) | predictor_tensors(
-        config, sparsity.predictor, len(sparsity.levels), ranks
+        config, sparsity.predictor, len(sparsity.levels), ranks, factor_dtype
     )
 
 
-def _check_tensors(declared: dict[str, ExpectedTensor], expected: dict[str, ExpectedTensor], where: str) -> None:
+def _is_predictor_factor(name: str) -> bool:
+    parts = name.split(".")
+    if len(parts) != 4 or parts[0] != "layers" or parts[2] not in predictors.KINDS:
+        return False
+    return any(tensor.factor and tensor.name == parts[3] for tensor in predictors.kind(parts[2]).tensors)
+
+
+def _check_tensors(
+    declared: dict[str, ExpectedTensor],
+    expected: dict[str, ExpectedTensor],
+    where: str,
+    factor_rule: str = "",
+) -> None:
+    """declared must be exactly expected; factor_rule: why the predictor factors have their dtype (the message of a
+    factor of the right shape in the wrong dtype)."""
     for name, want in expected.items():
         found = declared.get(name)
         if found is None:
             raise BundleError(f"{where}: tensor '{name}' is missing ({want.dtype} {list(want.shape)} expected)")
+        if found.shape == want.shape and found.dtype != want.dtype and _is_predictor_factor(name):
+            raise BundleError(
+                f"{where}: tensor '{name}' is declared {found.dtype}, expected {want.dtype}: {factor_rule}"
+            )
         if found != want:
             raise BundleError(
                 f"{where}: tensor '{name}' is declared {found.dtype} {list(found.shape)}, the model config needs "
@@ -398,6 +417,17 @@ def _group_size(fields: Fields, dtype: str, config: ModelConfig) -> int | None:
         if cols % group_size:
             raise fields._fail("group_size", f"a divisor of model {what} {cols} (each quantized row is whole groups)")
     return group_size
+
+
+def factor_rule(dtype: str, version: int) -> str:
+    """Why the predictor factors of a bundle of weight dtype `dtype` and format version `version` have their dtype, as
+    the readers say it when a bundle declares them otherwise."""
+    half = bundle_format.HALF_PREDICTOR_FACTORS_FORMAT_VERSION
+    if dtype == "fp32":
+        return "an fp32 bundle stores its predictor factors in F32"
+    if version < half:
+        return f"a bundle of format version {version} stores its predictor factors in F32 (F16 since version {half})"
+    return f"a {dtype} bundle of format version {version} stores its predictor factors in F16"
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
@@ -448,10 +478,12 @@ def validate(raw: Any, where: str) -> Manifest:
     graphs = _graphs(fields.object("graphs"))
     declared = _declared_tensors(fields.object("tensors"))
     tensors_where = f"{where}: tensors"
+    factor_dtype = bundle_format.predictor_factor_dtype(dtype, version)
     _check_tensors(
         declared,
-        expected_tensors(config, dtype, max_seq_len, sparsity, declared, tensors_where, group_size),
+        expected_tensors(config, dtype, max_seq_len, sparsity, declared, tensors_where, group_size, factor_dtype),
         tensors_where,
+        factor_rule(dtype, version),
     )
     files = _files(fields.object("files"), graphs)
     return Manifest(raw, version, config, dtype, max_seq_len, sparsity, graphs, declared, files, group_size)

@@ -173,9 +173,16 @@ def export_bundle(
         model, quantization = _quantized_model(checkpoint, settings, calibration, calibration_files)
     predictor_tensors: dict[str, torch.Tensor] = {}
     report: dict[str, Any] | None = None
+    factor_dtype = bundle_format.predictor_factor_dtype(settings.dtype, bundle_format.FORMAT_VERSION)
     if kind.calibrated:
         result = calibrate_model(
-            model, calibration, calibration_files, evaluation_files, on_layer_calibrated, on_layer_validated
+            model,
+            calibration,
+            calibration_files,
+            evaluation_files,
+            on_layer_calibrated,
+            on_layer_validated,
+            factor_dtype=factor_dtype,
         )
         predictor_tensors, report = result.tensors, result.report
         if quantization is not None:
@@ -236,7 +243,14 @@ def export_bundle(
             (staging / bundle_format.REPORT_FILE).write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
             write_report_plot(report, staging / bundle_format.PLOT_FILE)
         manifest = _manifest(
-            replace(config, eos_token_ids=eos_token_ids), settings, calibration, max_seq_len, specs, report, staging
+            replace(config, eos_token_ids=eos_token_ids),
+            settings,
+            calibration,
+            max_seq_len,
+            specs,
+            report,
+            staging,
+            half_factors=factor_dtype == "F16" and any(tensor.factor for tensor in kind.tensors),
         )
         (staging / bundle_format.MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, allow_nan=False) + "\n")
         Bundle.open(staging, verify_checksums=False)  # never publish a bundle the readers would refuse
@@ -279,7 +293,9 @@ def _quantized_model(
     return QuantizedCheckpoint(checkpoint, settings.dtype, settings.group_size, scales), described
 
 
-def _manifest(config, settings, calibration, max_seq_len, specs, report, staging: Path) -> dict[str, Any]:
+def _manifest(
+    config, settings, calibration, max_seq_len, specs, report, staging: Path, half_factors: bool
+) -> dict[str, Any]:
     kind = calibration.kind
     levels = report["levels"] if report and kind.has_levels else []
     layers = []
@@ -309,7 +325,7 @@ def _manifest(config, settings, calibration, max_seq_len, specs, report, staging
     manifest = {
         "format": bundle_format.FORMAT,
         "format_version": bundle_format.written_format_version(
-            settings.dtype in QUANTIZED_DTYPES and config.tie_word_embeddings
+            settings.dtype in QUANTIZED_DTYPES and config.tie_word_embeddings, half_factors
         ),
         "exporter": {"name": "edge-sdk", "version": __version__},
         "model": config.to_dict(),

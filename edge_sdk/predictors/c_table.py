@@ -61,10 +61,13 @@ struct predictor_dim_spec {{
   int64_t size; /* DIM_FIXED only */
 }};
 
-/* One tensor a kind stores per layer, as "layers.{{i}}.{{kind}}.{{name}}". */
+/* One tensor a kind stores per layer, as "layers.{{i}}.{{kind}}.{{name}}". factor: a low-rank factor, stored in the
+ * bundle's predictor factor dtype (F16 in bundles of format version 5 on whose weights are not fp32) instead of
+ * dtype. */
 struct predictor_tensor_spec {{
   const char *name;
   enum tensor_dtype dtype;
+  int factor;
   int rank;
   struct predictor_dim_spec shape[2];
 }};
@@ -96,7 +99,9 @@ def source() -> str:
             if not 1 <= len(tensor.shape) <= 2:
                 raise ValueError(f"predictor {name}: tensor {tensor.name} has rank {len(tensor.shape)}; C reads 1 or 2")
             shape = ", ".join(_dimension(symbol) for symbol in tensor.shape)
-            tensors.append(f'{{"{tensor.name}", {DTYPES[tensor.dtype]}, {len(tensor.shape)}, {{{shape}}}}}')
+            tensors.append(
+                f'{{"{tensor.name}", {DTYPES[tensor.dtype]}, {int(tensor.factor)}, {len(tensor.shape)}, {{{shape}}}}}'
+            )
         listed = ",\n         ".join(tensors)
         body = f",\n        {{{listed}}}" if tensors else ""
         entries.append(f'    [{_enum_name(name)}] = {{"{name}", {int(kind.has_levels)}, {len(tensors)}{body}}},')

@@ -104,7 +104,12 @@ class Core(PredictorKind):
         check_fraction("core beta", settings.core_beta, low_open=True)
 
     def fit(
-        self, acts: LayerActivations, weights: LayerWeights, settings: CalibrationSettings, config: ModelConfig
+        self,
+        acts: LayerActivations,
+        weights: LayerWeights,
+        settings: CalibrationSettings,
+        config: ModelConfig,
+        factor_dtype: str = "F32",
     ) -> FittedLayer:
         import torch
 

@@ -44,10 +44,13 @@ class StoredTensor:
     dtype: str  # safetensors dtype
     shape: tuple[str | int, ...]  # symbols d, D, levels, rank, words, or fixed sizes
     finite: bool = False  # every value must be finite (readers refuse a bundle where one is not); F32 only
+    # a low-rank factor: stored in the bundle's predictor factor dtype (bundle/format.py predictor_factor_dtype, F16
+    # in bundles whose weights are not fp32) instead of dtype; F32 only
+    factor: bool = False
 
     def __post_init__(self) -> None:
-        if self.finite and self.dtype != "F32":
-            raise ValueError(f"stored tensor {self.name}: finite applies to F32 tensors, found {self.dtype}")
+        if (self.finite or self.factor) and self.dtype != "F32":
+            raise ValueError(f"stored tensor {self.name}: finite and factor apply to F32 tensors, found {self.dtype}")
 
 
 def check_fraction(name: str, value: float, low_open: bool = False) -> None:
@@ -84,10 +87,17 @@ class PredictorKind:
         kind checks its own whichever predictor is chosen)."""
 
     def fit(
-        self, acts: LayerActivations, weights: LayerWeights, settings: CalibrationSettings, config: ModelConfig
+        self,
+        acts: LayerActivations,
+        weights: LayerWeights,
+        settings: CalibrationSettings,
+        config: ModelConfig,
+        factor_dtype: str = "F32",
     ) -> FittedLayer:
-        """The layer's predictor fitted on its calibration activations. A kind that is not calibrated has nothing to
-        fit (validate_settings refuses it before any work starts; this is the same refusal for a direct call)."""
+        """The layer's predictor fitted on its calibration activations; factor_dtype: the dtype the bundle stores
+        the kind's low-rank factors in (StoredTensor.factor), which the fit calibrates with. A kind that is not
+        calibrated has nothing to fit (validate_settings refuses it before any work starts; this is the same refusal
+        for a direct call)."""
         raise CalibrationError(f"predictor {self.name!r} is not calibrated: it has nothing to fit")
 
     # --- the torch reference (sparsity/sparse_model.py) -----------------------------------------------------------

@@ -36,7 +36,12 @@ class SignBit(PredictorKind):
         check_fraction("recall target", settings.recall_target, low_open=True)
 
     def fit(
-        self, acts: LayerActivations, weights: LayerWeights, settings: CalibrationSettings, config: ModelConfig
+        self,
+        acts: LayerActivations,
+        weights: LayerWeights,
+        settings: CalibrationSettings,
+        config: ModelConfig,
+        factor_dtype: str = "F32",
     ) -> FittedLayer:
         import torch
 

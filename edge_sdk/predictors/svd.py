@@ -63,18 +63,27 @@ class Svd(PredictorKind):
                 )
 
     def fit(
-        self, acts: LayerActivations, weights: LayerWeights, settings: CalibrationSettings, config: ModelConfig
+        self,
+        acts: LayerActivations,
+        weights: LayerWeights,
+        settings: CalibrationSettings,
+        config: ModelConfig,
+        factor_dtype: str = "F32",
     ) -> FittedLayer:
+        """factor_dtype F16: the factors are rounded as the bundle stores them (with_half_factors) before the rank
+        search and the biases see their scores, so the calibrated recall holds for the stored factors."""
         import torch
 
         from edge_sdk.sparsity.fitting import FittedLayer, weighted_recall
-        from edge_sdk.sparsity.svd import fit_svd_predictor, input_gram
+        from edge_sdk.sparsity.svd import fit_svd_predictor, input_gram, with_half_factors
         from edge_sdk.sparsity.svd_bias import calibrate_biases, uniform_biases
 
         gram = input_gram([acts.x])[0] if settings.whiten else None
         tried = []
         for rank in rank_ladder(settings, config):
             predictor = fit_svd_predictor(weights.w_gate, rank, gram=gram, whiten=settings.whiten, seed=settings.seed)
+            if factor_dtype == "F16":
+                predictor = with_half_factors(predictor)
             scores = predictor.scores(acts.x)
             if settings.rank is not None:
                 break
@@ -91,8 +100,9 @@ class Svd(PredictorKind):
             biases = uniform_biases(scores, levels)
         stacked = torch.stack([biases[level] for level in levels])
         level_index = {level: i for i, level in enumerate(levels)}
+        stored = torch.float16 if factor_dtype == "F16" else torch.float32
         return FittedLayer(
-            tensors={"svd.a": predictor.a, "svd.b": predictor.b, "svd.biases": stacked},
+            tensors={"svd.a": predictor.a.to(stored), "svd.b": predictor.b.to(stored), "svd.biases": stacked},
             mask=lambda scores, acts, level: scores + stacked[level_index[level]] > 0,
             score=predictor.scores,
             details={
@@ -101,6 +111,7 @@ class Svd(PredictorKind):
                 "whitened": predictor.whitened,
                 "regularizer": predictor.regularizer,
                 "bias": "greedy" if settings.calibrate_bias else "uniform",
+                "factor_dtype": factor_dtype,
             },
             level_tensor="svd.biases",
         )
@@ -109,7 +120,7 @@ class Svd(PredictorKind):
         self, predictor: LayerPredictor, tokens: torch.Tensor, level_index: int, prefill_mask: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         tensors = predictor.tensors
-        scores = (tokens.float() @ tensors["svd.b"].T) @ tensors["svd.a"].T
+        scores = (tokens.float() @ tensors["svd.b"].float().T) @ tensors["svd.a"].float().T  # F16 factors widened
         return scores + tensors["svd.biases"][level_index] > 0, None
 
     def decision_margins(
@@ -126,14 +137,14 @@ class Svd(PredictorKind):
         import torch
 
         tensors = predictor.tensors
-        a, b, bias = tensors["svd.a"], tensors["svd.b"], tensors["svd.biases"][level_index]
+        a, b, bias = tensors["svd.a"].float(), tensors["svd.b"].float(), tensors["svd.biases"][level_index]
         value = (x @ b.T) @ a.T + bias
         scale = (x.abs() @ b.abs().T) @ a.abs().T + bias.abs()
         return value.abs() / scale.clamp_min(torch.finfo(torch.float32).tiny)
 
     def native_masker(self, predictor: LayerPredictor, kernels: Any) -> Callable[..., MaskAndThresholds]:
         tensors = predictor.tensors
-        a_t = tensors["svd.a"].t().contiguous()  # the layout the kernel reads
+        a_t = tensors["svd.a"].t().contiguous()  # the layout the kernels read, in the stored dtype (F32 or F16)
         b, biases = tensors["svd.b"], tensors["svd.biases"]
         return lambda token, level_index, prefill_row: (kernels.svd_predictor(token, a_t, b, biases[level_index]), None)
 
@@ -170,8 +181,8 @@ KIND = Svd(
     has_levels=True,
     relu_only=True,
     tensors=(
-        StoredTensor("a", "F32", ("D", "rank")),
-        StoredTensor("b", "F32", ("rank", "d")),
+        StoredTensor("a", "F32", ("D", "rank"), factor=True),
+        StoredTensor("b", "F32", ("rank", "d"), factor=True),
         StoredTensor("biases", "F32", ("levels", "D")),
         capacity("levels"),
     ),

@@ -25,7 +25,12 @@ if TYPE_CHECKING:
 
 class Threshold(PredictorKind):
     def fit(
-        self, acts: LayerActivations, weights: LayerWeights, settings: CalibrationSettings, config: ModelConfig
+        self,
+        acts: LayerActivations,
+        weights: LayerWeights,
+        settings: CalibrationSettings,
+        config: ModelConfig,
+        factor_dtype: str = "F32",
     ) -> FittedLayer:
         import torch
 

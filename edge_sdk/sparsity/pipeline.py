@@ -73,6 +73,7 @@ def calibrate_model(
     evaluation_files: Sequence[str | Path] = (),
     on_layer: Callable[[int], None] | None = None,
     on_layer_validated: Callable[[int], None] | None = None,
+    factor_dtype: str = "F32",
 ) -> CalibrationResult:
     """Fit the predictor of every layer on the calibration text; evaluate on held-out text when given. Without
     a given default level (settings.sparsity None), choose it on validation tokens of the calibration text
@@ -81,7 +82,9 @@ def calibrate_model(
 
     checkpoint is the model the bundle holds: for int8 / int4 the exporter passes its quantized weights
     (export/quantized_checkpoint.py), so the predictors see the hidden states the runtimes will compute and the
-    default level's budget is measured from the quantized dense model (quantization and sparsity errors add up)."""
+    default level's budget is measured from the quantized dense model (quantization and sparsity errors add up).
+    factor_dtype: the dtype the bundle stores the predictor's low-rank factors in (bundle/format.py
+    predictor_factor_dtype), which the fit rounds them to before the biases and the default level see them."""
     config = checkpoint.config
     validate_settings(config, settings)
     check_calibration_memory(config, settings, evaluating=bool(evaluation_files))
@@ -101,7 +104,7 @@ def calibrate_model(
     fits: list[tuple[FittedLayer, dict[str, Any]]] = []
     statistics: list[LevelStatistics] = []  # per layer, at its layer levels, on the calibration tokens
     for captures in zip(*streams, strict=True):
-        fitted, layer_statistics, layer_report = _fit_layer(captures, settings, config)
+        fitted, layer_statistics, layer_report = _fit_layer(captures, settings, config, factor_dtype)
         fits.append((fitted, layer_report))
         statistics.append(layer_statistics)
         if on_layer is not None:
@@ -149,7 +152,7 @@ def calibrate_model(
 
 
 def _fit_layer(
-    captures: tuple[LayerCapture, ...], settings: CalibrationSettings, config: ModelConfig
+    captures: tuple[LayerCapture, ...], settings: CalibrationSettings, config: ModelConfig, factor_dtype: str
 ) -> tuple[FittedLayer, LevelStatistics, dict[str, Any]]:
     """One layer's predictor fitted on its calibration capture (captures[0]), its statistics at its levels there,
     and its report, evaluated on the held-out capture when there is one (captures[1])."""
@@ -157,7 +160,7 @@ def _fit_layer(
     weights = LayerWeights.of(calibration)
     keep_up = settings.kind.ranks_by_up
     acts = LayerActivations.compute(calibration.ffn_input, weights, config.activation, keep_up=keep_up)
-    fitted = settings.kind.fit(acts, weights, settings, config)
+    fitted = settings.kind.fit(acts, weights, settings, config, factor_dtype=factor_dtype)
     acts.up_act = None
     scores = fitted.score(acts.x)
     statistics = level_statistics(fitted, acts, scores, settings)

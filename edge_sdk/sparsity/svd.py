@@ -6,7 +6,8 @@ calibration inputs rather than on the weights alone: with G = X X^T = S S^T (S l
 factor, X = [d, N] calibration inputs), the truncated SVD of W_gate S minimises ||W_gate X - A B X||_F
 over rank-r A B. Then A = U_r Sigma_r and B = V_r^T S^{-1}.
 
-All factorisation math runs in float64; the stored predictor is float32, as the runtimes use it.
+All factorisation math runs in float64; the predictor is float32, as the runtimes compute with it. A bundle whose
+weights are not fp32 stores the factors in fp16 (with_half_factors): calibration rounds them before it fits the biases.
 """
 
 from __future__ import annotations
@@ -202,3 +203,32 @@ def fit_svd_predictor(
         whitened=whiten,
         regularizer=regularizer,
     )
+
+
+def with_half_factors(predictor: SvdPredictor) -> SvdPredictor:
+    """The predictor as a bundle with F16 factors stores it (bundle/format.py predictor_factor_dtype): a and b hold
+    fp16 values, in float32, so scores computed from them are the runtimes' scores.
+
+    Each rank component's a[:, r] is multiplied and b[r, :] divided by the power of two that brings their largest
+    magnitudes closest together: A B is unchanged (exactly, in float32), while whitening alone leaves A scaled by the
+    calibration inputs' norm (sqrt of the token count) and B by its inverse, out of fp16's range or into its
+    subnormals. CalibrationError when a factor still exceeds fp16's range."""
+    a, b = predictor.a.to(torch.float64), predictor.b.to(torch.float64)
+    a_max, b_max = a.abs().amax(dim=0), b.abs().amax(dim=1)  # [r] each
+    both = (a_max > 0) & (b_max > 0)
+    ratio = torch.where(both, b_max / torch.where(both, a_max, 1.0), 1.0)
+    scale = torch.exp2(torch.round(torch.log2(ratio) / 2))  # [r] powers of two
+    a_half = (a * scale).to(torch.float16)
+    b_half = (b / scale[:, None]).to(torch.float16)
+    if not (torch.isfinite(a_half).all() and torch.isfinite(b_half).all()):
+        raise CalibrationError(
+            f"the rank-{predictor.rank} svd factors exceed fp16's range even balanced (largest |a| * |b| "
+            f"{float((a_max * b_max).max()):.3g}): export with --dtype fp32, which stores them in fp32"
+        )
+    return SvdPredictor(
+        a=a_half.to(torch.float32).contiguous(),
+        b=b_half.to(torch.float32).contiguous(),
+        whitened=predictor.whitened,
+        regularizer=predictor.regularizer,
+    )
+

@@ -54,8 +54,9 @@ struct layer_weights {
   const void *w_down_t;    /* [D, d] ffn_dtype, W_down transposed (neuron-major) */
   int ffn_dtype;           /* EDGE_F32, EDGE_F16, or EDGE_Q8 / EDGE_Q4 with the scales below */
   struct matrix gate, up, down_t; /* the same three matrices with their scales (quantized bundles) */
-  float *svd_a_t;          /* [svd_rank, D]: the bundle's svd.a transposed at load (owned), as the kernel reads it */
-  const float *svd_b;      /* [svd_rank, d] */
+  void *svd_a_t;           /* [svd_rank, D]: the bundle's svd.a transposed at load (owned), as the kernel reads it */
+  const void *svd_b;       /* [svd_rank, d] */
+  int svd_half;            /* svd_a_t and svd_b hold fp16 (the bundle's F16 factors), else fp32 */
   const float *svd_bias;   /* [D]: the chosen level's row of svd.biases */
   int svd_rank;
   const int32_t *signbit_packed; /* [D, ceil(d / 32)] sign bits of W_gate */
@@ -213,25 +214,35 @@ static edge_status load_predictor(const struct bundle *bundle, const struct mode
   int d = c->hidden_size, D = c->intermediate_size;
   switch (sparsity->predictor) {
     case PREDICTOR_SVD: {
+      /* the factors in the manifest's factor dtype (F16 in bundles of format version 5 whose weights are not fp32) */
+      enum tensor_dtype factor_dtype = bundle->info.factor_dtype;
+      size_t element = tensor_dtype_size(factor_dtype);
       snprintf(name, sizeof name, "layers.%d.svd.a", layer);
       int64_t a_shape[2] = {D, -1};
-      status = load_f32(bundle, name, 2, a_shape, &tensor);
+      status = find_tensor(bundle, name, 0, 2, a_shape, &tensor);
+      if (status == EDGE_OK) status = need_dtype(bundle, tensor, factor_dtype);
       if (status != EDGE_OK) return status;
       if (tensor->shape[1] < 1 || tensor->shape[1] > d) {
         return edge_fail(EDGE_ERROR_BUNDLE, "%s/%s: tensor '%s' has rank %lld, expected 1..%d", bundle->root,
                          BUNDLE_WEIGHTS_FILE, name, (long long)tensor->shape[1], d);
       }
       w->svd_rank = (int)tensor->shape[1];
-      w->svd_a_t = malloc((size_t)D * (size_t)w->svd_rank * sizeof(float));
+      w->svd_half = factor_dtype == DTYPE_F16;
+      w->svd_a_t = malloc((size_t)D * (size_t)w->svd_rank * element);
       if (w->svd_a_t == NULL) return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "CPU engine: out of memory for '%s'", name);
-      const float *a = tensor->data;
+      const char *a = tensor->data;
+      char *a_t = w->svd_a_t;
       for (int i = 0; i < D; i++) {
-        for (int r = 0; r < w->svd_rank; r++) w->svd_a_t[(size_t)r * (size_t)D + (size_t)i] = a[(size_t)i * w->svd_rank + r];
+        for (int r = 0; r < w->svd_rank; r++) {
+          memcpy(a_t + ((size_t)r * (size_t)D + (size_t)i) * element, a + ((size_t)i * w->svd_rank + r) * element,
+                 element);
+        }
       }
       *max_rank = w->svd_rank > *max_rank ? w->svd_rank : *max_rank;
       snprintf(name, sizeof name, "layers.%d.svd.b", layer);
       int64_t b_shape[2] = {w->svd_rank, d};
-      status = load_f32(bundle, name, 2, b_shape, &tensor);
+      status = find_tensor(bundle, name, 0, 2, b_shape, &tensor);
+      if (status == EDGE_OK) status = need_dtype(bundle, tensor, factor_dtype);
       if (status != EDGE_OK) return status;
       w->svd_b = tensor->data;
       snprintf(name, sizeof name, "layers.%d.svd.biases", layer);
@@ -863,8 +874,13 @@ static edge_status feed_forward(struct run_state *s, int layer, int prefill) {
   } else if (!sparsity->dense) {
     switch (sparsity->predictor) {
       case PREDICTOR_SVD:
-        status = edge_cpu_svd_predictor(s->xb, d, D, w->svd_rank, w->svd_a_t, w->svd_b, w->svd_bias, s->mask,
-                                        s->svd_scratch);
+        if (w->svd_half) {
+          status = edge_cpu_svd_predictor_f16(s->xb, d, D, w->svd_rank, w->svd_a_t, w->svd_b, w->svd_bias, s->mask,
+                                              s->svd_scratch);
+        } else {
+          status = edge_cpu_svd_predictor(s->xb, d, D, w->svd_rank, w->svd_a_t, w->svd_b, w->svd_bias, s->mask,
+                                          s->svd_scratch);
+        }
         mask = s->mask;
         break;
       case PREDICTOR_SIGNBIT:

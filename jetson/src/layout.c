@@ -21,6 +21,7 @@ struct expected_tensor {
   enum tensor_dtype dtype;
   int rank;
   int64_t shape[2];
+  int factor; /* a predictor's low-rank factor (predictor_tensor_spec.factor) */
 };
 
 struct declared_tensor {
@@ -36,6 +37,8 @@ struct table {
   size_t count, capacity;
   int failed;
   int group_size; /* > 0: matrices are quantized codes of the weight dtype (I8, or U8 packing two int4 values) */
+  enum tensor_dtype factor_dtype; /* of the predictor's low-rank factors */
+  const char *factor_rule;        /* why the factors have that dtype */
 };
 
 /* ---- The declared tensors ------------------------------------------------------------------------------------ */
@@ -112,6 +115,7 @@ static void add(struct table *table, const char *name, enum tensor_dtype dtype, 
   entry->rank = rank;
   entry->shape[0] = rows;
   entry->shape[1] = cols;
+  entry->factor = 0;
 }
 
 /* A [rows, cols] matrix of weight dtype w: itself, or in a quantized bundle its codes and <name>.scales. */
@@ -174,7 +178,8 @@ static void add_predictor(struct table *table, const struct model_config *c, con
     snprintf(name, sizeof name, "layers.%d.%s.%s", layer, kind->name, tensor->name);
     int64_t rows = predictor_dim_size(tensor->shape[0], c, s, rank);
     int64_t cols = tensor->rank == 2 ? predictor_dim_size(tensor->shape[1], c, s, rank) : 0;
-    add(table, name, tensor->dtype, tensor->rank, rows, cols);
+    add(table, name, tensor->factor ? table->factor_dtype : tensor->dtype, tensor->rank, rows, cols);
+    if (!table->failed) table->entries[table->count - 1].factor = tensor->factor;
   }
 }
 
@@ -225,8 +230,8 @@ static edge_status build_table(struct declared_tensor *declared, size_t n, const
 
 /* ---- The comparison ----------------------------------------------------------------------------------------- */
 
-static int same_tensor(const struct declared_tensor *found, const struct expected_tensor *want) {
-  if (found->dtype != want->dtype || found->rank != want->rank) return 0;
+static int same_shape(const struct declared_tensor *found, const struct expected_tensor *want) {
+  if (found->rank != want->rank) return 0;
   for (int i = 0; i < want->rank; i++) {
     if (found->shape[i] != want->shape[i]) return 0;
   }
@@ -243,7 +248,11 @@ static edge_status compare(struct declared_tensor *declared, size_t n, const str
       return edge_fail(EDGE_ERROR_BUNDLE, "%s: tensor '%s' is missing (%s %s expected)", where, want->name,
                        tensor_dtype_name(want->dtype), want_shape);
     }
-    if (!same_tensor(found, want)) {
+    if (want->factor && same_shape(found, want) && found->dtype != want->dtype) {
+      return edge_fail(EDGE_ERROR_BUNDLE, "%s: tensor '%s' is declared %s, expected %s: %s", where, want->name,
+                       tensor_dtype_name(found->dtype), tensor_dtype_name(want->dtype), table->factor_rule);
+    }
+    if (!same_shape(found, want) || found->dtype != want->dtype) {
       return edge_fail(EDGE_ERROR_BUNDLE, "%s: tensor '%s' is declared %s %s, the model config needs %s %s", where,
                        want->name, tensor_dtype_name(found->dtype),
                        tensor_shape_text(found->shape, found->rank, found_shape, sizeof found_shape),
@@ -266,12 +275,12 @@ static edge_status compare(struct declared_tensor *declared, size_t n, const str
 
 edge_status layout_check_tensors(const cJSON *tensors, const struct model_config *config, enum tensor_dtype weight_dtype,
                                  int group_size, int max_seq_len, const struct sparsity_settings *sparsity,
-                                 const char *where) {
+                                 enum tensor_dtype factor_dtype, const char *factor_rule, const char *where) {
   struct declared_tensor *declared;
   size_t n;
   edge_status status = read_declared(tensors, where, &declared, &n);
   if (status != EDGE_OK) return status;
-  struct table table = {.group_size = group_size};
+  struct table table = {.group_size = group_size, .factor_dtype = factor_dtype, .factor_rule = factor_rule};
   status = build_table(declared, n, config, weight_dtype, max_seq_len, sparsity, where, &table);
   if (status == EDGE_OK) status = compare(declared, n, &table, where);
   free(table.entries);

@@ -185,6 +185,19 @@ static edge_status read_model(const cJSON *manifest, const char *where, int64_t 
   max_seq_len = (int)value;
   out->weight_dtype = weight_dtypes[dtype];
   out->max_seq_len = max_seq_len;
+  int half_factors = version >= BUNDLE_HALF_PREDICTOR_FACTORS_FORMAT_VERSION && weight_dtypes[dtype] != DTYPE_F32;
+  out->factor_dtype = half_factors ? DTYPE_F16 : DTYPE_F32;
+  /* why the factors have that dtype, as bundle/manifest.py factor_rule says it */
+  if (weight_dtypes[dtype] == DTYPE_F32) {
+    snprintf(out->factor_rule, sizeof out->factor_rule, "an fp32 bundle stores its predictor factors in F32");
+  } else if (!half_factors) {
+    snprintf(out->factor_rule, sizeof out->factor_rule,
+             "a bundle of format version %lld stores its predictor factors in F32 (F16 since version %d)",
+             (long long)version, BUNDLE_HALF_PREDICTOR_FACTORS_FORMAT_VERSION);
+  } else {
+    snprintf(out->factor_rule, sizeof out->factor_rule,
+             "a %s bundle of format version %lld stores its predictor factors in F16", dtypes[dtype], (long long)version);
+  }
   return EDGE_OK;
 }
 
@@ -206,7 +219,7 @@ edge_status manifest_validate(const cJSON *manifest, const char *text, size_t si
       (status = read_graphs(manifest, where, out)) != EDGE_OK ||
       (status = section(manifest, "tensors", where, &tensors, inner, sizeof inner)) != EDGE_OK ||
       (status = layout_check_tensors(tensors, &out->model, out->weight_dtype, out->group_size, out->max_seq_len,
-                                     &out->sparsity, inner)) != EDGE_OK) {
+                                     &out->sparsity, out->factor_dtype, out->factor_rule, inner)) != EDGE_OK) {
     return status;
   }
   return check_files(manifest, where, out);

@@ -19,10 +19,13 @@ struct predictor_dim_spec {
   int64_t size; /* DIM_FIXED only */
 };
 
-/* One tensor a kind stores per layer, as "layers.{i}.{kind}.{name}". */
+/* One tensor a kind stores per layer, as "layers.{i}.{kind}.{name}". factor: a low-rank factor, stored in the
+ * bundle's predictor factor dtype (F16 in bundles of format version 5 on whose weights are not fp32) instead of
+ * dtype. */
 struct predictor_tensor_spec {
   const char *name;
   enum tensor_dtype dtype;
+  int factor;
   int rank;
   struct predictor_dim_spec shape[2];
 };

@@ -58,6 +58,13 @@ int edge_cpu_max_threads(void);
 int edge_cpu_svd_predictor(const float *x, int d, int D, int rank, const float *a_t, const float *b, const float *bias,
                            uint8_t *mask, float *scratch);
 
+/* edge_cpu_svd_predictor with fp16 factors (IEEE half bits; bundles of format version 5 whose weights are not fp32):
+ * a_t [rank, D] and b [rank, d] are widened to fp32 in registers and every score is computed as
+ * edge_cpu_svd_predictor computes it on the widened factors, operation for operation, so the two give the same mask
+ * for the same factor values on every build. */
+int edge_cpu_svd_predictor_f16(const float *x, int d, int D, int rank, const uint16_t *a_t, const uint16_t *b,
+                               const float *bias, uint8_t *mask, float *scratch);
+
 /* Sign-bit predictor (DESIGN 3.2, edge_sdk/sparsity/signbit.py).
  * x: [d] fp32; packed: [D, ceil(d/32)] int32 sign bits of W_gate (bit j of word k = w[32k+j] < 0, padding
  * bits 0); alpha: the layer's alpha. N_neg_i = popcount(packed_i XOR signbits(x)), N_pos_i = d - N_neg_i;

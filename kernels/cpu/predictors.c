@@ -10,6 +10,12 @@
 #include "edge_cpu_kernels.h"
 #include "edge_cpu_internal.h"
 
+#if defined(__F16C__)
+#include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
 #define EDGE_BITS_PER_WORD 32
 /* Sign-bit predictor: x's packed bits stay on the stack up to this many words (d = 65536). */
 #define EDGE_SIGNBIT_STACK_WORDS 2048
@@ -28,6 +34,39 @@ static float dot_f32(const float *restrict w, const float *restrict x, int n) {
   int j = 0;
   for (; j + 16 <= n; j += 16) acc += VEC16_AT(w + j) * VEC16_AT(x + j);
   for (int l = 0; j + l < n; l++) acc[l] += w[j + l] * x[j + l];
+  vec8 low8, high8;
+  memcpy(&low8, &acc, sizeof low8);
+  memcpy(&high8, (const char *)&acc + sizeof low8, sizeof high8);
+  vec8 sum8 = low8 + high8;
+  vec4 low4, high4;
+  memcpy(&low4, &sum8, sizeof low4);
+  memcpy(&high4, (const char *)&sum8 + sizeof low4, sizeof high4);
+  vec4 sum4 = low4 + high4;
+  return (sum4[0] + sum4[2]) + (sum4[1] + sum4[3]);
+}
+
+/* The 16 halves at h as floats into out, exactly: a conversion instruction per 8 (F16C) or 4 (aarch64) halves,
+ * half_to_float's integer operations elsewhere. */
+static inline void widen16(const uint16_t *restrict h, float *restrict out) {
+#if defined(__F16C__)
+  for (int q = 0; q < 16; q += 8) _mm256_storeu_ps(out + q, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + q))));
+#elif defined(__aarch64__)
+  for (int q = 0; q < 16; q += 4) vst1q_f32(out + q, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h + q))));
+#else
+  for (int l = 0; l < 16; l++) out[l] = half_to_float(h[l]);
+#endif
+}
+
+/* dot_f32 of the fp16 row w widened: the same lanes, products and sums, so the same float for the same values. */
+static float dot_f16(const uint16_t *restrict w, const float *restrict x, int n) {
+  vec16 acc = {0};
+  float wide[16] __attribute__((aligned(64)));
+  int j = 0;
+  for (; j + 16 <= n; j += 16) {
+    widen16(w + j, wide);
+    acc += VEC16_AT(wide) * VEC16_AT(x + j);
+  }
+  for (int l = 0; j + l < n; l++) acc[l] += half_to_float(w[j + l]) * x[j + l];
   vec8 low8, high8;
   memcpy(&low8, &acc, sizeof low8);
   memcpy(&high8, (const char *)&acc + sizeof low8, sizeof high8);
@@ -61,6 +100,48 @@ static void svd_mask_block(int D, int rank, const float *a_t, const float *bias,
     for (int l = 16 * vectors; l < n; l++) score[l] += column[l] * z;
   }
   for (int l = 0; l < n; l++) mask[i0 + l] = score[l] + (bias == NULL ? 0.0f : bias[i0 + l]) > 0.0f;
+}
+
+/* svd_mask_block over fp16 A^T, widened in registers: the same operations in the same order on the same values. */
+static void svd_mask_block_f16(int D, int rank, const uint16_t *a_t, const float *bias, const float *scratch, int i0,
+                               uint8_t *mask) {
+  int n = D - i0 < EDGE_SCORE_BLOCK ? D - i0 : EDGE_SCORE_BLOCK, vectors = n / 16;
+  float score[EDGE_SCORE_BLOCK] __attribute__((aligned(64))), wide[16] __attribute__((aligned(64)));
+  memset(score, 0, (size_t)n * sizeof(float));
+  for (int r = 0; r < rank; r++) {
+    const uint16_t *column = a_t + (size_t)r * (size_t)D + (size_t)i0;
+    const char *ahead = (const char *)(a_t + (size_t)(r + EDGE_SCORE_AHEAD < rank ? r + EDGE_SCORE_AHEAD : r) *
+                                                 (size_t)D + (size_t)i0);
+    float z = scratch[r];
+    for (int v = 0; v < vectors; v++) {
+      if (v % 2 == 0) __builtin_prefetch(ahead + (size_t)v * 32, 0, 3); /* 32 halves per 64-byte line */
+      widen16(column + 16 * v, wide);
+      VEC16_AT(score + 16 * v) += VEC16_AT(wide) * z;
+    }
+    for (int l = 16 * vectors; l < n; l++) score[l] += half_to_float(column[l]) * z;
+  }
+  for (int l = 0; l < n; l++) mask[i0 + l] = score[l] + (bias == NULL ? 0.0f : bias[i0 + l]) > 0.0f;
+}
+
+int edge_cpu_svd_predictor_f16(const float *x, int d, int D, int rank, const uint16_t *a_t, const uint16_t *b,
+                               const float *bias, uint8_t *mask, float *scratch) {
+  if (x == NULL || a_t == NULL || b == NULL || mask == NULL || scratch == NULL) return EDGE_CPU_INVALID_ARGUMENT;
+  if (d <= 0 || D <= 0 || rank <= 0) return EDGE_CPU_INVALID_ARGUMENT;
+#ifdef _OPENMP
+  if (edge_cpu_max_threads() > 1) {
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+      for (int r = 0; r < rank; r++) scratch[r] = dot_f16(b + (size_t)r * (size_t)d, x, d);
+#pragma omp for schedule(static)
+      for (int i0 = 0; i0 < D; i0 += EDGE_SCORE_BLOCK) svd_mask_block_f16(D, rank, a_t, bias, scratch, i0, mask);
+    }
+    return EDGE_CPU_OK;
+  }
+#endif
+  for (int r = 0; r < rank; r++) scratch[r] = dot_f16(b + (size_t)r * (size_t)d, x, d);
+  for (int i0 = 0; i0 < D; i0 += EDGE_SCORE_BLOCK) svd_mask_block_f16(D, rank, a_t, bias, scratch, i0, mask);
+  return EDGE_CPU_OK;
 }
 
 int edge_cpu_svd_predictor(const float *x, int d, int D, int rank, const float *a_t, const float *b, const float *bias,

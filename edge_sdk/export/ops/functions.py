@@ -53,8 +53,10 @@ _BIT_VALUES = ", ".join(str(1 << j) for j in range(31)) + f", {-(1 << 31)}"
 FUNCTION_BODIES = {
     "SvdPredictor": """{
     xf = Cast <to = 1> (x)                                  # [T, d] float32
-    low = Gemm <transB = 1> (xf, b)                         # [T, r] = x b^T
-    scores = Gemm <transB = 1> (low, a, bias)               # [T, D] = (x b^T) a^T + bias
+    af = Cast <to = 1> (a)                                  # [D, r] float32 (float16 factors widened, exactly)
+    bf = Cast <to = 1> (b)                                  # [r, d] float32
+    low = Gemm <transB = 1> (xf, bf)                        # [T, r] = x b^T
+    scores = Gemm <transB = 1> (low, af, bias)              # [T, D] = (x b^T) a^T + bias
     zero = Constant <value_float = 0.0> ()
     fires = Greater (scores, zero)                          # [T, D] bool
     mask = Cast <to = 6> (fires)                            # [T, D] int32 of 0/1

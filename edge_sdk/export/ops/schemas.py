@@ -167,13 +167,20 @@ SCHEMAS: dict[str, OpSchema] = {
             name="SvdPredictor",
             inputs=(
                 _X,
-                TensorSpec("a", ("D", "r"), ("float32",), "Left factor U_r Sigma_r."),
-                TensorSpec("b", ("r", "d"), ("float32",), "Right factor V_r^T S^-1 (whitened)."),
+                TensorSpec(
+                    "a",
+                    ("D", "r"),
+                    ("float32", "float16"),
+                    "Left factor U_r Sigma_r (float16 in bundles whose weights are not fp32, widened to float32).",
+                    type_var="TF",
+                ),
+                TensorSpec("b", ("r", "d"), ("float32", "float16"), "Right factor V_r^T S^-1 (whitened).", type_var="TF"),
                 TensorSpec("bias", ("D",), ("float32",), "Calibrated per-neuron bias (-tau)."),
             ),
             outputs=(_MASK,),
             attributes=PLUGIN_ATTRIBUTES,
-            doc="Low-rank predictor of the gate: mask = ((x b^T) a^T + bias) > 0, computed in float32.",
+            doc="Low-rank predictor of the gate: mask = ((x b^T) a^T + bias) > 0, computed in float32 (float16 "
+            "factors widened, never float16 arithmetic).",
             tolerance=(
                 "Exact except where |score| is within rounding error of 0 (different summation orders): a decision "
                 "may differ only where |score| <= bound * max |score|, bound by x's type."
