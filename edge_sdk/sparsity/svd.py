@@ -231,4 +231,3 @@ def with_half_factors(predictor: SvdPredictor) -> SvdPredictor:
         whitened=predictor.whitened,
         regularizer=predictor.regularizer,
     )
-

@@ -174,7 +174,9 @@ SCHEMAS: dict[str, OpSchema] = {
                     "Left factor U_r Sigma_r (float16 in bundles whose weights are not fp32, widened to float32).",
                     type_var="TF",
                 ),
-                TensorSpec("b", ("r", "d"), ("float32", "float16"), "Right factor V_r^T S^-1 (whitened).", type_var="TF"),
+                TensorSpec(
+                    "b", ("r", "d"), ("float32", "float16"), "Right factor V_r^T S^-1 (whitened).", type_var="TF"
+                ),
                 TensorSpec("bias", ("D",), ("float32",), "Calibrated per-neuron bias (-tau)."),
             ),
             outputs=(_MASK,),
