@@ -49,6 +49,12 @@ EDGE_CUDA_API cudaError_t edge_svd_predictor(cudaStream_t stream, const void *x,
                                              int D, int rank, const float *a, const float *b, const float *bias,
                                              int32_t *mask, float *scratch);
 
+/* edge_svd_predictor with fp16 factors (IEEE half; bundles of format version 5 whose weights are not fp32): a and b
+ * are widened to fp32 as they are read and every product and sum is fp32, in the order of edge_svd_predictor. */
+EDGE_CUDA_API cudaError_t edge_svd_predictor_f16(cudaStream_t stream, const void *x, int x_dtype, int tokens, int d,
+                                                 int D, int rank, const void *a, const void *b, const float *bias,
+                                                 int32_t *mask, float *scratch);
+
 /* Sign-bit predictor (DESIGN 3.2, edge_sdk/sparsity/signbit.py), one warp per row of `packed`.
  * x: [tokens, d] of x_dtype; packed: [D, ceil(d/32)] int32 sign bits of W_gate (bit j of word k =
  * w[32k+j] < 0, padding bits 0); alpha: the layer's alpha. x's sign bits (x_j < 0, so -0.0 and NaN count

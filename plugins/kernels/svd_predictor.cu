@@ -3,6 +3,8 @@
 // 1. low = x B^T: rank rows of length d. Only `rank` (~2% of D) dot products, so one block per row with
 //    every thread on a slice of it: one warp per row would leave most of the GPU idle.
 // 2. scores = low A^T + bias: D short rows of length rank, one warp per row; mask = scores > 0.
+#include <type_traits>
+
 #include "edge_cuda_common.cuh"
 
 namespace edge {
@@ -11,18 +13,19 @@ namespace {
 constexpr int kLowRankThreads = 256;
 constexpr int kScoreWarps = 8;  // rows of A per block of stage 2
 
-// scratch[t, r] = B_r . x_t. vectorized: B is 16-byte aligned and d % 4 == 0 (float4 loads of B).
-template <typename TX>
+// scratch[t, r] = B_r . x_t, B float or half (the bundle's F16 factors, widened on load into registers).
+// vectorized: B is float, 16-byte aligned and d % 4 == 0 (float4 loads of B).
+template <typename TX, typename TB>
 __global__ void __launch_bounds__(kLowRankThreads)
-    low_rank_kernel(const TX* __restrict__ x, int d, int rank, const float* __restrict__ b,
+    low_rank_kernel(const TX* __restrict__ x, int d, int rank, const TB* __restrict__ b,
                     float* __restrict__ scratch, bool vectorized) {
   const int r = blockIdx.x;
   const int t = blockIdx.y;
-  const float* row = b + static_cast<size_t>(r) * d;
+  const TB* row = b + static_cast<size_t>(r) * d;
   const TX* xt = x + static_cast<size_t>(t) * d;
   float acc = 0.0f;
-  if (vectorized) {
-    const float4* pieces = reinterpret_cast<const float4*>(row);
+  if (std::is_same<TB, float>::value && vectorized) {
+    const float4* pieces = reinterpret_cast<const float4*>(row);  // TB is float on this branch
     for (int q = threadIdx.x; q < d / 4; q += kLowRankThreads) {
       const float4 w = __ldcs(pieces + q);
       acc = fmaf(w.x, to_float(xt[4 * q]), acc);
@@ -31,7 +34,7 @@ __global__ void __launch_bounds__(kLowRankThreads)
       acc = fmaf(w.w, to_float(xt[4 * q + 3]), acc);
     }
   } else {
-    for (int j = threadIdx.x; j < d; j += kLowRankThreads) acc = fmaf(row[j], to_float(xt[j]), acc);
+    for (int j = threadIdx.x; j < d; j += kLowRankThreads) acc = fmaf(to_float(row[j]), to_float(xt[j]), acc);
   }
   acc = warp_sum(acc);
   __shared__ float warp_sums[kLowRankThreads / kWarpSize];
@@ -44,9 +47,11 @@ __global__ void __launch_bounds__(kLowRankThreads)
   }
 }
 
-// mask[t, i] = A_i . scratch_t + bias_i > 0. vectorized: A and scratch are 16-byte aligned, rank % 4 == 0.
+// mask[t, i] = A_i . scratch_t + bias_i > 0, A float or half. vectorized: A and scratch are 16-byte aligned and
+// rank is a multiple of the values per 16 bytes (4 float, 8 half).
+template <typename TA>
 __global__ void __launch_bounds__(kScoreWarps * kWarpSize)
-    score_kernel(int D, int rank, const float* __restrict__ a, const float* __restrict__ bias,
+    score_kernel(int D, int rank, const TA* __restrict__ a, const float* __restrict__ bias,
                  const float* __restrict__ scratch, int32_t* __restrict__ mask, bool vectorized) {
   const int i = blockIdx.x * kScoreWarps + threadIdx.x / kWarpSize;
   const int t = blockIdx.y;
@@ -61,10 +66,12 @@ __global__ void __launch_bounds__(kScoreWarps * kWarpSize)
 }  // namespace
 }  // namespace edge
 
-extern "C" cudaError_t edge_svd_predictor(cudaStream_t stream, const void* x, int x_dtype, int tokens, int d, int D,
-                                          int rank, const float* a, const float* b, const float* bias, int32_t* mask,
-                                          float* scratch) {
-  using namespace edge;
+namespace edge {
+namespace {
+
+template <typename TF>
+cudaError_t launch_svd_predictor(cudaStream_t stream, const void* x, int x_dtype, int tokens, int d, int D, int rank,
+                                 const TF* a, const TF* b, const float* bias, int32_t* mask, float* scratch) {
   if (x == nullptr || a == nullptr || b == nullptr || mask == nullptr || scratch == nullptr) {
     return cudaErrorInvalidValue;
   }
@@ -72,13 +79,29 @@ extern "C" cudaError_t edge_svd_predictor(cudaStream_t stream, const void* x, in
     return cudaErrorInvalidValue;
   }
   const bool low_vectorized = aligned16(b) && d % 4 == 0;
-  const bool score_vectorized = aligned16(a) && aligned16(scratch) && rank % 4 == 0;
+  const bool score_vectorized = aligned16(a) && aligned16(scratch) && rank % Vec16<TF>::kElements == 0;
   return dispatch_dtype(x_dtype, [&](auto tag) {
     using TX = decltype(tag);
-    low_rank_kernel<TX><<<dim3(rank, tokens), kLowRankThreads, 0, stream>>>(static_cast<const TX*>(x), d, rank, b,
-                                                                            scratch, low_vectorized);
-    score_kernel<<<dim3(ceil_div(D, kScoreWarps), tokens), kScoreWarps * kWarpSize, 0, stream>>>(
+    low_rank_kernel<TX, TF><<<dim3(rank, tokens), kLowRankThreads, 0, stream>>>(static_cast<const TX*>(x), d, rank,
+                                                                                b, scratch, low_vectorized);
+    score_kernel<TF><<<dim3(ceil_div(D, kScoreWarps), tokens), kScoreWarps * kWarpSize, 0, stream>>>(
         D, rank, a, bias, scratch, mask, score_vectorized);
     return cudaGetLastError();
   });
+}
+
+}  // namespace
+}  // namespace edge
+
+extern "C" cudaError_t edge_svd_predictor(cudaStream_t stream, const void* x, int x_dtype, int tokens, int d, int D,
+                                          int rank, const float* a, const float* b, const float* bias, int32_t* mask,
+                                          float* scratch) {
+  return edge::launch_svd_predictor(stream, x, x_dtype, tokens, d, D, rank, a, b, bias, mask, scratch);
+}
+
+extern "C" cudaError_t edge_svd_predictor_f16(cudaStream_t stream, const void* x, int x_dtype, int tokens, int d,
+                                              int D, int rank, const void* a, const void* b, const float* bias,
+                                              int32_t* mask, float* scratch) {
+  return edge::launch_svd_predictor(stream, x, x_dtype, tokens, d, D, rank, static_cast<const __half*>(a),
+                                    static_cast<const __half*>(b), bias, mask, scratch);
 }

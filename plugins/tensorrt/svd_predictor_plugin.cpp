@@ -52,7 +52,10 @@ bool SvdPredictorPlugin::supportsFormatCombination(int32_t pos, nvinfer1::Dynami
   nvinfer1::PluginTensorDesc const& desc = inOut[pos].desc;
   if (desc.format != nvinfer1::TensorFormat::kLINEAR) return false;
   if (pos == kX) return isFloatType(desc.type);
-  if (pos < nbInputs) return desc.type == nvinfer1::DataType::kFLOAT;  // a, b, bias
+  // a: float, or half (the F16 factors of bundles whose weights are not fp32); b: a's type; bias: float
+  if (pos == kA) return desc.type == nvinfer1::DataType::kFLOAT || desc.type == nvinfer1::DataType::kHALF;
+  if (pos == kB) return desc.type == inOut[kA].desc.type;
+  if (pos < nbInputs) return desc.type == nvinfer1::DataType::kFLOAT;
   return desc.type == nvinfer1::DataType::kINT32;                     // mask, 1 = predicted active
 }
 
@@ -89,11 +92,21 @@ int32_t SvdPredictorPlugin::enqueue(nvinfer1::PluginTensorDesc const* inputDesc,
     int const n_neurons = checkedDim("a", inputDesc[kA].dims.d[0]);
     int const rank = checkedDim("a", inputDesc[kA].dims.d[1]);
     if (tokens == 0) return;
-    cudaError_t const status = edge_svd_predictor(
-        stream, inputs[kX], cudaDtype(inputDesc[kX].type), tokens, d, n_neurons, rank,
-        static_cast<float const*>(inputs[kA]), static_cast<float const*>(inputs[kB]),
-        static_cast<float const*>(inputs[kBias]), static_cast<int32_t*>(outputs[0]), static_cast<float*>(workspace));
-    if (status != cudaSuccess) throw PluginError(std::string("edge_svd_predictor: ") + cudaGetErrorString(status));
+    bool const half_factors = inputDesc[kA].type == nvinfer1::DataType::kHALF;
+    auto const* bias = static_cast<float const*>(inputs[kBias]);
+    auto* mask = static_cast<int32_t*>(outputs[0]);
+    auto* scratch = static_cast<float*>(workspace);
+    int const x_dtype = cudaDtype(inputDesc[kX].type);
+    cudaError_t const status =
+        half_factors ? edge_svd_predictor_f16(stream, inputs[kX], x_dtype, tokens, d, n_neurons, rank, inputs[kA],
+                                              inputs[kB], bias, mask, scratch)
+                     : edge_svd_predictor(stream, inputs[kX], x_dtype, tokens, d, n_neurons, rank,
+                                          static_cast<float const*>(inputs[kA]), static_cast<float const*>(inputs[kB]),
+                                          bias, mask, scratch);
+    if (status != cudaSuccess) {
+      throw PluginError(std::string(half_factors ? "edge_svd_predictor_f16: " : "edge_svd_predictor: ") +
+                        cudaGetErrorString(status));
+    }
   });
 }
 

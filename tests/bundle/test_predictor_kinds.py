@@ -32,9 +32,9 @@ def test_the_generated_table_lists_every_kind_tensor_and_dimension():
         entry = f'[PREDICTOR_{name.upper()}] = {{"{name}", {int(kind.has_levels)}, {len(kind.tensors)}'
         assert entry in source
         for tensor in kind.tensors:
-            assert f'{{"{tensor.name}", DTYPE_{tensor.dtype}, {len(tensor.shape)}, ' in source
-    assert "[PREDICTOR_SVD]" in source and '{"a", DTYPE_F32, 2, {{DIM_INTERMEDIATE, 0}, {DIM_RANK, 0}}}' in source
-    assert '{"alpha", DTYPE_F32, 1, {{DIM_FIXED, 1}}}' in source
+            assert f'{{"{tensor.name}", DTYPE_{tensor.dtype}, {int(tensor.factor)}, {len(tensor.shape)}, ' in source
+    assert "[PREDICTOR_SVD]" in source and '{"a", DTYPE_F32, 1, 2, {{DIM_INTERMEDIATE, 0}, {DIM_RANK, 0}}}' in source
+    assert '{"alpha", DTYPE_F32, 0, 1, {{DIM_FIXED, 1}}}' in source
 
 
 def test_no_hand_written_kind_list_is_left_in_the_c_reader():
