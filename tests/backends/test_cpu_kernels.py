@@ -286,3 +286,41 @@ def test_c_kernels_return_an_error_status_for_invalid_arguments():
         arguments = list(signbit)
         arguments[position] = value
         assert library.edge_cpu_signbit_predictor(*arguments) != 0, f"argument {position} = {value}"
+
+
+def kernel_scores(x: torch.Tensor, a_t: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The float32 scores svd_predictor computes, bit for bit, read from its masks alone: mask_i = s_i + bias_i > 0
+    (an exact comparison of a float sum with 0) holds exactly for bias_i > -s_i, so a bisection over the float32
+    values of bias finds -s_i as the largest bias whose mask is 0."""
+    n_neurons = a_t.shape[1]
+
+    def ordered(values: torch.Tensor) -> torch.Tensor:  # float32 -> int64 increasing with the value
+        bits = values.view(torch.int32).to(torch.int64)
+        return torch.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
+
+    def value_of(keys: torch.Tensor) -> torch.Tensor:
+        bits = torch.where(keys < 0, (-keys) | (1 << 31), keys)
+        return bits.to(torch.int64).to(torch.int32).view(torch.float32)
+
+    low = ordered(torch.full((n_neurons,), -1e30))  # mask 0 at this bias (for scores below 1e30)
+    high = ordered(torch.full((n_neurons,), 1e30))  # mask 1
+    while bool((high - low > 1).any()):
+        middle = (low + high) // 2
+        active = svd_predictor(x, a_t, b, value_of(middle))
+        low, high = torch.where(active, low, middle), torch.where(active, middle, high)
+    return -value_of(low)
+
+
+@pytest.mark.parametrize(("d", "n_neurons", "rank"), [(192, 768, 16), (45, 1100, 7), (300, 2100, 40)])
+def test_fp16_factor_kernel_computes_the_fp32_kernels_scores_on_widened_factors(d, n_neurons, rank):
+    """edge_cpu_svd_predictor_f16 = edge_cpu_svd_predictor on the widened factors, every score bit for bit (block
+    tails, vector tails and ranks that are no multiple of anything included), so F16 bundles score as calibrated."""
+    generator = torch.Generator().manual_seed(d)
+    x = torch.randn(d, generator=generator)
+    a_t = (torch.randn(rank, n_neurons, generator=generator) * 3).half()
+    b = (torch.randn(rank, d, generator=generator) / 7).half()
+    scores = kernel_scores(x, a_t.float(), b.float())
+    assert torch.equal(kernel_scores(x, a_t, b), scores)
+    assert torch.allclose(scores, (x @ b.float().T) @ a_t.float(), rtol=1e-4, atol=1e-4)  # the scores, not noise
+    bias = torch.randn(n_neurons, generator=generator)
+    assert torch.equal(svd_predictor(x, a_t, b, bias), svd_predictor(x, a_t.float(), b.float(), bias))
