@@ -424,10 +424,10 @@ def factor_rule(dtype: str, version: int) -> str:
     the readers say it when a bundle declares them otherwise."""
     half = bundle_format.HALF_PREDICTOR_FACTORS_FORMAT_VERSION
     if dtype == "fp32":
-        return "an fp32 bundle stores its predictor factors in F32"
+        return "fp32 bundles store their predictor factors in F32"
     if version < half:
-        return f"a bundle of format version {version} stores its predictor factors in F32 (F16 since version {half})"
-    return f"a {dtype} bundle of format version {version} stores its predictor factors in F16"
+        return f"format version {version} stores predictor factors in F32 (F16 since version {half})"
+    return f"format version {version} stores the predictor factors of {dtype} bundles in F16"
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:

@@ -189,14 +189,14 @@ static edge_status read_model(const cJSON *manifest, const char *where, int64_t 
   out->factor_dtype = half_factors ? DTYPE_F16 : DTYPE_F32;
   /* why the factors have that dtype, as bundle/manifest.py factor_rule says it */
   if (weight_dtypes[dtype] == DTYPE_F32) {
-    snprintf(out->factor_rule, sizeof out->factor_rule, "an fp32 bundle stores its predictor factors in F32");
+    snprintf(out->factor_rule, sizeof out->factor_rule, "fp32 bundles store their predictor factors in F32");
   } else if (!half_factors) {
     snprintf(out->factor_rule, sizeof out->factor_rule,
-             "a bundle of format version %lld stores its predictor factors in F32 (F16 since version %d)",
-             (long long)version, BUNDLE_HALF_PREDICTOR_FACTORS_FORMAT_VERSION);
+             "format version %lld stores predictor factors in F32 (F16 since version %d)", (long long)version,
+             BUNDLE_HALF_PREDICTOR_FACTORS_FORMAT_VERSION);
   } else {
     snprintf(out->factor_rule, sizeof out->factor_rule,
-             "a %s bundle of format version %lld stores its predictor factors in F16", dtypes[dtype], (long long)version);
+             "format version %lld stores the predictor factors of %s bundles in F16", (long long)version, dtypes[dtype]);
   }
   return EDGE_OK;
 }

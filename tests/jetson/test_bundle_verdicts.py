@@ -33,6 +33,7 @@ from .support import Build, run, sanitizer_env
 ACCEPT, REFUSE = "accept", "refuse"
 OLD_INT4 = "int4 format_version 1 (codes stored as code + 8)"
 OLD_TIED = "tied int4 format_version 2 (embedding stored F16)"
+HALF_FACTORS_AS_OLD = "fp16 format_version 3 (its svd factors F16, which version 3 stores F32)"
 
 
 @dataclass(frozen=True)
@@ -378,7 +379,7 @@ def manifest_field_cases() -> list[Case]:
     refused = {
         "format other": setting("format", "other-bundle"),
         "format missing": setting("format", DELETE),
-        "format_version 4": setting("format_version", 4),
+        "format_version 6": setting("format_version", 6),
         "format_version 0": setting("format_version", 0),
         "format_version -1": setting("format_version", -1),
         "format_version string": setting("format_version", "1"),
@@ -504,6 +505,11 @@ def manifest_field_cases() -> list[Case]:
             setting("tensors", "embed_tokens.weight.scales", DELETE),
         ),
         "fp16 with a group_size": ("svd-fp16", setting("group_size", 32)),
+        # svd factors are F16 from format version 5 on in bundles whose weights are not fp32, F32 otherwise
+        HALF_FACTORS_AS_OLD: ("svd-fp16", setting("format_version", 3)),
+        "int4 format_version 3 (svd factors F16)": ("svd-int4", setting("format_version", 3)),
+        "fp16 svd factor declared F32": ("svd-fp16", setting("tensors", "layers.1.svd.b", "dtype", "F32")),
+        "fp32 svd factor declared F16": ("svd-fp32", setting("tensors", "layers.0.svd.a", "dtype", "F16")),
     }
     cases += [
         Case("manifest fields", name, base, edit_manifest(change)) for name, (base, change) in quantized_refused.items()
@@ -511,15 +517,24 @@ def manifest_field_cases() -> list[Case]:
     cases += [
         Case("manifest fields", name, "svd-fp16", edit_manifest(change), ACCEPT) for name, change in accepted.items()
     ]
-    # format version 1 changed only int4 codes: the other dtypes' bundles of version 1 still read
+    # format version 1 changed only int4 codes: the other dtypes' bundles of version 1 still read (svd bundles of
+    # those dtypes but fp32 are version 5 for their F16 factors)
     cases += [
         Case("manifest fields", f"{base} format_version 1", base, edit_manifest(setting("format_version", 1)), ACCEPT)
-        for base in ("svd-fp16", "svd-int8")
+        for base in ("svd-fp32", "core-fp16")
     ]
-    # version 3 changed only int8 / int4 bundles of tied models: the exporter writes 2 for every other, and 3 reads
+    # version 3 changed only int8 / int4 bundles of tied models, version 5 only svd bundles whose weights are not
+    # fp32: the exporter writes 2 for every other, and 3 and 5 read them
     cases += [
-        Case("manifest fields", f"{base} format_version 3", base, edit_manifest(setting("format_version", 3)), ACCEPT)
-        for base in ("svd-fp16", "svd-int4")
+        Case(
+            "manifest fields",
+            f"{base} format_version {version}",
+            base,
+            edit_manifest(setting("format_version", version)),
+            ACCEPT,
+        )
+        for base in ("svd-fp32", "core-fp16")
+        for version in (3, 5)
     ]
     cases += [
         Case("manifest fields", "digest not re-stamped", "svd-fp16", edit_manifest(setting("dtype", "fp32"), False)),
@@ -912,6 +927,15 @@ def test_a_tied_int4_bundle_of_format_version_2_is_refused_with_re_export(x86_bu
     for message in (python_verify(path), python_run(path), c_message):
         assert "format version 2" in message and "tied embeddings" in message, message
         assert "re-export the bundle" in message, message
+
+
+def test_svd_factors_of_the_wrong_dtype_for_the_version_are_refused_naming_the_rule(x86_build: Build, corpus_dirs):
+    """F16 factors in a bundle that says version 3: every reader names the factor and the version's rule, alike."""
+    path = corpus_dirs[f"manifest fields: {HALF_FACTORS_AS_OLD}"][1]
+    (c_message,) = c_verdicts(x86_build, [path])
+    for message in (python_verify(path), python_run(path), c_message):
+        assert "tensor 'layers.0.svd.a' is declared F16, expected F32" in message, message
+        assert "format version 3 stores predictor factors in F32 (F16 since version 5)" in message, message
 
 
 def test_python_messages_name_the_bundle(corpus_dirs):
