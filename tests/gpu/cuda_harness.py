@@ -22,6 +22,7 @@ CUDA_KERNELS_ENV = "EDGE_SDK_CUDA_KERNELS"
 # Every symbol the library exports (edge_cuda_kernels.h), and nothing else.
 LAUNCHERS = (
     "edge_svd_predictor",
+    "edge_svd_predictor_f16",
     "edge_signbit_predictor",
     "edge_sparse_ffn_workspace_size",
     "edge_sparse_ffn",
@@ -67,6 +68,7 @@ def load_kernels() -> ctypes.CDLL:
     signatures = {
         # stream, x, x_dtype, tokens, d, D, rank, a, b, bias, mask, scratch
         "edge_svd_predictor": [_ptr, _ptr, _int, _int, _int, _int, _int, _ptr, _ptr, _ptr, _ptr, _ptr],
+        "edge_svd_predictor_f16": [_ptr, _ptr, _int, _int, _int, _int, _int, _ptr, _ptr, _ptr, _ptr, _ptr],
         # stream, x, x_dtype, tokens, d, D, packed, alpha, mask
         "edge_signbit_predictor": [_ptr, _ptr, _int, _int, _int, _int, _ptr, ctypes.c_float, _ptr],
         "edge_sparse_ffn": [
@@ -300,19 +302,17 @@ class Kernels:
     def svd_predictor(
         self,
         x: DeviceTensor,  # [T, d]
-        a: DeviceTensor,  # [D, r] fp32
-        b: DeviceTensor,  # [r, d] fp32
+        a: DeviceTensor,  # [D, r] fp32, or fp16 (edge_svd_predictor_f16)
+        b: DeviceTensor,  # [r, d] a's dtype
         bias: DeviceTensor | None,  # [D] fp32
         mask: DeviceTensor,  # [T, D] int32, written 1 / 0
         scratch: DeviceTensor,  # [T, r] fp32
     ) -> None:
         tokens, d = x.shape
         n_neurons, rank = a.shape
+        launcher = "edge_svd_predictor_f16" if a.dtype == torch.float16 else "edge_svd_predictor"
         arguments = (x.pointer, DTYPES[x.dtype], tokens, d, n_neurons, rank, a.pointer, b.pointer, _address(bias))
-        check(
-            self.cuda.edge_svd_predictor(self.device.stream, *arguments, mask.pointer, scratch.pointer),
-            "edge_svd_predictor",
-        )
+        check(getattr(self.cuda, launcher)(self.device.stream, *arguments, mask.pointer, scratch.pointer), launcher)
 
     def signbit_predictor(self, x: DeviceTensor, packed: DeviceTensor, alpha: float, mask: DeviceTensor) -> None:
         tokens, d = x.shape

@@ -214,11 +214,13 @@ def test_fixture_layer_with_signbit_mask(device, tiny_model_dir):
 @pytest.mark.parametrize("d, n_neurons, rank", [(45, 77, 5), (256, 1000, 32), (4096, 2000, 96)])
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_svd_predictor_matches_reference(device, d, n_neurons, rank, x_dtype, with_bias):
+@pytest.mark.parametrize("factor_dtype", [torch.float32, torch.float16], ids=str)
+def test_svd_predictor_matches_reference(device, d, n_neurons, rank, x_dtype, with_bias, factor_dtype):
+    """fp16 factors (bundle format 5) are widened and scored in fp32: the reference on the widened factors."""
     generator = torch.Generator().manual_seed(9)
     x = torch.randn(3, d, generator=generator).to(x_dtype)
-    a = torch.randn(n_neurons, rank, generator=generator) / rank**0.5
-    b = torch.randn(rank, d, generator=generator) / d**0.5
+    a = (torch.randn(n_neurons, rank, generator=generator) / rank**0.5).to(factor_dtype)
+    b = (torch.randn(rank, d, generator=generator) / d**0.5).to(factor_dtype)
     bias = 0.3 * torch.randn(n_neurons, generator=generator) if with_bias else None
     mask = device.empty((3, n_neurons), torch.int32)
     scratch = device.empty((3, rank), torch.float32)
@@ -226,7 +228,7 @@ def test_svd_predictor_matches_reference(device, d, n_neurons, rank, x_dtype, wi
     Kernels(device).svd_predictor(
         upload(x), upload(a), upload(b), None if bias is None else upload(bias), mask, scratch
     )
-    scores = (x.float() @ b.T) @ a.T + (0.0 if bias is None else bias)
+    scores = (x.float() @ b.float().T) @ a.float().T + (0.0 if bias is None else bias)
     clear = scores.abs() > SVD_SCORE_TOLERANCE
     assert torch.equal(device.download(mask)[clear], (scores > 0)[clear].to(torch.int32))  # exactly 1 / 0
 
