@@ -16,7 +16,7 @@ import torch
 from edge_sdk.bundle import Bundle
 from edge_sdk.bundle import format as bundle_format
 from edge_sdk.bundle.check import check_bundle
-from edge_sdk.errors import BundleError
+from edge_sdk.bundle.manifest import BundleError
 from edge_sdk.export.exporter import ExportSettings, export_bundle
 from edge_sdk.model.activation import Activation
 from edge_sdk.predictors import svd as svd_kind
