@@ -101,6 +101,20 @@ void expectDim(char const* what, int64_t expected, int64_t found) {
   }
 }
 
+void expectCounts(PluginSignature const& signature, int32_t nbInputs, int32_t nbOutputs) {
+  bool const optional = signature.optionalInput != nullptr && nbInputs == signature.nbInputs + 1;
+  if (nbInputs != signature.nbInputs && !optional) {
+    std::string expected = "expected " + std::to_string(signature.nbInputs) + " inputs (" + signature.inputs + ")";
+    if (signature.optionalInput != nullptr) {
+      expected += " or " + std::to_string(signature.nbInputs + 1) + " (and " + signature.optionalInput + ")";
+    }
+    throw PluginError(expected + ", found " + std::to_string(nbInputs));
+  }
+  if (nbOutputs != 1) {
+    throw PluginError(std::string("expected 1 output (") + signature.output + "), found " + std::to_string(nbOutputs));
+  }
+}
+
 Attributes::Attributes(nvinfer1::PluginFieldCollection const* fields, std::vector<std::string> const& known)
     : mFields(fields) {
   if (fields == nullptr || (fields->nbFields > 0 && fields->fields == nullptr)) {

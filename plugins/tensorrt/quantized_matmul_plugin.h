@@ -15,32 +15,23 @@ namespace edge_sdk::trt {
 class QuantizedMatMulPlugin : public PluginBase<QuantizedMatMulPlugin> {
  public:
   static constexpr char const* kName = kQuantizedMatMulName;
+  static constexpr PluginSignature kSignature{3, "x, w, w_scales", nullptr, "y", nvinfer1::DataType::kFLOAT};
   static std::vector<nvinfer1::PluginField> fieldNames();
 
   // Validates the attributes; throws PluginError.
   explicit QuantizedMatMulPlugin(nvinfer1::PluginFieldCollection const* fields);
 
-  int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs, nvinfer1::DataType const* inputTypes,
-                             int32_t nbInputs) const noexcept override;
-  int32_t getOutputShapes(nvinfer1::DimsExprs const* inputs, int32_t nbInputs, nvinfer1::DimsExprs const* shapeInputs,
-                          int32_t nbShapeInputs, nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
-                          nvinfer1::IExprBuilder& exprBuilder) noexcept override;
-  bool supportsFormatCombination(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs,
-                                 int32_t nbOutputs) noexcept override;
-  int32_t configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
-                          nvinfer1::DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept override;
-  size_t getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
-                          nvinfer1::DynamicPluginTensorDesc const* outputs, int32_t nbOutputs) const noexcept override;
-  int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
-                  void const* const* inputs, void* const* outputs, void* workspace,
-                  cudaStream_t stream) noexcept override;
-  nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
+  // PluginBase's hooks (plugin_common.h); no workspace
+  nvinfer1::DimsExprs outputShape(nvinfer1::DimsExprs const* inputs, nvinfer1::IExprBuilder& exprBuilder) const;
+  bool supportsInputType(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut) const;
+  void expectShapes(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs) const;
+  void launch(nvinfer1::PluginTensorDesc const* inputDesc, void const* const* inputs, void* output, void* workspace,
+              cudaStream_t stream) const;
+  void addFields(std::vector<nvinfer1::PluginField>& fields) const;
 
  private:
   QuantLayout mLayout{};
   int32_t mTransposed = 1;  // 1: W [N, K], y = x W^T; 0: W [K, N], y = x W
-  std::vector<nvinfer1::PluginField> mSerialized;
-  nvinfer1::PluginFieldCollection mSerializedCollection{};
 };
 
 using QuantizedMatMulPluginCreator = PluginCreator<QuantizedMatMulPlugin>;

@@ -9,41 +9,31 @@
 #include <vector>
 
 #include "plugin_common.h"
+#include "sparse_ffn_plugin.h"
 
 namespace edge_sdk::trt {
 
-class QuantizedSparseFfnPlugin : public PluginBase<QuantizedSparseFfnPlugin> {
+class QuantizedSparseFfnPlugin : public SparseFfnPluginBase<QuantizedSparseFfnPlugin> {
  public:
   static constexpr char const* kName = kQuantizedSparseFfnName;
+  static constexpr PluginSignature kSignature{
+      8, "x, w_gate, w_gate_scales, w_up, w_up_scales, w_down_t, w_down_t_scales, mask", "thresholds", "y",
+      nvinfer1::DataType::kFLOAT};
   static std::vector<nvinfer1::PluginField> fieldNames();
 
   // Validates the attributes; throws PluginError.
   explicit QuantizedSparseFfnPlugin(nvinfer1::PluginFieldCollection const* fields);
 
-  int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs, nvinfer1::DataType const* inputTypes,
-                             int32_t nbInputs) const noexcept override;
-  int32_t getOutputShapes(nvinfer1::DimsExprs const* inputs, int32_t nbInputs, nvinfer1::DimsExprs const* shapeInputs,
-                          int32_t nbShapeInputs, nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
-                          nvinfer1::IExprBuilder& exprBuilder) noexcept override;
-  bool supportsFormatCombination(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs,
-                                 int32_t nbOutputs) noexcept override;
-  int32_t configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
-                          nvinfer1::DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept override;
-  size_t getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
-                          nvinfer1::DynamicPluginTensorDesc const* outputs, int32_t nbOutputs) const noexcept override;
-  int32_t onShapeChange(nvinfer1::PluginTensorDesc const* in, int32_t nbInputs, nvinfer1::PluginTensorDesc const* out,
-                        int32_t nbOutputs) noexcept override;
-  int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
-                  void const* const* inputs, void* const* outputs, void* workspace,
-                  cudaStream_t stream) noexcept override;
-  nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
+  // PluginBase's hooks (plugin_common.h) besides SparseFfnPluginBase's
+  bool supportsInputType(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut) const;
+  void expectShapes(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs) const;
+  void launch(nvinfer1::PluginTensorDesc const* inputDesc, void const* const* inputs, void* output, void* workspace,
+              cudaStream_t stream) const;
+  void addFields(std::vector<nvinfer1::PluginField>& fields) const;
 
  private:
   GateActivation mActivation{};
   QuantLayout mLayout{};
-  int32_t mNbInputs = 0;  // 8, or 9 with thresholds; known from configurePlugin / onShapeChange
-  std::vector<nvinfer1::PluginField> mSerialized;
-  nvinfer1::PluginFieldCollection mSerializedCollection{};
 };
 
 using QuantizedSparseFfnPluginCreator = PluginCreator<QuantizedSparseFfnPlugin>;

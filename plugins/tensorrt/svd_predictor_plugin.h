@@ -13,29 +13,20 @@ namespace edge_sdk::trt {
 class SvdPredictorPlugin : public PluginBase<SvdPredictorPlugin> {
  public:
   static constexpr char const* kName = kSvdPredictorName;
+  // int32 mask (OPS.md): TensorRT 10.3 refuses kBOOL and kUINT8 plugin outputs (getOutputDataTypes)
+  static constexpr PluginSignature kSignature{4, "x, a, b, bias", nullptr, "mask", nvinfer1::DataType::kINT32};
   static std::vector<nvinfer1::PluginField> fieldNames();
 
   // Rejects any attribute; throws PluginError.
   explicit SvdPredictorPlugin(nvinfer1::PluginFieldCollection const* fields);
 
-  int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs, nvinfer1::DataType const* inputTypes,
-                             int32_t nbInputs) const noexcept override;
-  int32_t getOutputShapes(nvinfer1::DimsExprs const* inputs, int32_t nbInputs, nvinfer1::DimsExprs const* shapeInputs,
-                          int32_t nbShapeInputs, nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
-                          nvinfer1::IExprBuilder& exprBuilder) noexcept override;
-  bool supportsFormatCombination(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs,
-                                 int32_t nbOutputs) noexcept override;
-  int32_t configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
-                          nvinfer1::DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept override;
-  size_t getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
-                          nvinfer1::DynamicPluginTensorDesc const* outputs, int32_t nbOutputs) const noexcept override;
-  int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
-                  void const* const* inputs, void* const* outputs, void* workspace,
-                  cudaStream_t stream) noexcept override;
-  nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
-
- private:
-  nvinfer1::PluginFieldCollection mNoFields{0, nullptr};
+  // PluginBase's hooks (plugin_common.h)
+  nvinfer1::DimsExprs outputShape(nvinfer1::DimsExprs const* inputs, nvinfer1::IExprBuilder& exprBuilder) const;
+  bool supportsInputType(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut) const;
+  void expectShapes(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs) const;
+  size_t workspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs) const noexcept;
+  void launch(nvinfer1::PluginTensorDesc const* inputDesc, void const* const* inputs, void* output, void* workspace,
+              cudaStream_t stream) const;
 };
 
 using SvdPredictorPluginCreator = PluginCreator<SvdPredictorPlugin>;
