@@ -26,6 +26,14 @@ inline constexpr char kSparseFfnName[] = "SparseFFN";
 inline constexpr char kQuantizedSparseFfnName[] = "QuantizedSparseFFN";
 inline constexpr char kQuantizedMatMulName[] = "QuantizedMatMul";
 
+// The creators TensorRT gets from getCreators (plugin_library.cpp), one in each <op>_plugin.cpp, where the plugin
+// class itself is private.
+nvinfer1::IPluginCreatorV3One* svdPredictorCreator();
+nvinfer1::IPluginCreatorV3One* signBitPredictorCreator();
+nvinfer1::IPluginCreatorV3One* sparseFfnCreator();
+nvinfer1::IPluginCreatorV3One* quantizedSparseFfnCreator();
+nvinfer1::IPluginCreatorV3One* quantizedMatMulCreator();
+
 // An invalid attribute, shape or type; the message names the item, the expected and the found value (logError
 // prefixes the op).
 class PluginError : public std::runtime_error {
@@ -53,6 +61,13 @@ int checkedDim(char const* tensor, int64_t value);
 // PluginError. expectDim skips the comparison when either value is -1.
 void expectRank(char const* tensor, nvinfer1::Dims const& dims, int32_t rank);
 void expectDim(char const* what, int64_t expected, int64_t found);
+
+// The output shape [T, R] from x [T, d] (input 0) and input `other` [R, ...], named `otherName` in the message;
+// throws PluginError unless both are 2-D.
+nvinfer1::DimsExprs tokensByRows(nvinfer1::DimsExprs const* inputs, int32_t other, char const* otherName);
+
+// Throws PluginError "<launcher>: <CUDA's error string>" unless status is cudaSuccess.
+void expectLaunched(char const* launcher, cudaError_t status);
 
 // The attributes of one op, read from a PluginFieldCollection (the ONNX parser's or the serialized fields).
 // Unknown names are an error: the parser only passes the names getFieldNames() lists.

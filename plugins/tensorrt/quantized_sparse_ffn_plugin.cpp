@@ -1,9 +1,15 @@
-#include "quantized_sparse_ffn_plugin.h"
-
+// QuantizedSparseFFN: one decode step of the sparse gated FFN (DESIGN 3.1) over group-wise quantized rows, calling
+// edge_sparse_ffn_q. Inputs: x [T, d] (fp32/fp16/bf16); for w_gate, w_up and w_down_t (each [D, d], down transposed)
+// its codes as INT32 words [D, d / 4] (int8) or [D, d / 8] (int4), the bundle's bytes, and its scales [D, d / G]
+// fp16; mask [T, D] int32 (nonzero = active); optionally thresholds [D] fp32. Output: y [T, d] fp32. Attributes:
+// activation, activation_threshold (as SparseFFN), weight_format, group_size.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "edge_cuda_kernels.h"
+#include "plugin_common.h"
+#include "sparse_ffn_plugin_base.h"
 
 namespace edge_sdk::trt {
 namespace {
@@ -12,68 +18,87 @@ namespace {
 enum Input { kX = 0, kGateCodes, kGateScales, kUpCodes, kUpScales, kDownCodes, kDownScales, kMask };
 constexpr char const* kMatrices[] = {"w_gate", "w_up", "w_down_t"};
 
+// outputShape and workspaceSize: SparseFfnPluginBase's
+class QuantizedSparseFfnPlugin : public SparseFfnPluginBase<QuantizedSparseFfnPlugin> {
+ public:
+  static constexpr char const* kName = kQuantizedSparseFfnName;
+  static constexpr PluginSignature kSignature{
+      8, "x, w_gate, w_gate_scales, w_up, w_up_scales, w_down_t, w_down_t_scales, mask", "thresholds", "y",
+      nvinfer1::DataType::kFLOAT};
+
+  static std::vector<nvinfer1::PluginField> fieldNames() {
+    std::vector<nvinfer1::PluginField> fields;
+    GateActivation::addFieldNames(fields);
+    QuantLayout::addFieldNames(fields);
+    return fields;
+  }
+
+  // Validates the attributes; throws PluginError.
+  explicit QuantizedSparseFfnPlugin(nvinfer1::PluginFieldCollection const* fields) {
+    Attributes const attributes(fields, {GateActivation::kField, GateActivation::kThresholdField,
+                                         QuantLayout::kFormatField, QuantLayout::kGroupSizeField});
+    mActivation = GateActivation::read(attributes);
+    mLayout = QuantLayout::read(attributes);
+  }
+
+  bool supportsInputType(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut) const {
+    nvinfer1::DataType const type = inOut[pos].desc.type;
+    switch (pos) {
+      case kX:
+        return isFloatType(type);
+      case kGateCodes:
+      case kUpCodes:
+      case kDownCodes:  // the bundle's bytes as INT32 words: INT8 / UINT8 plugin inputs are not usable (OPS.md)
+      case kMask:
+        return type == nvinfer1::DataType::kINT32;
+      case kGateScales:
+      case kUpScales:
+      case kDownScales:
+        return type == nvinfer1::DataType::kHALF;
+      default:  // thresholds
+        return type == nvinfer1::DataType::kFLOAT;
+    }
+  }
+
+  void expectShapes(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs) const {
+    nvinfer1::Dims const& x = in[kX].desc.dims;
+    expectRank("x", x, 2);
+    int64_t const n_neurons = in[kGateCodes].desc.dims.nbDims == 2 ? in[kGateCodes].desc.dims.d[0] : -1;
+    for (int m = 0; m < 3; ++m) {
+      mLayout.expectMatrix(kMatrices[m], in[kGateCodes + 2 * m].desc.dims, in[kGateScales + 2 * m].desc.dims,
+                           n_neurons, x.d[1]);
+    }
+    expectMaskAndThresholds(in, nbInputs, x, n_neurons);
+  }
+
+  void launch(nvinfer1::PluginTensorDesc const* inputDesc, void const* const* inputs, void* output, void* workspace,
+              cudaStream_t stream) const {
+    StepArguments const step = stepArguments(inputDesc, inputs);
+    if (step.tokens == 0) return;
+    auto scales = [&](int input) { return static_cast<uint16_t const*>(inputs[input]); };
+    cudaError_t const status = edge_sparse_ffn_q(
+        stream, inputs[kX], cudaDtype(inputDesc[kX].type), step.tokens, step.d, step.n_neurons, inputs[kGateCodes],
+        scales(kGateScales), inputs[kUpCodes], scales(kUpScales), inputs[kDownCodes], scales(kDownScales),
+        mLayout.format, mLayout.groupSize, static_cast<int32_t const*>(inputs[kMask]), step.thresholds,
+        mActivation.value, mActivation.threshold, static_cast<float*>(output), workspace, nullptr);
+    expectLaunched("edge_sparse_ffn_q", status);
+  }
+
+  void addFields(std::vector<nvinfer1::PluginField>& fields) const {
+    mActivation.addFields(fields);
+    mLayout.addFields(fields);
+  }
+
+ private:
+  GateActivation mActivation{};
+  QuantLayout mLayout{};
+};
+
 }  // namespace
 
-std::vector<nvinfer1::PluginField> QuantizedSparseFfnPlugin::fieldNames() {
-  std::vector<nvinfer1::PluginField> fields;
-  GateActivation::addFieldNames(fields);
-  QuantLayout::addFieldNames(fields);
-  return fields;
-}
-
-QuantizedSparseFfnPlugin::QuantizedSparseFfnPlugin(nvinfer1::PluginFieldCollection const* fields) {
-  Attributes const attributes(fields, {GateActivation::kField, GateActivation::kThresholdField,
-                                       QuantLayout::kFormatField, QuantLayout::kGroupSizeField});
-  mActivation = GateActivation::read(attributes);
-  mLayout = QuantLayout::read(attributes);
-}
-
-bool QuantizedSparseFfnPlugin::supportsInputType(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut) const {
-  nvinfer1::DataType const type = inOut[pos].desc.type;
-  switch (pos) {
-    case kX:
-      return isFloatType(type);
-    case kGateCodes:
-    case kUpCodes:
-    case kDownCodes:  // the bundle's bytes as INT32 words: INT8 / UINT8 plugin inputs are not usable (OPS.md)
-    case kMask:
-      return type == nvinfer1::DataType::kINT32;
-    case kGateScales:
-    case kUpScales:
-    case kDownScales:
-      return type == nvinfer1::DataType::kHALF;
-    default:  // thresholds
-      return type == nvinfer1::DataType::kFLOAT;
-  }
-}
-
-void QuantizedSparseFfnPlugin::expectShapes(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs) const {
-  nvinfer1::Dims const& x = in[kX].desc.dims;
-  expectRank("x", x, 2);
-  int64_t const n_neurons = in[kGateCodes].desc.dims.nbDims == 2 ? in[kGateCodes].desc.dims.d[0] : -1;
-  for (int m = 0; m < 3; ++m) {
-    mLayout.expectMatrix(kMatrices[m], in[kGateCodes + 2 * m].desc.dims, in[kGateScales + 2 * m].desc.dims, n_neurons,
-                         x.d[1]);
-  }
-  expectMaskAndThresholds(in, nbInputs, x, n_neurons);
-}
-
-void QuantizedSparseFfnPlugin::launch(nvinfer1::PluginTensorDesc const* inputDesc, void const* const* inputs,
-                                      void* output, void* workspace, cudaStream_t stream) const {
-  StepArguments const step = stepArguments(inputDesc, inputs);
-  if (step.tokens == 0) return;
-  auto scales = [&](int input) { return static_cast<uint16_t const*>(inputs[input]); };
-  cudaError_t const status = edge_sparse_ffn_q(
-      stream, inputs[kX], cudaDtype(inputDesc[kX].type), step.tokens, step.d, step.n_neurons, inputs[kGateCodes],
-      scales(kGateScales), inputs[kUpCodes], scales(kUpScales), inputs[kDownCodes], scales(kDownScales),
-      mLayout.format, mLayout.groupSize, static_cast<int32_t const*>(inputs[kMask]), step.thresholds,
-      mActivation.value, mActivation.threshold, static_cast<float*>(output), workspace, nullptr);
-  if (status != cudaSuccess) throw PluginError(std::string("edge_sparse_ffn_q: ") + cudaGetErrorString(status));
-}
-
-void QuantizedSparseFfnPlugin::addFields(std::vector<nvinfer1::PluginField>& fields) const {
-  mActivation.addFields(fields);
-  mLayout.addFields(fields);
+nvinfer1::IPluginCreatorV3One* quantizedSparseFfnCreator() {
+  static PluginCreator<QuantizedSparseFfnPlugin> creator;
+  return &creator;
 }
 
 }  // namespace edge_sdk::trt

@@ -1,12 +1,10 @@
-// SparseFFN: one decode step of the sparse gated FFN (DESIGN 3.1), calling edge_sparse_ffn.
-// Inputs: x [T, d] (fp32/fp16/bf16), w_gate, w_up, w_down_t [D, d] (one float type), mask [T, D] int32 (nonzero =
-// active), optionally thresholds [D] fp32. Output: y [T, d] fp32. Attributes: activation, activation_threshold.
-#ifndef EDGE_SDK_TRT_SPARSE_FFN_PLUGIN_H
-#define EDGE_SDK_TRT_SPARSE_FFN_PLUGIN_H
+// SparseFfnPluginBase: what SparseFFN (sparse_ffn_plugin.cpp) and QuantizedSparseFFN (quantized_sparse_ffn_plugin.cpp)
+// share.
+#ifndef EDGE_SDK_TRT_SPARSE_FFN_PLUGIN_BASE_H
+#define EDGE_SDK_TRT_SPARSE_FFN_PLUGIN_BASE_H
 
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "edge_cuda_kernels.h"
 #include "plugin_common.h"
@@ -69,29 +67,6 @@ class SparseFfnPluginBase : public PluginBase<Derived> {
   static constexpr int32_t kXInput = 0;
   static constexpr int32_t kGateInput = 1;
 };
-
-class SparseFfnPlugin : public SparseFfnPluginBase<SparseFfnPlugin> {
- public:
-  static constexpr char const* kName = kSparseFfnName;
-  static constexpr PluginSignature kSignature{5, "x, w_gate, w_up, w_down_t, mask", "thresholds", "y",
-                                              nvinfer1::DataType::kFLOAT};
-  static std::vector<nvinfer1::PluginField> fieldNames();
-
-  // Validates the attributes; throws PluginError.
-  explicit SparseFfnPlugin(nvinfer1::PluginFieldCollection const* fields);
-
-  // PluginBase's hooks (plugin_common.h) besides SparseFfnPluginBase's
-  bool supportsInputType(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut) const;
-  void expectShapes(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs) const;
-  void launch(nvinfer1::PluginTensorDesc const* inputDesc, void const* const* inputs, void* output, void* workspace,
-              cudaStream_t stream) const;
-  void addFields(std::vector<nvinfer1::PluginField>& fields) const;
-
- private:
-  GateActivation mActivation;
-};
-
-using SparseFfnPluginCreator = PluginCreator<SparseFfnPlugin>;
 
 }  // namespace edge_sdk::trt
 
