@@ -35,9 +35,7 @@ __global__ void __launch_bounds__(kDownWarps * kWarpSize)
   __shared__ float warp_sums[kDownWarps][kTileColumns];
   DownBlock block;
   if (!down_block<kTileColumns>(ws, block)) return;
-  float acc[kV];
-#pragma unroll
-  for (int e = 0; e < kV; ++e) acc[e] = 0.0f;
+  float acc[kV] = {};
   if (vectorized) {
     const int column = block.tile_start + block.lane * kV;
     if (column < d) {

@@ -29,9 +29,7 @@ __global__ void __launch_bounds__(kDownWarps * kWarpSize) down_kernel_q(quant::Q
   __shared__ float warp_sums[kDownWarps][kTileColumns];
   DownBlock block;
   if (!down_block<kTileColumns>(ws, block)) return;
-  float acc[kV];
-#pragma unroll
-  for (int e = 0; e < kV; ++e) acc[e] = 0.0f;
+  float acc[kV] = {};
   const int column = block.tile_start + block.lane * kV;
   if (column < w_down_t.cols) quant::lane_down<kFormat>(w_down_t, column, block.h, block.neuron, acc);
 #pragma unroll
