@@ -96,6 +96,22 @@ cudaError_t launch_matvec_q(cudaStream_t stream, const TX* x, int tokens, const 
   return cudaGetLastError();
 }
 
+// The checks of both launchers' arguments, and W as the kernels see it: rows of `row_values` values (out for
+// edge_matvec_q_t's W [in, out], in for edge_matvec_q's W [out, in]). false: cudaErrorInvalidValue.
+bool matvec_arguments(const void* x, int x_dtype, int tokens, int in, int out, const void* w, const uint16_t* scales,
+                      int quant_format, int group_size, const float* y, int row_values, quant::QuantMatrix* matrix) {
+  if (x == nullptr || w == nullptr || scales == nullptr || y == nullptr || reinterpret_cast<uintptr_t>(w) % 4 != 0) {
+    return false;
+  }
+  if (tokens <= 0 || in <= 0 || out <= 0 || !valid_dtype(x_dtype) || !quant::valid_format(quant_format) ||
+      !quant::valid_group_size(group_size) || row_values % group_size != 0 ||
+      ceil_div(tokens, quant::kTileTokens) > kMaxGridYZ) {
+    return false;
+  }
+  *matrix = {static_cast<const uint8_t*>(w), scales, row_values, group_size, aligned16(w)};
+  return true;
+}
+
 }  // namespace
 }  // namespace edge
 
@@ -103,15 +119,10 @@ extern "C" cudaError_t edge_matvec_q_t(cudaStream_t stream, const void* x, int x
                                        const void* w, const uint16_t* scales, int quant_format, int group_size,
                                        const float* bias, float* y) {
   using namespace edge;
-  if (x == nullptr || w == nullptr || scales == nullptr || y == nullptr || reinterpret_cast<uintptr_t>(w) % 4 != 0) {
+  quant::QuantMatrix matrix;  // W [in, out]: its rows hold `out` values
+  if (!matvec_arguments(x, x_dtype, tokens, in, out, w, scales, quant_format, group_size, y, out, &matrix)) {
     return cudaErrorInvalidValue;
   }
-  if (tokens <= 0 || in <= 0 || out <= 0 || !valid_dtype(x_dtype) || !quant::valid_format(quant_format) ||
-      !quant::valid_group_size(group_size) || out % group_size != 0 ||
-      ceil_div(tokens, quant::kTileTokens) > kMaxGridYZ) {
-    return cudaErrorInvalidValue;
-  }
-  const quant::QuantMatrix matrix{static_cast<const uint8_t*>(w), scales, out, group_size, aligned16(w)};
   const dim3 grid(ceil_div(out, quant::kTileRows), ceil_div(tokens, quant::kTileTokens));
   return dispatch_dtype(x_dtype, [&](auto tag) {
     using TX = decltype(tag);
@@ -129,15 +140,10 @@ extern "C" cudaError_t edge_matvec_q(cudaStream_t stream, const void* x, int x_d
                                      const void* w, const uint16_t* scales, int quant_format, int group_size,
                                      const float* bias, float* y) {
   using namespace edge;
-  if (x == nullptr || w == nullptr || scales == nullptr || y == nullptr || reinterpret_cast<uintptr_t>(w) % 4 != 0) {
+  quant::QuantMatrix matrix;  // W [out, in]: its rows hold `in` values
+  if (!matvec_arguments(x, x_dtype, tokens, in, out, w, scales, quant_format, group_size, y, in, &matrix)) {
     return cudaErrorInvalidValue;
   }
-  if (tokens <= 0 || in <= 0 || out <= 0 || !valid_dtype(x_dtype) || !quant::valid_format(quant_format) ||
-      !quant::valid_group_size(group_size) || in % group_size != 0 ||
-      ceil_div(tokens, quant::kTileTokens) > kMaxGridYZ) {
-    return cudaErrorInvalidValue;
-  }
-  const quant::QuantMatrix matrix{static_cast<const uint8_t*>(w), scales, in, group_size, aligned16(w)};
   return dispatch_dtype(x_dtype, [&](auto tag) {
     using TX = decltype(tag);
     const TX* xt = static_cast<const TX*>(x);

@@ -292,6 +292,26 @@ struct GemmTiles {
   float w[kTileK][kTileRows];
 };
 
+// values[e] = the value at column `column` + e of row `row` (code * scale, exact in fp32), e < kPieceValues, for the
+// piece starting at `column` (a multiple of kPieceValues); zeros when the piece is not `inside` the matrix.
+template <int kFormat>
+EDGE_HD void dequantize_piece(const QuantMatrix& m, int row, int column, bool inside,
+                              float (&values)[Format<kFormat>::kPieceValues]) {
+  constexpr int kV = Format<kFormat>::kPieceValues;
+  float codes[kV];
+  float scale = 0.0f;
+  if (inside) {
+    const size_t offset = static_cast<size_t>(column / kV) * kPieceBytes;
+    Format<kFormat>::unpack(load_piece(m.row_codes(row, kFormat), offset, m.aligned16), codes);
+    scale = load_scale(m.row_scales(row), column / m.group_size);
+  } else {
+EDGE_UNROLL
+    for (int e = 0; e < kV; ++e) codes[e] = 0.0f;
+  }
+EDGE_UNROLL
+  for (int e = 0; e < kV; ++e) values[e] = codes[e] * scale;
+}
+
 // Thread `thread`'s part of staging weight rows row0.. row0 + kTileRows - 1, columns k0.. k0 + kTileK - 1: one piece
 // (int8: row thread / 2, piece thread % 2 of the step; int4: row `thread`), dequantized (code * scale, exact), or zeros
 // past the last row.
@@ -303,18 +323,10 @@ EDGE_HD void gemm_stage_weights(const QuantMatrix& m, int n_rows, int row0, int 
   const int local_row = thread / kPiecesPerStep;
   const int first = (thread % kPiecesPerStep) * kV;  // the piece's first column within the step
   const int row = row0 + local_row;
-  float codes[kV];
-  float scale = 0.0f;
-  if (row < n_rows) {
-    const size_t offset = static_cast<size_t>((k0 + first) / kV) * kPieceBytes;
-    Format<kFormat>::unpack(load_piece(m.row_codes(row, kFormat), offset, m.aligned16), codes);
-    scale = load_scale(m.row_scales(row), (k0 + first) / m.group_size);
-  } else {
+  float values[kV];
+  dequantize_piece<kFormat>(m, row, k0 + first, row < n_rows, values);
 EDGE_UNROLL
-    for (int e = 0; e < kV; ++e) codes[e] = 0.0f;
-  }
-EDGE_UNROLL
-  for (int e = 0; e < kV; ++e) tiles.w[first + e][local_row] = codes[e] * scale;
+  for (int e = 0; e < kV; ++e) tiles.w[first + e][local_row] = values[e];
 }
 
 // Transposed layout (edge_matvec_q_t): the step covers rows k0.. k0 + kTileK - 1 of a matrix [n_in, n_out] stored
@@ -331,18 +343,11 @@ EDGE_HD void gemm_stage_weights_t(const QuantMatrix& m, int n_in, int col0, int 
   const int first = (thread % kPiecesPerRow) * kV;  // the piece's first column within the tile
   const int row = k0 + k;
   const int column = col0 + first;
-  float codes[kV];
-  float scale = 0.0f;
-  if (row < n_in && column < m.cols) {  // m.cols is a multiple of kV: the piece is inside the row
-    const size_t offset = static_cast<size_t>(column / kV) * kPieceBytes;
-    Format<kFormat>::unpack(load_piece(m.row_codes(row, kFormat), offset, m.aligned16), codes);
-    scale = load_scale(m.row_scales(row), column / m.group_size);
-  } else {
+  float values[kV];
+  // m.cols is a multiple of kV: a piece that starts inside the row ends inside it
+  dequantize_piece<kFormat>(m, row, column, row < n_in && column < m.cols, values);
 EDGE_UNROLL
-    for (int e = 0; e < kV; ++e) codes[e] = 0.0f;
-  }
-EDGE_UNROLL
-  for (int e = 0; e < kV; ++e) tiles.w[k][first + e] = codes[e] * scale;
+  for (int e = 0; e < kV; ++e) tiles.w[k][first + e] = values[e];
 }
 
 // Thread `thread`'s part of staging x: the values idx = thread + kGemmThreads q, token idx / kTileK, column

@@ -33,68 +33,47 @@ __global__ void __launch_bounds__(kDownWarps * kWarpSize)
   constexpr int kV = Vec16<TW>::kElements;
   constexpr int kTileColumns = kWarpSize * kV;
   __shared__ float warp_sums[kDownWarps][kTileColumns];
-  const int t = blockIdx.z;
-  const int chunk = blockIdx.y;
-  const int first = chunk * kRowsPerChunk;
-  const int n_listed = ws.count[t];
-  if (first >= n_listed) return;
-  const int end = min(first + kRowsPerChunk, n_listed);
-  const int warp = threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  const int tile_start = blockIdx.x * kTileColumns;
-  const int32_t* index = ws.index + t * ws.D_stride;
-  const float* hidden = ws.hidden + t * ws.D_stride;
-
-  float acc[kV];
-#pragma unroll
-  for (int e = 0; e < kV; ++e) acc[e] = 0.0f;
-  float h[kRowsPerDownWarp];
-  int neuron[kRowsPerDownWarp];
-  down_rows(first, end, warp, hidden, index, h, neuron);
+  DownBlock block;
+  if (!down_block<kTileColumns>(ws, block)) return;
+  float acc[kV] = {};
   if (vectorized) {
-    const int column = tile_start + lane * kV;
+    const int column = block.tile_start + block.lane * kV;
     if (column < d) {
       uint4 raw[kRowsPerDownWarp];
 #pragma unroll
       for (int r = 0; r < kRowsPerDownWarp; ++r) {
         raw[r] = make_uint4(0, 0, 0, 0);
-        if (neuron[r] >= 0) {
-          raw[r] = __ldcs(reinterpret_cast<const uint4*>(w_down_t + static_cast<size_t>(neuron[r]) * d + column));
+        if (block.neuron[r] >= 0) {
+          raw[r] = __ldcs(reinterpret_cast<const uint4*>(w_down_t + static_cast<size_t>(block.neuron[r]) * d + column));
         }
       }
 #pragma unroll
       for (int r = 0; r < kRowsPerDownWarp; ++r) {
-        if (neuron[r] < 0) continue;
+        if (block.neuron[r] < 0) continue;
         float w[kV];
         unpack_as<TW>(raw[r], w);
 #pragma unroll
-        for (int e = 0; e < kV; ++e) acc[e] = fmaf(h[r], w[e], acc[e]);
+        for (int e = 0; e < kV; ++e) acc[e] = fmaf(block.h[r], w[e], acc[e]);
       }
     }
   } else {
+    const int first_column = block.tile_start + block.lane;
 #pragma unroll
     for (int r = 0; r < kRowsPerDownWarp; ++r) {
-      if (neuron[r] < 0) continue;
-      const TW* row = w_down_t + static_cast<size_t>(neuron[r]) * d;
+      if (block.neuron[r] < 0) continue;
+      const TW* row = w_down_t + static_cast<size_t>(block.neuron[r]) * d;
 #pragma unroll
       for (int e = 0; e < kV; ++e) {
-        const int column = tile_start + lane + e * kWarpSize;
-        if (column < d) acc[e] = fmaf(h[r], to_float(row[column]), acc[e]);
+        const int column = first_column + e * kWarpSize;
+        if (column < d) acc[e] = fmaf(block.h[r], to_float(row[column]), acc[e]);
       }
     }
   }
 #pragma unroll
-  for (int e = 0; e < kV; ++e) warp_sums[warp][vectorized ? lane * kV + e : lane + e * kWarpSize] = acc[e];
-  __syncthreads();
-  float* partial = ws.partial + (static_cast<size_t>(t) * ws.n_chunks + chunk) * ws.d_stride;
-  for (int slot = threadIdx.x; slot < kTileColumns; slot += kDownWarps * kWarpSize) {
-    const int column = tile_start + slot;
-    if (column >= d) continue;
-    float total = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kDownWarps; ++w) total += warp_sums[w][slot];
-    partial[column] = total;
+  for (int e = 0; e < kV; ++e) {
+    warp_sums[block.warp][vectorized ? block.lane * kV + e : block.lane + e * kWarpSize] = acc[e];
   }
+  store_down_partial(warp_sums, d, block, ws);
 }
 
 template <typename TW>

@@ -124,6 +124,48 @@ EDGE_UNROLL
   }
 }
 
+// A block of a down kernel: token t = blockIdx.z, the chunk blockIdx.y of its list, the tile blockIdx.x of
+// kTileColumns columns from tile_start; the calling thread's warp and lane, and the rows its warp adds (down_rows).
+struct DownBlock {
+  int t, chunk, warp, lane, tile_start;
+  float h[kRowsPerDownWarp];
+  int neuron[kRowsPerDownWarp];
+};
+
+// Fills `block` for the calling thread; false when the chunk starts past the token's list (nothing to add).
+template <int kTileColumns>
+__device__ bool down_block(const Workspace& ws, DownBlock& block) {
+  block.t = blockIdx.z;
+  block.chunk = blockIdx.y;
+  const int first = block.chunk * kRowsPerChunk;
+  const int n_listed = ws.count[block.t];
+  if (first >= n_listed) return false;
+  const int end = min(first + kRowsPerChunk, n_listed);
+  block.warp = threadIdx.x / kWarpSize;
+  block.lane = threadIdx.x % kWarpSize;
+  block.tile_start = blockIdx.x * kTileColumns;
+  down_rows(first, end, block.warp, ws.hidden + block.t * ws.D_stride, ws.index + block.t * ws.D_stride, block.h,
+            block.neuron);
+  return true;
+}
+
+// The end of a down kernel, once each warp has written its sums of the tile's columns to warp_sums[warp][slot]
+// (column tile_start + slot): after a barrier, partial[t, chunk, column] = the warps' sums added in warp order.
+template <int kTileColumns>
+__device__ void store_down_partial(const float (&warp_sums)[kDownWarps][kTileColumns], int d, const DownBlock& block,
+                                   const Workspace& ws) {
+  __syncthreads();
+  float* partial = ws.partial + (static_cast<size_t>(block.t) * ws.n_chunks + block.chunk) * ws.d_stride;
+  for (int slot = threadIdx.x; slot < kTileColumns; slot += kDownWarps * kWarpSize) {
+    const int column = block.tile_start + slot;
+    if (column >= d) continue;
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDownWarps; ++w) total += warp_sums[w][slot];
+    partial[column] = total;
+  }
+}
+
 template <typename TX>
 __global__ void __launch_bounds__(kConvertThreads)
     convert_kernel(const TX* __restrict__ x, int d, size_t d_stride, float* __restrict__ x32) {

@@ -27,37 +27,14 @@ __global__ void __launch_bounds__(kDownWarps * kWarpSize) down_kernel_q(quant::Q
   constexpr int kV = quant::Format<kFormat>::kPieceValues;
   constexpr int kTileColumns = kWarpSize * kV;
   __shared__ float warp_sums[kDownWarps][kTileColumns];
-  const int t = blockIdx.z;
-  const int chunk = blockIdx.y;
-  const int first = chunk * kRowsPerChunk;
-  const int n_listed = ws.count[t];
-  if (first >= n_listed) return;
-  const int end = min(first + kRowsPerChunk, n_listed);
-  const int warp = threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  const int tile_start = blockIdx.x * kTileColumns;
-  const int d = w_down_t.cols;
-
-  float acc[kV];
+  DownBlock block;
+  if (!down_block<kTileColumns>(ws, block)) return;
+  float acc[kV] = {};
+  const int column = block.tile_start + block.lane * kV;
+  if (column < w_down_t.cols) quant::lane_down<kFormat>(w_down_t, column, block.h, block.neuron, acc);
 #pragma unroll
-  for (int e = 0; e < kV; ++e) acc[e] = 0.0f;
-  float h[kRowsPerDownWarp];
-  int neuron[kRowsPerDownWarp];
-  down_rows(first, end, warp, ws.hidden + t * ws.D_stride, ws.index + t * ws.D_stride, h, neuron);
-  const int column = tile_start + lane * kV;
-  if (column < d) quant::lane_down<kFormat>(w_down_t, column, h, neuron, acc);
-#pragma unroll
-  for (int e = 0; e < kV; ++e) warp_sums[warp][lane * kV + e] = acc[e];
-  __syncthreads();
-  float* partial = ws.partial + (static_cast<size_t>(t) * ws.n_chunks + chunk) * ws.d_stride;
-  for (int slot = threadIdx.x; slot < kTileColumns; slot += kDownWarps * kWarpSize) {
-    const int c = tile_start + slot;
-    if (c >= d) continue;
-    float total = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kDownWarps; ++w) total += warp_sums[w][slot];
-    partial[c] = total;
-  }
+  for (int e = 0; e < kV; ++e) warp_sums[block.warp][block.lane * kV + e] = acc[e];
+  store_down_partial(warp_sums, w_down_t.cols, block, ws);
 }
 
 template <int kFormat>

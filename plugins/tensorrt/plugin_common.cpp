@@ -101,6 +101,36 @@ void expectDim(char const* what, int64_t expected, int64_t found) {
   }
 }
 
+nvinfer1::DimsExprs tokensByRows(nvinfer1::DimsExprs const* inputs, int32_t other, char const* otherName) {
+  if (inputs[0].nbDims != 2 || inputs[other].nbDims != 2) {
+    throw PluginError(std::string("inputs 'x' and '") + otherName + "': expected 2 dimensions each, found " +
+                      std::to_string(inputs[0].nbDims) + " and " + std::to_string(inputs[other].nbDims));
+  }
+  nvinfer1::DimsExprs shape{};
+  shape.nbDims = 2;
+  shape.d[0] = inputs[0].d[0];
+  shape.d[1] = inputs[other].d[0];
+  return shape;
+}
+
+void expectLaunched(char const* launcher, cudaError_t status) {
+  if (status != cudaSuccess) throw PluginError(std::string(launcher) + ": " + cudaGetErrorString(status));
+}
+
+void expectCounts(PluginSignature const& signature, int32_t nbInputs, int32_t nbOutputs) {
+  bool const optional = signature.optionalInput != nullptr && nbInputs == signature.nbInputs + 1;
+  if (nbInputs != signature.nbInputs && !optional) {
+    std::string expected = "expected " + std::to_string(signature.nbInputs) + " inputs (" + signature.inputs + ")";
+    if (signature.optionalInput != nullptr) {
+      expected += " or " + std::to_string(signature.nbInputs + 1) + " (and " + signature.optionalInput + ")";
+    }
+    throw PluginError(expected + ", found " + std::to_string(nbInputs));
+  }
+  if (nbOutputs != 1) {
+    throw PluginError(std::string("expected 1 output (") + signature.output + "), found " + std::to_string(nbOutputs));
+  }
+}
+
 Attributes::Attributes(nvinfer1::PluginFieldCollection const* fields, std::vector<std::string> const& known)
     : mFields(fields) {
   if (fields == nullptr || (fields->nbFields > 0 && fields->fields == nullptr)) {

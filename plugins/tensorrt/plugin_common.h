@@ -1,8 +1,8 @@
 // What the edge-sdk TensorRT plugins share: their names, version and namespace (the one place they are written),
 // error reporting through TensorRT's logger, reading and validating attributes from a PluginFieldCollection (the
-// gate activation and the quantized weight layout, which several plugins take), and the IPluginV3 /
-// IPluginCreatorV3One boilerplate. The plugins only validate, compute shapes and types, and call the launchers of
-// plugins/kernels/edge_cuda_kernels.h.
+// gate activation and the quantized weight layout, which several plugins take), every IPluginV3 override
+// (PluginBase) and the IPluginCreatorV3One (PluginCreator). A plugin only validates, computes shapes and types, and
+// calls a launcher of plugins/kernels/edge_cuda_kernels.h.
 #ifndef EDGE_SDK_TRT_PLUGIN_COMMON_H
 #define EDGE_SDK_TRT_PLUGIN_COMMON_H
 
@@ -25,6 +25,14 @@ inline constexpr char kSignBitPredictorName[] = "SignBitPredictor";
 inline constexpr char kSparseFfnName[] = "SparseFFN";
 inline constexpr char kQuantizedSparseFfnName[] = "QuantizedSparseFFN";
 inline constexpr char kQuantizedMatMulName[] = "QuantizedMatMul";
+
+// The creators TensorRT gets from getCreators (plugin_library.cpp), one in each <op>_plugin.cpp, where the plugin
+// class itself is private.
+nvinfer1::IPluginCreatorV3One* svdPredictorCreator();
+nvinfer1::IPluginCreatorV3One* signBitPredictorCreator();
+nvinfer1::IPluginCreatorV3One* sparseFfnCreator();
+nvinfer1::IPluginCreatorV3One* quantizedSparseFfnCreator();
+nvinfer1::IPluginCreatorV3One* quantizedMatMulCreator();
 
 // An invalid attribute, shape or type; the message names the item, the expected and the found value (logError
 // prefixes the op).
@@ -53,6 +61,13 @@ int checkedDim(char const* tensor, int64_t value);
 // PluginError. expectDim skips the comparison when either value is -1.
 void expectRank(char const* tensor, nvinfer1::Dims const& dims, int32_t rank);
 void expectDim(char const* what, int64_t expected, int64_t found);
+
+// The output shape [T, R] from x [T, d] (input 0) and input `other` [R, ...], named `otherName` in the message;
+// throws PluginError unless both are 2-D.
+nvinfer1::DimsExprs tokensByRows(nvinfer1::DimsExprs const* inputs, int32_t other, char const* otherName);
+
+// Throws PluginError "<launcher>: <CUDA's error string>" unless status is cudaSuccess.
+void expectLaunched(char const* launcher, cudaError_t status);
 
 // The attributes of one op, read from a PluginFieldCollection (the ONNX parser's or the serialized fields).
 // Unknown names are an error: the parser only passes the names getFieldNames() lists.
@@ -105,15 +120,44 @@ struct QuantLayout {
                     int64_t cols) const;
 };
 
-// IPluginV3 with its three capabilities in one object. Derived provides kName, a copy constructor (clone and
-// attachToContext copy the object), the shape/type/format methods, configurePlugin, getWorkspaceSize, enqueue
-// and getFieldsToSerialize.
+// The tensors of a plugin, for the count checks and their messages: `nbInputs` inputs, named `inputs`, then one
+// more, `optionalInput`, which a node may leave out (nullptr: none); one output, `output`, of type `outputType`.
+struct PluginSignature {
+  int32_t nbInputs;
+  char const* inputs;
+  char const* optionalInput;
+  char const* output;
+  nvinfer1::DataType outputType;
+};
+
+// Throws PluginError unless there are nbInputs (or, with the optional input, nbInputs + 1) inputs and one output.
+void expectCounts(PluginSignature const& signature, int32_t nbInputs, int32_t nbOutputs);
+
+// IPluginV3 with its three capabilities in one object. Every TensorRT override is written here, once: each is
+// noexcept, and turns a PluginError into an error in TensorRT's log and a failure status. Derived has a copy
+// constructor (clone and attachToContext copy the object) and these members, the functions throwing PluginError:
+//   static constexpr char const* kName;                 the op type
+//   static constexpr PluginSignature kSignature;        its inputs and output
+//   nvinfer1::DimsExprs outputShape(nvinfer1::DimsExprs const* inputs, nvinfer1::IExprBuilder& exprBuilder) const;
+//   bool supportsInputType(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut) const;
+//       whether input pos may have type inOut[pos].desc.type (linear formats only, and the output's type, are
+//       checked here)
+//   void expectShapes(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs) const;
+//       configurePlugin's checks of the inputs' dimensions against each other (their count is checked here)
+//   void launch(nvinfer1::PluginTensorDesc const* inputDesc, void const* const* inputs, void* output,
+//               void* workspace, cudaStream_t stream) const;
+//       enqueue: reads the dimensions and calls the CUDA launcher
+// and, where it needs them, these two, which hide the defaults below (no workspace, no attributes):
+//   size_t workspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs) const noexcept;
+//   void addFields(std::vector<nvinfer1::PluginField>& fields) const;   the attributes to serialize, pointing into
+//                                                                        the plugin
 template <typename Derived>
 class PluginBase : public nvinfer1::IPluginV3,
                    public nvinfer1::IPluginV3OneCore,
                    public nvinfer1::IPluginV3OneBuild,
                    public nvinfer1::IPluginV3OneRuntime {
  public:
+  // IPluginV3
   nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override {
     switch (type) {
       case nvinfer1::PluginCapabilityType::kBUILD:
@@ -128,27 +172,105 @@ class PluginBase : public nvinfer1::IPluginV3,
 
   nvinfer1::IPluginV3* clone() noexcept override {
     try {
-      return new Derived(static_cast<Derived const&>(*this));
+      return new Derived(derived());
     } catch (std::exception const& error) {
       logError(Derived::kName, error.what());
       return nullptr;
     }
   }
 
+  // IPluginV3OneCore
   char const* getPluginName() const noexcept override { return Derived::kName; }
   char const* getPluginVersion() const noexcept override { return kPluginVersion; }
   char const* getPluginNamespace() const noexcept override { return kPluginNamespace; }
+
+  // IPluginV3OneBuild
   int32_t getNbOutputs() const noexcept override { return 1; }
 
-  int32_t onShapeChange(nvinfer1::PluginTensorDesc const*, int32_t, nvinfer1::PluginTensorDesc const*,
-                        int32_t) noexcept override {
-    return 0;
+  int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs, nvinfer1::DataType const*,
+                             int32_t nbInputs) const noexcept override {
+    return reportFailure([&] {
+      expectCounts(Derived::kSignature, nbInputs, nbOutputs);
+      outputTypes[0] = Derived::kSignature.outputType;
+    });
+  }
+
+  int32_t getOutputShapes(nvinfer1::DimsExprs const* inputs, int32_t nbInputs, nvinfer1::DimsExprs const*, int32_t,
+                          nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
+                          nvinfer1::IExprBuilder& exprBuilder) noexcept override {
+    return reportFailure([&] {
+      expectCounts(Derived::kSignature, nbInputs, nbOutputs);
+      outputs[0] = derived().outputShape(inputs, exprBuilder);
+    });
+  }
+
+  bool supportsFormatCombination(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs,
+                                 int32_t) noexcept override {
+    nvinfer1::PluginTensorDesc const& desc = inOut[pos].desc;
+    if (desc.format != nvinfer1::TensorFormat::kLINEAR) return false;
+    if (pos >= nbInputs) return pos == nbInputs && desc.type == Derived::kSignature.outputType;
+    return derived().supportsInputType(pos, inOut);
+  }
+
+  int32_t configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
+                          nvinfer1::DynamicPluginTensorDesc const*, int32_t nbOutputs) noexcept override {
+    return reportFailure([&] {
+      expectCounts(Derived::kSignature, nbInputs, nbOutputs);
+      derived().expectShapes(in, nbInputs);
+      mNbInputs = nbInputs;
+    });
+  }
+
+  size_t getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
+                          nvinfer1::DynamicPluginTensorDesc const*, int32_t) const noexcept override {
+    return derived().workspaceSize(inputs, nbInputs);
+  }
+
+  // IPluginV3OneRuntime
+  int32_t onShapeChange(nvinfer1::PluginTensorDesc const*, int32_t nbInputs, nvinfer1::PluginTensorDesc const*,
+                        int32_t nbOutputs) noexcept override {
+    return reportFailure([&] {
+      expectCounts(Derived::kSignature, nbInputs, nbOutputs);
+      mNbInputs = nbInputs;
+    });
+  }
+
+  int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const*,
+                  void const* const* inputs, void* const* outputs, void* workspace,
+                  cudaStream_t stream) noexcept override {
+    return reportFailure([&] { derived().launch(inputDesc, inputs, outputs[0], workspace, stream); });
   }
 
   nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext*) noexcept override { return clone(); }
 
+  nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override {
+    // The fields point into this object, so they are rebuilt here rather than copied with it.
+    bool const built = reportFailure([&] {
+      mSerialized.clear();
+      derived().addFields(mSerialized);
+    }) == 0;
+    mSerializedCollection.nbFields = built ? static_cast<int32_t>(mSerialized.size()) : 0;
+    mSerializedCollection.fields = mSerialized.data();
+    return built ? &mSerializedCollection : nullptr;
+  }
+
+  // The defaults of the optional hooks: no workspace, no attributes.
+  size_t workspaceSize(nvinfer1::DynamicPluginTensorDesc const*, int32_t) const noexcept { return 0; }
+  void addFields(std::vector<nvinfer1::PluginField>&) const {}
+
  protected:
-  // Runs a build-time check that throws PluginError; returns 0, or logs the error and returns 1.
+  // The optional input's buffer, or nullptr when the node has none. Throws PluginError while the input count is not
+  // known yet (configurePlugin and onShapeChange give it).
+  void const* optionalInput(void const* const* inputs) const {
+    if (mNbInputs == 0) throw PluginError("enqueue before the input count was known (no onShapeChange)");
+    return mNbInputs > Derived::kSignature.nbInputs ? inputs[Derived::kSignature.nbInputs] : nullptr;
+  }
+
+ private:
+  Derived& derived() { return static_cast<Derived&>(*this); }
+  Derived const& derived() const { return static_cast<Derived const&>(*this); }
+
+  // Runs a check that throws PluginError; returns 0, or logs the error and returns 1.
   template <typename Check>
   static int32_t reportFailure(Check&& check) noexcept {
     try {
@@ -159,6 +281,10 @@ class PluginBase : public nvinfer1::IPluginV3,
       return 1;
     }
   }
+
+  int32_t mNbInputs = 0;  // known from configurePlugin / onShapeChange
+  std::vector<nvinfer1::PluginField> mSerialized;
+  nvinfer1::PluginFieldCollection mSerializedCollection{};
 };
 
 // The creator of Plugin: Plugin::fieldNames() lists the attributes the ONNX parser should pass, and the

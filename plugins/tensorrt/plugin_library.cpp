@@ -6,11 +6,6 @@
 #include <NvInferRuntime.h>
 
 #include "plugin_common.h"
-#include "quantized_matmul_plugin.h"
-#include "quantized_sparse_ffn_plugin.h"
-#include "signbit_predictor_plugin.h"
-#include "sparse_ffn_plugin.h"
-#include "svd_predictor_plugin.h"
 
 #define EDGE_TRT_EXPORT __attribute__((visibility("default")))
 
@@ -19,13 +14,10 @@ extern "C" EDGE_TRT_EXPORT void setLoggerFinder(nvinfer1::ILoggerFinder* finder)
 }
 
 extern "C" EDGE_TRT_EXPORT nvinfer1::IPluginCreatorInterface* const* getCreators(int32_t& nbCreators) {
-  static edge_sdk::trt::SvdPredictorPluginCreator svdPredictor;
-  static edge_sdk::trt::SignBitPredictorPluginCreator signBitPredictor;
-  static edge_sdk::trt::SparseFfnPluginCreator sparseFfn;
-  static edge_sdk::trt::QuantizedSparseFfnPluginCreator quantizedSparseFfn;
-  static edge_sdk::trt::QuantizedMatMulPluginCreator quantizedMatMul;
-  static nvinfer1::IPluginCreatorInterface* const creators[] = {&svdPredictor, &signBitPredictor, &sparseFfn,
-                                                                &quantizedSparseFfn, &quantizedMatMul};
+  using namespace edge_sdk::trt;
+  static nvinfer1::IPluginCreatorInterface* const creators[] = {svdPredictorCreator(), signBitPredictorCreator(),
+                                                                sparseFfnCreator(), quantizedSparseFfnCreator(),
+                                                                quantizedMatMulCreator()};
   nbCreators = static_cast<int32_t>(sizeof(creators) / sizeof(creators[0]));
   return creators;
 }

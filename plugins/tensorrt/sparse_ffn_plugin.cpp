@@ -1,151 +1,91 @@
-#include "sparse_ffn_plugin.h"
-
+// SparseFFN: one decode step of the sparse gated FFN (DESIGN 3.1), calling edge_sparse_ffn.
+// Inputs: x [T, d] (fp32/fp16/bf16), w_gate, w_up, w_down_t [D, d] (one float type), mask [T, D] int32 (nonzero =
+// active), optionally thresholds [D] fp32. Output: y [T, d] fp32. Attributes: activation, activation_threshold.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "edge_cuda_kernels.h"
+#include "plugin_common.h"
+#include "sparse_ffn_plugin_base.h"
 
 namespace edge_sdk::trt {
 namespace {
 
-enum Input { kX = 0, kWGate, kWUp, kWDownT, kMask, kThresholds };
-constexpr int32_t kRequiredInputs = 5;
-constexpr int32_t kAllInputs = 6;
+// then the optional thresholds
+enum Input { kX = 0, kWGate, kWUp, kWDownT, kMask };
 
-void expectInputCount(int32_t nbInputs) {
-  if (nbInputs != kRequiredInputs && nbInputs != kAllInputs) {
-    throw PluginError("expected 5 inputs (x, w_gate, w_up, w_down_t, mask) or 6 (and thresholds), found " +
-                      std::to_string(nbInputs));
+// outputShape and workspaceSize: SparseFfnPluginBase's
+class SparseFfnPlugin : public SparseFfnPluginBase<SparseFfnPlugin> {
+ public:
+  static constexpr char const* kName = kSparseFfnName;
+  static constexpr PluginSignature kSignature{5, "x, w_gate, w_up, w_down_t, mask", "thresholds", "y",
+                                              nvinfer1::DataType::kFLOAT};
+
+  static std::vector<nvinfer1::PluginField> fieldNames() {
+    std::vector<nvinfer1::PluginField> fields;
+    GateActivation::addFieldNames(fields);
+    return fields;
   }
-}
 
-}  // namespace
+  // Validates the attributes; throws PluginError.
+  explicit SparseFfnPlugin(nvinfer1::PluginFieldCollection const* fields)
+      : mActivation(
+            GateActivation::read(Attributes(fields, {GateActivation::kField, GateActivation::kThresholdField}))) {}
 
-std::vector<nvinfer1::PluginField> SparseFfnPlugin::fieldNames() {
-  std::vector<nvinfer1::PluginField> fields;
-  GateActivation::addFieldNames(fields);
-  return fields;
-}
-
-SparseFfnPlugin::SparseFfnPlugin(nvinfer1::PluginFieldCollection const* fields)
-    : mActivation(GateActivation::read(Attributes(fields, {GateActivation::kField, GateActivation::kThresholdField}))) {
-}
-
-int32_t SparseFfnPlugin::getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
-                                            nvinfer1::DataType const*, int32_t nbInputs) const noexcept {
-  return reportFailure([&] {
-    expectInputCount(nbInputs);
-    if (nbOutputs != 1) throw PluginError("expected 1 output (y), found " + std::to_string(nbOutputs));
-    outputTypes[0] = nvinfer1::DataType::kFLOAT;
-  });
-}
-
-int32_t SparseFfnPlugin::getOutputShapes(nvinfer1::DimsExprs const* inputs, int32_t nbInputs,
-                                         nvinfer1::DimsExprs const*, int32_t, nvinfer1::DimsExprs* outputs,
-                                         int32_t nbOutputs, nvinfer1::IExprBuilder&) noexcept {
-  return reportFailure([&] {
-    expectInputCount(nbInputs);
-    if (nbOutputs != 1) throw PluginError("expected 1 output (y), found " + std::to_string(nbOutputs));
-    if (inputs[kX].nbDims != 2) {
-      throw PluginError("input 'x': expected 2 dimensions [T, d], found " + std::to_string(inputs[kX].nbDims));
+  bool supportsInputType(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut) const {
+    nvinfer1::DataType const type = inOut[pos].desc.type;
+    switch (pos) {
+      case kX:
+      case kWGate:
+        return isFloatType(type);
+      case kWUp:
+      case kWDownT:
+        return type == inOut[kWGate].desc.type;
+      case kMask:  // int32 (OPS.md): TensorRT#3959, BOOL / INT8 plugin inputs find no supported format
+        return type == nvinfer1::DataType::kINT32;
+      default:  // thresholds
+        return type == nvinfer1::DataType::kFLOAT;
     }
-    outputs[0] = inputs[kX];  // y: [T, d]
-  });
-}
-
-bool SparseFfnPlugin::supportsFormatCombination(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut,
-                                                int32_t nbInputs, int32_t) noexcept {
-  nvinfer1::PluginTensorDesc const& desc = inOut[pos].desc;
-  if (desc.format != nvinfer1::TensorFormat::kLINEAR) return false;
-  if (pos == nbInputs) return desc.type == nvinfer1::DataType::kFLOAT;  // y
-  switch (pos) {
-    case kX:
-    case kWGate:
-      return isFloatType(desc.type);
-    case kWUp:
-    case kWDownT:
-      return desc.type == inOut[kWGate].desc.type;
-    case kMask:  // int32 (OPS.md): TensorRT#3959, BOOL / INT8 plugin inputs find no supported format
-      return desc.type == nvinfer1::DataType::kINT32;
-    default:  // thresholds
-      return desc.type == nvinfer1::DataType::kFLOAT;
   }
-}
 
-int32_t SparseFfnPlugin::configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
-                                         nvinfer1::DynamicPluginTensorDesc const*, int32_t) noexcept {
-  return reportFailure([&] {
-    expectInputCount(nbInputs);
+  void expectShapes(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs) const {
     nvinfer1::Dims const& x = in[kX].desc.dims;
     nvinfer1::Dims const& gate = in[kWGate].desc.dims;
     expectRank("x", x, 2);
     char const* weightNames[] = {"w_gate", "w_up", "w_down_t"};
     for (int input = kWGate; input <= kWDownT; ++input) {
       nvinfer1::Dims const& w = in[input].desc.dims;
-      expectRank(weightNames[input - kWGate], w, 2);
-      expectDim((std::string("input '") + weightNames[input - kWGate] + "' rows (D, as w_gate)").c_str(), gate.d[0],
-                w.d[0]);
-      expectDim((std::string("input '") + weightNames[input - kWGate] + "' columns (d, as x)").c_str(), x.d[1],
-                w.d[1]);
+      std::string const name = weightNames[input - kWGate];
+      expectRank(name.c_str(), w, 2);
+      expectDim(("input '" + name + "' rows (D, as w_gate)").c_str(), gate.d[0], w.d[0]);
+      expectDim(("input '" + name + "' columns (d, as x)").c_str(), x.d[1], w.d[1]);
     }
-    nvinfer1::Dims const& mask = in[kMask].desc.dims;
-    expectRank("mask", mask, 2);
-    expectDim("input 'mask' rows (T, as x)", x.d[0], mask.d[0]);
-    expectDim("input 'mask' columns (D, as w_gate)", gate.d[0], mask.d[1]);
-    if (nbInputs == kAllInputs) {
-      expectRank("thresholds", in[kThresholds].desc.dims, 1);
-      expectDim("input 'thresholds' length (D, as w_gate)", gate.d[0], in[kThresholds].desc.dims.d[0]);
-    }
-    mNbInputs = nbInputs;
-  });
-}
+    expectMaskAndThresholds(in, nbInputs, x, gate.d[0]);
+  }
 
-size_t SparseFfnPlugin::getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
-                                         nvinfer1::DynamicPluginTensorDesc const*, int32_t) const noexcept {
-  if (nbInputs < kRequiredInputs) return 0;
-  int64_t const tokens = inputs[kX].max.d[0];
-  int64_t const d = inputs[kX].max.d[1];
-  int64_t const n_neurons = inputs[kWGate].max.d[0];
-  if (tokens > INT32_MAX || d > INT32_MAX || n_neurons > INT32_MAX) return 0;
-  return edge_sparse_ffn_workspace_size(static_cast<int>(d), static_cast<int>(n_neurons), static_cast<int>(tokens));
-}
-
-int32_t SparseFfnPlugin::onShapeChange(nvinfer1::PluginTensorDesc const*, int32_t nbInputs,
-                                       nvinfer1::PluginTensorDesc const*, int32_t) noexcept {
-  return reportFailure([&] {
-    expectInputCount(nbInputs);
-    mNbInputs = nbInputs;
-  });
-}
-
-int32_t SparseFfnPlugin::enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const*,
-                                 void const* const* inputs, void* const* outputs, void* workspace,
-                                 cudaStream_t stream) noexcept {
-  return reportFailure([&] {
-    if (mNbInputs == 0) throw PluginError("enqueue before the input count was known (no onShapeChange)");
-    int const tokens = checkedDim("x", inputDesc[kX].dims.d[0]);
-    int const d = checkedDim("x", inputDesc[kX].dims.d[1]);
-    int const n_neurons = checkedDim("w_gate", inputDesc[kWGate].dims.d[0]);
-    if (tokens == 0) return;
-    float const* thresholds = mNbInputs == kAllInputs ? static_cast<float const*>(inputs[kThresholds]) : nullptr;
+  void launch(nvinfer1::PluginTensorDesc const* inputDesc, void const* const* inputs, void* output, void* workspace,
+              cudaStream_t stream) const {
+    StepArguments const step = stepArguments(inputDesc, inputs);
+    if (step.tokens == 0) return;
     cudaError_t const status = edge_sparse_ffn(
-        stream, inputs[kX], cudaDtype(inputDesc[kX].type), tokens, d, n_neurons, inputs[kWGate], inputs[kWUp],
-        inputs[kWDownT], cudaDtype(inputDesc[kWGate].type), static_cast<int32_t const*>(inputs[kMask]), thresholds,
-        mActivation.value, mActivation.threshold, static_cast<float*>(outputs[0]), workspace, nullptr);
-    if (status != cudaSuccess) throw PluginError(std::string("edge_sparse_ffn: ") + cudaGetErrorString(status));
-  });
-}
+        stream, inputs[kX], cudaDtype(inputDesc[kX].type), step.tokens, step.d, step.n_neurons, inputs[kWGate],
+        inputs[kWUp], inputs[kWDownT], cudaDtype(inputDesc[kWGate].type), static_cast<int32_t const*>(inputs[kMask]),
+        step.thresholds, mActivation.value, mActivation.threshold, static_cast<float*>(output), workspace, nullptr);
+    expectLaunched("edge_sparse_ffn", status);
+  }
 
-nvinfer1::PluginFieldCollection const* SparseFfnPlugin::getFieldsToSerialize() noexcept {
-  // The fields point into this object, so they are rebuilt here rather than copied with it. The string field
-  // counts its NUL, as the ONNX parser's do.
-  bool const built = reportFailure([&] {
-    mSerialized.clear();
-    mActivation.addFields(mSerialized);
-  }) == 0;
-  mSerializedCollection.nbFields = built ? static_cast<int32_t>(mSerialized.size()) : 0;
-  mSerializedCollection.fields = mSerialized.data();
-  return built ? &mSerializedCollection : nullptr;
+  void addFields(std::vector<nvinfer1::PluginField>& fields) const { mActivation.addFields(fields); }
+
+ private:
+  GateActivation mActivation;
+};
+
+}  // namespace
+
+nvinfer1::IPluginCreatorV3One* sparseFfnCreator() {
+  static PluginCreator<SparseFfnPlugin> creator;
+  return &creator;
 }
 
 }  // namespace edge_sdk::trt

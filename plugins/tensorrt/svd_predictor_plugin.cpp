@@ -1,68 +1,44 @@
-#include "svd_predictor_plugin.h"
-
+// SvdPredictor: the low-rank predictor mask = ((x b^T) a^T + bias) > 0 (DESIGN 3.2), calling edge_svd_predictor.
+// Inputs: x [T, d] (fp32/fp16/bf16), a [D, r], b [r, d] (both fp32 or both fp16: edge_svd_predictor_f16), bias
+// [D] (fp32). Output: mask [T, D] int32 (1 = active).
+// No attributes besides plugin_version / plugin_namespace, which the parser uses to find the creator.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "edge_cuda_kernels.h"
+#include "plugin_common.h"
 
 namespace edge_sdk::trt {
 namespace {
 
 enum Input { kX = 0, kA, kB, kBias };
-constexpr int32_t kInputs = 4;
 
-void expectCounts(int32_t nbInputs, int32_t nbOutputs) {
-  if (nbInputs != kInputs) throw PluginError("expected 4 inputs (x, a, b, bias), found " + std::to_string(nbInputs));
-  if (nbOutputs != 1) throw PluginError("expected 1 output (mask), found " + std::to_string(nbOutputs));
-}
+class SvdPredictorPlugin : public PluginBase<SvdPredictorPlugin> {
+ public:
+  static constexpr char const* kName = kSvdPredictorName;
+  // int32 mask (OPS.md): TensorRT 10.3 refuses kBOOL and kUINT8 plugin outputs (getOutputDataTypes)
+  static constexpr PluginSignature kSignature{4, "x, a, b, bias", nullptr, "mask", nvinfer1::DataType::kINT32};
 
-}  // namespace
+  static std::vector<nvinfer1::PluginField> fieldNames() { return {}; }
 
-std::vector<nvinfer1::PluginField> SvdPredictorPlugin::fieldNames() { return {}; }
+  // Rejects any attribute; throws PluginError.
+  explicit SvdPredictorPlugin(nvinfer1::PluginFieldCollection const* fields) { Attributes(fields, {}); }
 
-SvdPredictorPlugin::SvdPredictorPlugin(nvinfer1::PluginFieldCollection const* fields) { Attributes(fields, {}); }
+  nvinfer1::DimsExprs outputShape(nvinfer1::DimsExprs const* inputs, nvinfer1::IExprBuilder&) const {
+    return tokensByRows(inputs, kA, "a");  // mask: [T, D]
+  }
 
-int32_t SvdPredictorPlugin::getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
-                                               nvinfer1::DataType const*, int32_t nbInputs) const noexcept {
-  return reportFailure([&] {
-    expectCounts(nbInputs, nbOutputs);
-    // int32 mask (OPS.md): NvInferRuntime.h 10.3, IPluginV3OneBuild::getOutputDataTypes: "DataType:kBOOL and
-    // DataType::kUINT8 are not supported."
-    outputTypes[0] = nvinfer1::DataType::kINT32;
-  });
-}
+  bool supportsInputType(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut) const {
+    nvinfer1::DataType const type = inOut[pos].desc.type;
+    if (pos == kX) return isFloatType(type);
+    // a: fp32, or fp16 (the F16 factors of bundles whose weights are not fp32); b: a's type; bias: fp32
+    if (pos == kA) return type == nvinfer1::DataType::kFLOAT || type == nvinfer1::DataType::kHALF;
+    if (pos == kB) return type == inOut[kA].desc.type;
+    return type == nvinfer1::DataType::kFLOAT;
+  }
 
-int32_t SvdPredictorPlugin::getOutputShapes(nvinfer1::DimsExprs const* inputs, int32_t nbInputs,
-                                            nvinfer1::DimsExprs const*, int32_t, nvinfer1::DimsExprs* outputs,
-                                            int32_t nbOutputs, nvinfer1::IExprBuilder&) noexcept {
-  return reportFailure([&] {
-    expectCounts(nbInputs, nbOutputs);
-    if (inputs[kX].nbDims != 2 || inputs[kA].nbDims != 2) {
-      throw PluginError("inputs 'x' and 'a': expected 2 dimensions each, found " + std::to_string(inputs[kX].nbDims) +
-                        " and " + std::to_string(inputs[kA].nbDims));
-    }
-    outputs[0].nbDims = 2;  // mask: [T, D]
-    outputs[0].d[0] = inputs[kX].d[0];
-    outputs[0].d[1] = inputs[kA].d[0];
-  });
-}
-
-bool SvdPredictorPlugin::supportsFormatCombination(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut,
-                                                   int32_t nbInputs, int32_t) noexcept {
-  nvinfer1::PluginTensorDesc const& desc = inOut[pos].desc;
-  if (desc.format != nvinfer1::TensorFormat::kLINEAR) return false;
-  if (pos == kX) return isFloatType(desc.type);
-  // a: float, or half (the F16 factors of bundles whose weights are not fp32); b: a's type; bias: float
-  if (pos == kA) return desc.type == nvinfer1::DataType::kFLOAT || desc.type == nvinfer1::DataType::kHALF;
-  if (pos == kB) return desc.type == inOut[kA].desc.type;
-  if (pos < nbInputs) return desc.type == nvinfer1::DataType::kFLOAT;
-  return desc.type == nvinfer1::DataType::kINT32;                     // mask, 1 = predicted active
-}
-
-int32_t SvdPredictorPlugin::configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
-                                            nvinfer1::DynamicPluginTensorDesc const*, int32_t nbOutputs) noexcept {
-  return reportFailure([&] {
-    expectCounts(nbInputs, nbOutputs);
+  void expectShapes(nvinfer1::DynamicPluginTensorDesc const* in, int32_t) const {
     nvinfer1::Dims const& x = in[kX].desc.dims;
     nvinfer1::Dims const& a = in[kA].desc.dims;
     nvinfer1::Dims const& b = in[kB].desc.dims;
@@ -73,43 +49,43 @@ int32_t SvdPredictorPlugin::configurePlugin(nvinfer1::DynamicPluginTensorDesc co
     expectDim("input 'b' columns (d, as x)", x.d[1], b.d[1]);
     expectDim("input 'b' rows (r, as a's columns)", a.d[1], b.d[0]);
     expectDim("input 'bias' length (D, as a's rows)", a.d[0], in[kBias].desc.dims.d[0]);
-  });
-}
+  }
 
-size_t SvdPredictorPlugin::getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
-                                            nvinfer1::DynamicPluginTensorDesc const*, int32_t) const noexcept {
-  if (nbInputs != kInputs) return 0;
-  // scratch = x b^T: [T, r] floats
-  return static_cast<size_t>(inputs[kX].max.d[0]) * static_cast<size_t>(inputs[kA].max.d[1]) * sizeof(float);
-}
+  size_t workspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs) const noexcept {
+    if (nbInputs != kSignature.nbInputs) return 0;
+    // scratch = x b^T: [T, r] floats
+    return static_cast<size_t>(inputs[kX].max.d[0]) * static_cast<size_t>(inputs[kA].max.d[1]) * sizeof(float);
+  }
 
-int32_t SvdPredictorPlugin::enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const*,
-                                    void const* const* inputs, void* const* outputs, void* workspace,
-                                    cudaStream_t stream) noexcept {
-  return reportFailure([&] {
+  void launch(nvinfer1::PluginTensorDesc const* inputDesc, void const* const* inputs, void* output, void* workspace,
+              cudaStream_t stream) const {
     int const tokens = checkedDim("x", inputDesc[kX].dims.d[0]);
     int const d = checkedDim("x", inputDesc[kX].dims.d[1]);
     int const n_neurons = checkedDim("a", inputDesc[kA].dims.d[0]);
     int const rank = checkedDim("a", inputDesc[kA].dims.d[1]);
     if (tokens == 0) return;
-    bool const half_factors = inputDesc[kA].type == nvinfer1::DataType::kHALF;
     auto const* bias = static_cast<float const*>(inputs[kBias]);
-    auto* mask = static_cast<int32_t*>(outputs[0]);
+    auto* mask = static_cast<int32_t*>(output);
     auto* scratch = static_cast<float*>(workspace);
     int const x_dtype = cudaDtype(inputDesc[kX].type);
-    cudaError_t const status =
-        half_factors ? edge_svd_predictor_f16(stream, inputs[kX], x_dtype, tokens, d, n_neurons, rank, inputs[kA],
-                                              inputs[kB], bias, mask, scratch)
-                     : edge_svd_predictor(stream, inputs[kX], x_dtype, tokens, d, n_neurons, rank,
-                                          static_cast<float const*>(inputs[kA]), static_cast<float const*>(inputs[kB]),
-                                          bias, mask, scratch);
-    if (status != cudaSuccess) {
-      throw PluginError(std::string(half_factors ? "edge_svd_predictor_f16: " : "edge_svd_predictor: ") +
-                        cudaGetErrorString(status));
+    if (inputDesc[kA].type == nvinfer1::DataType::kHALF) {
+      expectLaunched("edge_svd_predictor_f16",
+                     edge_svd_predictor_f16(stream, inputs[kX], x_dtype, tokens, d, n_neurons, rank, inputs[kA],
+                                            inputs[kB], bias, mask, scratch));
+      return;
     }
-  });
-}
+    expectLaunched("edge_svd_predictor",
+                   edge_svd_predictor(stream, inputs[kX], x_dtype, tokens, d, n_neurons, rank,
+                                      static_cast<float const*>(inputs[kA]), static_cast<float const*>(inputs[kB]),
+                                      bias, mask, scratch));
+  }
+};
 
-nvinfer1::PluginFieldCollection const* SvdPredictorPlugin::getFieldsToSerialize() noexcept { return &mNoFields; }
+}  // namespace
+
+nvinfer1::IPluginCreatorV3One* svdPredictorCreator() {
+  static PluginCreator<SvdPredictorPlugin> creator;
+  return &creator;
+}
 
 }  // namespace edge_sdk::trt
