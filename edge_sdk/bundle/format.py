@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 FORMAT = "edge-sdk-bundle"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 # int4 codes are signed nibbles (4-bit two's complement, ONNX INT4) from format version 2 on; version 1 stored
 # code + 8 (UINT4 with zero point 8), which this edge-sdk refuses rather than misread.
 SIGNED_INT4_FORMAT_VERSION = 2
@@ -16,6 +16,10 @@ SIGNED_INT4_FORMAT_VERSION = 2
 # on; before, it stored it F16, a layout this edge-sdk refuses (re-export). Every other bundle reads the same in
 # versions 2 and 3 (and in 1, but for int4).
 QUANTIZED_TIED_EMBEDDING_FORMAT_VERSION = 3
+# an int4 bundle may store its LM head as int8 codes (export --head-dtype, the manifest's head_dtype) from format
+# version 4 on; a reader of version 3 would misread that head, so such a bundle is version 4 and older readers refuse
+# it as newer. Every other bundle reads the same in versions 3 and 4.
+HEAD_DTYPE_FORMAT_VERSION = 4
 
 MANIFEST_FILE = "manifest.json"
 WEIGHTS_FILE = "weights.safetensors"
@@ -37,8 +41,11 @@ MAX_TOKENIZER_CONFIG_BYTES = 16 << 20
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 
 
-def written_format_version(quantized_tied_embedding: bool) -> int:
-    """The format_version an export writes: 3 only for the layout version 3 introduced (an int8 / int4 bundle of a
-    model with tied embeddings), 2 for every other bundle, which is then byte-identical to what edge-sdk wrote before
-    version 3 and still readable by the readers of version 2 (an older libedge_sdk on a device)."""
+def written_format_version(quantized_tied_embedding: bool, head_dtype: bool = False) -> int:
+    """The format_version an export writes: the oldest version that reads its layout, so every bundle is
+    byte-identical to what edge-sdk wrote before the newer versions and readable by the readers of its version (an
+    older libedge_sdk on a device). 4 for a bundle with a head_dtype of its own (head_dtype: the manifest has one);
+    3 for an int8 / int4 bundle of a model with tied embeddings; 2 for every other bundle."""
+    if head_dtype:
+        return HEAD_DTYPE_FORMAT_VERSION
     return QUANTIZED_TIED_EMBEDDING_FORMAT_VERSION if quantized_tied_embedding else SIGNED_INT4_FORMAT_VERSION
