@@ -14,6 +14,7 @@ import torch
 from click.testing import CliRunner
 from edge_sdk.backends.c_runtime import RuntimeEngine
 from edge_sdk.backends.cpu.torch_engine import load_torch_cpu_engine
+from edge_sdk.backends.tensorrt import compatibility
 
 from edge_sdk.bundle import Bundle, BundleError, manifest_digest
 from edge_sdk.bundle.format import MANIFEST_DIGEST_FIELD
@@ -28,7 +29,9 @@ from edge_sdk.sparsity.bundle_model import TorchEngine, configure, load_referenc
 from .test_quantized_bundles import LOGIT_TOLERANCE, greedy, held_out_ids, prompt_ids
 
 VARIANTS = ("", "tied-")  # the tiny model, and its tied variant (tests/conftest.py tied_checkpoint)
-WINDOW = {"max_tokens": 320, "context": 64, "prompt_tokens": 8, "threads": 1}
+# about a thousand tokens: the fixture's int4 / int8 gap is a few tenths of a percent, which 320 tokens do not order
+# (untied: int4 31.15, int8 head 30.98, int8 31.21; at 1024 tokens 45.01 > 44.90 > 44.85, at 4096 42.43 > 42.09 > 41.89)
+WINDOW = {"max_tokens": 1024, "context": 64, "prompt_tokens": 8, "threads": 1}
 
 
 def head_of(bundle) -> str:
@@ -65,7 +68,7 @@ def test_the_head_is_int8_and_every_other_tensor_is_the_plain_int4_bundles(bundl
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_graphs_read_the_head_as_int8_and_the_other_matrices_as_int4(bundle_matrix, variant):
+def test_graphs_read_the_head_as_int8_and_keep_tensorrts_rules(bundle_matrix, variant):
     bundle = bundle_matrix[f"{variant}svd-int4-head-int8"]
     head = head_of(bundle)
     decode = onnx.load(str(bundle.graph_path("decode")), load_external_data=False)
@@ -80,6 +83,9 @@ def test_graphs_read_the_head_as_int8_and_the_other_matrices_as_int4(bundle_matr
     types = {initializer.name: initializer.data_type for initializer in prefill.graph.initializer}
     assert types[head] == onnx.TensorProto.INT8
     assert types["layers.0.self_attn.q_proj.weight"] == onnx.TensorProto.INT4
+    # TensorRT 10.3's parser rules hold, and its engine would hold exactly the bundle's bytes (no GPU needed)
+    violations, memory = compatibility.check_bundle(bundle)
+    assert violations == [] and memory.engine == memory.bundle_weights
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
