@@ -5,12 +5,13 @@
  * 4096, D 11008) unless SHAPE=dxD gives another (576x1536: SmolLM2-135M's), group size 32, random codes and fp16
  * scales, SiLU so that every neuron of the mask is active; the mask has the given sparsity. With MATVEC=1 each call
  * is instead the dense matvec (edge_cpu_matvec_q) of the first matrix, D rows of d values, as a decode step's
- * projections and LM head call it (SPARSITY must be 0). Prints per library the median and minimum time and the rate
+ * projections and LM head call it (SPARSITY must be 0); with SVD=RANK, the SVD predictor (edge_cpu_svd_predictor) of
+ * rank RANK over the shape, fp32 factors, OMP_NUM_THREADS threads (SPARSITY must be 0). Prints per library the median and minimum time and the rate
  * at which it reads the active rows' codes and scales (gate, up and down; the matrix's for MATVEC), and says when a
  * library's output differs in any bit from the first library's.
  *
  *   gcc -O2 -fopenmp -o /tmp/ffn_kernel_ab benchmarks/ffn_kernel_ab.c -ldl
- *   [THREADS=2] [SHAPE=576x1536] [MATVEC=1] /tmp/ffn_kernel_ab int4|int8 SPARSITY ROUNDS LIB.so [LIB.so ...]
+ *   [THREADS=2] [SHAPE=576x1536] [MATVEC=1 | SVD=224] /tmp/ffn_kernel_ab int4|int8 SPARSITY ROUNDS LIB.so [LIB.so ...]
  *
  * Libraries of other commits: build them from `git archive COMMIT kernels/cpu` (`plugins/kernels/cpu` before the
  * folder moved) with the package's flags
@@ -26,6 +27,8 @@ typedef int (*sparse_ffn_q_fn)(const float *, int, int, const void *, const uint
                                const uint16_t *, const void *, const uint16_t *, int, int, const uint8_t *,
                                const float *, int, float, float *, void *, int, uint8_t *);
 typedef size_t (*workspace_size_fn)(int, int, int);
+typedef int (*svd_predictor_fn)(const float *, int, int, int, const float *, const float *, const float *, uint8_t *,
+                                float *);
 typedef int (*matvec_q_fn)(const float *, int, int, const void *, const uint16_t *, int, int, const float *, float *,
                            int);
 
@@ -63,12 +66,18 @@ int main(int argc, char **argv) {
     return 2;
   }
   int matvec = getenv("MATVEC") != NULL && strcmp(getenv("MATVEC"), "1") == 0;
-  if (matvec && sparsity != 0.0) {
-    fprintf(stderr, "MATVEC=1 times the dense matvec: SPARSITY must be 0\n");
+  int svd_rank = getenv("SVD") != NULL ? atoi(getenv("SVD")) : 0;
+  if ((matvec || svd_rank > 0) && sparsity != 0.0) {
+    fprintf(stderr, "MATVEC=1 and SVD=RANK time dense calls: SPARSITY must be 0\n");
+    return 2;
+  }
+  if (getenv("SVD") != NULL && (svd_rank <= 0 || matvec)) {
+    fprintf(stderr, "SVD: expected a positive rank, without MATVEC, found %s\n", getenv("SVD"));
     return 2;
   }
   sparse_ffn_q_fn ffn[MAX_LIBRARIES];
   matvec_q_fn matvec_q[MAX_LIBRARIES];
+  svd_predictor_fn svd_predictor[MAX_LIBRARIES];
   size_t workspace_bytes = 0;
   for (int l = 0; l < n_libraries; l++) {
     void *library = dlopen(argv[4 + l], RTLD_NOW | RTLD_LOCAL);
@@ -78,8 +87,9 @@ int main(int argc, char **argv) {
     }
     ffn[l] = (sparse_ffn_q_fn)dlsym(library, "edge_cpu_sparse_ffn_q");
     matvec_q[l] = (matvec_q_fn)dlsym(library, "edge_cpu_matvec_q");
+    svd_predictor[l] = (svd_predictor_fn)dlsym(library, "edge_cpu_svd_predictor");
     workspace_size_fn size = (workspace_size_fn)dlsym(library, "edge_cpu_sparse_ffn_workspace_size");
-    if (ffn[l] == NULL || size == NULL || matvec_q[l] == NULL) {
+    if (ffn[l] == NULL || size == NULL || matvec_q[l] == NULL || svd_predictor[l] == NULL) {
       fprintf(stderr, "%s: no edge_cpu_sparse_ffn_q / edge_cpu_matvec_q / edge_cpu_sparse_ffn_workspace_size\n",
               argv[4 + l]);
       return 1;
@@ -98,6 +108,14 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < row_scales * D_FFN; i++) scales[m][i] = (uint16_t)(0x1c00 + (rand() & 0x3ff));
   }
   int n_out = matvec ? D_FFN : D_MODEL;
+  /* the SVD predictor's factors A^T [rank, D] and B [rank, d], biases [D], its mask and scratch */
+  size_t rank = svd_rank > 0 ? (size_t)svd_rank : 1;
+  float *a_t = malloc(rank * D_FFN * sizeof(float)), *b = malloc(rank * D_MODEL * sizeof(float));
+  float *svd_bias = malloc(D_FFN * sizeof(float)), *svd_scratch = malloc(rank * sizeof(float));
+  uint8_t *svd_mask = malloc(D_FFN), *first_mask = malloc(D_FFN);
+  for (size_t i = 0; i < rank * D_FFN; i++) a_t[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+  for (size_t i = 0; i < rank * D_MODEL; i++) b[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+  for (int i = 0; i < D_FFN; i++) svd_bias[i] = (float)rand() / (float)RAND_MAX - 0.5f;
   float *x = malloc(D_MODEL * sizeof(float)), *y = malloc((size_t)n_out * sizeof(float));
   float *first_y = malloc((size_t)n_out * sizeof(float));
   for (int i = 0; i < D_MODEL; i++) x[i] = (float)rand() / (float)RAND_MAX - 0.5f;
@@ -115,7 +133,9 @@ int main(int argc, char **argv) {
       for (size_t i = 0; i < FLUSH_BYTES / sizeof(float); i += 16) sum += flush[i]; /* a line at a time */
       sink += sum;
       double start = seconds();
-      if (matvec) {
+      if (svd_rank > 0) {
+        svd_predictor[l](x, D_MODEL, D_FFN, svd_rank, a_t, b, svd_bias, svd_mask, svd_scratch);
+      } else if (matvec) {
         matvec_q[l](x, D_MODEL, D_FFN, codes[0], scales[0], format, GROUP, NULL, y, threads);
       } else {
         ffn[l](x, D_MODEL, D_FFN, codes[0], scales[0], codes[1], scales[1], codes[2], scales[2], format, GROUP, mask,
@@ -123,14 +143,19 @@ int main(int argc, char **argv) {
       }
       times[(size_t)l * rounds + r] = seconds() - start;
       if (r == 0 && l == 0) memcpy(first_y, y, (size_t)n_out * sizeof(float));
-      if (r == 0 && l > 0 && memcmp(first_y, y, (size_t)n_out * sizeof(float)) != 0) {
+      if (r == 0 && l == 0) memcpy(first_mask, svd_mask, D_FFN);
+      int differs = svd_rank > 0 ? memcmp(first_mask, svd_mask, D_FFN) != 0
+                                 : memcmp(first_y, y, (size_t)n_out * sizeof(float)) != 0;
+      if (r == 0 && l > 0 && differs) {
         printf("%s: output differs from %s's\n", argv[4 + l], argv[4]);
       }
     }
   }
   double read_bytes = (matvec ? 1.0 : 3.0) * n_active * (double)(row_bytes + row_scales * sizeof(uint16_t));
+  if (svd_rank > 0) read_bytes = (double)rank * (D_FFN + D_MODEL) * sizeof(float);
   printf("%s %s %dx%d, sparsity %.2f (%d active rows, %.1f MB), %d thread(s), %d rounds\n", argv[1],
-         matvec ? "matvec" : "FFN", D_MODEL, D_FFN, sparsity, n_active, read_bytes / 1e6, threads, rounds);
+         svd_rank > 0 ? "SVD predictor" : matvec ? "matvec" : "FFN", D_MODEL, D_FFN, sparsity, n_active,
+         read_bytes / 1e6, threads, rounds);
   for (int l = 0; l < n_libraries; l++) {
     double *t = times + (size_t)l * rounds;
     qsort(t, (size_t)rounds, sizeof(double), by_value);

@@ -13,9 +13,13 @@
 #define EDGE_BITS_PER_WORD 32
 /* Sign-bit predictor: x's packed bits stay on the stack up to this many words (d = 65536). */
 #define EDGE_SIGNBIT_STACK_WORDS 2048
-/* Neurons whose SVD scores one thread accumulates together, in registers: EDGE_SCORE_VECTORS vectors of 16. */
-#define EDGE_SCORE_VECTORS 8
-#define EDGE_SCORE_BLOCK (16 * EDGE_SCORE_VECTORS)
+/* Neurons whose SVD scores one pass accumulates, in L1 (4 KiB): each of A^T's rank rows is read as one run of
+ * this many contiguous floats. */
+#ifndef EDGE_SCORE_BLOCK
+#define EDGE_SCORE_BLOCK 1024
+#endif
+/* A^T rows ahead of the one being added whose run is prefetched. */
+#define EDGE_SCORE_AHEAD 2
 
 /* Lane l accumulates elements l, l + 16, ...; a fixed-order pairwise sum of the lanes ends it (l + 8, l + 4,
  * l + 2, l + 1), on vectors: as float arrays GCC kept the lanes on the stack and summed them one by one. */
@@ -36,25 +40,25 @@ static float dot_f32(const float *restrict w, const float *restrict x, int n) {
 }
 
 /* mask[i0 : i0 + EDGE_SCORE_BLOCK) (fewer at the end) from scratch = x B^T: each neuron's score sums over the
- * rank in order, each step one vector operation over the block's contiguous run of A^T's row r. */
+ * rank in order, each step one vector operation per 16 neurons over the block's contiguous run of A^T's row r, the
+ * run EDGE_SCORE_AHEAD rows later prefetched. With the scores of 128 neurons in registers, a block read 224 runs of
+ * 512 bytes 44 KB apart (a 7B layer at rank 224), which the core's prefetchers did not follow: the predictor read
+ * at 8 GB/s (benchmarks/README.md, section 3). */
 static void svd_mask_block(int D, int rank, const float *a_t, const float *bias, const float *scratch, int i0,
                            uint8_t *mask) {
-  int n = D - i0 < EDGE_SCORE_BLOCK ? D - i0 : EDGE_SCORE_BLOCK;
-  float score[EDGE_SCORE_BLOCK] = {0};
-  if (n == EDGE_SCORE_BLOCK) {
-    vec16 sum[EDGE_SCORE_VECTORS] = {{0}};
-    for (int r = 0; r < rank; r++) {
-      const float *column = a_t + (size_t)r * (size_t)D + (size_t)i0;
-      float z = scratch[r];
-      for (int v = 0; v < EDGE_SCORE_VECTORS; v++) sum[v] += VEC16_AT(column + 16 * v) * z;
+  int n = D - i0 < EDGE_SCORE_BLOCK ? D - i0 : EDGE_SCORE_BLOCK, vectors = n / 16;
+  float score[EDGE_SCORE_BLOCK] __attribute__((aligned(64)));
+  memset(score, 0, (size_t)n * sizeof(float));
+  for (int r = 0; r < rank; r++) {
+    const float *column = a_t + (size_t)r * (size_t)D + (size_t)i0;
+    const char *ahead = (const char *)(a_t + (size_t)(r + EDGE_SCORE_AHEAD < rank ? r + EDGE_SCORE_AHEAD : r) *
+                                                 (size_t)D + (size_t)i0);
+    float z = scratch[r];
+    for (int v = 0; v < vectors; v++) {
+      __builtin_prefetch(ahead + (size_t)v * 64, 0, 3);
+      VEC16_AT(score + 16 * v) += VEC16_AT(column + 16 * v) * z;
     }
-    memcpy(score, sum, sizeof sum);
-  } else {
-    for (int r = 0; r < rank; r++) {
-      const float *column = a_t + (size_t)r * (size_t)D + (size_t)i0;
-      float z = scratch[r];
-      for (int l = 0; l < n; l++) score[l] += column[l] * z;
-    }
+    for (int l = 16 * vectors; l < n; l++) score[l] += column[l] * z;
   }
   for (int l = 0; l < n; l++) mask[i0 + l] = score[l] + (bias == NULL ? 0.0f : bias[i0 + l]) > 0.0f;
 }
