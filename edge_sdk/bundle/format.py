@@ -17,8 +17,8 @@ SIGNED_INT4_FORMAT_VERSION = 2
 # versions 2 and 3 (and in 1, but for int4).
 QUANTIZED_TIED_EMBEDDING_FORMAT_VERSION = 3
 # an int4 bundle may store its LM head as int8 codes (export --head-dtype, the manifest's head_dtype) from format
-# version 4 on; a reader of version 3 would misread that head, so such a bundle is version 4 and older readers refuse
-# it as newer. Every other bundle reads the same in versions 3 and 4.
+# version 4 on; a reader of version 3 ignores that field and would refuse the head's codes as the wrong tensor, so such
+# a bundle is version 4, which older readers refuse as newer. Every other bundle reads the same in versions 3 and 4.
 HEAD_DTYPE_FORMAT_VERSION = 4
 
 MANIFEST_FILE = "manifest.json"
