@@ -1,5 +1,6 @@
 """Held-out perplexity of int8 / int4 bundles of a model with tied embeddings: the shared matrix quantized (format
-version 3) against the fp16 embedding / LM head of earlier bundles, and against the fp16 model.
+version 3), or kept int8 in an int4 bundle (`--head-dtype int8`, format version 4), against the fp16 embedding / LM
+head of earlier bundles, and against the fp16 model.
 
 Dense, computed by the torch reference on each bundle's dequantized weights (load_reference_decoder), one
 teacher-forced forward per window over the windows `edge-sdk eval` scores (held_out_windows: `--tokens` tokens in
@@ -9,7 +10,9 @@ checkpoint's matrix rounded to fp16, which is exactly what a format version 2 bu
 quantized the same way in both versions).
 
     edge-sdk export MODEL -o B-int4 --dtype int4 --predictor none [--max-seq-len 512]
-    .venv/bin/python benchmarks/studies/tied_head_quality.py MODEL B-fp16 B-int8 B-int4 --text TEXT --tokens 2048
+    edge-sdk export MODEL -o B-int4-head-int8 --dtype int4 --head-dtype int8 --predictor none [--max-seq-len 512]
+    .venv/bin/python benchmarks/studies/tied_head_quality.py MODEL B-fp16 B-int8 B-int4 B-int4-head-int8 \
+        --text TEXT --tokens 2048
 """
 
 from __future__ import annotations
@@ -63,7 +66,12 @@ def main() -> None:
         windows = held_out_windows(Tokenizer.from_bundle(bundle), read_texts(args.text), args.tokens, CONTEXT, 32)
         model = load_reference_decoder(bundle)
         configure(model, bundle.sparsity.resolve(None, True))
-        row = {"bundle": str(path), "dtype": bundle.dtype, "scored": sum(len(w) - PROMPT_TOKENS - 1 for w in windows)}
+        row = {
+            "bundle": str(path),
+            "dtype": bundle.dtype,
+            "head_dtype": bundle.manifest.lm_head_dtype,
+            "scored": sum(len(w) - PROMPT_TOKENS - 1 for w in windows),
+        }
         row["perplexity"] = perplexity(model, windows)
         if bundle.manifest.group_size is not None:  # the format version 2 layout: the tied matrix in fp16
             decoder = model.decoder

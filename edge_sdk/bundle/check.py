@@ -23,7 +23,7 @@ def check_bundle(path: str | Path) -> tuple[Bundle, dict[str, Any]]:
         "files": len(bundle.manifest.files),
         "bytes": sum(entry.size for entry in bundle.manifest.files.values()),
         "tensors": len(bundle.manifest.tensors),
-        "dtype": bundle.dtype,
+        "dtype": bundle.dtype + (f" (LM head {bundle.manifest.head_dtype})" if bundle.manifest.head_dtype else ""),
         "predictor": bundle.sparsity.predictor,
         "levels": ", ".join(f"{level:g}" for level in bundle.sparsity.levels) or "none",
         "vocabulary": tokenizer.vocab_size,

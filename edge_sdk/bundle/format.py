@@ -16,6 +16,10 @@ SIGNED_INT4_FORMAT_VERSION = 2
 # on; before, it stored it F16, a layout this edge-sdk refuses (re-export). Every other bundle reads the same in
 # versions 2 and 3 (and in 1, but for int4).
 QUANTIZED_TIED_EMBEDDING_FORMAT_VERSION = 3
+# an int4 bundle may store its LM head as int8 codes (export --head-dtype, the manifest's head_dtype) from format
+# version 4 on; a reader of version 3 ignores that field and would refuse the head's codes as the wrong tensor, so such
+# a bundle is version 4, which older readers refuse as newer. Every other bundle reads the same in versions 3 and 4.
+HEAD_DTYPE_FORMAT_VERSION = 4
 # the svd predictor's factors (svd.a, svd.b) are F16 in every bundle whose weights are not fp32 from format version 5
 # on, F32 before (and in fp32 bundles); a reader of an older version would misread them, so such a bundle is version
 # 5 and older readers refuse it as newer. Every other bundle reads the same in versions 3 and 5.
@@ -41,13 +45,18 @@ MAX_TOKENIZER_CONFIG_BYTES = 16 << 20
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 
 
-def written_format_version(quantized_tied_embedding: bool, half_predictor_factors: bool = False) -> int:
+def written_format_version(
+    quantized_tied_embedding: bool, head_dtype: bool = False, half_predictor_factors: bool = False
+) -> int:
     """The format_version an export writes: the oldest version that reads its layout, so every bundle is
     byte-identical to what edge-sdk wrote before the newer versions and readable by the readers of its version (an
     older libedge_sdk on a device). 5 for a bundle with F16 predictor factors (an svd bundle whose weights are not
-    fp32); 3 for an int8 / int4 bundle of a model with tied embeddings; 2 for every other bundle."""
+    fp32); 4 for a bundle with a head_dtype of its own (head_dtype: the manifest has one); 3 for an int8 / int4
+    bundle of a model with tied embeddings; 2 for every other bundle."""
     if half_predictor_factors:
         return HALF_PREDICTOR_FACTORS_FORMAT_VERSION
+    if head_dtype:
+        return HEAD_DTYPE_FORMAT_VERSION
     return QUANTIZED_TIED_EMBEDDING_FORMAT_VERSION if quantized_tied_embedding else SIGNED_INT4_FORMAT_VERSION
 
 

@@ -11,6 +11,11 @@ F16 [rows, cols / group_size], except the token embedding of a model with an LM 
 a product, it stays F16. A tied embedding is the LM head too, a product over the whole matrix every token, so it is
 stored once in the quantized format (since bundle format version 3) and the lookup dequantizes its one row.
 
+The LM head (lm_head.weight, or the tied embedding, which is both) may be stored in a wider quantized dtype than the
+bundle's other matrices (export --head-dtype, manifest head_dtype, since format version 4): int8 codes with fp16
+scales of the same group size in an int4 bundle. The head is read in full every token and its error reaches every
+logit, so it is the matrix whose precision buys the most quality per byte.
+
 The svd predictor's factors (svd.a, svd.b) are F16 in bundles whose weights are not fp32 (since bundle format version
 5, bundle/format.py predictor_factor_dtype) and F32 otherwise; the predictors' other tensors keep their kinds' dtypes.
 """
@@ -28,6 +33,9 @@ QUANTIZED_DTYPES = {"int8": "I8", "int4": "U8"}
 BUNDLE_DTYPES = (*WEIGHT_DTYPES, *QUANTIZED_DTYPES)
 GROUP_SIZES = (32, 64, 128)
 EMBEDDING = "embed_tokens.weight"
+LM_HEAD = "lm_head.weight"
+# a bundle dtype's allowed head_dtype besides itself: the quantized dtypes wider than it
+WIDER_HEAD_DTYPES = {"int4": ("int8",)}
 UNTIED_EMBEDDING_DTYPE = "F16"  # a quantized bundle's embedding when the model has an LM head of its own
 SCALES_SUFFIX = ".scales"
 TRANSPOSED_SUFFIX = "_t"
@@ -50,6 +58,16 @@ def model_tensor_names(config: ModelConfig) -> list[tuple[str, str]]:
     return names
 
 
+def lm_head_tensor(tied_embeddings: bool) -> str:
+    """The bundle tensor the LM head reads: the embedding of a model with tied embeddings, else lm_head.weight."""
+    return EMBEDDING if tied_embeddings else LM_HEAD
+
+
+def quantized_format(safetensors_dtype: str) -> str:
+    """The quantized dtype (int8 | int4) whose codes a bundle stores in safetensors_dtype (I8 | U8)."""
+    return next(name for name, stored in QUANTIZED_DTYPES.items() if stored == safetensors_dtype)
+
+
 def is_quantized_matrix(name: str, shape: tuple[int, ...], tied_embeddings: bool) -> bool:
     """Whether a model tensor is stored as codes + scales in a quantized bundle: every matrix but the embedding of a
     model whose LM head is a matrix of its own (tied_embeddings: the model's tie_word_embeddings)."""
@@ -67,18 +85,26 @@ def quantized_tensors(name: str, shape: tuple[int, ...], dtype: str, group_size:
 
 
 def model_tensors(
-    config: ModelConfig, dtype: str, max_seq_len: int, group_size: int | None = None
+    config: ModelConfig,
+    dtype: str,
+    max_seq_len: int,
+    group_size: int | None = None,
+    head_dtype: str | None = None,
 ) -> dict[str, ExpectedTensor]:
     """Every model tensor of a bundle with weight dtype `dtype` (fp32 | fp16 | bf16 | int8 | int4) serving
-    max_seq_len; group_size: the quantization group of int8 / int4 (it must divide every quantized matrix's cols)."""
+    max_seq_len; group_size: the quantization group of int8 / int4 (it must divide every quantized matrix's cols);
+    head_dtype: the LM head's quantized dtype when it differs from dtype (one of WIDER_HEAD_DTYPES[dtype]), else
+    None."""
     hf_shapes = hf_tensor_shapes(config)
+    head = lm_head_tensor(config.tie_word_embeddings)
     expected = {}
     for name, hf_name in model_tensor_names(config):
         shape = hf_shapes[hf_name]
         if name.endswith(TRANSPOSED_SUFFIX):
             shape = shape[::-1]
         if dtype in QUANTIZED_DTYPES and is_quantized_matrix(name, shape, config.tie_word_embeddings):
-            expected |= quantized_tensors(name, shape, dtype, group_size)
+            matrix_dtype = head_dtype if name == head and head_dtype is not None else dtype
+            expected |= quantized_tensors(name, shape, matrix_dtype, group_size)
         elif dtype in QUANTIZED_DTYPES and len(shape) == 2:
             expected[name] = ExpectedTensor(UNTIED_EMBEDDING_DTYPE, shape)
         else:

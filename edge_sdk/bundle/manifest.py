@@ -18,6 +18,7 @@ from edge_sdk.bundle.layout import (
     BUNDLE_DTYPES,
     GROUP_SIZES,
     QUANTIZED_DTYPES,
+    WIDER_HEAD_DTYPES,
     ExpectedTensor,
     model_tensors,
     predictor_tensors,
@@ -342,10 +343,11 @@ def expected_tensors(
     declared: dict[str, ExpectedTensor],
     where: str,
     group_size: int | None = None,
+    head_dtype: str | None = None,
     factor_dtype: str = "F32",
 ) -> dict[str, ExpectedTensor]:
     ranks = _ranks(declared, config, predictors.kind(sparsity.predictor), where)
-    return model_tensors(config, dtype, max_seq_len, group_size) | predictor_tensors(
+    return model_tensors(config, dtype, max_seq_len, group_size, head_dtype) | predictor_tensors(
         config, sparsity.predictor, len(sparsity.levels), ranks, factor_dtype
     )
 
@@ -397,6 +399,12 @@ class Manifest:
     tensors: dict[str, ExpectedTensor]
     files: dict[str, FileEntry]
     group_size: int | None = None  # int8 / int4 bundles: values per fp16 scale along each matrix row
+    head_dtype: str | None = None  # the LM head's quantized dtype where it differs from dtype (format version 4)
+
+    @property
+    def lm_head_dtype(self) -> str:
+        """The dtype the LM head matrix is stored in."""
+        return self.head_dtype or self.dtype
 
 
 def _group_size(fields: Fields, dtype: str, config: ModelConfig) -> int | None:
@@ -417,6 +425,17 @@ def _group_size(fields: Fields, dtype: str, config: ModelConfig) -> int | None:
         if cols % group_size:
             raise fields._fail("group_size", f"a divisor of model {what} {cols} (each quantized row is whole groups)")
     return group_size
+
+
+def _head_dtype(fields: Fields, dtype: str, version: int) -> str | None:
+    """head_dtype (format version 4 on; older versions do not read it): absent or null, the LM head is stored in the
+    bundle's dtype; else a quantized dtype wider than dtype (WIDER_HEAD_DTYPES: int8 in an int4 bundle)."""
+    if version < bundle_format.HEAD_DTYPE_FORMAT_VERSION or not fields.has("head_dtype"):
+        return None
+    allowed = WIDER_HEAD_DTYPES.get(dtype, ())
+    if not allowed:
+        raise fields._fail("head_dtype", f"null or absent for dtype {dtype} (a head dtype of its own needs int4)")
+    return fields.string("head_dtype", allowed)
 
 
 def factor_rule(dtype: str, version: int) -> str:
@@ -473,6 +492,7 @@ def validate(raw: Any, where: str) -> Manifest:
             f"{tied_layout}); re-export the bundle"
         )
     group_size = _group_size(fields, dtype, config)
+    head_dtype = _head_dtype(fields, dtype, version)
     max_seq_len = fields.integer("max_seq_len", 2, config.max_position_embeddings)
     sparsity = _sparsity(fields.object("sparsity"), config.num_layers)
     graphs = _graphs(fields.object("graphs"))
@@ -481,9 +501,11 @@ def validate(raw: Any, where: str) -> Manifest:
     factor_dtype = bundle_format.predictor_factor_dtype(dtype, version)
     _check_tensors(
         declared,
-        expected_tensors(config, dtype, max_seq_len, sparsity, declared, tensors_where, group_size, factor_dtype),
+        expected_tensors(
+            config, dtype, max_seq_len, sparsity, declared, tensors_where, group_size, head_dtype, factor_dtype
+        ),
         tensors_where,
         factor_rule(dtype, version),
     )
     files = _files(fields.object("files"), graphs)
-    return Manifest(raw, version, config, dtype, max_seq_len, sparsity, graphs, declared, files, group_size)
+    return Manifest(raw, version, config, dtype, max_seq_len, sparsity, graphs, declared, files, group_size, head_dtype)

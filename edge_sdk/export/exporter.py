@@ -24,6 +24,7 @@ from edge_sdk.bundle import format as bundle_format
 from edge_sdk.bundle.layout import (
     QUANTIZED_DTYPES,
     SCALES_SUFFIX,
+    WIDER_HEAD_DTYPES,
     is_quantized_matrix,
     model_tensor_names,
     model_tensors,
@@ -56,12 +57,20 @@ class ExportSettings:
     dtype: str = "fp32"  # fp16 | bf16 | fp32 | int8 | int4: how model weights are stored in the bundle
     group_size: int = quant.DEFAULT_GROUP_SIZE  # int8 / int4: values per fp16 scale along each row
     quant_method: str = "rtn"  # int8 / int4: "rtn", or "awq" (activation-aware scales folded in first)
+    # the LM head's dtype (None: dtype's): "int8" with dtype "int4" stores the head (a tied model's embedding, which
+    # is its head) as int8 codes with fp16 scales of group_size (bundle format version 4)
+    head_dtype: str | None = None
     max_seq_len: int | None = None  # None: min(model's max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
     calibration: CalibrationSettings = field(default_factory=CalibrationSettings)
 
     @property
     def predictor(self) -> str:
         return self.calibration.predictor
+
+    @property
+    def wider_head_dtype(self) -> str | None:
+        """The head's dtype where it differs from the bundle's (what the manifest records as head_dtype), else None."""
+        return None if self.head_dtype in (None, self.dtype) else self.head_dtype
 
 
 def _model_tensor_spec(
@@ -80,7 +89,7 @@ def _model_tensor_specs(checkpoint: Checkpoint | GgufCheckpoint, settings: Expor
         dtype = parse_dtype(settings.dtype)
         return [_model_tensor_spec(checkpoint, n, hf, dtype) for n, hf in model_tensor_names(checkpoint.config)]
     torch_dtypes = {"F32": torch.float32, "F16": torch.float16, "I8": torch.int8, "U8": torch.uint8}
-    expected = model_tensors(checkpoint.config, settings.dtype, 2, settings.group_size)
+    expected = model_tensors(checkpoint.config, settings.dtype, 2, settings.group_size, settings.wider_head_dtype)
     return [
         TensorSpec(name, torch_dtypes[want.dtype], want.shape)
         for name, want in expected.items()
@@ -106,6 +115,14 @@ def check_output(
 def _validate(checkpoint: Checkpoint | GgufCheckpoint, settings: ExportSettings) -> int:
     if settings.predictor not in predictors.KINDS:
         raise ExportError(f"predictor {settings.predictor!r} is not one of {', '.join(predictors.KINDS)}")
+    if settings.head_dtype not in (None, settings.dtype, *WIDER_HEAD_DTYPES.get(settings.dtype, ())):
+        allowed = ", ".join(
+            f"{head} with --dtype {base}" for base, wider in WIDER_HEAD_DTYPES.items() for head in wider
+        )
+        raise ExportError(
+            f"--head-dtype {settings.head_dtype} is not allowed with --dtype {settings.dtype}: the LM head may be "
+            f"stored wider than the other matrices only as {allowed} (or in the bundle's own dtype)"
+        )
     if settings.dtype in QUANTIZED_DTYPES:
         if settings.quant_method not in QUANT_METHODS:
             raise ExportError(
@@ -290,7 +307,10 @@ def _quantized_model(
             settings.group_size,
             scale_ffn_hidden=not calibration.kind.ranks_by_up,
         )
-    return QuantizedCheckpoint(checkpoint, settings.dtype, settings.group_size, scales), described
+    if settings.wider_head_dtype is not None:
+        described["head_format"] = settings.wider_head_dtype
+    quantized = QuantizedCheckpoint(checkpoint, settings.dtype, settings.group_size, scales, settings.wider_head_dtype)
+    return quantized, described
 
 
 def _manifest(
@@ -325,7 +345,9 @@ def _manifest(
     manifest = {
         "format": bundle_format.FORMAT,
         "format_version": bundle_format.written_format_version(
-            settings.dtype in QUANTIZED_DTYPES and config.tie_word_embeddings, half_factors
+            settings.dtype in QUANTIZED_DTYPES and config.tie_word_embeddings,
+            settings.wider_head_dtype is not None,
+            half_factors,
         ),
         "exporter": {"name": "edge-sdk", "version": __version__},
         "model": config.to_dict(),
@@ -348,5 +370,7 @@ def _manifest(
     }
     if settings.dtype in QUANTIZED_DTYPES:
         manifest["group_size"] = settings.group_size
+    if settings.wider_head_dtype is not None:
+        manifest["head_dtype"] = settings.wider_head_dtype
     manifest[bundle_format.MANIFEST_DIGEST_FIELD] = manifest_digest(manifest)
     return manifest

@@ -42,6 +42,9 @@ quantized matrix is read as its codes and its fp16 scales:
   [rows, cols] initializers over the bundle's U8 bytes, whose ONNX element order (element 2k low nibble, 2k+1 high
   nibble of byte k) is a permutation of the Q4_0 block order inside each 32-value block: a Gather on the columns
   restores it.
+- The LM head may be stored in a wider format than the other matrices (int8 in an int4 bundle: manifest head_dtype);
+  every read of a quantized matrix takes its format from the matrix's own stored dtype (I8 or U8), the custom ops'
+  weight_format attribute included, so the head's nodes are int8 nodes in an otherwise int4 graph.
 - A tied model's embedding is its LM head, stored quantized like it: decode.onnx looks the tokens' rows up in its
   INT32 words and scales and dequantizes them in standard integer ops (`GraphBuilder.dequantized_rows`),
   prefill.onnx gathers them from the LM head's DequantizeLinear output.
@@ -58,6 +61,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from edge_sdk import predictors
+from edge_sdk.bundle.layout import quantized_format
 from edge_sdk.export import ops
 from edge_sdk.model.config import ModelConfig
 
@@ -93,7 +97,7 @@ class GraphSpec:
     tensors: dict[str, ExternalTensor]
     predictor: str  # a kind of edge_sdk.predictors
     layer_attributes: tuple[dict[str, float], ...] = ()  # per layer, the kind's node attributes (graph_attributes)
-    quant_format: str | None = None  # int8 | int4 for quantized bundles
+    quant_format: str | None = None  # int8 | int4 for quantized bundles (the head's own may be wider: matrix_format)
     group_size: int | None = None
 
     @property
@@ -214,7 +218,7 @@ class GraphBuilder:
         matrix = self.op(
             "DequantizeLinear", [self.weight(name), scales], hint=f"{name}.f32", axis=1, block_size=group_size
         )
-        if self.spec.quant_format == "int4":
+        if self.matrix_format(name) == "int4":
             self.int4_codes.add(name)
             columns = int4_onnx_columns(2 * self.spec.tensors[name].shape[1])
             matrix = self.op("Gather", [matrix, self.constant(columns, "int4_columns")], axis=1)
@@ -232,7 +236,7 @@ class GraphBuilder:
         that never leave int32's range), digit k is low / 2^(k bits) mod 2^bits, plus 2^(bits - 1) for the top
         digit of a negative word, and a digit u is the code u - 2^bits * (u / 2^(bits - 1)) (two's complement).
         Each value is then code * scale in float32, exact, as DequantizeLinear computes it."""
-        bits = 8 if self.spec.quant_format == "int8" else 4
+        bits = 8 if self.matrix_format(name) == "int8" else 4
         per_word, base, half = 32 // bits, 1 << bits, 1 << (bits - 1)
 
         def int32(value, hint: str = "const") -> str:
@@ -267,9 +271,13 @@ class GraphBuilder:
         self.code_words.add(name)
         return [self.weight(name), self.weight(name + ".scales")]
 
-    def quantized_layout(self) -> dict[str, str | int]:
-        """The weight_format and group_size attributes of the quantized custom ops."""
-        return {"weight_format": self.spec.quant_format, "group_size": self.spec.group_size}
+    def matrix_format(self, name: str) -> str:
+        """The format (int8 | int4) a quantized matrix's codes are stored in."""
+        return quantized_format(self.spec.tensors[name].dtype)
+
+    def quantized_layout(self, name: str) -> dict[str, str | int]:
+        """The weight_format and group_size attributes of a quantized custom op reading matrix `name`."""
+        return {"weight_format": self.matrix_format(name), "group_size": self.spec.group_size}
 
     def external_initializers(self) -> list[TensorProto]:
         both = self.code_words & self.int4_codes
@@ -303,7 +311,8 @@ def _matmul(g: GraphBuilder, x2d: str, weight: str, transposed: bool) -> str:
     and softmax, the KV cache, the bias adds and the logits after the cast."""
     if weight + ".scales" in g.spec.tensors and g.quantized_ops:  # the QuantizedMatMul plugin, reading the codes
         inputs = [x2d, *g.quantized(weight)]
-        return g.custom("QuantizedMatMul", inputs, hint=weight, transposed=int(transposed), **g.quantized_layout())
+        layout = g.quantized_layout(weight)
+        return g.custom("QuantizedMatMul", inputs, hint=weight, transposed=int(transposed), **layout)
     if weight + ".scales" in g.spec.tensors:  # DequantizeLinear -> Gemm in standard ops (prefill.onnx)
         return g.op("Gemm", [x2d, g.dequantized(weight)], hint=weight, transB=int(transposed))
     stored = g.weight(weight)
@@ -476,7 +485,7 @@ def _sparse_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, prom
         attributes["activation_threshold"] = activation.threshold
     if g.quantized_ops:  # codes and scales of each matrix (OPS.md, QuantizedSparseFFN)
         op, weights = "QuantizedSparseFFN", [name for matrix in matrices for name in g.quantized(matrix)]
-        attributes |= g.quantized_layout()
+        attributes |= g.quantized_layout(matrices[0])  # gate, up and down share the bundle's format
     else:
         op, weights = "SparseFFN", [g.weight(matrix) for matrix in matrices]
     inputs = [x2d, *weights, mask]

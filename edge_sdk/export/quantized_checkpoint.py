@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from edge_sdk import quant
-from edge_sdk.bundle.layout import EMBEDDING, is_quantized_matrix
+from edge_sdk.bundle.layout import EMBEDDING, LM_HEAD, is_quantized_matrix
 from edge_sdk.model.checkpoint import Checkpoint
 from edge_sdk.model.config import ModelConfig
 from edge_sdk.model.decoder import rope_tables
@@ -87,7 +87,9 @@ def fake_quantize(weight: torch.Tensor, format: str, group_size: int) -> torch.T
 class QuantizedCheckpoint:
     """A checkpoint as an int8 / int4 bundle of it holds it: AWQ scales (if any) folded in, every quantized matrix
     dequantized (a tied embedding, which is also the LM head, among them), an untied embedding rounded to fp16.
-    Everything else (config, tokenizer, shapes) is the checkpoint's."""
+    Everything else (config, tokenizer, shapes) is the checkpoint's.
+
+    head_format: the LM head's format where it differs from format (int8 in an int4 bundle), else None."""
 
     def __init__(
         self,
@@ -95,11 +97,14 @@ class QuantizedCheckpoint:
         format: str,
         group_size: int,
         scales: dict[int, LayerScales] | None = None,
+        head_format: str | None = None,
     ):
         self.checkpoint = checkpoint
         self.format = format
         self.group_size = group_size
         self.scales = scales or {}
+        self.head_format = head_format
+        self.lm_head = f"model.{EMBEDDING}" if checkpoint.config.tie_word_embeddings else LM_HEAD  # Hugging Face's name
 
     def __getattr__(self, name: str):
         return getattr(self.checkpoint, name)
@@ -122,7 +127,11 @@ class QuantizedCheckpoint:
         weight = self.scaled_tensor(hf_name)
         if neuron_major:
             weight = weight.T.contiguous()
-        return quant.quantize(weight.numpy(), self.format, self.group_size)
+        return quant.quantize(weight.numpy(), self.matrix_format(hf_name), self.group_size)
+
+    def matrix_format(self, hf_name: str) -> str:
+        """The format a quantized matrix is stored in: the head's own, if it has one, else the bundle's."""
+        return self.head_format if hf_name == self.lm_head and self.head_format is not None else self.format
 
     def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         if self.is_quantized(name):

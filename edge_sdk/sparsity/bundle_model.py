@@ -15,7 +15,7 @@ import torch
 
 from edge_sdk import quant
 from edge_sdk.bundle import Bundle, LevelChoice
-from edge_sdk.bundle.layout import SCALES_SUFFIX, TRANSPOSED_SUFFIX, is_predictor_tensor
+from edge_sdk.bundle.layout import SCALES_SUFFIX, TRANSPOSED_SUFFIX, is_predictor_tensor, quantized_format
 from edge_sdk.model.decoder import Decoder
 from edge_sdk.sparsity.sparse_model import LayerPredictor, SparseDecoder, SparseFeedForward
 
@@ -33,10 +33,11 @@ def is_quantized(bundle: Bundle, name: str) -> bool:
 
 
 def quantized_matrix(bundle: Bundle, name: str) -> quant.QuantizedMatrix:
-    """A quantized matrix of an int8 / int4 bundle: its codes and scales over the memory-mapped file (no copy)."""
-    return quant.QuantizedMatrix(
-        bundle.dtype, bundle.manifest.group_size, bundle.array(name), bundle.array(name + SCALES_SUFFIX)
-    )
+    """A quantized matrix of an int8 / int4 bundle: its codes and scales over the memory-mapped file (no copy), in
+    the format its codes are stored in (the LM head may be int8 in an int4 bundle: manifest head_dtype)."""
+    codes, scales = bundle.array(name), bundle.array(name + SCALES_SUFFIX)
+    format = quantized_format(bundle.header.tensors[name].dtype)
+    return quant.QuantizedMatrix(format, bundle.manifest.group_size, codes, scales)
 
 
 def load_reference_decoder(

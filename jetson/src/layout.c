@@ -206,7 +206,7 @@ static edge_status svd_ranks(struct declared_tensor *declared, size_t n, const s
 }
 
 static edge_status build_table(struct declared_tensor *declared, size_t n, const struct model_config *c,
-                               enum tensor_dtype w, int max_seq_len, const struct sparsity_settings *s,
+                               enum tensor_dtype w, enum tensor_dtype head, int max_seq_len, const struct sparsity_settings *s,
                                const char *where, struct table *table) {
   int64_t ranks[MAX_LAYERS] = {0};
   if (s->predictor == PREDICTOR_SVD) {
@@ -217,10 +217,10 @@ static edge_status build_table(struct declared_tensor *declared, size_t n, const
   if (table->group_size && !c->tie_word_embeddings) {
     add(table, "embed_tokens.weight", DTYPE_F16, 2, c->vocab_size, c->hidden_size);
   } else {
-    add_matrix(table, "embed_tokens.weight", w, c->vocab_size, c->hidden_size);
+    add_matrix(table, "embed_tokens.weight", c->tie_word_embeddings ? head : w, c->vocab_size, c->hidden_size);
   }
   add(table, "norm.weight", DTYPE_F32, 1, c->hidden_size, 0);
-  if (!c->tie_word_embeddings) add_matrix(table, "lm_head.weight", w, c->vocab_size, c->hidden_size);
+  if (!c->tie_word_embeddings) add_matrix(table, "lm_head.weight", head, c->vocab_size, c->hidden_size);
   for (int layer = 0; layer < c->num_layers; layer++) add_layer(table, c, w, layer);
   add(table, "rope.cos", DTYPE_F32, 2, max_seq_len, c->head_dim);
   add(table, "rope.sin", DTYPE_F32, 2, max_seq_len, c->head_dim);
@@ -274,14 +274,15 @@ static edge_status compare(struct declared_tensor *declared, size_t n, const str
 }
 
 edge_status layout_check_tensors(const cJSON *tensors, const struct model_config *config, enum tensor_dtype weight_dtype,
-                                 int group_size, int max_seq_len, const struct sparsity_settings *sparsity,
-                                 enum tensor_dtype factor_dtype, const char *factor_rule, const char *where) {
+                                 enum tensor_dtype head_dtype, int group_size, int max_seq_len,
+                                 const struct sparsity_settings *sparsity, enum tensor_dtype factor_dtype,
+                                 const char *factor_rule, const char *where) {
   struct declared_tensor *declared;
   size_t n;
   edge_status status = read_declared(tensors, where, &declared, &n);
   if (status != EDGE_OK) return status;
   struct table table = {.group_size = group_size, .factor_dtype = factor_dtype, .factor_rule = factor_rule};
-  status = build_table(declared, n, config, weight_dtype, max_seq_len, sparsity, where, &table);
+  status = build_table(declared, n, config, weight_dtype, head_dtype, max_seq_len, sparsity, where, &table);
   if (status == EDGE_OK) status = compare(declared, n, &table, where);
   free(table.entries);
   free(declared);

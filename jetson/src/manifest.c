@@ -150,7 +150,23 @@ static edge_status read_group_size(const cJSON *manifest, const char *where, str
   return EDGE_OK;
 }
 
-/* model, dtype (and group_size) and max_seq_len; version: the manifest's format_version. */
+/* head_dtype (format version 4 on; older versions do not read it): null or absent, the LM head is stored in the
+ * bundle's dtype; otherwise a quantized dtype wider than it: int8 (I8 codes) in an int4 bundle. */
+static edge_status read_head_dtype(const cJSON *manifest, const char *where, int64_t version, struct manifest *out) {
+  static const char *const wider_than_int4[] = {"int8"};
+  const cJSON *field = cJSON_GetObjectItemCaseSensitive(manifest, "head_dtype");
+  out->head_dtype = out->weight_dtype;
+  if (version < BUNDLE_HEAD_DTYPE_FORMAT_VERSION || field == NULL || cJSON_IsNull(field)) return EDGE_OK;
+  if (out->quant_format != EDGE_Q4) {
+    return json_field_fail(manifest, "head_dtype", where, "null or absent for a dtype other than int4");
+  }
+  int choice;
+  edge_status status = json_choice_field(manifest, "head_dtype", where, wider_than_int4, 1, &choice);
+  if (status == EDGE_OK) out->head_dtype = DTYPE_I8;
+  return status;
+}
+
+/* model, dtype (group_size and head_dtype) and max_seq_len; version: the manifest's format_version. */
 static edge_status read_model(const cJSON *manifest, const char *where, int64_t version, struct manifest *out) {
   static const char *const dtypes[] = {"fp32", "fp16", "bf16", "int8", "int4"};
   static const enum tensor_dtype weight_dtypes[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_I8, DTYPE_U8};
@@ -176,14 +192,15 @@ static edge_status read_model(const cJSON *manifest, const char *where, int64_t 
   }
   if (status == EDGE_OK) {
     out->quant_format = quant_formats[dtype];
+    out->weight_dtype = weight_dtypes[dtype];
     status = read_group_size(manifest, where, out);
   }
+  if (status == EDGE_OK) status = read_head_dtype(manifest, where, version, out);
   if (status == EDGE_OK) {
     status = json_int_field(manifest, "max_seq_len", where, 2, out->model.max_position_embeddings, &value);
   }
   if (status != EDGE_OK) return status;
   max_seq_len = (int)value;
-  out->weight_dtype = weight_dtypes[dtype];
   out->max_seq_len = max_seq_len;
   int half_factors = version >= BUNDLE_HALF_PREDICTOR_FACTORS_FORMAT_VERSION && weight_dtypes[dtype] != DTYPE_F32;
   out->factor_dtype = half_factors ? DTYPE_F16 : DTYPE_F32;
@@ -218,8 +235,9 @@ edge_status manifest_validate(const cJSON *manifest, const char *text, size_t si
       (status = config_read_sparsity(sparsity, out->model.num_layers, inner, &out->sparsity)) != EDGE_OK ||
       (status = read_graphs(manifest, where, out)) != EDGE_OK ||
       (status = section(manifest, "tensors", where, &tensors, inner, sizeof inner)) != EDGE_OK ||
-      (status = layout_check_tensors(tensors, &out->model, out->weight_dtype, out->group_size, out->max_seq_len,
-                                     &out->sparsity, out->factor_dtype, out->factor_rule, inner)) != EDGE_OK) {
+      (status = layout_check_tensors(tensors, &out->model, out->weight_dtype, out->head_dtype, out->group_size,
+                                     out->max_seq_len, &out->sparsity, out->factor_dtype, out->factor_rule,
+                                     inner)) != EDGE_OK) {
     return status;
   }
   return check_files(manifest, where, out);

@@ -18,6 +18,9 @@
 #define BUNDLE_SIGNED_INT4_FORMAT_VERSION 2
 /* an int8 / int4 bundle of a tied model stores the embedding quantized from this version on (F16 before: refused) */
 #define BUNDLE_QUANTIZED_TIED_EMBEDDING_FORMAT_VERSION 3
+/* an int4 bundle may store its LM head as int8 codes (manifest head_dtype) from this version on; older versions
+ * do not read the field */
+#define BUNDLE_HEAD_DTYPE_FORMAT_VERSION 4
 /* the svd predictor's factors are F16 from this version on in bundles whose weights are not fp32 (F32 before) */
 #define BUNDLE_HALF_PREDICTOR_FACTORS_FORMAT_VERSION 5
 #define BUNDLE_MANIFEST_FILE "manifest.json"
@@ -31,6 +34,8 @@ struct manifest {
   struct model_config model;     /* bundle_max_seq_len and max_seq_len are 0: the options set them */
   enum tensor_dtype weight_dtype; /* of the matrices: F32, F16 or BF16 (dtype fp32, fp16, bf16); I8 / U8: the codes
                                    * of int8 / int4 (each matrix with F16 <name>.scales; an untied embedding F16) */
+  enum tensor_dtype head_dtype;   /* of the LM head (a tied model's embedding): weight_dtype, or I8 in an int4
+                                   * bundle whose head_dtype is int8 */
   int quant_format;               /* 0, or EDGE_Q8 / EDGE_Q4 (edge_cpu_kernels.h) for dtype int8 / int4 */
   int group_size;                 /* int8 / int4: 32, 64 or 128, dividing every quantized row; 0 otherwise */
   enum tensor_dtype factor_dtype; /* of the predictor's low-rank factors (svd.a, svd.b): F16 from format version 5

@@ -331,3 +331,21 @@ def test_npu_engine_on_quantized_bundles_follows_the_reference(bundle_matrix, mo
         reference = model.decode(torch.tensor([[expected[-1]]]))[0, -1]
     # fp16 on the NPU against the fp32 reference: the start of a greedy run must agree
     assert tokens == expected
+
+
+@pytest.mark.parametrize("name", ["svd-int4-head-int8", "tied-svd-int4-head-int8"])
+def test_an_int8_head_in_an_int4_bundle_goes_through_the_int8_weight_quant_matmul(bundle_matrix, name):
+    """export --head-dtype int8: the head (a tied model's embedding) is an int8 WeightQuantMatrix (codes as stored,
+    never packed as int4) while every other dense matrix is packed int4, and the engine follows the reference."""
+    bundle = bundle_matrix[name]
+    engine, operators = engine_for(bundle, WEIGHT_QUANT_MATMUL, dense=True)
+    decoder = engine.model.decoder
+    head = decoder.lm_head.weight_q
+    assert isinstance(decoder.lm_head, QuantizedLinear) and isinstance(head, WeightQuantMatrix)
+    assert head.codes.dtype == torch.int8 and head.shape == (bundle.config.vocab_size, bundle.config.hidden_size)
+    assert operators.pack_calls == bundle.config.num_layers * 6  # gate, up, q, k, v, o; the head is not packed
+    ids = Tokenizer.from_bundle(bundle).encode(PROMPT)
+    reference = load_reference_decoder(bundle)
+    expected = reference.prefill(torch.tensor([ids]))[0, -1].numpy()
+    found = engine.prefill(ids)
+    assert float(np.abs(found - expected).max()) <= LOGIT_TOLERANCE * float(np.abs(expected).max())

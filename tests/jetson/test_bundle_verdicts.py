@@ -34,6 +34,7 @@ ACCEPT, REFUSE = "accept", "refuse"
 OLD_INT4 = "int4 format_version 1 (codes stored as code + 8)"
 OLD_TIED = "tied int4 format_version 2 (embedding stored F16)"
 HALF_FACTORS_AS_OLD = "fp16 format_version 3 (its svd factors F16, which version 3 stores F32)"
+INT8_HEAD = "tied-svd-int4-head-int8"  # an int4 bundle whose head (its tied embedding) is int8: format version 4
 
 
 @dataclass(frozen=True)
@@ -510,6 +511,17 @@ def manifest_field_cases() -> list[Case]:
         "int4 format_version 3 (svd factors F16)": ("svd-int4", setting("format_version", 3)),
         "fp16 svd factor declared F32": ("svd-fp16", setting("tensors", "layers.1.svd.b", "dtype", "F32")),
         "fp32 svd factor declared F16": ("svd-fp32", setting("tensors", "layers.0.svd.a", "dtype", "F16")),
+        # the int8 head of an int4 bundle: its codes, its scales and the manifest's head_dtype must agree
+        "int8 head scales F32": (INT8_HEAD, setting("tensors", "embed_tokens.weight.scales", "dtype", "F32")),
+        "int8 head codes declared U8": (INT8_HEAD, setting("tensors", "embed_tokens.weight", "dtype", "U8")),
+        "int8 head scales missing": (INT8_HEAD, setting("tensors", "embed_tokens.weight.scales", DELETE)),
+        "int8 head without head_dtype": (INT8_HEAD, setting("head_dtype", DELETE)),
+        "int8 head as format_version 3 (head_dtype not read)": (INT8_HEAD, setting("format_version", 3)),
+        "head_dtype int4 (not wider)": (INT8_HEAD, setting("head_dtype", "int4")),
+        "head_dtype fp16": (INT8_HEAD, setting("head_dtype", "fp16")),
+        "head_dtype a number": (INT8_HEAD, setting("head_dtype", 8)),
+        "head_dtype on a plain int4 bundle": ("svd-int4", lambda m: m.update(format_version=4, head_dtype="int8")),
+        "head_dtype on an int8 bundle": ("svd-int8", lambda m: m.update(format_version=4, head_dtype="int8")),
     }
     cases += [
         Case("manifest fields", name, base, edit_manifest(change)) for name, (base, change) in quantized_refused.items()
@@ -522,6 +534,24 @@ def manifest_field_cases() -> list[Case]:
     cases += [
         Case("manifest fields", f"{base} format_version 1", base, edit_manifest(setting("format_version", 1)), ACCEPT)
         for base in ("svd-fp32", "core-fp16")
+    ]
+    # version 4 added head_dtype: absent or null, a bundle reads as before; versions before 4 do not read the field
+    cases += [
+        Case("manifest fields", "int8 head as exported", INT8_HEAD, edit_manifest(lambda m: None), ACCEPT),
+        Case(
+            "manifest fields",
+            "int4 format_version 5, head_dtype null",
+            "svd-int4",
+            edit_manifest(lambda m: m.update(format_version=5, head_dtype=None)),
+            ACCEPT,
+        ),
+        Case(
+            "manifest fields",
+            "fp32 format_version 3 with a head_dtype it does not read",
+            "svd-fp32",
+            edit_manifest(lambda m: m.update(format_version=3, head_dtype="int8")),
+            ACCEPT,
+        ),
     ]
     # version 3 changed only int8 / int4 bundles of tied models, version 5 only svd bundles whose weights are not
     # fp32: the exporter writes 2 for every other, and 3 and 5 read them
@@ -861,14 +891,14 @@ def c_verdicts(build: Build, paths: list[Path], env: dict | None = None) -> list
 
 
 @pytest.fixture(scope="module")
-def corpus_dirs(bundles, tmp_path_factory) -> dict[str, tuple[Case, Path]]:
+def corpus_dirs(bundles, bundle_matrix, tmp_path_factory) -> dict[str, tuple[Case, Path]]:
     root = tmp_path_factory.mktemp("verdicts")
     made = {}
     for index, case in enumerate(corpus()):
         holder = root / f"{index:03d}"
         holder.mkdir()
         directory = holder / "bundle"
-        shutil.copytree(bundles[case.base], directory)
+        shutil.copytree(bundles[case.base] if case.base in bundles else bundle_matrix.path(case.base), directory)
         case.mutate(directory)
         made[f"{case.family}: {case.name}"] = (case, directory)
     return made
