@@ -34,7 +34,7 @@ ACCEPT, REFUSE = "accept", "refuse"
 OLD_INT4 = "int4 format_version 1 (codes stored as code + 8)"
 OLD_TIED = "tied int4 format_version 2 (embedding stored F16)"
 HALF_FACTORS_AS_OLD = "fp16 format_version 3 (its svd factors F16, which version 3 stores F32)"
-INT8_HEAD = "tied-svd-int4-head-int8"  # an int4 bundle whose head (its tied embedding) is int8: format version 4
+INT8_HEAD = "tied-svd-int4-head-int8"  # an int4 bundle whose head (its tied embedding) is int8 (format version 5)
 
 
 @dataclass(frozen=True)
