@@ -477,7 +477,7 @@ def manifest_field_cases() -> list[Case]:
         ),
     }
     accepted = {
-        "format_version 1.0": setting("format_version", 1.0),
+        "format_version 5.0": setting("format_version", 5.0),
         "unknown field": setting("notes", {"made by": "a test", "list": [1, 2.5, None, True]}),
         "64-deep nesting in an unknown field": setting("notes", nested(63)),
         "escaped surrogate pair": setting("notes", "\U0001f600 and \u00e9"),
