@@ -20,6 +20,10 @@ import pytest
 from edge_sdk.outputs import STAGING_MARK
 
 QUICK_EXPORT = ["--predictor", "none", "--max-seq-len", "32"]
+# A calibrated export kept short: a given rank and level, and the model-wide level in every layer (no rank search, no
+# validation, one level fitted instead of the allocation grid). What these tests assert happens after calibration.
+QUICK_CALIBRATION = ["--tokens", "1024", "--levels", "0.5", "--sparsity", "0.5", "--rank", "16"]
+QUICK_CALIBRATION += ["--level-allocation", "uniform"]
 
 
 def edge_sdk(*args: str | Path, cwd: Path | None = None, env: dict | None = None, timeout: int = 300):
@@ -179,12 +183,7 @@ def test_two_writers_to_one_target_one_wins_the_other_is_told(workspace):
         "bundle",
         "--calib",
         str(calibration),
-        "--tokens",
-        "1024",
-        "--levels",
-        "0.5",
-        "--sparsity",
-        "0.5",
+        *QUICK_CALIBRATION,
         "--max-seq-len",
         "32",
     ]
@@ -215,6 +214,7 @@ def test_a_killed_writer_leaves_only_hidden_staging_which_the_next_writer_sweeps
             "bundle",
             "--calib",
             str(calibration),
+            *QUICK_CALIBRATION,
             "--max-seq-len",
             "32",
         ],
@@ -222,7 +222,7 @@ def test_a_killed_writer_leaves_only_hidden_staging_which_the_next_writer_sweeps
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    # Calibration comes before the first write: on a busy 2-core machine that alone took over two minutes.
+    # Calibration comes before the first write: on a busy 2-core machine a default one alone took over two minutes.
     deadline = time.monotonic() + 600
     while not staging_left(workspace) and writer.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

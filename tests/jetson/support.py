@@ -52,6 +52,39 @@ def run(command: list[str | Path], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([str(part) for part in command], capture_output=True, text=True, **kwargs)
 
 
+def c_verdicts(build: Build, paths: list[Path], env: dict | None = None) -> list[str | None]:
+    """The C library's verdict on each bundle (jetson/tests/edge_check_bundle.c): None when it opens, else the
+    refusal. The paths are split across one edge_check_bundle process per CPU, run at once (each path's verdict is
+    its own: the library keeps no state between bundles); any sanitizer report fails."""
+    processes = max(1, min(len(os.sched_getaffinity(0)), len(paths)))
+    slices = [paths[index::processes] for index in range(processes)]
+    checkers = [
+        subprocess.Popen(
+            [str(build.binary("edge_check_bundle")), *map(str, part)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for part in slices
+    ]
+    verdicts: list[str | None] = [None] * len(paths)
+    try:
+        for index, (part, checker) in enumerate(zip(slices, checkers, strict=True)):
+            stdout, stderr = checker.communicate(timeout=600)
+            assert checker.returncode == 0, stdout[-3000:] + stderr[-3000:]
+            assert "Sanitizer" not in stderr and "runtime error" not in stderr, stderr[-3000:]
+            lines = stdout.splitlines()
+            assert len(lines) == len(part), stdout[-3000:]
+            verdicts[index::processes] = [None if line == "ok" else line.removeprefix("refused: ") for line in lines]
+    finally:
+        for checker in checkers:
+            if checker.poll() is None:
+                checker.kill()
+                checker.wait()
+    return verdicts
+
+
 def build_jetson(directory: Path, *cmake_args: str) -> Build:
     """cmake -S jetson -B directory + build; skips when cJSON is missing, fails on any other build error."""
     configure = run(["cmake", "-S", JETSON, "-B", directory, *cmake_args], timeout=BUILD_TIMEOUT_S)

@@ -28,7 +28,7 @@ from edge_sdk.bundle.format import MANIFEST_DIGEST_FIELD
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.formats.files import sha256_of
 
-from .support import Build, run, sanitizer_env
+from .support import Build, c_verdicts, sanitizer_env
 
 ACCEPT, REFUSE = "accept", "refuse"
 OLD_INT4 = "int4 format_version 1 (codes stored as code + 8)"
@@ -879,15 +879,6 @@ def python_run(path: Path) -> str | None:
     except EdgeSdkError as error:
         return str(error)
     return None
-
-
-def c_verdicts(build: Build, paths: list[Path], env: dict | None = None) -> list[str | None]:
-    result = run([build.binary("edge_check_bundle"), *paths], env=env, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "Sanitizer" not in result.stderr and "runtime error" not in result.stderr, result.stderr[-3000:]
-    lines = result.stdout.splitlines()
-    assert len(lines) == len(paths), result.stdout[-3000:]
-    return [None if line == "ok" else line.removeprefix("refused: ") for line in lines]
 
 
 @pytest.fixture(scope="module")
