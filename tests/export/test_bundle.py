@@ -178,7 +178,8 @@ def test_fp16_bundle_stores_half_weights_and_keeps_parity(tiny_model_dir, tmp_pa
         tiny_model_dir, tmp_path / "b", quick_settings("svd", "fp16"), [tiny_model_dir / "calibration.txt"]
     )
     assert bundle.manifest.tensors["layers.0.mlp.gate_proj.weight"].dtype == "F16"
-    assert bundle.manifest.tensors["layers.0.svd.a"].dtype == "F32"
+    assert bundle.manifest.tensors["layers.0.svd.a"].dtype == "F16"  # bundle format 5: F16 factors
+    assert bundle.manifest.tensors["layers.0.svd.biases"].dtype == "F32"
     result = CliRunner().invoke(main, ["verify", str(bundle.path), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["max_abs_logit_diff"] <= 1e-4
@@ -258,7 +259,7 @@ def test_newer_format_version_is_refused(bundles, tmp_path):
     manifest = json.loads((copy / "manifest.json").read_text())
     write_manifest(copy, manifest | {"format_version": 7})
     result = CliRunner().invoke(main, ["verify", str(copy)])
-    assert result.exit_code == 2 and "bundle format version 7 is newer than this edge-sdk supports (3)" in result.output
+    assert result.exit_code == 2 and "bundle format version 7 is newer than this edge-sdk supports (5)" in result.output
 
 
 def test_bad_export_input_leaves_nothing_behind(tiny_model_dir, tmp_path):
