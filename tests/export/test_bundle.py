@@ -178,7 +178,8 @@ def test_fp16_bundle_stores_half_weights_and_keeps_parity(tiny_model_dir, tmp_pa
         tiny_model_dir, tmp_path / "b", quick_settings("svd", "fp16"), [tiny_model_dir / "calibration.txt"]
     )
     assert bundle.manifest.tensors["layers.0.mlp.gate_proj.weight"].dtype == "F16"
-    assert bundle.manifest.tensors["layers.0.svd.a"].dtype == "F32"
+    assert bundle.manifest.tensors["layers.0.svd.a"].dtype == "F16"  # bundle format 5: F16 factors
+    assert bundle.manifest.tensors["layers.0.svd.biases"].dtype == "F32"
     result = CliRunner().invoke(main, ["verify", str(bundle.path), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["max_abs_logit_diff"] <= 1e-4
