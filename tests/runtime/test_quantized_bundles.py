@@ -63,10 +63,12 @@ def test_stored_matrices_are_the_quant_format(bundle_matrix, name):
     tied = name in TIED
     assert bundle.dtype == fmt and bundle.manifest.group_size == 32
     # an untied embedding is a row lookup and stays F16; a tied one is the LM head, stored once, quantized, in the
-    # layout of format version 3 (every other bundle keeps version 2, its bytes unchanged)
+    # layout of format version 3; svd bundles store F16 predictor factors, format version 5 (every other bundle keeps
+    # version 2, its bytes unchanged)
     assert bundle.header.tensors["embed_tokens.weight"].dtype == (CODE_DTYPES[fmt] if tied else "F16")
     assert bundle.has_tensor("lm_head.weight") is not tied
-    assert bundle.manifest.format_version == (3 if tied else 2)
+    svd = bundle.sparsity.predictor == "svd"
+    assert bundle.manifest.format_version == (5 if svd else 3 if tied else 2)
     head = "embed_tokens.weight" if tied else "lm_head.weight"
     for tensor in ("layers.1.mlp.down_proj.weight_t", "layers.2.self_attn.o_proj.weight", head):
         matrix = quantized_matrix(bundle, tensor)
