@@ -6,12 +6,14 @@
  * scales, SiLU so that every neuron of the mask is active; the mask has the given sparsity. With MATVEC=1 each call
  * is instead the dense matvec (edge_cpu_matvec_q) of the first matrix, D rows of d values, as a decode step's
  * projections and LM head call it (SPARSITY must be 0); with SVD=RANK, the SVD predictor (edge_cpu_svd_predictor) of
- * rank RANK over the shape, fp32 factors, OMP_NUM_THREADS threads (SPARSITY must be 0). Prints per library the median and minimum time and the rate
+ * rank RANK over the shape, fp32 factors (fp16 with SVD_F16=1: edge_cpu_svd_predictor_f16), OMP_NUM_THREADS threads
+ * (SPARSITY must be 0). Prints per library the median and minimum time and the rate
  * at which it reads the active rows' codes and scales (gate, up and down; the matrix's for MATVEC), and says when a
  * library's output differs in any bit from the first library's.
  *
  *   gcc -O2 -fopenmp -o /tmp/ffn_kernel_ab benchmarks/ffn_kernel_ab.c -ldl
- *   [THREADS=2] [SHAPE=576x1536] [MATVEC=1 | SVD=224] /tmp/ffn_kernel_ab int4|int8 SPARSITY ROUNDS LIB.so [LIB.so ...]
+ *   [THREADS=2] [SHAPE=576x1536] [MATVEC=1 | SVD=224 [SVD_F16=1]] /tmp/ffn_kernel_ab int4|int8 SPARSITY ROUNDS \
+ *       LIB.so [LIB.so ...]
  *
  * Libraries of other commits: build them from `git archive COMMIT kernels/cpu` (`plugins/kernels/cpu` before the
  * folder moved) with the package's flags
@@ -29,6 +31,8 @@ typedef int (*sparse_ffn_q_fn)(const float *, int, int, const void *, const uint
 typedef size_t (*workspace_size_fn)(int, int, int);
 typedef int (*svd_predictor_fn)(const float *, int, int, int, const float *, const float *, const float *, uint8_t *,
                                 float *);
+typedef int (*svd_predictor_f16_fn)(const float *, int, int, int, const uint16_t *, const uint16_t *, const float *,
+                                    uint8_t *, float *);
 typedef int (*matvec_q_fn)(const float *, int, int, const void *, const uint16_t *, int, int, const float *, float *,
                            int);
 
@@ -67,6 +71,7 @@ int main(int argc, char **argv) {
   }
   int matvec = getenv("MATVEC") != NULL && strcmp(getenv("MATVEC"), "1") == 0;
   int svd_rank = getenv("SVD") != NULL ? atoi(getenv("SVD")) : 0;
+  int svd_half = getenv("SVD_F16") != NULL && strcmp(getenv("SVD_F16"), "1") == 0;
   if ((matvec || svd_rank > 0) && sparsity != 0.0) {
     fprintf(stderr, "MATVEC=1 and SVD=RANK time dense calls: SPARSITY must be 0\n");
     return 2;
@@ -78,6 +83,7 @@ int main(int argc, char **argv) {
   sparse_ffn_q_fn ffn[MAX_LIBRARIES];
   matvec_q_fn matvec_q[MAX_LIBRARIES];
   svd_predictor_fn svd_predictor[MAX_LIBRARIES];
+  svd_predictor_f16_fn svd_predictor_f16[MAX_LIBRARIES];
   size_t workspace_bytes = 0;
   for (int l = 0; l < n_libraries; l++) {
     void *library = dlopen(argv[4 + l], RTLD_NOW | RTLD_LOCAL);
@@ -88,10 +94,12 @@ int main(int argc, char **argv) {
     ffn[l] = (sparse_ffn_q_fn)dlsym(library, "edge_cpu_sparse_ffn_q");
     matvec_q[l] = (matvec_q_fn)dlsym(library, "edge_cpu_matvec_q");
     svd_predictor[l] = (svd_predictor_fn)dlsym(library, "edge_cpu_svd_predictor");
+    svd_predictor_f16[l] = (svd_predictor_f16_fn)dlsym(library, "edge_cpu_svd_predictor_f16");
     workspace_size_fn size = (workspace_size_fn)dlsym(library, "edge_cpu_sparse_ffn_workspace_size");
-    if (ffn[l] == NULL || size == NULL || matvec_q[l] == NULL || svd_predictor[l] == NULL) {
-      fprintf(stderr, "%s: no edge_cpu_sparse_ffn_q / edge_cpu_matvec_q / edge_cpu_sparse_ffn_workspace_size\n",
-              argv[4 + l]);
+    if (ffn[l] == NULL || size == NULL || matvec_q[l] == NULL || svd_predictor[l] == NULL ||
+        (svd_half && svd_predictor_f16[l] == NULL)) {
+      fprintf(stderr, "%s: no edge_cpu_sparse_ffn_q / edge_cpu_matvec_q / edge_cpu_sparse_ffn_workspace_size / the SVD "
+              "predictor\n", argv[4 + l]);
       return 1;
     }
     size_t bytes = size(D_MODEL, D_FFN, threads);
@@ -116,6 +124,10 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < rank * D_FFN; i++) a_t[i] = (float)rand() / (float)RAND_MAX - 0.5f;
   for (size_t i = 0; i < rank * D_MODEL; i++) b[i] = (float)rand() / (float)RAND_MAX - 0.5f;
   for (int i = 0; i < D_FFN; i++) svd_bias[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+  /* fp16 factors: halves of magnitude 0.125 to 0.25, either sign */
+  uint16_t *a_t_half = malloc(rank * D_FFN * sizeof(uint16_t)), *b_half = malloc(rank * D_MODEL * sizeof(uint16_t));
+  for (size_t i = 0; i < rank * D_FFN; i++) a_t_half[i] = (uint16_t)(0x3000 | (rand() & 0x3ff) | (rand() & 1) << 15);
+  for (size_t i = 0; i < rank * D_MODEL; i++) b_half[i] = (uint16_t)(0x3000 | (rand() & 0x3ff) | (rand() & 1) << 15);
   float *x = malloc(D_MODEL * sizeof(float)), *y = malloc((size_t)n_out * sizeof(float));
   float *first_y = malloc((size_t)n_out * sizeof(float));
   for (int i = 0; i < D_MODEL; i++) x[i] = (float)rand() / (float)RAND_MAX - 0.5f;
@@ -133,7 +145,9 @@ int main(int argc, char **argv) {
       for (size_t i = 0; i < FLUSH_BYTES / sizeof(float); i += 16) sum += flush[i]; /* a line at a time */
       sink += sum;
       double start = seconds();
-      if (svd_rank > 0) {
+      if (svd_rank > 0 && svd_half) {
+        svd_predictor_f16[l](x, D_MODEL, D_FFN, svd_rank, a_t_half, b_half, svd_bias, svd_mask, svd_scratch);
+      } else if (svd_rank > 0) {
         svd_predictor[l](x, D_MODEL, D_FFN, svd_rank, a_t, b, svd_bias, svd_mask, svd_scratch);
       } else if (matvec) {
         matvec_q[l](x, D_MODEL, D_FFN, codes[0], scales[0], format, GROUP, NULL, y, threads);
@@ -152,10 +166,13 @@ int main(int argc, char **argv) {
     }
   }
   double read_bytes = (matvec ? 1.0 : 3.0) * n_active * (double)(row_bytes + row_scales * sizeof(uint16_t));
-  if (svd_rank > 0) read_bytes = (double)rank * (D_FFN + D_MODEL) * sizeof(float);
-  printf("%s %s %dx%d, sparsity %.2f (%d active rows, %.1f MB), %d thread(s), %d rounds\n", argv[1],
-         svd_rank > 0 ? "SVD predictor" : matvec ? "matvec" : "FFN", D_MODEL, D_FFN, sparsity, n_active,
-         read_bytes / 1e6, threads, rounds);
+  if (svd_rank > 0) {
+    read_bytes = (double)rank * (D_FFN + D_MODEL) * (double)(svd_half ? sizeof(uint16_t) : sizeof(float));
+  }
+  const char *call = svd_rank > 0 ? (svd_half ? "SVD predictor (fp16 factors)" : "SVD predictor")
+                                  : matvec ? "matvec" : "FFN";
+  printf("%s %s %dx%d, sparsity %.2f (%d active rows, %.1f MB), %d thread(s), %d rounds\n", argv[1], call, D_MODEL,
+         D_FFN, sparsity, n_active, read_bytes / 1e6, threads, rounds);
   for (int l = 0; l < n_libraries; l++) {
     double *t = times + (size_t)l * rounds;
     qsort(t, (size_t)rounds, sizeof(double), by_value);

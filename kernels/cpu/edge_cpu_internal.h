@@ -22,6 +22,9 @@ typedef float vec4 __attribute__((vector_size(16)));
 typedef float unaligned_vec16 __attribute__((vector_size(64), aligned(4), may_alias));
 #define VEC16_AT(p) (*(unaligned_vec16 *)(p))
 
+/* For helpers whose arguments (a dtype, a row count) are constants at every call: each caller gets its own loop. */
+#define EDGE_ALWAYS_INLINE static inline __attribute__((always_inline))
+
 /* IEEE half -> float with integer operations and one multiply, which GCC vectorises on any target (a
  * _Float16 cast becomes a library call per element on x86-64 without F16C). Shifting the 15 magnitude
  * bits into float position and multiplying by 2^112 rebiases the exponent, exactly, for normal and

@@ -19,24 +19,31 @@
 #define EDGE_BITS_PER_WORD 32
 /* Sign-bit predictor: x's packed bits stay on the stack up to this many words (d = 65536). */
 #define EDGE_SIGNBIT_STACK_WORDS 2048
-/* Neurons whose SVD scores one pass accumulates, in L1 (4 KiB): each of A^T's rank rows is read as one run of
- * this many contiguous floats. */
-#ifndef EDGE_SCORE_BLOCK
-#define EDGE_SCORE_BLOCK 1024
-#endif
-/* A^T rows ahead of the one being added whose run is prefetched. */
-#define EDGE_SCORE_AHEAD 2
 
-/* Lane l accumulates elements l, l + 16, ...; a fixed-order pairwise sum of the lanes ends it (l + 8, l + 4,
- * l + 2, l + 1), on vectors: as float arrays GCC kept the lanes on the stack and summed them one by one. */
-static float dot_f32(const float *restrict w, const float *restrict x, int n) {
-  vec16 acc = {0};
-  int j = 0;
-  for (; j + 16 <= n; j += 16) acc += VEC16_AT(w + j) * VEC16_AT(x + j);
-  for (int l = 0; j + l < n; l++) acc[l] += w[j + l] * x[j + l];
+/* The SVD predictor reads its factors once per token, a 7B layer's 6.8 MB of fp16 at rank 224: it runs at the
+ * speed of the core's reads, and those are fast only on long contiguous runs (benchmarks/README.md, section 3).
+ * So every factor row is read whole and in order, several rows at once, each a stream of its own:
+ * - x B^T: EDGE_FACTOR_ROWS rows of B dotted with x at once, each with its own accumulator (one row's chain of
+ *   dependent multiply-adds left the core waiting on its latency);
+ * - the scores: EDGE_SCORE_ROWS rows of A^T added into a block of up to EDGE_SCORE_BLOCK scores at once, so
+ *   each score is loaded and stored once per EDGE_SCORE_ROWS rank terms (a block of D's 11008 scores lives in
+ *   L2); a block per thread.
+ * Each stream prefetches EDGE_FACTOR_AHEAD bytes ahead of itself into L2. */
+#if defined(__AVX512F__)
+#define EDGE_FACTOR_ROWS 8 /* 8 accumulators of one register each */
+#else
+#define EDGE_FACTOR_ROWS 4 /* 4 of two (AVX2) or four (NEON) registers */
+#endif
+#define EDGE_SCORE_ROWS 8
+#define EDGE_SCORE_BLOCK 16384 /* 64 KiB of scores on the stack */
+#define EDGE_FACTOR_AHEAD 2048
+
+/* The lanes of acc summed pairwise in a fixed order (l + 8, l + 4, l + 2, l + 1), on vectors: as float arrays
+ * GCC kept the lanes on the stack and summed them one by one. */
+static inline float lanes_sum(const vec16 *acc) {
   vec8 low8, high8;
-  memcpy(&low8, &acc, sizeof low8);
-  memcpy(&high8, (const char *)&acc + sizeof low8, sizeof high8);
+  memcpy(&low8, acc, sizeof low8);
+  memcpy(&high8, (const char *)acc + sizeof low8, sizeof high8);
   vec8 sum8 = low8 + high8;
   vec4 low4, high4;
   memcpy(&low4, &sum8, sizeof low4);
@@ -45,126 +52,163 @@ static float dot_f32(const float *restrict w, const float *restrict x, int n) {
   return (sum4[0] + sum4[2]) + (sum4[1] + sum4[3]);
 }
 
-/* The 16 halves at h as floats into out, exactly: a conversion instruction per 8 (F16C) or 4 (aarch64) halves,
- * half_to_float's integer operations elsewhere. */
-static inline void widen16(const uint16_t *restrict h, float *restrict out) {
-#if defined(__F16C__)
-  for (int q = 0; q < 16; q += 8) _mm256_storeu_ps(out + q, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + q))));
+/* The 16 halves at h as floats, exactly, in registers once inlined: one conversion instruction per 16 (AVX-512), 8
+ * (F16C) or 4 (aarch64) halves, half_to_float's integer operations elsewhere. (Vectors go by pointer, as in
+ * VEC16_AT: by value they would change the calling convention between builds, -Wpsabi.) */
+EDGE_ALWAYS_INLINE void widen16(const uint16_t *h, vec16 *out) {
+#if defined(__AVX512F__)
+  __m512 wide = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+  memcpy(out, &wide, sizeof *out);
+#elif defined(__F16C__)
+  vec8 low = (vec8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+  vec8 high = (vec8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + 8)));
+  *out = __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 #elif defined(__aarch64__)
-  for (int q = 0; q < 16; q += 4) vst1q_f32(out + q, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h + q))));
+  vec4 q[4];
+  for (int k = 0; k < 4; k++) q[k] = (vec4)vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h + 4 * k)));
+  vec8 low = __builtin_shufflevector(q[0], q[1], 0, 1, 2, 3, 4, 5, 6, 7);
+  vec8 high = __builtin_shufflevector(q[2], q[3], 0, 1, 2, 3, 4, 5, 6, 7);
+  *out = __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 #else
-  for (int l = 0; l < 16; l++) out[l] = half_to_float(h[l]);
+  for (int l = 0; l < 16; l++) (*out)[l] = half_to_float(h[l]);
 #endif
 }
 
-/* dot_f32 of the fp16 row w widened: the same lanes, products and sums, so the same float for the same values. */
-static float dot_f16(const uint16_t *restrict w, const float *restrict x, int n) {
-  vec16 acc = {0};
-  float wide[16] __attribute__((aligned(64)));
+/* Factors are fp32, or fp16 (half) widened exactly: the same operations on the same values either way. */
+EDGE_ALWAYS_INLINE void factors16(const void *w, size_t i, int half, vec16 *out) {
+  if (half) {
+    widen16((const uint16_t *)w + i, out);
+  } else {
+    *out = VEC16_AT((const float *)w + i);
+  }
+}
+
+EDGE_ALWAYS_INLINE float factor_at(const void *w, size_t i, int half) {
+  return half ? half_to_float(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+}
+
+EDGE_ALWAYS_INLINE void prefetch_ahead(const void *w, size_t i, int half) {
+  __builtin_prefetch((const char *)w + i * (half ? 2 : 4) + EDGE_FACTOR_AHEAD, 0, 2);
+}
+
+/* out[k] = row r + k of w [., n] . x for k < rows (a constant once inlined): lane l of a row's accumulator adds
+ * elements l, l + 16, ... in order, then lanes_sum. */
+EDGE_ALWAYS_INLINE void factor_rows_dot(const void *w, int half, int r, int rows, const float *x, int n, float *out) {
+  vec16 acc[EDGE_FACTOR_ROWS] = {{0}};
   int j = 0;
   for (; j + 16 <= n; j += 16) {
-    widen16(w + j, wide);
-    acc += VEC16_AT(wide) * VEC16_AT(x + j);
+    vec16 xv = VEC16_AT(x + j);
+    for (int k = 0; k < rows; k++) {
+      size_t at = (size_t)(r + k) * (size_t)n + (size_t)j;
+      if (j % 32 == 0) prefetch_ahead(w, at, half); /* a cache line holds 32 halves: once per line of fp16 */
+      vec16 factors;
+      factors16(w, at, half, &factors);
+      acc[k] += factors * xv;
+    }
   }
-  for (int l = 0; j + l < n; l++) acc[l] += half_to_float(w[j + l]) * x[j + l];
-  vec8 low8, high8;
-  memcpy(&low8, &acc, sizeof low8);
-  memcpy(&high8, (const char *)&acc + sizeof low8, sizeof high8);
-  vec8 sum8 = low8 + high8;
-  vec4 low4, high4;
-  memcpy(&low4, &sum8, sizeof low4);
-  memcpy(&high4, (const char *)&sum8 + sizeof low4, sizeof high4);
-  vec4 sum4 = low4 + high4;
-  return (sum4[0] + sum4[2]) + (sum4[1] + sum4[3]);
+  for (int k = 0; k < rows; k++) {
+    size_t row = (size_t)(r + k) * (size_t)n;
+    for (int l = 0; j + l < n; l++) acc[k][l] += factor_at(w, row + (size_t)(j + l), half) * x[j + l];
+    out[k] = lanes_sum(&acc[k]);
+  }
 }
 
-/* mask[i0 : i0 + EDGE_SCORE_BLOCK) (fewer at the end) from scratch = x B^T: each neuron's score sums over the
- * rank in order, each step one vector operation per 16 neurons over the block's contiguous run of A^T's row r, the
- * run EDGE_SCORE_AHEAD rows later prefetched. With the scores of 128 neurons in registers, a block read 224 runs of
- * 512 bytes 44 KB apart (a 7B layer at rank 224), which the core's prefetchers did not follow: the predictor read
- * at 8 GB/s (benchmarks/README.md, section 3). */
-static void svd_mask_block(int D, int rank, const float *a_t, const float *bias, const float *scratch, int i0,
-                           uint8_t *mask) {
-  int n = D - i0 < EDGE_SCORE_BLOCK ? D - i0 : EDGE_SCORE_BLOCK, vectors = n / 16;
+/* score[0 : c1 - c0) += rows r .. r + rows - 1 of A^T [rank, D] at columns [c0, c1) times z[r ..], each score
+ * adding its terms in the order of r (rows a constant once inlined). */
+EDGE_ALWAYS_INLINE void add_rank_rows(float *score, const void *a_t, int half, int D, int c0, int c1, int r, int rows,
+                                      const float *z) {
+  int n = c1 - c0, vectors = n / 16;
+  size_t first = (size_t)r * (size_t)D + (size_t)c0;
+  for (int v = 0; v < vectors; v++) {
+    vec16 acc = VEC16_AT(score + 16 * v);
+    for (int k = 0; k < rows; k++) {
+      size_t at = first + (size_t)k * (size_t)D + (size_t)(16 * v);
+      if (!half || v % 2 == 0) prefetch_ahead(a_t, at, half);
+      vec16 factors;
+      factors16(a_t, at, half, &factors);
+      acc += factors * z[r + k];
+    }
+    VEC16_AT(score + 16 * v) = acc;
+  }
+  for (int l = 16 * vectors; l < n; l++) {
+    for (int k = 0; k < rows; k++) {
+      score[l] += factor_at(a_t, first + (size_t)k * (size_t)D + (size_t)l, half) * z[r + k];
+    }
+  }
+}
+
+/* scratch[r] = row r of B . x for the rows of group g (EDGE_FACTOR_ROWS per group). */
+EDGE_ALWAYS_INLINE void svd_projection_group(const void *b, int half, int rank, const float *x, int d, int g,
+                                             float *scratch) {
+  int r = g * EDGE_FACTOR_ROWS;
+  if (r + EDGE_FACTOR_ROWS <= rank) {
+    factor_rows_dot(b, half, r, EDGE_FACTOR_ROWS, x, d, scratch + r);
+    return;
+  }
+  for (; r < rank; r++) factor_rows_dot(b, half, r, 1, x, d, scratch + r);
+}
+
+/* mask[c0 : c1) from scratch = x B^T and A^T. */
+EDGE_ALWAYS_INLINE void svd_mask_block(int D, int rank, const void *a_t, int half, const float *bias,
+                                       const float *scratch, int c0, int c1, uint8_t *mask) {
   float score[EDGE_SCORE_BLOCK] __attribute__((aligned(64)));
-  memset(score, 0, (size_t)n * sizeof(float));
-  for (int r = 0; r < rank; r++) {
-    const float *column = a_t + (size_t)r * (size_t)D + (size_t)i0;
-    const char *ahead = (const char *)(a_t + (size_t)(r + EDGE_SCORE_AHEAD < rank ? r + EDGE_SCORE_AHEAD : r) *
-                                                 (size_t)D + (size_t)i0);
-    float z = scratch[r];
-    for (int v = 0; v < vectors; v++) {
-      __builtin_prefetch(ahead + (size_t)v * 64, 0, 3);
-      VEC16_AT(score + 16 * v) += VEC16_AT(column + 16 * v) * z;
-    }
-    for (int l = 16 * vectors; l < n; l++) score[l] += column[l] * z;
+  memset(score, 0, (size_t)(c1 - c0) * sizeof(float));
+  int r = 0;
+  for (; r + EDGE_SCORE_ROWS <= rank; r += EDGE_SCORE_ROWS) {
+    add_rank_rows(score, a_t, half, D, c0, c1, r, EDGE_SCORE_ROWS, scratch);
   }
-  for (int l = 0; l < n; l++) mask[i0 + l] = score[l] + (bias == NULL ? 0.0f : bias[i0 + l]) > 0.0f;
+  for (; r < rank; r++) add_rank_rows(score, a_t, half, D, c0, c1, r, 1, scratch);
+  for (int i = c0; i < c1; i++) mask[i] = score[i - c0] + (bias == NULL ? 0.0f : bias[i]) > 0.0f;
 }
 
-/* svd_mask_block over fp16 A^T, widened in registers: the same operations in the same order on the same values. */
-static void svd_mask_block_f16(int D, int rank, const uint16_t *a_t, const float *bias, const float *scratch, int i0,
-                               uint8_t *mask) {
-  int n = D - i0 < EDGE_SCORE_BLOCK ? D - i0 : EDGE_SCORE_BLOCK, vectors = n / 16;
-  float score[EDGE_SCORE_BLOCK] __attribute__((aligned(64))), wide[16] __attribute__((aligned(64)));
-  memset(score, 0, (size_t)n * sizeof(float));
-  for (int r = 0; r < rank; r++) {
-    const uint16_t *column = a_t + (size_t)r * (size_t)D + (size_t)i0;
-    const char *ahead = (const char *)(a_t + (size_t)(r + EDGE_SCORE_AHEAD < rank ? r + EDGE_SCORE_AHEAD : r) *
-                                                 (size_t)D + (size_t)i0);
-    float z = scratch[r];
-    for (int v = 0; v < vectors; v++) {
-      if (v % 2 == 0) __builtin_prefetch(ahead + (size_t)v * 32, 0, 3); /* 32 halves per 64-byte line */
-      widen16(column + 16 * v, wide);
-      VEC16_AT(score + 16 * v) += VEC16_AT(wide) * z;
-    }
-    for (int l = 16 * vectors; l < n; l++) score[l] += half_to_float(column[l]) * z;
-  }
-  for (int l = 0; l < n; l++) mask[i0 + l] = score[l] + (bias == NULL ? 0.0f : bias[i0 + l]) > 0.0f;
+static inline int ceil_div(int n, int m) { return (n + m - 1) / m; }
+
+/* Column c of block k of n_blocks over D: whole vectors of 16 scores, the last block taking the rest. */
+static inline int block_start(int D, int n_blocks, int k) {
+  if (k >= n_blocks) return D;
+  return (int)((int64_t)ceil_div(D, 16) * k / n_blocks) * 16;
 }
 
-int edge_cpu_svd_predictor_f16(const float *x, int d, int D, int rank, const uint16_t *a_t, const uint16_t *b,
-                               const float *bias, uint8_t *mask, float *scratch) {
+EDGE_ALWAYS_INLINE int svd_predictor(const float *x, int d, int D, int rank, const void *a_t, const void *b, int half,
+                                     const float *bias, uint8_t *mask, float *scratch) {
   if (x == NULL || a_t == NULL || b == NULL || mask == NULL || scratch == NULL) return EDGE_CPU_INVALID_ARGUMENT;
   if (d <= 0 || D <= 0 || rank <= 0) return EDGE_CPU_INVALID_ARGUMENT;
+  int threads = edge_cpu_max_threads(), groups = ceil_div(rank, EDGE_FACTOR_ROWS);
+  int n_blocks = ceil_div(D, EDGE_SCORE_BLOCK);
+  if (n_blocks < threads) n_blocks = threads < ceil_div(D, 16) ? threads : ceil_div(D, 16);
 #ifdef _OPENMP
-  if (edge_cpu_max_threads() > 1) {
+  if (threads > 1) {
 #pragma omp parallel
     {
 #pragma omp for schedule(static)
-      for (int r = 0; r < rank; r++) scratch[r] = dot_f16(b + (size_t)r * (size_t)d, x, d);
-#pragma omp for schedule(static)
-      for (int i0 = 0; i0 < D; i0 += EDGE_SCORE_BLOCK) svd_mask_block_f16(D, rank, a_t, bias, scratch, i0, mask);
-    }
-    return EDGE_CPU_OK;
-  }
-#endif
-  for (int r = 0; r < rank; r++) scratch[r] = dot_f16(b + (size_t)r * (size_t)d, x, d);
-  for (int i0 = 0; i0 < D; i0 += EDGE_SCORE_BLOCK) svd_mask_block_f16(D, rank, a_t, bias, scratch, i0, mask);
-  return EDGE_CPU_OK;
-}
-
-int edge_cpu_svd_predictor(const float *x, int d, int D, int rank, const float *a_t, const float *b, const float *bias,
-                           uint8_t *mask, float *scratch) {
-  if (x == NULL || a_t == NULL || b == NULL || mask == NULL || scratch == NULL) return EDGE_CPU_INVALID_ARGUMENT;
-  if (d <= 0 || D <= 0 || rank <= 0) return EDGE_CPU_INVALID_ARGUMENT;
-#ifdef _OPENMP
-  if (edge_cpu_max_threads() > 1) {
-#pragma omp parallel
-    {
-#pragma omp for schedule(static)
-      for (int r = 0; r < rank; r++) scratch[r] = dot_f32(b + (size_t)r * (size_t)d, x, d);
+      for (int g = 0; g < groups; g++) svd_projection_group(b, half, rank, x, d, g, scratch);
       /* (the implicit barrier of the loop above makes scratch = x B^T complete here) */
 #pragma omp for schedule(static)
-      for (int i0 = 0; i0 < D; i0 += EDGE_SCORE_BLOCK) svd_mask_block(D, rank, a_t, bias, scratch, i0, mask);
+      for (int k = 0; k < n_blocks; k++) {
+        svd_mask_block(D, rank, a_t, half, bias, scratch, block_start(D, n_blocks, k),
+                       block_start(D, n_blocks, k + 1), mask);
+      }
     }
     return EDGE_CPU_OK;
   }
 #endif
   /* one thread without an OpenMP region, whose cost per call is as large as a small layer's predictor */
-  for (int r = 0; r < rank; r++) scratch[r] = dot_f32(b + (size_t)r * (size_t)d, x, d);
-  for (int i0 = 0; i0 < D; i0 += EDGE_SCORE_BLOCK) svd_mask_block(D, rank, a_t, bias, scratch, i0, mask);
+  for (int g = 0; g < groups; g++) svd_projection_group(b, half, rank, x, d, g, scratch);
+  for (int k = 0; k < n_blocks; k++) {
+    svd_mask_block(D, rank, a_t, half, bias, scratch, block_start(D, n_blocks, k), block_start(D, n_blocks, k + 1),
+                   mask);
+  }
   return EDGE_CPU_OK;
+}
+
+int edge_cpu_svd_predictor_f16(const float *x, int d, int D, int rank, const uint16_t *a_t, const uint16_t *b,
+                               const float *bias, uint8_t *mask, float *scratch) {
+  return svd_predictor(x, d, D, rank, a_t, b, 1, bias, mask, scratch);
+}
+
+int edge_cpu_svd_predictor(const float *x, int d, int D, int rank, const float *a_t, const float *b, const float *bias,
+                           uint8_t *mask, float *scratch) {
+  return svd_predictor(x, d, D, rank, a_t, b, 0, bias, mask, scratch);
 }
 
 /* words[k] bit j = x[32k + j] < 0, padding bits 0: the layout of signbit.py pack_sign_bits. */

@@ -82,7 +82,6 @@
  * each dtype gets its own loop without a branch in it. */
 
 #define EDGE_CACHE_LINE 64
-#define EDGE_ALWAYS_INLINE static inline __attribute__((always_inline))
 
 static inline size_t weight_bytes(int dtype) { return dtype == EDGE_F16 ? 2 : 4; }
 
