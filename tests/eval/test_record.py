@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +64,14 @@ def test_outside_a_repository_the_commit_is_unknown(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     assert with_machine_info({})["commit"] is None
+
+
+COMMITTED_RESULTS = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "results").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", COMMITTED_RESULTS, ids=[path.name for path in COMMITTED_RESULTS])
+def test_every_committed_result_names_its_commit_date_and_machine(path):
+    record = json.loads(path.read_text())
+    assert re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?", record["commit"]), record["commit"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d", record["date"]), record["date"]
+    assert record["machine"]["cpu"] and record["machine"]["cores"] >= 1
