@@ -54,7 +54,7 @@ int edge_cpu_max_threads(void);
  * x: [d]; a_t: [rank, D], the bundle's svd.a [D, rank] transposed once at load, so the scores of consecutive
  * neurons are vector operations; b: [rank, d]; bias: [D] or NULL (zero bias); all fp32. Each score sums its
  * rank terms in order. mask: [D] output, 1 = predicted active. scratch: [rank] floats (holds x B^T). Uses all
- * OpenMP threads. */
+ * OpenMP threads, each with up to 64 KiB of stack for a block of scores. */
 int edge_cpu_svd_predictor(const float *x, int d, int D, int rank, const float *a_t, const float *b, const float *bias,
                            uint8_t *mask, float *scratch);
 
