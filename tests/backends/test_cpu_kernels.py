@@ -311,6 +311,37 @@ def kernel_scores(x: torch.Tensor, a_t: torch.Tensor, b: torch.Tensor) -> torch.
     return -value_of(low)
 
 
+@pytest.fixture
+def openmp_threads():
+    """Sets OpenMP's team size for the kernels (the libgomp they are linked with), restored afterwards."""
+    try:
+        openmp = ctypes.CDLL("libgomp.so.1")
+    except OSError:
+        pytest.skip("the kernels are not linked with libgomp here")
+    previous = kernels.max_threads()
+    yield openmp.omp_set_num_threads
+    openmp.omp_set_num_threads(previous)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_svd_scores_do_not_depend_on_the_thread_count(openmp_threads, dtype):
+    """Every score is one thread's sum of its rank terms in order, however the neurons are split into blocks: 16405
+    neurons are two blocks of scores on one thread (at most 16384 each), and 2 or 3 blocks on 2 or 3 threads, the
+    last ending off a vector of 16; a rank of 19 leaves 3 rows after the 8-row groups."""
+    generator = torch.Generator().manual_seed(19)
+    d, n_neurons, rank = 40, 16405, 19
+    x = torch.randn(d, generator=generator)
+    a_t = (torch.randn(rank, n_neurons, generator=generator) * 3).to(dtype)
+    b = (torch.randn(rank, d, generator=generator) / 7).to(dtype)
+    scores = {}
+    for threads in (1, 2, 3):
+        openmp_threads(threads)
+        assert kernels.max_threads() == threads
+        scores[threads] = kernel_scores(x, a_t, b)
+    assert torch.equal(scores[1], scores[2]) and torch.equal(scores[1], scores[3])
+    assert torch.allclose(scores[1], (x @ b.float().T) @ a_t.float(), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize(("d", "n_neurons", "rank"), [(192, 768, 16), (45, 1100, 7), (300, 2100, 40)])
 def test_fp16_factor_kernel_computes_the_fp32_kernels_scores_on_widened_factors(d, n_neurons, rank):
     """edge_cpu_svd_predictor_f16 = edge_cpu_svd_predictor on the widened factors, every score bit for bit (block
