@@ -53,6 +53,10 @@
  * Which chunk computes a row changes no value: each row's dot
  * product is its own, and the down sums run over the active neurons in increasing order whatever the chunks. */
 #define EDGE_GATE_CHUNK 32
+/* With several threads, chunks of at least a 1 / (threads * EDGE_CHUNKS_PER_THREAD) share of the candidates: each
+ * a long run of rows, which a core streams (chunks of 32 dense rows, every other one a thread's, read like rows
+ * scattered, benchmarks/README.md, section 3), and still four per thread for the dynamic schedule to balance. */
+#define EDGE_CHUNKS_PER_THREAD 4
 /* Column blocks of the down projection are made of whole units of this many floats (a cache line). */
 #define EDGE_COLUMN_UNIT 16
 /* Rows summed per pass over a block of y in the down projection: fewer loads and stores of y per weight
@@ -1629,6 +1633,9 @@ static int run_ffn(const float *x, int d, int D, struct weight_rows gate, struct
   if (active_out != NULL) memset(active_out, 0, (size_t)D);
   if (threads <= 0) threads = edge_cpu_max_threads();
   job.chunk = threads > 1 ? EDGE_GATE_CHUNK : (job.n_candidates > 0 ? job.n_candidates : 1);
+  if (threads > 1 && ceil_div(job.n_candidates, threads * EDGE_CHUNKS_PER_THREAD) > job.chunk) {
+    job.chunk = ceil_div(job.n_candidates, threads * EDGE_CHUNKS_PER_THREAD);
+  }
   job.n_segments = ceil_div(job.n_candidates, job.chunk);
   /* Down: one block of columns per thread, so each weight row is read in long contiguous pieces. */
   /* Quantized rows are summed a block of EDGE_QUANT_BLOCK columns at a time (whole bytes of INT4 codes). */

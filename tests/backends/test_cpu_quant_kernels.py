@@ -184,7 +184,7 @@ def test_quantize_rejects_bad_input(weight, format, group_size, message):
 
 @pytest.mark.parametrize("format", FORMATS)
 def test_sparse_ffn_is_bit_identical_across_thread_counts(format, kernel_x):
-    d, n_neurons = 1024, 700  # many chunks of 32 candidates, several column blocks of the down projection
+    d, n_neurons = 1024, 700  # several gate chunks per thread (32 to 53 candidates), several down column blocks
     x, weights, dequantized = quantized_ffn(d, n_neurons, format, 32, seed=5)
     mask = torch.rand(n_neurons, generator=torch.Generator().manual_seed(6)) < 0.6
     relu = ACTIVATIONS["relu"]
