@@ -10,10 +10,8 @@ import shutil
 import numpy as np
 import onnx
 import pytest
-import torch
 from click.testing import CliRunner
 from edge_sdk.backends.c_runtime import RuntimeEngine
-from edge_sdk.backends.cpu.torch_engine import load_torch_cpu_engine
 from edge_sdk.backends.tensorrt import compatibility
 
 from edge_sdk.bundle import Bundle, BundleError, manifest_digest
@@ -22,11 +20,16 @@ from edge_sdk.bundle.layout import is_predictor_tensor
 from edge_sdk.cli import main
 from edge_sdk.eval.evaluate import evaluate_bundle
 from edge_sdk.export.exporter import ExportError, ExportSettings, export_bundle
-from edge_sdk.export.ort_session import OrtBundleSession
 from edge_sdk.runtime.backends import EngineOptions
-from edge_sdk.sparsity.bundle_model import TorchEngine, configure, load_reference_decoder, quantized_matrix
+from edge_sdk.sparsity.bundle_model import TorchEngine, quantized_matrix
 
-from .test_quantized_bundles import LOGIT_TOLERANCE, greedy, held_out_ids, prompt_ids
+from .test_quantized_bundles import (
+    assert_follow_the_reference_teacher_forced,
+    dense_engines,
+    greedy,
+    held_out_ids,
+    prompt_ids,
+)
 
 VARIANTS = ("", "tied-")  # the tiny model, and its tied variant (tests/conftest.py tied_checkpoint)
 # about a thousand tokens: the fixture's int4 / int8 gap is a few tenths of a percent, which 320 tokens do not order
@@ -95,57 +98,18 @@ def test_every_engine_gives_the_references_greedy_ids_and_held_out_logits(bundle
     matrix): the C runtime, the CPU torch engine and ONNX Runtime (prefill.onnx and decode.onnx, unmodified) give the
     reference's ids and its logits (the matrices dequantized, then float32) within LOGIT_TOLERANCE."""
     bundle = bundle_matrix[f"{variant}svd-int4-head-int8"]
-    options = EngineOptions.of(bundle, dense=True, threads=1)
-    runtime, torch_cpu, ort = (
-        RuntimeEngine(bundle, options),
-        load_torch_cpu_engine(bundle, options),
-        OrtBundleSession(bundle, None, True),
-    )
-    engines = {
-        "c_runtime": runtime,
-        "torch_cpu": torch_cpu,
-        "onnx_runtime": _OrtSteps(ort),
-    }
+    engines = dense_engines(bundle)
     ids = prompt_ids(bundle)
     expected_ids, _ = greedy(TorchEngine.load(bundle, bundle.sparsity.resolve(None, True)), ids)
     for name, engine in engines.items():
         engine.reset()
         assert greedy(engine, ids)[0] == expected_ids, name
-
-    text = held_out_ids(bundle, tiny_model_dir)
-    reference = load_reference_decoder(bundle)
-    configure(reference, bundle.sparsity.resolve(None, True))
-    expected = [reference.prefill(torch.tensor([text[:4]]))[0, -1].numpy()]
-    expected += [reference.decode(torch.tensor([[token]]))[0, -1].numpy() for token in text[4:]]
-    assert len({int(np.argmax(step)) for step in expected}) >= 20
-    scale = max(float(np.abs(step).max()) for step in expected)
-    for name, engine in engines.items():
-        engine.reset()
-        found = [np.asarray(engine.prefill(text[:4])).reshape(-1)]
-        found += [np.asarray(engine.decode(token)).reshape(-1) for token in text[4:]]
-        worst = max(float(np.abs(a - b).max()) for a, b in zip(found, expected, strict=True))
-        assert worst <= LOGIT_TOLERANCE * scale, f"{name}: logits differ by {worst:.3g}"
-        assert [int(np.argmax(step)) for step in found] == [int(np.argmax(step)) for step in expected], name
+    assert_follow_the_reference_teacher_forced(bundle, engines, held_out_ids(bundle, tiny_model_dir))
     # the head is read as stored: the plain int4 bundle's head gives other logits
-    plain = RuntimeEngine(bundle_matrix[f"{variant}svd-int4"], options).prefill(ids)
+    runtime = engines["c_runtime"]
+    plain = RuntimeEngine(bundle_matrix[f"{variant}svd-int4"], EngineOptions.of(bundle, dense=True, threads=1))
     runtime.reset()
-    assert float(np.abs(runtime.prefill(ids) - plain).max()) > 1e-3
-
-
-class _OrtSteps:
-    """An engine's prefill(ids) / decode(id) / reset() over an OrtBundleSession (batch 1, last position's logits)."""
-
-    def __init__(self, session: OrtBundleSession):
-        self.session = session
-
-    def prefill(self, ids: list[int]) -> np.ndarray:
-        return self.session.prefill(np.array([ids]))[0, -1]
-
-    def decode(self, token: int) -> np.ndarray:
-        return self.session.decode(np.array([[token]]))[0, -1]
-
-    def reset(self) -> None:
-        self.session.reset()
+    assert float(np.abs(runtime.prefill(ids) - plain.prefill(ids)).max()) > 1e-3
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

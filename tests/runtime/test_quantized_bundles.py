@@ -154,6 +154,52 @@ def held_out_ids(bundle, tiny_model_dir, count: int = 48) -> list[int]:
     return Tokenizer.from_bundle(bundle).encode(text)[:count]
 
 
+class OrtSteps:
+    """An engine's prefill(ids) / decode(id) / reset() over an OrtBundleSession (batch 1, last position's logits)."""
+
+    def __init__(self, session: OrtBundleSession):
+        self.session = session
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        return self.session.prefill(np.array([ids]))[0, -1]
+
+    def decode(self, token: int) -> np.ndarray:
+        return self.session.decode(np.array([[token]]))[0, -1]
+
+    def reset(self) -> None:
+        self.session.reset()
+
+
+def dense_engines(bundle) -> dict:
+    """The C runtime, the CPU torch engine and ONNX Runtime (prefill.onnx and decode.onnx, unmodified) on the bundle,
+    dense, one thread, each with prefill(ids) / decode(id) / reset()."""
+    options = EngineOptions.of(bundle, dense=True, threads=1)
+    return {
+        "c_runtime": RuntimeEngine(bundle, options),
+        "torch_cpu": load_torch_cpu_engine(bundle, options),
+        "onnx_runtime": OrtSteps(OrtBundleSession(bundle, None, True)),
+    }
+
+
+def assert_follow_the_reference_teacher_forced(bundle, engines: dict, ids: list[int]) -> None:
+    """Teacher-forced on ids (prefill of the first 4, then a decode step per token), every engine gives the
+    reference's logits (the matrices dequantized, then float32) within LOGIT_TOLERANCE and its argmax at every step;
+    the reference must predict at least 20 distinct tokens, so that many rows of the head are compared."""
+    reference = load_reference_decoder(bundle)
+    configure(reference, bundle.sparsity.resolve(None, True))
+    expected = [reference.prefill(torch.tensor([ids[:4]]))[0, -1].numpy()]
+    expected += [reference.decode(torch.tensor([[token]]))[0, -1].numpy() for token in ids[4:]]
+    assert len({int(np.argmax(step)) for step in expected}) >= 20  # many distinct predictions, not one repeated
+    scale = max(float(np.abs(step).max()) for step in expected)
+    for name, engine in engines.items():
+        engine.reset()
+        found = [np.asarray(engine.prefill(ids[:4])).reshape(-1)]
+        found += [np.asarray(engine.decode(token)).reshape(-1) for token in ids[4:]]
+        worst = max(float(np.abs(a - b).max()) for a, b in zip(found, expected, strict=True))
+        assert worst <= LOGIT_TOLERANCE * scale, f"{name}: logits differ by {worst:.3g}"
+        assert [int(np.argmax(step)) for step in found] == [int(np.argmax(step)) for step in expected], name
+
+
 @pytest.mark.parametrize("name", TIED)
 def test_tied_lookup_and_head_follow_the_reference_on_held_out_text(bundle_matrix, tiny_model_dir, name):
     """The tied matrix is every input token's lookup and the LM head. Teacher-forced on held-out text, so that many
@@ -161,30 +207,7 @@ def test_tied_lookup_and_head_follow_the_reference_on_held_out_text(bundle_matri
     CPU torch engine and ONNX Runtime (decode.onnx, whose lookup unpacks the codes from INT32 words) give the logits
     of the reference (the matrix dequantized, then float32) within LOGIT_TOLERANCE, dense."""
     bundle = bundle_matrix[name]
-    ids = held_out_ids(bundle, tiny_model_dir)
-    reference = load_reference_decoder(bundle)
-    configure(reference, bundle.sparsity.resolve(None, True))
-    expected = [reference.prefill(torch.tensor([ids[:4]]))[0, -1].numpy()]
-    expected += [reference.decode(torch.tensor([[token]]))[0, -1].numpy() for token in ids[4:]]
-    assert len({int(np.argmax(step)) for step in expected}) >= 20  # many distinct predictions, not one repeated
-    options = EngineOptions.of(bundle, dense=True, threads=1)
-    runtime, torch_cpu, ort = (
-        RuntimeEngine(bundle, options),
-        load_torch_cpu_engine(bundle, options),
-        OrtBundleSession(bundle, None, True),
-    )
-    engines = {
-        "c_runtime": (runtime.prefill, runtime.decode),
-        "torch_cpu": (torch_cpu.prefill, torch_cpu.decode),
-        "onnx_runtime": (lambda p: ort.prefill(np.array([p]))[0, -1], lambda t: ort.decode(np.array([[t]]))[0, -1]),
-    }
-    scale = max(float(np.abs(step).max()) for step in expected)
-    for engine, (prefill, decode) in engines.items():
-        found = [np.asarray(prefill(ids[:4])).reshape(-1)]
-        found += [np.asarray(decode(token)).reshape(-1) for token in ids[4:]]
-        worst = max(float(np.abs(a - b).max()) for a, b in zip(found, expected, strict=True))
-        assert worst <= LOGIT_TOLERANCE * scale, f"{engine}: logits differ by {worst:.3g}"
-        assert [int(np.argmax(step)) for step in found] == [int(np.argmax(step)) for step in expected], engine
+    assert_follow_the_reference_teacher_forced(bundle, dense_engines(bundle), held_out_ids(bundle, tiny_model_dir))
 
 
 @pytest.mark.parametrize("version", [1, 2])
