@@ -25,6 +25,25 @@ typedef float unaligned_vec16 __attribute__((vector_size(64), aligned(4), may_al
 /* For helpers whose arguments (a dtype, a row count) are constants at every call: each caller gets its own loop. */
 #define EDGE_ALWAYS_INLINE static inline __attribute__((always_inline))
 
+/* The 16 lanes added pairwise (l + 8, l + 4, l + 2, l + 1): a fixed order on every target. */
+static inline float sum_lanes(const vec16 *v) {
+  union {
+    vec16 all;
+    vec8 half[2];
+  } sixteen = {*v};
+  union {
+    vec8 all;
+    vec4 half[2];
+  } eight = {sixteen.half[0] + sixteen.half[1]};
+  vec4 four = eight.half[0] + eight.half[1];
+  return (four[0] + four[2]) + (four[1] + four[3]);
+}
+
+static inline int ceil_div(int n, int m) { return (n + m - 1) / m; }
+
+/* Start of part `index` when n items are split into `parts` contiguous, near-equal parts. */
+static inline int split_point(int n, int parts, int index) { return (int)((int64_t)n * index / parts); }
+
 /* IEEE half -> float with integer operations and one multiply, which GCC vectorises on any target (a
  * _Float16 cast becomes a library call per element on x86-64 without F16C). Shifting the 15 magnitude
  * bits into float position and multiplying by 2^112 rebiases the exponent, exactly, for normal and

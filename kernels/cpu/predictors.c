@@ -38,20 +38,6 @@
 #define EDGE_SCORE_BLOCK 16384 /* 64 KiB of scores on the stack */
 #define EDGE_FACTOR_AHEAD 2048
 
-/* The lanes of acc summed pairwise in a fixed order (l + 8, l + 4, l + 2, l + 1), on vectors: as float arrays
- * GCC kept the lanes on the stack and summed them one by one. */
-static inline float lanes_sum(const vec16 *acc) {
-  vec8 low8, high8;
-  memcpy(&low8, acc, sizeof low8);
-  memcpy(&high8, (const char *)acc + sizeof low8, sizeof high8);
-  vec8 sum8 = low8 + high8;
-  vec4 low4, high4;
-  memcpy(&low4, &sum8, sizeof low4);
-  memcpy(&high4, (const char *)&sum8 + sizeof low4, sizeof high4);
-  vec4 sum4 = low4 + high4;
-  return (sum4[0] + sum4[2]) + (sum4[1] + sum4[3]);
-}
-
 /* The 16 halves at h as floats, exactly, in registers once inlined: one conversion instruction per 16 (AVX-512), 8
  * (F16C) or 4 (aarch64) halves, half_to_float's integer operations elsewhere. (Vectors go by pointer, as in
  * VEC16_AT: by value they would change the calling convention between builds, -Wpsabi.) */
@@ -92,7 +78,7 @@ EDGE_ALWAYS_INLINE void prefetch_ahead(const void *w, size_t i, int half) {
 }
 
 /* out[k] = row r + k of w [., n] . x for k < rows (a constant once inlined): lane l of a row's accumulator adds
- * elements l, l + 16, ... in order, then lanes_sum. */
+ * elements l, l + 16, ... in order, then sum_lanes. */
 EDGE_ALWAYS_INLINE void factor_rows_dot(const void *w, int half, int r, int rows, const float *x, int n, float *out) {
   vec16 acc[EDGE_FACTOR_ROWS] = {{0}};
   int j = 0;
@@ -109,7 +95,7 @@ EDGE_ALWAYS_INLINE void factor_rows_dot(const void *w, int half, int r, int rows
   for (int k = 0; k < rows; k++) {
     size_t row = (size_t)(r + k) * (size_t)n;
     for (int l = 0; j + l < n; l++) acc[k][l] += factor_at(w, row + (size_t)(j + l), half) * x[j + l];
-    out[k] = lanes_sum(&acc[k]);
+    out[k] = sum_lanes(&acc[k]);
   }
 }
 
@@ -161,12 +147,10 @@ EDGE_ALWAYS_INLINE void svd_mask_block(int D, int rank, const void *a_t, int hal
   for (int i = c0; i < c1; i++) mask[i] = score[i - c0] + (bias == NULL ? 0.0f : bias[i]) > 0.0f;
 }
 
-static inline int ceil_div(int n, int m) { return (n + m - 1) / m; }
-
 /* Column c of block k of n_blocks over D: whole vectors of 16 scores, the last block taking the rest. */
 static inline int block_start(int D, int n_blocks, int k) {
   if (k >= n_blocks) return D;
-  return (int)((int64_t)ceil_div(D, 16) * k / n_blocks) * 16;
+  return split_point(ceil_div(D, 16), n_blocks, k) * 16;
 }
 
 EDGE_ALWAYS_INLINE int svd_predictor(const float *x, int d, int D, int rank, const void *a_t, const void *b, int half,

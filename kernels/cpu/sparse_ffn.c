@@ -436,20 +436,6 @@ EDGE_ALWAYS_INLINE void load_codes(const char *row, int dtype, int block, vec16 
   }
 }
 
-/* The 16 lanes added pairwise (l + 8, l + 4, l + 2, l + 1): a fixed order on every target. */
-static inline float sum_lanes(const vec16 *v) {
-  union {
-    vec16 all;
-    vec8 half[2];
-  } sixteen = {*v};
-  union {
-    vec8 all;
-    vec4 half[2];
-  } eight = {sixteen.half[0] + sixteen.half[1]};
-  vec4 four = eight.half[0] + eight.half[1];
-  return (four[0] + four[2]) + (four[1] + four[3]);
-}
-
 /* The codes times x over one group, summed in two lane vectors (the low and high halves of its blocks), while
  * the row `next` is prefetched at the same offsets. */
 EDGE_ALWAYS_INLINE void quant_dot_group(const char *row, int dtype, int group, int blocks_per_group, const float *x,
@@ -1222,11 +1208,6 @@ struct ffn_workspace {
 
 static size_t round_up(size_t bytes) { return (bytes + EDGE_CACHE_LINE - 1) / EDGE_CACHE_LINE * EDGE_CACHE_LINE; }
 
-static inline int ceil_div(int n, int m) { return (n + m - 1) / m; }
-
-/* Start of part `index` when n items are split into `parts` contiguous, near-equal parts. */
-static inline int split_point(int n, int parts, int index) { return (int)((int64_t)n * index / parts); }
-
 size_t edge_cpu_sparse_ffn_workspace_size(int d, int D, int threads) {
   (void)threads;
   if (d <= 0 || D <= 0) return 0;
@@ -1632,10 +1613,9 @@ static int run_ffn(const float *x, int d, int D, struct weight_rows gate, struct
   }
   if (active_out != NULL) memset(active_out, 0, (size_t)D);
   if (threads <= 0) threads = edge_cpu_max_threads();
-  job.chunk = threads > 1 ? EDGE_GATE_CHUNK : (job.n_candidates > 0 ? job.n_candidates : 1);
-  if (threads > 1 && ceil_div(job.n_candidates, threads * EDGE_CHUNKS_PER_THREAD) > job.chunk) {
-    job.chunk = ceil_div(job.n_candidates, threads * EDGE_CHUNKS_PER_THREAD);
-  }
+  int share = ceil_div(job.n_candidates, threads * EDGE_CHUNKS_PER_THREAD);
+  job.chunk = threads > 1 ? (share > EDGE_GATE_CHUNK ? share : EDGE_GATE_CHUNK)
+                          : (job.n_candidates > 0 ? job.n_candidates : 1);
   job.n_segments = ceil_div(job.n_candidates, job.chunk);
   /* Down: one block of columns per thread, so each weight row is read in long contiguous pieces. */
   /* Quantized rows are summed a block of EDGE_QUANT_BLOCK columns at a time (whole bytes of INT4 codes). */
