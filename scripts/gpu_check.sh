@@ -8,16 +8,20 @@
 #    (nvidia-smi --query-gpu=compute_cap, e.g. 8.7 -> EDGE_SDK_CUDA_ARCHITECTURES=87);
 # 2. runs the tests marked `gpu`: tests/gpu (every CUDA kernel, the quantized ones included, against the reference,
 #    bit-identical repeats, CUDA graph capture) and the CUDA column of the op table (tests/ops);
-# 3. runs tests/gpu again under compute-sanitizer, once per tool: memcheck, racecheck, synccheck;
-# 4. runs the tests marked `tensorrt` (where TensorRT is installed: `edge-sdk build` and libedge_sdk's TensorRT engine
+# 3. runs the tests marked `tensorrt` (where TensorRT is installed: `edge-sdk build` and libedge_sdk's TensorRT engine
 #    on fixture bundles, fp16, int8 and int4, against ONNX Runtime; the op table's TensorRT column: each op's one-node
 #    graph through the plugins; they skip, saying why, without TensorRT);
-# 5. runs benchmarks/cuda_ffn.py at LLaMA-2-7B shapes (d 4096, D 11008) for fp16, int8 and int4 weights (groups of 32);
+# 4. runs benchmarks/cuda_ffn.py at LLaMA-2-7B shapes (d 4096, D 11008) for fp16, int8 and int4 weights (groups of 32);
+# 5. runs tests/gpu again under compute-sanitizer, once per tool: memcheck, racecheck, synccheck (last: the slowest
+#    steps, so that a check cut short by a time limit still has its tests and figures);
 # 6. writes everything (commit, GPU, driver, CUDA, each step's status, time and figures) to
 #    benchmarks/results/gpu-check-<gpu>.json, and keeps each step's log under benchmarks/results/gpu-check-logs/.
 #
 # Every step runs even when an earlier one failed (a failed build is the exception: nothing after it could run);
 # the exit status is 0 when every step passed, 1 otherwise. Without an NVIDIA GPU it exits 2 with one line.
+# GPU_CHECK_STEP_SECONDS=N stops any step after N seconds (recorded as failed, "timed_out": true), so that a check on
+# a machine lent for a few minutes still writes its record; GPU_CHECK_COMMIT names the commit where the tree has no
+# git metadata (a copied work tree).
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
@@ -46,7 +50,7 @@ RESULTS=benchmarks/results
 LOGS=$RESULTS/gpu-check-logs/$SLUG
 OUTPUT=$RESULTS/gpu-check-$SLUG.json
 # what is checked, taken before the steps write their logs into the work tree
-COMMIT=$(git rev-parse --verify --quiet HEAD || echo unknown)
+COMMIT=$(git rev-parse --verify --quiet HEAD 2>/dev/null || echo "${GPU_CHECK_COMMIT:-unknown}")
 if [ -n "$(git status --porcelain 2>/dev/null)" ]; then
     COMMIT="$COMMIT (with uncommitted changes)"
 fi
@@ -62,7 +66,11 @@ run_step() {
     local log=$LOGS/$name.log start end status rc
     echo "gpu_check.sh: $name ..." >&2
     start=$(date +%s)
-    "$@" >"$log" 2>&1
+    if [ -n "${GPU_CHECK_STEP_SECONDS:-}" ]; then
+        timeout --kill-after=10 "$GPU_CHECK_STEP_SECONDS" "$@" >"$log" 2>&1
+    else
+        "$@" >"$log" 2>&1
+    fi
     rc=$?
     end=$(date +%s)
     status=passed
@@ -86,6 +94,12 @@ fi
 if run_step build "$PYTHON" -m pip install --no-deps -e . \
     -C "cmake.define.EDGE_SDK_CUDA_ARCHITECTURES=$ARCH"; then
     run_step gpu-tests "$PYTHON" -m pytest -q -rs -m gpu tests/gpu tests/ops --junitxml="$LOGS/gpu-tests.xml"
+    run_step tensorrt-tests "$PYTHON" -m pytest -q -rs -m tensorrt tests/tensorrt tests/ops \
+        --junitxml="$LOGS/tensorrt-tests.xml"
+    for dtype in "${BENCHMARK_DTYPES[@]}"; do
+        run_step "benchmark-$dtype" "$PYTHON" benchmarks/cuda_ffn.py --d 4096 --D 11008 --dtype "$dtype" \
+            --json "$LOGS/benchmark-$dtype.json"
+    done
     for tool in "${SANITIZER_TOOLS[@]}"; do
         if [ -z "$SANITIZER" ]; then
             skip_step "sanitizer-$tool"
@@ -95,14 +109,8 @@ if run_step build "$PYTHON" -m pip install --no-deps -e . \
         run_step "sanitizer-$tool" "$SANITIZER" --tool "$tool" --target-processes all --error-exitcode 86 \
             "$PYTHON" -m pytest -q -m gpu tests/gpu --junitxml="$LOGS/sanitizer-$tool.xml"
     done
-    run_step tensorrt-tests "$PYTHON" -m pytest -q -rs -m tensorrt tests/tensorrt tests/ops \
-        --junitxml="$LOGS/tensorrt-tests.xml"
-    for dtype in "${BENCHMARK_DTYPES[@]}"; do
-        run_step "benchmark-$dtype" "$PYTHON" benchmarks/cuda_ffn.py --d 4096 --D 11008 --dtype "$dtype" \
-            --json "$LOGS/benchmark-$dtype.json"
-    done
 else
-    for name in gpu-tests "${SANITIZER_TOOLS[@]/#/sanitizer-}" tensorrt-tests "${BENCHMARK_DTYPES[@]/#/benchmark-}"; do
+    for name in gpu-tests tensorrt-tests "${BENCHMARK_DTYPES[@]/#/benchmark-}" "${SANITIZER_TOOLS[@]/#/sanitizer-}"; do
         skip_step "$name"
     done
 fi
@@ -136,6 +144,8 @@ steps = {}
 for line in Path(steps_file).read_text().splitlines():
     name, status, exit_code, seconds = line.split("\t")
     step = {"status": status, "exit_code": int(exit_code) if exit_code else None, "seconds": int(seconds)}
+    if step["exit_code"] in (124, 137):
+        step["timed_out"] = True
     log = logs / f"{name}.log"
     if log.is_file():
         step["log"] = str(log)
