@@ -100,10 +100,12 @@ EDGE_CUDA_API cudaError_t edge_sparse_ffn(cudaStream_t stream, const void *x, in
  * nibble), 4-byte aligned (16-byte aligned for the vector loads; they cross TensorRT as INT32 words), with
  * gate_scales, up_scales, down_scales [D, d / group_size] fp16 bits; d a multiple of group_size (32, 64 or 128).
  * Every other argument, the workspace (edge_sparse_ffn_workspace_size) and the pipeline as for edge_sparse_ffn.
- * Rows are dequantized in registers: gate and up sum code * x over each 16-byte piece of the row (16 int8 values or
- * one 32-value int4 block) and scale the piece's sum by its group's scale; a down row adds (h_i * scale) * code. x
- * stays fp32 (no activation quantization), so y differs from the reference on the dequantized rows by fp32
- * summation order only. */
+ * Rows are dequantized in registers. x is quantized per block of 32 values into two int8 planes as the CPU kernels
+ * quantize it (kernels/cpu/QUANT.md, "Integer dot products"; edge_sdk's quantized_activations gives the values, within
+ * max|x| / 32512 of x per block); gate and up sum code * plane exactly in int32 over each 16-byte piece of the row (16
+ * int8 values or one 32-value int4 block) and scale the piece's combined sum by x's block scale and the group's
+ * scale; a down row adds (h_i * scale) * code. y differs from the reference on the dequantized rows and
+ * quantized_activations(x) by fp32 summation order only. The planes live in the workspace's x rows. */
 EDGE_CUDA_API cudaError_t edge_sparse_ffn_q(cudaStream_t stream, const void *x, int x_dtype, int tokens, int d, int D,
                                             const void *w_gate, const uint16_t *gate_scales, const void *w_up,
                                             const uint16_t *up_scales, const void *w_down_t,

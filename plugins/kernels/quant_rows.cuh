@@ -15,6 +15,15 @@
 // Rows are read in "pieces" of 16 bytes: 16 int8 values or one whole 32-value int4 block. A piece never straddles a
 // group (G is a multiple of both), so it has one scale, and row_bytes is a multiple of 16, so piece p of every row
 // starts at byte 16 p of the row: 16-byte aligned whenever the matrix is.
+//
+// The SparseFFN's gate and up rows are dotted with x quantized as the CPU kernels quantize it (kernels/cpu/QUANT.md,
+// "Integer dot products"): per block of 32 values two int8 planes, high and low, with x ~ (high + low / 256) * scale,
+// scale = max |x| / 127. A piece's codes times each plane are summed exactly in int32 (dp4a: four byte products and a
+// sum per instruction) and combined exactly as 256 high + low; the combination, converted to fp32, is added to the
+// lane's accumulator with one fused multiply-add by the factor scale / 256 * weight scale. Against fp32 x this reads a
+// quarter of x's bytes per weight byte and spends a quarter of the instructions: fp32 x, 8 bytes per INT4 weight byte
+// loaded in 16-byte runs 128 bytes apart, bound these kernels on the L1 load path (ncu on an H200: lg_throttle stalls,
+// L1 88% busy, 12% of the memory's rate).
 #ifndef EDGE_QUANT_ROWS_CUH
 #define EDGE_QUANT_ROWS_CUH
 
@@ -22,6 +31,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -170,6 +180,149 @@ EDGE_HD float piece_dot(uint4 raw, const TX* x, bool x_aligned16) {
   return codes_dot(codes, x, x_aligned16);
 }
 
+// ------------------------------------------------------------------------ x in two int8 planes (integer dots)
+constexpr int kXBlock = 32;                    // values per block of x's quantization
+constexpr uint32_t kFiniteLimitBits = 0x7f800000u;  // |x| bits at or above this: infinity or NaN
+
+// x of one token quantized for the integer dot products: value j's high and low codes at j (16-byte aligned), and
+// per block of 32 values `factor` = scale / 256 (a low code's weight; NaN for a block holding a non-finite value)
+// and `code_sum` = the sum of 256 high + low over the block.
+struct QuantX {
+  const int8_t* high;
+  const int8_t* low;
+  const float* factor;
+  const int32_t* code_sum;
+};
+
+// a * b and a - b rounded once each, never fused into a multiply-add (the quantization must give the CPU kernels'
+// codes, kernels/cpu/sparse_ffn.c quantize_block).
+EDGE_HD float mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+EDGE_HD float sub_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+// A block's factor from the largest magnitude's bits among its values: max|x| / 127 / 256, NaN when one is not
+// finite.
+EDGE_HD float x_factor(uint32_t largest_bits) {
+  float largest;
+  std::memcpy(&largest, &largest_bits, sizeof(largest));
+  const float scale = largest_bits < kFiniteLimitBits ? largest / 127.0f : NAN;
+  return scale / 256.0f;
+}
+
+// The high and low codes of `value` in a block whose largest magnitude has the bits largest_bits: t = value * (127 /
+// max|x|) (0 for an all-zero block), high = round(t), low = clamp(round(256 (t - high)), -127, 127), ties to even;
+// zeros for a block holding a non-finite value.
+EDGE_HD void quantize_x_value(float value, uint32_t largest_bits, int8_t* high, int8_t* low) {
+  *high = 0;
+  *low = 0;
+  if (largest_bits >= kFiniteLimitBits) return;
+  float largest;
+  std::memcpy(&largest, &largest_bits, sizeof(largest));
+  const float inverse = largest > 0.0f ? 127.0f / largest : 0.0f;
+  const float scaled = mul_rn(value, inverse);
+  const float rounded = rintf(scaled);
+  float rest = rintf(mul_rn(sub_rn(scaled, rounded), 256.0f));  // |scaled - rounded| <= 0.5: exact
+  rest = rest < -127.0f ? -127.0f : rest;
+  rest = rest > 127.0f ? 127.0f : rest;
+  *high = static_cast<int8_t>(static_cast<int>(rounded));
+  *low = static_cast<int8_t>(static_cast<int>(rest));
+}
+
+// c + the sum of the four products of a's and b's bytes as signed int8 (dp4a).
+EDGE_HD int dot4(uint32_t a, uint32_t b, int c) {
+#ifdef __CUDA_ARCH__
+  return __dp4a(static_cast<int>(a), static_cast<int>(b), c);
+#else
+  for (int k = 0; k < 4; ++k) {
+    c += static_cast<int>(static_cast<int8_t>(a >> (8 * k))) * static_cast<int>(static_cast<int8_t>(b >> (8 * k)));
+  }
+  return c;
+#endif
+}
+
+// The 16 plane bytes at `offset` (16-byte aligned) as four words.
+EDGE_HD uint4 load_plane(const int8_t* plane, size_t offset) {
+#ifdef __CUDA_ARCH__
+  return __ldg(reinterpret_cast<const uint4*>(plane + offset));
+#else
+  uint4 raw;
+  std::memcpy(&raw, plane + offset, sizeof(raw));
+  return raw;
+#endif
+}
+
+template <typename T>
+EDGE_HD T load_scalar(const T* p) {
+#ifdef __CUDA_ARCH__
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+
+// A piece's codes times x's two planes: 256 (codes . high) + (codes . low), exact in int32.
+template <int kFormat>
+struct PieceDot;
+
+template <>
+struct PieceDot<EDGE_Q8> {
+  // the piece's 16 values are columns 16 p ..: the codes as loaded against 16 bytes of each plane
+  EDGE_HD static int combined(uint4 raw, const QuantX& x, int piece) {
+    const size_t offset = static_cast<size_t>(piece) * 16;
+    const uint4 high = load_plane(x.high, offset);
+    const uint4 low = load_plane(x.low, offset);
+    int h = dot4(raw.x, high.x, 0);
+    h = dot4(raw.y, high.y, h);
+    h = dot4(raw.z, high.z, h);
+    h = dot4(raw.w, high.w, h);
+    int l = dot4(raw.x, low.x, 0);
+    l = dot4(raw.y, low.y, l);
+    l = dot4(raw.z, low.z, l);
+    l = dot4(raw.w, low.w, l);
+    return 256 * h + l;
+  }
+};
+
+template <>
+struct PieceDot<EDGE_Q4> {
+  // the piece is block p: word k's low nibbles are columns 32 p + 4 k .., its high nibbles 32 p + 16 + 4 k .. (plane
+  // words k and 4 + k). The nibbles are taken as code + 8 (sign bit flipped, 0..15), whose products exceed the codes'
+  // by 8 times the block's code sum.
+  EDGE_HD static int combined(uint4 raw, const QuantX& x, int piece) {
+    const size_t offset = static_cast<size_t>(piece) * kXBlock;
+    const uint4 high[2] = {load_plane(x.high, offset), load_plane(x.high, offset + 16)};
+    const uint4 low[2] = {load_plane(x.low, offset), load_plane(x.low, offset + 16)};
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+    const uint32_t high_words[8] = {high[0].x, high[0].y, high[0].z, high[0].w,
+                                    high[1].x, high[1].y, high[1].z, high[1].w};
+    const uint32_t low_words[8] = {low[0].x, low[0].y, low[0].z, low[0].w, low[1].x, low[1].y, low[1].z, low[1].w};
+    int h = 0;
+    int l = 0;
+EDGE_UNROLL
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t offset_codes = words[k] ^ 0x88888888u;
+      const uint32_t low_nibbles = offset_codes & 0x0F0F0F0Fu;
+      const uint32_t high_nibbles = (offset_codes >> 4) & 0x0F0F0F0Fu;
+      h = dot4(low_nibbles, high_words[k], h);
+      h = dot4(high_nibbles, high_words[4 + k], h);
+      l = dot4(low_nibbles, low_words[k], l);
+      l = dot4(high_nibbles, low_words[4 + k], l);
+    }
+    return 256 * h + l - 8 * load_scalar(x.code_sum + piece);
+  }
+};
+
 // A quantized matrix as the kernels see it. codes: row-major, 4-byte aligned; aligned16: codes is 16-byte aligned.
 struct QuantMatrix {
   const uint8_t* codes;
@@ -217,6 +370,41 @@ EDGE_UNROLL
     const uint4 raw = load_piece(codes, static_cast<size_t>(p) * kPieceBytes, m.aligned16);
     const float dot = piece_dot<kFormat>(raw, x + static_cast<size_t>(p) * kV, x_aligned16);
     acc[0] = fmaf(load_scale(scales, p / pieces_per_group), dot, acc[0]);
+  }
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+// lane_row_dot with x in two planes (the SparseFFN's gate and up rows): the same pieces, loads and accumulators; a
+// piece adds (float) combined * (factor of its x block * its group scale).
+template <int kFormat>
+EDGE_HD float lane_row_dot_planes(const QuantMatrix& m, int row, const QuantX& x, int lane) {
+  constexpr int kV = Format<kFormat>::kPieceValues;
+  constexpr int kStride = kWarpLanes;
+  constexpr int kPiecesPerXBlock = kXBlock / kV;
+  const uint8_t* codes = m.row_codes(row, kFormat);
+  const uint16_t* scales = m.row_scales(row);
+  const int n_pieces = m.cols / kV;
+  const int pieces_per_group = m.group_size / kV;
+  float acc[kLanePiecesInFlight] = {0.0f, 0.0f, 0.0f, 0.0f};
+  int p = lane;
+  for (; p + (kLanePiecesInFlight - 1) * kStride < n_pieces; p += kLanePiecesInFlight * kStride) {
+    uint4 raw[kLanePiecesInFlight];
+EDGE_UNROLL
+    for (int u = 0; u < kLanePiecesInFlight; ++u) {
+      raw[u] = load_piece(codes, static_cast<size_t>(p + u * kStride) * kPieceBytes, m.aligned16);
+    }
+EDGE_UNROLL
+    for (int u = 0; u < kLanePiecesInFlight; ++u) {
+      const int piece = p + u * kStride;
+      const float factor =
+          load_scalar(x.factor + piece / kPiecesPerXBlock) * load_scale(scales, piece / pieces_per_group);
+      acc[u] = fmaf(static_cast<float>(PieceDot<kFormat>::combined(raw[u], x, piece)), factor, acc[u]);
+    }
+  }
+  for (; p < n_pieces; p += kStride) {
+    const uint4 raw = load_piece(codes, static_cast<size_t>(p) * kPieceBytes, m.aligned16);
+    const float factor = load_scalar(x.factor + p / kPiecesPerXBlock) * load_scale(scales, p / pieces_per_group);
+    acc[0] = fmaf(static_cast<float>(PieceDot<kFormat>::combined(raw, x, p)), factor, acc[0]);
   }
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }

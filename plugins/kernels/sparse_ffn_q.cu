@@ -1,23 +1,102 @@
 // Sequential SparseFFN over group-wise quantized INT8 / INT4 rows (DESIGN 3.1, kernels/cpu/QUANT.md): the
 // pipeline of sparse_ffn_pipeline.cuh with rows read as codes and dequantized in registers, never in memory.
 //
-// gate and up: one warp per row, lane l reading the 16-byte pieces l, l + 32, ... of the row's codes with the
-// evict-first hint (quant::lane_row_dot): each piece's values are dotted with x in fp32 and the sum is scaled by the
-// piece's group scale. down: a lane owns one piece's columns (16 for int8, a 32-value block for int4) of a tile of
-// 32 pieces and adds (h_r * scale) * code for each of its warp's rows (quant::lane_down); partial sums per chunk of
-// rows, reduced in order as for float rows. Every sum has a fixed order: y is bit-identical run to run.
+// x is first quantized per block of 32 values into two int8 planes (quantize_x_kernel, as the CPU kernels quantize
+// it; the planes live in the workspace's x32 rows). gate and up: one warp per row, lane l reading the 16-byte pieces
+// l, l + 32, ... of the row's codes with the evict-first hint (quant::lane_row_dot_planes): each piece's codes times
+// the planes are summed exactly in int32 and the sum is scaled by x's block factor and the piece's group scale. down:
+// a lane owns one piece's columns (16 for int8, a 32-value block for int4) of a tile of 32 pieces and adds
+// (h_r * scale) * code for each of its warp's rows (quant::lane_down); partial sums per chunk of rows, reduced in
+// order as for float rows. Every sum has a fixed order: y is bit-identical run to run.
 #include "sparse_ffn_pipeline.cuh"
 
 namespace edge {
 namespace {
 
-template <int kFormat>
-struct QuantRows {
-  quant::QuantMatrix m;
-  __device__ float row_dot(int row, const float* x32, bool x_aligned16) const {
-    return warp_sum(quant::lane_row_dot<kFormat>(m, row, x32, x_aligned16, threadIdx.x % kWarpSize));
-  }
+constexpr int kQuantizeThreads = 256;
+
+// x's planes for token t, in the workspace's x32 row of the token (4 d_stride bytes): high codes at 0, low codes at
+// d_stride, the blocks' factors at 2 d_stride and their code sums after those (d_stride / 32 of each).
+struct XPlanes {
+  int8_t* high;
+  int8_t* low;
+  float* factor;
+  int32_t* code_sum;
 };
+
+__device__ XPlanes x_planes(const Workspace& ws, int t) {
+  char* row = reinterpret_cast<char*>(ws.x32 + t * ws.d_stride);
+  const size_t blocks = ws.d_stride / quant::kXBlock;
+  float* factor = reinterpret_cast<float*>(row + 2 * ws.d_stride);
+  return {reinterpret_cast<int8_t*>(row), reinterpret_cast<int8_t*>(row + ws.d_stride), factor,
+          reinterpret_cast<int32_t*>(factor + blocks)};
+}
+
+__device__ quant::QuantX quant_x(const Workspace& ws, int t) {
+  const XPlanes planes = x_planes(ws, t);
+  return {planes.high, planes.low, planes.factor, planes.code_sum};
+}
+
+// One warp per block of 32 values of x (d a multiple of 32, so a warp is wholly inside or outside the row): the
+// block's largest magnitude by a butterfly over the lanes' bits, each lane's codes, and lane 0 the block's factor and
+// code sum.
+template <typename TX>
+__global__ void __launch_bounds__(kQuantizeThreads) quantize_x_kernel(const TX* __restrict__ x, int d, Workspace ws) {
+  const int j = blockIdx.x * kQuantizeThreads + threadIdx.x;
+  const int t = blockIdx.y;
+  if (j >= d) return;
+  const float value = to_float(x[static_cast<size_t>(t) * d + j]);
+  uint32_t largest_bits = __float_as_uint(value) & 0x7fffffffu;
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    largest_bits = max(largest_bits, __shfl_xor_sync(kFullWarp, largest_bits, offset));
+  }
+  int8_t high, low;
+  quant::quantize_x_value(value, largest_bits, &high, &low);
+  const XPlanes planes = x_planes(ws, t);
+  planes.high[j] = high;
+  planes.low[j] = low;
+  const int code_sum = warp_sum(256 * static_cast<int>(high) + static_cast<int>(low));
+  if (threadIdx.x % kWarpSize == 0) {
+    planes.factor[j / quant::kXBlock] = quant::x_factor(largest_bits);
+    planes.code_sum[j / quant::kXBlock] = code_sum;
+  }
+}
+
+// The gate kernel of the pipeline (gate_kernel) with x in planes: warp i of the grid computes neuron i.
+template <int kFormat>
+__global__ void __launch_bounds__(kRowWarps * kWarpSize)
+    gate_kernel_q(int D, quant::QuantMatrix w_gate, const int32_t* __restrict__ mask,
+                  const float* __restrict__ thresholds, int activation, float act_threshold, Workspace ws,
+                  uint8_t* __restrict__ active_out) {
+  const int i = blockIdx.x * kRowWarps + threadIdx.x / kWarpSize;
+  const int t = blockIdx.y;
+  const int lane = threadIdx.x % kWarpSize;
+  if (i >= D) return;
+  float a = 0.0f;
+  if (mask == nullptr || mask[static_cast<size_t>(t) * D + i] != 0) {
+    const float g = warp_sum(quant::lane_row_dot_planes<kFormat>(w_gate, i, quant_x(ws, t), lane));
+    a = gated_activation(activation, g, act_threshold, thresholds != nullptr ? thresholds + i : nullptr);
+  }
+  if (lane == 0) {
+    ws.act[t * ws.D_stride + i] = a;
+    if (active_out != nullptr) active_out[static_cast<size_t>(t) * D + i] = a != 0.0f;
+  }
+}
+
+// The up kernel of the pipeline (up_kernel) with x in planes: warp k of the grid computes listed neuron k.
+template <int kFormat>
+__global__ void __launch_bounds__(kRowWarps * kWarpSize)
+    up_kernel_q(quant::QuantMatrix w_up, int activation, Workspace ws) {
+  const int k = blockIdx.x * kRowWarps + threadIdx.x / kWarpSize;
+  const int t = blockIdx.y;
+  if (k >= ws.count[t]) return;
+  const int i = ws.index[t * ws.D_stride + k];
+  const float u = warp_sum(quant::lane_row_dot_planes<kFormat>(w_up, i, quant_x(ws, t), threadIdx.x % kWarpSize));
+  if (threadIdx.x % kWarpSize == 0) {
+    ws.hidden[t * ws.D_stride + k] = hidden_value(activation, ws.act[t * ws.D_stride + i], u);
+  }
+}
 
 // partial[t, chunk, c] = sum over the chunk's listed rows k of h_k * w_down_t[index_k, c] for the columns c of this
 // block's tile (kWarpSize pieces); warp w takes rows w, w + kDownWarps, ... of the chunk, and the warps' sums are
@@ -38,19 +117,16 @@ __global__ void __launch_bounds__(kDownWarps * kWarpSize) down_kernel_q(quant::Q
 }
 
 template <int kFormat>
-cudaError_t launch_ffn_q(cudaStream_t stream, const float* x32, size_t x_stride, int tokens, int D,
-                         const quant::QuantMatrix& w_gate, const quant::QuantMatrix& w_up,
-                         const quant::QuantMatrix& w_down_t, const int32_t* mask, const float* thresholds,
-                         int activation, float act_threshold, float* y, const Workspace& ws, uint8_t* active_out) {
+cudaError_t launch_ffn_q(cudaStream_t stream, int tokens, int d, int D, const quant::QuantMatrix& w_gate,
+                         const quant::QuantMatrix& w_up, const quant::QuantMatrix& w_down_t, const int32_t* mask,
+                         const float* thresholds, int activation, float act_threshold, float* y, const Workspace& ws,
+                         uint8_t* active_out) {
   constexpr int kV = quant::Format<kFormat>::kPieceValues;
-  const int d = w_gate.cols;
-  const bool x_aligned = aligned16(x32) && x_stride % 4 == 0;
   const dim3 rows(ceil_div(D, kRowWarps), tokens);
-  gate_kernel<<<rows, kRowWarps * kWarpSize, 0, stream>>>(x32, x_stride, x_aligned, D, QuantRows<kFormat>{w_gate},
-                                                          mask, thresholds, activation, act_threshold, ws, active_out);
+  gate_kernel_q<kFormat><<<rows, kRowWarps * kWarpSize, 0, stream>>>(D, w_gate, mask, thresholds, activation,
+                                                                     act_threshold, ws, active_out);
   compact_kernel<<<tokens, kCompactThreads, 0, stream>>>(D, ws);
-  up_kernel<<<rows, kRowWarps * kWarpSize, 0, stream>>>(x32, x_stride, x_aligned, QuantRows<kFormat>{w_up},
-                                                        activation, ws);
+  up_kernel_q<kFormat><<<rows, kRowWarps * kWarpSize, 0, stream>>>(w_up, activation, ws);
   const dim3 down_grid(ceil_div(d, kWarpSize * kV), ws.n_chunks, tokens);
   down_kernel_q<kFormat><<<down_grid, kDownWarps * kWarpSize, 0, stream>>>(w_down_t, ws);
   reduce_kernel<<<dim3(ceil_div(d, kReduceColumns), tokens), kReduceColumns * kReduceLanes, 0, stream>>>(d, ws, y);
@@ -84,11 +160,14 @@ extern "C" cudaError_t edge_sparse_ffn_q(cudaStream_t stream, const void* x, int
     matrices[m] = {static_cast<const uint8_t*>(codes[m]), scales[m], d, group_size, aligned16(codes[m])};
   }
   const Workspace ws = layout_workspace(workspace, d, D, tokens);
-  const float* x32;
-  size_t x_stride;
-  const cudaError_t status = fp32_input(stream, x, x_dtype, tokens, d, ws, &x32, &x_stride);
+  const cudaError_t status = dispatch_dtype(x_dtype, [&](auto tag) {
+    using TX = decltype(tag);
+    quantize_x_kernel<TX><<<dim3(ceil_div(d, kQuantizeThreads), tokens), kQuantizeThreads, 0, stream>>>(
+        static_cast<const TX*>(x), d, ws);
+    return cudaGetLastError();
+  });
   if (status != cudaSuccess) return status;
   auto launch = quant_format == EDGE_Q4 ? launch_ffn_q<EDGE_Q4> : launch_ffn_q<EDGE_Q8>;
-  return launch(stream, x32, x_stride, tokens, D, matrices[0], matrices[1], matrices[2], mask, thresholds, activation,
+  return launch(stream, tokens, d, D, matrices[0], matrices[1], matrices[2], mask, thresholds, activation,
                 act_threshold, y, ws, active_out);
 }

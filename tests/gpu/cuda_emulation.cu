@@ -8,6 +8,7 @@
 //
 // The compaction and reduction kernels are the float pipeline's, emulated from their definitions (the neurons with
 // a != 0 in increasing order; per column, lane group g sums chunks g, g + 8, ..., then the groups in order).
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -30,11 +31,40 @@ float warp_sum(float (&lanes)[kLanes]) {
   return lanes[0];
 }
 
-// QuantRows::row_dot: lane_row_dot on every lane, then the warp sum.
+// x of one token in the planes of the integer dot products, as quantize_x_kernel writes them: per block of 32 values
+// the largest magnitude's bits (the lanes' butterfly max), each value's codes (quantize_x_value), the block's factor
+// (x_factor) and code sum.
+struct Planes {
+  std::vector<int8_t> high, low;
+  std::vector<float> factor;
+  std::vector<int32_t> code_sum;
+
+  Planes(const float* x, int d) : high(d), low(d), factor(d / kLanes), code_sum(d / kLanes) {
+    for (int block = 0; block < d / kLanes; ++block) {
+      uint32_t largest_bits = 0;
+      for (int lane = 0; lane < kLanes; ++lane) {
+        uint32_t bits;
+        std::memcpy(&bits, x + block * kLanes + lane, sizeof(bits));
+        largest_bits = std::max(largest_bits, bits & 0x7fffffffu);
+      }
+      int32_t sum = 0;
+      for (int lane = 0; lane < kLanes; ++lane) {
+        const int j = block * kLanes + lane;
+        edge::quant::quantize_x_value(x[j], largest_bits, &high[j], &low[j]);
+        sum += 256 * high[j] + low[j];
+      }
+      factor[block] = edge::quant::x_factor(largest_bits);
+      code_sum[block] = sum;
+    }
+  }
+  edge::quant::QuantX view() const { return {high.data(), low.data(), factor.data(), code_sum.data()}; }
+};
+
+// One warp of gate_kernel_q or up_kernel_q: lane_row_dot_planes on every lane, then the warp sum.
 template <int kFormat>
-float row_dot(const QuantMatrix& m, int row, const float* x) {
+float row_dot(const QuantMatrix& m, int row, const edge::quant::QuantX& x) {
   float lanes[kLanes];
-  for (int lane = 0; lane < kLanes; ++lane) lanes[lane] = edge::quant::lane_row_dot<kFormat>(m, row, x, true, lane);
+  for (int lane = 0; lane < kLanes; ++lane) lanes[lane] = edge::quant::lane_row_dot_planes<kFormat>(m, row, x, lane);
   return warp_sum(lanes);
 }
 
@@ -46,8 +76,10 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
   constexpr int kTileColumns = kLanes * kV;
   const int n_chunks = ceil_div(D, kRowsPerChunk);
   for (int t = 0; t < tokens; ++t) {
-    const float* xt = x + static_cast<size_t>(t) * d;
-    // gate_kernel: warp i of the grid computes neuron i
+    // quantize_x_kernel
+    const Planes planes(x + static_cast<size_t>(t) * d, d);
+    const quant::QuantX xt = planes.view();
+    // gate_kernel_q: warp i of the grid computes neuron i
     std::vector<float> act(D, 0.0f);
     for (int i = 0; i < D; ++i) {
       if (mask == nullptr || mask[static_cast<size_t>(t) * D + i] != 0) {
@@ -62,7 +94,7 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
       if (act[i] != 0.0f) index.push_back(i);
     }
     const int count = static_cast<int>(index.size());
-    // up_kernel: warp k of the grid computes listed neuron k
+    // up_kernel_q: warp k of the grid computes listed neuron k
     std::vector<float> hidden(count);
     for (int k = 0; k < count; ++k) {
       hidden[k] = hidden_value(activation, act[index[k]], row_dot<kFormat>(w[1], index[k], xt));

@@ -1,5 +1,6 @@
 """CUDA kernels (plugins/kernels) against the torch reference: sparsity/ffn.py, svd.py, signbit.py, and the quantized
-kernels against the same reference on the dequantized rows (edge_sdk/quant.py).
+kernels against the same reference on the dequantized rows (edge_sdk/quant.py), the quantized SparseFFN's on the x it
+computes with (quantized_activations: its gate and up rows are integer dot products, as the CPU kernels').
 
 Run on any NVIDIA GPU with the kernel library built (`pip install -e .` with nvcc present); they skip with the
 reason otherwise. Tolerances are those of edge_sdk/export/ops/schemas.py.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from edge_sdk.backends.cpu.kernels import quantized_activations
 from safetensors import safe_open
 
 from edge_sdk import quant
@@ -261,7 +263,7 @@ MATMUL_RTOL = {fmt: error_bound("QuantizedMatMul", fmt) for fmt in quant.FORMATS
 def quantized_ffn_case(tokens, d, n_neurons, fmt, group_size, activation, mask_fraction=0.5, seed=0):
     """x [T, d] fp32, the three matrices quantized (QuantizedMatrix) and as the dequantized fp32 rows they hold, and a
     mask [T, D], from the first seed whose masked neurons sit DECISION_MARGIN from a boundary on the dequantized
-    rows."""
+    rows and quantized_activations(x)."""
     for attempt in range(seed, seed + 100):
         generator = torch.Generator().manual_seed(attempt)
         x = torch.randn(tokens, d, generator=generator)
@@ -269,7 +271,7 @@ def quantized_ffn_case(tokens, d, n_neurons, fmt, group_size, activation, mask_f
         matrices = tuple(quant.quantize(w.numpy(), fmt, group_size) for w in fp32)
         rows = tuple(torch.from_numpy(quant.dequantize(m)) for m in matrices)
         mask = torch.rand(tokens, n_neurons, generator=generator) < mask_fraction
-        if margins(x, rows[0], activation, mask) > DECISION_MARGIN:
+        if margins(quantized_activations(x), rows[0], activation, mask) > DECISION_MARGIN:
             return x, matrices, rows, mask
     raise AssertionError(f"no seed gives clear decisions for d={d}, D={n_neurons}")
 
@@ -301,7 +303,8 @@ def assert_quantized_matches_reference(device, x, matrices, rows, mask, activati
     y, active = run_ffn_q(device, x, matrices, mask, activation, **options)
     full = torch.ones(x.shape[0], matrices[0].shape[0], dtype=torch.bool)
     thresholds = options.get("thresholds")
-    reference = sparse_ffn(x.float(), *rows, full if mask is None else mask, activation, thresholds=thresholds)
+    x_used = quantized_activations(x.float())
+    reference = sparse_ffn(x_used, *rows, full if mask is None else mask, activation, thresholds=thresholds)
     assert torch.equal(active, reference.active)
     scale = reference.output.abs().max()
     assert (y - reference.output).abs().max() <= QUANT_RTOL[matrices[0].format] * max(scale, 1e-30)
@@ -332,7 +335,7 @@ def test_quantized_sparse_ffn_reads_codes_at_any_4_byte_alignment(device, fmt):
 def test_quantized_sparse_ffn_converts_half_precision_x(device, x_dtype):
     x, matrices, rows, mask = quantized_ffn_case(2, 256, 300, "int4", 64, ACTIVATIONS["relu"])
     x = x.to(x_dtype)
-    assert margins(x, rows[0], ACTIVATIONS["relu"], mask) > DECISION_MARGIN
+    assert margins(quantized_activations(x.float()), rows[0], ACTIVATIONS["relu"], mask) > DECISION_MARGIN
     assert_quantized_matches_reference(device, x, matrices, rows, mask, ACTIVATIONS["relu"])
 
 
@@ -341,9 +344,10 @@ def test_quantized_sparse_ffn_with_chess_thresholds_and_no_mask(device):
     everything = torch.ones(1, 500, dtype=torch.bool)
     for seed in range(100):
         x, matrices, rows, _ = quantized_ffn_case(1, 256, 500, "int8", 128, silu, seed=seed)
-        gate = silu.gate(x @ rows[0].T)[0].abs()
+        x_used = quantized_activations(x)
+        gate = silu.gate(x_used @ rows[0].T)[0].abs()
         thresholds = gate.median() * 2 * torch.rand(500, generator=torch.Generator().manual_seed(seed))
-        if margins(x, rows[0], silu, everything, thresholds) > DECISION_MARGIN:
+        if margins(x_used, rows[0], silu, everything, thresholds) > DECISION_MARGIN:
             break
     _, reference = assert_quantized_matches_reference(device, x, matrices, rows, None, silu, thresholds=thresholds)
     assert 0 < reference.active.sum() < 500

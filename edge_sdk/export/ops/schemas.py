@@ -307,9 +307,10 @@ SCHEMAS: dict[str, OpSchema] = {
 # max |y - y_ref| <= bound * max |y_ref|; SvdPredictor the scores around which a decision may flip,
 # |score| <= bound * max |score|; SignBitPredictor none (exact). MatVec is no ONNX op: it is the CPU kernels' dense
 # projection y = W x (+ bias) (edge_cpu_matvec, edge_cpu_matvec_q), y_ref in float64 on the same (dequantized)
-# weights. For quantized weights x is the one the kernel computes with: quantized_activations(x) for the CPU kernels'
-# integer dot products (kernels/cpu/QUANT.md), x itself for the CUDA kernels, so the bound is fp32 summation
-# order only. The op tests (tests/ops) read their tolerances here and nowhere else.
+# weights. For quantized weights x is the one the kernel computes with: quantized_activations(x) for the integer dot
+# products of the CPU kernels and of the CUDA QuantizedSparseFFN (kernels/cpu/QUANT.md), x itself for the CUDA
+# QuantizedMatMul, so the bound is fp32 summation order only. The op tests (tests/ops) read their tolerances here
+# and nowhere else.
 ERROR_BOUNDS: dict[str, dict[str, float]] = {
     "SvdPredictor": {"float32": 1e-5, "float16": 1e-5, "bfloat16": 1e-5},
     "SignBitPredictor": {"float32": 0.0, "float16": 0.0, "bfloat16": 0.0},
