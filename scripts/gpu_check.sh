@@ -20,8 +20,8 @@
 # Every step runs even when an earlier one failed (a failed build is the exception: nothing after it could run);
 # the exit status is 0 when every step passed, 1 otherwise. Without an NVIDIA GPU it exits 2 with one line.
 # GPU_CHECK_STEP_SECONDS=N stops any step after N seconds (recorded as failed, "timed_out": true), so that a check on
-# a machine lent for a few minutes still writes its record; GPU_CHECK_COMMIT names the commit where the tree has no
-# git metadata (a copied work tree).
+# a machine lent for a few minutes still writes its record; GPU_CHECK_COMMIT names the commit the tree holds where its
+# git metadata is not the tree's own (a copied work tree): it is recorded as given, without the git status check.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
@@ -50,9 +50,12 @@ RESULTS=benchmarks/results
 LOGS=$RESULTS/gpu-check-logs/$SLUG
 OUTPUT=$RESULTS/gpu-check-$SLUG.json
 # what is checked, taken before the steps write their logs into the work tree
-COMMIT=$(git rev-parse --verify --quiet HEAD 2>/dev/null || echo "${GPU_CHECK_COMMIT:-unknown}")
-if [ -n "$(git status --porcelain 2>/dev/null)" ]; then
-    COMMIT="$COMMIT (with uncommitted changes)"
+COMMIT=${GPU_CHECK_COMMIT:-}
+if [ -z "$COMMIT" ]; then
+    COMMIT=$(git rev-parse --verify --quiet HEAD 2>/dev/null || echo unknown)
+    if [ -n "$(git status --porcelain 2>/dev/null)" ]; then
+        COMMIT="$COMMIT (with uncommitted changes)"
+    fi
 fi
 mkdir -p "$LOGS"
 STEPS=$(mktemp)
