@@ -52,9 +52,10 @@ OUTPUT=$RESULTS/gpu-check-$SLUG.json
 # what is checked, taken before the steps write their logs into the work tree
 COMMIT=${GPU_CHECK_COMMIT:-}
 if [ -z "$COMMIT" ]; then
+    # "-dirty" as edge_sdk/bench/record.py marks it: tracked files other than the recorded results differ from HEAD
     COMMIT=$(git rev-parse --verify --quiet HEAD 2>/dev/null || echo unknown)
-    if [ -n "$(git status --porcelain 2>/dev/null)" ]; then
-        COMMIT="$COMMIT (with uncommitted changes)"
+    if [ -n "$(git status --porcelain --untracked-files=no -- ':(top,exclude)benchmarks/results' 2>/dev/null)" ]; then
+        COMMIT="$COMMIT-dirty"
     fi
 fi
 mkdir -p "$LOGS"
@@ -123,7 +124,9 @@ CUDA_VERSION=$(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1
 "$PYTHON" - "$STEPS" "$LOGS" "$OUTPUT" "$COMMIT" "$GPU_NAME" "$COMPUTE_CAP" "$DRIVER" "${CUDA_VERSION:-unknown}" \
     "${SANITIZER:-not found}" <<'EOF'
 """Assemble the JSON record from the steps file, the junit reports, the sanitizer logs and the benchmark JSON."""
+import datetime
 import json
+import os
 import re
 import sys
 import xml.etree.ElementTree as ElementTree
@@ -155,14 +158,26 @@ for line in Path(steps_file).read_text().splitlines():
     if name in ("gpu-tests", "tensorrt-tests") or name.startswith("sanitizer-"):
         step["tests"] = junit_counts(logs / f"{name}.xml")
     if name.startswith("sanitizer-") and log.is_file():
-        summaries = re.findall(r"ERROR SUMMARY: (\d+) error", log.read_text(errors="replace"))
+        # memcheck and synccheck: "ERROR SUMMARY: N errors"; racecheck: "RACECHECK SUMMARY: H hazards displayed (N
+        # errors, W warnings)"
+        text = log.read_text(errors="replace")
+        summaries = re.findall(r"ERROR SUMMARY: (\d+) error", text)
+        summaries += re.findall(r"hazards displayed \((\d+) error", text)
         step["sanitizer_errors"] = sum(int(count) for count in summaries) if summaries else None
     if name.startswith("benchmark-") and (logs / f"{name}.json").is_file():
         step["results"] = json.loads((logs / f"{name}.json").read_text())
     steps[name] = step
 
+try:  # the host, as every benchmark result names it (tests/bench/test_record.py checks the committed ones)
+    from edge_sdk.bench.record import machine_description
+
+    machine = machine_description()
+except ImportError:
+    machine = {"cpu": "unknown (edge_sdk not importable)", "cores": os.cpu_count()}
 record = {
     "commit": commit,
+    "date": datetime.date.today().isoformat(),
+    "machine": machine,
     "gpu": gpu,
     "compute_capability": capability,
     "driver": driver,
