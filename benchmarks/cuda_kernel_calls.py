@@ -1,0 +1,59 @@
+"""One call of each quantized CUDA kernel path at LLaMA-2-7B shapes, for a profiler to look at kernel by kernel.
+
+The int4 QuantizedMatMul at one token (4096 x 4096), then the int4 and int8 SparseFFN (d 4096, D 11008, groups of 32)
+dense and at 90% sparsity: one launch sequence each, nothing timed here. benchmarks/README.md section 8 quotes
+what Nsight Compute said of them:
+
+    ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+        --section Occupancy -o report .venv/bin/python benchmarks/cuda_kernel_calls.py
+
+(`--clock-control none` leaves the GPU's clocks as they are.) Needs an NVIDIA GPU and the kernel library built.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from cuda_ffn import load_harness
+
+from edge_sdk import quant
+
+D_MODEL, NEURONS, GROUP_SIZE = 4096, 11008, 32
+
+
+def main() -> int:
+    harness = load_harness()
+    reason = harness.gpu_unavailable_reason()
+    if reason is not None:
+        print(
+            f"benchmarks/cuda_kernel_calls.py needs an NVIDIA GPU and the CUDA kernel library: {reason}",
+            file=sys.stderr,
+        )
+        return 2
+    device = harness.Device()
+    try:
+        kernels = harness.Kernels(device)
+        generator = torch.Generator().manual_seed(0)
+        x = device.upload(torch.rand(1, D_MODEL, generator=generator) + 0.1)  # positive: every masked neuron fires
+        y = device.empty((1, D_MODEL), torch.float32)
+        workspace = device.allocate(kernels.workspace_size(D_MODEL, NEURONS, 1))
+        projection = quant.quantize(
+            (torch.rand(D_MODEL, D_MODEL, generator=generator) / D_MODEL).numpy(), "int4", GROUP_SIZE
+        )
+        kernels.matvec_q(x, harness.upload_quantized(device, projection), None, y)
+        for fmt in quant.FORMATS:
+            rows = [(torch.rand(NEURONS, D_MODEL, generator=generator) / D_MODEL).numpy() for _ in range(3)]
+            weights = tuple(harness.upload_quantized(device, quant.quantize(w, fmt, GROUP_SIZE)) for w in rows)
+            for sparsity in (0.0, 0.9):
+                mask = torch.zeros(1, NEURONS, dtype=torch.int32)
+                mask[0, torch.randperm(NEURONS, generator=generator)[: round((1 - sparsity) * NEURONS)]] = 1
+                kernels.sparse_ffn_q(x, weights, device.upload(mask), None, "relu", 0.0, y, workspace)
+        device.synchronize()
+    finally:
+        device.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
