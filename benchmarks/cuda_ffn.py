@@ -146,9 +146,10 @@ def time_matvec(harness, device, kernels, cublas, args, generator) -> list[dict]
         x_half = device.upload(torch.rand(tokens, d, generator=generator).half())
         y = device.empty((tokens, d), torch.float32)
         y_half = device.empty((tokens, d), torch.float16)
+        workspace = device.allocate(kernels.matvec_workspace_size(d, tokens))  # before the graph capture
 
-        def quantized(x=x, y=y):
-            kernels.matvec_q(x, uploaded[next(cycle) % args.layers], None, y)
+        def quantized(x=x, y=y, workspace=workspace):
+            kernels.matvec_q(x, uploaded[next(cycle) % args.layers], None, y, workspace=workspace)
 
         def dense(tokens=tokens, x_half=x_half, y_half=y_half):  # y^T = W x^T: column-major [d, d] W^T, n = tokens
             weights = half[next(cycle) % args.layers]

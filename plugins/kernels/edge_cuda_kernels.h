@@ -113,21 +113,30 @@ EDGE_CUDA_API cudaError_t edge_sparse_ffn_q(cudaStream_t stream, const void *x, 
                                             const int32_t *mask, const float *thresholds, int activation,
                                             float act_threshold, float *y, void *workspace, uint8_t *active_out);
 
+/* Bytes of workspace edge_matvec_q needs for `tokens` tokens of `in` inputs: x's two int8 planes and their block
+ * factors and sums, round_up(2.25 * round_up(in, 64), 256) bytes per token, plus 256 (the slack that lets the layout
+ * align a workspace pointer of any alignment). Returns 0 when in or tokens is <= 0. */
+EDGE_CUDA_API size_t edge_matvec_q_workspace_size(int in, int tokens);
+
 /* Dense y_t = W x_t (+ bias) over quantized rows for each token t (the CPU's edge_cpu_matvec_q): the projections and
  * the LM head of a quantized bundle. x: [tokens, in] of x_dtype; w: [out, in] codes of quant_format, 4-byte aligned,
  * with scales [out, in / group_size] fp16 bits, in a multiple of group_size; bias: [out] fp32 or NULL; y: [tokens,
- * out] fp32. Up to 4 tokens: one warp per row, the row read once for all of them; more: tiles of 64 rows x 32 tokens
- * through shared memory. Each output is summed in an order fixed by the shapes (tokens, in), so it is bit-identical
- * run to run; the same token may round differently in a call with another number of tokens. No workspace. */
+ * out] fp32; workspace: edge_matvec_q_workspace_size(in, tokens) bytes, any alignment, reusable across calls on the
+ * same stream. x is quantized per block of 32 values into two int8 planes as the CPU kernels quantize it (as for
+ * edge_sparse_ffn_q), and y is the product with those values (quantized_activations(x)) up to fp32 summation order.
+ * Up to 4 tokens: one warp per row, the row read once for all of them, integer dot products; more: tiles of 64 rows
+ * x 32 tokens through shared memory. Each output is summed in an order fixed by the shapes (tokens, in), so it is
+ * bit-identical run to run; the same token may round differently in a call with another number of tokens. */
 EDGE_CUDA_API cudaError_t edge_matvec_q(cudaStream_t stream, const void *x, int x_dtype, int tokens, int in, int out,
                                         const void *w, const uint16_t *scales, int quant_format, int group_size,
-                                        const float *bias, float *y);
+                                        const float *bias, float *y, void *workspace);
 
 /* edge_matvec_q with W stored transposed: y_t = W^T x_t (+ bias) for w [in, out], quantized along its rows (scales
  * [in, out / group_size], out a multiple of group_size; in any size); x: [tokens, in]; y: [tokens, out]. This is the
  * down projection of a dense FFN over the neuron-major W_down^T that SparseFFN reads, so a prompt's FFN needs no
- * second copy of it. Tiles of 64 outputs x 32 tokens through shared memory, for any number of tokens; each output
- * summed over the rows of W in order, bit-identical run to run. No workspace. */
+ * second copy of it. Tiles of 64 outputs x 32 tokens through shared memory, for any number of tokens; x stays fp32
+ * (in need not be a multiple of 32); each output summed over the rows of W in order, bit-identical run to run. No
+ * workspace. */
 EDGE_CUDA_API cudaError_t edge_matvec_q_t(cudaStream_t stream, const void *x, int x_dtype, int tokens, int in,
                                           int out, const void *w, const uint16_t *scales, int quant_format,
                                           int group_size, const float *bias, float *y);

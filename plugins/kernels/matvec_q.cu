@@ -3,35 +3,42 @@
 // with positive scales (NvInfer.h, IDequantizeLayer), which the group-wise INT8 and the signed-scale INT4 of the
 // format are not, so the graph gives these products to a plugin (QuantizedMatMul) that calls this launcher.
 //
-// Two shapes of work, chosen by the number of tokens:
+// edge_matvec_q first quantizes x into the two int8 planes of the integer dot products (quant_x.cuh, in the caller's
+// workspace), then, by the number of tokens:
 // - up to quant::kGemvTokens tokens (decode): one warp per weight row, the row's 16-byte pieces read once with the
-//   evict-first hint and dequantized in registers; each token's sum in a fixed lane order, then a warp butterfly;
+//   evict-first hint and dotted with each token's planes in dp4a (exact in int32), as the SparseFFN's gate rows;
+//   each token's sum in a fixed lane order, then a warp butterfly;
 // - more tokens (a prompt): tiles of 64 rows x 32 tokens per block, stepping 32 columns at a time through shared
-//   memory (each weight piece dequantized once per step, code * scale exact in fp32), every output summed by one
-//   thread in column order.
-// Either way each output's order of summation depends only on the shapes, so y is bit-identical run to run.
+//   memory (each weight piece dequantized once per step, code * scale exact in fp32, and x staged as the planes'
+//   values, x_hat), every output summed by one thread in column order.
+// Either way y is that of the reference on x_hat (quantized_activations), and each output's order of summation
+// depends only on the shapes, so y is bit-identical run to run.
 // edge_matvec_q_t takes W transposed, [in, out] quantized along its rows: the down projection of a prompt's dense FFN
-// over the neuron-major rows SparseFFN reads (one copy of the weights serves both); always the tiled GEMM (a prompt).
+// over the neuron-major rows SparseFFN reads (one copy of the weights serves both); always the tiled GEMM (a prompt),
+// with x in fp32 (its `in` need not be a multiple of 32).
 #include "edge_cuda_common.cuh"
 #include "quant_rows.cuh"
+#include "quant_x.cuh"
 
 namespace edge {
 namespace {
 
 constexpr int kGemvWarps = 8;  // rows per block of the GEMV
+constexpr size_t kPlanesAlignment = 256;  // where x's planes start in the workspace
 
-template <int kFormat, typename TX>
+// Up to kGemvTokens tokens: warp `row` of the grid computes row `row` for every token.
+template <int kFormat>
 __global__ void __launch_bounds__(kGemvWarps * kWarpSize)
-    gemv_kernel(const TX* __restrict__ x, int tokens, bool x_aligned16, quant::QuantMatrix w, int n_rows,
-                const float* __restrict__ bias, float* __restrict__ y) {
+    gemv_kernel(quant::XPlanesLayout x, int tokens, quant::QuantMatrix w, int n_rows, const float* __restrict__ bias,
+                float* __restrict__ y) {
   const int row = blockIdx.x * kGemvWarps + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (row >= n_rows) return;
   float acc[quant::kGemvTokens];
   if (tokens == 1) {
-    acc[0] = quant::lane_row_dot<kFormat>(w, row, x, x_aligned16, lane);
+    acc[0] = quant::lane_row_dot_planes<kFormat>(w, row, x.token(0), lane);
   } else {
-    quant::lane_row_dot_tokens<kFormat>(w, row, x, static_cast<size_t>(w.cols), tokens, x_aligned16, lane, acc);
+    quant::lane_row_dot_tokens_planes<kFormat>(w, row, x, tokens, lane, acc);
   }
 #pragma unroll
   for (int t = 0; t < quant::kGemvTokens; ++t) {
@@ -42,9 +49,9 @@ __global__ void __launch_bounds__(kGemvWarps * kWarpSize)
   }
 }
 
-template <int kFormat, typename TX>
+template <int kFormat>
 __global__ void __launch_bounds__(quant::kGemmThreads)
-    gemm_kernel(const TX* __restrict__ x, int tokens, quant::QuantMatrix w, int n_rows, const float* __restrict__ bias,
+    gemm_kernel(quant::XPlanesLayout x, int tokens, quant::QuantMatrix w, int n_rows, const float* __restrict__ bias,
                 float* __restrict__ y) {
   __shared__ quant::GemmTiles tiles;
   const int row0 = blockIdx.x * quant::kTileRows;
@@ -53,7 +60,7 @@ __global__ void __launch_bounds__(quant::kGemmThreads)
   float acc[quant::kThreadTokens][quant::kThreadRows] = {};
   for (int k0 = 0; k0 < w.cols; k0 += quant::kTileK) {
     quant::gemm_stage_weights<kFormat>(w, n_rows, row0, k0, thread, tiles);
-    quant::gemm_stage_x(x, tokens, w.cols, token0, k0, thread, tiles);
+    quant::gemm_stage_x_planes(x, tokens, w.cols, token0, k0, thread, tiles);
     __syncthreads();
     quant::gemm_accumulate(tiles, thread, acc);
     __syncthreads();  // the next step overwrites the tiles
@@ -81,19 +88,23 @@ __global__ void __launch_bounds__(quant::kGemmThreads)
   quant::gemm_store(acc, thread, token0, col0, tokens, w.cols, bias, y);
 }
 
-template <int kFormat, typename TX>
-cudaError_t launch_matvec_q(cudaStream_t stream, const TX* x, int tokens, const quant::QuantMatrix& w, int n_rows,
-                            const float* bias, float* y) {
+template <int kFormat>
+cudaError_t launch_matvec_q(cudaStream_t stream, const quant::XPlanesLayout& x, int tokens,
+                            const quant::QuantMatrix& w, int n_rows, const float* bias, float* y) {
   if (tokens <= quant::kGemvTokens) {
-    // fp32 x whose token rows are 16-byte aligned is read in float4s (cols is a multiple of 32)
-    const bool x_aligned16 = sizeof(TX) == sizeof(float) && aligned16(x);
-    gemv_kernel<kFormat, TX><<<ceil_div(n_rows, kGemvWarps), kGemvWarps * kWarpSize, 0, stream>>>(
-        x, tokens, x_aligned16, w, n_rows, bias, y);
+    gemv_kernel<kFormat><<<ceil_div(n_rows, kGemvWarps), kGemvWarps * kWarpSize, 0, stream>>>(x, tokens, w, n_rows,
+                                                                                              bias, y);
   } else {
     const dim3 grid(ceil_div(n_rows, quant::kTileRows), ceil_div(tokens, quant::kTileTokens));
-    gemm_kernel<kFormat, TX><<<grid, quant::kGemmThreads, 0, stream>>>(x, tokens, w, n_rows, bias, y);
+    gemm_kernel<kFormat><<<grid, quant::kGemmThreads, 0, stream>>>(x, tokens, w, n_rows, bias, y);
   }
   return cudaGetLastError();
+}
+
+// x's planes in edge_matvec_q's workspace (edge_matvec_q_workspace_size), from its first 256-byte boundary.
+quant::XPlanesLayout matvec_planes(void* workspace, int in) {
+  char* base = reinterpret_cast<char*>(round_up(reinterpret_cast<uintptr_t>(workspace), kPlanesAlignment));
+  return {base, quant::XPlanesLayout::token_stride_for(in), quant::XPlanesLayout::plane_stride_for(in)};
 }
 
 // The checks of both launchers' arguments, and W as the kernels see it: rows of `row_values` values (out for
@@ -136,18 +147,23 @@ extern "C" cudaError_t edge_matvec_q_t(cudaStream_t stream, const void* x, int x
   });
 }
 
+extern "C" size_t edge_matvec_q_workspace_size(int in, int tokens) {
+  if (in <= 0 || tokens <= 0) return 0;
+  return static_cast<size_t>(tokens) * edge::quant::XPlanesLayout::token_stride_for(in) + edge::kPlanesAlignment;
+}
+
 extern "C" cudaError_t edge_matvec_q(cudaStream_t stream, const void* x, int x_dtype, int tokens, int in, int out,
                                      const void* w, const uint16_t* scales, int quant_format, int group_size,
-                                     const float* bias, float* y) {
+                                     const float* bias, float* y, void* workspace) {
   using namespace edge;
   quant::QuantMatrix matrix;  // W [out, in]: its rows hold `in` values
-  if (!matvec_arguments(x, x_dtype, tokens, in, out, w, scales, quant_format, group_size, y, in, &matrix)) {
+  if (workspace == nullptr ||
+      !matvec_arguments(x, x_dtype, tokens, in, out, w, scales, quant_format, group_size, y, in, &matrix)) {
     return cudaErrorInvalidValue;
   }
-  return dispatch_dtype(x_dtype, [&](auto tag) {
-    using TX = decltype(tag);
-    const TX* xt = static_cast<const TX*>(x);
-    return quant_format == EDGE_Q4 ? launch_matvec_q<EDGE_Q4>(stream, xt, tokens, matrix, out, bias, y)
-                                   : launch_matvec_q<EDGE_Q8>(stream, xt, tokens, matrix, out, bias, y);
-  });
+  const quant::XPlanesLayout planes = matvec_planes(workspace, in);
+  const cudaError_t status = quantize_x(stream, x, x_dtype, tokens, in, planes);
+  if (status != cudaSuccess) return status;
+  return quant_format == EDGE_Q4 ? launch_matvec_q<EDGE_Q4>(stream, planes, tokens, matrix, out, bias, y)
+                                 : launch_matvec_q<EDGE_Q8>(stream, planes, tokens, matrix, out, bias, y);
 }

@@ -138,48 +138,6 @@ EDGE_HD float load_value(const T* p) {
 #endif
 }
 
-// values[e] = x[e] for the 4 values of x at `x`, as fp32. x_aligned16: fp32 x, 16-byte aligned (one float4 load).
-template <typename TX>
-EDGE_HD void load_x4(const TX* x, bool x_aligned16, float (&values)[4]) {
-#ifdef __CUDA_ARCH__
-  if constexpr (sizeof(TX) == sizeof(float)) {
-    if (x_aligned16) {
-      const float4 v = __ldg(reinterpret_cast<const float4*>(x));
-      values[0] = v.x;
-      values[1] = v.y;
-      values[2] = v.z;
-      values[3] = v.w;
-      return;
-    }
-  }
-#else
-  (void)x_aligned16;
-#endif
-EDGE_UNROLL
-  for (int e = 0; e < 4; ++e) values[e] = load_value(x + e);
-}
-
-// codes . x over a piece's unpacked codes (x: the piece's first column), summed in value order.
-template <int kV, typename TX>
-EDGE_HD float codes_dot(const float (&codes)[kV], const TX* x, bool x_aligned16) {
-  float sum = 0.0f;
-EDGE_UNROLL
-  for (int q = 0; q < kV / 4; ++q) {
-    float xs[4];
-    load_x4(x + 4 * q, x_aligned16, xs);
-EDGE_UNROLL
-    for (int e = 0; e < 4; ++e) sum = fmaf(codes[4 * q + e], xs[e], sum);
-  }
-  return sum;
-}
-
-template <int kFormat, typename TX>
-EDGE_HD float piece_dot(uint4 raw, const TX* x, bool x_aligned16) {
-  float codes[Format<kFormat>::kPieceValues];
-  Format<kFormat>::unpack(raw, codes);
-  return codes_dot(codes, x, x_aligned16);
-}
-
 // ------------------------------------------------------------------------ x in two int8 planes (integer dots)
 constexpr int kXBlock = 32;                    // values per block of x's quantization
 constexpr uint32_t kFiniteLimitBits = 0x7f800000u;  // |x| bits at or above this: infinity or NaN
@@ -192,6 +150,30 @@ struct QuantX {
   const int8_t* low;
   const float* factor;
   const int32_t* code_sum;
+};
+
+// Where the planes of several tokens live in a buffer: token t's row at base + t * token_stride bytes holds its high
+// codes at 0, its low codes at plane_stride, the blocks' factors at 2 plane_stride and their code sums after those
+// (plane_stride / 32 of each). plane_stride: a multiple of 64, at least the values per token.
+struct XPlanesLayout {
+  char* base;
+  size_t token_stride;
+  size_t plane_stride;
+
+  EDGE_HD char* row(int t) const { return base + static_cast<size_t>(t) * token_stride; }
+  EDGE_HD int8_t* high(int t) const { return reinterpret_cast<int8_t*>(row(t)); }
+  EDGE_HD int8_t* low(int t) const { return reinterpret_cast<int8_t*>(row(t) + plane_stride); }
+  EDGE_HD float* factor(int t) const { return reinterpret_cast<float*>(row(t) + 2 * plane_stride); }
+  EDGE_HD int32_t* code_sum(int t) const {
+    return reinterpret_cast<int32_t*>(factor(t) + plane_stride / kXBlock);
+  }
+  EDGE_HD QuantX token(int t) const { return {high(t), low(t), factor(t), code_sum(t)}; }
+  // Bytes a row of `values` values needs, and a buffer for `tokens` of them.
+  EDGE_HD static size_t plane_stride_for(int values) { return (static_cast<size_t>(values) + 63) / 64 * 64; }
+  EDGE_HD static size_t token_stride_for(int values) {
+    const size_t plane = plane_stride_for(values);
+    return (2 * plane + 2 * sizeof(float) * (plane / kXBlock) + 255) / 256 * 256;
+  }
 };
 
 // a * b and a - b rounded once each, never fused into a multiply-add (the quantization must give the CPU kernels'
@@ -271,6 +253,13 @@ EDGE_HD T load_scalar(const T* p) {
 #endif
 }
 
+// x_hat at column j, the value the integer dot products compute with: (256 high + low) * factor (exact integer, one
+// rounding), which equals (high + low / 256) * scale as quantized_activations computes it.
+EDGE_HD float x_hat(const QuantX& x, int j) {
+  const int combined = 256 * static_cast<int>(load_scalar(x.high + j)) + static_cast<int>(load_scalar(x.low + j));
+  return mul_rn(static_cast<float>(combined), load_scalar(x.factor + j / kXBlock));
+}
+
 // A piece's codes times x's two planes: 256 (codes . high) + (codes . low), exact in int32.
 template <int kFormat>
 struct PieceDot;
@@ -339,43 +328,12 @@ struct QuantMatrix {
   }
 };
 
-// Lane `lane`'s share of row . x, the row read by one warp: the lane takes pieces lane, lane + 32, ...; each piece adds
-// scale * (piece . x) to one of kLanePiecesInFlight accumulators (the u-th piece of a round of loads to accumulator u,
-// the pieces past the last whole round to accumulator 0), which are then added pairwise. The warp sums the lanes'
-// shares with a butterfly (warp_sum).
-template <int kFormat, typename TX>
-EDGE_HD float lane_row_dot(const QuantMatrix& m, int row, const TX* x, bool x_aligned16, int lane) {
-  constexpr int kV = Format<kFormat>::kPieceValues;
-  constexpr int kStride = kWarpLanes;
-  const uint8_t* codes = m.row_codes(row, kFormat);
-  const uint16_t* scales = m.row_scales(row);
-  const int n_pieces = m.cols / kV;
-  const int pieces_per_group = m.group_size / kV;
-  float acc[kLanePiecesInFlight] = {0.0f, 0.0f, 0.0f, 0.0f};
-  int p = lane;
-  for (; p + (kLanePiecesInFlight - 1) * kStride < n_pieces; p += kLanePiecesInFlight * kStride) {
-    uint4 raw[kLanePiecesInFlight];
-EDGE_UNROLL
-    for (int u = 0; u < kLanePiecesInFlight; ++u) {
-      raw[u] = load_piece(codes, static_cast<size_t>(p + u * kStride) * kPieceBytes, m.aligned16);
-    }
-EDGE_UNROLL
-    for (int u = 0; u < kLanePiecesInFlight; ++u) {
-      const int piece = p + u * kStride;
-      const float dot = piece_dot<kFormat>(raw[u], x + static_cast<size_t>(piece) * kV, x_aligned16);
-      acc[u] = fmaf(load_scale(scales, piece / pieces_per_group), dot, acc[u]);
-    }
-  }
-  for (; p < n_pieces; p += kStride) {
-    const uint4 raw = load_piece(codes, static_cast<size_t>(p) * kPieceBytes, m.aligned16);
-    const float dot = piece_dot<kFormat>(raw, x + static_cast<size_t>(p) * kV, x_aligned16);
-    acc[0] = fmaf(load_scale(scales, p / pieces_per_group), dot, acc[0]);
-  }
-  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
-}
-
-// lane_row_dot with x in two planes (the SparseFFN's gate and up rows): the same pieces, loads and accumulators; a
-// piece adds (float) combined * (factor of its x block * its group scale).
+// Lane `lane`'s share of row . x_hat, the row read by one warp (the SparseFFN's gate and up rows, edge_matvec_q for
+// one token): the lane takes pieces lane, lane + 32, ..., loading kLanePiecesInFlight of them before using any; a
+// piece adds its integer dot with x's planes, converted to fp32, times (its x block's factor * its group scale) to
+// one of kLanePiecesInFlight accumulators (the u-th piece of a round of loads to accumulator u, the pieces past the
+// last whole round to accumulator 0), which are then added pairwise. The warp sums the lanes' shares with a butterfly
+// (warp_sum).
 template <int kFormat>
 EDGE_HD float lane_row_dot_planes(const QuantMatrix& m, int row, const QuantX& x, int lane) {
   constexpr int kV = Format<kFormat>::kPieceValues;
@@ -409,14 +367,16 @@ EDGE_UNROLL
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
-// The GEMV of edge_matvec_q for up to kGemvTokens tokens: like lane_row_dot, with every piece loaded once and dotted
-// with each token's x (x_t = x + t * x_stride). acc[t] receives the lane's share for token t.
+// The GEMV of edge_matvec_q for 2 to kGemvTokens tokens: one row per warp, lane l reading pieces l, l + 32, ..., every
+// piece loaded once and its integer dot with each token's planes (x.token(t)) added to that token's share as in
+// lane_row_dot_planes, in piece order.
 constexpr int kGemvTokens = 4;
 
-template <int kFormat, typename TX>
-EDGE_HD void lane_row_dot_tokens(const QuantMatrix& m, int row, const TX* x, size_t x_stride, int tokens,
-                                 bool x_aligned16, int lane, float (&acc)[kGemvTokens]) {
+template <int kFormat>
+EDGE_HD void lane_row_dot_tokens_planes(const QuantMatrix& m, int row, const XPlanesLayout& x, int tokens, int lane,
+                                        float (&acc)[kGemvTokens]) {
   constexpr int kV = Format<kFormat>::kPieceValues;
+  constexpr int kPiecesPerXBlock = kXBlock / kV;
   const uint8_t* codes = m.row_codes(row, kFormat);
   const uint16_t* scales = m.row_scales(row);
   const int n_pieces = m.cols / kV;
@@ -424,14 +384,14 @@ EDGE_HD void lane_row_dot_tokens(const QuantMatrix& m, int row, const TX* x, siz
 EDGE_UNROLL
   for (int t = 0; t < kGemvTokens; ++t) acc[t] = 0.0f;
   for (int p = lane; p < n_pieces; p += kWarpLanes) {
-    float piece[kV];
-    Format<kFormat>::unpack(load_piece(codes, static_cast<size_t>(p) * kPieceBytes, m.aligned16), piece);
+    const uint4 raw = load_piece(codes, static_cast<size_t>(p) * kPieceBytes, m.aligned16);
     const float scale = load_scale(scales, p / pieces_per_group);
 EDGE_UNROLL
     for (int t = 0; t < kGemvTokens; ++t) {
       if (t < tokens) {
-        const TX* xt = x + static_cast<size_t>(t) * x_stride + static_cast<size_t>(p) * kV;
-        acc[t] = fmaf(scale, codes_dot(piece, xt, x_aligned16), acc[t]);
+        const QuantX xt = x.token(t);
+        const float factor = load_scalar(xt.factor + p / kPiecesPerXBlock) * scale;
+        acc[t] = fmaf(static_cast<float>(PieceDot<kFormat>::combined(raw, xt, p)), factor, acc[t]);
       }
     }
   }
@@ -551,6 +511,21 @@ EDGE_UNROLL
     const int t = token0 + token;
     const bool inside = t < tokens && k0 + k < cols;
     tiles.x[k][token] = inside ? load_value(x + static_cast<size_t>(t) * cols + k0 + k) : 0.0f;
+  }
+}
+
+// gemm_stage_x with x in planes: the staged values are x_hat (the values the integer dot products compute with).
+EDGE_HD void gemm_stage_x_planes(const XPlanesLayout& x, int tokens, int cols, int token0, int k0, int thread,
+                                 GemmTiles& tiles) {
+  constexpr int kPerThread = kTileTokens * kTileK / kGemmThreads;
+EDGE_UNROLL
+  for (int q = 0; q < kPerThread; ++q) {
+    const int idx = thread + kGemmThreads * q;
+    const int token = idx / kTileK;
+    const int k = idx % kTileK;
+    const int t = token0 + token;
+    const bool inside = t < tokens && k0 + k < cols;
+    tiles.x[k][token] = inside ? x_hat(x.token(t), k0 + k) : 0.0f;
   }
 }
 

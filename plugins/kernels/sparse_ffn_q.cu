@@ -8,59 +8,16 @@
 // a lane owns one piece's columns (16 for int8, a 32-value block for int4) of a tile of 32 pieces and adds
 // (h_r * scale) * code for each of its warp's rows (quant::lane_down); partial sums per chunk of rows, reduced in
 // order as for float rows. Every sum has a fixed order: y is bit-identical run to run.
+#include "quant_x.cuh"
 #include "sparse_ffn_pipeline.cuh"
 
 namespace edge {
 namespace {
 
-constexpr int kQuantizeThreads = 256;
-
-// x's planes for token t, in the workspace's x32 row of the token (4 d_stride bytes): high codes at 0, low codes at
-// d_stride, the blocks' factors at 2 d_stride and their code sums after those (d_stride / 32 of each).
-struct XPlanes {
-  int8_t* high;
-  int8_t* low;
-  float* factor;
-  int32_t* code_sum;
-};
-
-__device__ XPlanes x_planes(const Workspace& ws, int t) {
-  char* row = reinterpret_cast<char*>(ws.x32 + t * ws.d_stride);
-  const size_t blocks = ws.d_stride / quant::kXBlock;
-  float* factor = reinterpret_cast<float*>(row + 2 * ws.d_stride);
-  return {reinterpret_cast<int8_t*>(row), reinterpret_cast<int8_t*>(row + ws.d_stride), factor,
-          reinterpret_cast<int32_t*>(factor + blocks)};
-}
-
-__device__ quant::QuantX quant_x(const Workspace& ws, int t) {
-  const XPlanes planes = x_planes(ws, t);
-  return {planes.high, planes.low, planes.factor, planes.code_sum};
-}
-
-// One warp per block of 32 values of x (d a multiple of 32, so a warp is wholly inside or outside the row): the
-// block's largest magnitude by a butterfly over the lanes' bits, each lane's codes, and lane 0 the block's factor and
-// code sum.
-template <typename TX>
-__global__ void __launch_bounds__(kQuantizeThreads) quantize_x_kernel(const TX* __restrict__ x, int d, Workspace ws) {
-  const int j = blockIdx.x * kQuantizeThreads + threadIdx.x;
-  const int t = blockIdx.y;
-  if (j >= d) return;
-  const float value = to_float(x[static_cast<size_t>(t) * d + j]);
-  uint32_t largest_bits = __float_as_uint(value) & 0x7fffffffu;
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    largest_bits = max(largest_bits, __shfl_xor_sync(kFullWarp, largest_bits, offset));
-  }
-  int8_t high, low;
-  quant::quantize_x_value(value, largest_bits, &high, &low);
-  const XPlanes planes = x_planes(ws, t);
-  planes.high[j] = high;
-  planes.low[j] = low;
-  const int code_sum = warp_sum(256 * static_cast<int>(high) + static_cast<int>(low));
-  if (threadIdx.x % kWarpSize == 0) {
-    planes.factor[j / quant::kXBlock] = quant::x_factor(largest_bits);
-    planes.code_sum[j / quant::kXBlock] = code_sum;
-  }
+// x's planes in the workspace's x32 rows (4 d_stride bytes per token): high codes at 0, low codes at d_stride, then
+// the blocks' factors and code sums.
+__host__ __device__ quant::XPlanesLayout x_planes(const Workspace& ws) {
+  return {reinterpret_cast<char*>(ws.x32), 4 * ws.d_stride, ws.d_stride};
 }
 
 // The gate kernel of the pipeline (gate_kernel) with x in planes: warp i of the grid computes neuron i.
@@ -75,7 +32,7 @@ __global__ void __launch_bounds__(kRowWarps * kWarpSize)
   if (i >= D) return;
   float a = 0.0f;
   if (mask == nullptr || mask[static_cast<size_t>(t) * D + i] != 0) {
-    const float g = warp_sum(quant::lane_row_dot_planes<kFormat>(w_gate, i, quant_x(ws, t), lane));
+    const float g = warp_sum(quant::lane_row_dot_planes<kFormat>(w_gate, i, x_planes(ws).token(t), lane));
     a = gated_activation(activation, g, act_threshold, thresholds != nullptr ? thresholds + i : nullptr);
   }
   if (lane == 0) {
@@ -92,8 +49,9 @@ __global__ void __launch_bounds__(kRowWarps * kWarpSize)
   const int t = blockIdx.y;
   if (k >= ws.count[t]) return;
   const int i = ws.index[t * ws.D_stride + k];
-  const float u = warp_sum(quant::lane_row_dot_planes<kFormat>(w_up, i, quant_x(ws, t), threadIdx.x % kWarpSize));
-  if (threadIdx.x % kWarpSize == 0) {
+  const int lane = threadIdx.x % kWarpSize;
+  const float u = warp_sum(quant::lane_row_dot_planes<kFormat>(w_up, i, x_planes(ws).token(t), lane));
+  if (lane == 0) {
     ws.hidden[t * ws.D_stride + k] = hidden_value(activation, ws.act[t * ws.D_stride + i], u);
   }
 }
@@ -160,12 +118,7 @@ extern "C" cudaError_t edge_sparse_ffn_q(cudaStream_t stream, const void* x, int
     matrices[m] = {static_cast<const uint8_t*>(codes[m]), scales[m], d, group_size, aligned16(codes[m])};
   }
   const Workspace ws = layout_workspace(workspace, d, D, tokens);
-  const cudaError_t status = dispatch_dtype(x_dtype, [&](auto tag) {
-    using TX = decltype(tag);
-    quantize_x_kernel<TX><<<dim3(ceil_div(d, kQuantizeThreads), tokens), kQuantizeThreads, 0, stream>>>(
-        static_cast<const TX*>(x), d, ws);
-    return cudaGetLastError();
-  });
+  const cudaError_t status = quantize_x(stream, x, x_dtype, tokens, d, x_planes(ws));
   if (status != cudaSuccess) return status;
   auto launch = quant_format == EDGE_Q4 ? launch_ffn_q<EDGE_Q4> : launch_ffn_q<EDGE_Q8>;
   return launch(stream, tokens, d, D, matrices[0], matrices[1], matrices[2], mask, thresholds, activation,

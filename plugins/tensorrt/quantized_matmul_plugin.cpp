@@ -75,19 +75,34 @@ class QuantizedMatMulPlugin : public PluginBase<QuantizedMatMulPlugin> {
     }
   }
 
-  // No workspace.
-  void launch(nvinfer1::PluginTensorDesc const* inputDesc, void const* const* inputs, void* output, void*,
+  // edge_matvec_q's: x quantized into two int8 planes per token, for the largest T of the profile; edge_matvec_q_t
+  // needs none.
+  size_t workspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs) const noexcept {
+    if (mTransposed == 0 || nbInputs < kSignature.nbInputs) return 0;
+    int64_t const tokens = inputs[kX].max.d[0];
+    int64_t const n_in = inputs[kX].max.d[1];
+    if (tokens > INT32_MAX || n_in > INT32_MAX) return 0;
+    return edge_matvec_q_workspace_size(static_cast<int>(n_in), static_cast<int>(tokens));
+  }
+
+  void launch(nvinfer1::PluginTensorDesc const* inputDesc, void const* const* inputs, void* output, void* workspace,
               cudaStream_t stream) const {
     int const tokens = checkedDim("x", inputDesc[kX].dims.d[0]);
     int const n_in = checkedDim("x", inputDesc[kX].dims.d[1]);
     int const n_out = mTransposed != 0 ? checkedDim("w", inputDesc[kCodes].dims.d[0])
                                        : checkedDim("w", inputDesc[kCodes].dims.d[1] * mLayout.valuesPerWord());
     if (tokens == 0) return;
-    auto launcher = mTransposed != 0 ? edge_matvec_q : edge_matvec_q_t;
-    cudaError_t const status = launcher(stream, inputs[kX], cudaDtype(inputDesc[kX].type), tokens, n_in, n_out,
-                                        inputs[kCodes], static_cast<uint16_t const*>(inputs[kScales]), mLayout.format,
-                                        mLayout.groupSize, nullptr, static_cast<float*>(output));
-    expectLaunched(mTransposed != 0 ? "edge_matvec_q" : "edge_matvec_q_t", status);
+    auto const* scales = static_cast<uint16_t const*>(inputs[kScales]);
+    auto* y = static_cast<float*>(output);
+    int const x_dtype = cudaDtype(inputDesc[kX].type);
+    if (mTransposed != 0) {
+      expectLaunched("edge_matvec_q", edge_matvec_q(stream, inputs[kX], x_dtype, tokens, n_in, n_out, inputs[kCodes],
+                                                    scales, mLayout.format, mLayout.groupSize, nullptr, y, workspace));
+    } else {
+      expectLaunched("edge_matvec_q_t", edge_matvec_q_t(stream, inputs[kX], x_dtype, tokens, n_in, n_out,
+                                                        inputs[kCodes], scales, mLayout.format, mLayout.groupSize,
+                                                        nullptr, y));
+    }
   }
 
   void addFields(std::vector<nvinfer1::PluginField>& fields) const {

@@ -31,33 +31,37 @@ float warp_sum(float (&lanes)[kLanes]) {
   return lanes[0];
 }
 
-// x of one token in the planes of the integer dot products, as quantize_x_kernel writes them: per block of 32 values
-// the largest magnitude's bits (the lanes' butterfly max), each value's codes (quantize_x_value), the block's factor
-// (x_factor) and code sum.
+// x [tokens, n] in the planes of the integer dot products, laid out as quantize_x_kernel writes them (XPlanesLayout):
+// per block of 32 values the largest magnitude's bits (the lanes' butterfly max), each value's codes
+// (quantize_x_value), the block's factor (x_factor) and code sum.
 struct Planes {
-  std::vector<int8_t> high, low;
-  std::vector<float> factor;
-  std::vector<int32_t> code_sum;
+  std::vector<char> buffer;
+  edge::quant::XPlanesLayout layout;
 
-  Planes(const float* x, int d) : high(d), low(d), factor(d / kLanes), code_sum(d / kLanes) {
-    for (int block = 0; block < d / kLanes; ++block) {
-      uint32_t largest_bits = 0;
-      for (int lane = 0; lane < kLanes; ++lane) {
-        uint32_t bits;
-        std::memcpy(&bits, x + block * kLanes + lane, sizeof(bits));
-        largest_bits = std::max(largest_bits, bits & 0x7fffffffu);
+  Planes(const float* x, int tokens, int n)
+      : buffer(static_cast<size_t>(tokens) * edge::quant::XPlanesLayout::token_stride_for(n)),
+        layout{buffer.data(), edge::quant::XPlanesLayout::token_stride_for(n),
+               edge::quant::XPlanesLayout::plane_stride_for(n)} {
+    for (int t = 0; t < tokens; ++t) {
+      const float* xt = x + static_cast<size_t>(t) * n;
+      for (int block = 0; block < n / kLanes; ++block) {
+        uint32_t largest_bits = 0;
+        for (int lane = 0; lane < kLanes; ++lane) {
+          uint32_t bits;
+          std::memcpy(&bits, xt + block * kLanes + lane, sizeof(bits));
+          largest_bits = std::max(largest_bits, bits & 0x7fffffffu);
+        }
+        int32_t sum = 0;
+        for (int lane = 0; lane < kLanes; ++lane) {
+          const int j = block * kLanes + lane;
+          edge::quant::quantize_x_value(xt[j], largest_bits, &layout.high(t)[j], &layout.low(t)[j]);
+          sum += 256 * layout.high(t)[j] + layout.low(t)[j];
+        }
+        layout.factor(t)[block] = edge::quant::x_factor(largest_bits);
+        layout.code_sum(t)[block] = sum;
       }
-      int32_t sum = 0;
-      for (int lane = 0; lane < kLanes; ++lane) {
-        const int j = block * kLanes + lane;
-        edge::quant::quantize_x_value(x[j], largest_bits, &high[j], &low[j]);
-        sum += 256 * high[j] + low[j];
-      }
-      factor[block] = edge::quant::x_factor(largest_bits);
-      code_sum[block] = sum;
     }
   }
-  edge::quant::QuantX view() const { return {high.data(), low.data(), factor.data(), code_sum.data()}; }
 };
 
 // One warp of gate_kernel_q or up_kernel_q: lane_row_dot_planes on every lane, then the warp sum.
@@ -77,8 +81,8 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
   const int n_chunks = ceil_div(D, kRowsPerChunk);
   for (int t = 0; t < tokens; ++t) {
     // quantize_x_kernel
-    const Planes planes(x + static_cast<size_t>(t) * d, d);
-    const quant::QuantX xt = planes.view();
+    const Planes planes(x + static_cast<size_t>(t) * d, 1, d);
+    const quant::QuantX xt = planes.layout.token(0);
     // gate_kernel_q: warp i of the grid computes neuron i
     std::vector<float> act(D, 0.0f);
     for (int i = 0; i < D; ++i) {
@@ -148,6 +152,8 @@ template <int kFormat>
 void matvec_q(const float* x, int tokens, int out, const QuantMatrix& w, const float* bias, float* y) {
   using namespace edge;
   const int in = w.cols;
+  // quantize_x_kernel
+  const Planes planes(x, tokens, in);
   if (tokens <= quant::kGemvTokens) {
     // gemv_kernel: warp `row` of the grid
     for (int row = 0; row < out; ++row) {
@@ -155,9 +161,9 @@ void matvec_q(const float* x, int tokens, int out, const QuantMatrix& w, const f
       for (int lane = 0; lane < kLanes; ++lane) {
         float acc[quant::kGemvTokens];
         if (tokens == 1) {
-          acc[0] = quant::lane_row_dot<kFormat>(w, row, x, true, lane);
+          acc[0] = quant::lane_row_dot_planes<kFormat>(w, row, planes.layout.token(0), lane);
         } else {
-          quant::lane_row_dot_tokens<kFormat>(w, row, x, static_cast<size_t>(in), tokens, true, lane, acc);
+          quant::lane_row_dot_tokens_planes<kFormat>(w, row, planes.layout, tokens, lane, acc);
         }
         for (int t = 0; t < tokens; ++t) lanes[t][lane] = acc[t];
       }
@@ -180,7 +186,7 @@ void matvec_q(const float* x, int tokens, int out, const QuantMatrix& w, const f
         std::memset(&tiles, 0xFF, sizeof(tiles));  // NaNs: an element no thread stages poisons the result
         for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
           quant::gemm_stage_weights<kFormat>(w, out, row0, k0, thread, tiles);
-          quant::gemm_stage_x(x, tokens, in, token0, k0, thread, tiles);
+          quant::gemm_stage_x_planes(planes.layout, tokens, in, token0, k0, thread, tiles);
         }
         for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
           auto& mine = *reinterpret_cast<float(*)[quant::kThreadTokens][quant::kThreadRows]>(

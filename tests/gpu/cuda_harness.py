@@ -27,6 +27,7 @@ LAUNCHERS = (
     "edge_sparse_ffn_workspace_size",
     "edge_sparse_ffn",
     "edge_sparse_ffn_q",
+    "edge_matvec_q_workspace_size",
     "edge_matvec_q",
     "edge_matvec_q_t",
 )
@@ -113,8 +114,8 @@ def load_kernels() -> ctypes.CDLL:
             _ptr,  # workspace
             _ptr,  # active_out
         ],
-        # stream, x, x_dtype, tokens, in, out, w, scales, quant_format, group_size, bias, y
-        "edge_matvec_q": [_ptr, _ptr, _int, _int, _int, _int, _ptr, _ptr, _int, _int, _ptr, _ptr],
+        # stream, x, x_dtype, tokens, in, out, w, scales, quant_format, group_size, bias, y (, workspace)
+        "edge_matvec_q": [_ptr, _ptr, _int, _int, _int, _int, _ptr, _ptr, _int, _int, _ptr, _ptr, _ptr],
         "edge_matvec_q_t": [_ptr, _ptr, _int, _int, _int, _int, _ptr, _ptr, _int, _int, _ptr, _ptr],
         "cudaGetDeviceCount": [ctypes.POINTER(_int)],
         "cudaMalloc": [ctypes.POINTER(_ptr), _size],
@@ -143,6 +144,8 @@ def load_kernels() -> ctypes.CDLL:
         function.restype = _int
     library.edge_sparse_ffn_workspace_size.argtypes = [_int, _int, _int]
     library.edge_sparse_ffn_workspace_size.restype = _size
+    library.edge_matvec_q_workspace_size.argtypes = [_int, _int]
+    library.edge_matvec_q_workspace_size.restype = _size
     library.cudaGetErrorString.argtypes = [_int]
     library.cudaGetErrorString.restype = ctypes.c_char_p
     return library
@@ -371,11 +374,22 @@ class Kernels:
         bias: DeviceTensor | None,  # [out] fp32
         y: DeviceTensor,  # [T, out] fp32
         transposed: bool = True,  # y = x W^T (edge_matvec_q); False: y = x W (edge_matvec_q_t)
+        workspace: int | None = None,  # edge_matvec_q's, matvec_workspace_size(in, T) bytes; None: allocated here
     ) -> None:
         tokens, n_in = x.shape
         n_out = w.codes.shape[0] if transposed else w.cols
         arguments = (x.pointer, DTYPES[x.dtype], tokens, n_in, n_out, w.codes.pointer, w.scales.pointer)
         layout = (QUANT_FORMATS[w.format], w.group_size)
-        launcher = "edge_matvec_q" if transposed else "edge_matvec_q_t"
-        status = getattr(self.cuda, launcher)(self.device.stream, *arguments, *layout, _address(bias), y.pointer)
-        check(status, launcher)
+        if transposed:
+            if workspace is None:
+                workspace = self.device.allocate(self.matvec_workspace_size(n_in, tokens))
+            status = self.cuda.edge_matvec_q(
+                self.device.stream, *arguments, *layout, _address(bias), y.pointer, workspace
+            )
+            check(status, "edge_matvec_q")
+        else:
+            status = self.cuda.edge_matvec_q_t(self.device.stream, *arguments, *layout, _address(bias), y.pointer)
+            check(status, "edge_matvec_q_t")
+
+    def matvec_workspace_size(self, n_in: int, tokens: int) -> int:
+        return self.cuda.edge_matvec_q_workspace_size(n_in, tokens)

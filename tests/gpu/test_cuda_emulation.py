@@ -1,5 +1,6 @@
 """The quantized CUDA kernels' indexing, checked on the host: their emulation (cuda_emulation.cu, every block, warp,
-lane and thread through the kernels' own __host__ __device__ functions) against the reference on the dequantized rows.
+lane and thread through the kernels' own __host__ __device__ functions) against the reference on the dequantized rows
+and on the x they compute with (edge_matvec_q: quantized_activations(x); edge_matvec_q_t: x itself).
 
 Needs nvcc, not a GPU. The quantized SparseFFN's cases are rows of the op table (tests/ops, implementation
 `cuda_emulation`); here: the dense edge_matvec_q on both of its paths (one warp per row up to 4 tokens, the tiled
@@ -12,6 +13,8 @@ import dataclasses
 
 import numpy as np
 import pytest
+import torch
+from edge_sdk.backends.cpu.kernels import quantized_activations
 
 from edge_sdk import quant
 from edge_sdk.export.ops import error_bound
@@ -42,7 +45,8 @@ def test_matvec_emulation_matches_the_reference(tokens, fmt, group_size, n_out):
     x = rng.standard_normal((tokens, n_in)).astype(np.float32)
     bias = rng.standard_normal(n_out).astype(np.float32)
     weights = quant.dequantize(matrix).astype(np.float64)
-    expected = x.astype(np.float64) @ weights.T + bias
+    x_used = quantized_activations(torch.from_numpy(x)).numpy().astype(np.float64)  # the planes' values
+    expected = x_used @ weights.T + bias
     bound = error_bound("QuantizedMatMul", fmt)
     assert relative_error(cuda_emulation.matvec_q(x, matrix, bias), expected) <= bound
     unbiased = cuda_emulation.matvec_q(x, matrix, None)
@@ -74,6 +78,7 @@ def test_matvec_emulation_reads_int4_nibbles_signed_in_q4_0_order(tokens):
     matrix = quant.quantize(rng.standard_normal((96, 256)), "int4", 32)
     x = rng.standard_normal((tokens, 256)).astype(np.float32)
     y = cuda_emulation.matvec_q(x, matrix, None)
+    x = quantized_activations(torch.from_numpy(x)).numpy().astype(np.float64)  # the values edge_matvec_q uses
     bound = error_bound("QuantizedMatMul", "int4")
     codes = quant.unpack_int4(matrix.data).astype(np.float64)
     scales = np.repeat(matrix.scales.astype(np.float64), 32, axis=1)

@@ -397,7 +397,9 @@ def run_matvec_q(device, x, matrix, bias, byte_offset=0, transposed=True):
     return device.download(y)
 
 
-# tokens: one (lane_row_dot), 3 (one warp per row for several tokens), 37 and 100 (tiled GEMM, partial tiles)
+# edge_matvec_q computes with x quantized to the integer dot products' planes: the reference runs on
+# quantized_activations(x). tokens: one (lane_row_dot_planes), 3 (one warp per row for several tokens), 37 and 100
+# (tiled GEMM staging x_hat, partial tiles)
 @pytest.mark.parametrize("tokens", [1, 3, 37, 100])
 @pytest.mark.parametrize("fmt", quant.FORMATS)
 @pytest.mark.parametrize("group_size", quant.GROUP_SIZES)
@@ -407,7 +409,8 @@ def test_quantized_matvec_matches_reference(device, tokens, fmt, group_size):
     x = torch.randn(tokens, n_in, generator=generator)
     matrix = quant.quantize(torch.randn(n_out, n_in, generator=generator).numpy(), fmt, group_size)
     bias = torch.randn(n_out, generator=generator)
-    expected = x.double() @ torch.from_numpy(quant.dequantize(matrix)).double().T + bias.double()
+    weights = torch.from_numpy(quant.dequantize(matrix)).double()
+    expected = quantized_activations(x).double() @ weights.T + bias.double()
     y = run_matvec_q(device, x, matrix, bias)
     assert (y.double() - expected).abs().max() <= MATMUL_RTOL[fmt] * expected.abs().max()
     unbiased = run_matvec_q(device, x, matrix, None, byte_offset=4)
@@ -420,7 +423,7 @@ def test_quantized_matvec_converts_half_precision_x(device, x_dtype, tokens):
     generator = torch.Generator().manual_seed(5)
     x = torch.randn(tokens, 256, generator=generator).to(x_dtype)
     matrix = quant.quantize(torch.randn(70, 256, generator=generator).numpy(), "int4", 32)
-    expected = x.double() @ torch.from_numpy(quant.dequantize(matrix)).double().T
+    expected = quantized_activations(x.float()).double() @ torch.from_numpy(quant.dequantize(matrix)).double().T
     y = run_matvec_q(device, x, matrix, None)
     assert (y.double() - expected).abs().max() <= MATMUL_RTOL["int4"] * expected.abs().max()
 

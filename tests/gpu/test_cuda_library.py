@@ -141,7 +141,10 @@ MATVEC_Q_ARGUMENTS = {
     "group_size": 64,
     "bias": None,
     "y": UNUSED,
+    "workspace": UNUSED,
 }
+# edge_matvec_q_t takes no workspace
+MATVEC_Q_T_ARGUMENTS = {field: value for field, value in MATVEC_Q_ARGUMENTS.items() if field != "workspace"}
 
 
 @pytest.mark.parametrize(
@@ -152,6 +155,7 @@ MATVEC_Q_ARGUMENTS = {
         ("w", UNUSED + 1),
         ("scales", None),
         ("y", None),
+        ("workspace", None),
         ("tokens", 0),
         ("tokens", 32 * 65535 + 1),  # more token tiles than gridDim.y holds
         ("in", 96),  # not a multiple of 64
@@ -181,7 +185,7 @@ def test_matvec_q_rejects_invalid_arguments(field, value):
     ],
 )
 def test_matvec_q_t_rejects_invalid_arguments(field, value):
-    arguments = MATVEC_Q_ARGUMENTS | {"in": 77, "out": 128} | {field: value}
+    arguments = MATVEC_Q_T_ARGUMENTS | {"in": 77, "out": 128} | {field: value}
     assert load_kernels().edge_matvec_q_t(None, *arguments.values()) == CUDA_ERROR_INVALID_VALUE
 
 
@@ -208,6 +212,15 @@ def test_svd_predictor_rejects_invalid_arguments(arguments):
 )
 def test_signbit_predictor_rejects_invalid_arguments(arguments):
     assert load_kernels().edge_signbit_predictor(None, *arguments) == CUDA_ERROR_INVALID_VALUE
+
+
+def test_matvec_workspace_holds_each_tokens_planes():
+    size = load_kernels().edge_matvec_q_workspace_size
+    # edge_cuda_kernels.h: round_up(2.25 * round_up(in, 64), 256) bytes per token, plus 256
+    assert size(4096, 3) == 3 * 9216 + 256
+    assert size(576, 1) == 1536 + 256  # 2 * 576 + 8 * 18 = 1296 bytes of planes, factors and sums
+    assert size(96, 2) == 2 * 512 + 256  # in rounded up to 128: 288 bytes
+    assert size(0, 1) == size(4096, 0) == 0
 
 
 def test_workspace_size_grows_linearly_with_tokens():

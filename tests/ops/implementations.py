@@ -389,10 +389,12 @@ class CannGather:
 # ------------------------------------------------------------------------------------------------------ CUDA
 
 
-def sparse_ffn_q_input(case) -> torch.Tensor | None:
-    """The x edge_sparse_ffn_q computes with on quantized rows: its gate and up rows are integer dot products with x
-    quantized as the CPU kernels quantize it (plugins/kernels/quant_rows.cuh); None for every other case."""
-    if isinstance(case, SparseFFNCase) and case.quantized:
+def cuda_reference_input(case) -> torch.Tensor | None:
+    """The x the CUDA kernels compute with where it is not the case's: edge_sparse_ffn_q's gate and up rows and
+    edge_matvec_q (QuantizedMatMul with W [N, K]) are integer dot products with x quantized as the CPU kernels quantize
+    it (plugins/kernels/quant_rows.cuh); edge_matvec_q_t keeps x in fp32."""
+    quantized_ffn = isinstance(case, SparseFFNCase) and case.quantized
+    if quantized_ffn or (isinstance(case, QuantizedMatMulCase) and case.transposed):
         from edge_sdk.backends.cpu.kernels import quantized_activations
 
         return quantized_activations(case.data().x)
@@ -401,11 +403,11 @@ def sparse_ffn_q_input(case) -> torch.Tensor | None:
 
 class Cuda:
     """The CUDA kernels (plugins/kernels, edge_cuda_kernels.h) through tests/gpu/cuda_harness.py. Quantized rows go to
-    edge_sparse_ffn_q, which dequantizes them in registers and dots the gate and up rows with x quantized to two int8
-    planes (the reference runs on quantized_activations(x)), and to edge_matvec_q, which keeps x in fp32."""
+    edge_sparse_ffn_q and edge_matvec_q, which dequantize them in registers and dot them with x quantized to two int8
+    planes (the reference runs on quantized_activations(x)), and to edge_matvec_q_t, which keeps x in fp32."""
 
     name = "cuda"
-    reference_input = staticmethod(sparse_ffn_q_input)
+    reference_input = staticmethod(cuda_reference_input)
 
     @functools.cache  # noqa: B019 (one instance per session)
     def unavailable(self) -> str | None:
@@ -467,7 +469,7 @@ class CudaEmulation:
     needs nvcc, not a GPU."""
 
     name = "cuda_emulation"
-    reference_input = staticmethod(sparse_ffn_q_input)
+    reference_input = staticmethod(cuda_reference_input)
 
     @functools.cache  # noqa: B019 (one instance per session)
     def unavailable(self) -> str | None:
@@ -501,7 +503,7 @@ class TensorRT:
     shapes. Quantized codes reach the plugins as the model's INT32 initializers, as in a bundle's decode.onnx."""
 
     name = "tensorrt"
-    reference_input = staticmethod(sparse_ffn_q_input)  # QuantizedSparseFFN's plugin runs edge_sparse_ffn_q
+    reference_input = staticmethod(cuda_reference_input)  # the plugins run the CUDA kernels
 
     @functools.cache  # noqa: B019 (one instance per session)
     def unavailable(self) -> str | None:

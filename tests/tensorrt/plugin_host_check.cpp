@@ -398,7 +398,8 @@ void checkQuantizedSparseFfn(IPluginCreatorV3One* creator, RecordingLogger& logg
   delete plugin;
 }
 
-void checkQuantizedMatMul(IPluginCreatorV3One* creator, RecordingLogger& logger) {
+void checkQuantizedMatMul(IPluginCreatorV3One* creator, RecordingLogger& logger,
+                          size_t (*matvecWorkspaceSize)(int, int)) {
   int32_t const groupOf64 = 64;
   int32_t const groupOf32 = 32;
   int32_t const two = 2;
@@ -440,7 +441,11 @@ void checkQuantizedMatMul(IPluginCreatorV3One* creator, RecordingLogger& logger)
   expect(logger.last.find("input 'w codes' INT32 words per row (int8: columns / 4): expected 64, found 32") !=
              std::string::npos,
          "QuantizedMatMul codes message, logged '" + logger.last + "'");
-  expect(build(plugin)->getWorkspaceSize(io.data(), 3, &io[3], 1) == 0, "QuantizedMatMul: no workspace");
+  auto profile = io;  // x [1..8, K]: the workspace holds x's planes for the largest T
+  profile[0].min.d[0] = 1;
+  profile[0].max.d[0] = 8;
+  expect(build(plugin)->getWorkspaceSize(profile.data(), 3, &profile[3], 1) == matvecWorkspaceSize(K, 8),
+         "QuantizedMatMul: workspace for x's planes at the profile's largest T");
 
   UnusedExprBuilder exprBuilder;
   DimsExprs inputs[3]{};
@@ -490,6 +495,8 @@ void checkQuantizedMatMul(IPluginCreatorV3One* creator, RecordingLogger& logger)
              recording.operations[0].op == DimensionOperation::kPROD &&
              recording.operations[0].first == fakeDimension(6) && recording.operations[0].second == fakeDimension(4),
          "QuantizedMatMul transposed 0: N = W's INT32 words per row x 8");
+  expect(build(plugin)->getWorkspaceSize(down.data(), 3, &down[3], 1) == 0,
+         "QuantizedMatMul transposed 0: no workspace (x stays fp32)");
   expectRoundTrip(creator, plugin);
   delete plugin;
 }
@@ -675,8 +682,14 @@ int main(int argc, char** argv) {
   auto getCreators = reinterpret_cast<GetCreators>(dlsym(library, "getCreators"));
   auto setLoggerFinder = reinterpret_cast<SetLoggerFinder>(dlsym(library, "setLoggerFinder"));
   auto workspaceSize = reinterpret_cast<WorkspaceSize>(dlsym(kernels, "edge_sparse_ffn_workspace_size"));
+  using MatvecWorkspaceSize = size_t (*)(int, int);
+  auto matvecWorkspaceSize =
+      reinterpret_cast<MatvecWorkspaceSize>(dlsym(kernels, "edge_matvec_q_workspace_size"));
   expect(getCreators != nullptr && setLoggerFinder != nullptr, "getCreators and setLoggerFinder are exported");
-  if (getCreators == nullptr || setLoggerFinder == nullptr || workspaceSize == nullptr) return 1;
+  if (getCreators == nullptr || setLoggerFinder == nullptr || workspaceSize == nullptr ||
+      matvecWorkspaceSize == nullptr) {
+    return 1;
+  }
 
   RecordingLogger logger;
   Finder finder(&logger);
@@ -698,7 +711,7 @@ int main(int argc, char** argv) {
     if (name == "SignBitPredictor") checkSignBit(creator, logger);
     if (name == "SvdPredictor") checkSvd(creator, logger);
     if (name == "QuantizedSparseFFN") checkQuantizedSparseFfn(creator, logger, workspaceSize);
-    if (name == "QuantizedMatMul") checkQuantizedMatMul(creator, logger);
+    if (name == "QuantizedMatMul") checkQuantizedMatMul(creator, logger, matvecWorkspaceSize);
   }
   expect(names == std::vector<std::string>{"SvdPredictor", "SignBitPredictor", "SparseFFN", "QuantizedSparseFFN",
                                            "QuantizedMatMul"},
