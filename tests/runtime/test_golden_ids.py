@@ -45,6 +45,8 @@ BUNDLES = (
     "svd-int4",
     "tied-svd-int8",
     "tied-svd-int4",
+    "svd-int4-head-int8",
+    "tied-svd-int4-head-int8",
 )
 
 
