@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from edge_sdk import quant
+from edge_sdk.bench.record import with_machine_info
 
 HARNESS = Path(__file__).resolve().parent.parent / "tests" / "gpu" / "cuda_harness.py"
 SPARSITIES = (0.0, 0.5, 0.8, 0.9, 0.95)
@@ -263,12 +264,13 @@ def main() -> int:
             row = f"{sparsity:>8.2f} {graph_us:>9.1f} {launch_us:>10.1f} {bandwidth:>7.0f}"
             print(f"{row} {100 * bandwidth / peak:>6.0f}% {speedup:>8.2f}x")
             results.append({"sparsity": sparsity, "graph_us": graph_us, "launch_us": launch_us, "gb_per_s": bandwidth})
-        record = {"d": d, "D": n_neurons, "dtype": args.dtype, "copy_gb_per_s": peak, "dense_us": dense_us}
+        record = {"gpu": device_name(), "d": d, "D": n_neurons, "dtype": args.dtype, "copy_gb_per_s": peak}
+        record["dense_us"] = dense_us
         if quantized:
             record["group_size"] = args.group_size
             record["matvec"] = time_matvec(harness, device, kernels, cublas, args, generator)
         if args.json is not None:
-            args.json.write_text(json.dumps(record | {"sparse": results}, indent=2) + "\n")
+            args.json.write_text(json.dumps(with_machine_info(record | {"sparse": results}), indent=2) + "\n")
     finally:
         device.close()
     return 0
