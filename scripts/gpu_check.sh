@@ -19,6 +19,11 @@
 #
 # Every step runs even when an earlier one failed (a failed build is the exception: nothing after it could run);
 # the exit status is 0 when every step passed, 1 otherwise. Without an NVIDIA GPU it exits 2 with one line.
+# GPU_CHECK_BASELINE=REV also builds the CUDA kernels of git revision REV for this GPU and runs each benchmark with them
+# right before the current build's (steps baseline-build, baseline-<dtype>): a kernel change measured side by side on
+# the same card in one run. GPU_CHECK_PROFILE=1 runs Nsight Compute (ncu, clocks left as they are) over
+# benchmarks/cuda_kernel_calls.py and records each kernel's duration, throughputs, registers, occupancy and ncu's
+# main stall finding (step profile; skipped without ncu).
 # GPU_CHECK_STEP_SECONDS=N stops any step after N seconds (recorded as failed, "timed_out": true), so that a check on
 # a machine lent for a few minutes still writes its record; GPU_CHECK_COMMIT names the commit the tree holds where its
 # git metadata is not the tree's own (a copied work tree): it is recorded as given, without the git status check.
@@ -60,7 +65,8 @@ if [ -z "$COMMIT" ]; then
 fi
 mkdir -p "$LOGS"
 STEPS=$(mktemp)
-trap 'rm -f "$STEPS"' EXIT
+SCRATCH=$(mktemp -d)
+trap 'rm -f "$STEPS"; rm -rf "$SCRATCH"' EXIT
 
 # run_step NAME COMMAND...: runs COMMAND with its output in $LOGS/NAME.log and records NAME, passed|failed, the exit
 # status and the seconds it took (tab-separated) in $STEPS.
@@ -95,15 +101,42 @@ if [ -z "$SANITIZER" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
     SANITIZER=/usr/local/cuda/bin/compute-sanitizer
 fi
 
+BASELINE_LIBRARY=
+if [ -n "${GPU_CHECK_BASELINE:-}" ]; then
+    # the kernel library alone, from REV's sources (CMakeLists.txt, kernels/, plugins/)
+    if run_step baseline-build bash -c 'mkdir -p "$1/src" && git archive "$2" CMakeLists.txt kernels plugins |
+        tar -x -C "$1/src" && cmake -S "$1/src" -B "$1/build" -DEDGE_SDK_CUDA_ARCHITECTURES="$3" &&
+        cmake --build "$1/build" --target edge_cuda_kernels --parallel' _ "$SCRATCH" "$GPU_CHECK_BASELINE" "$ARCH"; then
+        BASELINE_LIBRARY=$SCRATCH/build/plugins/kernels/libedge_cuda_kernels.so
+    fi
+fi
+NCU=
+if [ -n "${GPU_CHECK_PROFILE:-}" ]; then
+    NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+fi
+
 if run_step build "$PYTHON" -m pip install --no-deps -e . \
     -C "cmake.define.EDGE_SDK_CUDA_ARCHITECTURES=$ARCH"; then
     run_step gpu-tests "$PYTHON" -m pytest -q -rs -m gpu tests/gpu tests/ops --junitxml="$LOGS/gpu-tests.xml"
     run_step tensorrt-tests "$PYTHON" -m pytest -q -rs -m tensorrt tests/tensorrt tests/ops \
         --junitxml="$LOGS/tensorrt-tests.xml"
     for dtype in "${BENCHMARK_DTYPES[@]}"; do
+        if [ -n "$BASELINE_LIBRARY" ]; then
+            run_step "baseline-$dtype" env EDGE_SDK_CUDA_KERNELS="$BASELINE_LIBRARY" "$PYTHON" benchmarks/cuda_ffn.py \
+                --d 4096 --D 11008 --dtype "$dtype" --json "$LOGS/baseline-$dtype.json"
+        fi
         run_step "benchmark-$dtype" "$PYTHON" benchmarks/cuda_ffn.py --d 4096 --D 11008 --dtype "$dtype" \
             --json "$LOGS/benchmark-$dtype.json"
     done
+    if [ -n "${GPU_CHECK_PROFILE:-}" ] && [ -z "$NCU" ]; then
+        skip_step profile
+    elif [ -n "$NCU" ]; then
+        # a report, then its per-kernel details as CSV (ncu's own messages stay out of the CSV)
+        run_step profile bash -c '"$1" --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+            --section WarpStateStats --section Occupancy --section LaunchStats -f -o "$3/profile" "$2" \
+            benchmarks/cuda_kernel_calls.py && "$1" --import "$3/profile.ncu-rep" --csv --page details >"$4"' \
+            _ "$NCU" "$PYTHON" "$SCRATCH" "$LOGS/profile.csv"
+    fi
     for tool in "${SANITIZER_TOOLS[@]}"; do
         if [ -z "$SANITIZER" ]; then
             skip_step "sanitizer-$tool"
@@ -117,6 +150,7 @@ else
     for name in gpu-tests tensorrt-tests "${BENCHMARK_DTYPES[@]/#/benchmark-}" "${SANITIZER_TOOLS[@]/#/sanitizer-}"; do
         skip_step "$name"
     done
+    [ -z "${GPU_CHECK_PROFILE:-}" ] || skip_step profile
 fi
 
 CUDA_VERSION=$(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')
@@ -124,6 +158,7 @@ CUDA_VERSION=$(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1
 "$PYTHON" - "$STEPS" "$LOGS" "$OUTPUT" "$COMMIT" "$GPU_NAME" "$COMPUTE_CAP" "$DRIVER" "${CUDA_VERSION:-unknown}" \
     "${SANITIZER:-not found}" <<'EOF'
 """Assemble the JSON record from the steps file, the junit reports, the sanitizer logs and the benchmark JSON."""
+import csv
 import datetime
 import json
 import os
@@ -146,6 +181,39 @@ def junit_counts(path: Path) -> dict:
     return counts
 
 
+# ncu's details page: per kernel launch (ID), these (section, metric) values, and the stall its WarpStateStats rule
+# names ("... spends N cycles being stalled waiting for ...")
+PROFILE_METRICS = {
+    ("GPU Speed Of Light Throughput", "Duration"): "duration",
+    ("GPU Speed Of Light Throughput", "Memory Throughput"): "memory_pct",
+    ("GPU Speed Of Light Throughput", "DRAM Throughput"): "dram_pct",
+    ("GPU Speed Of Light Throughput", "L1/TEX Cache Throughput"): "l1_pct",
+    ("GPU Speed Of Light Throughput", "Compute (SM) Throughput"): "sm_pct",
+    ("Launch Statistics", "Registers Per Thread"): "registers",
+    ("Occupancy", "Achieved Occupancy"): "achieved_occupancy_pct",
+    ("Warp State Statistics", "Warp Cycles Per Issued Instruction"): "cycles_per_issue",
+}
+TIME_UNITS_US = {"ns": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6}
+
+
+def profile_kernels(path: Path) -> list:
+    kernels = {}
+    for row in csv.DictReader(path.open(newline="")):
+        # "void unnamed>::gate_kernel<unnamed>::QuantRows<3>>(const float *, ...)" -> "gate_kernel<QuantRows<3>>"
+        name = re.sub(r"^void ", "", row["Kernel Name"].split("(")[0])
+        kernel = kernels.setdefault(row["ID"], {"kernel": re.sub(r"[A-Za-z_>]*::", "", name)})
+        field = PROFILE_METRICS.get((row["Section Name"], row["Metric Name"]))
+        if field is not None:
+            value = float(row["Metric Value"].replace(",", ""))
+            if field == "duration":
+                field, value = "duration_us", value * TIME_UNITS_US.get(row["Metric Unit"], float("nan"))
+            kernel[field] = value
+        description = row.get("Rule Description") or ""
+        if row.get("Rule Name") == "CPIStall" and "being stalled" in description:
+            kernel.setdefault("stall", description.split(". ")[0])
+    return [kernels[key] for key in sorted(kernels, key=int)]
+
+
 steps = {}
 for line in Path(steps_file).read_text().splitlines():
     name, status, exit_code, seconds = line.split("\t")
@@ -164,8 +232,10 @@ for line in Path(steps_file).read_text().splitlines():
         summaries = re.findall(r"ERROR SUMMARY: (\d+) error", text)
         summaries += re.findall(r"hazards displayed \((\d+) error", text)
         step["sanitizer_errors"] = sum(int(count) for count in summaries) if summaries else None
-    if name.startswith("benchmark-") and (logs / f"{name}.json").is_file():
+    if name.startswith(("benchmark-", "baseline-")) and (logs / f"{name}.json").is_file():
         step["results"] = json.loads((logs / f"{name}.json").read_text())
+    if name == "profile" and (logs / "profile.csv").is_file():
+        step["kernels"] = profile_kernels(logs / "profile.csv")
     steps[name] = step
 
 try:  # the host, as every benchmark result names it (tests/bench/test_record.py checks the committed ones)
