@@ -91,6 +91,27 @@ def test_matvec_emulation_reads_int4_nibbles_signed_in_q4_0_order(tokens):
         assert relative_error(y, x @ (wrong * scales).T) > DISCRIMINATION * bound
 
 
+def identity_int8(n: int) -> quant.QuantizedMatrix:
+    """W = I as int8 codes 1 on the diagonal with scales 1: W x returns, exactly, the x a kernel computes with."""
+    return quant.QuantizedMatrix("int8", 32, np.eye(n, dtype=np.int8), np.ones((n, n // 32), np.float16))
+
+
+# tokens: 1 (one warp per row), 3 (several tokens per piece), 37 (the tiled GEMM staging x_hat)
+@pytest.mark.parametrize("tokens", [1, 3, 37])
+def test_matvec_computes_with_the_cpu_kernels_quantized_x_to_the_bit(tokens):
+    """x's planes are those of the CPU kernels (quantized_activations, the bit for bit reference of both), on every
+    path: blocks of very different magnitudes, an all-zero block, negative zeros."""
+    rng = np.random.default_rng(tokens)
+    x = (rng.standard_normal((tokens, 256)) * 10.0 ** rng.uniform(-3, 3, size=(tokens, 8)).repeat(32, axis=1)).astype(
+        np.float32
+    )
+    x[0, :32] = 0.0
+    x[-1, 32:40] = -0.0
+    y = cuda_emulation.matvec_q(x, identity_int8(256), None)
+    expected = quantized_activations(torch.from_numpy(x)).numpy()
+    assert np.array_equal(y.view(np.int32), expected.view(np.int32))
+
+
 def test_emulation_refuses_what_the_launchers_refuse():
     rng = np.random.default_rng(0)
     matrix = dataclasses.replace(quant.quantize(rng.standard_normal((8, 96)), "int8", 32), group_size=64)

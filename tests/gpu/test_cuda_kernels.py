@@ -417,6 +417,19 @@ def test_quantized_matvec_matches_reference(device, tokens, fmt, group_size):
     assert (unbiased.double() + bias.double() - expected).abs().max() <= MATMUL_RTOL[fmt] * expected.abs().max()
 
 
+@pytest.mark.parametrize("tokens", [1, 3, 37])
+def test_quantized_matvec_computes_with_the_cpu_kernels_quantized_x_to_the_bit(device, tokens):
+    """Through W = I (int8 codes 1 on the diagonal, scales 1) edge_matvec_q returns the x it computes with: the CPU
+    kernels' planes (quantized_activations), to the bit, on the one-token, few-token and GEMM paths."""
+    generator = torch.Generator().manual_seed(tokens)
+    magnitudes = 10.0 ** (6 * torch.rand(tokens, 8, generator=generator) - 3)
+    x = torch.randn(tokens, 256, generator=generator) * magnitudes.repeat_interleave(32, dim=1)
+    x[0, :32] = 0.0
+    identity = quant.QuantizedMatrix("int8", 32, np.eye(256, dtype=np.int8), np.ones((256, 8), np.float16))
+    y = run_matvec_q(device, x, identity, None)
+    assert torch.equal(y.view(torch.int32), quantized_activations(x).view(torch.int32))
+
+
 @pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("tokens", [1, 40])
 def test_quantized_matvec_converts_half_precision_x(device, x_dtype, tokens):
