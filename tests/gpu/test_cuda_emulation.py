@@ -112,6 +112,20 @@ def test_matvec_computes_with_the_cpu_kernels_quantized_x_to_the_bit(tokens):
     assert np.array_equal(y.view(np.int32), expected.view(np.int32))
 
 
+@pytest.mark.parametrize("fmt", quant.FORMATS)
+@pytest.mark.parametrize("tokens", [1, 3, 37])
+def test_a_non_finite_activation_makes_every_product_of_its_token_nan(fmt, tokens):
+    """A NaN or an infinity in x gives its block a NaN factor, as in the CPU kernels: every output of that token is
+    NaN (not a finite number that hides it), and the other tokens' are untouched."""
+    rng = np.random.default_rng(7)
+    matrix = quant.quantize(rng.standard_normal((9, 320)), fmt, 32)
+    for value in (np.nan, np.inf, -np.inf):
+        x = rng.standard_normal((tokens, 320)).astype(np.float32)
+        x[0, 300] = value
+        y = cuda_emulation.matvec_q(x, matrix, None)
+        assert np.isnan(y[0]).all() and np.isfinite(y[1:]).all()
+
+
 def test_emulation_refuses_what_the_launchers_refuse():
     rng = np.random.default_rng(0)
     matrix = dataclasses.replace(quant.quantize(rng.standard_normal((8, 96)), "int8", 32), group_size=64)

@@ -430,6 +430,19 @@ def test_quantized_matvec_computes_with_the_cpu_kernels_quantized_x_to_the_bit(d
     assert torch.equal(y.view(torch.int32), quantized_activations(x).view(torch.int32))
 
 
+@pytest.mark.parametrize("tokens", [1, 3, 37])
+def test_a_non_finite_activation_makes_every_product_of_its_token_nan(device, tokens):
+    """As the CPU kernels: a NaN or an infinity gives its x block a NaN factor, so every output of its token is NaN
+    and the other tokens' stay finite."""
+    generator = torch.Generator().manual_seed(7)
+    matrix = quant.quantize(torch.randn(9, 320, generator=generator).numpy(), "int4", 32)
+    for value in (float("nan"), float("inf"), float("-inf")):
+        x = torch.randn(tokens, 320, generator=generator)
+        x[0, 300] = value
+        y = run_matvec_q(device, x, matrix, None)
+        assert torch.isnan(y[0]).all() and torch.isfinite(y[1:]).all()
+
+
 @pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("tokens", [1, 40])
 def test_quantized_matvec_converts_half_precision_x(device, x_dtype, tokens):
