@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(quant::kGemmThreads)
   float acc[quant::kThreadTokens][quant::kThreadRows] = {};
   for (int k0 = 0; k0 < w.cols; k0 += quant::kTileK) {
     quant::gemm_stage_weights<kFormat>(w, n_rows, row0, k0, thread, tiles);
-    quant::gemm_stage_x_planes(x, tokens, w.cols, token0, k0, thread, tiles);
+    quant::gemm_stage_x(quant::PlanesX{x}, tokens, w.cols, token0, k0, thread, tiles);
     __syncthreads();
     quant::gemm_accumulate(tiles, thread, acc);
     __syncthreads();  // the next step overwrites the tiles
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(quant::kGemmThreads)
   float acc[quant::kThreadTokens][quant::kThreadRows] = {};
   for (int k0 = 0; k0 < n_in; k0 += quant::kTileK) {
     quant::gemm_stage_weights_t<kFormat>(w, n_in, col0, k0, thread, tiles);
-    quant::gemm_stage_x(x, tokens, n_in, token0, k0, thread, tiles);
+    quant::gemm_stage_x(quant::DenseX<TX>{x, n_in}, tokens, n_in, token0, k0, thread, tiles);
     __syncthreads();
     quant::gemm_accumulate(tiles, thread, acc);
     __syncthreads();

@@ -498,10 +498,25 @@ EDGE_UNROLL
   for (int e = 0; e < kV; ++e) tiles.w[k][first + e] = values[e];
 }
 
+// The x values a GEMM stages: DenseX reads x [tokens, cols] of TX (edge_matvec_q_t), PlanesX computes x_hat from the
+// planes of the integer dot products (edge_matvec_q: the values they compute with).
+template <typename TX>
+struct DenseX {
+  const TX* x;
+  int cols;
+  EDGE_HD float operator()(int t, int column) const { return load_value(x + static_cast<size_t>(t) * cols + column); }
+};
+
+struct PlanesX {
+  XPlanesLayout planes;
+  EDGE_HD float operator()(int t, int column) const { return x_hat(planes.token(t), column); }
+};
+
 // Thread `thread`'s part of staging x: the values idx = thread + kGemmThreads q, token idx / kTileK, column
 // idx % kTileK of the step, zero past the last token or the last column.
-template <typename TX>
-EDGE_HD void gemm_stage_x(const TX* x, int tokens, int cols, int token0, int k0, int thread, GemmTiles& tiles) {
+template <typename XValues>
+EDGE_HD void gemm_stage_x(const XValues& x, int tokens, int cols, int token0, int k0, int thread,
+                          GemmTiles& tiles) {
   constexpr int kPerThread = kTileTokens * kTileK / kGemmThreads;
 EDGE_UNROLL
   for (int q = 0; q < kPerThread; ++q) {
@@ -510,22 +525,7 @@ EDGE_UNROLL
     const int k = idx % kTileK;
     const int t = token0 + token;
     const bool inside = t < tokens && k0 + k < cols;
-    tiles.x[k][token] = inside ? load_value(x + static_cast<size_t>(t) * cols + k0 + k) : 0.0f;
-  }
-}
-
-// gemm_stage_x with x in planes: the staged values are x_hat (the values the integer dot products compute with).
-EDGE_HD void gemm_stage_x_planes(const XPlanesLayout& x, int tokens, int cols, int token0, int k0, int thread,
-                                 GemmTiles& tiles) {
-  constexpr int kPerThread = kTileTokens * kTileK / kGemmThreads;
-EDGE_UNROLL
-  for (int q = 0; q < kPerThread; ++q) {
-    const int idx = thread + kGemmThreads * q;
-    const int token = idx / kTileK;
-    const int k = idx % kTileK;
-    const int t = token0 + token;
-    const bool inside = t < tokens && k0 + k < cols;
-    tiles.x[k][token] = inside ? x_hat(x.token(t), k0 + k) : 0.0f;
+    tiles.x[k][token] = inside ? x(t, k0 + k) : 0.0f;
   }
 }
 

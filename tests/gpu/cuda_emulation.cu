@@ -186,7 +186,7 @@ void matvec_q(const float* x, int tokens, int out, const QuantMatrix& w, const f
         std::memset(&tiles, 0xFF, sizeof(tiles));  // NaNs: an element no thread stages poisons the result
         for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
           quant::gemm_stage_weights<kFormat>(w, out, row0, k0, thread, tiles);
-          quant::gemm_stage_x_planes(planes.layout, tokens, in, token0, k0, thread, tiles);
+          quant::gemm_stage_x(quant::PlanesX{planes.layout}, tokens, in, token0, k0, thread, tiles);
         }
         for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
           auto& mine = *reinterpret_cast<float(*)[quant::kThreadTokens][quant::kThreadRows]>(
@@ -219,7 +219,7 @@ void matvec_q_t(const float* x, int tokens, int in, const QuantMatrix& w, const 
         std::memset(&tiles, 0xFF, sizeof(tiles));
         for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
           quant::gemm_stage_weights_t<kFormat>(w, in, col0, k0, thread, tiles);
-          quant::gemm_stage_x(x, tokens, in, token0, k0, thread, tiles);
+          quant::gemm_stage_x(quant::DenseX<float>{x, in}, tokens, in, token0, k0, thread, tiles);
         }
         for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
           auto& mine = *reinterpret_cast<float(*)[quant::kThreadTokens][quant::kThreadRows]>(
