@@ -328,6 +328,13 @@ struct QuantMatrix {
   }
 };
 
+// The factor of piece `piece`'s integer dot: its x block's factor times its group's scale (in that order everywhere).
+template <int kFormat>
+EDGE_HD float piece_factor(const QuantX& x, const uint16_t* scales, int piece, int pieces_per_group) {
+  constexpr int kPiecesPerXBlock = kXBlock / Format<kFormat>::kPieceValues;
+  return load_scalar(x.factor + piece / kPiecesPerXBlock) * load_scale(scales, piece / pieces_per_group);
+}
+
 // Lane `lane`'s share of row . x_hat, the row read by one warp (the SparseFFN's gate and up rows, edge_matvec_q for
 // one token): the lane takes pieces lane, lane + 32, ..., loading kLanePiecesInFlight of them before using any; a
 // piece adds its integer dot with x's planes, converted to fp32, times (its x block's factor * its group scale) to
@@ -338,7 +345,6 @@ template <int kFormat>
 EDGE_HD float lane_row_dot_planes(const QuantMatrix& m, int row, const QuantX& x, int lane) {
   constexpr int kV = Format<kFormat>::kPieceValues;
   constexpr int kStride = kWarpLanes;
-  constexpr int kPiecesPerXBlock = kXBlock / kV;
   const uint8_t* codes = m.row_codes(row, kFormat);
   const uint16_t* scales = m.row_scales(row);
   const int n_pieces = m.cols / kV;
@@ -354,14 +360,13 @@ EDGE_UNROLL
 EDGE_UNROLL
     for (int u = 0; u < kLanePiecesInFlight; ++u) {
       const int piece = p + u * kStride;
-      const float factor =
-          load_scalar(x.factor + piece / kPiecesPerXBlock) * load_scale(scales, piece / pieces_per_group);
+      const float factor = piece_factor<kFormat>(x, scales, piece, pieces_per_group);
       acc[u] = fmaf(static_cast<float>(PieceDot<kFormat>::combined(raw[u], x, piece)), factor, acc[u]);
     }
   }
   for (; p < n_pieces; p += kStride) {
     const uint4 raw = load_piece(codes, static_cast<size_t>(p) * kPieceBytes, m.aligned16);
-    const float factor = load_scalar(x.factor + p / kPiecesPerXBlock) * load_scale(scales, p / pieces_per_group);
+    const float factor = piece_factor<kFormat>(x, scales, p, pieces_per_group);
     acc[0] = fmaf(static_cast<float>(PieceDot<kFormat>::combined(raw, x, p)), factor, acc[0]);
   }
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);

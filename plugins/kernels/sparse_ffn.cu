@@ -11,15 +11,17 @@
 namespace edge {
 namespace {
 
-// Rows of a [D, d] float matrix for the gate and up kernels (warp_row_dot). vectorized: 16-byte loads (the matrix
-// 16-byte aligned, d * element size a multiple of 16, x aligned).
+// Rows of a [D, d] float matrix for the gate and up kernels (warp_row_dot), with x32 [tokens, x_stride]. vectorized:
+// 16-byte loads (the matrix 16-byte aligned, d * element size a multiple of 16, x aligned).
 template <typename TW>
 struct FloatRows {
   const TW* w;
   int d;
   bool vectorized;
-  __device__ float row_dot(int row, const float* x32, bool) const {
-    return warp_row_dot(w + static_cast<size_t>(row) * d, x32, d, vectorized);
+  const float* x32;
+  size_t x_stride;
+  __device__ float row_dot(int row, int t) const {
+    return warp_row_dot(w + static_cast<size_t>(row) * d, x32 + t * x_stride, d, vectorized);
   }
 };
 
@@ -83,12 +85,14 @@ cudaError_t launch_ffn(cudaStream_t stream, const float* x32, size_t x_stride, i
                        uint8_t* active_out) {
   constexpr int kV = Vec16<TW>::kElements;
   const bool x_aligned = aligned16(x32) && x_stride % 4 == 0;
-  auto rows_of = [&](const TW* w) { return FloatRows<TW>{w, d, x_aligned && aligned16(w) && d % kV == 0}; };
+  auto rows_of = [&](const TW* w) {
+    return FloatRows<TW>{w, d, x_aligned && aligned16(w) && d % kV == 0, x32, x_stride};
+  };
   const dim3 rows(ceil_div(D, kRowWarps), tokens);
-  gate_kernel<<<rows, kRowWarps * kWarpSize, 0, stream>>>(x32, x_stride, x_aligned, D, rows_of(w_gate), mask,
-                                                          thresholds, activation, act_threshold, ws, active_out);
+  gate_kernel<<<rows, kRowWarps * kWarpSize, 0, stream>>>(D, rows_of(w_gate), mask, thresholds, activation,
+                                                          act_threshold, ws, active_out);
   compact_kernel<<<tokens, kCompactThreads, 0, stream>>>(D, ws);
-  up_kernel<<<rows, kRowWarps * kWarpSize, 0, stream>>>(x32, x_stride, x_aligned, rows_of(w_up), activation, ws);
+  up_kernel<<<rows, kRowWarps * kWarpSize, 0, stream>>>(rows_of(w_up), activation, ws);
   const dim3 down_grid(ceil_div(d, kWarpSize * kV), ws.n_chunks, tokens);
   down_kernel<TW><<<down_grid, kDownWarps * kWarpSize, 0, stream>>>(d, w_down_t, ws,
                                                                       aligned16(w_down_t) && d % kV == 0);

@@ -1,12 +1,13 @@
 // The sequential SparseFFN pipeline shared by the float kernels (sparse_ffn.cu) and the quantized ones
 // (sparse_ffn_q.cu): the workspace layout, x to fp32, the gate kernel, the compaction, the up kernel and the final
-// reduction. Only how a weight row is read differs, which the gate and up kernels take as a `Rows` type:
-//   struct Rows { __device__ float row_dot(int row, const float* x32, bool x_aligned16) const; };
-// returning row . x to every lane of the calling warp (the sum in a fixed order). Each .cu file has its own copy of
+// reduction. Only how a weight row is read, and the form x takes, differ, which the gate and up kernels take as a
+// `Rows` type:
+//   struct Rows { __device__ float row_dot(int row, int t) const; };
+// returning row . x_t to every lane of the calling warp (the sum in a fixed order). Each .cu file has its own copy of
 // these kernels (internal linkage); the down projection is format-specific and lives with its launcher.
 //
 // Pipeline, every kernel over all tokens at once (blockIdx.y or .z = token), no host synchronisation:
-//   0. x32 = x as fp32 (skipped when x is already aligned fp32);
+//   0. x as the rows read it: fp32 (skipped when x is already aligned fp32), or quantized (sparse_ffn_q.cu);
 //   1. gate: one warp per row i of the mask: a_i = act(w_gate_i . x), zero for rows outside the mask or failing
 //      the thresholds; active_out written here;
 //   2. compact: one block per token lists the i with a_i != 0 in increasing order (block-wide prefix sums);
@@ -176,15 +177,14 @@ __global__ void __launch_bounds__(kConvertThreads)
 
 template <typename Rows>
 __global__ void __launch_bounds__(kRowWarps * kWarpSize)
-    gate_kernel(const float* __restrict__ x32, size_t x_stride, bool x_aligned16, int D, Rows w_gate,
-                const int32_t* __restrict__ mask, const float* __restrict__ thresholds, int activation,
-                float act_threshold, Workspace ws, uint8_t* __restrict__ active_out) {
+    gate_kernel(int D, Rows w_gate, const int32_t* __restrict__ mask, const float* __restrict__ thresholds,
+                int activation, float act_threshold, Workspace ws, uint8_t* __restrict__ active_out) {
   const int i = blockIdx.x * kRowWarps + threadIdx.x / kWarpSize;
   const int t = blockIdx.y;
   if (i >= D) return;
   float a = 0.0f;
   if (mask == nullptr || mask[static_cast<size_t>(t) * D + i] != 0) {
-    const float g = w_gate.row_dot(i, x32 + t * x_stride, x_aligned16);
+    const float g = w_gate.row_dot(i, t);
     a = gated_activation(activation, g, act_threshold, thresholds != nullptr ? thresholds + i : nullptr);
   }
   if (threadIdx.x % kWarpSize == 0) {
@@ -255,13 +255,12 @@ __global__ void __launch_bounds__(kCompactThreads) compact_kernel(int D, Workspa
 
 template <typename Rows>
 __global__ void __launch_bounds__(kRowWarps * kWarpSize)
-    up_kernel(const float* __restrict__ x32, size_t x_stride, bool x_aligned16, Rows w_up, int activation,
-              Workspace ws) {
+    up_kernel(Rows w_up, int activation, Workspace ws) {
   const int k = blockIdx.x * kRowWarps + threadIdx.x / kWarpSize;
   const int t = blockIdx.y;
   if (k >= ws.count[t]) return;
   const int i = ws.index[t * ws.D_stride + k];
-  const float u = w_up.row_dot(i, x32 + t * x_stride, x_aligned16);
+  const float u = w_up.row_dot(i, t);
   if (threadIdx.x % kWarpSize == 0) {
     ws.hidden[t * ws.D_stride + k] = hidden_value(activation, ws.act[t * ws.D_stride + i], u);
   }

@@ -4,7 +4,8 @@
 // x is first quantized per block of 32 values into two int8 planes (quantize_x_kernel, as the CPU kernels quantize
 // it; the planes live in the workspace's x32 rows). gate and up: one warp per row, lane l reading the 16-byte pieces
 // l, l + 32, ... of the row's codes with the evict-first hint (quant::lane_row_dot_planes): each piece's codes times
-// the planes are summed exactly in int32 and the sum is scaled by x's block factor and the piece's group scale. down:
+// the planes are summed exactly in int32 and the sum is scaled by x's block factor and the piece's group scale (the
+// pipeline's gate and up kernels over QuantRows). down:
 // a lane owns one piece's columns (16 for int8, a 32-value block for int4) of a tile of 32 pieces and adds
 // (h_r * scale) * code for each of its warp's rows (quant::lane_down); partial sums per chunk of rows, reduced in
 // order as for float rows. Every sum has a fixed order: y is bit-identical run to run.
@@ -16,45 +17,19 @@ namespace {
 
 // x's planes in the workspace's x32 rows (4 d_stride bytes per token): high codes at 0, low codes at d_stride, then
 // the blocks' factors and code sums.
-__host__ __device__ quant::XPlanesLayout x_planes(const Workspace& ws) {
+quant::XPlanesLayout x_planes(const Workspace& ws) {
   return {reinterpret_cast<char*>(ws.x32), 4 * ws.d_stride, ws.d_stride};
 }
 
-// The gate kernel of the pipeline (gate_kernel) with x in planes: warp i of the grid computes neuron i.
+// Quantized rows for the pipeline's gate and up kernels, with x in planes (lane_row_dot_planes, then the warp sum).
 template <int kFormat>
-__global__ void __launch_bounds__(kRowWarps * kWarpSize)
-    gate_kernel_q(int D, quant::QuantMatrix w_gate, const int32_t* __restrict__ mask,
-                  const float* __restrict__ thresholds, int activation, float act_threshold, Workspace ws,
-                  uint8_t* __restrict__ active_out) {
-  const int i = blockIdx.x * kRowWarps + threadIdx.x / kWarpSize;
-  const int t = blockIdx.y;
-  const int lane = threadIdx.x % kWarpSize;
-  if (i >= D) return;
-  float a = 0.0f;
-  if (mask == nullptr || mask[static_cast<size_t>(t) * D + i] != 0) {
-    const float g = warp_sum(quant::lane_row_dot_planes<kFormat>(w_gate, i, x_planes(ws).token(t), lane));
-    a = gated_activation(activation, g, act_threshold, thresholds != nullptr ? thresholds + i : nullptr);
+struct QuantRows {
+  quant::QuantMatrix m;
+  quant::XPlanesLayout x;
+  __device__ float row_dot(int row, int t) const {
+    return warp_sum(quant::lane_row_dot_planes<kFormat>(m, row, x.token(t), threadIdx.x % kWarpSize));
   }
-  if (lane == 0) {
-    ws.act[t * ws.D_stride + i] = a;
-    if (active_out != nullptr) active_out[static_cast<size_t>(t) * D + i] = a != 0.0f;
-  }
-}
-
-// The up kernel of the pipeline (up_kernel) with x in planes: warp k of the grid computes listed neuron k.
-template <int kFormat>
-__global__ void __launch_bounds__(kRowWarps * kWarpSize)
-    up_kernel_q(quant::QuantMatrix w_up, int activation, Workspace ws) {
-  const int k = blockIdx.x * kRowWarps + threadIdx.x / kWarpSize;
-  const int t = blockIdx.y;
-  if (k >= ws.count[t]) return;
-  const int i = ws.index[t * ws.D_stride + k];
-  const int lane = threadIdx.x % kWarpSize;
-  const float u = warp_sum(quant::lane_row_dot_planes<kFormat>(w_up, i, x_planes(ws).token(t), lane));
-  if (lane == 0) {
-    ws.hidden[t * ws.D_stride + k] = hidden_value(activation, ws.act[t * ws.D_stride + i], u);
-  }
-}
+};
 
 // partial[t, chunk, c] = sum over the chunk's listed rows k of h_k * w_down_t[index_k, c] for the columns c of this
 // block's tile (kWarpSize pieces); warp w takes rows w, w + kDownWarps, ... of the chunk, and the warps' sums are
@@ -81,10 +56,10 @@ cudaError_t launch_ffn_q(cudaStream_t stream, int tokens, int d, int D, const qu
                          uint8_t* active_out) {
   constexpr int kV = quant::Format<kFormat>::kPieceValues;
   const dim3 rows(ceil_div(D, kRowWarps), tokens);
-  gate_kernel_q<kFormat><<<rows, kRowWarps * kWarpSize, 0, stream>>>(D, w_gate, mask, thresholds, activation,
-                                                                     act_threshold, ws, active_out);
+  gate_kernel<<<rows, kRowWarps * kWarpSize, 0, stream>>>(D, QuantRows<kFormat>{w_gate, x_planes(ws)}, mask,
+                                                          thresholds, activation, act_threshold, ws, active_out);
   compact_kernel<<<tokens, kCompactThreads, 0, stream>>>(D, ws);
-  up_kernel_q<kFormat><<<rows, kRowWarps * kWarpSize, 0, stream>>>(w_up, activation, ws);
+  up_kernel<<<rows, kRowWarps * kWarpSize, 0, stream>>>(QuantRows<kFormat>{w_up, x_planes(ws)}, activation, ws);
   const dim3 down_grid(ceil_div(d, kWarpSize * kV), ws.n_chunks, tokens);
   down_kernel_q<kFormat><<<down_grid, kDownWarps * kWarpSize, 0, stream>>>(w_down_t, ws);
   reduce_kernel<<<dim3(ceil_div(d, kReduceColumns), tokens), kReduceColumns * kReduceLanes, 0, stream>>>(d, ws, y);

@@ -64,7 +64,7 @@ struct Planes {
   }
 };
 
-// One warp of gate_kernel_q or up_kernel_q: lane_row_dot_planes on every lane, then the warp sum.
+// QuantRows::row_dot (sparse_ffn_q.cu): lane_row_dot_planes on every lane, then the warp sum.
 template <int kFormat>
 float row_dot(const QuantMatrix& m, int row, const edge::quant::QuantX& x) {
   float lanes[kLanes];
@@ -83,7 +83,7 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
     // quantize_x_kernel
     const Planes planes(x + static_cast<size_t>(t) * d, 1, d);
     const quant::QuantX xt = planes.layout.token(0);
-    // gate_kernel_q: warp i of the grid computes neuron i
+    // gate_kernel: warp i of the grid computes neuron i
     std::vector<float> act(D, 0.0f);
     for (int i = 0; i < D; ++i) {
       if (mask == nullptr || mask[static_cast<size_t>(t) * D + i] != 0) {
@@ -98,7 +98,7 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
       if (act[i] != 0.0f) index.push_back(i);
     }
     const int count = static_cast<int>(index.size());
-    // up_kernel_q: warp k of the grid computes listed neuron k
+    // up_kernel: warp k of the grid computes listed neuron k
     std::vector<float> hidden(count);
     for (int k = 0; k < count; ++k) {
       hidden[k] = hidden_value(activation, act[index[k]], row_dot<kFormat>(w[1], index[k], xt));
