@@ -94,6 +94,16 @@ def _result(name: str) -> Path:
     return RESULTS / name
 
 
+def _copied(made: Path, folder: str = "") -> Path:
+    """A report a command wrote under the work directory, copied over its committed version. The CLI's own
+    --json / --plot / --markdown replace only files it recognises as its reports, which the committed files made
+    before edge-sdk marked its plots and tables are not; the committed results are this script's to replace."""
+    target = RESULTS / folder / made.name
+    target.parent.mkdir(exist_ok=True)
+    shutil.copyfile(made, target)
+    return target
+
+
 # ---- the recordings, timing-sensitive first ------------------------------------------------------------------
 
 
@@ -247,7 +257,8 @@ def record_sweeps(rec: Recording) -> list[Path]:
     """The fixture's quality-versus-speed sweep of every predictor kind, fp32 and fp16 weights."""
     files = []
     for dtype, suffix in (("fp32", ""), ("fp16", "-fp16")):
-        stem = _result(f"eval-sweep-tiny-relu-llama{suffix}")
+        name = f"eval-sweep-tiny-relu-llama{suffix}"
+        reports = rec.fresh(f"sweep-{dtype}-reports")
         rec.run(
             [
                 *EDGE_SDK,
@@ -271,14 +282,14 @@ def record_sweeps(rec: Recording) -> list[Path]:
                 "--threads",
                 "1",
                 "--json",
-                f"{stem}.json",
+                reports / f"{name}.json",
                 "--plot",
-                f"{stem}.png",
+                reports / f"{name}.png",
                 "--markdown",
-                f"{stem}.md",
+                reports / f"{name}.md",
             ]
         )
-        files += [Path(f"{stem}.{extension}") for extension in ("json", "png", "md")]
+        files += [_copied(reports / f"{name}.{extension}") for extension in ("json", "png", "md")]
     return files
 
 
@@ -354,13 +365,7 @@ def record_calibrate(rec: Recording) -> list[Path]:
             "--force",
         ]
     )
-    target = _result("calibrate-svd-tiny-relu-llama")
-    target.mkdir(exist_ok=True)
-    files = []
-    for name in ("report.json", "report.png"):
-        shutil.copyfile(out / name, target / name)
-        files.append(target / name)
-    return files
+    return [_copied(out / name, "calibrate-svd-tiny-relu-llama") for name in ("report.json", "report.png")]
 
 
 def record_studies(rec: Recording) -> list[Path]:
