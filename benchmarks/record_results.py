@@ -107,35 +107,21 @@ def _copied(made: Path, folder: str = "") -> Path:
 # ---- the recordings, timing-sensitive first ------------------------------------------------------------------
 
 
+def words(text: str) -> list[str]:
+    """The fixed part of a command line, written as it reads."""
+    return text.split()
+
+
 def record_ffn(rec: Recording) -> list[Path]:
     """bench ffn at LLaMA-2-7B's FFN shape: each dtype on two threads, and int4 on one thread (the issue's read
     fraction target is per core)."""
     files = []
     for dtype in ("fp32", "fp16", "int8", "int4"):
         files.append(_result(f"ffn-cpu-llama2-7b-{dtype}.json"))
-        rec.run(
-            [*EDGE_SDK, "bench", "ffn", "--shape", "llama2-7b", "--dtype", dtype, "--threads", "2", "--json", files[-1]]
-        )
+        rec.run([*EDGE_SDK, *words(f"bench ffn --shape llama2-7b --dtype {dtype} --threads 2 --json"), files[-1]])
     files.append(_result("ffn-cpu-llama2-7b-int4-1thread.json"))
-    rec.run(
-        [
-            *EDGE_SDK,
-            "bench",
-            "ffn",
-            "--shape",
-            "llama2-7b",
-            "--dtype",
-            "int4",
-            "--sparsity",
-            "0.5,0.9",
-            "--threads",
-            "1",
-            "--repeats",
-            "15",
-            "--json",
-            files[-1],
-        ]
-    )
+    one_thread = "bench ffn --shape llama2-7b --dtype int4 --sparsity 0.5,0.9 --threads 1 --repeats 15 --json"
+    rec.run([*EDGE_SDK, *words(one_thread), files[-1]])
     return files
 
 
@@ -143,113 +129,41 @@ def record_peer_smollm2(rec: Recording) -> list[Path]:
     """The real model against llama.cpp: F16 / Q8_0 / Q4_0 against our fp16 / int8 / int4, dense and the int4
     bundle sparse at its default level, on one thread and on two (one set of bundles and GGUFs)."""
     work = rec.fresh("peer-smollm2")
+    options = words(
+        "--dtypes int4,int8,fp16 --sparse-dtypes int4 --calib-tokens 1024 --levels 0.1,0.2,0.3,0.5 "
+        "--export-option=--level-allocation --export-option=uniform --tokens 64 --repeats 11"
+    )
     files = []
     for threads in ("1", "2"):
         files.append(_result(f"peer-llamacpp-smollm2{THREADS_SUFFIX[threads]}.json"))
-        rec.run(
-            [
-                *PEER,
-                "smollm2",
-                "--work",
-                work,
-                "--dtypes",
-                "int4,int8,fp16",
-                "--sparse-dtypes",
-                "int4",
-                "--calib-tokens",
-                "1024",
-                "--levels",
-                "0.1,0.2,0.3,0.5",
-                "--export-option=--level-allocation",
-                "--export-option=uniform",
-                "--tokens",
-                "64",
-                "--repeats",
-                "11",
-                "--threads",
-                threads,
-                "--json",
-                files[-1],
-            ]
-        )
+        rec.run([*PEER, "smollm2", "--work", work, *options, "--threads", threads, "--json", files[-1]])
     return files
+
+
+SYNTHETIC_7B_EXPORT = words("--calib-tokens 1024 --validation-tokens 256 --levels 0.85,0.89,0.92,0.95 --tokens 16")
 
 
 def record_peer_7b_32l(rec: Recording) -> list[Path]:
     """All 32 layers of the LLaMA-2-7B shape with 89% inactive FFN neurons: int4 dense and sparse against Q4_0."""
-    checkpoint = rec.synthetic_checkpoint(
-        "syn-7b-32l", "--shape", "llama2-7b", "--layers", "32", "--target-sparsity", "0.89"
-    )
+    checkpoint = rec.synthetic_checkpoint("syn-7b-32l", *words("--shape llama2-7b --layers 32 --target-sparsity 0.89"))
     work = rec.fresh("peer-7b-32l")
+    options = words("--dtypes int4 --sparse-dtypes int4 --gguf-types Q4_0") + SYNTHETIC_7B_EXPORT
     files = []
     for threads in ("1", "2"):
         files.append(_result(f"peer-llamacpp-syn-7b-32l{THREADS_SUFFIX[threads]}.json"))
         rec.run(
-            [
-                *PEER,
-                checkpoint,
-                "--work",
-                work,
-                "--dtypes",
-                "int4",
-                "--sparse-dtypes",
-                "int4",
-                "--gguf-types",
-                "Q4_0",
-                "--calib-tokens",
-                "1024",
-                "--validation-tokens",
-                "256",
-                "--levels",
-                "0.85,0.89,0.92,0.95",
-                "--tokens",
-                "16",
-                "--repeats",
-                "5",
-                "--threads",
-                threads,
-                "--json",
-                files[-1],
-            ]
+            [*PEER, checkpoint, "--work", work, *options, "--repeats", "5", "--threads", threads, "--json", files[-1]]
         )
     return files
 
 
 def record_peer_7b_4l(rec: Recording) -> list[Path]:
     """Four layers of the same shape, every precision on both sides (the LM head weighs more than in 32 layers)."""
-    checkpoint = rec.synthetic_checkpoint(
-        "syn-7b-4l", "--shape", "llama2-7b", "--layers", "4", "--target-sparsity", "0.89"
-    )
+    checkpoint = rec.synthetic_checkpoint("syn-7b-4l", *words("--shape llama2-7b --layers 4 --target-sparsity 0.89"))
     work = rec.fresh("peer-7b-4l")
     target = _result("peer-llamacpp-syn-7b-4l.json")
-    rec.run(
-        [
-            *PEER,
-            checkpoint,
-            "--work",
-            work,
-            "--dtypes",
-            "int4,int8,fp16",
-            "--sparse-dtypes",
-            "int4",
-            "--gguf-types",
-            "F16,Q8_0,Q4_0",
-            "--calib-tokens",
-            "1024",
-            "--validation-tokens",
-            "256",
-            "--levels",
-            "0.85,0.89,0.92,0.95",
-            "--tokens",
-            "16",
-            "--repeats",
-            "7",
-            "--threads",
-            "1",
-            "--json",
-            target,
-        ]
-    )
+    options = words("--dtypes int4,int8,fp16 --sparse-dtypes int4 --gguf-types F16,Q8_0,Q4_0") + SYNTHETIC_7B_EXPORT
+    rec.run([*PEER, checkpoint, "--work", work, *options, *words("--repeats 7 --threads 1 --json"), target])
     return [target]
 
 
@@ -259,36 +173,11 @@ def record_sweeps(rec: Recording) -> list[Path]:
     for dtype, suffix in (("fp32", ""), ("fp16", "-fp16")):
         name = f"eval-sweep-tiny-relu-llama{suffix}"
         reports = rec.fresh(f"sweep-{dtype}-reports")
-        rec.run(
-            [
-                *EDGE_SDK,
-                "sweep",
-                FIXTURE,
-                "--calib",
-                FIXTURE / "calibration.txt",
-                "--text",
-                FIXTURE / "held_out.txt",
-                "-o",
-                rec.work / f"sweep-{dtype}",
-                "--force",
-                "--dtype",
-                dtype,
-                "--levels",
-                "0.3,0.5,0.7,0.8,0.9",
-                "--tokens",
-                "3072",
-                "--timer",
-                "cpu",
-                "--threads",
-                "1",
-                "--json",
-                reports / f"{name}.json",
-                "--plot",
-                reports / f"{name}.png",
-                "--markdown",
-                reports / f"{name}.md",
-            ]
-        )
+        texts = ["--calib", FIXTURE / "calibration.txt", "--text", FIXTURE / "held_out.txt"]
+        settings = words(f"--force --dtype {dtype} --levels 0.3,0.5,0.7,0.8,0.9 --tokens 3072 --timer cpu --threads 1")
+        report_options = ["--json", reports / f"{name}.json", "--plot", reports / f"{name}.png"]
+        report_options += ["--markdown", reports / f"{name}.md"]
+        rec.run([*EDGE_SDK, "sweep", FIXTURE, *texts, "-o", rec.work / f"sweep-{dtype}", *settings, *report_options])
         files += [_copied(reports / f"{name}.{extension}") for extension in ("json", "png", "md")]
     return files
 
@@ -297,47 +186,13 @@ def record_e2e_1b(rec: Recording) -> list[Path]:
     """Decode of a 1.1B model (random weights: speed only) at three levels, one file."""
     checkpoint = rec.synthetic_checkpoint("synthetic-1b")
     bundle = rec.work / "synthetic-1b-bundle"
-    rec.run(
-        [
-            *EDGE_SDK,
-            "export",
-            checkpoint,
-            "-o",
-            bundle,
-            "--calib",
-            FIXTURE / "calibration.txt",
-            "--tokens",
-            "4096",
-            "--rank",
-            "128",
-            "--levels",
-            "0.5,0.7,0.9",
-            "--level-allocation",
-            "uniform",
-            "--force",
-        ]
-    )
+    export = words("--tokens 4096 --rank 128 --levels 0.5,0.7,0.9 --level-allocation uniform --force")
+    rec.run([*EDGE_SDK, "export", checkpoint, "-o", bundle, "--calib", FIXTURE / "calibration.txt", *export])
     runs = []
     for level in ("0.5", "0.7", "0.9"):
         part = rec.work / f"e2e-1b-{level}.json"
-        rec.run(
-            [
-                *EDGE_SDK,
-                "bench",
-                "e2e",
-                bundle,
-                "--sparsity",
-                level,
-                "--tokens",
-                "16",
-                "--repeats",
-                "3",
-                "--threads",
-                "2",
-                "--json",
-                part,
-            ]
-        )
+        timing = words(f"--sparsity {level} --tokens 16 --repeats 3 --threads 2 --json")
+        rec.run([*EDGE_SDK, "bench", "e2e", bundle, *timing, part])
         runs.append(json.loads(part.read_text()))
     target = _result("e2e-cpu-synthetic-1b.json")
     target.write_text(json.dumps(with_machine_info({"benchmark": "e2e", "runs": runs}), indent=2) + "\n")
@@ -347,24 +202,9 @@ def record_e2e_1b(rec: Recording) -> list[Path]:
 def record_calibrate(rec: Recording) -> list[Path]:
     """The SVD predictors' per-layer report on the fixture (section 1's table)."""
     out = rec.work / "calibrate-svd"
-    rec.run(
-        [
-            *EDGE_SDK,
-            "calibrate",
-            FIXTURE,
-            "--calib",
-            FIXTURE / "calibration.txt",
-            "--eval",
-            FIXTURE / "held_out.txt",
-            "-o",
-            out,
-            "--sparsity",
-            "0.5",
-            "--level-allocation",
-            "uniform",
-            "--force",
-        ]
-    )
+    texts = ["--calib", FIXTURE / "calibration.txt", "--eval", FIXTURE / "held_out.txt"]
+    settings = words("--sparsity 0.5 --level-allocation uniform --force")
+    rec.run([*EDGE_SDK, "calibrate", FIXTURE, *texts, "-o", out, *settings])
     return [_copied(out / name, "calibrate-svd-tiny-relu-llama") for name in ("report.json", "report.png")]
 
 
@@ -374,51 +214,18 @@ def record_studies(rec: Recording) -> list[Path]:
     uniform_bundle = rec.work / "tiny-relu-llama-uniform"
     calibration = FIXTURE / "calibration.txt"
     rec.run([*EDGE_SDK, "export", FIXTURE, "-o", default_bundle, "--calib", calibration, "--force"])
-    rec.run(
-        [
-            *EDGE_SDK,
-            "export",
-            FIXTURE,
-            "-o",
-            uniform_bundle,
-            "--calib",
-            calibration,
-            "--level-allocation",
-            "uniform",
-            "--force",
-        ]
-    )
+    uniform = words("--level-allocation uniform --force")
+    rec.run([*EDGE_SDK, "export", FIXTURE, "-o", uniform_bundle, "--calib", calibration, *uniform])
     files = [
         _result("svdp-ablation-tiny-relu-llama.json"),
         _result("validation-slices-tiny-relu-llama.json"),
         _result("validation-slices-held-out-tiny-relu-llama.json"),
         _result("layer-levels-tiny-relu-llama-fp16.json"),
     ]
+    slices = [PYTHON, STUDIES / "validation_slices.py", default_bundle, "--text"]
     rec.run([PYTHON, STUDIES / "svdp_ablation.py", "--json", files[0]])
-    rec.run(
-        [
-            PYTHON,
-            STUDIES / "validation_slices.py",
-            default_bundle,
-            "--text",
-            calibration,
-            "--start",
-            "20000",
-            "--json",
-            files[1],
-        ]
-    )
-    rec.run(
-        [
-            PYTHON,
-            STUDIES / "validation_slices.py",
-            default_bundle,
-            "--text",
-            FIXTURE / "held_out.txt",
-            "--json",
-            files[2],
-        ]
-    )
+    rec.run([*slices, calibration, "--start", "20000", "--json", files[1]])
+    rec.run([*slices, FIXTURE / "held_out.txt", "--json", files[2]])
     rec.run([PYTHON, STUDIES / "layer_levels.py", uniform_bundle, "--json", files[3]])
     return files
 
@@ -437,78 +244,24 @@ def record_tied_head(rec: Recording) -> list[Path]:
     bundles = {}
     for dtype, extra in (("fp16", []), ("int8", []), ("int4", []), ("int4-head-int8", ["--head-dtype", "int8"])):
         bundles[dtype] = work / f"smollm2-{dtype}"
-        rec.run(
-            [
-                *EDGE_SDK,
-                "export",
-                smollm2,
-                "-o",
-                bundles[dtype],
-                "--dtype",
-                dtype.split("-")[0],
-                *extra,
-                "--predictor",
-                "none",
-                "--max-seq-len",
-                "512",
-            ]
-        )
+        storage = ["--dtype", dtype.split("-")[0], *extra, *words("--predictor none --max-seq-len 512")]
+        rec.run([*EDGE_SDK, "export", smollm2, "-o", bundles[dtype], *storage])
     files = [
         _result("tied-head-quality-smollm2.json"),
         _result("tied-head-quality-smollm2-int8-head.json"),
         _result("tied-head-quality-tiny-relu-llama-tied.json"),
     ]
-    rec.run(
-        [
-            PYTHON,
-            STUDIES / "tied_head_quality.py",
-            smollm2,
-            bundles["fp16"],
-            bundles["int8"],
-            bundles["int4"],
-            "--text",
-            held_out_code,
-            "--tokens",
-            "2048",
-            "--json",
-            files[0],
-        ]
-    )
-    rec.run(
-        [
-            PYTHON,
-            STUDIES / "tied_head_quality.py",
-            smollm2,
-            bundles["int4"],
-            bundles["int4-head-int8"],
-            bundles["int8"],
-            "--text",
-            held_out_code,
-            "--tokens",
-            "2048",
-            "--json",
-            files[1],
-        ]
-    )
+    study = [PYTHON, STUDIES / "tied_head_quality.py"]
+    smollm2_text = ["--text", held_out_code, "--tokens", "2048", "--json"]
+    rec.run([*study, smollm2, bundles["fp16"], bundles["int8"], bundles["int4"], *smollm2_text, files[0]])
+    rec.run([*study, smollm2, bundles["int4"], bundles["int4-head-int8"], bundles["int8"], *smollm2_text, files[1]])
     tied = tied_checkpoint(FIXTURE, work / "tiny-relu-llama-tied")
     fixture_bundles = []
     for dtype in ("fp16", "int8", "int4"):
         fixture_bundles.append(work / f"tied-{dtype}")
         rec.run([*EDGE_SDK, "export", tied, "-o", fixture_bundles[-1], "--dtype", dtype, "--predictor", "none"])
-    rec.run(
-        [
-            PYTHON,
-            STUDIES / "tied_head_quality.py",
-            tied,
-            *fixture_bundles,
-            "--text",
-            FIXTURE / "held_out.txt",
-            "--tokens",
-            "4096",
-            "--json",
-            files[2],
-        ]
-    )
+    fixture_text = ["--text", FIXTURE / "held_out.txt", "--tokens", "4096", "--json", files[2]]
+    rec.run([*study, tied, *fixture_bundles, *fixture_text])
     return files
 
 
