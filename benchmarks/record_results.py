@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -292,17 +293,6 @@ RECORDINGS = [
 ]
 
 
-def tree_is_clean() -> bool:
-    changes = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top,exclude)benchmarks/results"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return not changes.stdout.strip()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -323,8 +313,11 @@ def main() -> None:
         for entry in RECORDINGS:
             print(f"{entry.name}: {entry.record.__doc__}")
         return
-    if not tree_is_clean():
-        sys.exit("tracked files differ from HEAD: commit first (each result records the commit it measured)")
+    args.work = args.work.resolve()
+    os.chdir(REPO)  # the commit every result records is the repository's, wherever the script was started
+    commit = with_machine_info({})["commit"]
+    if commit is None or commit.endswith("-dirty"):
+        sys.exit(f"{REPO}: tracked files differ from HEAD, or no git: commit first (each result records its commit)")
     args.work.mkdir(parents=True, exist_ok=True)
     index_path = RESULTS / "recording.json"
     index = json.loads(index_path.read_text()) if index_path.exists() else {"recordings": {}}

@@ -857,15 +857,15 @@ static edge_status encode_segment(const edge_tokenizer *t, const unsigned char *
       at += length;
     }
     offsets[n] = size;
+    size_t split_end = t->isolate_numbers ? 0 : n; /* the regex runs within each split (found once per split) */
     for (size_t i = 0; i < n && status == EDGE_OK;) {
-      /* the regex runs within each split: up to the next isolated number, or that number alone */
-      size_t end = n;
-      if (t->isolate_numbers) {
-        end = i;
-        if (classes[i] == CLASS_NUMBER) end = i + 1;
-        else while (end < n && classes[end] != CLASS_NUMBER) end++;
+      if (i >= split_end) { /* the next split: a number alone, or the text up to the next number */
+        split_end = i + 1;
+        if (classes[i] != CLASS_NUMBER) {
+          while (split_end < n && classes[split_end] != CLASS_NUMBER) split_end++;
+        }
       }
-      size_t j = match_piece(codes, classes, end, i);
+      size_t j = match_piece(codes, classes, split_end, i);
       if (!encode_word(t, text + offsets[i], offsets[j] - offsets[i], scratch, out)) {
         status = edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "encode: out of memory");
       }

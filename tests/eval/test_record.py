@@ -66,9 +66,11 @@ def test_outside_a_repository_the_commit_is_unknown(tmp_path, monkeypatch):
     assert with_machine_info({})["commit"] is None
 
 
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+GPU_CHECK_FILES = "gpu-check-*"  # recorded on a GPU by scripts/gpu_check.sh, not by benchmarks/record_results.py
 COMMITTED_RESULTS = sorted(
     path
-    for path in (Path(__file__).resolve().parents[2] / "benchmarks" / "results").glob("*.json")
+    for path in RESULTS.glob("*.json")
     if path.name != "recording.json"  # the recordings' index, checked below
 )
 
@@ -79,10 +81,6 @@ def test_every_committed_result_names_its_commit_date_and_machine(path):
     assert re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?", record["commit"]), record["commit"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\d", record["date"]), record["date"]
     assert record["machine"]["cpu"] and record["machine"]["cores"] >= 1
-
-
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-GPU_CHECK_FILES = "gpu-check-*"  # recorded on a GPU by scripts/gpu_check.sh, not by benchmarks/record_results.py
 
 
 def test_the_cpu_results_come_from_one_recording_at_one_commit():
