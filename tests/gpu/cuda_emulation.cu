@@ -6,8 +6,8 @@
 // comment naming the kernel line it mirrors; tests/gpu/test_cuda_emulation.py and the op table (tests/ops) check the
 // results against the reference on the dequantized weights. Compiled by the tests with nvcc into a shared library.
 //
-// The compaction and reduction kernels are the float pipeline's, emulated from their definitions (the neurons with
-// a != 0 in increasing order; per column, lane group g sums chunks g, g + 8, ..., then the groups in order).
+// The compaction and the down kernels' last step are the float pipeline's, emulated from their definitions (the
+// neurons with h != 0 in increasing order; per column, the chunks' partial sums added in chunk order).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -83,26 +83,27 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
     // quantize_x_kernel
     const Planes planes(x + static_cast<size_t>(t) * d, 1, d);
     const quant::QuantX xt = planes.layout.token(0);
-    // gate_kernel: warp i of the grid computes neuron i
-    std::vector<float> act(D, 0.0f);
+    // gate_up_kernel: warp i of the grid computes neuron i, and its up row where the gate fires
+    std::vector<float> neuron_hidden(D, 0.0f);
     for (int i = 0; i < D; ++i) {
+      float a = 0.0f;
       if (mask == nullptr || mask[static_cast<size_t>(t) * D + i] != 0) {
         const float g = row_dot<kFormat>(w[0], i, xt);
-        act[i] = gated_activation(activation, g, act_threshold, thresholds != nullptr ? thresholds + i : nullptr);
+        a = gated_activation(activation, g, act_threshold, thresholds != nullptr ? thresholds + i : nullptr);
+        if (a != 0.0f) neuron_hidden[i] = hidden_value(activation, a, row_dot<kFormat>(w[1], i, xt));
       }
-      if (active_out != nullptr) active_out[static_cast<size_t>(t) * D + i] = act[i] != 0.0f;
+      if (active_out != nullptr) active_out[static_cast<size_t>(t) * D + i] = a != 0.0f;
     }
     // compact_kernel
     std::vector<int32_t> index;
+    std::vector<float> hidden;
     for (int i = 0; i < D; ++i) {
-      if (act[i] != 0.0f) index.push_back(i);
+      if (neuron_hidden[i] != 0.0f) {
+        index.push_back(i);
+        hidden.push_back(neuron_hidden[i]);
+      }
     }
     const int count = static_cast<int>(index.size());
-    // up_kernel: warp k of the grid computes listed neuron k
-    std::vector<float> hidden(count);
-    for (int k = 0; k < count; ++k) {
-      hidden[k] = hidden_value(activation, act[index[k]], row_dot<kFormat>(w[1], index[k], xt));
-    }
     // down_kernel_q: block (tile, chunk); warp w's rows (down_rows); lane l's piece of the tile (lane_down); then
     // each column's warp sums in warp order
     std::vector<float> partial(static_cast<size_t>(n_chunks) * d, 0.0f);
@@ -134,15 +135,11 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
         }
       }
     }
-    // reduce_kernel
+    // finish_down_block: the last block of each tile adds the chunks' sums in chunk order (zeros when none is used)
     const int used = ceil_div(count, kRowsPerChunk);
     for (int c = 0; c < d; ++c) {
       float total = 0.0f;
-      for (int group = 0; group < kReduceLanes; ++group) {
-        float sum = 0.0f;
-        for (int chunk = group; chunk < used; chunk += kReduceLanes) sum += partial[static_cast<size_t>(chunk) * d + c];
-        total += sum;
-      }
+      for (int chunk = 0; chunk < used; ++chunk) total += partial[static_cast<size_t>(chunk) * d + c];
       y[static_cast<size_t>(t) * d + c] = total;
     }
   }

@@ -144,11 +144,18 @@ def load_kernels() -> ctypes.CDLL:
         function.restype = _int
     library.edge_sparse_ffn_workspace_size.argtypes = [_int, _int, _int]
     library.edge_sparse_ffn_workspace_size.restype = _size
-    library.edge_matvec_q_workspace_size.argtypes = [_int, _int]
-    library.edge_matvec_q_workspace_size.restype = _size
+    if has_matvec_workspace(library):
+        library.edge_matvec_q_workspace_size.argtypes = [_int, _int]
+        library.edge_matvec_q_workspace_size.restype = _size
     library.cudaGetErrorString.argtypes = [_int]
     library.cudaGetErrorString.restype = ctypes.c_char_p
     return library
+
+
+def has_matvec_workspace(library: ctypes.CDLL) -> bool:
+    """Whether edge_matvec_q takes a workspace (since 6948183). A library built from an older revision, loaded as the
+    baseline of a side-by-side benchmark (scripts/gpu_check.sh GPU_CHECK_BASELINE), has the other launchers alone."""
+    return hasattr(library, "edge_matvec_q_workspace_size")
 
 
 def gpu_unavailable_reason() -> str | None:
