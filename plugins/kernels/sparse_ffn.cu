@@ -28,16 +28,15 @@ struct FloatRows {
 // partial[t, chunk, c] = sum over the chunk's listed rows k of h_k * w_down_t[index_k, c], for the columns c of
 // this block's tile. Lane l owns kV columns: l * kV + e (vectorized, one 16-byte load per row) or l + 32 e.
 // Warp w takes rows w, w + kDownWarps, ... of the chunk, all loads of a row group in flight at once; the
-// warps' sums are then added in warp order, and the tile's last block adds the chunks' sums into y
-// (finish_down_block).
+// warps' sums are then added in warp order.
 template <typename TW>
 __global__ void __launch_bounds__(kDownWarps * kWarpSize)
-    down_kernel(int d, const TW* __restrict__ w_down_t, Workspace ws, bool vectorized, float* __restrict__ y) {
+    down_kernel(int d, const TW* __restrict__ w_down_t, Workspace ws, bool vectorized) {
   constexpr int kV = Vec16<TW>::kElements;
   constexpr int kTileColumns = kWarpSize * kV;
   __shared__ float warp_sums[kDownWarps][kTileColumns];
   DownBlock block;
-  if (!down_block<kTileColumns>(ws, d, y, block)) return;
+  if (!down_block<kTileColumns>(ws, block)) return;
   float acc[kV] = {};
   if (vectorized) {
     const int column = block.tile_start + block.lane * kV;
@@ -76,7 +75,7 @@ __global__ void __launch_bounds__(kDownWarps * kWarpSize)
   for (int e = 0; e < kV; ++e) {
     warp_sums[block.warp][vectorized ? block.lane * kV + e : block.lane + e * kWarpSize] = acc[e];
   }
-  finish_down_block(warp_sums, d, block, ws, y);
+  store_down_partial(warp_sums, d, block, ws);
 }
 
 template <typename TW>
@@ -95,7 +94,8 @@ cudaError_t launch_ffn(cudaStream_t stream, const float* x32, size_t x_stride, i
   compact_kernel<<<tokens, kCompactThreads, 0, stream>>>(D, ws);
   const dim3 down_grid(ceil_div(d, kWarpSize * kV), ws.n_chunks, tokens);
   down_kernel<TW><<<down_grid, kDownWarps * kWarpSize, 0, stream>>>(d, w_down_t, ws,
-                                                                      aligned16(w_down_t) && d % kV == 0, y);
+                                                                      aligned16(w_down_t) && d % kV == 0);
+  reduce_kernel<<<dim3(ceil_div(d, kReduceColumns), tokens), kReduceColumns * kReduceLanes, 0, stream>>>(d, ws, y);
   return cudaGetLastError();
 }
 
@@ -104,9 +104,9 @@ cudaError_t launch_ffn(cudaStream_t stream, const float* x32, size_t x_stride, i
 
 extern "C" size_t edge_sparse_ffn_workspace_size(int d, int D, int tokens) {
   if (d <= 0 || D <= 0 || tokens <= 0) return 0;
-  size_t d_stride, D_stride, counter_stride;
+  size_t d_stride, D_stride;
   int n_chunks;
-  return edge::workspace_sizes(d, D, tokens, &d_stride, &D_stride, &counter_stride, &n_chunks).total();
+  return edge::workspace_sizes(d, D, tokens, &d_stride, &D_stride, &n_chunks).total();
 }
 
 extern "C" cudaError_t edge_sparse_ffn(cudaStream_t stream, const void* x, int x_dtype, int tokens, int d, int D,

@@ -1,7 +1,7 @@
 // The sequential SparseFFN pipeline shared by the float kernels (sparse_ffn.cu) and the quantized ones
-// (sparse_ffn_q.cu): the workspace layout, x to fp32, the gate-and-up kernel, the compaction and the end of the down
-// kernels (their partial sums, and the sum of those into y). Only how a weight row is read, and the form x takes,
-// differ, which the gate-and-up kernel takes as a `Rows` type:
+// (sparse_ffn_q.cu): the workspace layout, x to fp32, the gate-and-up kernel, the compaction and the final
+// reduction. Only how a weight row is read, and the form x takes, differ, which the gate-and-up kernel takes as a
+// `Rows` type:
 //   struct Rows { __device__ float row_dot(int row, int t) const; };
 // returning row . x_t to every lane of the calling warp (the sum in a fixed order). Each .cu file has its own copy of
 // these kernels (internal linkage); the down projection is format-specific and lives with its launcher.
@@ -11,14 +11,13 @@
 //   1. gate and up: one warp per row i of the mask: a_i = act(w_gate_i . x), zero for rows outside the mask or
 //      failing the thresholds (active_out written here); where a_i != 0 the same warp reads w_up_i: h_i = a_i *
 //      act_up(w_up_i . x), else h_i = 0, so no w_up byte of a predictor's false positive is read;
-//   2. compact: one block per token lists the i with h_i != 0 in increasing order, with their h (one block-wide
-//      prefix sum per 1024 * kCompactPerThread neurons); no w_down_t byte of a neuron with h_i == 0 is read;
+//   2. compact: one block per token lists the i with h_i != 0 in increasing order, with their h (block-wide prefix
+//      sums); no w_down_t byte of a neuron with h_i == 0 is read;
 //   3. down (per format): the listed rows in chunks of kRowsPerChunk; a block sums one chunk over one tile of
-//      columns (each warp a fixed subset of the chunk's rows, then the warps in order) into partial[chunk], and the
-//      last of a tile's blocks to finish (an integer counter per tile) adds the tile's partial sums into y in chunk
-//      order.
-// Those are three kernels (four with x's conversion) between which a decode token waits for one kernel to drain
-// before the next starts: at 80-95% sparsity that latency, not bytes, is most of an FFN's time.
+//      columns (each warp a fixed subset of the chunk's rows, then the warps in order), into partial[chunk];
+//   4. reduce: y = sum over chunks of partial[chunk], in chunk order.
+// At 80-95% sparsity the latency of these dependent kernels, not bytes, is most of an FFN's time (benchmarks/README.md
+// section 8): gate and up share a kernel since only the up row of a firing gate is read.
 #ifndef EDGE_SPARSE_FFN_PIPELINE_CUH
 #define EDGE_SPARSE_FFN_PIPELINE_CUH
 
@@ -30,40 +29,36 @@ namespace {
 
 constexpr int kRowWarps = 8;           // warps (= rows) per block of the gate-and-up kernel
 constexpr int kCompactThreads = 1024;  // one block per token
-constexpr int kCompactPerThread = 16;  // at most this many consecutive neurons per thread and pass
+constexpr int kCompactPerThread = 4;   // consecutive neurons per thread and tile
+constexpr int kCompactTilesLoaded = 4;  // tiles whose h a thread loads before listing the first of them
 constexpr int kRowsPerChunk = 64;      // listed rows per block of the down kernel
 constexpr int kDownWarps = 8;
 constexpr int kRowsPerDownWarp = kRowsPerChunk / kDownWarps;
+constexpr int kReduceColumns = 32;  // reduce kernel: 32 columns x kReduceLanes chunk lanes per block
+constexpr int kReduceLanes = 8;
 constexpr int kConvertThreads = 256;
-constexpr int kCounterAlignment = 64;  // int32 counters per token are padded to this many
 constexpr size_t kAlignment = 256;  // every workspace region starts on this boundary
 
 // Where each buffer lives inside the caller's workspace, per token t at offset t * stride.
 struct Workspace {
-  float* x32;            // [tokens, d_stride] x as fp32
+  float* x32;      // [tokens, d_stride] x as fp32
   float* neuron_hidden;  // [tokens, D_stride] h_i by neuron, 0 for the neurons that do not fire
   int32_t* index;        // [tokens, D_stride] the neurons with h_i != 0, increasing
   float* hidden;         // [tokens, D_stride] their h, in the same order
-  int32_t* counters;     // [tokens, counter_stride]: how many are listed, then one done-count per column tile
-  float* partial;        // [tokens, n_chunks, d_stride] down-projection partial sums
-  size_t d_stride, D_stride, counter_stride;
+  int32_t* count;  // [tokens] how many are listed
+  float* partial;  // [tokens, n_chunks, d_stride] down-projection partial sums
+  size_t d_stride, D_stride;
   int n_chunks;
-
-  EDGE_HD int32_t* listed(int t) const { return counters + t * counter_stride; }
-  // blocks of the down kernel done with each column tile of token t (a tile is at least kWarpSize columns)
-  EDGE_HD int32_t* tiles_done(int t) const { return counters + t * counter_stride + 1; }
 };
 
 struct WorkspaceSizes {
-  size_t x32, neuron_hidden, index, hidden, counters, partial;
-  size_t total() const { return x32 + neuron_hidden + index + hidden + counters + partial + kAlignment; }
+  size_t x32, neuron_hidden, index, hidden, count, partial;
+  size_t total() const { return x32 + neuron_hidden + index + hidden + count + partial + kAlignment; }
 };
 
-inline WorkspaceSizes workspace_sizes(int d, int D, int tokens, size_t* d_stride, size_t* D_stride,
-                                      size_t* counter_stride, int* n_chunks) {
+inline WorkspaceSizes workspace_sizes(int d, int D, int tokens, size_t* d_stride, size_t* D_stride, int* n_chunks) {
   *d_stride = round_up(static_cast<size_t>(d), kAlignment / sizeof(float));
   *D_stride = round_up(static_cast<size_t>(D), kAlignment / sizeof(float));
-  *counter_stride = round_up(1 + static_cast<size_t>(ceil_div(d, kWarpSize)), static_cast<size_t>(kCounterAlignment));
   *n_chunks = ceil_div(D, kRowsPerChunk);
   const size_t n = static_cast<size_t>(tokens);
   WorkspaceSizes sizes;
@@ -71,15 +66,14 @@ inline WorkspaceSizes workspace_sizes(int d, int D, int tokens, size_t* d_stride
   sizes.neuron_hidden = n * *D_stride * sizeof(float);
   sizes.index = n * *D_stride * sizeof(int32_t);
   sizes.hidden = n * *D_stride * sizeof(float);
-  sizes.counters = n * *counter_stride * sizeof(int32_t);
+  sizes.count = round_up(n * sizeof(int32_t), kAlignment);
   sizes.partial = n * static_cast<size_t>(*n_chunks) * *d_stride * sizeof(float);
   return sizes;
 }
 
 inline Workspace layout_workspace(void* workspace, int d, int D, int tokens) {
   Workspace ws;
-  const WorkspaceSizes sizes =
-      workspace_sizes(d, D, tokens, &ws.d_stride, &ws.D_stride, &ws.counter_stride, &ws.n_chunks);
+  const WorkspaceSizes sizes = workspace_sizes(d, D, tokens, &ws.d_stride, &ws.D_stride, &ws.n_chunks);
   char* base = reinterpret_cast<char*>(round_up(reinterpret_cast<uintptr_t>(workspace), kAlignment));
   ws.x32 = reinterpret_cast<float*>(base);
   base += sizes.x32;
@@ -89,8 +83,8 @@ inline Workspace layout_workspace(void* workspace, int d, int D, int tokens) {
   base += sizes.index;
   ws.hidden = reinterpret_cast<float*>(base);
   base += sizes.hidden;
-  ws.counters = reinterpret_cast<int32_t*>(base);
-  base += sizes.counters;
+  ws.count = reinterpret_cast<int32_t*>(base);
+  base += sizes.count;
   ws.partial = reinterpret_cast<float*>(base);
   return ws;
 }
@@ -142,26 +136,18 @@ struct DownBlock {
   int neuron[kRowsPerDownWarp];
 };
 
-// Fills `block` for the calling thread; false when the chunk starts past the token's list (nothing to add). When
-// nothing at all is listed, the chunk-0 blocks write the zeros of y's tile (y: [tokens, d]) before saying false.
+// Fills `block` for the calling thread; false when the chunk starts past the token's list (nothing to add).
 template <int kTileColumns>
-__device__ bool down_block(const Workspace& ws, int d, float* y, DownBlock& block) {
+__device__ bool down_block(const Workspace& ws, DownBlock& block) {
   block.t = blockIdx.z;
   block.chunk = blockIdx.y;
-  block.tile_start = blockIdx.x * kTileColumns;
   const int first = block.chunk * kRowsPerChunk;
-  const int n_listed = *ws.listed(block.t);
-  if (first >= n_listed) {
-    if (n_listed == 0 && block.chunk == 0) {
-      for (int slot = threadIdx.x; slot < kTileColumns && block.tile_start + slot < d; slot += blockDim.x) {
-        y[static_cast<size_t>(block.t) * d + block.tile_start + slot] = 0.0f;
-      }
-    }
-    return false;
-  }
+  const int n_listed = ws.count[block.t];
+  if (first >= n_listed) return false;
   const int end = min(first + kRowsPerChunk, n_listed);
   block.warp = threadIdx.x / kWarpSize;
   block.lane = threadIdx.x % kWarpSize;
+  block.tile_start = blockIdx.x * kTileColumns;
   down_rows(first, end, block.warp, ws.hidden + block.t * ws.D_stride, ws.index + block.t * ws.D_stride, block.h,
             block.neuron);
   return true;
@@ -169,16 +155,11 @@ __device__ bool down_block(const Workspace& ws, int d, float* y, DownBlock& bloc
 
 // The end of a down kernel, once each warp has written its sums of the tile's columns to warp_sums[warp][slot]
 // (column tile_start + slot): after a barrier, partial[t, chunk, column] = the warps' sums added in warp order.
-// Then the block counts itself done with its tile; the last of the tile's blocks (there is one per used chunk)
-// adds the tile's partial sums into y in chunk order: y[t, column] = ((p_0 + p_1) + p_2) + ... The counters are
-// integers, and which block comes last changes nothing in the sum, so y is the same bits whatever the schedule.
 template <int kTileColumns>
-__device__ void finish_down_block(const float (&warp_sums)[kDownWarps][kTileColumns], int d, const DownBlock& block,
-                                  const Workspace& ws, float* y) {
-  __shared__ bool last_block;
+__device__ void store_down_partial(const float (&warp_sums)[kDownWarps][kTileColumns], int d, const DownBlock& block,
+                                   const Workspace& ws) {
   __syncthreads();
-  float* partial_t = ws.partial + static_cast<size_t>(block.t) * ws.n_chunks * ws.d_stride;
-  float* partial = partial_t + block.chunk * ws.d_stride;
+  float* partial = ws.partial + (static_cast<size_t>(block.t) * ws.n_chunks + block.chunk) * ws.d_stride;
   for (int slot = threadIdx.x; slot < kTileColumns; slot += kDownWarps * kWarpSize) {
     const int column = block.tile_start + slot;
     if (column >= d) continue;
@@ -186,31 +167,6 @@ __device__ void finish_down_block(const float (&warp_sums)[kDownWarps][kTileColu
 #pragma unroll
     for (int w = 0; w < kDownWarps; ++w) total += warp_sums[w][slot];
     partial[column] = total;
-  }
-  __threadfence();  // this block's partial sums are visible device-wide before its count is
-  __syncthreads();
-  const int used_chunks = ceil_div(*ws.listed(block.t), kRowsPerChunk);
-  if (threadIdx.x == 0) last_block = atomicAdd(ws.tiles_done(block.t) + blockIdx.x, 1) == used_chunks - 1;
-  __syncthreads();
-  if (!last_block) return;
-  __threadfence();
-  constexpr int kLoadsInFlight = 8;
-  for (int slot = threadIdx.x; slot < kTileColumns; slot += kDownWarps * kWarpSize) {
-    const int column = block.tile_start + slot;
-    if (column >= d) continue;
-    // __ldcg: through L2, where the other blocks' sums are, never a stale L1 line
-    const float* sums = partial_t + column;
-    float total = 0.0f;
-    int chunk = 0;
-    for (; chunk + kLoadsInFlight <= used_chunks; chunk += kLoadsInFlight) {
-      float loaded[kLoadsInFlight];
-#pragma unroll
-      for (int k = 0; k < kLoadsInFlight; ++k) loaded[k] = __ldcg(sums + (chunk + k) * ws.d_stride);
-#pragma unroll
-      for (int k = 0; k < kLoadsInFlight; ++k) total += loaded[k];
-    }
-    for (; chunk < used_chunks; ++chunk) total += __ldcg(sums + chunk * ws.d_stride);
-    y[static_cast<size_t>(block.t) * d + column] = total;
   }
 }
 
@@ -222,9 +178,7 @@ __global__ void __launch_bounds__(kConvertThreads)
   if (j < d) x32[t * d_stride + j] = to_float(x[static_cast<size_t>(t) * d + j]);
 }
 
-// One warp per row i of token blockIdx.y: the gate's verdict a_i, and where a_i != 0 the up row: h_i. Block 0 of
-// each token also zeroes the token's tile counters for the down kernel (the workspace holds anything on entry, and
-// the down kernel runs after this one on the stream).
+// One warp per row i of token blockIdx.y: the gate's verdict a_i, and where a_i != 0 the up row: h_i.
 template <typename Rows>
 __global__ void __launch_bounds__(kRowWarps * kWarpSize)
     gate_up_kernel(int D, Rows w_gate, Rows w_up, const int32_t* __restrict__ mask,
@@ -232,11 +186,6 @@ __global__ void __launch_bounds__(kRowWarps * kWarpSize)
                    uint8_t* __restrict__ active_out) {
   const int i = blockIdx.x * kRowWarps + threadIdx.x / kWarpSize;
   const int t = blockIdx.y;
-  if (blockIdx.x == 0) {
-    for (int k = threadIdx.x; k + 1 < static_cast<int>(ws.counter_stride); k += kRowWarps * kWarpSize) {
-      ws.tiles_done(t)[k] = 0;
-    }
-  }
   if (i >= D) return;
   float a = 0.0f;
   float h = 0.0f;
@@ -251,78 +200,99 @@ __global__ void __launch_bounds__(kRowWarps * kWarpSize)
   }
 }
 
-// One block per token: index = the i with h_i != 0, increasing, hidden = their h, listed = how many. Each pass covers
-// kCompactThreads * per_thread neurons (per_thread the multiple of 4 that covers D in one pass, at most
-// kCompactPerThread), thread k the per_thread consecutive ones from k * per_thread, loaded at once as float4 (rows
-// start 256-byte aligned), and places them with a block-wide exclusive prefix sum of the per-thread counts.
+// One block per token: index = the i with h_i != 0, increasing, hidden = their h, count = how many. Each tile
+// covers kCompactThreads * kCompactPerThread neurons, thread k the kCompactPerThread consecutive ones from
+// k * kCompactPerThread, placed with a block-wide exclusive prefix sum of the per-thread counts. A thread loads its
+// h of kCompactTilesLoaded tiles at once, so that the tiles' listing waits for one round of loads, not one per tile.
 __global__ void __launch_bounds__(kCompactThreads) compact_kernel(int D, Workspace ws) {
   constexpr int kWarps = kCompactThreads / kWarpSize;
-  constexpr int kVectors = kCompactPerThread / 4;
-  static_assert(kCompactPerThread % 4 == 0 && kCompactPerThread <= 32, "float4 loads; one bit per neuron");
+  constexpr int kTile = kCompactThreads * kCompactPerThread;
+  static_assert(kCompactPerThread == 4, "one float4 load per thread and tile");
   __shared__ int warp_offsets[kWarps];
-  __shared__ int listed;  // neurons listed by the passes so far
+  __shared__ int listed;  // neurons listed by the tiles so far
   const int t = blockIdx.x;
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
-  const int per_thread = min(kCompactPerThread, (ceil_div(D, kCompactThreads) + 3) / 4 * 4);
   const float* neuron_hidden = ws.neuron_hidden + t * ws.D_stride;
   int32_t* index = ws.index + t * ws.D_stride;
   float* hidden = ws.hidden + t * ws.D_stride;
   if (threadIdx.x == 0) listed = 0;
-  for (int base = 0; base < D; base += kCompactThreads * per_thread) {
-    const int first = base + threadIdx.x * per_thread;
-    float h[kCompactPerThread];
+  for (int round = 0; round < D; round += kCompactTilesLoaded * kTile) {
+    float4 loaded[kCompactTilesLoaded];
 #pragma unroll
-    for (int v = 0; v < kVectors; ++v) {
-      const int e = 4 * v;
-      float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (e < per_thread && first + e < D) {
-        value = *reinterpret_cast<const float4*>(neuron_hidden + first + e);  // D_stride covers the whole float4
-      }
-      h[e] = value.x;
-      h[e + 1] = value.y;
-      h[e + 2] = value.z;
-      h[e + 3] = value.w;
+    for (int tile = 0; tile < kCompactTilesLoaded; ++tile) {
+      const int first = round + tile * kTile + threadIdx.x * kCompactPerThread;
+      loaded[tile] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      // rows start 256-byte aligned and D_stride is a multiple of 4: the float4 stays inside the row
+      if (first < D) loaded[tile] = *reinterpret_cast<const float4*>(neuron_hidden + first);
     }
-    unsigned fires = 0;
 #pragma unroll
-    for (int e = 0; e < kCompactPerThread; ++e) {
-      if (e < per_thread && first + e < D && h[e] != 0.0f) fires |= 1u << e;
-    }
-    const int n = __popc(fires);
-    int inclusive = n;  // prefix sum over the warp
+    for (int tile = 0; tile < kCompactTilesLoaded; ++tile) {
+      const int first = round + tile * kTile + threadIdx.x * kCompactPerThread;
+      if (round + tile * kTile >= D) break;  // the same for every thread of the block
+      const float h[kCompactPerThread] = {loaded[tile].x, loaded[tile].y, loaded[tile].z, loaded[tile].w};
+      bool fires[kCompactPerThread];
 #pragma unroll
-    for (int offset = 1; offset < kWarpSize; offset *= 2) {
-      const int before = __shfl_up_sync(kFullWarp, inclusive, offset);
-      if (lane >= offset) inclusive += before;
-    }
-    if (lane == kWarpSize - 1) warp_offsets[warp] = inclusive;
-    __syncthreads();
-    if (warp == 0) {  // exclusive prefix sum of the warp totals
-      const int total = lane < kWarps ? warp_offsets[lane] : 0;
-      int running = total;
+      for (int e = 0; e < kCompactPerThread; ++e) fires[e] = first + e < D && h[e] != 0.0f;
+      const int n = fires[0] + fires[1] + fires[2] + fires[3];
+      int inclusive = n;  // prefix sum over the warp
 #pragma unroll
       for (int offset = 1; offset < kWarpSize; offset *= 2) {
-        const int before = __shfl_up_sync(kFullWarp, running, offset);
-        if (lane >= offset) running += before;
+        const int before = __shfl_up_sync(kFullWarp, inclusive, offset);
+        if (lane >= offset) inclusive += before;
       }
-      if (lane < kWarps) warp_offsets[lane] = running - total;
-    }
-    __syncthreads();
-    int position = listed + warp_offsets[warp] + inclusive - n;
+      if (lane == kWarpSize - 1) warp_offsets[warp] = inclusive;
+      __syncthreads();
+      if (warp == 0) {  // exclusive prefix sum of the warp totals
+        const int total = lane < kWarps ? warp_offsets[lane] : 0;
+        int running = total;
 #pragma unroll
-    for (int e = 0; e < kCompactPerThread; ++e) {
-      if (fires & (1u << e)) {
-        index[position] = first + e;
-        hidden[position] = h[e];
-        ++position;
+        for (int offset = 1; offset < kWarpSize; offset *= 2) {
+          const int before = __shfl_up_sync(kFullWarp, running, offset);
+          if (lane >= offset) running += before;
+        }
+        if (lane < kWarps) warp_offsets[lane] = running - total;
       }
+      __syncthreads();
+      int position = listed + warp_offsets[warp] + inclusive - n;
+#pragma unroll
+      for (int e = 0; e < kCompactPerThread; ++e) {
+        if (fires[e]) {
+          index[position] = first + e;
+          hidden[position] = h[e];
+          ++position;
+        }
+      }
+      __syncthreads();  // every thread has read `listed` and warp_offsets
+      if (threadIdx.x == kCompactThreads - 1) listed = position;
+      __syncthreads();
     }
-    __syncthreads();  // every thread has read `listed` and warp_offsets
-    if (threadIdx.x == kCompactThreads - 1) listed = position;
-    __syncthreads();
   }
-  if (threadIdx.x == 0) *ws.listed(t) = listed;
+  if (threadIdx.x == 0) ws.count[t] = listed;
+}
+
+// y[t, c] = sum over the used chunks of partial[t, chunk, c]: lane group g of a column sums chunks g, g + 8, ...,
+// then the groups are added in order.
+__global__ void __launch_bounds__(kReduceColumns * kReduceLanes) reduce_kernel(int d, Workspace ws, float* y) {
+  __shared__ float group_sums[kReduceLanes][kReduceColumns];
+  const int t = blockIdx.y;
+  const int slot = threadIdx.x % kReduceColumns;
+  const int group = threadIdx.x / kReduceColumns;
+  const int column = blockIdx.x * kReduceColumns + slot;
+  const int n_chunks = ceil_div(ws.count[t], kRowsPerChunk);
+  const float* partial = ws.partial + static_cast<size_t>(t) * ws.n_chunks * ws.d_stride;
+  float sum = 0.0f;
+  if (column < d) {
+    for (int chunk = group; chunk < n_chunks; chunk += kReduceLanes) sum += partial[chunk * ws.d_stride + column];
+  }
+  group_sums[group][slot] = sum;
+  __syncthreads();
+  if (group == 0 && column < d) {
+    float total = 0.0f;
+#pragma unroll
+    for (int g = 0; g < kReduceLanes; ++g) total += group_sums[g][slot];
+    y[static_cast<size_t>(t) * d + column] = total;
+  }
 }
 
 // Checks shared by both launchers; false means cudaErrorInvalidValue.

@@ -7,8 +7,8 @@
 // the planes are summed exactly in int32 and the sum is scaled by x's block factor and the piece's group scale (the
 // pipeline's gate-and-up kernel over QuantRows). down:
 // a lane owns one piece's columns (16 for int8, a 32-value block for int4) of a tile of 32 pieces and adds
-// (h_r * scale) * code for each of its warp's rows (quant::lane_down); partial sums per chunk of rows, added into y
-// in chunk order as for float rows. Every sum has a fixed order: y is bit-identical run to run.
+// (h_r * scale) * code for each of its warp's rows (quant::lane_down); partial sums per chunk of rows, reduced in
+// order as for float rows. Every sum has a fixed order: y is bit-identical run to run.
 #include "quant_x.cuh"
 #include "sparse_ffn_pipeline.cuh"
 
@@ -33,21 +33,20 @@ struct QuantRows {
 
 // partial[t, chunk, c] = sum over the chunk's listed rows k of h_k * w_down_t[index_k, c] for the columns c of this
 // block's tile (kWarpSize pieces); warp w takes rows w, w + kDownWarps, ... of the chunk, and the warps' sums are
-// added in warp order; the tile's last block adds the chunks' sums into y (finish_down_block).
+// added in warp order.
 template <int kFormat>
-__global__ void __launch_bounds__(kDownWarps * kWarpSize)
-    down_kernel_q(quant::QuantMatrix w_down_t, Workspace ws, float* __restrict__ y) {
+__global__ void __launch_bounds__(kDownWarps * kWarpSize) down_kernel_q(quant::QuantMatrix w_down_t, Workspace ws) {
   constexpr int kV = quant::Format<kFormat>::kPieceValues;
   constexpr int kTileColumns = kWarpSize * kV;
   __shared__ float warp_sums[kDownWarps][kTileColumns];
   DownBlock block;
-  if (!down_block<kTileColumns>(ws, w_down_t.cols, y, block)) return;
+  if (!down_block<kTileColumns>(ws, block)) return;
   float acc[kV] = {};
   const int column = block.tile_start + block.lane * kV;
   if (column < w_down_t.cols) quant::lane_down<kFormat>(w_down_t, column, block.h, block.neuron, acc);
 #pragma unroll
   for (int e = 0; e < kV; ++e) warp_sums[block.warp][block.lane * kV + e] = acc[e];
-  finish_down_block(warp_sums, w_down_t.cols, block, ws, y);
+  store_down_partial(warp_sums, w_down_t.cols, block, ws);
 }
 
 template <int kFormat>
@@ -62,7 +61,8 @@ cudaError_t launch_ffn_q(cudaStream_t stream, int tokens, int d, int D, const qu
                                                              activation, act_threshold, ws, active_out);
   compact_kernel<<<tokens, kCompactThreads, 0, stream>>>(D, ws);
   const dim3 down_grid(ceil_div(d, kWarpSize * kV), ws.n_chunks, tokens);
-  down_kernel_q<kFormat><<<down_grid, kDownWarps * kWarpSize, 0, stream>>>(w_down_t, ws, y);
+  down_kernel_q<kFormat><<<down_grid, kDownWarps * kWarpSize, 0, stream>>>(w_down_t, ws);
+  reduce_kernel<<<dim3(ceil_div(d, kReduceColumns), tokens), kReduceColumns * kReduceLanes, 0, stream>>>(d, ws, y);
   return cudaGetLastError();
 }
 

@@ -6,8 +6,8 @@
 // comment naming the kernel line it mirrors; tests/gpu/test_cuda_emulation.py and the op table (tests/ops) check the
 // results against the reference on the dequantized weights. Compiled by the tests with nvcc into a shared library.
 //
-// The compaction and the down kernels' last step are the float pipeline's, emulated from their definitions (the
-// neurons with h != 0 in increasing order; per column, the chunks' partial sums added in chunk order).
+// The compaction and reduction kernels are the float pipeline's, emulated from their definitions (the neurons with
+// h != 0 in increasing order; per column, lane group g sums chunks g, g + 8, ..., then the groups in order).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -135,11 +135,15 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
         }
       }
     }
-    // finish_down_block: the last block of each tile adds the chunks' sums in chunk order (zeros when none is used)
+    // reduce_kernel
     const int used = ceil_div(count, kRowsPerChunk);
     for (int c = 0; c < d; ++c) {
       float total = 0.0f;
-      for (int chunk = 0; chunk < used; ++chunk) total += partial[static_cast<size_t>(chunk) * d + c];
+      for (int group = 0; group < kReduceLanes; ++group) {
+        float sum = 0.0f;
+        for (int chunk = group; chunk < used; chunk += kReduceLanes) sum += partial[static_cast<size_t>(chunk) * d + c];
+        total += sum;
+      }
       y[static_cast<size_t>(t) * d + c] = total;
     }
   }
