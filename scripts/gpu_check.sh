@@ -63,6 +63,8 @@ if [ -z "$COMMIT" ]; then
         COMMIT="$COMMIT-dirty"
     fi
 fi
+# the benchmarks' own records (edge_sdk/bench/record.py) name the same commit
+export EDGE_SDK_RECORD_COMMIT=$COMMIT
 mkdir -p "$LOGS"
 STEPS=$(mktemp)
 SCRATCH=$(mktemp -d)

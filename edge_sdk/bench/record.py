@@ -11,10 +11,16 @@ from typing import Any
 
 from edge_sdk import __version__
 
+COMMIT_ENV = "EDGE_SDK_RECORD_COMMIT"
+
 
 def _commit() -> str | None:
     """HEAD's short hash, with "-dirty" when tracked files other than the recorded results (benchmarks/results,
-    rewritten by the runs themselves) differ from it: the figures then measured code that no commit holds."""
+    rewritten by the runs themselves) differ from it: the figures then measured code that no commit holds. A copied
+    work tree whose .git is another commit's (scripts/gpu_check.sh on a lent machine) names its commit in
+    EDGE_SDK_RECORD_COMMIT, which is recorded as given."""
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV]
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, timeout=10

@@ -17,7 +17,7 @@
 //      columns (each warp a fixed subset of the chunk's rows, then the warps in order), into partial[chunk];
 //   4. reduce: y = sum over chunks of partial[chunk], in chunk order.
 // At 80-95% sparsity the latency of these dependent kernels, not bytes, is most of an FFN's time (benchmarks/README.md
-// section 8): gate and up share a kernel since only the up row of a firing gate is read.
+// section 8.1): gate and up share a kernel since only the up row of a firing gate is read.
 #ifndef EDGE_SPARSE_FFN_PIPELINE_CUH
 #define EDGE_SPARSE_FFN_PIPELINE_CUH
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_sdk.bench.record import with_machine_info
+from edge_sdk.bench.record import COMMIT_ENV, with_machine_info
 from edge_sdk.cli import _write_json
 from edge_sdk.errors import EdgeSdkError
 
@@ -28,6 +28,7 @@ def repo(tmp_path, monkeypatch):
     git(tmp_path, "add", "kernel.c", "benchmarks")
     git(tmp_path, "commit", "-q", "-m", "first")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(COMMIT_ENV, raising=False)
     return tmp_path
 
 
@@ -43,6 +44,13 @@ def test_changed_tracked_file_marks_the_commit_dirty(repo):
     assert not with_machine_info({})["commit"].endswith("-dirty")
     (repo / "kernel.c").write_text("int x = 1;\n")
     assert with_machine_info({})["commit"] == git(repo, "rev-parse", "--short", "HEAD") + "-dirty"
+
+
+def test_a_copied_tree_records_the_commit_it_is_told(repo, monkeypatch):
+    """scripts/gpu_check.sh on a lent machine: the tree's .git is another commit's, so the script names the commit."""
+    (repo / "kernel.c").write_text("int x = 1;\n")
+    monkeypatch.setenv(COMMIT_ENV, "4f55246")
+    assert with_machine_info({})["commit"] == "4f55246"
 
 
 def test_cli_json_records_the_commit_before_it_overwrites_a_tracked_file(repo):
