@@ -21,7 +21,10 @@ One command does everything, reusing what an earlier run left in --work:
    in an order rotated from round to round: prefill the prompt, then --tokens greedy decode steps. A decode
    step is one call that appends a token and returns the next position's logits (llama.cpp: `Llama.eval([token])`,
    edge-sdk: `Engine.decode(token)`) plus the argmax of those logits in numpy, the same for both; decode tokens/s
-   = tokens / the wall time of the steps (prefill excluded). Same prompt ids, threads, token count.
+   = tokens / the wall time of the steps (prefill excluded); prefill tokens/s = prompt ids / the wall time of the
+   prefill call (llama.cpp: `Llama.eval(ids)`, edge-sdk: `Engine.prefill(ids)`; both return the last position's
+   logits only). Same prompt ids, threads, token count. --prompt-file and --prompt-tokens make a prompt long enough
+   for the prefill rate to mean something (the default prompt is a few tokens).
 
 Reported per configuration: median and best tokens/s over the rounds, the weight bytes one decode step reads
 (computed from the files: every matrix once, the embedding one row, and for sparse decoding the FFN rows at the
@@ -334,13 +337,16 @@ class Configuration:
     level: float | None  # sparse level, None = dense
     bytes_per_token: dict[str, int]
     engine: Any = None
+    prefill_seconds: list[float] = field(default_factory=list)
     decode_seconds: list[float] = field(default_factory=list)
 
-    def run(self, ids: list[int], tokens: int) -> tuple[float, list[int]]:
-        """Prefill ids, then `tokens` greedy decode steps: (seconds of the decode steps, the generated ids)."""
+    def run(self, ids: list[int], tokens: int) -> list[int]:
+        """Prefill ids, then `tokens` greedy decode steps; records the seconds of each, returns the generated ids."""
         if self.runtime == "llama.cpp":
             self.engine.reset()
+            started = time.perf_counter()
             self.engine.eval(ids)
+            self.prefill_seconds.append(time.perf_counter() - started)
             token = int(np.argmax(llama_logits(self.engine)))
             generated, started = [token], time.perf_counter()
             for _ in range(tokens):
@@ -348,12 +354,16 @@ class Configuration:
                 token = int(np.argmax(llama_logits(self.engine)))
                 generated.append(token)
         else:
-            token = int(np.argmax(self.engine.prefill(ids)))
+            started = time.perf_counter()
+            logits = self.engine.prefill(ids)
+            self.prefill_seconds.append(time.perf_counter() - started)
+            token = int(np.argmax(logits))
             generated, started = [token], time.perf_counter()
             for _ in range(tokens):
                 token = int(np.argmax(self.engine.decode(token)))
                 generated.append(token)
-        return time.perf_counter() - started, generated
+        self.decode_seconds.append(time.perf_counter() - started)
+        return generated
 
 
 def llama_logits(model: Any) -> np.ndarray:
@@ -482,14 +492,16 @@ def timing_configurations(
     return configurations, chosen
 
 
-def interleaved_ratios(numerator: Configuration, denominator: Configuration) -> float:
-    """Median over the rounds of the speed ratio numerator / denominator measured within the same round."""
-    return statistics.median(
-        theirs / ours for ours, theirs in zip(numerator.decode_seconds, denominator.decode_seconds, strict=True)
-    )
+def interleaved_ratios(numerator: Configuration, denominator: Configuration, phase: str = "decode") -> float:
+    """Median over the rounds of the speed ratio numerator / denominator measured within the same round; phase:
+    "decode" or "prefill"."""
+    ours_seconds, their_seconds = (getattr(config, f"{phase}_seconds") for config in (numerator, denominator))
+    return statistics.median(theirs / ours for ours, theirs in zip(ours_seconds, their_seconds, strict=True))
 
 
-def summarize(configurations: list[Configuration], tokens: int, layers: int) -> list[dict[str, Any]]:
+def summarize(
+    configurations: list[Configuration], tokens: int, prompt_tokens: int, layers: int
+) -> list[dict[str, Any]]:
     q4 = next(config for config in configurations if config.name == "llama.cpp Q4_0")
     by_precision = {config.precision: config for config in configurations if config.runtime == "llama.cpp"}
     rows = []
@@ -509,6 +521,9 @@ def summarize(configurations: list[Configuration], tokens: int, layers: int) -> 
             "total_bytes_per_token": total_bytes,
             "effective_gb_per_second": round(total_bytes * tokens / median_seconds / 1e9, 2),
             "ratio_vs_llamacpp_q4_0": round(interleaved_ratios(config, q4), 3),
+            "prefill_seconds": [round(seconds, 4) for seconds in config.prefill_seconds],
+            "median_prefill_tokens_per_second": round(prompt_tokens / statistics.median(config.prefill_seconds), 2),
+            "prefill_ratio_vs_llamacpp_q4_0": round(interleaved_ratios(config, q4, "prefill"), 3),
         }
         peer = by_precision.get(SAME_PRECISION.get(config.precision, ""))
         if config.runtime == "edge-sdk" and peer is not None:
@@ -523,8 +538,8 @@ def summarize(configurations: list[Configuration], tokens: int, layers: int) -> 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| configuration | median tok/s | best tok/s | ms/token | MB/token | GB/s | vs llama.cpp Q4_0 "
-        "| vs llama.cpp same precision |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| vs llama.cpp same precision | prefill tok/s | prefill vs Q4_0 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         same = row.get("ratio_vs_llamacpp_same_precision")
@@ -532,7 +547,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {row['name']} | {row['median_tokens_per_second']:.1f} | {row['best_tokens_per_second']:.1f} | "
             f"{row['median_ms_per_token']:.2f} | {row['total_bytes_per_token'] / 1e6:.1f} | "
             f"{row['effective_gb_per_second']:.2f} | {row['ratio_vs_llamacpp_q4_0']:.3f}x | "
-            f"{'' if same is None else f'{same:.3f}x'} |"
+            f"{'' if same is None else f'{same:.3f}x'} | {row['median_prefill_tokens_per_second']:.1f} | "
+            f"{row['prefill_ratio_vs_llamacpp_q4_0']:.3f}x |"
         )
     return "\n".join(lines)
 
@@ -557,6 +573,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="Greedy decode steps per run.")
     parser.add_argument("--repeats", type=int, default=5, help="Rounds of interleaved runs.")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
+    parser.add_argument(
+        "--prompt-file", type=Path, default=None, help="Prompt text from this file (wins over --prompt)."
+    )
+    parser.add_argument(
+        "--prompt-tokens", type=int, default=None, help="Keep the prompt's first N ids (for a prefill of known length)."
+    )
     parser.add_argument(
         "--sparse-levels", default="default", help="Sparse runs per bundle: 'default' (the bundle's) and/or levels."
     )
@@ -591,17 +613,21 @@ def main() -> None:
     ggufs = write_ggufs(model, args.work, args.gguf_types.split(","), steps)
 
     first_bundle = Bundle.open(bundles["int4"])
-    ids = Tokenizer.from_bundle(first_bundle).encode(args.prompt)
+    if args.prompt_file is not None:
+        args.prompt = args.prompt_file.read_text()
+    tokenizer = Tokenizer.from_bundle(first_bundle)
+    ids = tokenizer.encode(args.prompt)[: args.prompt_tokens]
+    if args.prompt_tokens is not None:
+        args.prompt = tokenizer.decode(ids)  # the kept ids' text, for peak_memory's `edge-sdk run`
     context = len(ids) + args.tokens + 8
     configurations, chosen = timing_configurations(bundles, ggufs, args.sparse_levels.split(","), args.threads, context)
     generated: dict[str, list[int]] = {}
     for round_index in range(args.repeats):
         shift = round_index % len(configurations)
         for config in configurations[shift:] + configurations[:shift]:
-            seconds, generated[config.name] = config.run(ids, args.tokens)
-            config.decode_seconds.append(seconds)
+            generated[config.name] = config.run(ids, args.tokens)
         print(f"round {round_index + 1}/{args.repeats} done", file=sys.stderr, flush=True)
-    rows = summarize(configurations, args.tokens, first_bundle.config.num_layers)
+    rows = summarize(configurations, args.tokens, len(ids), first_bundle.config.num_layers)
     print(table(rows))
     memory = peak_memory(bundles["int4"], args.prompt, args.threads)
     print(
@@ -618,7 +644,8 @@ def main() -> None:
         "bundles": chosen,
         "llama_cpp_python": installed_version("llama-cpp-python"),
         "gguf": installed_version("gguf"),
-        "timing": "wall time of the decode steps after prefill (each: append one token, logits, numpy argmax)",
+        "timing": "wall time of the decode steps after prefill (each: append one token, logits, numpy argmax); "
+        "prefill: wall time of the one call that takes the prompt ids",
         "results": rows,
         "int4_peak_memory": memory,
         "greedy_ids": generated,
