@@ -13,8 +13,11 @@
  * * weight; RoPE (rotate-half) from the bundle's rope.cos / rope.sin tables, so positions rotate exactly as
  * in Python; GQA attention (query head h reads KV head h / (num_heads / num_kv_heads)), scale 1/sqrt(head_dim),
  * causal and within the sliding window when the model has one; fp32 activations and logits.
- * Prefill runs the prompt token by token with dense FFNs (edge_cpu_sparse_ffn with mask NULL); decode runs
- * the bundle's predictor (svd, signbit, core mask from the prefill, threshold, none) and the sparse FFN. */
+ * Prefill runs the prompt with dense FFNs (edge_cpu_sparse_ffn with mask NULL): with several threads, the tokens of
+ * a block of one token per thread go through each layer side by side, each on one thread (kernels at one thread
+ * give the bits they give at any count, so the logits are those of token-by-token prefill); with one thread, or the
+ * core predictor (which counts the prompt's tokens in order), token by token. Decode runs the bundle's predictor
+ * (svd, signbit, core mask from the prefill, threshold, none) and the sparse FFN. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,21 +84,30 @@ struct cpu_engine {
   int threads;
 };
 
+/* What one token needs on its way through the layers. */
+struct token_buffers {
+  float *x;            /* [d] residual stream */
+  float *xb;           /* [d] normalized input of attention / FFN */
+  float *out;          /* [d] attention projection or FFN output */
+  float *q;            /* [H * hd] */
+  float *attn;         /* [H * hd] attention output before o_proj */
+  float *scores;       /* [H, max_seq_len] */
+  float *key;          /* [KV * hd] the token's key, before it goes into the cache */
+  void *ffn_workspace; /* edge_cpu_sparse_ffn_workspace_size(d, D, threads) for the threads it runs the FFN on */
+  int threads;         /* the kernels' threads for this token */
+  edge_status status;  /* a prefill lane's last layer step, and its message (edge_fail's is per thread) */
+  char message[EDGE_MESSAGE_SIZE];
+};
+
 struct run_state {
   const struct cpu_engine *engine;
-  float *x;           /* [d] residual stream */
-  float *xb;          /* [d] normalized input of attention / FFN */
-  float *out;         /* [d] attention projection or FFN output */
-  float *q;           /* [H * hd] */
-  float *attn;        /* [H * hd] attention output before o_proj */
-  float *scores;      /* [H, max_seq_len] */
-  float *key;         /* [KV * hd] the new token's key, before it goes into the cache */
+  struct token_buffers token;          /* decode, and token-by-token prefill: the engine's threads */
+  struct token_buffers *prefill_lanes; /* [engine threads] one thread each, for the blocks of prefill; or NULL */
   float *key_cache;   /* [L, KV, hd, key_stride]: position-minor, so the scores run over positions in vectors */
   size_t key_stride;  /* max_seq_len padded so that the hd rows of a head do not alias in the L1 cache */
   float *value_cache; /* [L, max_seq_len, KV * hd] */
   uint8_t *mask;      /* [D] predictor output */
   float *svd_scratch; /* [max_svd_rank] */
-  void *ffn_workspace;
   /* core predictor: counted over the prompt at prefill, masks fixed for the decode */
   float *gate;          /* [D] act.gate(W_gate x) of one prompt token */
   int32_t *order;       /* [D] */
@@ -389,20 +401,28 @@ static void cpu_unload(void *engine) {
 
 /* ---- RunState ------------------------------------------------------------------------------------------ */
 
+static void free_token_buffers(struct token_buffers *t) {
+  free(t->x);
+  free(t->xb);
+  free(t->out);
+  free(t->q);
+  free(t->attn);
+  free(t->scores);
+  free(t->key);
+  free(t->ffn_workspace);
+}
+
 static void free_run_state(struct run_state *s) {
   if (s == NULL) return;
-  free(s->x);
-  free(s->xb);
-  free(s->out);
-  free(s->q);
-  free(s->attn);
-  free(s->scores);
-  free(s->key);
+  free_token_buffers(&s->token);
+  if (s->prefill_lanes != NULL) {
+    for (int i = 0; i < s->engine->threads; i++) free_token_buffers(&s->prefill_lanes[i]);
+    free(s->prefill_lanes);
+  }
   free(s->key_cache);
   free(s->value_cache);
   free(s->mask);
   free(s->svd_scratch);
-  free(s->ffn_workspace);
   free(s->gate);
   free(s->order);
   free(s->core_counts);
@@ -424,30 +444,43 @@ static size_t key_stride(size_t max_seq_len) {
   return 16 * (lines + (lines % 2 == 0 ? 1 : 2));
 }
 
+static void allocate_token_buffers(const struct model_config *c, int threads, struct token_buffers *t, int *failed) {
+  size_t d = (size_t)c->hidden_size;
+  size_t q_dim = (size_t)c->num_heads * (size_t)c->head_dim, kv_dim = (size_t)c->num_kv_heads * (size_t)c->head_dim;
+  t->x = allocate(d, sizeof(float), failed);
+  t->xb = allocate(d, sizeof(float), failed);
+  t->out = allocate(d, sizeof(float), failed);
+  t->q = allocate(q_dim, sizeof(float), failed);
+  t->attn = allocate(q_dim, sizeof(float), failed);
+  t->scores = allocate((size_t)c->num_heads * (size_t)c->max_seq_len, sizeof(float), failed);
+  t->key = allocate(kv_dim, sizeof(float), failed);
+  t->ffn_workspace = allocate(edge_cpu_sparse_ffn_workspace_size(c->hidden_size, c->intermediate_size, threads), 1,
+                              failed);
+  t->threads = threads;
+}
+
 static edge_status cpu_session_create(const struct edge_model *model, void **out) {
   const struct cpu_engine *engine = model->engine;
   const struct model_config *c = engine->config;
   struct run_state *s = calloc(1, sizeof *s);
   if (s == NULL) return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "session: out of memory");
   s->engine = engine;
-  size_t d = (size_t)c->hidden_size, D = (size_t)c->intermediate_size, L = (size_t)c->num_layers;
-  size_t q_dim = (size_t)c->num_heads * (size_t)c->head_dim, kv_dim = (size_t)c->num_kv_heads * (size_t)c->head_dim;
+  size_t D = (size_t)c->intermediate_size, L = (size_t)c->num_layers;
+  size_t kv_dim = (size_t)c->num_kv_heads * (size_t)c->head_dim;
   size_t seq = (size_t)c->max_seq_len;
   int failed = 0;
-  s->x = allocate(d, sizeof(float), &failed);
-  s->xb = allocate(d, sizeof(float), &failed);
-  s->out = allocate(d, sizeof(float), &failed);
-  s->q = allocate(q_dim, sizeof(float), &failed);
-  s->attn = allocate(q_dim, sizeof(float), &failed);
-  s->scores = allocate((size_t)c->num_heads * seq, sizeof(float), &failed);
-  s->key = allocate(kv_dim, sizeof(float), &failed);
+  allocate_token_buffers(c, engine->threads, &s->token, &failed);
+#ifdef _OPENMP
+  if (engine->threads > 1 && engine->sparsity->predictor != PREDICTOR_CORE) {
+    s->prefill_lanes = allocate((size_t)engine->threads, sizeof *s->prefill_lanes, &failed);
+    for (int i = 0; !failed && i < engine->threads; i++) allocate_token_buffers(c, 1, &s->prefill_lanes[i], &failed);
+  }
+#endif
   s->key_stride = key_stride(seq);
   s->key_cache = allocate(L * kv_dim * s->key_stride, sizeof(float), &failed);
   s->value_cache = allocate(L * seq * kv_dim, sizeof(float), &failed);
   s->mask = allocate(D, 1, &failed);
   s->svd_scratch = allocate((size_t)engine->weights.max_svd_rank, sizeof(float), &failed);
-  s->ffn_workspace = allocate(edge_cpu_sparse_ffn_workspace_size(c->hidden_size, c->intermediate_size, engine->threads),
-                              1, &failed);
   if (engine->sparsity->predictor == PREDICTOR_CORE) {
     s->gate = allocate(D, sizeof(float), &failed);
     s->order = allocate(D, sizeof(int32_t), &failed);
@@ -679,8 +712,8 @@ static void softmax(float *scores, int n) {
 
 /* Attention of heads [h0, h0 + n_heads) (n_heads <= HEAD_BLOCK) for the token at pos over positions
  * [first, pos] of one layer's cache. */
-static inline __attribute__((always_inline)) void attend_heads(struct run_state *s, int layer, int pos, int first,
-                                                              int h0, int n_heads) {
+static inline __attribute__((always_inline)) void attend_heads(const struct run_state *s, struct token_buffers *t,
+                                                              int layer, int pos, int first, int h0, int n_heads) {
   const struct model_config *c = s->engine->config;
   int hd = c->head_dim, groups = c->num_heads / c->num_kv_heads;
   size_t kv_dim = (size_t)c->num_kv_heads * (size_t)hd, seq = (size_t)c->max_seq_len;
@@ -693,12 +726,12 @@ static inline __attribute__((always_inline)) void attend_heads(struct run_state 
   for (int j = 0; j < n_heads; j++) {
     int h = h0 + j;
     size_t kv_head = (size_t)(h / groups);
-    q[j] = s->q + (size_t)h * (size_t)hd;
+    q[j] = t->q + (size_t)h * (size_t)hd;
     keys[j] = layer_keys + kv_head * (size_t)hd * stride + (size_t)first; /* [hd, stride] from first */
     values[j] = layer_values + kv_head * (size_t)hd;
-    scores[j] = s->scores + (size_t)h * seq + first; /* scores[j][k]: position first + k */
+    scores[j] = t->scores + (size_t)h * seq + first; /* scores[j][k]: position first + k */
     weights[j] = scores[j] - first;
-    out[j] = s->attn + (size_t)h * (size_t)hd;
+    out[j] = t->attn + (size_t)h * (size_t)hd;
   }
   int n = pos - first + 1;
   int k = 0;
@@ -730,43 +763,45 @@ static inline __attribute__((always_inline)) void attend_heads(struct run_state 
 
 /* Attention of heads [h0, h1) in blocks of HEAD_BLOCK, then of two and one (block sizes the compiler sees as
  * constants, so each block's loops over heads unroll). */
-static void attend_head_range(struct run_state *s, int layer, int pos, int first, int h0, int h1) {
+static void attend_head_range(const struct run_state *s, struct token_buffers *t, int layer, int pos, int first,
+                              int h0, int h1) {
   int h = h0;
-  for (; h + HEAD_BLOCK <= h1; h += HEAD_BLOCK) attend_heads(s, layer, pos, first, h, HEAD_BLOCK);
+  for (; h + HEAD_BLOCK <= h1; h += HEAD_BLOCK) attend_heads(s, t, layer, pos, first, h, HEAD_BLOCK);
   if (HEAD_BLOCK > 2 && h + 2 <= h1) {
-    attend_heads(s, layer, pos, first, h, 2);
+    attend_heads(s, t, layer, pos, first, h, 2);
     h += 2;
   }
-  for (; h < h1; h++) attend_heads(s, layer, pos, first, h, 1);
+  for (; h < h1; h++) attend_heads(s, t, layer, pos, first, h, 1);
 }
 
 /* Attention of the token at pos over one layer's cache (within the sliding window when the model has one),
- * every head; blocks of heads in parallel when there is enough work, without an OpenMP region otherwise (its cost
- * per call is as large as a small model's whole attention). */
-static void attention(struct run_state *s, int layer, int pos) {
+ * every head; blocks of heads in parallel on the token's threads when there is enough work, without an OpenMP
+ * region otherwise (its cost per call is as large as a small model's whole attention). Each head's sums are the
+ * same whichever thread computes them. */
+static void attention(const struct run_state *s, struct token_buffers *t, int layer, int pos) {
   const struct model_config *c = s->engine->config;
   int first = c->sliding_window > 0 && pos - c->sliding_window + 1 > 0 ? pos - c->sliding_window + 1 : 0;
   int n_heads = c->num_heads;
 #ifdef _OPENMP
-  if ((int64_t)n_heads * (pos - first + 1) * c->head_dim >= PARALLEL_MIN_WORK && s->engine->threads > 1) {
+  if ((int64_t)n_heads * (pos - first + 1) * c->head_dim >= PARALLEL_MIN_WORK && t->threads > 1) {
     int n_blocks = (n_heads + HEAD_BLOCK - 1) / HEAD_BLOCK;
-#pragma omp parallel for schedule(static) num_threads(s->engine->threads)
+#pragma omp parallel for schedule(static) num_threads(t->threads)
     for (int b = 0; b < n_blocks; b++) {
       int h1 = (b + 1) * HEAD_BLOCK < n_heads ? (b + 1) * HEAD_BLOCK : n_heads;
-      attend_head_range(s, layer, pos, first, b * HEAD_BLOCK, h1);
+      attend_head_range(s, t, layer, pos, first, b * HEAD_BLOCK, h1);
     }
     return;
   }
 #endif
-  attend_head_range(s, layer, pos, first, 0, n_heads);
+  attend_head_range(s, t, layer, pos, first, 0, n_heads);
 }
 
 /* Writes the (rotated) key of position pos into layer's position-minor key cache. */
-static void store_key(struct run_state *s, int layer, int pos) {
+static void store_key(struct run_state *s, const struct token_buffers *t, int layer, int pos) {
   const struct model_config *c = s->engine->config;
   size_t kv_dim = (size_t)c->num_kv_heads * (size_t)c->head_dim, stride = s->key_stride;
   float *keys = s->key_cache + (size_t)layer * kv_dim * stride;
-  for (size_t j = 0; j < kv_dim; j++) keys[j * stride + (size_t)pos] = s->key[j];
+  for (size_t j = 0; j < kv_dim; j++) keys[j * stride + (size_t)pos] = t->key[j];
 }
 
 /* ---- Core predictor (edge_sdk/sparsity/core.py) -------------------------------------------------------- */
@@ -819,7 +854,7 @@ static int by_count_then_sum(const void *a, const void *b) {
 static void core_count_token(struct run_state *s, int layer, const struct layer_weights *w) {
   const struct model_config *c = s->engine->config;
   int D = c->intermediate_size;
-  matvec(&w->gate, s->xb, NULL, s->gate, s->engine->threads);
+  matvec(&w->gate, s->token.xb, NULL, s->gate, s->token.threads);
   int n_positive = 0;
   for (int i = 0; i < D; i++) {
     s->gate[i] = gate_activation(c->activation, s->gate[i], c->act_threshold);
@@ -858,9 +893,9 @@ static void core_build_masks(struct run_state *s) {
 
 /* ---- Forward ------------------------------------------------------------------------------------------ */
 
-/* The FFN of one layer on s->xb into s->out: dense at prefill (counting core neurons when the predictor is
+/* The FFN of one layer on t->xb into t->out: dense at prefill (counting core neurons when the predictor is
  * core), through the predictor at decode. */
-static edge_status feed_forward(struct run_state *s, int layer, int prefill) {
+static edge_status feed_forward(struct run_state *s, struct token_buffers *t, int layer, int prefill) {
   const struct cpu_engine *e = s->engine;
   const struct model_config *c = e->config;
   const struct sparsity_config *sparsity = e->sparsity;
@@ -875,16 +910,16 @@ static edge_status feed_forward(struct run_state *s, int layer, int prefill) {
     switch (sparsity->predictor) {
       case PREDICTOR_SVD:
         if (w->svd_half) {
-          status = edge_cpu_svd_predictor_f16(s->xb, d, D, w->svd_rank, w->svd_a_t, w->svd_b, w->svd_bias, s->mask,
+          status = edge_cpu_svd_predictor_f16(t->xb, d, D, w->svd_rank, w->svd_a_t, w->svd_b, w->svd_bias, s->mask,
                                               s->svd_scratch);
         } else {
-          status = edge_cpu_svd_predictor(s->xb, d, D, w->svd_rank, w->svd_a_t, w->svd_b, w->svd_bias, s->mask,
+          status = edge_cpu_svd_predictor(t->xb, d, D, w->svd_rank, w->svd_a_t, w->svd_b, w->svd_bias, s->mask,
                                           s->svd_scratch);
         }
         mask = s->mask;
         break;
       case PREDICTOR_SIGNBIT:
-        status = edge_cpu_signbit_predictor(s->xb, d, D, w->signbit_packed, w->signbit_alpha, s->mask);
+        status = edge_cpu_signbit_predictor(t->xb, d, D, w->signbit_packed, w->signbit_alpha, s->mask);
         mask = s->mask;
         break;
       case PREDICTOR_CORE:
@@ -901,15 +936,15 @@ static edge_status feed_forward(struct run_state *s, int layer, int prefill) {
   if (status == EDGE_CPU_OK && w->gate.scales != NULL) {
     /* quantized rows: one kernel for every case, dense being mask NULL (all candidates; a zero activation adds
      * exactly nothing, so this is the dense FFN's value) */
-    status = edge_cpu_sparse_ffn_q(s->xb, d, D, w->gate.data, w->gate.scales, w->up.data, w->up.scales, w->down_t.data,
+    status = edge_cpu_sparse_ffn_q(t->xb, d, D, w->gate.data, w->gate.scales, w->up.data, w->up.scales, w->down_t.data,
                                    w->down_t.scales, w->gate.dtype, w->gate.group_size, mask, thresholds,
-                                   c->activation, c->act_threshold, s->out, s->ffn_workspace, e->threads, NULL);
+                                   c->activation, c->act_threshold, t->out, t->ffn_workspace, t->threads, NULL);
   } else if (status == EDGE_CPU_OK && sparsity->dense && !prefill) {
-    status = edge_cpu_dense_ffn(s->xb, d, D, w->w_gate, w->w_up, w->w_down_t, w->ffn_dtype, c->activation,
-                                c->act_threshold, s->out, s->ffn_workspace, e->threads);
+    status = edge_cpu_dense_ffn(t->xb, d, D, w->w_gate, w->w_up, w->w_down_t, w->ffn_dtype, c->activation,
+                                c->act_threshold, t->out, t->ffn_workspace, t->threads);
   } else if (status == EDGE_CPU_OK) {
-    status = edge_cpu_sparse_ffn(s->xb, d, D, w->w_gate, w->w_up, w->w_down_t, w->ffn_dtype, mask, thresholds,
-                                 c->activation, c->act_threshold, s->out, s->ffn_workspace, e->threads, NULL);
+    status = edge_cpu_sparse_ffn(t->xb, d, D, w->w_gate, w->w_up, w->w_down_t, w->ffn_dtype, mask, thresholds,
+                                 c->activation, c->act_threshold, t->out, t->ffn_workspace, t->threads, NULL);
   }
   if (status == EDGE_CPU_OUT_OF_MEMORY) return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "layer %d FFN: out of memory", layer);
   if (status != EDGE_CPU_OK) {
@@ -919,38 +954,102 @@ static edge_status feed_forward(struct run_state *s, int layer, int prefill) {
   return EDGE_OK;
 }
 
-/* One token at pos through every layer; logits (when not NULL) from the final norm and lm_head. */
-static edge_status forward(struct run_state *s, int32_t token, int pos, int prefill, float *logits) {
-  const struct cpu_engine *e = s->engine;
-  const struct model_config *c = e->config;
-  const struct cpu_weights *weights = &e->weights;
-  int d = c->hidden_size, hd = c->head_dim;
+/* The first part of a layer for the token at pos, in t->x: its norm, q, k and v, RoPE, and its key and value
+ * stored in the layer's caches. */
+static void layer_keys_values(struct run_state *s, struct token_buffers *t, int layer, int pos) {
+  const struct model_config *c = s->engine->config;
+  const struct layer_weights *w = &s->engine->weights.layers[layer];
+  int hd = c->head_dim;
   size_t kv_dim = (size_t)c->num_kv_heads * (size_t)hd, seq = (size_t)c->max_seq_len;
-  const float *cos_row = weights->rope_cos + (size_t)pos * (size_t)hd;
-  const float *sin_row = weights->rope_sin + (size_t)pos * (size_t)hd;
-  embedding_row(&weights->embed, token, s->x);
-  for (int layer = 0; layer < c->num_layers; layer++) {
-    const struct layer_weights *w = &weights->layers[layer];
-    float *value = s->value_cache + ((size_t)layer * seq + (size_t)pos) * kv_dim;
-    rmsnorm(s->xb, s->x, w->input_norm, d, c->rms_norm_eps);
-    project_qkv(w, s->xb, s->q, s->key, value, e->threads);
-    rope(s->q, c->num_heads, hd, cos_row, sin_row);
-    rope(s->key, c->num_kv_heads, hd, cos_row, sin_row);
-    store_key(s, layer, pos);
-    attention(s, layer, pos);
-    matvec(&w->wo, s->attn, w->bo, s->out, e->threads);
-    for (int i = 0; i < d; i++) s->x[i] += s->out[i];
-    rmsnorm(s->xb, s->x, w->post_norm, d, c->rms_norm_eps);
-    edge_status status = feed_forward(s, layer, prefill);
-    if (status != EDGE_OK) return status;
-    for (int i = 0; i < d; i++) s->x[i] += s->out[i];
-  }
-  if (logits != NULL) {
-    rmsnorm(s->xb, s->x, weights->final_norm, d, c->rms_norm_eps);
-    matvec(&weights->lm_head, s->xb, NULL, logits, e->threads);
-  }
+  const float *cos_row = s->engine->weights.rope_cos + (size_t)pos * (size_t)hd;
+  const float *sin_row = s->engine->weights.rope_sin + (size_t)pos * (size_t)hd;
+  float *value = s->value_cache + ((size_t)layer * seq + (size_t)pos) * kv_dim;
+  rmsnorm(t->xb, t->x, w->input_norm, c->hidden_size, c->rms_norm_eps);
+  project_qkv(w, t->xb, t->q, t->key, value, t->threads);
+  rope(t->q, c->num_heads, hd, cos_row, sin_row);
+  rope(t->key, c->num_kv_heads, hd, cos_row, sin_row);
+  store_key(s, t, layer, pos);
+}
+
+/* The rest of the layer, once the keys and values of positions up to pos are in the caches: attention, o_proj and
+ * the FFN, each added to t->x. */
+static edge_status layer_attention_ffn(struct run_state *s, struct token_buffers *t, int layer, int pos,
+                                       int prefill) {
+  const struct model_config *c = s->engine->config;
+  const struct layer_weights *w = &s->engine->weights.layers[layer];
+  int d = c->hidden_size;
+  attention(s, t, layer, pos);
+  matvec(&w->wo, t->attn, w->bo, t->out, t->threads);
+  for (int i = 0; i < d; i++) t->x[i] += t->out[i];
+  rmsnorm(t->xb, t->x, w->post_norm, d, c->rms_norm_eps);
+  edge_status status = feed_forward(s, t, layer, prefill);
+  if (status != EDGE_OK) return status;
+  for (int i = 0; i < d; i++) t->x[i] += t->out[i];
   return EDGE_OK;
 }
+
+/* logits from t->x: the final norm and lm_head, on the engine's threads. */
+static void final_logits(const struct run_state *s, struct token_buffers *t, float *logits) {
+  const struct model_config *c = s->engine->config;
+  rmsnorm(t->xb, t->x, s->engine->weights.final_norm, c->hidden_size, c->rms_norm_eps);
+  matvec(&s->engine->weights.lm_head, t->xb, NULL, logits, s->engine->threads);
+}
+
+/* One token at pos through every layer on the session's token buffers; logits when not NULL. */
+static edge_status forward(struct run_state *s, int32_t token, int pos, int prefill, float *logits) {
+  struct token_buffers *t = &s->token;
+  embedding_row(&s->engine->weights.embed, token, t->x);
+  for (int layer = 0; layer < s->engine->config->num_layers; layer++) {
+    layer_keys_values(s, t, layer, pos);
+    edge_status status = layer_attention_ffn(s, t, layer, pos, prefill);
+    if (status != EDGE_OK) return status;
+  }
+  if (logits != NULL) final_logits(s, t, logits);
+  return EDGE_OK;
+}
+
+/* Prefill of ids[0, n) in blocks of one token per prefill lane: each layer stores the block's keys and values, then
+ * (after a barrier, so that every token sees the keys of the block's earlier positions) runs attention and FFN,
+ * every token on its own thread with its own buffers. A failing step stops the block at its layer; the error
+ * returned is the earliest position's. */
+#ifdef _OPENMP
+static edge_status prefill_in_blocks(struct run_state *s, const int32_t *ids, int n, float *logits) {
+  const struct cpu_engine *e = s->engine;
+  int lanes = e->threads;
+  for (int start = 0; start < n; start += lanes) {
+    int block = n - start < lanes ? n - start : lanes, failed = 0;
+#pragma omp parallel num_threads(block)
+    {
+      int lane = omp_get_thread_num(), pos = start + lane;
+      struct token_buffers *t = &s->prefill_lanes[lane];
+      t->status = EDGE_OK;
+      embedding_row(&e->weights.embed, ids[pos], t->x);
+      for (int layer = 0; layer < e->config->num_layers; layer++) {
+        layer_keys_values(s, t, layer, pos);
+#pragma omp barrier
+        int stop;
+#pragma omp atomic read
+        stop = failed;
+        if (!stop) {
+          t->status = layer_attention_ffn(s, t, layer, pos, 1);
+          if (t->status != EDGE_OK) {
+            snprintf(t->message, sizeof t->message, "%s", edge_last_error());
+#pragma omp atomic write
+            failed = 1;
+          }
+        }
+#pragma omp barrier
+      }
+    }
+    for (int lane = 0; failed && lane < block; lane++) {
+      const struct token_buffers *t = &s->prefill_lanes[lane];
+      if (t->status != EDGE_OK) return edge_fail(t->status, "prefill position %d: %s", start + lane, t->message);
+    }
+  }
+  if (logits != NULL) final_logits(s, &s->prefill_lanes[(n - 1) % lanes], logits);
+  return EDGE_OK;
+}
+#endif
 
 /* The kernels' predictors use OpenMP's default team size: set it to the engine's threads for the call. */
 struct thread_scope {
@@ -988,7 +1087,12 @@ static edge_status cpu_prefill(void *state, const int32_t *ids, int n, float *lo
     memset(s->core_sums, 0, cells * sizeof *s->core_sums);
   }
   edge_status status = EDGE_OK;
-  for (int pos = 0; pos < n && status == EDGE_OK; pos++) {
+  int in_blocks = 0; /* the session has prefill lanes only with OpenMP */
+#ifdef _OPENMP
+  in_blocks = s->prefill_lanes != NULL && n > 1;
+  if (in_blocks) status = prefill_in_blocks(s, ids, n, logits);
+#endif
+  for (int pos = 0; !in_blocks && pos < n && status == EDGE_OK; pos++) {
     status = forward(s, ids[pos], pos, 1, pos == n - 1 ? logits : NULL);
   }
   if (status == EDGE_OK && core) core_build_masks(s);

@@ -132,6 +132,27 @@ def test_runtime_logits_are_identical_with_one_thread_and_two_on_a_long_context(
         assert np.array_equal(one_thread, two_threads)
 
 
+@needs_runtime
+@pytest.mark.parametrize("name", ["svd-fp32", "svd-fp16", "svd-int4", "tied-svd-int8", "core-fp16"])
+def test_runtime_prefill_gives_the_same_bits_on_any_number_of_threads(bundles, name, monkeypatch):
+    """With several threads the C runtime prefills a block of tokens at a time, one token per thread (the core
+    predictor, which counts the prompt's tokens in order, stays token by token). Prompts of 1, 2 and 7 tokens, blocks
+    of 2 and 3: the prefill's logits and the decode steps after it are the one-thread run's, bit for bit."""
+    monkeypatch.setenv(ENGINE_ENV, "runtime")
+    bundle = bundles[name]
+    ids = Tokenizer.from_bundle(bundle).encode(PROMPT)
+    assert len(ids) >= 10
+    for length in (1, 2, 7):
+        runs = []
+        for threads in (1, 2, 3):
+            engine = get_backend("cpu").load(bundle, EngineOptions.of(bundle, threads=threads))
+            logits = [np.asarray(engine.prefill(ids[:length]))]
+            logits += [np.asarray(engine.decode(token)) for token in ids[length : length + 3]]
+            runs.append(np.stack(logits))
+        for other in runs[1:]:
+            assert np.array_equal(runs[0].view(np.int32), other.view(np.int32)), (length, name)
+
+
 def test_engine_choice_is_validated(bundles, monkeypatch):
     monkeypatch.setenv(ENGINE_ENV, "gpu")
     with pytest.raises(EdgeSdkError, match=r"EDGE_SDK_CPU_ENGINE='gpu': expected one of auto, runtime, torch"):
