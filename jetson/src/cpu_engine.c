@@ -1010,8 +1010,9 @@ static edge_status forward(struct run_state *s, int32_t token, int pos, int pref
 
 /* Prefill of ids[0, n) in blocks of one token per prefill lane: each layer stores the block's keys and values, then
  * (after a barrier, so that every token sees the keys of the block's earlier positions) runs attention and FFN,
- * every token on its own thread with its own buffers. A failing step stops the block at its layer; the error
- * returned is the earliest position's. */
+ * each token with its own lane's buffers, thread k of the team taking lanes k, k + team, ... (one each, unless
+ * OpenMP gives a smaller team, nested in a caller's parallel region say). A failing step stops the block at its
+ * layer; the error returned is the earliest position's. */
 #ifdef _OPENMP
 static edge_status prefill_in_blocks(struct run_state *s, const int32_t *ids, int n, float *logits) {
   const struct cpu_engine *e = s->engine;
@@ -1020,18 +1021,23 @@ static edge_status prefill_in_blocks(struct run_state *s, const int32_t *ids, in
     int block = n - start < lanes ? n - start : lanes, failed = 0;
 #pragma omp parallel num_threads(block)
     {
-      int lane = omp_get_thread_num(), pos = start + lane;
-      struct token_buffers *t = &s->prefill_lanes[lane];
-      t->status = EDGE_OK;
-      embedding_row(&e->weights.embed, ids[pos], t->x);
+      int first_lane = omp_get_thread_num(), team = omp_get_num_threads();
+      for (int lane = first_lane; lane < block; lane += team) {
+        s->prefill_lanes[lane].status = EDGE_OK;
+        embedding_row(&e->weights.embed, ids[start + lane], s->prefill_lanes[lane].x);
+      }
       for (int layer = 0; layer < e->config->num_layers; layer++) {
-        layer_keys_values(s, t, layer, pos);
+        for (int lane = first_lane; lane < block; lane += team) {
+          layer_keys_values(s, &s->prefill_lanes[lane], layer, start + lane);
+        }
 #pragma omp barrier
-        int stop;
+        for (int lane = first_lane; lane < block; lane += team) {
+          struct token_buffers *t = &s->prefill_lanes[lane];
+          int stop;
 #pragma omp atomic read
-        stop = failed;
-        if (!stop) {
-          t->status = layer_attention_ffn(s, t, layer, pos, 1);
+          stop = failed;
+          if (stop) break;
+          t->status = layer_attention_ffn(s, t, layer, start + lane, 1);
           if (t->status != EDGE_OK) {
             snprintf(t->message, sizeof t->message, "%s", edge_last_error());
 #pragma omp atomic write

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import re
 import shutil
@@ -74,6 +75,15 @@ def test_greedy_ids_do_not_depend_on_the_thread_count(x86_build: Build, bundles,
     command = generate_command([x86_build.binary("edge_generate")], bundles["svd-fp16"], "--ids")
     command[command.index("--threads") + 1] = "2"
     assert generated_ids(run(command)) == python_greedy_ids["svd-fp16"]
+
+
+def test_prefill_blocks_are_complete_when_openmp_gives_fewer_threads(x86_build: Build, bundles, python_greedy_ids):
+    """Three threads asked for, one granted (OMP_THREAD_LIMIT): the prefill's blocks of three tokens still run every
+    token, the one thread taking each block's three lanes in turn."""
+    command = generate_command([x86_build.binary("edge_generate")], bundles["svd-fp16"], "--ids")
+    command[command.index("--threads") + 1] = "3"
+    result = run(command, env=os.environ | {"OMP_THREAD_LIMIT": "1"})
+    assert generated_ids(result) == python_greedy_ids["svd-fp16"]
 
 
 def test_streamed_text_equals_python_decode(x86_build: Build, bundles, python_greedy_ids):
