@@ -179,6 +179,29 @@ def _default_level_text(report: dict) -> str:
     return f"default level {level:g}: within the {choice['budget_percent']:g}% perplexity budget {measured}"
 
 
+# Above this validation-perplexity cost of quantization the export says which choices lose less.
+QUANTIZATION_NOTE_PERCENT = 5.0
+
+
+def _quantization_text(report: dict) -> str | None:
+    """One line on what quantization cost the dense model on the validation tokens, when the export measured it."""
+    choice, quantization = report["default_level_choice"], report.get("quantization")
+    if quantization is None or "quantization_change_percent" not in choice:
+        return None
+    change = choice["quantization_change_percent"]
+    text = (
+        f"quantization {quantization['format']} (groups of {quantization['group_size']}, {quantization['method']}): "
+        f"dense validation perplexity {choice['dense_perplexity']:.3f} against "
+        f"{choice['unquantized_dense_perplexity']:.3f} unquantized ({change:+.2f}%)"
+    )
+    if change > QUANTIZATION_NOTE_PERCENT:
+        text += (
+            "; --dtype int8, --head-dtype int8 or --quant-method awq lose less, and a checkpoint that is itself a "
+            "4-bit GGUF loses most (benchmarks/README.md section 9)"
+        )
+    return text
+
+
 def _predictor_choices(with_none: bool) -> list[str]:
     return [name for name in predictors.KINDS if with_none or name != predictors.NO_PREDICTOR]
 
@@ -462,6 +485,9 @@ def export(
         click.echo(f"predictor {bundle.sparsity.predictor}")
         report = bundle.read_json("report.json", 64 << 20)
         click.echo(_default_level_text(report))
+        quantization_text = _quantization_text(report)
+        if quantization_text is not None:
+            click.echo(quantization_text)
         for layer in bundle.sparsity.layers:
             click.echo(f"  layer {layer['layer']:>3}: predicted sparsity {layer.get('predicted_sparsity', 0):.3f}")
         click.echo(f"report: {bundle.path / 'report.json'} and report.png")

@@ -200,6 +200,7 @@ def export_bundle(
             on_layer_calibrated,
             on_layer_validated,
             factor_dtype=factor_dtype,
+            unquantized=checkpoint if quantized else None,
         )
         predictor_tensors, report = result.tensors, result.report
         if quantization is not None:

@@ -74,6 +74,7 @@ def calibrate_model(
     on_layer: Callable[[int], None] | None = None,
     on_layer_validated: Callable[[int], None] | None = None,
     factor_dtype: str = "F32",
+    unquantized: Checkpoint | GgufCheckpoint | None = None,
 ) -> CalibrationResult:
     """Fit the predictor of every layer on the calibration text; evaluate on held-out text when given. Without
     a given default level (settings.sparsity None), choose it on validation tokens of the calibration text
@@ -84,7 +85,9 @@ def calibrate_model(
     (export/quantized_checkpoint.py), so the predictors see the hidden states the runtimes will compute and the
     default level's budget is measured from the quantized dense model (quantization and sparsity errors add up).
     factor_dtype: the dtype the bundle stores the predictor's low-rank factors in (bundle/format.py
-    predictor_factor_dtype), which the fit rounds them to before the biases and the default level see them."""
+    predictor_factor_dtype), which the fit rounds them to before the biases and the default level see them.
+    unquantized: for a quantized checkpoint, the model before quantization: the validation then also measures its
+    dense perplexity, and the level choice reports what quantization cost (quantization_change_percent)."""
     config = checkpoint.config
     validate_settings(config, settings)
     check_calibration_memory(config, settings, evaluating=bool(evaluation_files))
@@ -92,9 +95,12 @@ def calibrate_model(
     chunk_tokens = min(settings.chunk_tokens, config.max_position_embeddings)
     settings = CalibrationSettings(**{**asdict(settings), "chunk_tokens": chunk_tokens})
     chunks, held = fitting_chunks(checkpoint, settings, calibration_files)
-    validation = None
+    validation = reference = None
     if held is not None:
         validation = LevelValidation(checkpoint, held, settings.all_levels, VALIDATION_PROMPT_TOKENS)
+        if unquantized is not None and settings.sparsity is None and settings.chooses_level:
+            # the dense stream alone, through the unquantized weights, beside the level choice's
+            reference = LevelValidation(unquantized, held, (), VALIDATION_PROMPT_TOKENS)
     streams = [stream_layers(checkpoint, chunks)]
     if evaluation_files:
         texts = read_calibration_texts(evaluation_files)
@@ -124,11 +130,18 @@ def calibrate_model(
         layers.append(layer_report)
         if validation is not None:
             # the allocation needs every layer's curves first, so validation reads each layer again, one at a time
-            validation.advance(load_layer(checkpoint, index), LayerPredictor(settings.predictor, layer_tensors))
+            predictor = LayerPredictor(settings.predictor, layer_tensors)
+            validation.advance(load_layer(checkpoint, index), predictor)
+            if reference is not None:
+                reference.advance(load_layer(unquantized, index), predictor)
             if on_layer_validated is not None:
                 on_layer_validated(index)
 
     level, choice = default_level(settings, validation)
+    if reference is not None and "dense_perplexity" in choice:
+        unquantized_perplexity = reference.perplexities()[None]
+        choice["unquantized_dense_perplexity"] = unquantized_perplexity
+        choice["quantization_change_percent"] = 100.0 * (choice["dense_perplexity"] / unquantized_perplexity - 1.0)
     # a dense default has no metrics of its own: the per-layer figures are the mildest level's
     metrics_level = settings.all_levels[0] if level is None else level
     for layer in layers:

@@ -11,9 +11,10 @@ import torch
 from click.testing import CliRunner
 
 from edge_sdk.bundle import Bundle, LevelChoice
-from edge_sdk.cli import main
+from edge_sdk.cli import QUANTIZATION_NOTE_PERCENT, _quantization_text, main
 from edge_sdk.errors import CalibrationError
 from edge_sdk.export.exporter import ExportSettings, export_bundle
+from edge_sdk.export.quantized_checkpoint import QuantizedCheckpoint
 from edge_sdk.model.checkpoint import Checkpoint
 from edge_sdk.model.loader import load_layer
 from edge_sdk.model.tokenizer import Tokenizer
@@ -138,6 +139,30 @@ def test_a_larger_budget_allows_a_sparser_default(tiny_model_dir, chosen_report)
     assert report["default_level"] == 0.9 and report["default_level_choice"]["within_budget"]
     # the same fit and validation tokens give the same measurement, bit for bit
     assert report["default_level_choice"]["perplexity_change_percent"] == changes
+
+
+def test_a_quantized_model_s_choice_reports_what_quantization_cost(tiny_model_dir, chosen_report):
+    """Given the model before quantization, the validation also runs its dense stream: the same tokens and code as
+    the unquantized calibration's dense figure, so the same bits; the change is the quantized dense model's."""
+    checkpoint = Checkpoint(tiny_model_dir)
+    settings = CalibrationSettings(rank=16, max_tokens=2048, levels=(0.3, 0.5, 0.7, 0.9))
+    calibration = [tiny_model_dir / "calibration.txt"]
+    quantized = QuantizedCheckpoint(checkpoint, "int4", 32)
+    report = calibrate_model(quantized, settings, calibration, unquantized=checkpoint).report
+    choice = report["default_level_choice"]
+    assert choice["unquantized_dense_perplexity"] == chosen_report["default_level_choice"]["dense_perplexity"]
+    assert choice["dense_perplexity"] != choice["unquantized_dense_perplexity"]
+    expected = 100.0 * (choice["dense_perplexity"] / choice["unquantized_dense_perplexity"] - 1.0)
+    assert choice["quantization_change_percent"] == pytest.approx(expected, rel=1e-12)
+    assert "quantization_change_percent" not in chosen_report["default_level_choice"]
+    text = _quantization_text(report | {"quantization": {"format": "int4", "group_size": 32, "method": "rtn"}})
+    assert text.startswith("quantization int4 (groups of 32, rtn): dense validation perplexity ")
+    assert f"({choice['quantization_change_percent']:+.2f}%)" in text
+    # above QUANTIZATION_NOTE_PERCENT the line says what loses less
+    costly = report | {"quantization": {"format": "int4", "group_size": 32, "method": "rtn"}}
+    costly["default_level_choice"] = choice | {"quantization_change_percent": QUANTIZATION_NOTE_PERCENT + 1}
+    assert "--dtype int8, --head-dtype int8 or --quant-method awq lose less" in _quantization_text(costly)
+    assert _quantization_text(chosen_report) is None
 
 
 def test_a_given_level_skips_validation_and_short_text_falls_back(tiny_model_dir, tmp_path):
