@@ -105,6 +105,13 @@ def test_aarch64_build_under_qemu_gives_the_same_ids(aarch64_build: Build, bundl
     assert generated_ids(result) == python_greedy_ids[name]
 
 
+def test_aarch64_build_prefills_in_blocks_with_the_same_ids(aarch64_build: Build, bundles, python_greedy_ids):
+    """Two threads under qemu: the prompt goes through the layers in blocks of two tokens (one per thread)."""
+    command = generate_command(qemu_command(aarch64_build.binary("edge_generate")), bundles["svd-int4"], "--ids")
+    command[command.index("--threads") + 1] = "2"
+    assert generated_ids(run(command, timeout=300)) == python_greedy_ids["svd-int4"]
+
+
 def test_api_contracts(x86_build: Build, bundles):
     result = run([x86_build.binary("edge_api_check"), bundles["svd-fp32"], bundles["signbit-fp32"]], timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
