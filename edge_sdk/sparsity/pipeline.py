@@ -138,7 +138,7 @@ def calibrate_model(
                 on_layer_validated(index)
 
     level, choice = default_level(settings, validation)
-    if reference is not None and "dense_perplexity" in choice:
+    if reference is not None:  # exists only where the level is chosen on validation, so choice has its dense figure
         unquantized_perplexity = reference.perplexities()[None]
         choice["unquantized_dense_perplexity"] = unquantized_perplexity
         choice["quantization_change_percent"] = 100.0 * (choice["dense_perplexity"] / unquantized_perplexity - 1.0)
