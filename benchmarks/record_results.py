@@ -243,7 +243,14 @@ def record_tied_head(rec: Recording) -> list[Path]:
     held_out_code = real_model.write_texts(rec.work / "smollm2-texts")[0]["held_out_code"]
     work = rec.fresh("tied-head")
     bundles = {}
-    for dtype, extra in (("fp16", []), ("int8", []), ("int4", []), ("int4-head-int8", ["--head-dtype", "int8"])):
+    # int4 symmetric: the study measures Q4_0's grid, which --int4-scheme auto would not pick for a Q4_1 source
+    symmetric = ["--int4-scheme", "symmetric"]
+    for dtype, extra in (
+        ("fp16", []),
+        ("int8", []),
+        ("int4", symmetric),
+        ("int4-head-int8", ["--head-dtype", "int8", *symmetric]),
+    ):
         bundles[dtype] = work / f"smollm2-{dtype}"
         storage = ["--dtype", dtype.split("-")[0], *extra, *words("--predictor none --max-seq-len 512")]
         rec.run([*EDGE_SDK, "export", smollm2, "-o", bundles[dtype], *storage])

@@ -18,7 +18,7 @@ import click
 
 from edge_sdk import __version__, memory, predictors
 from edge_sdk.errors import EdgeSdkError
-from edge_sdk.quant import DEFAULT_GROUP_SIZE, GROUP_SIZES
+from edge_sdk.quant import DEFAULT_GROUP_SIZE, GROUP_SIZES, INT4_SCHEMES
 from edge_sdk.runtime.backends import MAX_THREADS
 from edge_sdk.runtime.generator import MAX_SEED
 from edge_sdk.sparsity.settings import DEFAULT_LEVELS, LEVEL_ALLOCATIONS, CalibrationSettings
@@ -190,16 +190,22 @@ def _quantization_text(report: dict) -> str | None:
         return None
     change = choice["quantization_change_percent"]
     text = (
-        f"quantization {quantization['format']} (groups of {quantization['group_size']}, {quantization['method']}): "
+        f"quantization {quantization['format']}{_scheme_text(quantization)} (groups of {quantization['group_size']}, "
+        f"{quantization['method']}): "
         f"dense validation perplexity {choice['dense_perplexity']:.3f} against "
         f"{choice['unquantized_dense_perplexity']:.3f} unquantized ({change:+.2f}%)"
     )
     if change > QUANTIZATION_NOTE_PERCENT:
         text += (
-            "; --dtype int8, --head-dtype int8 or --quant-method awq lose less, and a checkpoint that is itself a "
-            "4-bit GGUF loses most (benchmarks/README.md section 9)"
+            "; --dtype int8, --head-dtype int8, --int4-scheme asymmetric or --quant-method awq lose less, and a "
+            "checkpoint that is itself a 4-bit GGUF loses most unless int4 keeps its grid (benchmarks/README.md "
+            "section 9)"
         )
     return text
+
+
+def _scheme_text(quantization: dict) -> str:
+    return " asymmetric" if quantization.get("int4_scheme") == "asymmetric" else ""
 
 
 def _predictor_choices(with_none: bool) -> list[str]:
@@ -404,6 +410,15 @@ def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **
 )
 @_group_size_option
 @click.option(
+    "--int4-scheme",
+    type=click.Choice(["auto", *INT4_SCHEMES]),
+    default="auto",
+    show_default=True,
+    help="int4's grid: 'symmetric', code * scale per group (llama.cpp's Q4_0), or 'asymmetric', (code + 8) * scale + "
+    "min per group (Q4_1's grid, 11% more bytes, bundle format version 6). 'auto' is asymmetric for a GGUF whose "
+    "weights are stored with block minimums (Q4_1, Q4_K, ...), which it then keeps exactly, and symmetric otherwise.",
+)
+@click.option(
     "--quant-method",
     type=click.Choice(["rtn", "awq"]),
     default="rtn",
@@ -427,6 +442,7 @@ def export(
     dtype,
     head_dtype,
     group_size,
+    int4_scheme,
     quant_method,
     max_seq_len,
     **fit,
@@ -435,16 +451,19 @@ def export(
     _runs_torch_pipeline("`edge-sdk export`")
     from tqdm import tqdm
 
-    from edge_sdk.export.exporter import ExportSettings, check_output, export_bundle
+    from edge_sdk.export.exporter import ExportSettings, check_output, default_int4_scheme, export_bundle
     from edge_sdk.model.checkpoint import open_checkpoint
 
     check_output(out_dir, force, model_dir, (*calibration_files, *evaluation_files))
     checkpoint = open_checkpoint(model_dir)
     config = checkpoint.config
+    if int4_scheme == "auto":
+        int4_scheme = default_int4_scheme(checkpoint) if dtype == "int4" else "symmetric"
     settings = ExportSettings(
         dtype=dtype,
         head_dtype=head_dtype,
         group_size=int(group_size),
+        int4_scheme=int4_scheme,
         quant_method=quant_method,
         max_seq_len=max_seq_len,
         calibration=_calibration_settings(fit),
@@ -666,10 +685,19 @@ def _check_report_paths(*paths: str | None) -> None:
     help="int8 / int4 (cpu backend): the sparse kernel over quantized rows against the same step in fp16.",
 )
 @_group_size_option
+@click.option(
+    "--int4-scheme",
+    type=click.Choice(INT4_SCHEMES),
+    default="symmetric",
+    show_default=True,
+    help="--dtype int4: symmetric rows (Q4_0's grid), or asymmetric ones with a minimum per group (Q4_1's).",
+)
 @_threads_option
 @click.option("--repeats", type=click.IntRange(1, 10000), default=20, show_default=True)
 @click.option("--json", "json_path", default=None, help="Also write the rows as JSON (with the machine description).")
-def bench_ffn_command(shape, sparsities, backend, mode, dtype, group_size, threads, repeats, json_path) -> None:
+def bench_ffn_command(
+    shape, sparsities, backend, mode, dtype, group_size, int4_scheme, threads, repeats, json_path
+) -> None:
     """Time one decode FFN: torch dense matmul vs our dense and sparse kernels (int8 / int4: quantized vs fp16)."""
     _needs_export("`edge-sdk bench ffn`")
     _check_report_paths(json_path)
@@ -680,8 +708,13 @@ def bench_ffn_command(shape, sparsities, backend, mode, dtype, group_size, threa
     if dtype in QUANTIZED_DTYPES:
         if backend != "cpu":
             raise click.BadParameter(f"--dtype {dtype} runs on the cpu backend only, found --backend {backend}")
-        _bench_quantized_ffn(shape, sparsities, dtype, int(group_size), threads, repeats, json_path)
+        if int4_scheme != "symmetric" and dtype != "int4":
+            raise click.BadParameter(f"--int4-scheme {int4_scheme} needs --dtype int4, found --dtype {dtype}")
+        asymmetric = int4_scheme == "asymmetric"
+        _bench_quantized_ffn(shape, sparsities, dtype, int(group_size), threads, repeats, json_path, asymmetric)
         return
+    if int4_scheme != "symmetric":
+        raise click.BadParameter(f"--int4-scheme {int4_scheme} needs --dtype int4, found --dtype {dtype}")
     try:
         d, n_neurons = parse_shape(shape)
         levels = _parse_levels(sparsities)
@@ -712,7 +745,7 @@ def bench_ffn_command(shape, sparsities, backend, mode, dtype, group_size, threa
     _write_json(json_path, {"benchmark": "ffn", "shape": shape, "backend": backend, "mode": mode, "rows": rows})
 
 
-def _bench_quantized_ffn(shape, sparsities, dtype, group_size, threads, repeats, json_path) -> None:
+def _bench_quantized_ffn(shape, sparsities, dtype, group_size, threads, repeats, json_path, asymmetric) -> None:
     """`bench ffn --dtype int8|int4`: the sparse kernel over quantized rows against fp16, interleaved."""
     from edge_sdk.bench.ffn import QUANTIZED_COLUMNS, bench_quantized_ffn, format_table, parse_shape
 
@@ -720,12 +753,20 @@ def _bench_quantized_ffn(shape, sparsities, dtype, group_size, threads, repeats,
         d, n_neurons = parse_shape(shape)
         levels = _parse_levels(sparsities)
         rows = bench_quantized_ffn(
-            d, n_neurons, levels, dtype=dtype, group_size=group_size, threads=threads, repeats=repeats
+            d,
+            n_neurons,
+            levels,
+            dtype=dtype,
+            group_size=group_size,
+            threads=threads,
+            repeats=repeats,
+            asymmetric=asymmetric,
         )
     except ValueError as error:
         raise click.BadParameter(str(error)) from None
+    scheme = " asymmetric" if asymmetric else ""
     click.echo(
-        f"FFN d={d} D={n_neurons} {dtype} group size {group_size} backend=cpu threads={rows[0]['threads']}: "
+        f"FFN d={d} D={n_neurons} {dtype}{scheme} group size {group_size} backend=cpu threads={rows[0]['threads']}: "
         f"sparse kernel ({dtype} rows, integer dot products; fp32_x: x in fp32) vs fp16 rows, and a streaming "
         "read of 256 MiB (read_gb_per_s; read_fraction = sparse_gb_per_s / read_gb_per_s)"
     )

@@ -34,6 +34,14 @@ INT8_HEAD_BUNDLES = {
     "svd-int4-head-int8": ("svd", "int4"),
     "tied-svd-int4-head-int8": ("svd", "int4"),
 }
+# asymmetric int4 bundles (export --int4-scheme asymmetric: group minimums, bundle format version 6), untied, tied
+# (the lookup and the head read one asymmetric matrix) and tied with an int8 head (symmetric, no minimums): exported
+# on first use by their own tests
+ASYMMETRIC_BUNDLES = {
+    "svd-int4-asym": ("svd", "int4"),
+    "tied-svd-int4-asym": ("svd", "int4"),
+    "tied-svd-int4-asym-head-int8": ("svd", "int4"),
+}
 MATRIX_LEVELS = (0.5, 0.8)
 MATRIX_MAX_SEQ_LEN = 128
 
@@ -75,8 +83,8 @@ def tied_checkpoint(model_dir: Path, directory: Path) -> Path:
 
 
 class BundleMatrix:
-    """The tiny model's bundles by BUNDLE_MATRIX (or INT8_HEAD_BUNDLES) name, each exported on first use and shared
-    by the session. Tests read them and never change them (copy one first)."""
+    """The tiny model's bundles by BUNDLE_MATRIX (or INT8_HEAD_BUNDLES, ASYMMETRIC_BUNDLES) name, each exported on
+    first use and shared by the session. Tests read them and never change them (copy one first)."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -87,13 +95,17 @@ class BundleMatrix:
             from edge_sdk.export.exporter import ExportSettings, export_bundle
             from edge_sdk.sparsity.settings import CalibrationSettings
 
-            predictor, dtype = (BUNDLE_MATRIX | INT8_HEAD_BUNDLES)[name]
+            predictor, dtype = (BUNDLE_MATRIX | INT8_HEAD_BUNDLES | ASYMMETRIC_BUNDLES)[name]
             calibration = CalibrationSettings(
                 predictor=predictor, rank=16, max_tokens=2048, levels=MATRIX_LEVELS, sparsity=MATRIX_LEVELS[0]
             )
-            head_dtype = "int8" if name in INT8_HEAD_BUNDLES else None
+            head_dtype = "int8" if name.endswith("-head-int8") else None
             settings = ExportSettings(
-                dtype=dtype, head_dtype=head_dtype, max_seq_len=MATRIX_MAX_SEQ_LEN, calibration=calibration
+                dtype=dtype,
+                head_dtype=head_dtype,
+                int4_scheme="asymmetric" if name in ASYMMETRIC_BUNDLES else "symmetric",
+                max_seq_len=MATRIX_MAX_SEQ_LEN,
+                calibration=calibration,
             )
             model = self.tied_model() if name.startswith(TIED_PREFIX) else TINY_MODEL
             self._opened[name] = export_bundle(model, self.root / name, settings, [TINY_MODEL / "calibration.txt"])

@@ -94,7 +94,13 @@ class CannBackend:
             from .quantized import DEQUANTIZE, TorchNpuWeightQuant, choose_quant_path, requested_quant_path
 
             torch_npu = importlib.import_module("torch_npu")
-            plan = choose_quant_path(torch_npu.npu.get_device_name(0), torch_npu, bundle.dtype, requested_quant_path())
+            plan = choose_quant_path(
+                torch_npu.npu.get_device_name(0),
+                torch_npu,
+                bundle.dtype,
+                requested_quant_path(),
+                bundle.manifest.asymmetric,
+            )
             notice = quant_notice(plan)
             weight_quant = None if plan.path == DEQUANTIZE else TorchNpuWeightQuant(torch_npu)
         if notice is not None:

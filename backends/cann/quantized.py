@@ -19,6 +19,9 @@ the dequantize path the dense projections and the LM head are dequantized once a
 a whole matrix at every token would write and read it again in fp16, 5 bytes per weight moved instead of 2, whereas
 the FFN touches only its active rows. int4 codes are widened to int8 at load on the dequantize path: unpacking
 nibbles at every token is int32 bitwise work, which the 310P runs on the AI CPU (README.md, "The sign-bit path").
+Asymmetric int4 bundles (group minimums: value (code + 8) * scale + min) take the dequantize path on every chip: the
+weight-quant matmul's antiquant_offset is added to the code before the scale multiplies it, so a minimum would have to
+become min / scale, which a constant group (scale 0) cannot express and fp16 rounds.
 
 The two torch_npu operators are called through one object (TorchNpuWeightQuant) handed to the matrices, so the tests
 run the same code with a reference implementation of the documented semantics in its place.
@@ -57,12 +60,21 @@ class QuantPlan:
     reason: str
 
 
-def choose_quant_path(device_name: str, torch_npu, bundle_dtype: str, requested: str = "auto") -> QuantPlan:
-    """The plan for a bundle of bundle_dtype (int8 | int4) on the chip torch_npu names device_name."""
+def choose_quant_path(
+    device_name: str, torch_npu, bundle_dtype: str, requested: str = "auto", asymmetric: bool = False
+) -> QuantPlan:
+    """The plan for a bundle of bundle_dtype (int8 | int4; asymmetric: int4 with group minimums) on the chip
+    torch_npu names device_name."""
     if requested not in QUANT_CHOICES:
         raise EdgeSdkError(f"${QUANT_ENV}: expected one of {', '.join(QUANT_CHOICES)}, found {requested!r}")
     if requested == DEQUANTIZE:
         return QuantPlan(DEQUANTIZE, f"${QUANT_ENV}=dequantize: rows dequantized to fp16 on gather")
+    if asymmetric:
+        return QuantPlan(
+            DEQUANTIZE,
+            "asymmetric int4: npu_weight_quant_batchmatmul adds its offset to the code before scaling, which cannot "
+            "express a group minimum exactly, so the rows are dequantized to fp16 on gather",
+        )
     if device_name.startswith(INFERENCE_SERIES_CHIPS):
         return QuantPlan(
             DEQUANTIZE,
@@ -128,13 +140,18 @@ def _codes(matrix: quant.QuantizedMatrix) -> np.ndarray:
 
 
 class DequantizingMatrix:
-    """A quantized matrix [rows, cols] on the dequantize path: int8 codes (int4 widened at load) and scales in the
-    compute dtype, on the device; rows are dequantized when they are gathered."""
+    """A quantized matrix [rows, cols] on the dequantize path: int8 codes (int4 widened at load; asymmetric int4 as
+    code + 8, its steps above the minimum) and scales (and minimums) in the compute dtype, on the device; rows are
+    dequantized when they are gathered."""
 
     def __init__(self, matrix: quant.QuantizedMatrix, device: torch.device, dtype: torch.dtype):
         self.group_size = matrix.group_size
-        self.codes = torch.from_numpy(np.ascontiguousarray(_codes(matrix))).to(device)  # [rows, cols] int8
+        codes = _codes(matrix)
+        if matrix.mins is not None:
+            codes = codes + np.int8(quant.INT4_MIN_OFFSET)
+        self.codes = torch.from_numpy(np.ascontiguousarray(codes)).to(device)  # [rows, cols] int8
         self.scales = torch.from_numpy(matrix.scales).to(device=device, dtype=dtype)  # [rows, cols / G], exact
+        self.mins = None if matrix.mins is None else torch.from_numpy(matrix.mins).to(device=device, dtype=dtype)
         self.dtype = dtype
 
     @property
@@ -142,11 +159,15 @@ class DequantizingMatrix:
         return tuple(self.codes.shape)
 
     def rows(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """The rows [k] (None: all) dequantized, [k, cols] in the compute dtype: code * scale, one rounding."""
+        """The rows [k] (None: all) dequantized, [k, cols] in the compute dtype: code * scale, one rounding
+        (asymmetric: (code + 8) * scale + min, a rounding each)."""
         codes = self.codes if rows is None else self.codes.index_select(0, rows)
         scales = self.scales if rows is None else self.scales.index_select(0, rows)
         count = codes.shape[0]
         grouped = codes.view(count, -1, self.group_size).to(self.dtype) * scales.unsqueeze(-1)
+        if self.mins is not None:
+            mins = self.mins if rows is None else self.mins.index_select(0, rows)
+            grouped = grouped + mins.unsqueeze(-1)
         return grouped.view(count, -1)
 
     def product(self, x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -161,6 +182,8 @@ class WeightQuantMatrix:
     weight and (K / G, N) scales."""
 
     def __init__(self, matrix: quant.QuantizedMatrix, device: torch.device, dtype: torch.dtype, ops: WeightQuantOps):
+        if matrix.mins is not None:
+            raise ValueError("an asymmetric int4 matrix takes the dequantize path (choose_quant_path)")
         self.ops = ops
         cols = matrix.shape[1]
         if matrix.format == "int8":

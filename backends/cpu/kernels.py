@@ -40,6 +40,7 @@ class _Matrix(ctypes.Structure):
     _fields_ = [
         ("w", _ptr),
         ("scales", _ptr),
+        ("mins", _ptr),
         ("dtype", _int),
         ("group_size", _int),
         ("rows", _int),
@@ -79,8 +80,8 @@ def _library() -> ctypes.CDLL:
         ],
         # x, d, D, w_gate, w_up, w_down_t, weight_dtype, activation, act_threshold, y, workspace, threads
         "edge_cpu_dense_ffn": [_ptr, _int, _int, _ptr, _ptr, _ptr, _int, _int, ctypes.c_float, _ptr, _ptr, _int],
-        # x, in, out, w, scales, quant_format, group_size, bias, y, threads
-        "edge_cpu_matvec_q": [_ptr, _int, _int, _ptr, _ptr, _int, _int, _ptr, _ptr, _int],
+        # x, in, out, w, scales, mins, quant_format, group_size, bias, y, threads
+        "edge_cpu_matvec_q": [_ptr, _int, _int, _ptr, _ptr, _ptr, _int, _int, _ptr, _ptr, _int],
         # x, in, matrices, n, threads
         "edge_cpu_matvecs": [_ptr, _int, ctypes.POINTER(_Matrix), _int, _int],
         "edge_cpu_sparse_ffn_q": [
@@ -89,10 +90,13 @@ def _library() -> ctypes.CDLL:
             _int,  # D
             _ptr,  # w_gate
             _ptr,  # gate_scales
+            _ptr,  # gate_mins
             _ptr,  # w_up
             _ptr,  # up_scales
+            _ptr,  # up_mins
             _ptr,  # w_down_t
             _ptr,  # down_scales
+            _ptr,  # down_mins
             _int,  # quant_format
             _int,  # group_size
             _ptr,  # mask
@@ -141,11 +145,20 @@ class QuantizedWeight:
     group_size: int  # 32, 64 or 128
     data: torch.Tensor  # int8 [rows, cols] (int8) or uint8 [rows, cols // 2] (int4)
     scales: torch.Tensor  # float16 [rows, cols // group_size]
+    # float16 [rows, cols // group_size]: asymmetric int4's group minimums (value = (code + 8) * scale + min), or None
+    mins: torch.Tensor | None = None
+
+    @property
+    def asymmetric(self) -> bool:
+        return self.mins is not None
 
     @classmethod
     def from_matrix(cls, matrix: QuantizedMatrix) -> QuantizedWeight:
         """The tensors over matrix's numpy arrays (shared memory, no copy)."""
-        return cls(matrix.format, matrix.group_size, torch.from_numpy(matrix.data), torch.from_numpy(matrix.scales))
+        mins = None if matrix.mins is None else torch.from_numpy(matrix.mins)
+        return cls(
+            matrix.format, matrix.group_size, torch.from_numpy(matrix.data), torch.from_numpy(matrix.scales), mins
+        )
 
 
 def _check_quantized(name: str, weight: object, rows: int, cols: int) -> QuantizedWeight:
@@ -161,6 +174,12 @@ def _check_quantized(name: str, weight: object, rows: int, cols: int) -> Quantiz
     else:
         _check_tensor(f"{name}.data", weight.data, (torch.uint8,), [rows, cols // 2])
     _check_tensor(f"{name}.scales", weight.scales, (torch.float16,), [rows, cols // weight.group_size])
+    if weight.mins is not None:
+        if weight.format != "int4":
+            raise ValueError(
+                f"{name}.mins: expected None (only int4 has group minimums), found mins for {weight.format}"
+            )
+        _check_tensor(f"{name}.mins", weight.mins, (torch.float16,), [rows, cols // weight.group_size])
     return weight
 
 
@@ -323,6 +342,7 @@ def matvec_quantized(
         n_out,
         weight.data.data_ptr(),
         weight.scales.data_ptr(),
+        _optional_ptr(weight.mins),
         QUANT_FORMATS[weight.format],
         weight.group_size,
         _optional_ptr(bias),
@@ -340,7 +360,8 @@ def matvecs(
     threads: int = 0,
 ) -> list[torch.Tensor]:
     """[weights[i] @ x (+ biases[i])] in one kernel call (edge_cpu_matvecs: x quantized once, one parallel region):
-    bit for bit what matvec / matvec_quantized give for each matrix alone."""
+    bit for bit what matvec / matvec_quantized give for each matrix alone. Asymmetric and symmetric int4 matrices of
+    one group size may share a call (each matrix its own minimums or none)."""
     n_in = _vector_size("x", x)
     _check_tensor("x", x, (torch.float32,), [n_in])
     if not weights:
@@ -356,19 +377,27 @@ def matvecs(
         if isinstance(weight, QuantizedWeight):
             n_out = weight.data.shape[0] if weight.data.dim() == 2 else 0
             _check_quantized(f"weights[{i}]", weight, n_out, n_in)
-            data, scales = weight.data, weight.scales
+            data, scales, mins = weight.data, weight.scales, weight.mins
         else:
             if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
                 found = getattr(weight, "shape", type(weight).__name__)
                 raise ValueError(f"weights[{i}]: expected a 2-D tensor or a QuantizedWeight, found {found}")
             n_out = weight.shape[0]
-            data, scales = _check_tensor(f"weights[{i}]", weight, tuple(WEIGHT_DTYPES), [n_out, n_in]), None
+            data = _check_tensor(f"weights[{i}]", weight, tuple(WEIGHT_DTYPES), [n_out, n_in])
+            scales, mins = None, None
         if bias is not None:
             _check_tensor(f"biases[{i}]", bias, (torch.float32,), [n_out])
         out = torch.empty(n_out, dtype=torch.float32)
         dtype, group_size = _storage(weight)
         matrices[i] = _Matrix(
-            data.data_ptr(), _optional_ptr(scales), dtype, group_size, n_out, _optional_ptr(bias), out.data_ptr()
+            data.data_ptr(),
+            _optional_ptr(scales),
+            _optional_ptr(mins),
+            dtype,
+            group_size,
+            n_out,
+            _optional_ptr(bias),
+            out.data_ptr(),
         )
         outputs.append(out)
     status = _library().edge_cpu_matvecs(x.data_ptr(), n_in, matrices, len(weights), threads)
@@ -507,7 +536,8 @@ class SparseFFNKernel:
         active_out: torch.Tensor | None = None,  # [D] bool, receives the neurons that reached up/down
     ) -> torch.Tensor:
         """As __call__ on the dequantized weights, reading the quantized rows in place (edge_cpu_sparse_ffn_q); the
-        gate and up rows are dotted with quantized_activations(x) unless ACTIVATIONS_ENV is "fp32"."""
+        gate and up rows are dotted with quantized_activations(x) unless ACTIVATIONS_ENV is "fp32". Asymmetric int4:
+        gate, up and down all with mins, or none of them."""
         d, n_neurons = self.d, self.n_neurons
         if not isinstance(activation, Activation):
             raise ValueError(f"activation: expected an Activation, found {type(activation).__name__}")
@@ -519,6 +549,12 @@ class SparseFFNKernel:
                     f"{name}: expected format {w_gate.format} and group_size {w_gate.group_size} as w_gate, found "
                     f"{weight.format} and {weight.group_size}"
                 )
+            if weight.asymmetric != w_gate.asymmetric:
+                kinds = {True: "asymmetric (mins)", False: "symmetric (mins None)"}
+                raise ValueError(
+                    f"{name}.mins: expected {kinds[w_gate.asymmetric]} as w_gate (gate, up and down all asymmetric "
+                    f"or none), found {kinds[weight.asymmetric]}"
+                )
         self._check_sparse_options(mask, thresholds, active_out)
         out = self._output(out)
         status = _library().edge_cpu_sparse_ffn_q(
@@ -527,10 +563,13 @@ class SparseFFNKernel:
             n_neurons,
             w_gate.data.data_ptr(),
             w_gate.scales.data_ptr(),
+            _optional_ptr(w_gate.mins),
             w_up.data.data_ptr(),
             w_up.scales.data_ptr(),
+            _optional_ptr(w_up.mins),
             w_down_t.data.data_ptr(),
             w_down_t.scales.data_ptr(),
+            _optional_ptr(w_down_t.mins),
             QUANT_FORMATS[w_gate.format],
             w_gate.group_size,
             _optional_ptr(mask),

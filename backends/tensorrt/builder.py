@@ -121,6 +121,13 @@ def _build(trt: ModuleType, logger, path: Path, profiles: list[dict]) -> bytes:
     return bytes(serialized)
 
 
+# why an asymmetric int4 bundle has no TensorRT engine (compatibility.py, rule asymmetric-int4)
+ASYMMETRIC_INT4_REASON = (
+    "its int4 matrices are asymmetric (group minimums), which the TensorRT plugins do not take; re-export with "
+    "--int4-scheme symmetric"
+)
+
+
 def build_engine(
     bundle: Bundle,
     cache_dir: str | Path | None = None,
@@ -135,6 +142,8 @@ def build_engine(
     GPU, no plugin library), EngineBuildError when TensorRT fails on the bundle's graph or the device lacks the memory.
     """
     bundle_path = bundle.path
+    if bundle.manifest.asymmetric:
+        raise EngineBuildError(f"{bundle_path}: no TensorRT engine for this bundle: {ASYMMETRIC_INT4_REASON}")
     # first: libedge_sdk, loaded next, then links the libnvinfer the tensorrt package loaded (one soname, one copy)
     trt = import_tensorrt()
     info = tensorrt_engine_info(bundle, cache_dir)

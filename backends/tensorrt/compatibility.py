@@ -135,6 +135,8 @@ SOURCES = {
     "dq-zero-point": "operators.md 10.x DequantizeLinear: x_zero_point must be zero (symmetric quantization only)",
     "dq-weight-copy": "TensorRT 10.x developer guide, weight-only quantization: DQ of weights must feed MatMul/Gemm",
     "dq-block-int4": "NvInfer.h 10.3 IDequantizeLayer: block dequantization only for 2-D INT4 constants",
+    "asymmetric-int4": "edge-sdk plugins (plugins/tensorrt): QuantizedMatMul / QuantizedSparseFFN take no group "
+    "minimums; operators.md 10.x DequantizeLinear: symmetric quantization only",
 }
 # The ops whose weight input TensorRT computes from quantized weights directly (weight-only quantization).
 WEIGHT_ONLY_CONSUMERS = {"MatMul": (0, 1), "Gemm": (0, 1)}
@@ -419,6 +421,17 @@ def load_graphs(bundle: Bundle) -> dict[str, onnx.ModelProto]:
 
 
 def check_bundle(bundle: Bundle) -> tuple[list[Violation], WeightMemory]:
-    """The violations of the graph TensorRT parses (decode.onnx) and the engine's weight memory estimate."""
+    """The violations of the graph TensorRT parses (decode.onnx) and the engine's weight memory estimate. An
+    asymmetric int4 bundle is one violation: its decode graph dequantizes every matrix in standard ops, which no
+    TensorRT engine would keep quantized (every node of it would be reported otherwise)."""
     models = load_graphs(bundle)
+    if bundle.manifest.asymmetric:
+        violation = Violation(
+            "asymmetric-int4",
+            f"{ENGINE_GRAPH}.onnx",
+            "(bundle)",
+            "asymmetric int4 matrices (manifest int4_scheme 'asymmetric', group minimums): expected symmetric int4, "
+            "which the TensorRT plugins take; re-export with --int4-scheme symmetric for TensorRT",
+        )
+        return [violation], weight_memory(models)
     return check_graph(models[ENGINE_GRAPH], f"{ENGINE_GRAPH}.onnx"), weight_memory(models)

@@ -281,11 +281,13 @@ def bench_quantized_ffn(
     repeats: int = 20,
     warmup: int = 3,
     seed: int = 0,
+    asymmetric: bool = False,
 ) -> list[dict]:
-    """Time the native sparse FFN over `dtype` ("int8" or "int4") rows against the same step over the fp16 rows
-    they were quantized from, interleaved, one row per sparsity (relu, mask = the active set as in bench_ffn).
+    """Time the native sparse FFN over `dtype` ("int8" or "int4"; asymmetric: int4 with group minimums) rows against
+    the same step over the fp16 rows they were quantized from, interleaved, one row per sparsity (relu, mask = the
+    active set as in bench_ffn).
 
-    Row fields: the setup (d, D, dtype, group_size, threads), sparsity, realized_sparsity (measured by the
+    Row fields: the setup (d, D, dtype, int4_scheme, group_size, threads), sparsity, realized_sparsity (measured by the
     quantized kernel), fp16_sparse_ms, fp32_x_sparse_ms (the quantized kernel with x in fp32, ACTIVATIONS_ENV
     "fp32"), sparse_ms (the quantized kernel's default, integer dot products), speedup_vs_fp16,
     speedup_vs_fp32_x, sparse_mb_read (codes and scales of the gate, up and down rows of the active neurons),
@@ -302,22 +304,28 @@ def bench_quantized_ffn(
 
     generator = torch.Generator().manual_seed(seed)
     weights = _FFNWeights(d, n_neurons, torch.float16, generator)
+    if asymmetric and dtype != "int4":
+        raise ValueError(f"asymmetric: only int4 has group minimums, found dtype {dtype!r}")
     quantized = [
-        QuantizedWeight.from_matrix(quant.quantize(w.numpy(), dtype, group_size))
+        QuantizedWeight.from_matrix(quant.quantize(w.numpy(), dtype, group_size, asymmetric))
         for w in (weights.w_gate, weights.w_up, weights.w_down_t)
     ]
-    gate_scales = quantized[0].scales
+    gate_scales, gate_mins = quantized[0].scales, quantized[0].mins
     quantized_row_bytes = quantized[0].data[0].nbytes + gate_scales[0].nbytes
+    if asymmetric:
+        quantized_row_bytes += gate_mins[0].nbytes
     kernel = SparseFFNKernel(d, n_neurons, threads)
     relu = Activation("relu")
     out = torch.empty(d, dtype=torch.float32)
 
     def make_active(active: torch.Tensor) -> None:
         """Both weight sets fire exactly on `active`: the fp16 gate rows as in bench_ffn, the quantized ones by
-        negating their scales (which negates every value of the row exactly)."""
+        negating their scales (and minimums), which negates every value of the row exactly."""
         weights.make_active(active)
-        positive = matvec_quantized(weights.x, quantized[0]) > 0
-        gate_scales[positive != active] *= -1
+        flip = (matvec_quantized(weights.x, quantized[0]) > 0) != active
+        gate_scales[flip] *= -1
+        if gate_mins is not None:
+            gate_mins[flip] *= -1
 
     def fp16_call(mask: torch.Tensor) -> torch.Tensor:
         w = weights
@@ -364,6 +372,7 @@ def bench_quantized_ffn(
                     "d": d,
                     "D": n_neurons,
                     "dtype": dtype,
+                    "int4_scheme": ("asymmetric" if asymmetric else "symmetric") if dtype == "int4" else None,
                     "group_size": group_size,
                     "threads": threads if threads > 0 else max_threads(),
                     "sparsity": sparsity,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 FORMAT = "edge-sdk-bundle"
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 # int4 codes are signed nibbles (4-bit two's complement, ONNX INT4) from format version 2 on; version 1 stored
 # code + 8 (UINT4 with zero point 8), which this edge-sdk refuses rather than misread.
 SIGNED_INT4_FORMAT_VERSION = 2
@@ -24,6 +24,11 @@ HEAD_DTYPE_FORMAT_VERSION = 4
 # on, F32 before (and in fp32 bundles); a reader of an older version would misread them, so such a bundle is version
 # 5 and older readers refuse it as newer. Every other bundle reads the same in versions 3 and 5.
 HALF_PREDICTOR_FACTORS_FORMAT_VERSION = 5
+# an int4 bundle may store asymmetric int4 (llama.cpp's Q4_1 grid: value = (code + 8) * scale + min, manifest
+# int4_scheme "asymmetric", each int4 matrix with F16 <name>.mins) from format version 6 on; an older reader would
+# ignore the minimums and misread every value, so such a bundle is version 6. Every other bundle reads the same in
+# versions 5 and 6.
+ASYMMETRIC_INT4_FORMAT_VERSION = 6
 
 MANIFEST_FILE = "manifest.json"
 WEIGHTS_FILE = "weights.safetensors"
@@ -46,13 +51,18 @@ FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 
 
 def written_format_version(
-    quantized_tied_embedding: bool, head_dtype: bool = False, half_predictor_factors: bool = False
+    quantized_tied_embedding: bool,
+    head_dtype: bool = False,
+    half_predictor_factors: bool = False,
+    asymmetric_int4: bool = False,
 ) -> int:
     """The format_version an export writes: the oldest version that reads its layout, so every bundle is
     byte-identical to what edge-sdk wrote before the newer versions and readable by the readers of its version (an
-    older libedge_sdk on a device). 5 for a bundle with F16 predictor factors (an svd bundle whose weights are not
-    fp32); 4 for a bundle with a head_dtype of its own (head_dtype: the manifest has one); 3 for an int8 / int4
-    bundle of a model with tied embeddings; 2 for every other bundle."""
+    older libedge_sdk on a device). 6 for an asymmetric int4 bundle; 5 for a bundle with F16 predictor factors (an
+    svd bundle whose weights are not fp32); 4 for a bundle with a head_dtype of its own (head_dtype: the manifest has
+    one); 3 for an int8 / int4 bundle of a model with tied embeddings; 2 for every other bundle."""
+    if asymmetric_int4:
+        return ASYMMETRIC_INT4_FORMAT_VERSION
     if half_predictor_factors:
         return HALF_PREDICTOR_FACTORS_FORMAT_VERSION
     if head_dtype:

@@ -16,6 +16,11 @@ bundle's other matrices (export --head-dtype, manifest head_dtype, since format 
 scales of the same group size in an int4 bundle. The head is read in full every token and its error reaches every
 logit, so it is the matrix whose precision buys the most quality per byte.
 
+An asymmetric int4 bundle (export --int4-scheme asymmetric, manifest int4_scheme "asymmetric", since bundle format
+version 6) stores llama.cpp's Q4_1 grid: every int4 matrix has, besides its codes and scales, its fp16 group minimums
+as `<name>.mins` F16 [rows, cols / group_size], and a value is (code + 8) * scale + min (edge_sdk/quant.py). An int8
+head of such a bundle (head_dtype) stays symmetric, without minimums.
+
 The svd predictor's factors (svd.a, svd.b) are F16 in bundles whose weights are not fp32 (since bundle format version
 5, bundle/format.py predictor_factor_dtype) and F32 otherwise; the predictors' other tensors keep their kinds' dtypes.
 """
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 
 from edge_sdk import predictors
 from edge_sdk.model.config import ModelConfig, hf_tensor_shapes
+from edge_sdk.quant import INT4_SCHEMES  # noqa: F401 (the manifest's int4_scheme values, named with the layout)
 
 WEIGHT_DTYPES = {"fp32": "F32", "fp16": "F16", "bf16": "BF16"}
 # weight-only group-wise quantized dtypes: the safetensors dtype of their codes (int4 packs two per byte)
@@ -38,6 +44,7 @@ LM_HEAD = "lm_head.weight"
 WIDER_HEAD_DTYPES = {"int4": ("int8",)}
 UNTIED_EMBEDDING_DTYPE = "F16"  # a quantized bundle's embedding when the model has an LM head of its own
 SCALES_SUFFIX = ".scales"
+MINS_SUFFIX = ".mins"
 TRANSPOSED_SUFFIX = "_t"
 
 
@@ -74,14 +81,26 @@ def is_quantized_matrix(name: str, shape: tuple[int, ...], tied_embeddings: bool
     return len(shape) == 2 and (name != EMBEDDING or tied_embeddings)
 
 
-def quantized_tensors(name: str, shape: tuple[int, ...], dtype: str, group_size: int) -> dict[str, ExpectedTensor]:
-    """The codes and the scales of a [rows, cols] matrix quantized to dtype (int8 | int4) in groups of group_size."""
+def quantized_tensors(
+    name: str, shape: tuple[int, ...], dtype: str, group_size: int, asymmetric: bool = False
+) -> dict[str, ExpectedTensor]:
+    """The codes and the scales of a [rows, cols] matrix quantized to dtype (int8 | int4) in groups of group_size,
+    and its minimums for asymmetric int4 (asymmetric: the bundle's int4 scheme; int8 matrices have none)."""
     rows, cols = shape
     width = cols // 2 if dtype == "int4" else cols
-    return {
-        name: ExpectedTensor(QUANTIZED_DTYPES[dtype], (rows, width)),
-        name + SCALES_SUFFIX: ExpectedTensor("F16", (rows, cols // group_size)),
-    }
+    groups = ExpectedTensor("F16", (rows, cols // group_size))
+    tensors = {name: ExpectedTensor(QUANTIZED_DTYPES[dtype], (rows, width)), name + SCALES_SUFFIX: groups}
+    if asymmetric and dtype == "int4":
+        tensors[name + MINS_SUFFIX] = groups
+    return tensors
+
+
+def quantized_part(name: str) -> tuple[str, str]:
+    """(matrix name, part) of a quantized matrix's tensor: part "" for its codes, SCALES_SUFFIX or MINS_SUFFIX."""
+    for suffix in (SCALES_SUFFIX, MINS_SUFFIX):
+        if name.endswith(suffix):
+            return name.removesuffix(suffix), suffix
+    return name, ""
 
 
 def model_tensors(
@@ -90,11 +109,12 @@ def model_tensors(
     max_seq_len: int,
     group_size: int | None = None,
     head_dtype: str | None = None,
+    asymmetric: bool = False,
 ) -> dict[str, ExpectedTensor]:
     """Every model tensor of a bundle with weight dtype `dtype` (fp32 | fp16 | bf16 | int8 | int4) serving
     max_seq_len; group_size: the quantization group of int8 / int4 (it must divide every quantized matrix's cols);
     head_dtype: the LM head's quantized dtype when it differs from dtype (one of WIDER_HEAD_DTYPES[dtype]), else
-    None."""
+    None; asymmetric: an int4 bundle's int4_scheme is "asymmetric" (its int4 matrices have minimums)."""
     hf_shapes = hf_tensor_shapes(config)
     head = lm_head_tensor(config.tie_word_embeddings)
     expected = {}
@@ -104,7 +124,7 @@ def model_tensors(
             shape = shape[::-1]
         if dtype in QUANTIZED_DTYPES and is_quantized_matrix(name, shape, config.tie_word_embeddings):
             matrix_dtype = head_dtype if name == head and head_dtype is not None else dtype
-            expected |= quantized_tensors(name, shape, matrix_dtype, group_size)
+            expected |= quantized_tensors(name, shape, matrix_dtype, group_size, asymmetric)
         elif dtype in QUANTIZED_DTYPES and len(shape) == 2:
             expected[name] = ExpectedTensor(UNTIED_EMBEDDING_DTYPE, shape)
         else:

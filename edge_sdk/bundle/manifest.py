@@ -17,6 +17,7 @@ from edge_sdk.bundle import format as bundle_format
 from edge_sdk.bundle.layout import (
     BUNDLE_DTYPES,
     GROUP_SIZES,
+    INT4_SCHEMES,
     QUANTIZED_DTYPES,
     WIDER_HEAD_DTYPES,
     ExpectedTensor,
@@ -345,9 +346,10 @@ def expected_tensors(
     group_size: int | None = None,
     head_dtype: str | None = None,
     factor_dtype: str = "F32",
+    asymmetric: bool = False,
 ) -> dict[str, ExpectedTensor]:
     ranks = _ranks(declared, config, predictors.kind(sparsity.predictor), where)
-    return model_tensors(config, dtype, max_seq_len, group_size, head_dtype) | predictor_tensors(
+    return model_tensors(config, dtype, max_seq_len, group_size, head_dtype, asymmetric) | predictor_tensors(
         config, sparsity.predictor, len(sparsity.levels), ranks, factor_dtype
     )
 
@@ -400,6 +402,12 @@ class Manifest:
     files: dict[str, FileEntry]
     group_size: int | None = None  # int8 / int4 bundles: values per fp16 scale along each matrix row
     head_dtype: str | None = None  # the LM head's quantized dtype where it differs from dtype (format version 4)
+    int4_scheme: str | None = None  # int4 bundles: "symmetric" or "asymmetric" (format version 6); None otherwise
+
+    @property
+    def asymmetric(self) -> bool:
+        """Whether the int4 matrices carry group minimums (layout.py, int4_scheme "asymmetric")."""
+        return self.int4_scheme == "asymmetric"
 
     @property
     def lm_head_dtype(self) -> str:
@@ -436,6 +444,17 @@ def _head_dtype(fields: Fields, dtype: str, version: int) -> str | None:
     if not allowed:
         raise fields._fail("head_dtype", f"null or absent for dtype {dtype} (a head dtype of its own needs int4)")
     return fields.string("head_dtype", allowed)
+
+
+def _int4_scheme(fields: Fields, dtype: str, version: int) -> str | None:
+    """int4_scheme (format version 6 on; older versions do not read it): for int4, absent or "symmetric", or
+    "asymmetric" (each int4 matrix has <name>.mins); null or absent for every other dtype."""
+    present = version >= bundle_format.ASYMMETRIC_INT4_FORMAT_VERSION and fields.has("int4_scheme")
+    if dtype != "int4":
+        if present:
+            raise fields._fail("int4_scheme", f"null or absent for dtype {dtype} (only int4 has a scheme)")
+        return None
+    return fields.string("int4_scheme", INT4_SCHEMES) if present else "symmetric"
 
 
 def factor_rule(dtype: str, version: int) -> str:
@@ -493,6 +512,7 @@ def validate(raw: Any, where: str) -> Manifest:
         )
     group_size = _group_size(fields, dtype, config)
     head_dtype = _head_dtype(fields, dtype, version)
+    int4_scheme = _int4_scheme(fields, dtype, version)
     max_seq_len = fields.integer("max_seq_len", 2, config.max_position_embeddings)
     sparsity = _sparsity(fields.object("sparsity"), config.num_layers)
     graphs = _graphs(fields.object("graphs"))
@@ -502,10 +522,21 @@ def validate(raw: Any, where: str) -> Manifest:
     _check_tensors(
         declared,
         expected_tensors(
-            config, dtype, max_seq_len, sparsity, declared, tensors_where, group_size, head_dtype, factor_dtype
+            config,
+            dtype,
+            max_seq_len,
+            sparsity,
+            declared,
+            tensors_where,
+            group_size,
+            head_dtype,
+            factor_dtype,
+            int4_scheme == "asymmetric",
         ),
         tensors_where,
         factor_rule(dtype, version),
     )
     files = _files(fields.object("files"), graphs)
-    return Manifest(raw, version, config, dtype, max_seq_len, sparsity, graphs, declared, files, group_size, head_dtype)
+    return Manifest(
+        raw, version, config, dtype, max_seq_len, sparsity, graphs, declared, files, group_size, head_dtype, int4_scheme
+    )

@@ -48,6 +48,10 @@ quantized matrix is read as its codes and its fp16 scales:
 - A tied model's embedding is its LM head, stored quantized like it: decode.onnx looks the tokens' rows up in its
   INT32 words and scales and dequantizes them in standard integer ops (`GraphBuilder.dequantized_rows`),
   prefill.onnx gathers them from the LM head's DequantizeLinear output.
+- Asymmetric int4 bundles (int4_scheme "asymmetric": group minimums, value (code + 8) * scale + min) dequantize in
+  standard ops in both graphs (`GraphBuilder.dequantized`: the codes through DequantizeLinear with scale 1, then
+  the group's scale and minimum), the sparse FFN through SparseFFN on the float32 matrices: the quantized custom ops
+  and their TensorRT plugins take no minimums.
 """
 
 from __future__ import annotations
@@ -60,8 +64,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from edge_sdk import predictors
-from edge_sdk.bundle.layout import quantized_format
+from edge_sdk import predictors, quant
+from edge_sdk.bundle.layout import MINS_SUFFIX, SCALES_SUFFIX, quantized_format
 from edge_sdk.export import ops
 from edge_sdk.model.config import ModelConfig
 
@@ -103,6 +107,11 @@ class GraphSpec:
     @property
     def kind(self) -> predictors.PredictorKind:
         return predictors.kind(self.predictor)
+
+    @property
+    def asymmetric(self) -> bool:
+        """Whether the int4 matrices carry group minimums (an asymmetric int4 bundle, layout.py)."""
+        return any(name.endswith(MINS_SUFFIX) for name in self.tensors)
 
 
 def _int4_initializer(tensor: ExternalTensor, location: str) -> TensorProto:
@@ -146,11 +155,13 @@ class GraphBuilder:
     """Accumulates nodes with unique names; small helpers keep the decoder code close to its formulas.
 
     quantized_ops: products with quantized matrices go to the custom ops QuantizedMatMul / QuantizedSparseFFN (the
-    decode graph of an int8 / int4 bundle) instead of DequantizeLinear -> Gemm."""
+    decode graph of an int8 / int4 bundle) instead of DequantizeLinear -> Gemm. The quantized ops take no group
+    minimums, so an asymmetric int4 bundle's decode graph dequantizes in standard ops as prefill.onnx does (ONNX
+    Runtime runs it; the TensorRT plugins do not take such bundles, backends/tensorrt/compatibility.py)."""
 
     def __init__(self, spec: GraphSpec, quantized_ops: bool = False):
         self.spec = spec
-        self.quantized_ops = quantized_ops and spec.quant_format is not None
+        self.quantized_ops = quantized_ops and spec.quant_format is not None and not spec.asymmetric
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[TensorProto] = []
         self.used_weights: set[str] = set()
@@ -210,20 +221,45 @@ class GraphBuilder:
 
     def dequantized(self, name: str) -> str:
         """A quantized matrix [rows, cols] as float32: DequantizeLinear over its codes and float32 scales (once per
-        graph: a tied embedding's lookup and the LM head read the same node)."""
+        graph: a tied embedding's lookup and the LM head read the same node). An asymmetric int4 matrix: its codes
+        through DequantizeLinear with scale 1 (exact), then (code + 8) * scale + min per group, as quant.dequantize
+        computes it (the product exact, one rounding)."""
         if name in self.dequantized_matrices:
             return self.dequantized_matrices[name]
         group_size = self.spec.group_size
-        scales = self.op("Cast", [self.weight(name + ".scales")], hint=f"{name}.scales.f32", to=TensorProto.FLOAT)
-        matrix = self.op(
-            "DequantizeLinear", [self.weight(name), scales], hint=f"{name}.f32", axis=1, block_size=group_size
-        )
+        scales = self.op("Cast", [self.weight(name + SCALES_SUFFIX)], hint=f"{name}.scales.f32", to=TensorProto.FLOAT)
+        if name + MINS_SUFFIX in self.spec.tensors:
+            matrix = self._asymmetric_values(name, scales)
+        else:
+            matrix = self.op(
+                "DequantizeLinear", [self.weight(name), scales], hint=f"{name}.f32", axis=1, block_size=group_size
+            )
         if self.matrix_format(name) == "int4":
             self.int4_codes.add(name)
             columns = int4_onnx_columns(2 * self.spec.tensors[name].shape[1])
             matrix = self.op("Gather", [matrix, self.constant(columns, "int4_columns")], axis=1)
         self.dequantized_matrices[name] = matrix
         return matrix
+
+    def _asymmetric_values(self, name: str, scales: str) -> str:
+        """(code + 8) * scale + min [rows, cols] float32 of an asymmetric int4 matrix, in ONNX INT4's element order
+        (a permutation within each 32-value block, so each group keeps its values)."""
+        rows, width = self.spec.tensors[name].shape
+        cols, group_size = 2 * width, self.spec.group_size
+        one = self.constant(np.array(1.0, dtype=np.float32), "unit_scale")
+        codes = self.op("DequantizeLinear", [self.weight(name), one], hint=f"{name}.codes.f32")
+        groups = self.op("Reshape", [codes, self.ints(rows, cols // group_size, group_size)])
+        offset = self.constant(np.array(quant.INT4_MIN_OFFSET, dtype=np.float32), "int4_min_offset")
+        steps = self.op("Add", [groups, offset])
+        mins = self.op("Cast", [self.weight(name + MINS_SUFFIX)], hint=f"{name}.mins.f32", to=TensorProto.FLOAT)
+        values = self.op(
+            "Add",
+            [
+                self.op("Mul", [steps, self.op("Unsqueeze", [scales, self.ints(2)])]),
+                self.op("Unsqueeze", [mins, self.ints(2)]),
+            ],
+        )
+        return self.op("Reshape", [values, self.ints(rows, cols)], hint=f"{name}.f32")
 
     def dequantized_rows(self, name: str, rows: str) -> str:
         """Rows [T] int64 of a quantized matrix [rows, cols] as float32 [T, cols], read from its codes as INT32 words
@@ -486,6 +522,8 @@ def _sparse_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, prom
     if g.quantized_ops:  # codes and scales of each matrix (OPS.md, QuantizedSparseFFN)
         op, weights = "QuantizedSparseFFN", [name for matrix in matrices for name in g.quantized(matrix)]
         attributes |= g.quantized_layout(matrices[0])  # gate, up and down share the bundle's format
+    elif matrices[0] + SCALES_SUFFIX in g.spec.tensors:  # asymmetric int4: float32 matrices from standard ops
+        op, weights = "SparseFFN", [g.dequantized(matrix) for matrix in matrices]
     else:
         op, weights = "SparseFFN", [g.weight(matrix) for matrix in matrices]
     inputs = [x2d, *weights, mask]

@@ -78,9 +78,10 @@ def fold_scales(name: str, tensor: torch.Tensor, scales: LayerScales, config: Mo
     return tensor
 
 
-def fake_quantize(weight: torch.Tensor, format: str, group_size: int) -> torch.Tensor:
-    """weight [rows, cols] through the bundle's quantization and back: fp32, the values the kernels compute with."""
-    matrix = quant.quantize(weight.detach().numpy(), format, group_size)
+def fake_quantize(weight: torch.Tensor, format: str, group_size: int, asymmetric: bool = False) -> torch.Tensor:
+    """weight [rows, cols] through the bundle's quantization and back: fp32, the values the kernels compute with
+    (asymmetric: int4 with group minimums)."""
+    matrix = quant.quantize(weight.detach().numpy(), format, group_size, asymmetric and format == "int4")
     return torch.from_numpy(quant.dequantize(matrix))
 
 
@@ -89,7 +90,8 @@ class QuantizedCheckpoint:
     dequantized (a tied embedding, which is also the LM head, among them), an untied embedding rounded to fp16.
     Everything else (config, tokenizer, shapes) is the checkpoint's.
 
-    head_format: the LM head's format where it differs from format (int8 in an int4 bundle), else None."""
+    head_format: the LM head's format where it differs from format (int8 in an int4 bundle), else None; asymmetric:
+    the int4 matrices have group minimums (bundle int4_scheme "asymmetric"; an int8 head has none)."""
 
     def __init__(
         self,
@@ -98,8 +100,10 @@ class QuantizedCheckpoint:
         group_size: int,
         scales: dict[int, LayerScales] | None = None,
         head_format: str | None = None,
+        asymmetric: bool = False,
     ):
         self.checkpoint = checkpoint
+        self.asymmetric = asymmetric
         self.format = format
         self.group_size = group_size
         self.scales = scales or {}
@@ -127,7 +131,8 @@ class QuantizedCheckpoint:
         weight = self.scaled_tensor(hf_name)
         if neuron_major:
             weight = weight.T.contiguous()
-        return quant.quantize(weight.numpy(), self.matrix_format(hf_name), self.group_size)
+        format = self.matrix_format(hf_name)
+        return quant.quantize(weight.numpy(), format, self.group_size, self.asymmetric and format == "int4")
 
     def matrix_format(self, hf_name: str) -> str:
         """The format a quantized matrix is stored in: the head's own, if it has one, else the bundle's."""
@@ -162,19 +167,31 @@ class _LayerInputs:
     ffn_hidden: torch.Tensor  # [N, D], down_proj's input
 
 
-def _output_error(x: torch.Tensor, weights: list[torch.Tensor], scale: torch.Tensor, format: str, group_size: int):
+def _output_error(
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    scale: torch.Tensor,
+    format: str,
+    group_size: int,
+    asymmetric: bool = False,
+):
     """Sum over weights W [out, in] of ||x W^T - (x / s) Q(W s)^T||^2 on inputs x [N, in]."""
     error = 0.0
     scaled_x = x / scale
     for weight in weights:
         reference = x @ weight.T
-        quantized = scaled_x @ fake_quantize(weight * scale, format, group_size).T
+        quantized = scaled_x @ fake_quantize(weight * scale, format, group_size, asymmetric).T
         error += float((quantized - reference).double().square().sum())
     return error
 
 
 def search_scale(
-    x: torch.Tensor, weights: list[torch.Tensor], format: str, group_size: int, magnitude: torch.Tensor | None = None
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    format: str,
+    group_size: int,
+    magnitude: torch.Tensor | None = None,
+    asymmetric: bool = False,
 ) -> tuple[torch.Tensor, float, dict[float, float]]:
     """The scale s = magnitude^alpha [in] (normalized to a geometric mid-range of 1) of the alpha in AWQ_ALPHAS with
     the least output error of the quantized weights on x [N, in]; also that alpha and the error per alpha.
@@ -186,7 +203,7 @@ def search_scale(
         scale = magnitude.pow(alpha)
         scale = scale / (scale.max() * scale.min()).sqrt()
         candidates[alpha] = scale
-        errors[alpha] = _output_error(sample, weights, scale, format, group_size)
+        errors[alpha] = _output_error(sample, weights, scale, format, group_size, asymmetric)
     best = min(errors, key=errors.get)
     return candidates[best], best, errors
 
@@ -226,6 +243,7 @@ def search_awq_scales(
     format: str,
     group_size: int,
     scale_ffn_hidden: bool = True,
+    asymmetric: bool = False,
 ) -> tuple[dict[int, LayerScales], list[dict]]:
     """Per layer, the AWQ scales of its four input groups from the fp model's activations on chunks [C, L] (one
     layer at a time), and a report per layer: the chosen alpha and the output error relative to alpha 0 (RTN).
@@ -253,7 +271,9 @@ def search_awq_scales(
                 chosen[group] = torch.ones(x.shape[1])
                 continue
             magnitude = _kv_shared_magnitude(x, config) if group == "attention_output" else None
-            chosen[group], alpha, errors = search_scale(x, [w.float() for w in weights], format, group_size, magnitude)
+            chosen[group], alpha, errors = search_scale(
+                x, [w.float() for w in weights], format, group_size, magnitude, asymmetric
+            )
             layer_report[group] = {"alpha": alpha, "error_vs_rtn": errors[alpha] / max(errors[0.0], 1e-300)}
         scales[index] = LayerScales(**chosen)
         report.append(layer_report)

@@ -45,6 +45,9 @@ Q = gguf.GGMLQuantizationType
 TENSOR_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 # the dtype a tensor of each type is read into when the caller names none: float types as stored, the rest fp32
 STORED_DTYPES = {Q.F16: torch.float16, Q.BF16: torch.bfloat16}
+# the types whose blocks carry a minimum besides their scale (value = scale * q + min): an asymmetric grid, which
+# asymmetric int4 (edge_sdk/quant.py) keeps and symmetric int4 loses (QUANT.md, "Asymmetric INT4")
+ASYMMETRIC_TYPES = (Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q5_K)
 DEQUANTIZE_CALL_BYTES = 4 << 20
 GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -292,6 +295,11 @@ class GgufCheckpoint:
             dtype = STORED_DTYPES.get(entry.tensor_type, torch.float32)
             total += int(np.prod(entry.shape)) * dtype.itemsize
         return total
+
+    @property
+    def asymmetric_grid(self) -> bool:
+        """Whether the FFN weights are stored on an asymmetric grid (ASYMMETRIC_TYPES, e.g. Q4_1)."""
+        return self.entries["model.layers.0.mlp.gate_proj.weight"].tensor_type in ASYMMETRIC_TYPES
 
     def tensor_types(self) -> dict[str, int]:
         """How many of the model's tensors are stored in each GGUF type (what `edge-sdk info` shows)."""

@@ -15,7 +15,14 @@ import torch
 
 from edge_sdk import quant
 from edge_sdk.bundle import Bundle, LevelChoice
-from edge_sdk.bundle.layout import SCALES_SUFFIX, TRANSPOSED_SUFFIX, is_predictor_tensor, quantized_format
+from edge_sdk.bundle.layout import (
+    MINS_SUFFIX,
+    SCALES_SUFFIX,
+    TRANSPOSED_SUFFIX,
+    is_predictor_tensor,
+    quantized_format,
+    quantized_part,
+)
 from edge_sdk.model.decoder import Decoder
 from edge_sdk.sparsity.sparse_model import LayerPredictor, SparseDecoder, SparseFeedForward
 
@@ -33,11 +40,13 @@ def is_quantized(bundle: Bundle, name: str) -> bool:
 
 
 def quantized_matrix(bundle: Bundle, name: str) -> quant.QuantizedMatrix:
-    """A quantized matrix of an int8 / int4 bundle: its codes and scales over the memory-mapped file (no copy), in
-    the format its codes are stored in (the LM head may be int8 in an int4 bundle: manifest head_dtype)."""
+    """A quantized matrix of an int8 / int4 bundle: its codes and scales (and an asymmetric int4 matrix's minimums)
+    over the memory-mapped file (no copy), in the format its codes are stored in (the LM head may be int8 in an int4
+    bundle: manifest head_dtype)."""
     codes, scales = bundle.array(name), bundle.array(name + SCALES_SUFFIX)
     format = quantized_format(bundle.header.tensors[name].dtype)
-    return quant.QuantizedMatrix(format, bundle.manifest.group_size, codes, scales)
+    mins = bundle.array(name + MINS_SUFFIX) if bundle.has_tensor(name + MINS_SUFFIX) else None
+    return quant.QuantizedMatrix(format, bundle.manifest.group_size, codes, scales, mins)
 
 
 def load_reference_decoder(
@@ -58,7 +67,7 @@ def load_reference_decoder(
     with torch.device("meta"):
         decoder = Decoder(config)
     for name in bundle.manifest.tensors:
-        if name.startswith("rope.") or is_predictor_tensor(name) or name.endswith(SCALES_SUFFIX):
+        if name.startswith("rope.") or is_predictor_tensor(name) or quantized_part(name)[1]:
             continue
         quantized = is_quantized(bundle, name)
         if quantized:

@@ -40,6 +40,7 @@ struct matrix {
   int dtype;
   int rows, cols;
   const uint16_t *scales; /* EDGE_Q8 / EDGE_Q4: fp16 [rows, cols / group_size]; NULL otherwise */
+  const uint16_t *mins;   /* asymmetric EDGE_Q4: fp16 [rows, cols / group_size] group minimums; NULL otherwise */
   int group_size;
 };
 
@@ -155,13 +156,15 @@ static edge_status need_dtype(const struct bundle *bundle, const struct tensor *
 }
 
 /* The codes of a quantized [rows, cols] matrix (I8 [rows, cols] or U8 [rows, cols / 2]) and its F16 <name>.scales
- * [rows, cols / group_size]; the manifest's validation fixed the group size, read back from the scales' shape. */
+ * [rows, cols / group_size], and in an asymmetric int4 bundle an int4 matrix's F16 <name>.mins of the same shape;
+ * the manifest's validation fixed the group size, read back from the scales' shape. */
 static edge_status load_quantized(const struct bundle *bundle, const char *name, int rows, int cols, struct matrix *m) {
-  const struct tensor *codes, *scales;
+  const struct tensor *codes, *scales, *mins = NULL;
   int q4 = bundle_tensor(bundle, name) != NULL && bundle_tensor(bundle, name)->dtype == DTYPE_U8;
   int64_t shape[2] = {rows, q4 ? cols / 2 : cols}, scales_shape[2] = {rows, -1};
-  char scales_name[160];
+  char scales_name[160], mins_name[160];
   snprintf(scales_name, sizeof scales_name, "%s.scales", name);
+  snprintf(mins_name, sizeof mins_name, "%s.mins", name);
   edge_status status = find_tensor(bundle, name, 0, 2, shape, &codes);
   if (status == EDGE_OK) status = find_tensor(bundle, scales_name, 0, 2, scales_shape, &scales);
   if (status == EDGE_OK) status = need_dtype(bundle, scales, DTYPE_F16);
@@ -171,11 +174,18 @@ static edge_status load_quantized(const struct bundle *bundle, const char *name,
     return edge_fail(EDGE_ERROR_BUNDLE, "%s/%s: tensor '%s' has %lld groups per row of %d values, expected a group "
                      "size of 32, 64 or 128", bundle->root, BUNDLE_WEIGHTS_FILE, scales_name, (long long)groups, cols);
   }
+  if (q4 && bundle->info.asymmetric) {
+    int64_t mins_shape[2] = {rows, groups};
+    status = find_tensor(bundle, mins_name, 0, 2, mins_shape, &mins);
+    if (status == EDGE_OK) status = need_dtype(bundle, mins, DTYPE_F16);
+    if (status != EDGE_OK) return status;
+  }
   m->data = codes->data;
   m->dtype = q4 ? EDGE_Q4 : EDGE_Q8;
   m->rows = rows;
   m->cols = cols;
   m->scales = scales->data;
+  m->mins = mins != NULL ? mins->data : NULL;
   m->group_size = (int)(cols / groups);
   return EDGE_OK;
 }
@@ -198,6 +208,7 @@ static edge_status load_matrix(const struct bundle *bundle, const char *name, in
   m->rows = rows;
   m->cols = cols;
   m->scales = NULL;
+  m->mins = NULL;
   m->group_size = 0;
   return EDGE_OK;
 }
@@ -505,7 +516,8 @@ static void cpu_session_destroy(void *state) { free_run_state(state); }
 static void matvec(const struct matrix *m, const float *x, const float *bias, float *y, int threads) {
   int parallel = (int64_t)m->rows * m->cols >= PARALLEL_MIN_WORK && threads > 1;
   if (m->scales != NULL) {
-    edge_cpu_matvec_q(x, m->cols, m->rows, m->data, m->scales, m->dtype, m->group_size, bias, y, parallel ? threads : 1);
+    edge_cpu_matvec_q(x, m->cols, m->rows, m->data, m->scales, m->mins, m->dtype, m->group_size, bias, y,
+                      parallel ? threads : 1);
     return;
   }
   edge_cpu_matvec(x, m->cols, m->rows, m->data, m->dtype, bias, y, parallel ? threads : 1);
@@ -521,8 +533,8 @@ static void project_qkv(const struct layer_weights *w, const float *x, float *q,
   int64_t work = 0;
   int shared_storage = 1;
   for (int i = 0; i < 3; i++) {
-    matrices[i] = (struct edge_cpu_matrix){m[i]->data, m[i]->scales, m[i]->dtype, m[i]->group_size, m[i]->rows,
-                                           bias[i], y[i]};
+    matrices[i] = (struct edge_cpu_matrix){m[i]->data,   m[i]->scales, m[i]->mins, m[i]->dtype,
+                                           m[i]->group_size, m[i]->rows, bias[i],   y[i]};
     work += (int64_t)m[i]->rows * m[i]->cols;
     shared_storage &= m[i]->dtype == m[0]->dtype && m[i]->group_size == m[0]->group_size;
   }
@@ -533,11 +545,13 @@ static void project_qkv(const struct layer_weights *w, const float *x, float *q,
   edge_cpu_matvecs(x, m[0]->cols, matrices, 3, work >= PARALLEL_MIN_WORK && threads > 1 ? threads : 1);
 }
 
-/* x = one row of a quantized [rows, cols] matrix: code * scale, exact in fp32 (edge_sdk.quant.dequantize). Int4
- * value 32 b + k (k < 16) is the low nibble of byte 16 b + k of the row, value 32 b + 16 + k its high nibble, each a
- * 4-bit two's complement code (QUANT.md). */
+/* x = one row of a quantized [rows, cols] matrix: code * scale, exact in fp32, or for asymmetric int4
+ * (code + 8) * scale + min, the product exact and the sum rounded once (edge_sdk.quant.dequantize). Int4 value
+ * 32 b + k (k < 16) is the low nibble of byte 16 b + k of the row, value 32 b + 16 + k its high nibble, each a 4-bit
+ * two's complement code (QUANT.md). */
 static void dequantized_row(const struct matrix *m, size_t row, float *x) {
-  const uint16_t *scales = m->scales + row * (size_t)(m->cols / m->group_size);
+  size_t groups = (size_t)(m->cols / m->group_size);
+  const uint16_t *scales = m->scales + row * groups, *mins = m->mins != NULL ? m->mins + row * groups : NULL;
   if (m->dtype == EDGE_Q8) {
     const int8_t *codes = (const int8_t *)m->data + row * (size_t)m->cols;
     for (int i = 0; i < m->cols; i++) x[i] = (float)codes[i] * half_to_float(scales[i / m->group_size]);
@@ -547,7 +561,12 @@ static void dequantized_row(const struct matrix *m, size_t row, float *x) {
   for (int i = 0; i < m->cols; i++) {
     uint8_t byte = bytes[i / 32 * 16 + i % 16];
     int nibble = i % 32 < 16 ? byte & 0x0F : byte >> 4;
-    x[i] = (float)(nibble < 8 ? nibble : nibble - 16) * half_to_float(scales[i / m->group_size]);
+    int code = nibble < 8 ? nibble : nibble - 16;
+    if (mins != NULL) {
+      x[i] = (float)(code + 8) * half_to_float(scales[i / m->group_size]) + half_to_float(mins[i / m->group_size]);
+    } else {
+      x[i] = (float)code * half_to_float(scales[i / m->group_size]);
+    }
   }
 }
 
@@ -936,9 +955,11 @@ static edge_status feed_forward(struct run_state *s, struct token_buffers *t, in
   if (status == EDGE_CPU_OK && w->gate.scales != NULL) {
     /* quantized rows: one kernel for every case, dense being mask NULL (all candidates; a zero activation adds
      * exactly nothing, so this is the dense FFN's value) */
-    status = edge_cpu_sparse_ffn_q(t->xb, d, D, w->gate.data, w->gate.scales, w->up.data, w->up.scales, w->down_t.data,
-                                   w->down_t.scales, w->gate.dtype, w->gate.group_size, mask, thresholds,
-                                   c->activation, c->act_threshold, t->out, t->ffn_workspace, t->threads, NULL);
+    status = edge_cpu_sparse_ffn_q(t->xb, d, D, w->gate.data, w->gate.scales, w->gate.mins, w->up.data,
+                                   w->up.scales, w->up.mins, w->down_t.data, w->down_t.scales, w->down_t.mins,
+                                   w->gate.dtype, w->gate.group_size, mask,
+                                   thresholds, c->activation, c->act_threshold, t->out, t->ffn_workspace, t->threads,
+                                   NULL);
   } else if (status == EDGE_CPU_OK && sparsity->dense && !prefill) {
     status = edge_cpu_dense_ffn(t->xb, d, D, w->w_gate, w->w_up, w->w_down_t, w->ffn_dtype, c->activation,
                                 c->act_threshold, t->out, t->ffn_workspace, t->threads);

@@ -12,6 +12,7 @@
 
 #define NAME_BYTES 64 /* "layers.1023.self_attn.q_proj.weight" and the like */
 #define SCALES_SUFFIX ".scales"
+#define MINS_SUFFIX ".mins"
 /* a weight's name, or its scales' name: the name and the suffix */
 #define ENTRY_NAME_BYTES (NAME_BYTES + sizeof SCALES_SUFFIX)
 #define SHOWN_NAME_BYTES 200
@@ -37,6 +38,7 @@ struct table {
   size_t count, capacity;
   int failed;
   int group_size; /* > 0: matrices are quantized codes of the weight dtype (I8, or U8 packing two int4 values) */
+  int asymmetric; /* int4 matrices (U8 codes) have <name>.mins besides <name>.scales */
   enum tensor_dtype factor_dtype; /* of the predictor's low-rank factors */
   const char *factor_rule;        /* why the factors have that dtype */
 };
@@ -118,16 +120,21 @@ static void add(struct table *table, const char *name, enum tensor_dtype dtype, 
   entry->factor = 0;
 }
 
-/* A [rows, cols] matrix of weight dtype w: itself, or in a quantized bundle its codes and <name>.scales. */
+/* A [rows, cols] matrix of weight dtype w: itself, or in a quantized bundle its codes and <name>.scales (and an
+ * asymmetric int4 matrix's <name>.mins). */
 static void add_matrix(struct table *table, const char *name, enum tensor_dtype w, int64_t rows, int64_t cols) {
   if (table->group_size == 0) {
     add(table, name, w, 2, rows, cols);
     return;
   }
-  char scales[ENTRY_NAME_BYTES];
+  char scales[ENTRY_NAME_BYTES], mins[ENTRY_NAME_BYTES];
   snprintf(scales, sizeof scales, "%s" SCALES_SUFFIX, name);
   add(table, name, w, 2, rows, w == DTYPE_U8 ? cols / 2 : cols);
   add(table, scales, DTYPE_F16, 2, rows, cols / table->group_size);
+  if (table->asymmetric && w == DTYPE_U8) {
+    snprintf(mins, sizeof mins, "%s" MINS_SUFFIX, name);
+    add(table, mins, DTYPE_F16, 2, rows, cols / table->group_size);
+  }
 }
 
 /* A layer's model tensors, in the checkpoint's order (model/config.py hf_tensor_shapes). */
@@ -274,14 +281,15 @@ static edge_status compare(struct declared_tensor *declared, size_t n, const str
 }
 
 edge_status layout_check_tensors(const cJSON *tensors, const struct model_config *config, enum tensor_dtype weight_dtype,
-                                 enum tensor_dtype head_dtype, int group_size, int max_seq_len,
+                                 enum tensor_dtype head_dtype, int group_size, int asymmetric, int max_seq_len,
                                  const struct sparsity_settings *sparsity, enum tensor_dtype factor_dtype,
                                  const char *factor_rule, const char *where) {
   struct declared_tensor *declared;
   size_t n;
   edge_status status = read_declared(tensors, where, &declared, &n);
   if (status != EDGE_OK) return status;
-  struct table table = {.group_size = group_size, .factor_dtype = factor_dtype, .factor_rule = factor_rule};
+  struct table table = {
+      .group_size = group_size, .asymmetric = asymmetric, .factor_dtype = factor_dtype, .factor_rule = factor_rule};
   status = build_table(declared, n, config, weight_dtype, head_dtype, max_seq_len, sparsity, where, &table);
   if (status == EDGE_OK) status = compare(declared, n, &table, where);
   free(table.entries);

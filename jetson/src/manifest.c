@@ -166,7 +166,23 @@ static edge_status read_head_dtype(const cJSON *manifest, const char *where, int
   return status;
 }
 
-/* model, dtype (group_size and head_dtype) and max_seq_len; version: the manifest's format_version. */
+/* int4_scheme (format version 6 on; older versions do not read it): for int4, null, absent or "symmetric", or
+ * "asymmetric" (group minimums); null or absent for every other dtype. */
+static edge_status read_int4_scheme(const cJSON *manifest, const char *where, int64_t version, struct manifest *out) {
+  static const char *const schemes[] = {"symmetric", "asymmetric"};
+  const cJSON *field = cJSON_GetObjectItemCaseSensitive(manifest, "int4_scheme");
+  out->asymmetric = 0;
+  if (version < BUNDLE_ASYMMETRIC_INT4_FORMAT_VERSION || field == NULL || cJSON_IsNull(field)) return EDGE_OK;
+  if (out->quant_format != EDGE_Q4) {
+    return json_field_fail(manifest, "int4_scheme", where, "null or absent for a dtype other than int4");
+  }
+  int choice;
+  edge_status status = json_choice_field(manifest, "int4_scheme", where, schemes, 2, &choice);
+  if (status == EDGE_OK) out->asymmetric = choice == 1;
+  return status;
+}
+
+/* model, dtype (group_size, head_dtype and int4_scheme) and max_seq_len; version: the manifest's format_version. */
 static edge_status read_model(const cJSON *manifest, const char *where, int64_t version, struct manifest *out) {
   static const char *const dtypes[] = {"fp32", "fp16", "bf16", "int8", "int4"};
   static const enum tensor_dtype weight_dtypes[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_I8, DTYPE_U8};
@@ -196,6 +212,7 @@ static edge_status read_model(const cJSON *manifest, const char *where, int64_t 
     status = read_group_size(manifest, where, out);
   }
   if (status == EDGE_OK) status = read_head_dtype(manifest, where, version, out);
+  if (status == EDGE_OK) status = read_int4_scheme(manifest, where, version, out);
   if (status == EDGE_OK) {
     status = json_int_field(manifest, "max_seq_len", where, 2, out->model.max_position_embeddings, &value);
   }
@@ -236,8 +253,8 @@ edge_status manifest_validate(const cJSON *manifest, const char *text, size_t si
       (status = read_graphs(manifest, where, out)) != EDGE_OK ||
       (status = section(manifest, "tensors", where, &tensors, inner, sizeof inner)) != EDGE_OK ||
       (status = layout_check_tensors(tensors, &out->model, out->weight_dtype, out->head_dtype, out->group_size,
-                                     out->max_seq_len, &out->sparsity, out->factor_dtype, out->factor_rule,
-                                     inner)) != EDGE_OK) {
+                                     out->asymmetric, out->max_seq_len, &out->sparsity, out->factor_dtype,
+                                     out->factor_rule, inner)) != EDGE_OK) {
     return status;
   }
   return check_files(manifest, where, out);

@@ -37,7 +37,10 @@ enum edge_dtype { EDGE_F32 = 0, EDGE_F16 = 1 };
  * (group_size 32, 64 or 128) with one fp16 scale each: scales [rows, d / group_size], IEEE half bits.
  * EDGE_Q8: int8 codes [rows, d], value = code * scale. EDGE_Q4: [rows, d / 2] bytes; per block of 32 values,
  * byte k holds value k in its low nibble and value k + 16 in its high nibble, each the 4-bit two's complement of
- * its code (-8..7: the nibble is code & 0xf). */
+ * its code (-8..7: the nibble is code & 0xf).
+ * Asymmetric EDGE_Q4 (llama.cpp's Q4_1 grid): the same codes plus one fp16 minimum per group, mins [rows,
+ * d / group_size] (IEEE half bits), value = (code + 8) * scale + min. Every kernel taking quantized rows takes their
+ * mins as an optional pointer: NULL is the symmetric format, with exactly the results of the symmetric kernels. */
 enum edge_quant_format { EDGE_Q8 = 2, EDGE_Q4 = 3 };
 
 /* Gated-FFN activation (edge_sdk/model/activation.py): gate part act(g), up part for drelu only.
@@ -73,8 +76,8 @@ int edge_cpu_svd_predictor_f16(const float *x, int d, int D, int rank, const uin
  * allocates d/8 bytes (and returns EDGE_CPU_OUT_OF_MEMORY if that fails). Uses all OpenMP threads. */
 int edge_cpu_signbit_predictor(const float *x, int d, int D, const int32_t *packed, float alpha, uint8_t *mask);
 
-/* Bytes of workspace edge_cpu_sparse_ffn needs for d x D with `threads` threads (O(D + d): the neuron lists and
- * x quantized for the integer dot products of edge_cpu_sparse_ffn_q; threads is part of the contract so the layout
+/* Bytes of workspace edge_cpu_sparse_ffn needs for d x D with `threads` threads (O(D + d): the neuron lists,
+ * x quantized for the integer dot products of edge_cpu_sparse_ffn_q and asymmetric rows' down corrections; threads is part of the contract so the layout
  * may use it without an API change).
  * Returns 0 when d <= 0 or D <= 0. */
 size_t edge_cpu_sparse_ffn_workspace_size(int d, int D, int threads);
@@ -120,26 +123,50 @@ int edge_cpu_matvec(const float *x, int in, int out, const void *w, int weight_d
  * planes per block of 32 values (integer dot products, QUANT.md "Integer dot products": within max|x| / 32512 of
  * x per value, the same bits on every instruction set); with the environment variable
  * EDGE_SDK_QUANT_ACTIVATIONS=fp32 they are dotted with x itself, the codes widened to fp32 in registers. Each
- * down row adds (h_i * scale) * code to y. A row's bytes are read once and nothing is dequantized in memory. */
+ * down row adds (h_i * scale) * code to y. A row's bytes are read once and nothing is dequantized in memory.
+ *
+ * Asymmetric int4: gate_mins, up_mins, down_mins [D, d / group_size] fp16, all three NULL (symmetric) or all three
+ * non-NULL, and non-NULL only with EDGE_Q4 (else EDGE_CPU_INVALID_ARGUMENT). A value (code + 8) * scale + min is
+ * taken as code * scale + mid with mid = 8 * scale + min (one fp32 rounding): the code products are those of the
+ * symmetric kernels, and per block of 32 values one fused multiply-add mid * sum(x's block) goes into a correction
+ * accumulator of its own per row (16 lanes, block b in lane b % 16, added lane by lane to the row's accumulators
+ * before their pairwise sum). sum(x's block) is computed once per call: of the two planes' values (x_hat) on the
+ * integer path, exactly (an int32 times the block's scale / 256, one rounding), or of x in fp32 (pairwise) with
+ * EDGE_SDK_QUANT_ACTIVATIONS=fp32. Down rows: y[c] += (h_i * scale) * code per value as symmetric, and per row
+ * and block of 32 columns C_b = fmaf(h_i, mid_i, C_b) over the active rows in order, added once per column after
+ * the last row (y[c] += C_b): a term per row and block, not per value (the workspace holds the d / 32 C_b). Declared
+ * bounds against the float64 reference on the dequantized rows (edge_sdk/quant.py's fp32 values) and x_hat (x in
+ * the fp32 setting), S_i = sum_j abs(w_hat_ij x_hat_j) of a row:
+ *   a dot product (gate, up, matvec):  abs(y - w_hat . x_hat) <= 1e-5 max_rows S_i
+ *   the FFN, per column c:  abs(y_c - y_ref_c) <= 1e-5 sum_i (abs(h_i) + abs(a_i) S_up_i + 1.1 abs(u_i) S_gate_i)
+ *                                                        * abs(w_down_ic)   (same active set off the boundaries)
+ * (fp32 rounding in a fixed order, plus mid's rounding and the dequantized value's own, each at most 2^-24
+ * relative). Results are bit-identical for any thread count, for a row alone or among others, and across
+ * instruction sets wherever the symmetric rows' are (the correction terms are fused multiply-adds in the same order
+ * on every target). */
 int edge_cpu_sparse_ffn_q(const float *x, int d, int D, const void *w_gate, const uint16_t *gate_scales,
-                          const void *w_up, const uint16_t *up_scales, const void *w_down_t,
-                          const uint16_t *down_scales, int quant_format, int group_size, const uint8_t *mask,
+                          const uint16_t *gate_mins, const void *w_up, const uint16_t *up_scales,
+                          const uint16_t *up_mins, const void *w_down_t, const uint16_t *down_scales,
+                          const uint16_t *down_mins, int quant_format, int group_size, const uint8_t *mask,
                           const float *thresholds, int activation, float act_threshold, float *y, void *workspace,
                           int threads, uint8_t *active_out);
 
 /* edge_cpu_matvec over quantized rows: w [out, in] in quant_format with scales [out, in / group_size] fp16; in a
- * multiple of group_size. Each output's dot product as in edge_cpu_sparse_ffn_q, bit-identical for any thread
- * count. x's quantized planes live on the stack up to in = 4096 and are allocated beyond (EDGE_CPU_OUT_OF_MEMORY
- * if that fails). */
-int edge_cpu_matvec_q(const float *x, int in, int out, const void *w, const uint16_t *scales, int quant_format,
-                      int group_size, const float *bias, float *y, int threads);
+ * multiple of group_size; mins [out, in / group_size] fp16 for asymmetric int4 (EDGE_Q4 only, else
+ * EDGE_CPU_INVALID_ARGUMENT), NULL for the symmetric formats. Each output's dot product as in
+ * edge_cpu_sparse_ffn_q (its bound too), bit-identical for any thread count. x's quantized planes live on the
+ * stack up to in = 4096 and are allocated beyond (EDGE_CPU_OUT_OF_MEMORY if that fails). */
+int edge_cpu_matvec_q(const float *x, int in, int out, const void *w, const uint16_t *scales, const uint16_t *mins,
+                      int quant_format, int group_size, const float *bias, float *y, int threads);
 
 /* One matrix of edge_cpu_matvecs: y [rows] = w x (+ bias). w [rows, in] row-major of dtype (enum edge_dtype, or
- * enum edge_quant_format with scales [rows, in / group_size] fp16; scales NULL and group_size 0 for fp rows); bias
- * [rows] fp32 or NULL. */
+ * enum edge_quant_format with scales [rows, in / group_size] fp16; scales NULL and group_size 0 for fp rows); mins
+ * [rows, in / group_size] fp16 for asymmetric EDGE_Q4 rows, NULL otherwise (each matrix its own: the matrices of
+ * one call may mix asymmetric and symmetric int4); bias [rows] fp32 or NULL. */
 struct edge_cpu_matrix {
   const void *w;
   const uint16_t *scales;
+  const uint16_t *mins;
   int dtype;
   int group_size;
   int rows;

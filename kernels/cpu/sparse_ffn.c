@@ -436,6 +436,27 @@ EDGE_ALWAYS_INLINE void load_codes(const char *row, int dtype, int block, vec16 
   }
 }
 
+/* Asymmetric INT4 rows (mins non-NULL): value (code + 8) * scale + min = code * scale + mid, mid = 8 * scale + min
+ * (the value of code 0; 8 * scale is exact, so mid is rounded once, fused or not). The code products are those of the
+ * symmetric rows; the mids enter through a correction accumulator of 16 lanes per row, block b of 32 values adding
+ * mid * block_sums[b] (x's sum over the block, computed once per call) to lane b % 16 in one fused multiply-add, in
+ * increasing b, then added lane by lane to the row's accumulators before their pairwise sum: a term per block, the
+ * same operations in the same order on every target (the AVX-512 integer path does 16 blocks per vector FMA). */
+static inline float group_mid(const uint16_t *scales, const uint16_t *mins, size_t g) {
+  return 8.0f * scale_at(scales, g) + scale_at(mins, g);
+}
+
+/* corr lane b % 16 += mid of block b's group * block_sums[b], for blocks [0, blocks) in order. */
+EDGE_ALWAYS_INLINE void add_block_corrections(const uint16_t *scales, const uint16_t *mins, int group_log,
+                                              const float *block_sums, int blocks, vec16 *corr) {
+  float lanes[16];
+  memcpy(lanes, corr, sizeof lanes);
+  for (int b = 0; b < blocks; b++) {
+    lanes[b % 16] = fmaf(group_mid(scales, mins, (size_t)(b >> group_log)), block_sums[b], lanes[b % 16]);
+  }
+  memcpy(corr, lanes, sizeof lanes);
+}
+
 /* The codes times x over one group, summed in two lane vectors (the low and high halves of its blocks), while
  * the row `next` is prefetched at the same offsets. */
 EDGE_ALWAYS_INLINE void quant_dot_group(const char *row, int dtype, int group, int blocks_per_group, const float *x,
@@ -457,7 +478,8 @@ EDGE_ALWAYS_INLINE void quant_dot_group(const char *row, int dtype, int group, i
  * value. Even and odd groups have their own accumulators, four FMA chains in flight: with one pair, an INT4 row
  * of group size 32 waited on the latency of one FMA per 16 bytes. */
 EDGE_ALWAYS_INLINE float quant_dot_row(const char *row, const uint16_t *scales, int dtype, int group_size,
-                                       const float *x, int d, const char *next, const uint16_t *next_scales) {
+                                       const float *x, int d, const char *next, const uint16_t *next_scales,
+                                       const uint16_t *mins, const float *block_sums) {
   vec16 even_low = {0}, even_high = {0}, odd_low = {0}, odd_high = {0};
   int blocks_per_group = group_size / EDGE_QUANT_BLOCK, groups = d / group_size;
   int g = 0;
@@ -481,6 +503,12 @@ EDGE_ALWAYS_INLINE float quant_dot_row(const char *row, const uint16_t *scales, 
     even_high += scale * high;
   }
   vec16 acc = (even_low + odd_low) + (even_high + odd_high);
+  if (mins != NULL) {
+    vec16 corr = {0};
+    int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2;
+    add_block_corrections(scales, mins, group_log, block_sums, d / EDGE_QUANT_BLOCK, &corr);
+    acc += corr;
+  }
   return sum_lanes(&acc);
 }
 
@@ -505,6 +533,33 @@ EDGE_ALWAYS_INLINE void row_factors(const uint16_t *scales, size_t groups, const
   }
 }
 
+/* corrections[b] = fmaf(h, mid of block b's group, corrections[b]) for blocks [first, first + n) of one asymmetric row
+ * (its scales and mins from group 0). AVX-512: 16 blocks per FMA, their mids from the 16 groups from the first block's
+ * on (permuted to the blocks as int_dot_step does); elsewhere a block at a time: the same roundings. */
+EDGE_ALWAYS_INLINE void add_row_corrections(float *corrections, int first, int n, const uint16_t *scales,
+                                            const uint16_t *mins, int group_size, float h) {
+  int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2;
+#if EDGE_ROWS_AVX512
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int k = 0; k < n; k += 16) {
+    int count = n - k < 16 ? n - k : 16, block = first + k, group = block >> group_log;
+    int n_groups = ((block + count - 1) >> group_log) - group + 1;
+    __m512i of_block = _mm512_sub_epi32(_mm512_srlv_epi32(_mm512_add_epi32(lanes, _mm512_set1_epi32(block)),
+                                                          _mm512_set1_epi32(group_log)),
+                                        _mm512_set1_epi32(group));
+    __m512 s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail_mask(n_groups), scales + group));
+    __m512 m = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail_mask(n_groups), mins + group));
+    __m512 mids = _mm512_permutexvar_ps(of_block, _mm512_fmadd_ps(s, _mm512_set1_ps(8.0f), m));
+    __m512 sums = _mm512_maskz_loadu_ps(tail_mask(count), corrections + block);
+    _mm512_mask_storeu_ps(corrections + block, tail_mask(count), _mm512_fmadd_ps(_mm512_set1_ps(h), mids, sums));
+  }
+#else
+  for (int b = first; b < first + n; b++) {
+    corrections[b] = fmaf(h, group_mid(scales, mins, (size_t)(b >> group_log)), corrections[b]);
+  }
+#endif
+}
+
 /* Columns [c0, c0 + n) of y, both multiples of EDGE_QUANT_BLOCK, plus h[r] times the rows rows[r] (neuron
  * indices) of `codes` / `scales`, in order of r, 32 columns per step; the rows next[0:n_next] are prefetched over
  * the same columns. Each element gets, per row, the product (h[r] * scale) * code, rounded, then added: a multiply
@@ -513,7 +568,7 @@ EDGE_ALWAYS_INLINE void row_factors(const uint16_t *scales, size_t groups, const
  * h[r] * scale are computed once per row and group, a piece of EDGE_FACTOR_GROUPS groups at a time. */
 EDGE_ALWAYS_INLINE void add_quant_rows(float *y, int c0, int n, const char *codes, const uint16_t *scales, int dtype,
                                        int group_size, int d, const size_t *rows, const float *h, int n_rows,
-                                       const size_t *next, int n_next) {
+                                       const size_t *next, int n_next, const uint16_t *mins, float *corrections) {
   size_t row_bytes = (size_t)d / EDGE_QUANT_BLOCK * block_bytes(dtype);
   size_t groups = (size_t)(d / group_size);
   int c1 = c0 + n;
@@ -523,9 +578,19 @@ EDGE_ALWAYS_INLINE void add_quant_rows(float *y, int c0, int n, const char *code
     int piece_end = (g0 + EDGE_FACTOR_GROUPS) * group_size < c1 ? (g0 + EDGE_FACTOR_GROUPS) * group_size : c1;
     int n_groups = (piece_end - 1) / group_size - g0 + 1;
     row_factors(scales, groups, rows, h, n_rows, g0, n_groups, factors);
+    if (mins != NULL) { /* asymmetric rows: h[r] * mid per row and block into the block's correction, rows in order */
+      for (int r = 0; r < n_rows; r++) {
+        add_row_corrections(corrections, piece / EDGE_QUANT_BLOCK, (piece_end - piece) / EDGE_QUANT_BLOCK,
+                            scales + rows[r] * groups, mins + rows[r] * groups, group_size, h[r]);
+      }
+    }
     for (int r = 0; r < n_next; r++) { /* the piece's scales of the next rows: 64 bytes, on one or two lines */
       EDGE_PREFETCH(scales, (next[r] * groups + (size_t)g0) * sizeof(uint16_t));
       EDGE_PREFETCH(scales, (next[r] * groups + (size_t)(g0 + n_groups - 1)) * sizeof(uint16_t));
+      if (mins != NULL) {
+        EDGE_PREFETCH(mins, (next[r] * groups + (size_t)g0) * sizeof(uint16_t));
+        EDGE_PREFETCH(mins, (next[r] * groups + (size_t)(g0 + n_groups - 1)) * sizeof(uint16_t));
+      }
     }
     for (int column = piece; column < piece_end; column += EDGE_QUANT_BLOCK) {
       int block = column / EDGE_QUANT_BLOCK, g = column / group_size - g0;
@@ -602,12 +667,15 @@ static inline int block_lanes(int dtype) { return EDGE_UNIT_LANES / unit_blocks(
  * 128 u + 32 b + k (k < 16) at 128 u + 16 b + k and value 128 u + 32 b + 16 + k at 128 u + 64 + 16 b + k, so that
  * each 64 bytes of a plane meet a unit's low or high nibbles as loaded. lane_scales: per lane, its block's scale
  * over 256 (the weight of a low code); block_scales: the same per block. code_offset_sums: on x86, per lane, minus
- * the codes' offset times 256 high + low summed over the lane's values (NULL elsewhere). */
+ * the codes' offset times 256 high + low summed over the lane's values (NULL elsewhere). block_sums: per block, the
+ * sum of its values x_hat, for asymmetric rows: the exact int32 sum of 256 high + low times block_scales (one
+ * rounding). */
 struct quantized_activations {
   const int8_t *high, *low;
   const float *lane_scales;
   const int32_t *code_offset_sums;
   const float *block_scales;
+  const float *block_sums;
 };
 
 /* Values of d rounded up to whole units of either format. */
@@ -616,8 +684,27 @@ static size_t padded_values(int d) {
 }
 
 /* Bytes quantize_activations needs for d values (any d, so a workspace can hold them whatever the rows' type): five
- * arrays of at most padded_values(d) bytes, each on a cache line. */
+ * arrays of at most padded_values(d) bytes, each on a cache line (block_scales and block_sums, d / 8 bytes each,
+ * share the last one). */
 static size_t activation_bytes(int d) { return 5 * padded_values(d) + EDGE_CACHE_LINE; }
+
+/* Where the block sums of x live in a buffer of activation_bytes(d) bytes (any alignment): in the second half of the
+ * last array, with x quantized or (x in fp32) alone. */
+static float *block_sums_at(void *buffer, int d) {
+  uintptr_t base = ((uintptr_t)buffer + EDGE_CACHE_LINE - 1) / EDGE_CACHE_LINE * EDGE_CACHE_LINE;
+  return (float *)(base + 4 * padded_values(d) + padded_values(d) / 2);
+}
+
+/* For asymmetric rows with x in fp32: sums[b] = x's values of block b added in a fixed order (the two halves lane by
+ * lane, then the 16 lanes pairwise). */
+static const float *fp32_block_sums(const float *x, int d, void *buffer) {
+  float *sums = block_sums_at(buffer, d);
+  for (int b = 0; b < d / EDGE_QUANT_BLOCK; b++) {
+    vec16 halves = VEC16_AT(x + b * EDGE_QUANT_BLOCK) + VEC16_AT(x + b * EDGE_QUANT_BLOCK + 16);
+    sums[b] = sum_lanes(&halves);
+  }
+  return sums;
+}
 
 #if EDGE_ROWS_AVX512 || EDGE_ROWS_AVX2
 /* What the unsigned codes of `dtype` exceed the signed ones by, in the x86 integer products (see above). */
@@ -666,6 +753,7 @@ static struct quantized_activations quantize_activations(const float *x, int d, 
   size_t stride = padded_values(d);
   int8_t *high = (int8_t *)base, *low = (int8_t *)(base + stride);
   float *lane_scales = (float *)(base + 2 * stride), *block_scales = (float *)(base + 4 * stride);
+  float *block_sums = block_sums_at(buffer, d);
   int32_t *offset_sums = (int32_t *)(base + 3 * stride);
   int blocks = d / EDGE_QUANT_BLOCK, lanes = block_lanes(dtype);
   /* a last partial unit's missing blocks: zero codes, scales and sums, so its lanes add exact zeros */
@@ -705,9 +793,11 @@ static struct quantized_activations quantize_activations(const float *x, int d, 
     }
     block_scales[block] = scale / 256.0f;
     for (int lane = 0; lane < lanes; lane++) lane_scales[block * lanes + lane] = scale / 256.0f;
-#if EDGE_ROWS_AVX512 || EDGE_ROWS_AVX2
-    int32_t combined[EDGE_QUANT_BLOCK];
+    int32_t combined[EDGE_QUANT_BLOCK], block_sum = 0;
     for (int j = 0; j < EDGE_QUANT_BLOCK; j++) combined[j] = 256 * block_high[j] + block_low[j];
+    for (int j = 0; j < EDGE_QUANT_BLOCK; j++) block_sum += combined[j];
+    block_sums[block] = (float)block_sum * (scale / 256.0f); /* |block_sum| < 2^21: exact in fp32 */
+#if EDGE_ROWS_AVX512 || EDGE_ROWS_AVX2
     for (int lane = 0; lane < lanes; lane++) {
       int32_t sum = 0;
       for (int k = 0; k < EDGE_QUANT_BLOCK / lanes; k++) sum += combined[lane_value(dtype, lane, k)];
@@ -716,9 +806,9 @@ static struct quantized_activations quantize_activations(const float *x, int d, 
 #endif
   }
 #if EDGE_ROWS_AVX512 || EDGE_ROWS_AVX2
-  struct quantized_activations quantized = {high, low, lane_scales, offset_sums, block_scales};
+  struct quantized_activations quantized = {high, low, lane_scales, offset_sums, block_scales, block_sums};
 #else
-  struct quantized_activations quantized = {high, low, lane_scales, NULL, block_scales};
+  struct quantized_activations quantized = {high, low, lane_scales, NULL, block_scales, block_sums};
 #endif
   return quantized;
 }
@@ -1090,7 +1180,8 @@ EDGE_ALWAYS_INLINE void int_dot_unit(const char *row, const uint16_t *scales, in
 EDGE_ALWAYS_INLINE void int_dot_step(int n, const char *const *row, const uint16_t *const *scales, int dtype,
                                      int group_log, const struct quantized_activations *xa, int first_block,
                                      int step_blocks, const char *const *next, const uint16_t *const *next_scales,
-                                     vec16 *even, vec16 *odd) {
+                                     vec16 *even, vec16 *odd, int asymmetric, const uint16_t *const *mins,
+                                     const uint16_t *const *next_mins, vec16 *corr) {
   const __m512i group_of_block =
       _mm512_srlv_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                         _mm512_set1_epi32(group_log));
@@ -1106,6 +1197,14 @@ EDGE_ALWAYS_INLINE void int_dot_step(int n, const char *const *row, const uint16
     __m512 row_scales = _mm512_permutexvar_ps(
         group_of_block, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(group_mask, scales[t] + first_group)));
     block_factors[t] = _mm512_mul_ps(row_scales, x_scales);
+    if (asymmetric) { /* the step's 16 blocks' corrections in one FMA (lanes past the step add mid * 0) */
+      EDGE_PREFETCH(next_mins[t], first_group * sizeof(uint16_t));
+      __m512 row_mins = _mm512_permutexvar_ps(
+          group_of_block, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(group_mask, mins[t] + first_group)));
+      __m512 mids = _mm512_fmadd_ps(row_scales, _mm512_set1_ps(8.0f), row_mins);
+      __m512 sums = _mm512_maskz_loadu_ps(block_mask, xa->block_sums + first_block);
+      corr[t] = (vec16)_mm512_fmadd_ps(mids, sums, (__m512)corr[t]);
+    }
   }
   for (int k = 0; k < step_units; k += 2) {
     int even_blocks = step_blocks - k * per_unit < per_unit ? step_blocks - k * per_unit : per_unit;
@@ -1139,18 +1238,21 @@ EDGE_ALWAYS_INLINE void int_dot_step(int n, const char *const *row, const uint16
  * order do not depend on n, so neither do its bits. */
 EDGE_ALWAYS_INLINE void int_dot_rows(int n, const char *const *row, const uint16_t *const *scales, int dtype,
                                      int group_size, const struct quantized_activations *xa, int d,
-                                     const char *const *next, const uint16_t *const *next_scales, float *out) {
-  vec16 even[EDGE_ROWS_AT_ONCE], odd[EDGE_ROWS_AT_ONCE];
-  for (int t = 0; t < n; t++) even[t] = odd[t] = (vec16){0};
+                                     const char *const *next, const uint16_t *const *next_scales, float *out,
+                                     int asymmetric, const uint16_t *const *mins, const uint16_t *const *next_mins) {
+  vec16 even[EDGE_ROWS_AT_ONCE], odd[EDGE_ROWS_AT_ONCE], corr[EDGE_ROWS_AT_ONCE];
+  for (int t = 0; t < n; t++) even[t] = odd[t] = corr[t] = (vec16){0};
   int blocks = d / EDGE_QUANT_BLOCK;
   int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2; /* log2 of blocks per group */
 #if EDGE_ROWS_AVX512
   int first_block = 0;
   for (; first_block + 16 <= blocks; first_block += 16) {
-    int_dot_step(n, row, scales, dtype, group_log, xa, first_block, 16, next, next_scales, even, odd);
+    int_dot_step(n, row, scales, dtype, group_log, xa, first_block, 16, next, next_scales, even, odd, asymmetric, mins,
+                 next_mins, corr);
   }
   if (first_block < blocks) {
-    int_dot_step(n, row, scales, dtype, group_log, xa, first_block, blocks - first_block, next, next_scales, even, odd);
+    int_dot_step(n, row, scales, dtype, group_log, xa, first_block, blocks - first_block, next, next_scales, even, odd,
+                 asymmetric, mins, next_mins, corr);
   }
 #else
   int per_unit = unit_blocks(dtype), unit = 0, full_units = blocks / per_unit, partial_blocks = blocks % per_unit;
@@ -1161,6 +1263,7 @@ EDGE_ALWAYS_INLINE void int_dot_rows(int n, const char *const *row, const uint16
       /* a cache line of scales covers 32 groups */
       if ((unit * per_unit) % (32 << group_log) < 2 * per_unit) {
         EDGE_PREFETCH(next_scales[t], (size_t)((unit * per_unit) >> group_log) * sizeof(uint16_t));
+        if (asymmetric) EDGE_PREFETCH(next_mins[t], (size_t)((unit * per_unit) >> group_log) * sizeof(uint16_t));
       }
     }
     for (int t = 0; t < n; t++) {
@@ -1185,9 +1288,13 @@ EDGE_ALWAYS_INLINE void int_dot_rows(int n, const char *const *row, const uint16
       int_dot_unit(row[t], scales[t], dtype, group_log, xa, unit, partial_blocks, &odd[t]);
     }
   }
+  for (int t = 0; t < n && asymmetric; t++) {
+    add_block_corrections(scales[t], mins[t], group_log, xa->block_sums, blocks, &corr[t]);
+  }
 #endif
   for (int t = 0; t < n; t++) {
     vec16 acc = even[t] + odd[t];
+    if (asymmetric) acc += corr[t];
     out[t] = sum_lanes(&acc);
   }
 }
@@ -1203,7 +1310,8 @@ struct ffn_workspace {
   int32_t *active_index;  /* [D] segments of active neurons, increasing within and across segments */
   float *active_hidden;   /* [D] h_i = a_i * act_up(u_i) of those */
   int32_t *segment_count; /* [ceil(D / EDGE_GATE_CHUNK)] active neurons per segment */
-  void *activations;      /* activation_bytes(d): x quantized for the integer dot products */
+  float *corrections;     /* [ceil(d / 32)] asymmetric down rows: per block of 32 columns, sum of h_i * mid_i */
+  void *activations;      /* activation_bytes(d): x quantized for the integer dot products (or x's block sums) */
 };
 
 static size_t round_up(size_t bytes) { return (bytes + EDGE_CACHE_LINE - 1) / EDGE_CACHE_LINE * EDGE_CACHE_LINE; }
@@ -1212,11 +1320,11 @@ size_t edge_cpu_sparse_ffn_workspace_size(int d, int D, int threads) {
   (void)threads;
   if (d <= 0 || D <= 0) return 0;
   /* The extra line lets the layout align a workspace pointer of any alignment. */
-  return 4 * round_up((size_t)D * 4) + round_up((size_t)ceil_div(D, EDGE_GATE_CHUNK) * 4) + activation_bytes(d) +
-         EDGE_CACHE_LINE;
+  return 4 * round_up((size_t)D * 4) + round_up((size_t)ceil_div(D, EDGE_GATE_CHUNK) * 4) +
+         round_up((size_t)ceil_div(d, EDGE_QUANT_BLOCK) * 4) + activation_bytes(d) + EDGE_CACHE_LINE;
 }
 
-static struct ffn_workspace layout_workspace(void *workspace, int D) {
+static struct ffn_workspace layout_workspace(void *workspace, int d, int D) {
   uintptr_t base = ((uintptr_t)workspace + EDGE_CACHE_LINE - 1) / EDGE_CACHE_LINE * EDGE_CACHE_LINE;
   size_t stride = round_up((size_t)D * 4);
   struct ffn_workspace ws = {
@@ -1225,18 +1333,21 @@ static struct ffn_workspace layout_workspace(void *workspace, int D) {
       .active_hidden = (float *)(base + 2 * stride),
       .values = (float *)(base + 3 * stride),
       .segment_count = (int32_t *)(base + 4 * stride),
-      .activations = (void *)(base + 4 * stride + round_up((size_t)ceil_div(D, EDGE_GATE_CHUNK) * 4)),
+      .corrections = (float *)(base + 4 * stride + round_up((size_t)ceil_div(D, EDGE_GATE_CHUNK) * 4)),
+      .activations = (void *)(base + 4 * stride + round_up((size_t)ceil_div(D, EDGE_GATE_CHUNK) * 4) +
+                              round_up((size_t)ceil_div(d, EDGE_QUANT_BLOCK) * 4)),
   };
   return ws;
 }
 
 /* A weight matrix of d-element rows as stored: fp32 or fp16 values, or INT8 / INT4 codes with their fp16 group
- * scales (scales and group_size unused for fp32 and fp16). */
+ * scales (scales and group_size unused for fp32 and fp16), and asymmetric INT4's group minimums. */
 struct weight_rows {
   const void *values;
   const uint16_t *scales; /* [rows, d / group_size] */
   int dtype;              /* enum edge_dtype or enum edge_quant_format */
   int group_size;
+  const uint16_t *mins; /* [rows, d / group_size] for asymmetric INT4, else NULL */
 };
 
 static inline int is_quantized(int dtype) { return dtype == EDGE_Q8 || dtype == EDGE_Q4; }
@@ -1253,18 +1364,33 @@ static inline const uint16_t *row_scales(const struct weight_rows *w, int row, i
   return w->scales + (size_t)row * (size_t)(d / w->group_size);
 }
 
-/* Row `row` of w . x, x in fp32, while row `next` of next_w (the same storage type and row length) is prefetched;
- * each storage type gets its own inlined loop. (Quantized rows' integer dot products: rows_dot, int_dot_rows.) */
-static inline float row_dot(const struct weight_rows *w, int row, const float *x, int d,
+/* The row's minimums, or NULL for symmetric rows. */
+static inline const uint16_t *row_mins(const struct weight_rows *w, int row, int d) {
+  return w->mins == NULL ? NULL : w->mins + (size_t)row * (size_t)(d / w->group_size);
+}
+
+/* The row's minimums to prefetch: its scales when it has none (prefetched anyway). */
+static inline const uint16_t *row_mins_or_scales(const struct weight_rows *w, int row, int d) {
+  return w->mins == NULL ? row_scales(w, row, d) : row_mins(w, row, d);
+}
+
+/* Row `row` of w . x, x in fp32 (block_sums: x's per block, for asymmetric rows), while row `next` of next_w (the
+ * same storage type and row length) is prefetched; each storage type gets its own inlined loop. (Quantized rows'
+ * integer dot products: rows_dot, int_dot_rows.) */
+static inline float row_dot(const struct weight_rows *w, int row, const float *x, const float *block_sums, int d,
                             const struct weight_rows *next_w, int next) {
   const char *start = row_address(w, row, d), *ahead = row_address(next_w, next, d);
   switch (w->dtype) {
     case EDGE_Q8:
       return quant_dot_row(start, row_scales(w, row, d), EDGE_Q8, w->group_size, x, d, ahead,
-                           row_scales(next_w, next, d));
+                           row_scales(next_w, next, d), NULL, NULL);
     case EDGE_Q4:
+      if (w->mins != NULL) {
+        return quant_dot_row(start, row_scales(w, row, d), EDGE_Q4, w->group_size, x, d, ahead,
+                             row_scales(next_w, next, d), row_mins(w, row, d), block_sums);
+      }
       return quant_dot_row(start, row_scales(w, row, d), EDGE_Q4, w->group_size, x, d, ahead,
-                           row_scales(next_w, next, d));
+                           row_scales(next_w, next, d), NULL, NULL);
     case EDGE_F16:
       return dot_row(start, EDGE_F16, x, d, ahead);
     default:
@@ -1316,6 +1442,9 @@ static void prefetch_row(const struct weight_rows *w, int row, int d) {
   if (is_quantized(w->dtype)) {
     size_t scale_bytes = (size_t)(d / w->group_size) * sizeof(uint16_t);
     for (size_t byte = 0; byte < scale_bytes; byte += EDGE_CACHE_LINE) EDGE_PREFETCH(row_scales(w, row, d), byte);
+    for (size_t byte = 0; w->mins != NULL && byte < scale_bytes; byte += EDGE_CACHE_LINE) {
+      EDGE_PREFETCH(row_mins(w, row, d), byte);
+    }
   }
 }
 
@@ -1339,19 +1468,24 @@ EDGE_ALWAYS_INLINE void int_dot_list(int n, const struct row_list *rows, const s
                                      const struct quantized_activations *xa, int d, int k, int ahead, float *out) {
   const char *row[EDGE_ROWS_AT_ONCE], *next[EDGE_ROWS_AT_ONCE];
   const uint16_t *scales[EDGE_ROWS_AT_ONCE], *next_scales[EDGE_ROWS_AT_ONCE];
+  const uint16_t *mins[EDGE_ROWS_AT_ONCE], *next_mins[EDGE_ROWS_AT_ONCE];
   for (int t = 0; t < n; t++) {
     const struct weight_rows *next_w;
     int next_row;
     row_ahead(rows, then, k + t, ahead, &next_w, &next_row);
     row[t] = row_address(rows->w, list_index(rows, k + t), d);
     scales[t] = row_scales(rows->w, list_index(rows, k + t), d);
+    mins[t] = row_mins(rows->w, list_index(rows, k + t), d);
     next[t] = row_address(next_w, next_row, d);
     next_scales[t] = row_scales(next_w, next_row, d);
+    next_mins[t] = row_mins_or_scales(next_w, next_row, d);
   }
-  if (rows->w->dtype == EDGE_Q4) {
-    int_dot_rows(n, row, scales, EDGE_Q4, rows->w->group_size, xa, d, next, next_scales, out + k);
+  if (rows->w->dtype == EDGE_Q4 && rows->w->mins != NULL) {
+    int_dot_rows(n, row, scales, EDGE_Q4, rows->w->group_size, xa, d, next, next_scales, out + k, 1, mins, next_mins);
+  } else if (rows->w->dtype == EDGE_Q4) {
+    int_dot_rows(n, row, scales, EDGE_Q4, rows->w->group_size, xa, d, next, next_scales, out + k, 0, mins, next_mins);
   } else {
-    int_dot_rows(n, row, scales, EDGE_Q8, rows->w->group_size, xa, d, next, next_scales, out + k);
+    int_dot_rows(n, row, scales, EDGE_Q8, rows->w->group_size, xa, d, next, next_scales, out + k, 0, mins, next_mins);
   }
 }
 
@@ -1362,7 +1496,7 @@ EDGE_ALWAYS_INLINE void int_dot_list(int n, const struct row_list *rows, const s
  * whole before the first is read. Quantized rows with x's quantized planes xa are dotted EDGE_ROWS_AT_ONCE at a
  * time, the last few one by one. */
 static void rows_dot(const struct row_list *rows, const struct row_list *then, const float *x,
-                     const struct quantized_activations *xa, int d, int cold, float *out) {
+                     const struct quantized_activations *xa, const float *block_sums, int d, int cold, float *out) {
 #ifdef EDGE_DOT_GROUP
   if (rows->w->dtype == EDGE_F16 && d <= EDGE_GROUP_MAX_D) {
     rows_dot_grouped(rows, x, d, out);
@@ -1384,7 +1518,7 @@ static void rows_dot(const struct row_list *rows, const struct row_list *then, c
     const struct weight_rows *next_w;
     int next;
     row_ahead(rows, then, k, ahead, &next_w, &next);
-    out[k] = row_dot(rows->w, list_index(rows, k), x, d, next_w, next);
+    out[k] = row_dot(rows->w, list_index(rows, k), x, block_sums, d, next_w, next);
   }
 }
 
@@ -1393,7 +1527,7 @@ static void rows_dot(const struct row_list *rows, const struct row_list *then, c
  * that fired. Whether a neuron fires is close to a coin toss, so deciding it between its gate and up rows cost a
  * mispredicted branch per candidate; here the active list is compacted without branches. */
 static int gate_up_chunk(const struct ffn_workspace *ws, int k0, int k1, int n_candidates, const float *x,
-                         const struct quantized_activations *xa, int d, const struct weight_rows *gate,
+                         const struct quantized_activations *xa, const float *block_sums, int d, const struct weight_rows *gate,
                          const struct weight_rows *up, int skip_zeros, const float *thresholds, int activation,
                          float act_threshold) {
   float *values = ws->values + k0;
@@ -1401,7 +1535,7 @@ static int gate_up_chunk(const struct ffn_workspace *ws, int k0, int k1, int n_c
    * the next chunk's gate rows */
   struct row_list gate_rows = {gate, ws->candidates + k0, 0, k1 - k0};
   struct row_list likely_up_rows = {up, ws->candidates + k0, 0, k1 - k0};
-  rows_dot(&gate_rows, &likely_up_rows, x, xa, d, 1, values);
+  rows_dot(&gate_rows, &likely_up_rows, x, xa, block_sums, d, 1, values);
   int32_t *index = ws->active_index + k0;
   float *hidden = ws->active_hidden + k0;
   int n_active = 0;
@@ -1416,7 +1550,7 @@ static int gate_up_chunk(const struct ffn_workspace *ws, int k0, int k1, int n_c
   }
   struct row_list up_rows = {up, index, 0, n_active};
   struct row_list next_gate_rows = {gate, ws->candidates + k1, 0, n_candidates - k1};
-  rows_dot(&up_rows, &next_gate_rows, x, xa, d, 0, values);
+  rows_dot(&up_rows, &next_gate_rows, x, xa, block_sums, d, 0, values);
   for (int j = 0; j < n_active; j++) {
     float u = activation == EDGE_ACT_DRELU ? keep_or_zero(values[j], !(values[j] < 0.0f)) : values[j];
     hidden[j] *= u;
@@ -1458,6 +1592,10 @@ static void down_columns(float *y, int c0, int c1, int d, const struct weight_ro
                          const struct ffn_workspace *ws, int chunk, int n_segments, int skip_zeros) {
   int n = c1 - c0;
   memset(y + c0, 0, (size_t)n * sizeof(float));
+  /* asymmetric rows: the blocks' corrections, C_b = sum of h_i * mid_i over the active rows in order (each column
+   * block of this thread's own), added to each column once after the last row */
+  float *corrections = down->mins != NULL ? ws->corrections : NULL;
+  if (corrections != NULL) memset(corrections + c0 / EDGE_QUANT_BLOCK, 0, (size_t)n / EDGE_QUANT_BLOCK * sizeof(float));
   struct down_cursor cursor = {ws, chunk, n_segments, skip_zeros, 0, 0};
   /* fp rows: element offsets of the rows' pieces [c0, c1); quantized rows: the neurons, as add_quant_rows finds
    * a piece's codes and scales from its row; this group and the next */
@@ -1481,11 +1619,16 @@ static void down_columns(float *y, int c0, int c1, int d, const struct weight_ro
     switch (down->dtype) {
       case EDGE_Q8:
         add_quant_rows(y, c0, n, down->values, down->scales, EDGE_Q8, down->group_size, d, rows[now], h[now], n_rows,
-                       rows[!now], n_next);
+                       rows[!now], n_next, NULL, NULL);
         break;
       case EDGE_Q4:
-        add_quant_rows(y, c0, n, down->values, down->scales, EDGE_Q4, down->group_size, d, rows[now], h[now], n_rows,
-                       rows[!now], n_next);
+        if (corrections != NULL) {
+          add_quant_rows(y, c0, n, down->values, down->scales, EDGE_Q4, down->group_size, d, rows[now], h[now],
+                         n_rows, rows[!now], n_next, down->mins, corrections);
+        } else {
+          add_quant_rows(y, c0, n, down->values, down->scales, EDGE_Q4, down->group_size, d, rows[now], h[now],
+                         n_rows, rows[!now], n_next, NULL, NULL);
+        }
         break;
       case EDGE_F16:
         add_rows(y + c0, n, down->values, EDGE_F16, rows[now], h[now], n_rows, rows[!now], n_next);
@@ -1496,6 +1639,7 @@ static void down_columns(float *y, int c0, int c1, int d, const struct weight_ro
     now = !now;
     n_rows = n_next;
   }
+  for (int c = c0; corrections != NULL && c < c1; c++) y[c] += corrections[c / EDGE_QUANT_BLOCK];
 }
 
 /* candidates = the neurons with mask[i] != 0, increasing; returns how many. Without branches: a predicted mask
@@ -1525,6 +1669,7 @@ static int list_candidates(const uint8_t *mask, int D, int32_t *candidates) {
  * of 32, 64 or 128 that divides in. */
 static int valid_weights(const struct weight_rows *w, int in) {
   if (w->values == NULL || in <= 0) return 0;
+  if (w->mins != NULL && w->dtype != EDGE_Q4) return 0; /* only INT4 has an asymmetric form */
   if (w->dtype == EDGE_F32 || w->dtype == EDGE_F16) return 1;
   int group_size_ok = w->group_size == 32 || w->group_size == 64 || w->group_size == 128;
   return is_quantized(w->dtype) && w->scales != NULL && group_size_ok && in % w->group_size == 0;
@@ -1535,6 +1680,10 @@ static int check_ffn_arguments(const float *x, int d, int D, const struct weight
                                float act_threshold, const float *y, const void *workspace) {
   if (x == NULL || y == NULL || workspace == NULL || D <= 0) return EDGE_CPU_INVALID_ARGUMENT;
   if (!valid_weights(gate, d) || !valid_weights(up, d) || !valid_weights(down, d)) return EDGE_CPU_INVALID_ARGUMENT;
+  /* the three matrices' minimums all present (asymmetric INT4) or all absent */
+  if ((gate->mins == NULL) != (up->mins == NULL) || (gate->mins == NULL) != (down->mins == NULL)) {
+    return EDGE_CPU_INVALID_ARGUMENT;
+  }
   if (activation < EDGE_ACT_RELU || activation > EDGE_ACT_SILU) return EDGE_CPU_INVALID_ARGUMENT;
   if (activation == EDGE_ACT_FATRELU && !(act_threshold >= 0.0f)) return EDGE_CPU_INVALID_ARGUMENT;
   return EDGE_CPU_OK;
@@ -1556,6 +1705,7 @@ static int integer_dot_products(int dtype) {
 struct ffn_job {
   const float *x;
   const struct quantized_activations *xa; /* x quantized for quantized rows, or NULL: dot them with x */
+  const float *block_sums;                /* x's block sums for asymmetric rows (xa's or x's in fp32), or NULL */
   int d;
   struct weight_rows gate, up, down;
   const float *thresholds;
@@ -1574,8 +1724,9 @@ struct ffn_job {
 static void gate_up_segment(struct ffn_job *job, int s) {
   int k0 = s * job->chunk;
   int k1 = k0 + job->chunk < job->n_candidates ? k0 + job->chunk : job->n_candidates;
-  int n_active = gate_up_chunk(&job->ws, k0, k1, job->n_candidates, job->x, job->xa, job->d, &job->gate, &job->up,
-                               job->skip_zeros, job->thresholds, job->activation, job->act_threshold);
+  int n_active = gate_up_chunk(&job->ws, k0, k1, job->n_candidates, job->x, job->xa, job->block_sums, job->d,
+                               &job->gate, &job->up, job->skip_zeros, job->thresholds, job->activation,
+                               job->act_threshold);
   job->ws.segment_count[s] = n_active;
   if (job->active_out != NULL) {
     for (int j = k0; j < k0 + n_active; j++) job->active_out[job->ws.active_index[j]] = 1;
@@ -1598,12 +1749,15 @@ static int run_ffn(const float *x, int d, int D, struct weight_rows gate, struct
                    float act_threshold, float *y, void *workspace, int threads, uint8_t *active_out, int skip_zeros) {
   int status = check_ffn_arguments(x, d, D, &gate, &up, &down, activation, act_threshold, y, workspace);
   if (status != EDGE_CPU_OK) return status;
-  struct ffn_job job = {x, NULL, d, gate, up, down, thresholds, activation, act_threshold, y, active_out, skip_zeros,
-                        layout_workspace(workspace, D), 0, 0, 0, 0, 0, 0};
+  struct ffn_job job = {x, NULL, NULL, d, gate, up, down, thresholds, activation, act_threshold, y, active_out,
+                        skip_zeros, layout_workspace(workspace, d, D), 0, 0, 0, 0, 0, 0};
   struct quantized_activations activations;
   if (integer_dot_products(gate.dtype)) {
     activations = quantize_activations(x, d, gate.dtype, job.ws.activations);
     job.xa = &activations;
+    job.block_sums = activations.block_sums;
+  } else if (gate.mins != NULL) {
+    job.block_sums = fp32_block_sums(x, d, job.ws.activations);
   }
   if (mask == NULL) {
     for (int i = 0; i < D; i++) job.ws.candidates[i] = i;
@@ -1645,21 +1799,22 @@ static int run_ffn(const float *x, int d, int D, struct weight_rows gate, struct
 int edge_cpu_sparse_ffn(const float *x, int d, int D, const void *w_gate, const void *w_up, const void *w_down_t,
                         int weight_dtype, const uint8_t *mask, const float *thresholds, int activation,
                         float act_threshold, float *y, void *workspace, int threads, uint8_t *active_out) {
-  struct weight_rows gate = {w_gate, NULL, weight_dtype, 0}, up = {w_up, NULL, weight_dtype, 0};
-  struct weight_rows down = {w_down_t, NULL, weight_dtype, 0};
+  struct weight_rows gate = {w_gate, NULL, weight_dtype, 0, NULL}, up = {w_up, NULL, weight_dtype, 0, NULL};
+  struct weight_rows down = {w_down_t, NULL, weight_dtype, 0, NULL};
   if (weight_dtype != EDGE_F32 && weight_dtype != EDGE_F16) return EDGE_CPU_INVALID_ARGUMENT;
   return run_ffn(x, d, D, gate, up, down, mask, thresholds, activation, act_threshold, y, workspace, threads,
                  active_out, 1);
 }
 
 int edge_cpu_sparse_ffn_q(const float *x, int d, int D, const void *w_gate, const uint16_t *gate_scales,
-                          const void *w_up, const uint16_t *up_scales, const void *w_down_t,
-                          const uint16_t *down_scales, int quant_format, int group_size, const uint8_t *mask,
+                          const uint16_t *gate_mins, const void *w_up, const uint16_t *up_scales,
+                          const uint16_t *up_mins, const void *w_down_t, const uint16_t *down_scales,
+                          const uint16_t *down_mins, int quant_format, int group_size, const uint8_t *mask,
                           const float *thresholds, int activation, float act_threshold, float *y, void *workspace,
                           int threads, uint8_t *active_out) {
-  struct weight_rows gate = {w_gate, gate_scales, quant_format, group_size};
-  struct weight_rows up = {w_up, up_scales, quant_format, group_size};
-  struct weight_rows down = {w_down_t, down_scales, quant_format, group_size};
+  struct weight_rows gate = {w_gate, gate_scales, quant_format, group_size, gate_mins};
+  struct weight_rows up = {w_up, up_scales, quant_format, group_size, up_mins};
+  struct weight_rows down = {w_down_t, down_scales, quant_format, group_size, down_mins};
   if (!is_quantized(quant_format)) return EDGE_CPU_INVALID_ARGUMENT;
   return run_ffn(x, d, D, gate, up, down, mask, thresholds, activation, act_threshold, y, workspace, threads,
                  active_out, 1);
@@ -1667,8 +1822,8 @@ int edge_cpu_sparse_ffn_q(const float *x, int d, int D, const void *w_gate, cons
 
 int edge_cpu_dense_ffn(const float *x, int d, int D, const void *w_gate, const void *w_up, const void *w_down_t,
                        int weight_dtype, int activation, float act_threshold, float *y, void *workspace, int threads) {
-  struct weight_rows gate = {w_gate, NULL, weight_dtype, 0}, up = {w_up, NULL, weight_dtype, 0};
-  struct weight_rows down = {w_down_t, NULL, weight_dtype, 0};
+  struct weight_rows gate = {w_gate, NULL, weight_dtype, 0, NULL}, up = {w_up, NULL, weight_dtype, 0, NULL};
+  struct weight_rows down = {w_down_t, NULL, weight_dtype, 0, NULL};
   if (weight_dtype != EDGE_F32 && weight_dtype != EDGE_F16) return EDGE_CPU_INVALID_ARGUMENT;
   return run_ffn(x, d, D, gate, up, down, NULL, NULL, activation, act_threshold, y, workspace, threads, NULL, 0);
 }
@@ -1676,7 +1831,7 @@ int edge_cpu_dense_ffn(const float *x, int d, int D, const void *w_gate, const v
 /* Part `part` of `parts` contiguous runs of the rows of all n matrices, taken as one list in order: each matrix's
  * piece of the run is dotted with x into its y (+ bias), and the run's next piece, the next matrix's first rows, is
  * what the end of a piece prefetches. */
-static void matvecs_rows(const float *x, const struct quantized_activations *xa, int in,
+static void matvecs_rows(const float *x, const struct quantized_activations *xa, const float *block_sums, int in,
                          const struct edge_cpu_matrix *m, int n, int total, int parts, int part) {
   int r0 = split_point(total, parts, part), r1 = split_point(total, parts, part + 1);
   int cold = 1;
@@ -1685,11 +1840,11 @@ static void matvecs_rows(const float *x, const struct quantized_activations *xa,
     if (a >= b) continue;
     int last = i + 1 == n, after = r1 - (first + m[i].rows);
     const struct edge_cpu_matrix *next = last ? m + i : m + i + 1;
-    struct weight_rows w = {m[i].w, m[i].scales, m[i].dtype, m[i].group_size};
-    struct weight_rows next_w = {next->w, next->scales, next->dtype, next->group_size};
+    struct weight_rows w = {m[i].w, m[i].scales, m[i].dtype, m[i].group_size, m[i].mins};
+    struct weight_rows next_w = {next->w, next->scales, next->dtype, next->group_size, next->mins};
     int next_rows = last || after <= 0 ? 0 : after < m[i + 1].rows ? after : m[i + 1].rows;
     struct row_list rows = {&w, NULL, a, b - a}, then = {&next_w, NULL, 0, next_rows};
-    rows_dot(&rows, &then, x, xa, in, cold, m[i].y + a);
+    rows_dot(&rows, &then, x, xa, block_sums, in, cold, m[i].y + a);
     if (m[i].bias != NULL) {
       for (int r = a; r < b; r++) m[i].y[r] += m[i].bias[r];
     }
@@ -1703,10 +1858,11 @@ static void matvecs_rows(const float *x, const struct quantized_activations *xa,
 
 int edge_cpu_matvecs(const float *x, int in, const struct edge_cpu_matrix *matrices, int n, int threads) {
   if (x == NULL || matrices == NULL || n <= 0) return EDGE_CPU_INVALID_ARGUMENT;
-  int total = 0;
+  int total = 0, asymmetric = 0;
   for (int i = 0; i < n; i++) {
     const struct edge_cpu_matrix *m = matrices + i;
-    struct weight_rows w = {m->w, m->scales, m->dtype, m->group_size};
+    struct weight_rows w = {m->w, m->scales, m->dtype, m->group_size, m->mins};
+    asymmetric |= m->mins != NULL;
     int same_storage = m->dtype == matrices[0].dtype && m->group_size == matrices[0].group_size;
     if (m->y == NULL || m->rows <= 0 || m->rows > INT_MAX - total || !same_storage || !valid_weights(&w, in)) {
       return EDGE_CPU_INVALID_ARGUMENT;
@@ -1718,24 +1874,32 @@ int edge_cpu_matvecs(const float *x, int in, const struct edge_cpu_matrix *matri
   void *heap_buffer = NULL;
   struct quantized_activations activations;
   const struct quantized_activations *xa = NULL;
-  if (integer_dot_products(matrices[0].dtype)) {
+  const float *block_sums = NULL;
+  int integer = integer_dot_products(matrices[0].dtype);
+  if (integer || asymmetric) {
     if (in > EDGE_MATVEC_STACK_VALUES && (heap_buffer = malloc(activation_bytes(in))) == NULL) {
       return EDGE_CPU_OUT_OF_MEMORY;
     }
-    activations = quantize_activations(x, in, matrices[0].dtype, heap_buffer != NULL ? heap_buffer : stack_buffer);
+  }
+  void *buffer = heap_buffer != NULL ? heap_buffer : stack_buffer;
+  if (integer) {
+    activations = quantize_activations(x, in, matrices[0].dtype, buffer);
     xa = &activations;
+    block_sums = activations.block_sums;
+  } else if (asymmetric) {
+    block_sums = fp32_block_sums(x, in, buffer);
   }
   int parts = threads < total ? threads : total;
   /* one contiguous run of rows per thread, so each streams its rows with the next group prefetched */
 #ifdef _OPENMP
   if (parts > 1) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int part = 0; part < parts; part++) matvecs_rows(x, xa, in, matrices, n, total, parts, part);
+    for (int part = 0; part < parts; part++) matvecs_rows(x, xa, block_sums, in, matrices, n, total, parts, part);
     free(heap_buffer);
     return EDGE_CPU_OK;
   }
 #endif
-  matvecs_rows(x, xa, in, matrices, n, total, 1, 0); /* without OpenMP's per-call cost, as run_ffn */
+  matvecs_rows(x, xa, block_sums, in, matrices, n, total, 1, 0); /* without OpenMP's per-call cost, as run_ffn */
   free(heap_buffer);
   return EDGE_CPU_OK;
 }
@@ -1743,13 +1907,13 @@ int edge_cpu_matvecs(const float *x, int in, const struct edge_cpu_matrix *matri
 int edge_cpu_matvec(const float *x, int in, int out, const void *w, int weight_dtype, const float *bias, float *y,
                     int threads) {
   if (weight_dtype != EDGE_F32 && weight_dtype != EDGE_F16) return EDGE_CPU_INVALID_ARGUMENT;
-  struct edge_cpu_matrix matrix = {w, NULL, weight_dtype, 0, out, bias, y};
+  struct edge_cpu_matrix matrix = {w, NULL, NULL, weight_dtype, 0, out, bias, y};
   return edge_cpu_matvecs(x, in, &matrix, 1, threads);
 }
 
-int edge_cpu_matvec_q(const float *x, int in, int out, const void *w, const uint16_t *scales, int quant_format,
-                      int group_size, const float *bias, float *y, int threads) {
+int edge_cpu_matvec_q(const float *x, int in, int out, const void *w, const uint16_t *scales, const uint16_t *mins,
+                      int quant_format, int group_size, const float *bias, float *y, int threads) {
   if (!is_quantized(quant_format)) return EDGE_CPU_INVALID_ARGUMENT;
-  struct edge_cpu_matrix matrix = {w, scales, quant_format, group_size, out, bias, y};
+  struct edge_cpu_matrix matrix = {w, scales, mins, quant_format, group_size, out, bias, y};
   return edge_cpu_matvecs(x, in, &matrix, 1, threads);
 }

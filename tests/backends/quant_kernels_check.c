@@ -1,8 +1,9 @@
 /* Runs the quantized CPU kernels on one case read from a file and writes their outputs, so that a cross-built
  * (aarch64) kernel library can be checked under qemu against the Python reference (test_cpu_kernel_builds.py).
  *
- * input:  int32 d, D, quant_format, group_size, activation; float act_threshold; float x[d]; for gate, up, down_t:
- *         the codes [D, row bytes] then the fp16 scales [D, d / group_size]; uint8 mask[D]
+ * input:  int32 d, D, quant_format, group_size, activation, asymmetric; float act_threshold; float x[d]; for gate,
+ *         up, down_t: the codes [D, row bytes], the fp16 scales [D, d / group_size], and with asymmetric != 0 the
+ *         fp16 minimums [D, d / group_size]; uint8 mask[D]
  * output: for threads 1, 2, 4: float y[d] of edge_cpu_sparse_ffn_q, uint8 active[D];
  *         for threads 1, 4: float gate_x[D] of edge_cpu_matvec_q on the gate matrix */
 #include <stdio.h>
@@ -26,17 +27,19 @@ int main(int argc, char **argv) {
   }
   FILE *input = fopen(argv[1], "rb");
   if (input == NULL) return 2;
-  int32_t *header = read_array(input, 5 * sizeof(int32_t));
+  int32_t *header = read_array(input, 6 * sizeof(int32_t));
   int d = header[0], D = header[1], format = header[2], group_size = header[3], activation = header[4];
+  int asymmetric = header[5];
   float *act_threshold = read_array(input, sizeof(float));
   float *x = read_array(input, (size_t)d * sizeof(float));
   size_t row_bytes = format == EDGE_Q8 ? (size_t)d : (size_t)d / 2;
   size_t scale_count = (size_t)D * (size_t)(d / group_size);
   void *codes[3];
-  uint16_t *scales[3];
+  uint16_t *scales[3], *mins[3] = {NULL, NULL, NULL};
   for (int m = 0; m < 3; m++) {
     codes[m] = read_array(input, (size_t)D * row_bytes);
     scales[m] = read_array(input, scale_count * sizeof(uint16_t));
+    if (asymmetric) mins[m] = read_array(input, scale_count * sizeof(uint16_t));
   }
   uint8_t *mask = read_array(input, (size_t)D);
   fclose(input);
@@ -48,15 +51,18 @@ int main(int argc, char **argv) {
   uint8_t *active = malloc((size_t)D);
   const int ffn_threads[] = {1, 2, 4}, matvec_threads[] = {1, 4};
   for (int t = 0; t < 3; t++) {
-    int status = edge_cpu_sparse_ffn_q(x, d, D, codes[0], scales[0], codes[1], scales[1], codes[2], scales[2], format,
-                                       group_size, mask, NULL, activation, *act_threshold, y, workspace,
-                                       ffn_threads[t], active);
+    int status = edge_cpu_sparse_ffn_q(x, d, D, codes[0], scales[0], mins[0], codes[1], scales[1], mins[1], codes[2],
+                                       scales[2], mins[2], format, group_size, mask, NULL, activation, *act_threshold,
+                                       y, workspace, ffn_threads[t], active);
     if (status != EDGE_CPU_OK) return 3;
     fwrite(y, sizeof(float), (size_t)d, output);
     fwrite(active, 1, (size_t)D, output);
   }
   for (int t = 0; t < 2; t++) {
-    if (edge_cpu_matvec_q(x, d, D, codes[0], scales[0], format, group_size, NULL, y, matvec_threads[t]) != 0) return 3;
+    if (edge_cpu_matvec_q(x, d, D, codes[0], scales[0], mins[0], format, group_size, NULL, y, matvec_threads[t]) !=
+        0) {
+      return 3;
+    }
     fwrite(y, sizeof(float), (size_t)D, output);
   }
   return fclose(output) == 0 ? 0 : 2;

@@ -46,15 +46,21 @@ def test_bench_rows_realize_the_requested_sparsity(dtype):
         assert all(row[column] > 0 for column in COLUMNS if column.endswith("_ms"))
 
 
-@pytest.mark.parametrize(("dtype", "row_bytes"), [("int8", 128 + 4 * 2), ("int4", 64 + 4 * 2)])
-def test_quantized_bench_rows_realize_the_sparsity_and_count_the_bytes(dtype, row_bytes):
+@pytest.mark.parametrize(
+    ("dtype", "asymmetric", "row_bytes"),
+    [("int8", False, 128 + 4 * 2), ("int4", False, 64 + 4 * 2), ("int4", True, 64 + 4 * 2 + 4 * 2)],
+    ids=["int8", "int4", "int4-asymmetric"],
+)
+def test_quantized_bench_rows_realize_the_sparsity_and_count_the_bytes(dtype, asymmetric, row_bytes):
     rows = bench_quantized_ffn(128, 512, sparsities=(0.5, 0.875), dtype=dtype, group_size=32, threads=1, repeats=1,
-                               warmup=0)  # fmt: skip
-    # negating quantized gate rows through their scales makes exactly the drawn set fire: 256 and 64 neurons
+                               warmup=0, asymmetric=asymmetric)  # fmt: skip
+    # negating quantized gate rows through their scales (and minimums) makes exactly the drawn set fire: 256 and 64
     assert [row["realized_sparsity"] for row in rows] == [0.5, 0.875]
+    scheme = ("asymmetric" if asymmetric else "symmetric") if dtype == "int4" else None
     for row, n_active in zip(rows, (256, 64), strict=True):
         assert set(QUANTIZED_COLUMNS) <= set(row) and row["dtype"] == dtype and row["group_size"] == 32
-        assert row["sparse_mb_read"] == pytest.approx(3 * n_active * row_bytes / 1e6)  # codes and scales
+        assert row["int4_scheme"] == scheme
+        assert row["sparse_mb_read"] == pytest.approx(3 * n_active * row_bytes / 1e6)  # codes, scales (and mins)
         assert row["sparse_ms"] > 0 and row["fp16_sparse_ms"] > 0 and row["fp32_x_sparse_ms"] > 0
         assert row["read_gb_per_s"] > 0
         assert row["read_fraction"] == pytest.approx(row["sparse_gb_per_s"] / row["read_gb_per_s"])

@@ -14,6 +14,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -85,35 +86,76 @@ def test_kernel_build_passes_the_kernel_tests(tmp_path, march, registers):
     assert " passed" in result.stdout and " skipped" not in result.stdout
 
 
-def harness_case(path: Path, d: int, n_neurons: int, format: str, group_size: int, activation: Activation, seed: int):
-    """Writes one input of quant_kernels_check.c; returns x, the dequantized weights and the mask for the reference."""
+@dataclass(frozen=True)
+class HarnessCase:
+    d: int
+    format: str
+    group_size: int
+    activation: Activation
+    asymmetric: bool = False  # int4 with group minimums (weights offset from zero, so the minimums matter)
+
+    def seed(self, index: int) -> int:
+        """The case's data seed: its index, moved for the asymmetric cases to data clear of decision boundaries."""
+        return index + 1000 * self.asymmetric
+
+
+@dataclass(frozen=True)
+class HarnessData:
+    x: np.ndarray
+    matrices: list[quant.QuantizedMatrix]  # gate, up, down_t
+    mask: np.ndarray  # uint8 [D]
+
+    def reference_inputs(self) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        """x, the dequantized weights and the mask, for the reference."""
+        dequantized = [torch.from_numpy(quant.dequantize(m)) for m in self.matrices]
+        return torch.from_numpy(self.x), dequantized, torch.from_numpy(self.mask).bool()
+
+
+def harness_case(path: Path, case: HarnessCase, n_neurons: int, seed: int) -> HarnessData:
+    """Writes one input of quant_kernels_check.c; returns its data."""
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal(d).astype(np.float32)
-    matrices = [quant.quantize(rng.standard_normal((n_neurons, d)) / d**0.5, format, group_size) for _ in range(3)]
+    x = rng.standard_normal(case.d).astype(np.float32)
+    offset = 0.02 if case.asymmetric else 0.0
+    matrices = [
+        quant.quantize(
+            rng.standard_normal((n_neurons, case.d)) / case.d**0.5 + offset,
+            case.format,
+            case.group_size,
+            asymmetric=case.asymmetric,
+        )
+        for _ in range(3)
+    ]
     mask = (rng.random(n_neurons) < 0.6).astype(np.uint8)
-    codes = {"int8": 2, "int4": 3}[format]
+    codes = {"int8": 2, "int4": 3}[case.format]
     kinds = {"relu": 0, "fatrelu": 1, "drelu": 2, "silu": 3}
+    header = [case.d, n_neurons, codes, case.group_size, kinds[case.activation.kind], int(case.asymmetric)]
     with path.open("wb") as file:
-        file.write(np.array([d, n_neurons, codes, group_size, kinds[activation.kind]], dtype="<i4").tobytes())
-        file.write(np.array([activation.threshold], dtype="<f4").tobytes() + x.tobytes())
+        file.write(np.array(header, dtype="<i4").tobytes())
+        file.write(np.array([case.activation.threshold], dtype="<f4").tobytes() + x.tobytes())
         for matrix in matrices:
             file.write(matrix.data.tobytes() + matrix.scales.tobytes())
+            if case.asymmetric:
+                file.write(matrix.mins.tobytes())
         file.write(mask.tobytes())
-    return torch.from_numpy(x), [torch.from_numpy(quant.dequantize(m)) for m in matrices], torch.from_numpy(mask).bool()
+    return HarnessData(x, matrices, mask)
 
 
 # The harness's cases: the integer path's rows end in a partial unit (INT8 units are 2 blocks of 32 values, INT4
 # units 4): d = 416 in half an INT8 unit and 1 block of an INT4 one, 448 in 2 blocks (at group size 64, a group of its
 # own), 480 in 3. Past 16 blocks (AVX-512 takes 16 at a time, then the rest under masks): d = 576 (SmolLM2's) ends in
 # 2 blocks of an INT4 unit, 608 in one and a half INT8 units.
+# Asymmetric int4 (group minimums) adds a correction per block to each dot product and to each down column.
 HARNESS_CASES = [
-    (416, "int8", 32, Activation("relu")),
-    (448, "int4", 64, Activation("fatrelu", 0.05)),
-    (384, "int4", 128, Activation("silu")),
-    (416, "int4", 32, Activation("relu")),
-    (480, "int4", 32, Activation("drelu")),
-    (576, "int4", 64, Activation("silu")),
-    (608, "int8", 32, Activation("relu")),
+    HarnessCase(416, "int8", 32, Activation("relu")),
+    HarnessCase(448, "int4", 64, Activation("fatrelu", 0.05)),
+    HarnessCase(384, "int4", 128, Activation("silu")),
+    HarnessCase(416, "int4", 32, Activation("relu")),
+    HarnessCase(480, "int4", 32, Activation("drelu")),
+    HarnessCase(576, "int4", 64, Activation("silu")),
+    HarnessCase(608, "int8", 32, Activation("relu")),
+    HarnessCase(416, "int4", 32, Activation("relu"), asymmetric=True),
+    HarnessCase(576, "int4", 64, Activation("silu"), asymmetric=True),
+    HarnessCase(384, "int4", 128, Activation("drelu"), asymmetric=True),
 ]
 HARNESS_NEURONS = 301
 AARCH64_TOOLS = pytest.mark.skipif(
@@ -139,11 +181,11 @@ def build_harness(tmp_path: Path, compiler: str, flags: list[str], name: str) ->
 def run_harness(tmp_path: Path, command: list[str], env: dict[str, str] | None = None) -> list[bytes]:
     """The harness's output for each of HARNESS_CASES (written once per test directory)."""
     outputs = []
-    for index, (d, format, group_size, activation) in enumerate(HARNESS_CASES):
-        case, output = tmp_path / f"case{index}.bin", tmp_path / f"out{index}.bin"
-        if not case.exists():
-            harness_case(case, d, HARNESS_NEURONS, format, group_size, activation, seed=index)
-        run = subprocess.run([*command, str(case), str(output)], capture_output=True, text=True, timeout=300,
+    for index, case in enumerate(HARNESS_CASES):
+        path, output = tmp_path / f"case{index}.bin", tmp_path / f"out{index}.bin"
+        if not path.exists():
+            harness_case(path, case, HARNESS_NEURONS, seed=case.seed(index))
+        run = subprocess.run([*command, str(path), str(output)], capture_output=True, text=True, timeout=300,
                              env={**os.environ, **(env or {})})  # fmt: skip
         assert run.returncode == 0, run.stderr
         outputs.append(output.read_bytes())
@@ -152,9 +194,10 @@ def run_harness(tmp_path: Path, command: list[str], env: dict[str, str] | None =
 
 def check_harness_outputs(tmp_path: Path, outputs: list[bytes], integer: bool) -> None:
     """Each case's outputs against the reference on the dequantized weights and the x the kernels compute with."""
-    for index, ((d, format, group_size, activation), raw) in enumerate(zip(HARNESS_CASES, outputs, strict=True)):
-        x, dequantized, mask = harness_case(tmp_path / f"check{index}.bin", d, HARNESS_NEURONS, format, group_size,
-                                            activation, seed=index)  # fmt: skip
+    for index, (case, raw) in enumerate(zip(HARNESS_CASES, outputs, strict=True)):
+        d, activation = case.d, case.activation
+        data = harness_case(tmp_path / f"check{index}.bin", case, HARNESS_NEURONS, seed=case.seed(index))
+        x, dequantized, mask = data.reference_inputs()
         x = quantized_activations(x) if integer else x
         n_neurons = HARNESS_NEURONS
         ffn_bytes = d * 4 + n_neurons
@@ -221,3 +264,27 @@ def test_integer_dot_products_are_bit_identical_on_every_build(tmp_path):
             outputs[march] = run_harness(tmp_path, [*QEMU, str(binary)])
     for name, found in outputs.items():
         assert found == outputs["portable"], f"{name} differs from the portable build"
+
+
+@x86_64_gcc
+def test_the_library_python_loads_writes_the_portable_builds_bytes(tmp_path):
+    """The kernel library the package build made (CMake: -march=native, the flags a user's install gets) gives the
+    portable harness's bytes for every case: the sparse FFN's output and active set, and the gate matvec. A build
+    whose compiler fused a multiply and an add the code keeps apart (GCC's default -ffp-contract=fast in GNU C mode,
+    on any FMA target) differs in the last bit and fails here."""
+    from edge_sdk.backends.cpu import kernels
+
+    portable = build_harness(tmp_path, "gcc", ["-march=x86-64"], "portable")
+    expected = run_harness(tmp_path, [str(portable)])
+    for index, case in enumerate(HARNESS_CASES):
+        data = harness_case(tmp_path / f"check{index}.bin", case, HARNESS_NEURONS, seed=case.seed(index))
+        weights = [kernels.QuantizedWeight.from_matrix(matrix) for matrix in data.matrices]
+        x = torch.from_numpy(data.x)
+        y = kernels.SparseFFNKernel(case.d, HARNESS_NEURONS, threads=1).quantized(
+            x, *weights, case.activation, mask=torch.from_numpy(data.mask).bool()
+        )
+        gate_x = kernels.matvec_quantized(x, weights[0], threads=1)
+        found = y.numpy().astype("<f4").tobytes()
+        ffn_bytes = case.d * 4 + HARNESS_NEURONS
+        assert found == expected[index][: case.d * 4], f"case {index} {case}: the FFN's output"
+        assert gate_x.numpy().astype("<f4").tobytes() == expected[index][3 * ffn_bytes :][: HARNESS_NEURONS * 4]

@@ -7,6 +7,7 @@ activations' bound, scales and nibbles in the wrong place, bad arguments."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 
 import numpy as np
 import pytest
@@ -245,7 +246,7 @@ def test_matvecs_refuse_matrices_of_different_storage():
     outputs = [torch.full((4,), 7.0), torch.full((4,), 7.0)]
     matrices = (kernels._Matrix * 2)(
         *[
-            kernels._Matrix(w.data.data_ptr(), w.scales.data_ptr(), 2, w.group_size, 4, None, y.data_ptr())
+            kernels._Matrix(w.data.data_ptr(), w.scales.data_ptr(), None, 2, w.group_size, 4, None, y.data_ptr())
             for w, y in zip(weights, outputs, strict=True)
         ]
     )
@@ -315,16 +316,17 @@ def test_bindings_reject_bad_quantized_weights():
 def test_c_kernels_return_an_error_status_for_invalid_arguments():
     library = load_cpu_kernels()
     library.edge_cpu_matvec_q.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                          ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                          ctypes.c_void_p, ctypes.c_int]  # fmt: skip
+                                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]  # fmt: skip
     x = torch.zeros(64)
     codes = torch.zeros(4, 64, dtype=torch.int8)
     scales = torch.zeros(4, 2, dtype=torch.float16)
     y = torch.full((4,), 7.0)
-    valid = (x.data_ptr(), 64, 4, codes.data_ptr(), scales.data_ptr(), 2, 32, None, y.data_ptr(), 1)
+    valid = (x.data_ptr(), 64, 4, codes.data_ptr(), scales.data_ptr(), None, 2, 32, None, y.data_ptr(), 1)
     assert library.edge_cpu_matvec_q(*valid) == 0 and torch.equal(y, torch.zeros(4))
     y.fill_(7.0)
-    for position, bad in [(4, None), (5, 1), (5, 4), (6, 48), (6, 0), (1, 48)]:  # no scales, fp16, bad groups
+    # no scales, fp16, bad groups, minimums for int8 rows
+    for position, bad in [(4, None), (6, 1), (6, 4), (7, 48), (7, 0), (1, 48), (5, scales.data_ptr())]:
         arguments = list(valid)
         arguments[position] = bad
         assert library.edge_cpu_matvec_q(*arguments) == 1
@@ -433,3 +435,244 @@ def test_a_non_finite_activation_makes_every_dot_product_nan(format, kernel_x):
         assert not torch.isfinite(found).any()
         if kernel_x is quantized_activations:
             assert torch.isnan(found).all()
+
+
+# ---- asymmetric int4 (Q4_1's grid: value = (code + 8) * scale + min) -------------------------------------------
+
+# Declared in edge_cpu_kernels.h: a dot product over asymmetric rows is within ASYMMETRIC_RTOL times the largest
+# sum_j |w_hat_j x_j| of its matrix (the rows' products before they cancel) of the float64 dot of the dequantized row
+# with the x the kernel computes with. The FFN's bound adds the gate and up rows' errors carried through h: the
+# reference's |delta h_i| <= ASYMMETRIC_RTOL (|a_i| S_up_i + |u_i| S_gate_i) (S the row's sum of |w x|, the activation's
+# slope at most 1.1), times |w_down_i|, plus ASYMMETRIC_RTOL sum_i |h_i w_down_i|, per column.
+ASYMMETRIC_RTOL = 1e-5
+SILU_SLOPE = 1.1
+
+
+def asymmetric_weights(rows, cols, group_size, seed, offset=3.0):
+    """[rows, cols] float32 whose groups sit far from zero (mean +-offset..2 offset spreads), scaled by cols^-0.5: the
+    minimums dominate each value, so a kernel that ignores them, or adds them without the codes' +8, is far off."""
+    rng = np.random.default_rng(seed)
+    groups = (rows, cols // group_size)
+    shifts = rng.uniform(offset, 2 * offset, groups) * rng.choice([-1, 1], groups)
+    weight = rng.standard_normal((rows, cols)) + np.repeat(shifts, group_size, axis=1)
+    return (weight * cols**-0.5).astype(np.float32)
+
+
+def asymmetric_matrix(rows, cols, group_size, seed, offset=3.0):
+    return quant.quantize(asymmetric_weights(rows, cols, group_size, seed, offset), "int4", group_size, asymmetric=True)
+
+
+def rows_of(weight, first, last):
+    """Rows [first, last) of a QuantizedWeight, minimums included."""
+    mins = None if weight.mins is None else weight.mins[first:last]
+    return QuantizedWeight(weight.format, weight.group_size, weight.data[first:last], weight.scales[first:last], mins)
+
+
+def wrong_dequantizations(matrix):
+    """What kernels that ignore the minimums, or add them to code * scale (without the codes' +8), would dequantize."""
+    codes = quant.unpack_int4(matrix.data).astype(np.float32)
+    scales = np.repeat(matrix.scales.astype(np.float32), matrix.group_size, axis=1)
+    mins = np.repeat(matrix.mins.astype(np.float32), matrix.group_size, axis=1)
+    return {"ignores the minimums": (codes + 8) * scales, "drops the codes' +8": codes * scales + mins}
+
+
+def assert_asymmetric_dot_bound(found, dequantized, x):
+    """found [rows] against dequantized [rows, n] float64 rows and the x [n] the kernel computes with."""
+    exact = dequantized.double() @ x.double()
+    scale = float((dequantized.double().abs() @ x.double().abs()).max())
+    error = float((found.double() - exact).abs().max())
+    assert error <= ASYMMETRIC_RTOL * scale, f"max |y - y_ref| = {error:.3g} > {ASYMMETRIC_RTOL} * {scale:.3g}"
+    return exact, scale
+
+
+@pytest.mark.parametrize(("n_in", "group_size"), [(576, 32), (576, 64), (4096, 32), (4096, 128), (4192, 32), (416, 32)])
+def test_asymmetric_matvec_is_within_its_bound(n_in, group_size, kernel_x):
+    """SmolLM2's width (576: a partial last unit and step), LLaMA-2-7B's (4096), a heap-buffered x (4192 > 4096)."""
+    matrix = asymmetric_matrix(77, n_in, group_size, seed=n_in + group_size)
+    weight = QuantizedWeight.from_matrix(matrix)
+    assert weight.asymmetric and weight.mins.dtype == torch.float16
+    x = torch.from_numpy(random_weights(n_in, seed=50))
+    dequantized = torch.from_numpy(quant.dequantize(matrix))
+    found = kernels.matvec_quantized(x, weight)
+    exact, scale = assert_asymmetric_dot_bound(found, dequantized, kernel_x(x))
+    for what, wrong in wrong_dequantizations(matrix).items():  # such kernels would miss the bound by far
+        miss = float((torch.from_numpy(wrong).double() @ kernel_x(x).double() - exact).abs().max())
+        assert miss > 1000 * ASYMMETRIC_RTOL * scale, f"a kernel that {what} would pass"
+    # with a bias, and the same bits for any thread count and with every row alone (a 4-row group or a single row)
+    bias = torch.from_numpy(random_weights(77, seed=51))
+    runs = [kernels.matvec_quantized(x, weight, bias, threads=threads) for threads in (1, 2, 3)]
+    assert all(torch.equal(runs[0], run) for run in runs[1:])
+    assert torch.equal(runs[0], kernels.matvec_quantized(x, weight) + bias)
+    for first, last in ((0, 1), (3, 4), (4, 5), (76, 77), (1, 6), (2, 11)):  # alone, or in other 4-row groups
+        assert torch.equal(kernels.matvec_quantized(x, rows_of(weight, first, last)), found[first:last])
+
+
+def test_asymmetric_rows_equal_their_symmetric_part_plus_the_minimums(kernel_x):
+    """Minimums all zero: (code + 8) * scale, i.e. the symmetric kernel's codes + 8; the kernel's two forms agree
+    within the bound, and an asymmetric row of constant minimums m adds m * sum(x) exactly as the reference."""
+    matrix = asymmetric_matrix(40, 256, 32, seed=60)
+    x = torch.from_numpy(random_weights(256, seed=61))
+    zero_mins = dataclasses.replace(matrix, mins=np.zeros_like(matrix.mins))
+    found = kernels.matvec_quantized(x, QuantizedWeight.from_matrix(zero_mins))
+    assert_asymmetric_dot_bound(found, torch.from_numpy(quant.dequantize(zero_mins)), kernel_x(x))
+    constant = dataclasses.replace(matrix, mins=np.full_like(matrix.mins, 0.5))
+    found = kernels.matvec_quantized(x, QuantizedWeight.from_matrix(constant))
+    assert_asymmetric_dot_bound(found, torch.from_numpy(quant.dequantize(constant)), kernel_x(x))
+
+
+def test_asymmetric_and_symmetric_matrices_share_a_matvecs_call(kernel_x):
+    """edge_cpu_matvecs: each matrix its own minimums (or none), each output the bits of its matvec alone."""
+    d, row_counts = 576, (37, 5, 19)
+    x = torch.from_numpy(random_weights(d, seed=70))
+    weights = [
+        QuantizedWeight.from_matrix(asymmetric_matrix(row_counts[0], d, 64, seed=71)),
+        QuantizedWeight.from_matrix(quant.quantize(random_weights((row_counts[1], d), seed=72), "int4", 64)),
+        QuantizedWeight.from_matrix(asymmetric_matrix(row_counts[2], d, 64, seed=73)),
+    ]
+    biases = [None, torch.from_numpy(random_weights(5, seed=74)), None]
+    expected = [kernels.matvec_quantized(x, w, b) for w, b in zip(weights, biases, strict=True)]
+    for threads in (1, 2, 3):
+        found = kernels.matvecs(x, weights, biases, threads=threads)
+        assert all(torch.equal(f, e) for f, e in zip(found, expected, strict=True)), f"threads={threads}"
+
+
+def asymmetric_ffn(d, n_neurons, group_size, seed):
+    matrices = [asymmetric_matrix(n_neurons, d, group_size, seed=seed + k) for k in range(3)]
+    x = torch.from_numpy(random_weights(d, seed=seed + 10))
+    return x, matrices, [torch.from_numpy(quant.dequantize(m)) for m in matrices]
+
+
+def asymmetric_ffn_bound(x, dequantized, mask, activation):
+    """Per column: the declared FFN bound (ASYMMETRIC_RTOL above), from the float64 reference's g, u and h."""
+    w_gate, w_up, w_down = (w.double() for w in dequantized)
+    x = x.double()
+    g, u = w_gate @ x, w_up @ x
+    a = activation.gate(g)
+    if activation.kind == "drelu":
+        u = u.clamp(min=0)
+    h = torch.where(mask & (a != 0), a * u, torch.zeros_like(a))
+    s_gate, s_up = w_gate.abs() @ x.abs(), w_up.abs() @ x.abs()
+    slope = SILU_SLOPE if activation.kind == "silu" else 1.0
+    delta_h = ASYMMETRIC_RTOL * (a.abs() * s_up + slope * u.abs() * s_gate)
+    delta_h = torch.where(mask, delta_h, torch.zeros_like(delta_h))
+    return delta_h @ w_down.abs() + ASYMMETRIC_RTOL * (h.abs() @ w_down.abs())
+
+
+# SmolLM2's width (576, no multiple of 128) and LLaMA-2-7B's, each with the group sizes that divide it
+ASYMMETRIC_FFN_SHAPES = [(576, 300, 32), (576, 300, 64), *((4096, 96, group_size) for group_size in GROUP_SIZES)]
+
+
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
+@pytest.mark.parametrize(("d", "n_neurons", "group_size"), ASYMMETRIC_FFN_SHAPES)
+def test_asymmetric_sparse_ffn_is_within_its_bound(d, n_neurons, activation, group_size, kernel_x):
+    """Masked (a random half) and dense (no mask), every activation, group sizes 32 / 64 / 128 at SmolLM2's width and
+    LLaMA-2-7B's: the reference on the dequantized rows, the same active neurons, and far from what kernels that
+    ignore the minimums or their +8 would give (in any of gate, up or down)."""
+    x, matrices, dequantized = asymmetric_ffn(d, n_neurons, group_size, seed=d + group_size)
+    weights = [QuantizedWeight.from_matrix(m) for m in matrices]
+    act = ACTIVATIONS[activation]
+    random_mask = torch.rand(n_neurons, generator=torch.Generator().manual_seed(7)) < 0.5
+    kernel = SparseFFNKernel(d, n_neurons, threads=2)
+    for mask in (random_mask, None):
+        reference_mask = torch.ones(n_neurons, dtype=torch.bool) if mask is None else mask
+        active = torch.zeros(n_neurons, dtype=torch.bool)
+        found = kernel.quantized(x, *weights, act, mask=mask, active_out=active)
+        reference = sparse_ffn(kernel_x(x), *dequantized, reference_mask, act)
+        assert torch.equal(active, reference.active)
+        assert reference.active.sum() >= 5  # neurons fire: down rows are summed
+        bound = asymmetric_ffn_bound(kernel_x(x), dequantized, reference_mask, act)
+        error = (found.double() - reference.output.double()).abs()
+        assert torch.all(error <= bound), f"worst error / bound {float((error / bound).max()):.3g}"
+        for k, matrix in enumerate(matrices):
+            for what, wrong in wrong_dequantizations(matrix).items():
+                wrongs = list(dequantized)
+                wrongs[k] = torch.from_numpy(wrong)
+                miss = (sparse_ffn(kernel_x(x), *wrongs, reference_mask, act).output.double() - reference.output).abs()
+                assert torch.any(miss > 10 * bound), f"a kernel that {what} in matrix {k} would pass"
+
+
+@pytest.mark.parametrize("group_size", GROUP_SIZES)
+def test_asymmetric_sparse_ffn_is_bit_identical_across_thread_counts(group_size, kernel_x):
+    """Gate chunks and down column blocks split differently for 1, 2 and 3 threads (groups of 64 and 128 straddle
+    the 32-column units of the down blocks: each block's correction is its own)."""
+    d, n_neurons = 1024, 700
+    x, matrices, _ = asymmetric_ffn(d, n_neurons, group_size, seed=80)
+    weights = [QuantizedWeight.from_matrix(m) for m in matrices]
+    mask = torch.rand(n_neurons, generator=torch.Generator().manual_seed(81)) < 0.6
+    for activation in (ACTIVATIONS["relu"], ACTIVATIONS["silu"]):
+        for m in (mask, None):
+            runs = [SparseFFNKernel(d, n_neurons, t).quantized(x, *weights, activation, mask=m) for t in (1, 2, 3, 2)]
+            assert all(torch.equal(runs[0], run) for run in runs[1:])
+
+
+def test_asymmetric_sparse_ffn_rows_do_not_depend_on_the_neurons_beside_them(kernel_x):
+    """A neuron's gate and up values (and so which neurons fire) are those of its rows alone: the FFN over one neuron
+    equals the FFN over all of them with a mask of that neuron, bit for bit."""
+    d, n_neurons = 576, 9
+    x, matrices, _ = asymmetric_ffn(d, n_neurons, 32, seed=90)
+    weights = [QuantizedWeight.from_matrix(m) for m in matrices]
+    silu = ACTIVATIONS["silu"]
+    for neuron in range(n_neurons):
+        mask = torch.zeros(n_neurons, dtype=torch.bool)
+        mask[neuron] = True
+        full = SparseFFNKernel(d, n_neurons).quantized(x, *weights, silu, mask=mask)
+        one = [rows_of(w, neuron, neuron + 1) for w in weights]
+        assert torch.equal(SparseFFNKernel(d, 1).quantized(x, *one, silu), full)
+
+
+def test_bindings_reject_bad_minimums():
+    x, matrices, _ = asymmetric_ffn(128, 16, 32, seed=100)
+    weights = [QuantizedWeight.from_matrix(m) for m in matrices]
+    symmetric = QuantizedWeight.from_matrix(quant.quantize(random_weights((16, 128), seed=101), "int4", 32))
+    kernel = SparseFFNKernel(128, 16)
+    relu = ACTIVATIONS["relu"]
+    for k in range(3):
+        mixed = list(weights)
+        mixed[k] = symmetric
+        with pytest.raises(ValueError, match=r"\.mins: expected .*symmetric"):
+            kernel.quantized(x, *mixed, relu)
+    int8 = QuantizedWeight.from_matrix(quant.quantize(random_weights((16, 128), seed=102), "int8", 32))
+    with pytest.raises(ValueError, match=r"weight\.mins: expected None \(only int4"):
+        kernels.matvec_quantized(x, QuantizedWeight("int8", 32, int8.data, int8.scales, weights[0].mins))
+    for mins, message in [
+        (weights[0].mins.float(), "dtype torch.float16"),
+        (weights[0].mins[:, :2].contiguous(), r"shape \[16, 4\]"),
+        (weights[0].mins[:8], r"shape \[16, 4\]"),
+    ]:
+        with pytest.raises(ValueError, match=rf"weights\[0\]\.mins: expected {message}"):
+            kernels.matvecs(x, [QuantizedWeight("int4", 32, weights[0].data, weights[0].scales, mins)])
+
+
+def test_c_kernels_refuse_bad_minimums():
+    """Minimums on only some of gate / up / down, or on int8 rows (FFN, matvec, a matvecs matrix, fp rows): status
+    EDGE_CPU_INVALID_ARGUMENT and nothing written."""
+    library = kernels._library()
+    d, n_neurons = 64, 4
+    x, matrices, _ = asymmetric_ffn(d, n_neurons, 32, seed=110)
+    weights = [QuantizedWeight.from_matrix(m) for m in matrices]
+    y = torch.full((d,), 7.0)
+    workspace = torch.empty(library.edge_cpu_sparse_ffn_workspace_size(d, n_neurons, 1), dtype=torch.uint8)
+
+    def ffn(mins, quant_format=3):
+        arguments = [x.data_ptr(), d, n_neurons]
+        for weight, weight_mins in zip(weights, mins, strict=True):
+            arguments += [weight.data.data_ptr(), weight.scales.data_ptr(), weight_mins]
+        arguments += [quant_format, 32, None, None, 0, 0.0, y.data_ptr(), workspace.data_ptr(), 1, None]
+        return library.edge_cpu_sparse_ffn_q(*arguments)
+
+    all_mins = [w.mins.data_ptr() for w in weights]
+    for k in range(3):
+        some = [None, None, None]
+        some[k] = all_mins[k]
+        assert ffn(some) == 1
+        others = list(all_mins)
+        others[k] = None
+        assert ffn(others) == 1
+    assert ffn(all_mins, quant_format=2) == 1  # int8 has no minimums (the codes' bytes serve as int8 here)
+    assert torch.equal(y, torch.full((d,), 7.0))
+    assert ffn(all_mins) == 0 and ffn([None] * 3) == 0
+    out = torch.full((n_neurons,), 7.0)
+    fp_rows = torch.zeros(n_neurons, d)
+    matrix = kernels._Matrix(fp_rows.data_ptr(), None, all_mins[0], 0, 0, n_neurons, None, out.data_ptr())
+    assert library.edge_cpu_matvecs(x.data_ptr(), d, (kernels._Matrix * 1)(matrix), 1, 1) == 1
+    assert torch.equal(out, torch.full((n_neurons,), 7.0))

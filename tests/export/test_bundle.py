@@ -259,7 +259,7 @@ def test_newer_format_version_is_refused(bundles, tmp_path):
     manifest = json.loads((copy / "manifest.json").read_text())
     write_manifest(copy, manifest | {"format_version": 7})
     result = CliRunner().invoke(main, ["verify", str(copy)])
-    assert result.exit_code == 2 and "bundle format version 7 is newer than this edge-sdk supports (5)" in result.output
+    assert result.exit_code == 2 and "bundle format version 7 is newer than this edge-sdk supports (6)" in result.output
 
 
 def test_bad_export_input_leaves_nothing_behind(tiny_model_dir, tmp_path):

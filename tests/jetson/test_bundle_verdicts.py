@@ -35,6 +35,7 @@ OLD_INT4 = "int4 format_version 1 (codes stored as code + 8)"
 OLD_TIED = "tied int4 format_version 2 (embedding stored F16)"
 HALF_FACTORS_AS_OLD = "fp16 format_version 3 (its svd factors F16, which version 3 stores F32)"
 INT8_HEAD = "tied-svd-int4-head-int8"  # an int4 bundle whose head (its tied embedding) is int8 (format version 5)
+ASYMMETRIC = "tied-svd-int4-asym"  # an asymmetric int4 bundle: every int4 matrix with its .mins (format version 6)
 
 
 @dataclass(frozen=True)
@@ -380,7 +381,7 @@ def manifest_field_cases() -> list[Case]:
     refused = {
         "format other": setting("format", "other-bundle"),
         "format missing": setting("format", DELETE),
-        "format_version 6": setting("format_version", 6),
+        "format_version 7": setting("format_version", 7),
         "format_version 0": setting("format_version", 0),
         "format_version -1": setting("format_version", -1),
         "format_version string": setting("format_version", "1"),
@@ -522,6 +523,21 @@ def manifest_field_cases() -> list[Case]:
         "head_dtype a number": (INT8_HEAD, setting("head_dtype", 8)),
         "head_dtype on a plain int4 bundle": ("svd-int4", lambda m: m.update(format_version=4, head_dtype="int8")),
         "head_dtype on an int8 bundle": ("svd-int8", lambda m: m.update(format_version=4, head_dtype="int8")),
+        # asymmetric int4: the minimums and the manifest's int4_scheme must agree
+        "asymmetric minimums missing": (ASYMMETRIC, setting("tensors", "embed_tokens.weight.mins", DELETE)),
+        "asymmetric minimums F32": (
+            ASYMMETRIC,
+            setting("tensors", "layers.0.mlp.gate_proj.weight.mins", "dtype", "F32"),
+        ),
+        "asymmetric without int4_scheme": (ASYMMETRIC, setting("int4_scheme", DELETE)),
+        "asymmetric as format_version 5 (int4_scheme not read)": (ASYMMETRIC, setting("format_version", 5)),
+        "int4_scheme q4_1": (ASYMMETRIC, setting("int4_scheme", "q4_1")),
+        "int4_scheme a number": (ASYMMETRIC, setting("int4_scheme", 1)),
+        "int4_scheme asymmetric on a plain int4 bundle": (
+            "svd-int4",
+            lambda m: m.update(format_version=6, int4_scheme="asymmetric"),
+        ),
+        "int4_scheme on an int8 bundle": ("svd-int8", lambda m: m.update(format_version=6, int4_scheme="symmetric")),
     }
     cases += [
         Case("manifest fields", name, base, edit_manifest(change)) for name, (base, change) in quantized_refused.items()
@@ -534,6 +550,25 @@ def manifest_field_cases() -> list[Case]:
     cases += [
         Case("manifest fields", f"{base} format_version 1", base, edit_manifest(setting("format_version", 1)), ACCEPT)
         for base in ("svd-fp32", "core-fp16")
+    ]
+    # version 6 added int4_scheme: absent, null or symmetric, an int4 bundle reads as before; older versions do not
+    # read the field
+    cases += [
+        Case("manifest fields", "asymmetric as exported", ASYMMETRIC, edit_manifest(lambda m: None), ACCEPT),
+        Case(
+            "manifest fields",
+            "int4 format_version 6, int4_scheme symmetric",
+            "svd-int4",
+            edit_manifest(lambda m: m.update(format_version=6, int4_scheme="symmetric")),
+            ACCEPT,
+        ),
+        Case(
+            "manifest fields",
+            "fp32 format_version 5 with an int4_scheme it does not read",
+            "svd-fp32",
+            edit_manifest(lambda m: m.update(format_version=5, int4_scheme="asymmetric")),
+            ACCEPT,
+        ),
     ]
     # version 4 added head_dtype: absent or null, a bundle reads as before; versions before 4 do not read the field
     cases += [

@@ -26,6 +26,7 @@ from edge_sdk.model.checkpoint import Checkpoint, open_checkpoint
 from edge_sdk.model.gguf_checkpoint import GgufCheckpoint
 from edge_sdk.model.loader import load_decoder
 from edge_sdk.model.tokenizer import Tokenizer
+from edge_sdk.sparsity.bundle_model import quantized_matrix
 
 from .gguf_files import K_QUANT_SCALE_OFFSETS, Q, tokenizer_keys, write_gguf
 from .hf_models import VOCAB, family_configs, save_hf_model
@@ -343,3 +344,51 @@ def test_q8_0_and_q4_0_weights_keep_their_values_in_the_bundle(tensor_type, dtyp
         assert np.array_equal(stored, expected), name
         carried += 1
     assert carried == 1 + 6 * bundle.config.num_layers  # LM head; q, k, v, o, gate, up per layer
+
+
+@pytest.mark.slow
+def test_a_q4_1_file_exports_as_asymmetric_int4_and_keeps_its_values(tmp_path):
+    """Q4_1 is asymmetric int4 at group size 32 (fp16 minimum and scale (max - min) / 15 per block): `--dtype int4`
+    of a Q4_1 file picks the asymmetric scheme by itself (--int4-scheme auto) and carries every matrix whose groups
+    run along the GGUF's rows over to the bit, codes, scales and minimums; the neuron-major down projection alone is
+    quantized again. `--int4-scheme symmetric` re-rounds them all."""
+    path = fixture_gguf(tmp_path / "tiny.gguf", Q.Q4_1)
+    assert GgufCheckpoint(path).asymmetric_grid
+    assert not GgufCheckpoint(fixture_gguf(tmp_path / "f16.gguf")).asymmetric_grid
+    out = tmp_path / "bundle"
+    export = edge_sdk("export", str(path), "-o", str(out), "--predictor", "none", "--dtype", "int4")
+    assert export.returncode == 0, export.stderr
+    bundle = Bundle.open(out)
+    assert bundle.manifest.asymmetric and bundle.manifest.format_version == 6
+    source = open_checkpoint(path)
+    carried = 0
+    for name, hf_name in model_tensor_names(bundle.config):
+        expected = source.tensor(hf_name, torch.float32).numpy()
+        if not is_quantized_matrix(name, expected.shape, bundle.config.tie_word_embeddings):
+            continue
+        stored = quant.dequantize(quantized_matrix(bundle, name))
+        if name.endswith(TRANSPOSED_SUFFIX):
+            assert not np.array_equal(stored.T, expected), name
+            continue
+        assert np.array_equal(stored, expected), name
+        carried += 1
+    assert carried == 1 + 6 * bundle.config.num_layers  # LM head; q, k, v, o, gate, up per layer
+    symmetric = tmp_path / "symmetric"
+    export = edge_sdk(
+        "export",
+        str(path),
+        "-o",
+        str(symmetric),
+        "--predictor",
+        "none",
+        "--dtype",
+        "int4",
+        "--int4-scheme",
+        "symmetric",
+    )
+    assert export.returncode == 0, export.stderr
+    plain = Bundle.open(symmetric)
+    assert not plain.manifest.asymmetric
+    gate = "layers.0.mlp.gate_proj.weight"
+    expected = source.tensor(f"model.{gate}", torch.float32).numpy()
+    assert not np.array_equal(quant.dequantize(quantized_matrix(plain, gate)), expected)

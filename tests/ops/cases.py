@@ -80,7 +80,7 @@ class FFNData:
 @dataclass(frozen=True)
 class SparseFFNCase:
     """SparseFFN on float weights (float32, float16, bfloat16), or QuantizedSparseFFN on quantized ones (int8, int4
-    with group_size)."""
+    with group_size; asymmetric: int4 with group minimums, edge_sdk.quant's Q4_1 grid)."""
 
     weights: str
     activation: str
@@ -90,6 +90,7 @@ class SparseFFNCase:
     thresholds: bool
     group_size: int = 0
     tokens: int = 2
+    asymmetric: bool = False
 
     @property
     def op(self) -> str:
@@ -98,6 +99,7 @@ class SparseFFNCase:
     @property
     def id(self) -> str:
         weights = f"{self.weights},g={self.group_size}" if self.quantized else self.weights
+        weights += ",asymmetric" if self.asymmetric else ""
         thresholds = "thresholds" if self.thresholds else "no-thresholds"
         return f"{self.op}[{weights},{self.activation},d={self.d},D={self.n_neurons},mask={self.mask},{thresholds}]"
 
@@ -124,7 +126,7 @@ class SparseFFNCase:
 
 
 @functools.cache
-def _ffn_weights(weights: str, group_size: int, d: int, n_neurons: int):
+def _ffn_weights(weights: str, group_size: int, d: int, n_neurons: int, asymmetric: bool = False):
     """(w_gate, w_up, w_down_t) [D, d] of the type and, for int8 / int4, their QuantizedMatrix: y is O(1).
 
     Shared by every case of these weights (the cases differ in x, mask, thresholds and activation).
@@ -133,7 +135,7 @@ def _ffn_weights(weights: str, group_size: int, d: int, n_neurons: int):
     fp32 = [torch.randn(n_neurons, d, generator=generator) / d**0.5 for _ in range(3)]
     if weights not in QUANT_FORMATS:
         return tuple(w.to(TORCH_DTYPES[weights]) for w in fp32), None
-    matrices = tuple(quant.quantize(w.numpy(), weights, group_size) for w in fp32)
+    matrices = tuple(quant.quantize(w.numpy(), weights, group_size, asymmetric=asymmetric) for w in fp32)
     return tuple(torch.from_numpy(quant.dequantize(m)) for m in matrices), matrices
 
 
@@ -180,7 +182,7 @@ def _discriminates(case: SparseFFNCase, x, weights, mask, thresholds) -> bool:
 def _ffn_data(case: SparseFFNCase) -> FFNData:
     def make(generator):
         x = torch.randn(case.tokens, case.d, generator=generator)
-        weights, matrices = _ffn_weights(case.weights, case.group_size, case.d, case.n_neurons)
+        weights, matrices = _ffn_weights(case.weights, case.group_size, case.d, case.n_neurons, case.asymmetric)
         shape = (case.tokens, case.n_neurons)
         mask = {
             "all": torch.ones(shape, dtype=torch.bool),
@@ -229,6 +231,17 @@ def _sparse_ffn_cases() -> list[SparseFFNCase]:
                     if group_size == 64:
                         cases.append(SparseFFNCase(weights, activation, d, 301, mask, True, group_size))
         cases.append(SparseFFNCase(weights, "relu", 128, 7, "random", False, 32))
+    # asymmetric int4 (group minimums): every group size and activation on a random mask and without one, thresholds
+    # at 64, and SmolLM2's width (576, a partial last unit) at 32 and 64
+    for group_size in quant.GROUP_SIZES:
+        d = 416 if group_size == 32 else 384
+        for activation in ACTIVATIONS:
+            for mask in ("random", "absent"):
+                cases.append(SparseFFNCase("int4", activation, d, 301, mask, False, group_size, asymmetric=True))
+        if group_size == 64:
+            cases.append(SparseFFNCase("int4", "relu", d, 301, "random", True, group_size, asymmetric=True))
+        if group_size != 128:
+            cases.append(SparseFFNCase("int4", "silu", 576, 150, "random", False, group_size, asymmetric=True))
     return list(dict.fromkeys(cases))
 
 
@@ -375,13 +388,15 @@ class QuantizedMatMulCase:
     n_in: int  # K
     n_out: int  # N
     transposed: bool = True
+    asymmetric: bool = False  # int4 with group minimums (edge_sdk.quant's Q4_1 grid)
     op = "QuantizedMatMul"
 
     @property
     def id(self) -> str:
         layout = "W[N,K]" if self.transposed else "W[K,N]"
         shape = f"T={self.tokens},K={self.n_in},N={self.n_out}"
-        return f"{self.op}[{self.weights},g={self.group_size},{layout},{shape}]"
+        weights = f"{self.weights},asymmetric" if self.asymmetric else self.weights
+        return f"{self.op}[{weights},g={self.group_size},{layout},{shape}]"
 
     @property
     def bound(self) -> float:
@@ -401,7 +416,8 @@ def _quantized_matmul_data(case: QuantizedMatMulCase) -> QuantizedMatMulData:
     generator = torch.Generator().manual_seed(case.n_in * 31 + case.n_out + case.tokens)
     x = torch.randn(case.tokens, case.n_in, generator=generator)
     shape = (case.n_out, case.n_in) if case.transposed else (case.n_in, case.n_out)
-    matrix = quant.quantize(torch.randn(*shape, generator=generator).numpy(), case.weights, case.group_size)
+    weights = torch.randn(*shape, generator=generator).numpy()
+    matrix = quant.quantize(weights, case.weights, case.group_size, asymmetric=case.asymmetric)
     weight = torch.from_numpy(quant.dequantize(matrix))
     expected = x.double() @ (weight.double().T if case.transposed else weight.double())
     return QuantizedMatMulData(x, matrix, weight, expected)
@@ -415,6 +431,12 @@ def _quantized_matmul_cases() -> list[QuantizedMatMulCase]:
             for tokens in (1, 3, 37):  # one warp per row for up to 4 tokens, the tiled GEMM beyond (CUDA)
                 cases += [QuantizedMatMulCase(weights, group_size, tokens, width, n_out) for n_out in (77, 130)]
                 cases.append(QuantizedMatMulCase(weights, group_size, tokens, 300, width, transposed=False))
+    for group_size in quant.GROUP_SIZES:  # asymmetric int4
+        width = 416 if group_size == 32 else 384
+        for tokens in (1, 3):
+            cases.append(QuantizedMatMulCase("int4", group_size, tokens, width, 77, asymmetric=True))
+        cases.append(QuantizedMatMulCase("int4", group_size, 3, 300, width, transposed=False, asymmetric=True))
+    cases.append(QuantizedMatMulCase("int4", 64, 1, 576, 130, asymmetric=True))
     return cases
 
 

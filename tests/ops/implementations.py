@@ -46,6 +46,12 @@ def code_words(matrix) -> np.ndarray:
     return np.ascontiguousarray(matrix.data).view(np.int32)
 
 
+def asymmetric(case) -> bool:
+    """Whether the case's int4 matrices have group minimums (run by the torch reference and the C kernels only, so
+    far)."""
+    return getattr(case, "asymmetric", False)
+
+
 def int32_mask(mask: torch.Tensor) -> np.ndarray:
     """[T, D] bool -> the int32 mask of the op schema, active neurons alternating 1 and -7 (any nonzero is active)."""
     values = np.where(np.arange(mask.shape[-1]) % 2 == 0, 1, -7).astype(np.int32)
@@ -174,6 +180,8 @@ class OnnxRuntime:
         return None
 
     def supports(self, case) -> bool:
+        if asymmetric(case):
+            return False
         if isinstance(case, SparseFFNCase):  # the mask is an input
             return case.mask != "absent"
         if isinstance(case, SvdPredictorCase):
@@ -305,6 +313,8 @@ class CannGather:
         return None
 
     def supports(self, case) -> bool:
+        if asymmetric(case):
+            return False
         dequantize_column = self.quant_path == "dequantize"
         if isinstance(case, SparseFFNCase):
             if dequantize_column and not case.quantized:
@@ -416,7 +426,7 @@ class Cuda:
         return gpu_unavailable_reason()
 
     def supports(self, case) -> bool:
-        return not isinstance(case, MatVecCase)
+        return not isinstance(case, MatVecCase) and not asymmetric(case)
 
     def run(self, case):
         from ..gpu.cuda_harness import Device, Kernels, upload_quantized
@@ -478,6 +488,8 @@ class CudaEmulation:
         return cuda_emulation.unavailable_reason()
 
     def supports(self, case) -> bool:
+        if asymmetric(case):
+            return False
         return (isinstance(case, SparseFFNCase) and case.quantized) or isinstance(case, QuantizedMatMulCase)
 
     def run(self, case):
@@ -521,7 +533,7 @@ class TensorRT:
         return gpu_unavailable_reason()  # device buffers through the CUDA kernel library's runtime
 
     def supports(self, case) -> bool:
-        return OnnxRuntime().supports(case)  # the same graphs: mask and bias are inputs
+        return OnnxRuntime().supports(case)  # the same graphs: mask and bias are inputs (no asymmetric cases yet)
 
     def run(self, case):
         import tensorrt as trt

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from edge_sdk import quant
+from edge_sdk.sparsity.ffn import sparse_ffn
 
 from .cases import (
     CASES,
@@ -122,6 +123,26 @@ def _check_sparse_ffn(
     _assert_within(y, expected, case.bound)  # an empty mask's bound is 0: exact zeros
     if active is not None:
         assert torch.equal(active, expected_active), "the active neurons differ from the reference's"
+    if case.asymmetric and data.active.any():  # the data tell the minimums' use in each matrix from wrong ones
+        for k, matrix in enumerate(data.quantized):
+            for what, wrong in _wrong_asymmetric_weights(matrix).items():
+                weights = list(data.weights)
+                weights[k] = wrong
+                result = sparse_ffn(data.x, *weights, data.reference_mask, case.act, thresholds=data.thresholds)
+                _assert_beyond(result.output, data.expected, case.bound, f"{what} (matrix {k})")
+
+
+def _wrong_asymmetric_weights(matrix: quant.QuantizedMatrix) -> dict[str, torch.Tensor]:
+    """What an implementation that ignores asymmetric int4's minimums, or adds them to code * scale without the
+    codes' +8, would dequantize (float32)."""
+    symmetric = quant.dequantize(dataclasses.replace(matrix, mins=None))
+    mins = np.repeat(matrix.mins.astype(np.float32), matrix.group_size, axis=1)
+    return {
+        "ignores the group minimums": torch.from_numpy(
+            quant.dequantize(dataclasses.replace(matrix, mins=np.zeros_like(matrix.mins)))
+        ),
+        "drops the codes' +8": torch.from_numpy(symmetric + mins),
+    }
 
 
 # ------------------------------------------------------------------------------------------------ predictors
@@ -191,6 +212,10 @@ def _check_quantized_matmul(case: QuantizedMatMulCase, y: torch.Tensor, own_x: t
     ):
         weight = torch.from_numpy(quant.dequantize(dataclasses.replace(matrix, scales=scales))).double()
         _assert_beyond(data.x.double() @ (weight.T if case.transposed else weight), data.expected, case.bound, what)
+    if case.asymmetric:
+        for what, weight in _wrong_asymmetric_weights(matrix).items():
+            weight = weight.double()
+            _assert_beyond(data.x.double() @ (weight.T if case.transposed else weight), data.expected, case.bound, what)
 
 
 # ---------------------------------------------------------------------------------------------------- MatVec

@@ -224,11 +224,11 @@ def test_run_bad_bundles(bundles, tmp_path):
     assert missing.exit_code == 2 and "bundle directory not found" in missing.stderr
     copy = tmp_path / "copy"
     shutil.copytree(bundles["svd-fp32"].path, copy)
-    manifest = json.loads((copy / "manifest.json").read_text()) | {"format_version": 6}
+    manifest = json.loads((copy / "manifest.json").read_text()) | {"format_version": 7}
     manifest[MANIFEST_DIGEST_FIELD] = manifest_digest(manifest)
     (copy / "manifest.json").write_text(json.dumps(manifest))
     newer = CliRunner().invoke(main, ["run", str(copy), "--prompt", "x"])
-    assert newer.exit_code == 2 and "format version 6 is newer" in newer.stderr
+    assert newer.exit_code == 2 and "format version 7 is newer" in newer.stderr
     shutil.rmtree(copy)
     shutil.copytree(bundles["svd-fp32"].path, copy)
     weights = copy / "weights.safetensors"

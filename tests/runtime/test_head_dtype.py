@@ -170,7 +170,7 @@ def restamped_copy(source, directory, change) -> None:
         (lambda m: m.pop("head_dtype"), r"tensor '.*' is declared I8 .*, the model config needs U8"),
         (lambda m: m.update(head_dtype="int4"), r"field 'head_dtype' must be one of int8, found 'int4'"),
         (lambda m: m.update(head_dtype="fp16"), r"field 'head_dtype' must be one of int8, found 'fp16'"),
-        (lambda m: m.update(format_version=6), r"format version 6 is newer than this edge-sdk supports \(5\)"),
+        (lambda m: m.update(format_version=7), r"format version 7 is newer than this edge-sdk supports \(6\)"),
     ],
 )
 def test_a_head_dtype_bundle_with_another_version_or_head_dtype_is_refused(bundle_matrix, tmp_path, change, message):

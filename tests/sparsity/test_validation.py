@@ -161,7 +161,13 @@ def test_a_quantized_model_s_choice_reports_what_quantization_cost(tiny_model_di
     # above QUANTIZATION_NOTE_PERCENT the line says what loses less
     costly = report | {"quantization": {"format": "int4", "group_size": 32, "method": "rtn"}}
     costly["default_level_choice"] = choice | {"quantization_change_percent": QUANTIZATION_NOTE_PERCENT + 1}
-    assert "--dtype int8, --head-dtype int8 or --quant-method awq lose less" in _quantization_text(costly)
+    assert "--dtype int8, --head-dtype int8, --int4-scheme asymmetric or --quant-method awq lose less" in (
+        _quantization_text(costly)
+    )
+    asymmetric = report | {
+        "quantization": {"format": "int4", "group_size": 32, "method": "rtn", "int4_scheme": "asymmetric"}
+    }
+    assert _quantization_text(asymmetric).startswith("quantization int4 asymmetric (groups of 32, rtn): ")
     assert _quantization_text(chosen_report) is None
 
 
