@@ -196,12 +196,21 @@ def _quantization_text(report: dict) -> str | None:
         f"{choice['unquantized_dense_perplexity']:.3f} unquantized ({change:+.2f}%)"
     )
     if change > QUANTIZATION_NOTE_PERCENT:
-        text += (
-            "; --dtype int8, --head-dtype int8, --int4-scheme asymmetric or --quant-method awq lose less, and a "
-            "checkpoint that is itself a 4-bit GGUF loses most unless int4 keeps its grid (benchmarks/README.md "
-            "section 9)"
-        )
+        text += f"; {' or '.join(_less_lossy_choices(quantization))} lose less (benchmarks/README.md section 9)"
     return text
+
+
+def _less_lossy_choices(quantization: dict) -> list[str]:
+    """The export options that lose less than the quantization the report describes, those not taken already."""
+    choices = ["--dtype int8"]
+    if quantization["format"] == "int4":
+        if "head_format" not in quantization:
+            choices.append("--head-dtype int8")
+        if quantization.get("int4_scheme") != "asymmetric":
+            choices.append("--int4-scheme asymmetric")
+    if quantization["method"] != "awq":
+        choices.append("--quant-method awq")
+    return choices
 
 
 def _scheme_text(quantization: dict) -> str:

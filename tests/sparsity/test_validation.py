@@ -161,8 +161,14 @@ def test_a_quantized_model_s_choice_reports_what_quantization_cost(tiny_model_di
     # above QUANTIZATION_NOTE_PERCENT the line says what loses less
     costly = report | {"quantization": {"format": "int4", "group_size": 32, "method": "rtn"}}
     costly["default_level_choice"] = choice | {"quantization_change_percent": QUANTIZATION_NOTE_PERCENT + 1}
-    assert "--dtype int8, --head-dtype int8, --int4-scheme asymmetric or --quant-method awq lose less" in (
-        _quantization_text(costly)
+    assert _quantization_text(costly).endswith(
+        "; --dtype int8 or --head-dtype int8 or --int4-scheme asymmetric or --quant-method awq lose less "
+        "(benchmarks/README.md section 9)"
+    )
+    # what the export already took is not suggested again
+    taken = {"format": "int4", "group_size": 32, "method": "awq", "int4_scheme": "asymmetric", "head_format": "int8"}
+    assert _quantization_text(costly | {"quantization": taken}).endswith(
+        "; --dtype int8 lose less (benchmarks/README.md section 9)"
     )
     asymmetric = report | {
         "quantization": {"format": "int4", "group_size": 32, "method": "rtn", "int4_scheme": "asymmetric"}
