@@ -20,7 +20,7 @@ from tokenizers import pre_tokenizers
 
 from edge_sdk import quant
 from edge_sdk.bundle import Bundle
-from edge_sdk.bundle.layout import SCALES_SUFFIX, TRANSPOSED_SUFFIX, is_quantized_matrix, model_tensor_names
+from edge_sdk.bundle.layout import TRANSPOSED_SUFFIX, is_quantized_matrix, model_tensor_names
 from edge_sdk.errors import CheckpointError
 from edge_sdk.model.checkpoint import Checkpoint, open_checkpoint
 from edge_sdk.model.gguf_checkpoint import GgufCheckpoint
@@ -328,22 +328,25 @@ def test_q8_0_and_q4_0_weights_keep_their_values_in_the_bundle(tensor_type, dtyp
     assert export.returncode == 0, export.stderr
     bundle = Bundle.open(out)
     assert bundle.manifest.group_size == quant.DEFAULT_GROUP_SIZE == 32
-    source = open_checkpoint(path)
+    assert_carried_over_exactly(bundle, open_checkpoint(path), tensor_type)
+
+
+def assert_carried_over_exactly(bundle: Bundle, source: GgufCheckpoint, tensor_type) -> None:
+    """Every quantized matrix of the bundle stored in the GGUF as tensor_type holds the GGUF's values to the bit
+    (the LM head; q, k, v, o, gate and up per layer), but the neuron-major down projection, quantized again."""
     carried = 0
     for name, hf_name in model_tensor_names(bundle.config):
         expected = source.tensor(hf_name, torch.float32).numpy()
         tied = bundle.config.tie_word_embeddings
         if not is_quantized_matrix(name, expected.shape, tied) or source.entries[hf_name].tensor_type != tensor_type:
             continue
-        stored = quant.dequantize(
-            quant.QuantizedMatrix(dtype, 32, bundle.array(name), bundle.array(name + SCALES_SUFFIX))
-        )
+        stored = quant.dequantize(quantized_matrix(bundle, name))
         if name.endswith(TRANSPOSED_SUFFIX):
             assert not np.array_equal(stored.T, expected), name
             continue
         assert np.array_equal(stored, expected), name
         carried += 1
-    assert carried == 1 + 6 * bundle.config.num_layers  # LM head; q, k, v, o, gate, up per layer
+    assert carried == 1 + 6 * bundle.config.num_layers
 
 
 @pytest.mark.slow
@@ -361,18 +364,7 @@ def test_a_q4_1_file_exports_as_asymmetric_int4_and_keeps_its_values(tmp_path):
     bundle = Bundle.open(out)
     assert bundle.manifest.asymmetric and bundle.manifest.format_version == 6
     source = open_checkpoint(path)
-    carried = 0
-    for name, hf_name in model_tensor_names(bundle.config):
-        expected = source.tensor(hf_name, torch.float32).numpy()
-        if not is_quantized_matrix(name, expected.shape, bundle.config.tie_word_embeddings):
-            continue
-        stored = quant.dequantize(quantized_matrix(bundle, name))
-        if name.endswith(TRANSPOSED_SUFFIX):
-            assert not np.array_equal(stored.T, expected), name
-            continue
-        assert np.array_equal(stored, expected), name
-        carried += 1
-    assert carried == 1 + 6 * bundle.config.num_layers  # LM head; q, k, v, o, gate, up per layer
+    assert_carried_over_exactly(bundle, source, Q.Q4_1)
     symmetric = tmp_path / "symmetric"
     export = edge_sdk(
         "export",

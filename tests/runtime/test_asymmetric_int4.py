@@ -20,16 +20,13 @@ from edge_sdk.bundle import Bundle, BundleError
 from edge_sdk.bundle.layout import MINS_SUFFIX, SCALES_SUFFIX
 from edge_sdk.cli import main
 from edge_sdk.export.exporter import ExportError, ExportSettings, export_bundle
-from edge_sdk.export.verify import explain_by_a_near_tie
 from edge_sdk.runtime.backends import EngineOptions
-from edge_sdk.sparsity.bundle_model import TorchEngine, configure, load_reference_decoder, quantized_matrix
+from edge_sdk.sparsity.bundle_model import TorchEngine, quantized_matrix
 
 from .test_head_dtype import restamped_copy
 from .test_quantized_bundles import (
-    LOGIT_TOLERANCE,
-    QUANTIZED_TIE_TOLERANCE,
-    STEPS,
     assert_follow_the_reference_teacher_forced,
+    assert_follow_the_reference_up_to_near_ties,
     dense_engines,
     greedy,
     held_out_ids,
@@ -99,24 +96,7 @@ def test_sparse_decode_follows_the_reference_at_the_default_level_up_to_near_tie
     bundle = bundle_matrix["svd-int4-asym"]
     options = EngineOptions.of(bundle, threads=1)
     engine = RuntimeEngine(bundle, options) if engine_name == "c_runtime" else load_torch_cpu_engine(bundle, options)
-    ids = prompt_ids(bundle)
-    reference = load_reference_decoder(bundle)
-    configure(reference, bundle.sparsity.resolve(None, False))
-    for ffn in reference.ffns:
-        ffn.tie_tolerance = QUANTIZED_TIE_TOLERANCE
-    expected = reference.prefill(torch.tensor([ids]))[0, -1]
-    found = engine.prefill(ids).reshape(-1)
-    tolerance = LOGIT_TOLERANCE * float(expected.abs().max())
-    assert float(np.abs(found - expected.numpy()).max()) <= tolerance
-    for step in range(STEPS):
-        token = int(expected.argmax())
-        assert int(np.argmax(found)) == token, f"step {step}: greedy tokens differ"
-        expected = reference.decode(torch.tensor([[token]]))[0, -1]
-        found = engine.decode(token).reshape(-1)
-        if float(np.abs(found - expected.numpy()).max()) > tolerance:
-            tie = explain_by_a_near_tie(reference, token, torch.from_numpy(found), tolerance)
-            assert tie is not None, f"step {step}: logits differ beyond {tolerance:.3g} and no near-tie explains it"
-            expected = tie[-1]
+    assert_follow_the_reference_up_to_near_ties(bundle, engine)
 
 
 def test_c_runtime_is_bit_identical_for_any_thread_count(bundle_matrix):

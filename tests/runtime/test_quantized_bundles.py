@@ -107,11 +107,15 @@ def _engines(bundle):
 @pytest.mark.parametrize("name", QUANTIZED)
 @pytest.mark.parametrize("engine_name", ["c_runtime", "torch_cpu"])
 def test_engines_follow_the_reference_at_the_default_level_up_to_near_ties(bundle_matrix, name, engine_name):
-    """Teacher-forced on the reference's greedy tokens: every step within LOGIT_TOLERANCE, or explained by one mask
-    decision within QUANTIZED_TIE_TOLERANCE of its boundary, after which the reference takes it as the engine did."""
     bundle = bundle_matrix[name]
+    assert_follow_the_reference_up_to_near_ties(bundle, _engines(bundle)[engine_name])
+
+
+def assert_follow_the_reference_up_to_near_ties(bundle, engine) -> None:
+    """At the bundle's default level, teacher-forced on the reference's greedy tokens: every step within
+    LOGIT_TOLERANCE, or explained by one mask decision within QUANTIZED_TIE_TOLERANCE of its boundary, after which the
+    reference takes it as the engine did."""
     ids = prompt_ids(bundle)
-    engine = _engines(bundle)[engine_name]
     reference = load_reference_decoder(bundle)
     configure(reference, bundle.sparsity.resolve(None, False))
     for ffn in reference.ffns:
