@@ -23,10 +23,16 @@ def check_bundle(path: str | Path) -> tuple[Bundle, dict[str, Any]]:
         "files": len(bundle.manifest.files),
         "bytes": sum(entry.size for entry in bundle.manifest.files.values()),
         "tensors": len(bundle.manifest.tensors),
-        "dtype": bundle.dtype + (f" (LM head {bundle.manifest.head_dtype})" if bundle.manifest.head_dtype else ""),
+        "dtype": _dtype_text(bundle.manifest),
         "predictor": bundle.sparsity.predictor,
         "levels": ", ".join(f"{level:g}" for level in bundle.sparsity.levels) or "none",
         "vocabulary": tokenizer.vocab_size,
         "checksums": "match",
     }
     return bundle, summary
+
+
+def _dtype_text(manifest) -> str:
+    """The weights' storage: the dtype, an asymmetric int4's scheme, and an LM head of its own dtype."""
+    text = manifest.dtype + (" asymmetric" if manifest.asymmetric else "")
+    return text + (f" (LM head {manifest.head_dtype})" if manifest.head_dtype else "")

@@ -17,6 +17,7 @@ from edge_sdk.backends.tensorrt import EngineBuildError, build_engine, compatibi
 
 from edge_sdk import quant
 from edge_sdk.bundle import Bundle, BundleError
+from edge_sdk.bundle.check import check_bundle
 from edge_sdk.bundle.layout import MINS_SUFFIX, SCALES_SUFFIX
 from edge_sdk.cli import main
 from edge_sdk.export.exporter import ExportError, ExportSettings, export_bundle
@@ -46,6 +47,8 @@ def test_every_int4_matrix_stores_its_minimums(bundle_matrix, name):
     symmetric = bundle_matrix[name.replace("-asym", "")] if "head-int8" not in name else None
     assert bundle.manifest.format_version == 6 and bundle.manifest.raw["int4_scheme"] == "asymmetric"
     assert bundle.manifest.asymmetric and bundle.dtype == "int4"
+    shown = check_bundle(bundle.path)[1]["dtype"]  # what `edge-sdk verify` prints
+    assert shown == ("int4 asymmetric (LM head int8)" if name.endswith("head-int8") else "int4 asymmetric")
     head = head_of(bundle)
     int8_head = name.endswith("head-int8")
     matrices = [name_ for name_ in bundle.manifest.tensors if name_ + SCALES_SUFFIX in bundle.manifest.tensors]
