@@ -117,13 +117,23 @@ def _model_tensor_specs(checkpoint: Checkpoint | GgufCheckpoint, settings: Expor
     ]
 
 
-def _quantized_tensor(model: QuantizedCheckpoint, name: str, hf_name: str) -> torch.Tensor:
-    """The codes (name), the scales (name.scales) or the minimums (name.mins) of a quantized matrix (neuron-major for
-    the down projection)."""
-    matrix_name, part = quantized_part(name)
-    matrix = model.quantized_matrix(hf_name, neuron_major=matrix_name.endswith("_t"))
-    array = {"": matrix.data, SCALES_SUFFIX: matrix.scales, MINS_SUFFIX: matrix.mins}[part]
-    return torch.from_numpy(np.ascontiguousarray(array))
+class _QuantizedTensors:
+    """The codes (name), the scales (name.scales) or the minimums (name.mins) of the model's quantized matrices
+    (neuron-major for the down projection). The writer takes every F16 tensor before the codes (largest elements
+    first), a matrix's scales and minimums one after the other: the last matrix quantized serves both, so an
+    asymmetric matrix is quantized twice, not three times, and only one matrix is held."""
+
+    def __init__(self, model: QuantizedCheckpoint):
+        self.model = model
+        self.last: tuple[str, quant.QuantizedMatrix] | None = None
+
+    def tensor(self, name: str, hf_name: str) -> torch.Tensor:
+        matrix_name, part = quantized_part(name)
+        if self.last is None or self.last[0] != matrix_name:
+            self.last = matrix_name, self.model.quantized_matrix(hf_name, neuron_major=matrix_name.endswith("_t"))
+        matrix = self.last[1]
+        array = {"": matrix.data, SCALES_SUFFIX: matrix.scales, MINS_SUFFIX: matrix.mins}[part]
+        return torch.from_numpy(np.ascontiguousarray(array))
 
 
 def check_output(
@@ -251,13 +261,13 @@ def export_bundle(
         writer = SafetensorsWriter(
             staging / bundle_format.WEIGHTS_FILE, specs, metadata={"format": "pt", "producer": "edge-sdk"}
         )
+        quantized_tensors = _QuantizedTensors(model) if quantized else None
         with writer:
             for spec in writer.order:
                 if spec.name in extra_tensors:
                     tensor = extra_tensors[spec.name]
                 elif quantized_part(spec.name)[0] in quantized_names:
-                    hf_name = hf_names[quantized_part(spec.name)[0]]
-                    tensor = _quantized_tensor(model, spec.name, hf_name)
+                    tensor = quantized_tensors.tensor(spec.name, hf_names[quantized_part(spec.name)[0]])
                 else:
                     tensor = model.tensor(hf_names[spec.name], spec.dtype)
                     if spec.name.endswith("_t"):
