@@ -223,6 +223,7 @@ def test_cli_info_and_export(tmp_path):
     assert summary["architecture"] == "LlamaForCausalLM"
     assert (summary["layers"], summary["hidden_size"], summary["vocab_size"]) == (4, 192, 2048)
     assert summary["gguf_tensor_types"] == {"F16": 30, "F32": 9}
+    assert summary["int4_scheme"] == "symmetric"
     assert summary["tokenizer"] is True
 
     out = tmp_path / "bundle"
@@ -357,6 +358,8 @@ def test_a_q4_1_file_exports_as_asymmetric_int4_and_keeps_its_values(tmp_path):
     quantized again. `--int4-scheme symmetric` re-rounds them all."""
     path = fixture_gguf(tmp_path / "tiny.gguf", Q.Q4_1)
     assert GgufCheckpoint(path).asymmetric_grid
+    info = edge_sdk("info", str(path), "--json")
+    assert info.returncode == 0 and json.loads(info.stdout)["int4_scheme"] == "asymmetric", info.stderr
     assert not GgufCheckpoint(fixture_gguf(tmp_path / "f16.gguf")).asymmetric_grid
     out = tmp_path / "bundle"
     export = edge_sdk("export", str(path), "-o", str(out), "--predictor", "none", "--dtype", "int4")
