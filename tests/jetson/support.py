@@ -22,9 +22,10 @@ AARCH64_TOOLCHAIN = JETSON / "cmake" / "aarch64-linux-gnu.cmake"
 AARCH64_SYSROOT = "/usr/aarch64-linux-gnu"
 PROMPT = "class Namespace(object):\n    def __init__(self"
 STEPS = 24
-# names in tests/conftest.py's BUNDLE_MATRIX and INT8_HEAD_BUNDLES: every predictor kind, fp32, fp16, int8 and int4
-# weights, an int4 bundle of a tied model (its quantized embedding is also the LM head) and one whose tied matrix is
-# int8 (export --head-dtype int8: int8 lookup and head among int4 layers)
+# names in tests/conftest.py's BUNDLE_MATRIX, INT8_HEAD_BUNDLES and ASYMMETRIC_BUNDLES: every predictor kind, fp32,
+# fp16, int8 and int4 weights, an int4 bundle of a tied model (its quantized embedding is also the LM head), one whose
+# tied matrix is int8 (export --head-dtype int8: int8 lookup and head among int4 layers) and an asymmetric int4 one
+# (every matrix with group minimums, the lookup too)
 BUNDLE_KINDS = (
     "svd-fp32",
     "svd-fp16",
@@ -35,6 +36,7 @@ BUNDLE_KINDS = (
     "svd-int4",
     "tied-svd-int4",
     "tied-svd-int4-head-int8",
+    "tied-svd-int4-asym",
 )
 BUILD_TIMEOUT_S = 600
 

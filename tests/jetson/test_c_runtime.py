@@ -229,7 +229,8 @@ def test_tokenizer_decodes_like_tokenizers(x86_build: Build, bundles, tiny_model
 
 def test_example_and_api_checks_are_clean_under_asan_and_ubsan(asan_build: Build, bundles):
     env = sanitizer_env()
-    for name in ("core-fp16", "svd-fp32", "threshold-fp32"):
+    # the asymmetric int4 bundle: the kernels' per-block corrections and their workspace, the minimums' reads
+    for name in ("core-fp16", "svd-fp32", "threshold-fp32", "tied-svd-int4-asym"):
         command = generate_command([asan_build.binary("edge_generate")], bundles[name], "--ids")
         command[command.index("--threads") + 1] = "2"
         result = run(command, env=env, timeout=300)
