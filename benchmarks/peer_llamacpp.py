@@ -18,7 +18,8 @@ One command does everything, reusing what an earlier run left in --work:
 2. GGUFs F16, Q8_0 and Q4_0 (with --gguf-types also Q4_1) of the same weights (gguf-py; every matrix in the named
    type, as `llama-quantize --pure` would write it; norms F32); the weights are the checkpoint's as edge-sdk reads
    them (a quantized GGUF dequantized), with llama's q/k rows permuted back into llama.cpp's RoPE layout;
-3. the timing: every configuration loaded once, then --repeats rounds; each round runs every configuration once,
+3. the timing: the weights' files evicted from the page cache (every configuration then reads them back alike),
+   every configuration loaded once, then --repeats rounds; each round runs every configuration once,
    in an order rotated from round to round: prefill the prompt, then --tokens greedy decode steps. A decode
    step is one call that appends a token and returns the next position's logits (llama.cpp: `Llama.eval([token])`,
    edge-sdk: `Engine.decode(token)`) plus the argmax of those logits in numpy, the same for both; decode tokens/s
@@ -40,6 +41,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import statistics
 import struct
 import subprocess
@@ -450,6 +452,19 @@ def llama_engine(path: Path, precision: str, threads: int, context: int) -> Any:
     return model
 
 
+def evict_from_page_cache(paths: list[Path]) -> None:
+    """Drop the files' pages from the page cache (posix_fadvise DONTNEED, no privileges needed), so that every
+    configuration reads its weights back the same way: how a file's pages sit in the cache (written just now, read
+    back after an eviction, in large folios or not) moved a bundle's decode rate by up to 20% on the benchmark VM
+    (benchmarks/README.md section 9, "Asymmetric int4")."""
+    for path in paths:
+        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(descriptor)
+
+
 def timing_configurations(
     bundles: dict[str, Path], ggufs: dict[str, Path], sparse_levels: list[str], threads: int, context: int
 ) -> tuple[list[Configuration], dict[str, Any]]:
@@ -634,6 +649,7 @@ def main() -> None:
     if args.prompt_tokens is not None:
         args.prompt = tokenizer.decode(ids)  # the kept ids' text, for peak_memory's `edge-sdk run`
     context = len(ids) + args.tokens + 8
+    evict_from_page_cache([path / "weights.safetensors" for path in bundles.values()] + list(ggufs.values()))
     configurations, chosen = timing_configurations(bundles, ggufs, args.sparse_levels.split(","), args.threads, context)
     generated: dict[str, list[int]] = {}
     for round_index in range(args.repeats):
