@@ -714,16 +714,14 @@ def bench_ffn_command(
     from edge_sdk.bench.gather import bench_gather_ffn
 
     devices = {"cann": "npu", "torch-cpu": "cpu", "torch-cuda": "cuda"}
+    if int4_scheme != "symmetric" and dtype != "int4":
+        raise click.BadParameter(f"--int4-scheme {int4_scheme} needs --dtype int4, found --dtype {dtype}")
     if dtype in QUANTIZED_DTYPES:
         if backend != "cpu":
             raise click.BadParameter(f"--dtype {dtype} runs on the cpu backend only, found --backend {backend}")
-        if int4_scheme != "symmetric" and dtype != "int4":
-            raise click.BadParameter(f"--int4-scheme {int4_scheme} needs --dtype int4, found --dtype {dtype}")
         asymmetric = int4_scheme == "asymmetric"
         _bench_quantized_ffn(shape, sparsities, dtype, int(group_size), threads, repeats, json_path, asymmetric)
         return
-    if int4_scheme != "symmetric":
-        raise click.BadParameter(f"--int4-scheme {int4_scheme} needs --dtype int4, found --dtype {dtype}")
     try:
         d, n_neurons = parse_shape(shape)
         levels = _parse_levels(sparsities)

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 from edge_sdk import predictors
 from edge_sdk.model.config import ModelConfig, hf_tensor_shapes
-from edge_sdk.quant import INT4_SCHEMES  # noqa: F401 (the manifest's int4_scheme values, named with the layout)
 
 WEIGHT_DTYPES = {"fp32": "F32", "fp16": "F16", "bf16": "BF16"}
 # weight-only group-wise quantized dtypes: the safetensors dtype of their codes (int4 packs two per byte)

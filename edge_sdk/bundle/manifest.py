@@ -17,7 +17,6 @@ from edge_sdk.bundle import format as bundle_format
 from edge_sdk.bundle.layout import (
     BUNDLE_DTYPES,
     GROUP_SIZES,
-    INT4_SCHEMES,
     QUANTIZED_DTYPES,
     WIDER_HEAD_DTYPES,
     ExpectedTensor,
@@ -30,6 +29,7 @@ from edge_sdk.model import config as model_config
 from edge_sdk.model.activation import SUPPORTED_ACTIVATIONS, Activation
 from edge_sdk.model.config import ModelConfig, RopeConfig
 from edge_sdk.predictors.core import CoreSettings
+from edge_sdk.quant import INT4_SCHEMES
 
 MAX_LEVELS = 64
 SHA256_HEX = frozenset("0123456789abcdef")

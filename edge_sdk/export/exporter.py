@@ -22,7 +22,6 @@ from edge_sdk import __version__, outputs, predictors, quant
 from edge_sdk.bundle import Bundle
 from edge_sdk.bundle import format as bundle_format
 from edge_sdk.bundle.layout import (
-    INT4_SCHEMES,
     MINS_SUFFIX,
     QUANTIZED_DTYPES,
     SCALES_SUFFIX,
@@ -156,8 +155,9 @@ def _validate(checkpoint: Checkpoint | GgufCheckpoint, settings: ExportSettings)
             f"--head-dtype {settings.head_dtype} is not allowed with --dtype {settings.dtype}: the LM head may be "
             f"stored wider than the other matrices only as {allowed} (or in the bundle's own dtype)"
         )
-    if settings.int4_scheme not in INT4_SCHEMES:
-        raise ExportError(f"--int4-scheme must be one of {', '.join(INT4_SCHEMES)}, found {settings.int4_scheme!r}")
+    if settings.int4_scheme not in quant.INT4_SCHEMES:
+        schemes = ", ".join(quant.INT4_SCHEMES)
+        raise ExportError(f"--int4-scheme must be one of {schemes}, found {settings.int4_scheme!r}")
     if settings.int4_scheme != "symmetric" and settings.dtype != "int4":
         raise ExportError(
             f"--int4-scheme {settings.int4_scheme} needs --dtype int4, found --dtype {settings.dtype} (only int4 "
@@ -266,8 +266,8 @@ def export_bundle(
             for spec in writer.order:
                 if spec.name in extra_tensors:
                     tensor = extra_tensors[spec.name]
-                elif quantized_part(spec.name)[0] in quantized_names:
-                    tensor = quantized_tensors.tensor(spec.name, hf_names[quantized_part(spec.name)[0]])
+                elif (matrix_name := quantized_part(spec.name)[0]) in quantized_names:
+                    tensor = quantized_tensors.tensor(spec.name, hf_names[matrix_name])
                 else:
                     tensor = model.tensor(hf_names[spec.name], spec.dtype)
                     if spec.name.endswith("_t"):

@@ -67,3 +67,15 @@ def test_quantized_bench_rows_realize_the_sparsity_and_count_the_bytes(dtype, as
         assert row["speedup_vs_fp32_x"] == pytest.approx(row["fp32_x_sparse_ms"] / row["sparse_ms"])
     with pytest.raises(ValueError, match="group_size"):
         bench_quantized_ffn(96, 64, dtype=dtype, group_size=64)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp16"])
+def test_bench_ffn_takes_an_int4_scheme_with_int4_only(dtype):
+    from click.testing import CliRunner
+
+    from edge_sdk.cli import main
+
+    args = ["bench", "ffn", "--shape", "128x512", "--dtype", dtype, "--int4-scheme", "asymmetric", "--repeats", "1"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert f"--int4-scheme asymmetric needs --dtype int4, found --dtype {dtype}" in result.output
