@@ -244,6 +244,21 @@ static inline __m256 load_weights(const void *w, size_t i, int dtype) {
                            : _mm256_loadu_ps((const float *)w + i);
 }
 
+/* The fp16 values p[0 .. n) (n <= 8) as fp32 lanes 0 .. n - 1, the other lanes 0, without reading past p[n - 1]. */
+static inline __m256 load_halves(const uint16_t *p, int n) {
+  if (n == 8) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+  uint16_t halves[8] = {0};
+  for (int i = 0; i < n; i++) halves[i] = p[i];
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)halves));
+}
+
+/* The first n (<= 8) floats at p in lanes 0 .. n - 1, the other lanes 0. */
+static inline __m256 load_floats(const float *p, int n) {
+  if (n == 8) return _mm256_loadu_ps(p);
+  __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  return _mm256_maskload_ps(p, lanes);
+}
+
 /* Fixed-order horizontal sum of 8 lanes. */
 static inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -330,7 +345,9 @@ EDGE_ALWAYS_INLINE void add_rows(float *restrict y, int n, const void *w, int dt
  * so a row's bytes are read once and nothing is dequantized in memory. The widening has its own AVX-512, AVX2 and
  * NEON intrinsics and a portable C path: GCC 12 turns __builtin_convertvector from 16 int8 to 16 floats into
  * 16 scalar conversions on every target, several times slower than the fp16 path. The rest is written once with
- * GCC vectors. These serve the down rows, and the gate, up and matvec rows when x is kept in fp32
+ * GCC vectors, except on AVX2, where GCC split each 64-byte vector into ymm halves through the stack (6-11x slower
+ * than the AVX-512 build on the same core): there the loops have their own ymm forms, the same operations in the
+ * same order lane by lane. These serve the down rows, and the gate, up and matvec rows when x is kept in fp32
  * (EDGE_SDK_QUANT_ACTIVATIONS=fp32); by default those are dotted through the integer dot products further below.
  * quant_dot_row(row, scales, dtype, group_size, x, d, next, next_scales): row . x, prefetching the row `next`.
  * add_quant_rows(y, c0, n, codes, scales, ...): y[c0 + c] += (h[r] * scale) * code for c < n, r in order. */
@@ -436,6 +453,25 @@ EDGE_ALWAYS_INLINE void load_codes(const char *row, int dtype, int block, vec16 
   }
 }
 
+#if EDGE_ROWS_AVX2
+/* The codes of a block's values 0..15 (*first) and 16..31 (*second), as int8. */
+EDGE_ALWAYS_INLINE void block_codes(const char *block_start, int dtype, codes16 *first, codes16 *second) {
+  if (dtype == EDGE_Q4) {
+    codes16 bytes = load_codes16(block_start);
+    *first = low_nibbles(bytes);
+    *second = high_nibbles(bytes);
+  } else {
+    *first = load_codes16(block_start);
+    *second = load_codes16(block_start + 16);
+  }
+}
+
+/* Codes 0..7 (half 0) or 8..15 (half 1) of 16, as fp32. */
+static inline __m256 codes_as_floats(codes16 codes, int half) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(half == 0 ? codes : _mm_unpackhi_epi64(codes, codes)));
+}
+#endif
+
 /* Asymmetric INT4 rows (mins non-NULL): value (code + 8) * scale + min = code * scale + mid, mid = 8 * scale + min
  * (the value of code 0; 8 * scale is exact, so mid is rounded once, fused or not). The code products are those of the
  * symmetric rows; the mids enter through a correction accumulator of 16 lanes per row, block b of 32 values adding
@@ -457,6 +493,66 @@ EDGE_ALWAYS_INLINE void add_block_corrections(const uint16_t *scales, const uint
   memcpy(corr, lanes, sizeof lanes);
 }
 
+#if EDGE_ROWS_AVX2
+/* The AVX2 form of quant_dot_group and quant_dot_row below: each 16-lane vector as two ymm halves in registers (the
+ * vec16 code went through the stack there), the same operations lane by lane. sums[0], sums[1]: lanes 0..7 and
+ * 8..15 of the low halves of the group's blocks, sums[2], sums[3] those of the high halves. */
+EDGE_ALWAYS_INLINE void quant_dot_group(const char *row, int dtype, int group, int blocks_per_group, const float *x,
+                                        const char *next, __m256 sums[4]) {
+  sums[0] = sums[1] = sums[2] = sums[3] = _mm256_setzero_ps();
+  for (int k = 0, block = group * blocks_per_group; k < blocks_per_group; k++, block++) {
+    size_t offset = (size_t)block * block_bytes(dtype);
+    if (offset % EDGE_CACHE_LINE == 0) EDGE_PREFETCH(next, offset);
+    codes16 first, second;
+    block_codes(row + offset, dtype, &first, &second);
+    const float *xb = x + block * EDGE_QUANT_BLOCK;
+    sums[0] = _mm256_add_ps(sums[0], _mm256_mul_ps(codes_as_floats(first, 0), _mm256_loadu_ps(xb)));
+    sums[1] = _mm256_add_ps(sums[1], _mm256_mul_ps(codes_as_floats(first, 1), _mm256_loadu_ps(xb + 8)));
+    sums[2] = _mm256_add_ps(sums[2], _mm256_mul_ps(codes_as_floats(second, 0), _mm256_loadu_ps(xb + 16)));
+    sums[3] = _mm256_add_ps(sums[3], _mm256_mul_ps(codes_as_floats(second, 1), _mm256_loadu_ps(xb + 24)));
+  }
+}
+
+/* acc[i] += scale * sums[i] */
+EDGE_ALWAYS_INLINE void add_scaled_group(__m256 acc[4], float scale, const __m256 sums[4]) {
+  __m256 factor = _mm256_set1_ps(scale);
+  for (int i = 0; i < 4; i++) acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(factor, sums[i]));
+}
+
+EDGE_ALWAYS_INLINE float quant_dot_row(const char *row, const uint16_t *scales, int dtype, int group_size,
+                                       const float *x, int d, const char *next, const uint16_t *next_scales,
+                                       const uint16_t *mins, const float *block_sums) {
+  __m256 even[4], odd[4], sums[4];
+  for (int i = 0; i < 4; i++) even[i] = odd[i] = _mm256_setzero_ps();
+  int blocks_per_group = group_size / EDGE_QUANT_BLOCK, groups = d / group_size;
+  int g = 0;
+  for (; g + 2 <= groups; g += 2) {
+    if ((g * sizeof(uint16_t)) % EDGE_CACHE_LINE == 0) EDGE_PREFETCH(next_scales, g * sizeof(uint16_t));
+    quant_dot_group(row, dtype, g, blocks_per_group, x, next, sums);
+    add_scaled_group(even, scale_at(scales, (size_t)g), sums);
+    quant_dot_group(row, dtype, g + 1, blocks_per_group, x, next, sums);
+    add_scaled_group(odd, scale_at(scales, (size_t)g + 1), sums);
+  }
+  if (g < groups) {
+    quant_dot_group(row, dtype, g, blocks_per_group, x, next, sums);
+    add_scaled_group(even, scale_at(scales, (size_t)g), sums);
+  }
+  /* (even_low + odd_low) + (even_high + odd_high), as the 16-lane form */
+  __m256 low = _mm256_add_ps(_mm256_add_ps(even[0], odd[0]), _mm256_add_ps(even[2], odd[2]));
+  __m256 high = _mm256_add_ps(_mm256_add_ps(even[1], odd[1]), _mm256_add_ps(even[3], odd[3]));
+  if (mins != NULL) {
+    vec16 corr = {0};
+    int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2;
+    add_block_corrections(scales, mins, group_log, block_sums, d / EDGE_QUANT_BLOCK, &corr);
+    float lanes[16];
+    memcpy(lanes, &corr, sizeof lanes);
+    low = _mm256_add_ps(low, _mm256_loadu_ps(lanes));
+    high = _mm256_add_ps(high, _mm256_loadu_ps(lanes + 8));
+  }
+  return hsum(_mm256_add_ps(low, high));
+}
+
+#else
 /* The codes times x over one group, summed in two lane vectors (the low and high halves of its blocks), while
  * the row `next` is prefetched at the same offsets. */
 EDGE_ALWAYS_INLINE void quant_dot_group(const char *row, int dtype, int group, int blocks_per_group, const float *x,
@@ -512,6 +608,8 @@ EDGE_ALWAYS_INLINE float quant_dot_row(const char *row, const uint16_t *scales, 
   return sum_lanes(&acc);
 }
 
+#endif
+
 /* Groups whose factors add_quant_rows computes at once, for a piece of the columns (1024 at group size 32). */
 #define EDGE_FACTOR_GROUPS 32
 
@@ -527,6 +625,13 @@ EDGE_ALWAYS_INLINE void row_factors(const uint16_t *scales, size_t groups, const
       __m512 s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail_mask(count), row + g));
       _mm512_mask_storeu_ps(factors[r] + g, tail_mask(count), _mm512_mul_ps(hr, s));
     }
+#elif EDGE_ROWS_AVX2
+    __m256 hr = _mm256_set1_ps(h[r]);
+    int g = 0;
+    for (; g + 8 <= n_groups; g += 8) {
+      _mm256_storeu_ps(factors[r] + g, _mm256_mul_ps(hr, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + g)))));
+    }
+    for (; g < n_groups; g++) factors[r][g] = h[r] * scale_at(row, (size_t)g);
 #else
     for (int g = 0; g < n_groups; g++) factors[r][g] = h[r] * scale_at(row, (size_t)g);
 #endif
@@ -552,6 +657,21 @@ EDGE_ALWAYS_INLINE void add_row_corrections(float *corrections, int first, int n
     __m512 mids = _mm512_permutexvar_ps(of_block, _mm512_fmadd_ps(s, _mm512_set1_ps(8.0f), m));
     __m512 sums = _mm512_maskz_loadu_ps(tail_mask(count), corrections + block);
     _mm512_mask_storeu_ps(corrections + block, tail_mask(count), _mm512_fmadd_ps(_mm512_set1_ps(h), mids, sums));
+  }
+#elif EDGE_ROWS_AVX2
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int k = 0; k < n; k += 8) {
+    int count = n - k < 8 ? n - k : 8, block = first + k, group = block >> group_log;
+    int n_groups = ((block + count - 1) >> group_log) - group + 1;
+    __m256i of_block = _mm256_sub_epi32(_mm256_srlv_epi32(_mm256_add_epi32(lanes, _mm256_set1_epi32(block)),
+                                                          _mm256_set1_epi32(group_log)),
+                                        _mm256_set1_epi32(group));
+    __m256 group_mids = _mm256_fmadd_ps(load_halves(scales + group, n_groups), _mm256_set1_ps(8.0f),
+                                        load_halves(mins + group, n_groups));
+    __m256 mids = _mm256_permutevar8x32_ps(group_mids, of_block);
+    __m256i in_piece = _mm256_cmpgt_epi32(_mm256_set1_epi32(count), lanes);
+    __m256 sums = _mm256_maskload_ps(corrections + block, in_piece);
+    _mm256_maskstore_ps(corrections + block, in_piece, _mm256_fmadd_ps(_mm256_set1_ps(h), mids, sums));
   }
 #else
   for (int b = first; b < first + n; b++) {
@@ -616,6 +736,24 @@ EDGE_ALWAYS_INLINE void add_quant_rows(float *y, int c0, int n, const char *code
         _mm512_storeu_ps(y + column + 16, acc_high);
         continue;
       }
+#elif EDGE_ROWS_AVX2
+      /* the block's 32 columns in four ymm accumulators; codes widened 8 at a time, times the factor, then added */
+      __m256 acc0 = _mm256_loadu_ps(y + column), acc1 = _mm256_loadu_ps(y + column + 8);
+      __m256 acc2 = _mm256_loadu_ps(y + column + 16), acc3 = _mm256_loadu_ps(y + column + 24);
+      for (int r = 0; r < n_rows; r++) {
+        __m256 factor = _mm256_set1_ps(factors[r][g]);
+        codes16 first, second;
+        block_codes(codes + rows[r] * row_bytes + offset, dtype, &first, &second);
+        acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(factor, codes_as_floats(first, 0)));
+        acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(factor, codes_as_floats(first, 1)));
+        acc2 = _mm256_add_ps(acc2, _mm256_mul_ps(factor, codes_as_floats(second, 0)));
+        acc3 = _mm256_add_ps(acc3, _mm256_mul_ps(factor, codes_as_floats(second, 1)));
+      }
+      _mm256_storeu_ps(y + column, acc0);
+      _mm256_storeu_ps(y + column + 8, acc1);
+      _mm256_storeu_ps(y + column + 16, acc2);
+      _mm256_storeu_ps(y + column + 24, acc3);
+      continue;
 #endif
       vec16 acc_low = VEC16_AT(y + column), acc_high = VEC16_AT(y + column + 16);
       for (int r = 0; r < n_rows; r++) {
@@ -813,6 +951,25 @@ static struct quantized_activations quantize_activations(const float *x, int d, 
   return quantized;
 }
 
+/* Rows dotted at once by int_dot_rows, for rows picked from a list (the FFN's gate and up rows: scattered, each a cold
+ * read) and for a contiguous run (a matvec's rows, which the hardware prefetchers stream). With AVX-512, 4, each with
+ * its own accumulators in registers (8 of the 32); the core then has the cache lines of four rows in flight instead
+ * of one row's, which is what bounds a cold row's read (benchmarks/README.md, section 3). With AVX2, 2 from a list
+ * and 1 from a run: two rows' accumulators and constants spill out of the 16 ymm registers, which costs the streamed
+ * run more than it gains (a 7B matvec -5%), while scattered rows gain more (the 90% FFN +10%). On NEON 1 (a vec16
+ * takes 4 of its 32 registers; not measured on a core yet). EDGE_ROWS_AT_ONCE is the larger. */
+#if EDGE_ROWS_AVX512
+#define EDGE_LIST_ROWS_AT_ONCE 4
+#define EDGE_RUN_ROWS_AT_ONCE 4
+#elif EDGE_ROWS_AVX2
+#define EDGE_LIST_ROWS_AT_ONCE 2
+#define EDGE_RUN_ROWS_AT_ONCE 1
+#else
+#define EDGE_LIST_ROWS_AT_ONCE 1
+#define EDGE_RUN_ROWS_AT_ONCE 1
+#endif
+#define EDGE_ROWS_AT_ONCE EDGE_LIST_ROWS_AT_ONCE
+
 typedef int32_t ivec16 __attribute__((vector_size(64)));
 typedef float unaligned_vec8 __attribute__((vector_size(32), aligned(4), may_alias));
 typedef float unaligned_vec4 __attribute__((vector_size(16), aligned(4), may_alias));
@@ -944,17 +1101,89 @@ static inline __m256i int4_block_pair_products(const char *codes, int n_blocks, 
   return _mm256_add_epi32(_mm256_slli_epi32(high_sums, 8), low_sums);
 }
 
-EDGE_ALWAYS_INLINE void fused_multiply_add16(vec16 *acc, const ivec16 *products, const vec16 *factors) {
-  union {
-    ivec16 all;
-    __m256i half[2];
-  } p = {*products};
-  union {
-    vec16 all;
-    __m256 half[2];
-  } f = {*factors}, a = {*acc};
-  for (int h = 0; h < 2; h++) a.half[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p.half[h]), f.half[h], a.half[h]);
-  *acc = a.all;
+/* Lane l's block within the 8 blocks of a step, for the lanes of one half unit: INT4 half h of unit k holds blocks
+ * 4k + 2h (lanes 0..3) and 4k + 2h + 1 (lanes 4..7), INT8 half h of unit k block 2k + h (all 8 lanes). */
+static inline __m256i half_unit_blocks(int dtype, int unit_in_step, int half) {
+  return dtype == EDGE_Q4 ? _mm256_add_epi32(_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+                                             _mm256_set1_epi32(4 * unit_in_step + 2 * half))
+                          : _mm256_set1_epi32(2 * unit_in_step + half);
+}
+
+/* acc[t] += the lanes of unit k of the step (its first unit first_unit; present of its blocks there, more meaning all)
+ * of rows row[t < n] times their factors, prefetching the rows next[t] at the same offset. */
+EDGE_ALWAYS_INLINE void add_unit_products(int n, const char *const *row, int dtype,
+                                          const struct quantized_activations *xa, int first_unit, int k, int present,
+                                          const char *const *next, const __m256 *block_factors, __m256 (*acc)[2]) {
+  int unit = first_unit + k;
+  const int32_t *sums = xa->code_offset_sums + (size_t)unit * EDGE_UNIT_LANES;
+#pragma GCC unroll 4
+  for (int t = 0; t < n; t++) EDGE_PREFETCH(next[t], (size_t)unit * 64);
+#pragma GCC unroll 2
+  for (int half = 0; half < 2; half++) {
+    __m256i blocks_of_lanes = half_unit_blocks(dtype, k, half);
+#pragma GCC unroll 4
+    for (int t = 0; t < n; t++) {
+      const char *codes = row[t] + (size_t)unit * 64 + 32 * half;
+      __m256i products = _mm256_setzero_si256();
+      if (dtype == EDGE_Q4) {
+        size_t first = (size_t)unit * EDGE_MAX_UNIT_VALUES + 32 * (size_t)half;
+        int in_pair = present - 2 * half < 2 ? present - 2 * half : 2;
+        if (in_pair > 0) {
+          products = int4_block_pair_products(codes, in_pair, xa->high + first, xa->low + first, sums + 8 * half);
+        }
+      } else if (half < present) {
+        size_t at = (size_t)unit * 64 + (size_t)half * EDGE_QUANT_BLOCK;
+        products = int8_block_products(codes, xa->high + at, xa->low + at, sums + 8 * half);
+      }
+      __m256 factors = _mm256_permutevar8x32_ps(block_factors[t], blocks_of_lanes);
+      acc[t][half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products), factors, acc[t][half]);
+    }
+  }
+}
+
+/* The AVX2 form of the integer dot step: blocks [first_block, first_block + step_blocks) of rows row[t < n] into
+ * their even and odd units' accumulators, each 16 lanes as two halves of 8 (even[t][0] lanes 0..7, even[t][1] lanes
+ * 8..15), step_blocks at most 8 and first_block a multiple of 8 (so the step starts at an even unit: 2 INT4 or 4 INT8
+ * units). As AVX-512's int_dot_step, the step's factors are one vector product of the rows' and x's block scales,
+ * spread over each half unit's lanes by one permutation: the products of the portable path's lane scales and row
+ * scales, so the same bits. Everything stays in ymm registers: the vec16 code that served AVX2 before went through
+ * the stack (benchmarks/README.md, section 3, "The AVX2 build"). A missing block's lanes add 0 * 0, as elsewhere;
+ * asymmetric rows' corrections go to lanes first_block % 16 + 0..7, block by block as add_block_corrections does. */
+EDGE_ALWAYS_INLINE void int_dot_step(int n, const char *const *row, const uint16_t *const *scales, int dtype,
+                                     int group_log, const struct quantized_activations *xa, int first_block,
+                                     int step_blocks, const char *const *next, const uint16_t *const *next_scales,
+                                     __m256 (*even)[2], __m256 (*odd)[2], int asymmetric,
+                                     const uint16_t *const *mins, const uint16_t *const *next_mins,
+                                     __m256 (*corr)[2]) {
+  const __m256i group_of_block =
+      _mm256_srlv_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(group_log));
+  int per_unit = unit_blocks(dtype), first_unit = first_block / per_unit;
+  int step_units = (step_blocks + per_unit - 1) / per_unit;
+  size_t first_group = (size_t)first_block >> group_log;
+  int n_groups = ((step_blocks - 1) >> group_log) + 1;
+  __m256 x_scales = load_floats(xa->block_scales + first_block, step_blocks);
+  __m256 block_factors[EDGE_ROWS_AT_ONCE];
+  for (int t = 0; t < n; t++) {
+    if ((first_group * sizeof(uint16_t)) % EDGE_CACHE_LINE == 0) {
+      EDGE_PREFETCH(next_scales[t], first_group * sizeof(uint16_t));
+      if (asymmetric) EDGE_PREFETCH(next_mins[t], first_group * sizeof(uint16_t));
+    }
+    __m256 row_scales = _mm256_permutevar8x32_ps(load_halves(scales[t] + first_group, n_groups), group_of_block);
+    block_factors[t] = _mm256_mul_ps(row_scales, x_scales);
+    if (asymmetric) {
+      __m256 row_mins = _mm256_permutevar8x32_ps(load_halves(mins[t] + first_group, n_groups), group_of_block);
+      __m256 mids = _mm256_fmadd_ps(row_scales, _mm256_set1_ps(8.0f), row_mins);
+      int half = (first_block / 8) % 2;
+      corr[t][half] = _mm256_fmadd_ps(mids, load_floats(xa->block_sums + first_block, step_blocks), corr[t][half]);
+    }
+  }
+  for (int k = 0; k < step_units; k += 2) {
+    add_unit_products(n, row, dtype, xa, first_unit, k, step_blocks - k * per_unit, next, block_factors, even);
+    if (k + 1 < step_units) {
+      add_unit_products(n, row, dtype, xa, first_unit, k + 1, step_blocks - (k + 1) * per_unit, next, block_factors,
+                        odd);
+    }
+  }
 }
 
 #elif defined(__ARM_NEON)
@@ -1056,30 +1285,12 @@ EDGE_ALWAYS_INLINE void fused_multiply_add16(vec16 *acc, const ivec16 *products,
 }
 #endif
 
+#if !EDGE_ROWS_AVX2
 /* The 16 lanes of unit `unit` of a row (n_blocks of its blocks present; the other lanes 0). */
 EDGE_ALWAYS_INLINE void unit_lanes(const char *row, int dtype, int unit, const struct quantized_activations *xa,
                                    int n_blocks, ivec16 *out) {
   const char *codes = row + (size_t)unit * 64;
-#if EDGE_ROWS_AVX2
-  union {
-    ivec16 all;
-    __m256i half[2];
-  } lanes = {{0}};
-  const int32_t *sums = xa->code_offset_sums + (size_t)unit * EDGE_UNIT_LANES;
-  if (dtype == EDGE_Q4) {
-    size_t first = (size_t)unit * EDGE_MAX_UNIT_VALUES;
-    for (int pair = 0; pair < 2 && 2 * pair < n_blocks; pair++) {
-      int present = n_blocks - 2 * pair < 2 ? n_blocks - 2 * pair : 2;
-      lanes.half[pair] = int4_block_pair_products(codes + 32 * pair, present, xa->high + first + 32 * pair,
-                                                  xa->low + first + 32 * pair, sums + 8 * pair);
-    }
-  } else {
-    for (int b = 0; b < n_blocks; b++) {
-      size_t at = (size_t)unit * 64 + (size_t)b * EDGE_QUANT_BLOCK;
-      lanes.half[b] = int8_block_products(codes + 32 * b, xa->high + at, xa->low + at, sums + 8 * b);
-    }
-  }
-#elif defined(__ARM_NEON)
+#if defined(__ARM_NEON)
   union {
     ivec16 all;
     int32x4_t quarter[4];
@@ -1108,6 +1319,7 @@ EDGE_ALWAYS_INLINE void unit_lanes(const char *row, int dtype, int unit, const s
 #endif
   *out = lanes.all;
 }
+#endif
 
 #endif
 
@@ -1127,7 +1339,7 @@ static inline __m512i lane_blocks(int dtype) {
                           : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
 }
 
-#else
+#elif !EDGE_ROWS_AVX2
 EDGE_ALWAYS_INLINE void unit_factors(const struct quantized_activations *xa, const uint16_t *scales, int dtype,
                                      int group_log, int unit, int n_blocks, vec16 *out) {
   const float *lanes = xa->lane_scales + (size_t)unit * EDGE_UNIT_LANES;
@@ -1157,16 +1369,6 @@ EDGE_ALWAYS_INLINE void int_dot_unit(const char *row, const uint16_t *scales, in
   unit_factors(xa, scales, dtype, group_log, unit, n_blocks, &factors);
   fused_multiply_add16(acc, &products, &factors);
 }
-#endif
-
-/* Rows at most dotted at once by int_dot_rows: with AVX-512, 4, each with its own accumulators in registers (8 of the
- * 32); the core then has the cache lines of four rows in flight instead of one row's, which is what bounds a cold
- * row's read (benchmarks/README.md, section 3). Elsewhere 1: four rows' accumulators would not fit AVX2's 16 or
- * NEON's 32 registers (a vec16 takes 2 and 4 of them). */
-#if EDGE_ROWS_AVX512
-#define EDGE_ROWS_AT_ONCE 4
-#else
-#define EDGE_ROWS_AT_ONCE 1
 #endif
 
 #if EDGE_ROWS_AVX512
@@ -1240,10 +1442,34 @@ EDGE_ALWAYS_INLINE void int_dot_rows(int n, const char *const *row, const uint16
                                      int group_size, const struct quantized_activations *xa, int d,
                                      const char *const *next, const uint16_t *const *next_scales, float *out,
                                      int asymmetric, const uint16_t *const *mins, const uint16_t *const *next_mins) {
-  vec16 even[EDGE_ROWS_AT_ONCE], odd[EDGE_ROWS_AT_ONCE], corr[EDGE_ROWS_AT_ONCE];
-  for (int t = 0; t < n; t++) even[t] = odd[t] = corr[t] = (vec16){0};
   int blocks = d / EDGE_QUANT_BLOCK;
   int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2; /* log2 of blocks per group */
+#if EDGE_ROWS_AVX2
+  __m256 even[EDGE_ROWS_AT_ONCE][2], odd[EDGE_ROWS_AT_ONCE][2], corr[EDGE_ROWS_AT_ONCE][2];
+  for (int t = 0; t < n; t++) {
+    for (int half = 0; half < 2; half++) even[t][half] = odd[t][half] = corr[t][half] = _mm256_setzero_ps();
+  }
+  int first_block = 0;
+  for (; first_block + 8 <= blocks; first_block += 8) {
+    int_dot_step(n, row, scales, dtype, group_log, xa, first_block, 8, next, next_scales, even, odd, asymmetric, mins,
+                 next_mins, corr);
+  }
+  if (first_block < blocks) {
+    int_dot_step(n, row, scales, dtype, group_log, xa, first_block, blocks - first_block, next, next_scales, even, odd,
+                 asymmetric, mins, next_mins, corr);
+  }
+  /* lanes l and l + 8 added, then as sum_lanes does (hsum) */
+  for (int t = 0; t < n; t++) {
+    __m256 low = _mm256_add_ps(even[t][0], odd[t][0]), high = _mm256_add_ps(even[t][1], odd[t][1]);
+    if (asymmetric) {
+      low = _mm256_add_ps(low, corr[t][0]);
+      high = _mm256_add_ps(high, corr[t][1]);
+    }
+    out[t] = hsum(_mm256_add_ps(low, high));
+  }
+#else
+  vec16 even[EDGE_ROWS_AT_ONCE], odd[EDGE_ROWS_AT_ONCE], corr[EDGE_ROWS_AT_ONCE];
+  for (int t = 0; t < n; t++) even[t] = odd[t] = corr[t] = (vec16){0};
 #if EDGE_ROWS_AVX512
   int first_block = 0;
   for (; first_block + 16 <= blocks; first_block += 16) {
@@ -1297,6 +1523,7 @@ EDGE_ALWAYS_INLINE void int_dot_rows(int n, const char *const *row, const uint16
     if (asymmetric) acc += corr[t];
     out[t] = sum_lanes(&acc);
   }
+#endif
 }
 
 /* ---- Sparse FFN ----------------------------------------------------------------------------------------- */
@@ -1489,12 +1716,21 @@ EDGE_ALWAYS_INLINE void int_dot_list(int n, const struct row_list *rows, const s
   }
 }
 
+/* out[k] = row k of `rows` . x through xa for every k: at_once rows at a time (a constant once inlined), the last few
+ * one by one. */
+EDGE_ALWAYS_INLINE void int_dot_all(int at_once, const struct row_list *rows, const struct row_list *then,
+                                    const struct quantized_activations *xa, int d, int ahead, float *out) {
+  int k = 0;
+  for (; k + at_once <= rows->n; k += at_once) int_dot_list(at_once, rows, then, xa, d, k, ahead, out);
+  for (; k < rows->n; k++) int_dot_list(1, rows, then, xa, d, k, ahead, out);
+}
+
 /* out[k] = row k of `rows` . x. While row k is read, the row `ahead` places later is prefetched, ahead rows
  * making about EDGE_PREFETCH_BYTES (on x86-64 7 INT4 rows of a 7B model, 2 fp16 rows, many short rows of small
  * models); past the end of `rows` the look-ahead goes on into `then` (rows of the same storage type), the rows the
  * caller reads next, so they do not start cold. With `cold`, nothing has prefetched the first rows: they are prefetched
- * whole before the first is read. Quantized rows with x's quantized planes xa are dotted EDGE_ROWS_AT_ONCE at a
- * time, the last few one by one. */
+ * whole before the first is read. Quantized rows with x's quantized planes xa are dotted several at a time
+ * (EDGE_LIST_ROWS_AT_ONCE, EDGE_RUN_ROWS_AT_ONCE). */
 static void rows_dot(const struct row_list *rows, const struct row_list *then, const float *x,
                      const struct quantized_activations *xa, const float *block_sums, int d, int cold, float *out) {
 #ifdef EDGE_DOT_GROUP
@@ -1507,11 +1743,11 @@ static void rows_dot(const struct row_list *rows, const struct row_list *then, c
   int ahead = bytes >= EDGE_PREFETCH_BYTES ? 1 : (int)(EDGE_PREFETCH_BYTES / bytes);
   for (int k = 0; cold && k < ahead && k < rows->n; k++) prefetch_row(rows->w, list_index(rows, k), d);
   if (xa != NULL && is_quantized(rows->w->dtype)) {
-    int k = 0;
-    for (; k + EDGE_ROWS_AT_ONCE <= rows->n; k += EDGE_ROWS_AT_ONCE) {
-      int_dot_list(EDGE_ROWS_AT_ONCE, rows, then, xa, d, k, ahead, out);
+    if (rows->rows != NULL) {
+      int_dot_all(EDGE_LIST_ROWS_AT_ONCE, rows, then, xa, d, ahead, out);
+    } else {
+      int_dot_all(EDGE_RUN_ROWS_AT_ONCE, rows, then, xa, d, ahead, out);
     }
-    for (; k < rows->n; k++) int_dot_list(1, rows, then, xa, d, k, ahead, out);
     return;
   }
   for (int k = 0; k < rows->n; k++) {

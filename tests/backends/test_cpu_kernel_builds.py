@@ -249,14 +249,20 @@ X86_BUILDS = {
 @x86_64_gcc
 def test_integer_dot_products_are_bit_identical_on_every_build(tmp_path):
     """Every build this machine can run writes the same bytes (and aarch64's builds too, under qemu): the integer
-    path does not depend on the instruction set. Each build's outputs are also checked against the reference."""
+    path does not depend on the instruction set. Each build's outputs are also checked against the reference. The
+    x86 builds with x in fp32 (EDGE_SDK_QUANT_ACTIVATIONS=fp32) agree with each other as well: each instruction set
+    has its own loops there too (AVX2's ymm halves of the 16-lane sums)."""
     runnable = {name: flags for name, (flags, needed) in X86_BUILDS.items() if needed <= cpu_flags()}
     assert "portable" in runnable and len(runnable) >= 2, "nothing to compare on this machine"
-    outputs = {}
+    outputs, fp32_outputs = {}, {}
     for name, flags in runnable.items():
         binary = build_harness(tmp_path, "gcc", flags, name)
         outputs[name] = run_harness(tmp_path, [str(binary)])
+        fp32_outputs[name] = run_harness(tmp_path, [str(binary)], {"EDGE_SDK_QUANT_ACTIVATIONS": "fp32"})
     check_harness_outputs(tmp_path, outputs["portable"], integer=True)
+    check_harness_outputs(tmp_path, fp32_outputs["portable"], integer=False)
+    for name, found in fp32_outputs.items():
+        assert found == fp32_outputs["portable"], f"{name} with x in fp32 differs from the portable build"
     aarch64_ready = shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64")
     if aarch64_ready and (AARCH64_SYSROOT / "lib" / "ld-linux-aarch64.so.1").exists():
         for march in ("armv8-a", "armv8.2-a+dotprod"):
