@@ -345,9 +345,9 @@ EDGE_ALWAYS_INLINE void add_rows(float *restrict y, int n, const void *w, int dt
  * so a row's bytes are read once and nothing is dequantized in memory. The widening has its own AVX-512, AVX2 and
  * NEON intrinsics and a portable C path: GCC 12 turns __builtin_convertvector from 16 int8 to 16 floats into
  * 16 scalar conversions on every target, several times slower than the fp16 path. The rest is written once with
- * GCC vectors, except on AVX2, where GCC split each 64-byte vector into ymm halves through the stack (6-11x slower
- * than the AVX-512 build on the same core): there the loops have their own ymm forms, the same operations in the
- * same order lane by lane. These serve the down rows, and the gate, up and matvec rows when x is kept in fp32
+ * GCC vectors, except on AVX2 and NEON, where GCC split each 64-byte vector into ymm halves or q quarters through
+ * the stack (on AVX2 6-11x slower than the AVX-512 build on the same core): there the loops have their own ymm and
+ * q-register forms, the same operations in the same order lane by lane. These serve the down rows, and the gate, up and matvec rows when x is kept in fp32
  * (EDGE_SDK_QUANT_ACTIVATIONS=fp32); by default those are dotted through the integer dot products further below.
  * quant_dot_row(row, scales, dtype, group_size, x, d, next, next_scales): row . x, prefetching the row `next`.
  * add_quant_rows(y, c0, n, codes, scales, ...): y[c0 + c] += (h[r] * scale) * code for c < n, r in order. */
@@ -453,7 +453,7 @@ EDGE_ALWAYS_INLINE void load_codes(const char *row, int dtype, int block, vec16 
   }
 }
 
-#if EDGE_ROWS_AVX2
+#if EDGE_ROWS_AVX2 || defined(__ARM_NEON)
 /* The codes of a block's values 0..15 (*first) and 16..31 (*second), as int8. */
 EDGE_ALWAYS_INLINE void block_codes(const char *block_start, int dtype, codes16 *first, codes16 *second) {
   if (dtype == EDGE_Q4) {
@@ -466,9 +466,27 @@ EDGE_ALWAYS_INLINE void block_codes(const char *block_start, int dtype, codes16 
   }
 }
 
+#endif
+
+#if EDGE_ROWS_AVX2
 /* Codes 0..7 (half 0) or 8..15 (half 1) of 16, as fp32. */
 static inline __m256 codes_as_floats(codes16 codes, int half) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(half == 0 ? codes : _mm_unpackhi_epi64(codes, codes)));
+}
+#elif defined(__ARM_NEON)
+/* The 16 codes as fp32, four per q register. */
+EDGE_ALWAYS_INLINE void codes_as_floats(codes16 codes, float32x4_t out[4]) {
+  int16x8_t low = vmovl_s8(vget_low_s8(codes)), high = vmovl_high_s8(codes);
+  out[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(low)));
+  out[1] = vcvtq_f32_s32(vmovl_high_s16(low));
+  out[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(high)));
+  out[3] = vcvtq_f32_s32(vmovl_high_s16(high));
+}
+
+/* The 16 lanes of q[0..3] (q[i] lanes 4i..4i + 3) added as sum_lanes adds a vec16's. */
+static inline float sum_quarters(const float32x4_t q[4]) {
+  float32x4_t four = vaddq_f32(vaddq_f32(q[0], q[2]), vaddq_f32(q[1], q[3]));
+  return (vgetq_lane_f32(four, 0) + vgetq_lane_f32(four, 2)) + (vgetq_lane_f32(four, 1) + vgetq_lane_f32(four, 3));
 }
 #endif
 
@@ -482,15 +500,29 @@ static inline float group_mid(const uint16_t *scales, const uint16_t *mins, size
   return 8.0f * scale_at(scales, g) + scale_at(mins, g);
 }
 
-/* corr lane b % 16 += mid of block b's group * block_sums[b], for blocks [0, blocks) in order. */
-EDGE_ALWAYS_INLINE void add_block_corrections(const uint16_t *scales, const uint16_t *mins, int group_log,
-                                              const float *block_sums, int blocks, vec16 *corr) {
-  float lanes[16];
-  memcpy(lanes, corr, sizeof lanes);
-  for (int b = 0; b < blocks; b++) {
+/* lanes[b % 16] = the sum over blocks b, b + 16, ... (< blocks) of mid of the block's group * block_sums[b], one
+ * fused multiply-add per block in increasing b, from +0. */
+EDGE_ALWAYS_INLINE void block_corrections(const uint16_t *scales, const uint16_t *mins, int group_log,
+                                          const float *block_sums, int blocks, float lanes[16]) {
+  memset(lanes, 0, 16 * sizeof(float));
+  int b = 0;
+#if defined(__aarch64__)
+  if (group_log == 0) { /* a group per block: four blocks' mids per vector, into their quarter of the 16 lanes */
+    float32x4_t quarters[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+    for (; b + 16 <= blocks; b += 16) {
+      for (int q = 0; q < 4; q++) {
+        float32x4_t s = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(scales + b + 4 * q)));
+        float32x4_t m = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(mins + b + 4 * q)));
+        float32x4_t mids = vaddq_f32(vmulq_n_f32(s, 8.0f), m);
+        quarters[q] = vfmaq_f32(quarters[q], mids, vld1q_f32(block_sums + b + 4 * q));
+      }
+    }
+    for (int q = 0; q < 4; q++) vst1q_f32(lanes + 4 * q, quarters[q]);
+  }
+#endif
+  for (; b < blocks; b++) {
     lanes[b % 16] = fmaf(group_mid(scales, mins, (size_t)(b >> group_log)), block_sums[b], lanes[b % 16]);
   }
-  memcpy(corr, lanes, sizeof lanes);
 }
 
 #if EDGE_ROWS_AVX2
@@ -541,15 +573,71 @@ EDGE_ALWAYS_INLINE float quant_dot_row(const char *row, const uint16_t *scales, 
   __m256 low = _mm256_add_ps(_mm256_add_ps(even[0], odd[0]), _mm256_add_ps(even[2], odd[2]));
   __m256 high = _mm256_add_ps(_mm256_add_ps(even[1], odd[1]), _mm256_add_ps(even[3], odd[3]));
   if (mins != NULL) {
-    vec16 corr = {0};
-    int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2;
-    add_block_corrections(scales, mins, group_log, block_sums, d / EDGE_QUANT_BLOCK, &corr);
     float lanes[16];
-    memcpy(lanes, &corr, sizeof lanes);
+    int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2;
+    block_corrections(scales, mins, group_log, block_sums, d / EDGE_QUANT_BLOCK, lanes);
     low = _mm256_add_ps(low, _mm256_loadu_ps(lanes));
     high = _mm256_add_ps(high, _mm256_loadu_ps(lanes + 8));
   }
   return hsum(_mm256_add_ps(low, high));
+}
+
+#elif defined(__ARM_NEON)
+/* The NEON form of quant_dot_group and quant_dot_row below, each 16-lane vector as four q registers (the vec16 code
+ * went through the stack here: about 100 q-register stores per 128 values of an INT4 row, counted under qemu), the
+ * same operations lane by lane. sums[0..3]: the quarters of the low halves of the group's blocks, sums[4..7] those of
+ * the high halves. */
+EDGE_ALWAYS_INLINE void quant_dot_group(const char *row, int dtype, int group, int blocks_per_group, const float *x,
+                                        const char *next, float32x4_t sums[8]) {
+  for (int i = 0; i < 8; i++) sums[i] = vdupq_n_f32(0);
+  for (int k = 0, block = group * blocks_per_group; k < blocks_per_group; k++, block++) {
+    size_t offset = (size_t)block * block_bytes(dtype);
+    if (offset % EDGE_CACHE_LINE == 0) EDGE_PREFETCH(next, offset);
+    codes16 first, second;
+    block_codes(row + offset, dtype, &first, &second);
+    float32x4_t values[8];
+    codes_as_floats(first, values);
+    codes_as_floats(second, values + 4);
+    const float *xb = x + block * EDGE_QUANT_BLOCK;
+    for (int i = 0; i < 8; i++) sums[i] = vaddq_f32(sums[i], vmulq_f32(values[i], vld1q_f32(xb + 4 * i)));
+  }
+}
+
+/* acc[i] += scale * sums[i] */
+EDGE_ALWAYS_INLINE void add_scaled_group(float32x4_t acc[8], float scale, const float32x4_t sums[8]) {
+  for (int i = 0; i < 8; i++) acc[i] = vaddq_f32(acc[i], vmulq_n_f32(sums[i], scale));
+}
+
+EDGE_ALWAYS_INLINE float quant_dot_row(const char *row, const uint16_t *scales, int dtype, int group_size,
+                                       const float *x, int d, const char *next, const uint16_t *next_scales,
+                                       const uint16_t *mins, const float *block_sums) {
+  float32x4_t even[8], odd[8], sums[8];
+  for (int i = 0; i < 8; i++) even[i] = odd[i] = vdupq_n_f32(0);
+  int blocks_per_group = group_size / EDGE_QUANT_BLOCK, groups = d / group_size;
+  int g = 0;
+  for (; g + 2 <= groups; g += 2) {
+    if ((g * sizeof(uint16_t)) % EDGE_CACHE_LINE == 0) EDGE_PREFETCH(next_scales, g * sizeof(uint16_t));
+    quant_dot_group(row, dtype, g, blocks_per_group, x, next, sums);
+    add_scaled_group(even, scale_at(scales, (size_t)g), sums);
+    quant_dot_group(row, dtype, g + 1, blocks_per_group, x, next, sums);
+    add_scaled_group(odd, scale_at(scales, (size_t)g + 1), sums);
+  }
+  if (g < groups) {
+    quant_dot_group(row, dtype, g, blocks_per_group, x, next, sums);
+    add_scaled_group(even, scale_at(scales, (size_t)g), sums);
+  }
+  /* (even_low + odd_low) + (even_high + odd_high), quarter by quarter, plus the corrections, then as sum_lanes */
+  float lanes[16];
+  if (mins != NULL) {
+    int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2;
+    block_corrections(scales, mins, group_log, block_sums, d / EDGE_QUANT_BLOCK, lanes);
+  }
+  float32x4_t q[4];
+  for (int i = 0; i < 4; i++) {
+    q[i] = vaddq_f32(vaddq_f32(even[i], odd[i]), vaddq_f32(even[4 + i], odd[4 + i]));
+    if (mins != NULL) q[i] = vaddq_f32(q[i], vld1q_f32(lanes + 4 * i));
+  }
+  return sum_quarters(q);
 }
 
 #else
@@ -600,9 +688,11 @@ EDGE_ALWAYS_INLINE float quant_dot_row(const char *row, const uint16_t *scales, 
   }
   vec16 acc = (even_low + odd_low) + (even_high + odd_high);
   if (mins != NULL) {
-    vec16 corr = {0};
+    vec16 corr;
+    float lanes[16];
     int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2;
-    add_block_corrections(scales, mins, group_log, block_sums, d / EDGE_QUANT_BLOCK, &corr);
+    block_corrections(scales, mins, group_log, block_sums, d / EDGE_QUANT_BLOCK, lanes);
+    memcpy(&corr, lanes, sizeof corr);
     acc += corr;
   }
   return sum_lanes(&acc);
@@ -753,6 +843,20 @@ EDGE_ALWAYS_INLINE void add_quant_rows(float *y, int c0, int n, const char *code
       _mm256_storeu_ps(y + column + 8, acc1);
       _mm256_storeu_ps(y + column + 16, acc2);
       _mm256_storeu_ps(y + column + 24, acc3);
+      continue;
+#elif defined(__ARM_NEON)
+      /* the block's 32 columns in eight q accumulators; codes widened to fp32, times the factor, then added */
+      float32x4_t acc[8];
+      for (int i = 0; i < 8; i++) acc[i] = vld1q_f32(y + column + 4 * i);
+      for (int r = 0; r < n_rows; r++) {
+        codes16 first, second;
+        block_codes(codes + rows[r] * row_bytes + offset, dtype, &first, &second);
+        float32x4_t values[8];
+        codes_as_floats(first, values);
+        codes_as_floats(second, values + 4);
+        for (int i = 0; i < 8; i++) acc[i] = vaddq_f32(acc[i], vmulq_n_f32(values[i], factors[r][g]));
+      }
+      for (int i = 0; i < 8; i++) vst1q_f32(y + column + 4 * i, acc[i]);
       continue;
 #endif
       vec16 acc_low = VEC16_AT(y + column), acc_high = VEC16_AT(y + column + 16);
@@ -1148,7 +1252,7 @@ EDGE_ALWAYS_INLINE void add_unit_products(int n, const char *const *row, int dty
  * spread over each half unit's lanes by one permutation: the products of the portable path's lane scales and row
  * scales, so the same bits. Everything stays in ymm registers: the vec16 code that served AVX2 before went through
  * the stack (benchmarks/README.md, section 3, "The AVX2 build"). A missing block's lanes add 0 * 0, as elsewhere;
- * asymmetric rows' corrections go to lanes first_block % 16 + 0..7, block by block as add_block_corrections does. */
+ * asymmetric rows' corrections go to lanes first_block % 16 + 0..7, block by block as block_corrections does. */
 EDGE_ALWAYS_INLINE void int_dot_step(int n, const char *const *row, const uint16_t *const *scales, int dtype,
                                      int group_log, const struct quantized_activations *xa, int first_block,
                                      int step_blocks, const char *const *next, const uint16_t *const *next_scales,
@@ -1234,17 +1338,56 @@ static inline int32x4_t int4_block_products(const char *codes, const int8_t *hig
   return nibble_lane_products(vshlq_n_s32(high_sums, 8), low_codes, high_codes, vld1q_s8(low), vld1q_s8(low + 64));
 }
 
-EDGE_ALWAYS_INLINE void fused_multiply_add16(vec16 *acc, const ivec16 *products, const vec16 *factors) {
-  union {
-    ivec16 all;
-    int32x4_t quarter[4];
-  } p = {*products};
-  union {
-    vec16 all;
-    float32x4_t quarter[4];
-  } f = {*factors}, a = {*acc};
-  for (int q = 0; q < 4; q++) a.quarter[q] = vfmaq_f32(a.quarter[q], vcvtq_f32_s32(p.quarter[q]), f.quarter[q]);
-  *acc = a.all;
+/* A unit's 16 accumulator lanes as four q registers (quarter q: lanes 4q..4q + 3). The portable path's vec16 went
+ * through the stack here, in and out of the unions that split it into quarters (14 q-register loads and stores per
+ * unit of an INT4 matvec, counted under qemu). */
+typedef struct {
+  float32x4_t quarter[4];
+} unit_accumulator;
+
+static inline void zero_accumulator(unit_accumulator *acc) {
+  for (int q = 0; q < 4; q++) acc->quarter[q] = vdupq_n_f32(0);
+}
+
+/* acc += unit `unit`'s lanes (n_blocks of its blocks present; the others add 0 * 0) times their factors, lane scale
+ * times row scale, quarter by quarter: the portable path's unit_lanes, unit_factors and fused_multiply_add16. */
+EDGE_ALWAYS_INLINE void int_dot_unit(const char *row, const uint16_t *scales, int dtype, int group_log,
+                                     const struct quantized_activations *xa, int unit, int n_blocks,
+                                     unit_accumulator *acc) {
+  const char *codes = row + (size_t)unit * 64;
+  const float *lane_scales = xa->lane_scales + (size_t)unit * EDGE_UNIT_LANES;
+  int first_block = unit * unit_blocks(dtype);
+  int32x4_t products[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
+  float32x4_t factors[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+  if (dtype == EDGE_Q4) {
+    size_t first = (size_t)unit * EDGE_MAX_UNIT_VALUES;
+    for (int b = 0; b < n_blocks; b++) {
+      products[b] = int4_block_products(codes + 16 * b, xa->high + first + 16 * b, xa->low + first + 16 * b);
+      factors[b] = vmulq_n_f32(vld1q_f32(lane_scales + 4 * b), scale_at(scales, (size_t)((first_block + b) >> group_log)));
+    }
+  } else {
+    for (int b = 0; b < n_blocks; b++) {
+      size_t at = (size_t)unit * 64 + (size_t)b * EDGE_QUANT_BLOCK;
+      int8_block_products(codes + 32 * b, xa->high + at, xa->low + at, products + 2 * b);
+      float scale = scale_at(scales, (size_t)((first_block + b) >> group_log));
+      factors[2 * b] = vmulq_n_f32(vld1q_f32(lane_scales + 8 * b), scale);
+      factors[2 * b + 1] = vmulq_n_f32(vld1q_f32(lane_scales + 8 * b + 4), scale);
+    }
+  }
+  for (int q = 0; q < 4; q++) {
+    acc->quarter[q] = vfmaq_f32(acc->quarter[q], vcvtq_f32_s32(products[q]), factors[q]);
+  }
+}
+
+/* Lane by lane even + odd (+ the asymmetric rows' corrections), then summed as sum_lanes does. */
+static inline float unit_accumulators_sum(const unit_accumulator *even, const unit_accumulator *odd,
+                                          const float *corrections) {
+  float32x4_t q[4];
+  for (int i = 0; i < 4; i++) {
+    q[i] = vaddq_f32(even->quarter[i], odd->quarter[i]);
+    if (corrections != NULL) q[i] = vaddq_f32(q[i], vld1q_f32(corrections + 4 * i));
+  }
+  return sum_quarters(q);
 }
 
 #else /* portable C */
@@ -1285,28 +1428,11 @@ EDGE_ALWAYS_INLINE void fused_multiply_add16(vec16 *acc, const ivec16 *products,
 }
 #endif
 
-#if !EDGE_ROWS_AVX2
+#if !EDGE_ROWS_AVX2 && !defined(__ARM_NEON)
 /* The 16 lanes of unit `unit` of a row (n_blocks of its blocks present; the other lanes 0). */
 EDGE_ALWAYS_INLINE void unit_lanes(const char *row, int dtype, int unit, const struct quantized_activations *xa,
                                    int n_blocks, ivec16 *out) {
   const char *codes = row + (size_t)unit * 64;
-#if defined(__ARM_NEON)
-  union {
-    ivec16 all;
-    int32x4_t quarter[4];
-  } lanes = {{0}};
-  if (dtype == EDGE_Q4) {
-    size_t first = (size_t)unit * EDGE_MAX_UNIT_VALUES;
-    for (int b = 0; b < n_blocks; b++) {
-      lanes.quarter[b] = int4_block_products(codes + 16 * b, xa->high + first + 16 * b, xa->low + first + 16 * b);
-    }
-  } else {
-    for (int b = 0; b < n_blocks; b++) {
-      size_t at = (size_t)unit * 64 + (size_t)b * EDGE_QUANT_BLOCK;
-      int8_block_products(codes + 32 * b, xa->high + at, xa->low + at, lanes.quarter + 2 * b);
-    }
-  }
-#else
   union {
     ivec16 all;
     int32_t lane[16];
@@ -1316,7 +1442,6 @@ EDGE_ALWAYS_INLINE void unit_lanes(const char *row, int dtype, int unit, const s
     block_products(codes + b * block_bytes(dtype), dtype, unit * unit_blocks(dtype) + b, xa,
                    lanes.lane + per_block * b);
   }
-#endif
   *out = lanes.all;
 }
 #endif
@@ -1339,7 +1464,18 @@ static inline __m512i lane_blocks(int dtype) {
                           : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
 }
 
-#elif !EDGE_ROWS_AVX2
+#elif !EDGE_ROWS_AVX2 && !defined(__ARM_NEON)
+typedef vec16 unit_accumulator;
+
+static inline void zero_accumulator(vec16 *acc) { *acc = (vec16){0}; }
+
+/* Lane by lane even + odd (+ the asymmetric rows' corrections), then summed pairwise. */
+static inline float unit_accumulators_sum(const vec16 *even, const vec16 *odd, const float *corrections) {
+  vec16 acc = *even + *odd;
+  if (corrections != NULL) acc += VEC16_AT(corrections);
+  return sum_lanes(&acc);
+}
+
 EDGE_ALWAYS_INLINE void unit_factors(const struct quantized_activations *xa, const uint16_t *scales, int dtype,
                                      int group_log, int unit, int n_blocks, vec16 *out) {
   const float *lanes = xa->lane_scales + (size_t)unit * EDGE_UNIT_LANES;
@@ -1467,10 +1603,9 @@ EDGE_ALWAYS_INLINE void int_dot_rows(int n, const char *const *row, const uint16
     }
     out[t] = hsum(_mm256_add_ps(low, high));
   }
-#else
+#elif EDGE_ROWS_AVX512
   vec16 even[EDGE_ROWS_AT_ONCE], odd[EDGE_ROWS_AT_ONCE], corr[EDGE_ROWS_AT_ONCE];
   for (int t = 0; t < n; t++) even[t] = odd[t] = corr[t] = (vec16){0};
-#if EDGE_ROWS_AVX512
   int first_block = 0;
   for (; first_block + 16 <= blocks; first_block += 16) {
     int_dot_step(n, row, scales, dtype, group_log, xa, first_block, 16, next, next_scales, even, odd, asymmetric, mins,
@@ -1480,14 +1615,24 @@ EDGE_ALWAYS_INLINE void int_dot_rows(int n, const char *const *row, const uint16
     int_dot_step(n, row, scales, dtype, group_log, xa, first_block, blocks - first_block, next, next_scales, even, odd,
                  asymmetric, mins, next_mins, corr);
   }
+  for (int t = 0; t < n; t++) {
+    vec16 acc = even[t] + odd[t];
+    if (asymmetric) acc += corr[t];
+    out[t] = sum_lanes(&acc);
+  }
 #else
+  unit_accumulator even[EDGE_ROWS_AT_ONCE], odd[EDGE_ROWS_AT_ONCE];
+  for (int t = 0; t < n; t++) {
+    zero_accumulator(&even[t]);
+    zero_accumulator(&odd[t]);
+  }
   int per_unit = unit_blocks(dtype), unit = 0, full_units = blocks / per_unit, partial_blocks = blocks % per_unit;
   for (; unit + 2 <= full_units; unit += 2) {
     for (int t = 0; t < n; t++) {
       EDGE_PREFETCH(next[t], (size_t)unit * 64);
       EDGE_PREFETCH(next[t], (size_t)(unit + 1) * 64);
-      /* a cache line of scales covers 32 groups */
-      if ((unit * per_unit) % (32 << group_log) < 2 * per_unit) {
+      /* a cache line of scales covers 32 groups (a power of two: a mask, not a division) */
+      if (((unit * per_unit) & ((32 << group_log) - 1)) < 2 * per_unit) {
         EDGE_PREFETCH(next_scales[t], (size_t)((unit * per_unit) >> group_log) * sizeof(uint16_t));
         if (asymmetric) EDGE_PREFETCH(next_mins[t], (size_t)((unit * per_unit) >> group_log) * sizeof(uint16_t));
       }
@@ -1514,14 +1659,10 @@ EDGE_ALWAYS_INLINE void int_dot_rows(int n, const char *const *row, const uint16
       int_dot_unit(row[t], scales[t], dtype, group_log, xa, unit, partial_blocks, &odd[t]);
     }
   }
-  for (int t = 0; t < n && asymmetric; t++) {
-    add_block_corrections(scales[t], mins[t], group_log, xa->block_sums, blocks, &corr[t]);
-  }
-#endif
   for (int t = 0; t < n; t++) {
-    vec16 acc = even[t] + odd[t];
-    if (asymmetric) acc += corr[t];
-    out[t] = sum_lanes(&acc);
+    float corrections[16];
+    if (asymmetric) block_corrections(scales[t], mins[t], group_log, xa->block_sums, blocks, corrections);
+    out[t] = unit_accumulators_sum(&even[t], &odd[t], asymmetric ? corrections : NULL);
   }
 #endif
 }

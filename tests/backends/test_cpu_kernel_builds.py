@@ -144,7 +144,8 @@ def harness_case(path: Path, case: HarnessCase, n_neurons: int, seed: int) -> Ha
 # units 4): d = 416 in half an INT8 unit and 1 block of an INT4 one, 448 in 2 blocks (at group size 64, a group of its
 # own), 480 in 3. Past 16 blocks (AVX-512 takes 16 at a time, then the rest under masks): d = 576 (SmolLM2's) ends in
 # 2 blocks of an INT4 unit, 608 in one and a half INT8 units.
-# Asymmetric int4 (group minimums) adds a correction per block to each dot product and to each down column.
+# Asymmetric int4 (group minimums) adds a correction per block to each dot product and to each down column; at group
+# size 32 with 16 blocks or more (d = 576) the NEON build adds 16 blocks' corrections a vector at a time, then the rest.
 HARNESS_CASES = [
     HarnessCase(416, "int8", 32, Activation("relu")),
     HarnessCase(448, "int4", 64, Activation("fatrelu", 0.05)),
@@ -156,6 +157,7 @@ HARNESS_CASES = [
     HarnessCase(416, "int4", 32, Activation("relu"), asymmetric=True),
     HarnessCase(576, "int4", 64, Activation("silu"), asymmetric=True),
     HarnessCase(384, "int4", 128, Activation("drelu"), asymmetric=True),
+    HarnessCase(576, "int4", 32, Activation("relu"), asymmetric=True),
 ]
 HARNESS_NEURONS = 301
 AARCH64_TOOLS = pytest.mark.skipif(
