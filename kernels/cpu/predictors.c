@@ -1,7 +1,8 @@
 /* Sparsity predictors for one decode token (DESIGN 3.2): which FFN neurons will fire.
  *
  * Both are small next to the FFN they gate (the SVD factors are ~2% of W_gate, the sign bits 1/32 of it),
- * so they are plain C that GCC vectorises; each output is computed by one thread, so masks do not depend
+ * so they are plain C that GCC vectorises (on aarch64 the SVD loops are written for q registers, where GCC's
+ * 64-byte vectors went through the stack); each output is computed by one thread, so masks do not depend
  * on the thread count. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -77,6 +78,69 @@ EDGE_ALWAYS_INLINE void prefetch_ahead(const void *w, size_t i, int half) {
   __builtin_prefetch((const char *)w + i * (half ? 2 : 4) + EDGE_FACTOR_AHEAD, 0, 2);
 }
 
+#if defined(__aarch64__)
+/* The NEON forms of factor_rows_dot and add_rank_rows below: each 16-lane vector as four q registers, where the vec16
+ * code went through the stack (counted under qemu: benchmarks/README.md, section 3, "The NEON build"); the same
+ * operations lane by lane, a multiply and an add, so the same masks as every other build. */
+EDGE_ALWAYS_INLINE void factor_quarters(const void *w, size_t i, int half, float32x4_t out[4]) {
+  for (int q = 0; q < 4; q++) {
+    out[q] = half ? vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)w + i + 4 * q)))
+                  : vld1q_f32((const float *)w + i + 4 * q);
+  }
+}
+
+EDGE_ALWAYS_INLINE void factor_rows_dot(const void *w, int half, int r, int rows, const float *x, int n, float *out) {
+  float32x4_t acc[EDGE_FACTOR_ROWS][4];
+  for (int k = 0; k < rows; k++) {
+    for (int q = 0; q < 4; q++) acc[k][q] = vdupq_n_f32(0);
+  }
+  int j = 0;
+  for (; j + 16 <= n; j += 16) {
+    float32x4_t xv[4];
+    for (int q = 0; q < 4; q++) xv[q] = vld1q_f32(x + j + 4 * q);
+    for (int k = 0; k < rows; k++) {
+      size_t at = (size_t)(r + k) * (size_t)n + (size_t)j;
+      if (j % 32 == 0) prefetch_ahead(w, at, half); /* a cache line holds 32 halves: once per line of fp16 */
+      float32x4_t factors[4];
+      factor_quarters(w, at, half, factors);
+      for (int q = 0; q < 4; q++) acc[k][q] = vaddq_f32(acc[k][q], vmulq_f32(factors[q], xv[q]));
+    }
+  }
+  for (int k = 0; k < rows; k++) {
+    float lanes[16];
+    for (int q = 0; q < 4; q++) vst1q_f32(lanes + 4 * q, acc[k][q]);
+    size_t row = (size_t)(r + k) * (size_t)n;
+    for (int l = 0; j + l < n; l++) lanes[l] += factor_at(w, row + (size_t)(j + l), half) * x[j + l];
+    vec16 all;
+    memcpy(&all, lanes, sizeof all);
+    out[k] = sum_lanes(&all);
+  }
+}
+
+EDGE_ALWAYS_INLINE void add_rank_rows(float *score, const void *a_t, int half, int D, int c0, int c1, int r, int rows,
+                                      const float *z) {
+  int n = c1 - c0, vectors = n / 16;
+  size_t first = (size_t)r * (size_t)D + (size_t)c0;
+  for (int v = 0; v < vectors; v++) {
+    float32x4_t acc[4];
+    for (int q = 0; q < 4; q++) acc[q] = vld1q_f32(score + 16 * v + 4 * q);
+    for (int k = 0; k < rows; k++) {
+      size_t at = first + (size_t)k * (size_t)D + (size_t)(16 * v);
+      if (!half || v % 2 == 0) prefetch_ahead(a_t, at, half);
+      float32x4_t factors[4];
+      factor_quarters(a_t, at, half, factors);
+      for (int q = 0; q < 4; q++) acc[q] = vaddq_f32(acc[q], vmulq_n_f32(factors[q], z[r + k]));
+    }
+    for (int q = 0; q < 4; q++) vst1q_f32(score + 16 * v + 4 * q, acc[q]);
+  }
+  for (int l = 16 * vectors; l < n; l++) {
+    for (int k = 0; k < rows; k++) {
+      score[l] += factor_at(a_t, first + (size_t)k * (size_t)D + (size_t)l, half) * z[r + k];
+    }
+  }
+}
+
+#else
 /* out[k] = row r + k of w [., n] . x for k < rows (a constant once inlined): lane l of a row's accumulator adds
  * elements l, l + 16, ... in order, then sum_lanes. */
 EDGE_ALWAYS_INLINE void factor_rows_dot(const void *w, int half, int r, int rows, const float *x, int n, float *out) {
@@ -122,6 +186,8 @@ EDGE_ALWAYS_INLINE void add_rank_rows(float *score, const void *a_t, int half, i
     }
   }
 }
+
+#endif
 
 /* scratch[r] = row r of B . x for the rows of group g (EDGE_FACTOR_ROWS per group). */
 EDGE_ALWAYS_INLINE void svd_projection_group(const void *b, int half, int rank, const float *x, int d, int g,

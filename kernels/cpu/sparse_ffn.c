@@ -45,6 +45,9 @@
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define EDGE_ROWS_AVX2 1
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#define EDGE_ROWS_NEON 1
+#include <arm_neon.h>
 #endif
 
 /* Candidates per unit of gate/up work with several threads, each unit handed to one thread (32 fp32 rows of
@@ -305,6 +308,67 @@ EDGE_ALWAYS_INLINE void add_rows(float *y, int n, const void *w, int dtype, cons
   }
 }
 
+#elif EDGE_ROWS_NEON
+
+/* 4 weights from element i, as fp32: one fcvtl for fp16 rows, where the portable path's half_to_float took about
+ * five instructions per value (counted under qemu: benchmarks/README.md, section 3, "The NEON build"). */
+static inline float32x4_t load_weights(const void *w, size_t i, int dtype) {
+  return dtype == EDGE_F16 ? vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)w + i)))
+                           : vld1q_f32((const float *)w + i);
+}
+
+/* Eight independent accumulators (32 elements per step) keep eight FMAs in flight; the ragged end goes through a
+ * zero-padded copy, and the lanes and the final sum have a fixed order. */
+EDGE_ALWAYS_INLINE float dot_row(const void *w, int dtype, const float *x, int d, const char *next) {
+  float32x4_t a0 = vdupq_n_f32(0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  int j = 0;
+#define EDGE_FMA_AT(acc, k) acc = vfmaq_f32(acc, load_weights(w, (size_t)(j + (k)), dtype), vld1q_f32(x + j + (k)))
+  for (; j + 32 <= d; j += 32) {
+    prefetch_elements(next, (size_t)j, 32, dtype);
+    EDGE_FMA_AT(a0, 0);
+    EDGE_FMA_AT(a1, 4);
+    EDGE_FMA_AT(a2, 8);
+    EDGE_FMA_AT(a3, 12);
+    EDGE_FMA_AT(a4, 16);
+    EDGE_FMA_AT(a5, 20);
+    EDGE_FMA_AT(a6, 24);
+    EDGE_FMA_AT(a7, 28);
+  }
+  for (; j + 4 <= d; j += 4) EDGE_FMA_AT(a0, 0);
+#undef EDGE_FMA_AT
+  if (j < d) {
+    float wt[4] = {0}, xt[4] = {0};
+    for (int l = 0; j + l < d; l++) wt[l] = weight_at(w, (size_t)(j + l), dtype), xt[l] = x[j + l];
+    a1 = vfmaq_f32(a1, vld1q_f32(wt), vld1q_f32(xt));
+  }
+  float32x4_t sum = vaddq_f32(vaddq_f32(vaddq_f32(a0, a4), vaddq_f32(a1, a5)),
+                              vaddq_f32(vaddq_f32(a2, a6), vaddq_f32(a3, a7)));
+  return (vgetq_lane_f32(sum, 0) + vgetq_lane_f32(sum, 2)) + (vgetq_lane_f32(sum, 1) + vgetq_lane_f32(sum, 3));
+}
+
+/* 16 columns per step (a cache line of fp32 y), one fused multiply-add per row and element; the ragged end with
+ * scalar fmaf, which rounds as a vector FMA lane does. */
+EDGE_ALWAYS_INLINE void add_rows(float *y, int n, const void *w, int dtype, const size_t *rows, const float *h,
+                                 int n_rows, const size_t *next, int n_next) {
+  int c = 0;
+  for (; c + 16 <= n; c += 16) {
+    for (int r = 0; r < n_next && (c * weight_bytes(dtype)) % EDGE_CACHE_LINE == 0; r++) {
+      EDGE_PREFETCH(w, (next[r] + c) * weight_bytes(dtype));
+    }
+    float32x4_t acc[4];
+    for (int q = 0; q < 4; q++) acc[q] = vld1q_f32(y + c + 4 * q);
+    for (int r = 0; r < n_rows; r++) {
+      for (int q = 0; q < 4; q++) {
+        acc[q] = vfmaq_n_f32(acc[q], load_weights(w, rows[r] + (size_t)(c + 4 * q), dtype), h[r]);
+      }
+    }
+    for (int q = 0; q < 4; q++) vst1q_f32(y + c + 4 * q, acc[q]);
+  }
+  for (; c < n; c++) {
+    for (int r = 0; r < n_rows; r++) y[c] = fmaf(h[r], weight_at(w, rows[r] + (size_t)c, dtype), y[c]);
+  }
+}
+
 #else /* portable C */
 
 #define EDGE_LANES 16
@@ -347,8 +411,9 @@ EDGE_ALWAYS_INLINE void add_rows(float *restrict y, int n, const void *w, int dt
  * 16 scalar conversions on every target, several times slower than the fp16 path. The rest is written once with
  * GCC vectors, except on AVX2 and NEON, where GCC split each 64-byte vector into ymm halves or q quarters through
  * the stack (on AVX2 6-11x slower than the AVX-512 build on the same core): there the loops have their own ymm and
- * q-register forms, the same operations in the same order lane by lane. These serve the down rows, and the gate, up and matvec rows when x is kept in fp32
- * (EDGE_SDK_QUANT_ACTIVATIONS=fp32); by default those are dotted through the integer dot products further below.
+ * q-register forms, the same operations in the same order lane by lane. These serve the down rows, and the gate, up
+ * and matvec rows when x is kept in fp32 (EDGE_SDK_QUANT_ACTIVATIONS=fp32); by default those are dotted through the
+ * integer dot products further below.
  * quant_dot_row(row, scales, dtype, group_size, x, d, next, next_scales): row . x, prefetching the row `next`.
  * add_quant_rows(y, c0, n, codes, scales, ...): y[c0 + c] += (h[r] * scale) * code for c < n, r in order. */
 
@@ -1363,7 +1428,8 @@ EDGE_ALWAYS_INLINE void int_dot_unit(const char *row, const uint16_t *scales, in
     size_t first = (size_t)unit * EDGE_MAX_UNIT_VALUES;
     for (int b = 0; b < n_blocks; b++) {
       products[b] = int4_block_products(codes + 16 * b, xa->high + first + 16 * b, xa->low + first + 16 * b);
-      factors[b] = vmulq_n_f32(vld1q_f32(lane_scales + 4 * b), scale_at(scales, (size_t)((first_block + b) >> group_log)));
+      float scale = scale_at(scales, (size_t)((first_block + b) >> group_log));
+      factors[b] = vmulq_n_f32(vld1q_f32(lane_scales + 4 * b), scale);
     }
   } else {
     for (int b = 0; b < n_blocks; b++) {

@@ -1,15 +1,21 @@
-/* Runs the quantized CPU kernels on one case read from a file and writes their outputs, so that a cross-built
- * (aarch64) kernel library can be checked under qemu against the Python reference (test_cpu_kernel_builds.py).
+/* Runs the quantized CPU kernels (or, for format EDGE_F16, the fp16 ones) on one case read from a file and writes
+ * their outputs, so that a cross-built (aarch64) kernel library can be checked under qemu against the Python
+ * reference (test_cpu_kernel_builds.py).
  *
- * input:  int32 d, D, quant_format, group_size, activation, asymmetric; float act_threshold; float x[d]; for gate,
+ * input:  int32 d, D, format, group_size, activation, asymmetric; float act_threshold; float x[d]; for gate,
  *         up, down_t: the codes [D, row bytes], the fp16 scales [D, d / group_size], and with asymmetric != 0 the
- *         fp16 minimums [D, d / group_size]; uint8 mask[D]
- * output: for threads 1, 2, 4: float y[d] of edge_cpu_sparse_ffn_q, uint8 active[D];
- *         for threads 1, 4: float gate_x[D] of edge_cpu_matvec_q on the gate matrix */
+ *         fp16 minimums [D, d / group_size] (format EDGE_F16: the fp16 values [D, d] alone); uint8 mask[D]
+ * output: for threads 1, 2, 4: float y[d] of edge_cpu_sparse_ffn_q (edge_cpu_sparse_ffn), uint8 active[D];
+ *         for threads 1, 4: float gate_x[D] of edge_cpu_matvec_q (edge_cpu_matvec) on the gate matrix;
+ *         format EDGE_F16 only: float z[SVD_RANK] = x B^T and uint8 mask[D] of edge_cpu_svd_predictor_f16, with the
+ *         gate matrix's first SVD_RANK * D halves as A^T [SVD_RANK, D] and up's first SVD_RANK rows as B */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "edge_cpu_kernels.h"
+
+/* Not a multiple of the predictor's 4 or 8 factor rows per step: its remainder loops run too. */
+#define SVD_RANK 37
 
 static void *read_array(FILE *file, size_t bytes) {
   void *data = malloc(bytes);
@@ -32,13 +38,14 @@ int main(int argc, char **argv) {
   int asymmetric = header[5];
   float *act_threshold = read_array(input, sizeof(float));
   float *x = read_array(input, (size_t)d * sizeof(float));
-  size_t row_bytes = format == EDGE_Q8 ? (size_t)d : (size_t)d / 2;
-  size_t scale_count = (size_t)D * (size_t)(d / group_size);
+  int fp16 = format == EDGE_F16;
+  size_t row_bytes = fp16 ? 2 * (size_t)d : format == EDGE_Q8 ? (size_t)d : (size_t)d / 2;
+  size_t scale_count = fp16 ? 0 : (size_t)D * (size_t)(d / group_size);
   void *codes[3];
-  uint16_t *scales[3], *mins[3] = {NULL, NULL, NULL};
+  uint16_t *scales[3] = {NULL, NULL, NULL}, *mins[3] = {NULL, NULL, NULL};
   for (int m = 0; m < 3; m++) {
     codes[m] = read_array(input, (size_t)D * row_bytes);
-    scales[m] = read_array(input, scale_count * sizeof(uint16_t));
+    if (!fp16) scales[m] = read_array(input, scale_count * sizeof(uint16_t));
     if (asymmetric) mins[m] = read_array(input, scale_count * sizeof(uint16_t));
   }
   uint8_t *mask = read_array(input, (size_t)D);
@@ -51,19 +58,27 @@ int main(int argc, char **argv) {
   uint8_t *active = malloc((size_t)D);
   const int ffn_threads[] = {1, 2, 4}, matvec_threads[] = {1, 4};
   for (int t = 0; t < 3; t++) {
-    int status = edge_cpu_sparse_ffn_q(x, d, D, codes[0], scales[0], mins[0], codes[1], scales[1], mins[1], codes[2],
-                                       scales[2], mins[2], format, group_size, mask, NULL, activation, *act_threshold,
-                                       y, workspace, ffn_threads[t], active);
+    int status = fp16 ? edge_cpu_sparse_ffn(x, d, D, codes[0], codes[1], codes[2], EDGE_F16, mask, NULL, activation,
+                                            *act_threshold, y, workspace, ffn_threads[t], active)
+                      : edge_cpu_sparse_ffn_q(x, d, D, codes[0], scales[0], mins[0], codes[1], scales[1], mins[1],
+                                              codes[2], scales[2], mins[2], format, group_size, mask, NULL, activation,
+                                              *act_threshold, y, workspace, ffn_threads[t], active);
     if (status != EDGE_CPU_OK) return 3;
     fwrite(y, sizeof(float), (size_t)d, output);
     fwrite(active, 1, (size_t)D, output);
   }
   for (int t = 0; t < 2; t++) {
-    if (edge_cpu_matvec_q(x, d, D, codes[0], scales[0], mins[0], format, group_size, NULL, y, matvec_threads[t]) !=
-        0) {
-      return 3;
-    }
+    int status = fp16 ? edge_cpu_matvec(x, d, D, codes[0], EDGE_F16, NULL, y, matvec_threads[t])
+                      : edge_cpu_matvec_q(x, d, D, codes[0], scales[0], mins[0], format, group_size, NULL, y,
+                                          matvec_threads[t]);
+    if (status != EDGE_CPU_OK) return 3;
     fwrite(y, sizeof(float), (size_t)D, output);
+  }
+  if (fp16) {
+    float z[SVD_RANK];
+    if (edge_cpu_svd_predictor_f16(x, d, D, SVD_RANK, codes[0], codes[1], NULL, active, z) != EDGE_CPU_OK) return 3;
+    fwrite(z, sizeof(float), SVD_RANK, output);
+    fwrite(active, 1, (size_t)D, output);
   }
   return fclose(output) == 0 ? 0 : 2;
 }

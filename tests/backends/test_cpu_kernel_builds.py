@@ -5,7 +5,8 @@ other two paths would only run on the machines that need them. The quantized ker
 the dot-product extension) are cross-built for aarch64 and run under qemu through a small C harness
 (quant_kernels_check.c), their outputs checked here. The integer dot products are exact in their integer part and
 perform the same float operations on every target, so every build of the harness -- x86-64 portable, AVX2, AVX2 with
-AVX-VNNI, AVX-512 with and without VNNI, aarch64 NEON with and without dotprod -- must write the same bytes."""
+AVX-VNNI, AVX-512 with and without VNNI, aarch64 NEON with and without dotprod -- must write the same bytes. The
+harness also runs the fp16 kernels (NEON's own rows), checked against the reference under qemu."""
 
 from __future__ import annotations
 
@@ -230,6 +231,82 @@ def test_quantized_kernels_aarch64_under_qemu(tmp_path, march, instruction):
     check_harness_outputs(tmp_path, run_harness(tmp_path, [*QEMU, str(binary)]), integer=True)
     fp32_outputs = run_harness(tmp_path, [*QEMU, str(binary)], {"EDGE_SDK_QUANT_ACTIVATIONS": "fp32"})
     check_harness_outputs(tmp_path, fp32_outputs, integer=False)
+
+
+# fp16 rows (edge_cpu_sparse_ffn, edge_cpu_matvec), whose NEON loops take 32 values per dot step, then 4, then a
+# ragged end, and 16 columns per down step, then single columns: d = 602 has all of them, 416 no ragged end.
+FP16_HARNESS_CASES = [(602, Activation("silu")), (416, Activation("relu"))]
+
+
+def fp16_harness_case(path: Path, d: int, activation: Activation, seed: int) -> tuple[torch.Tensor, list, torch.Tensor]:
+    """Writes one fp16 input of quant_kernels_check.c; returns x, the three matrices (as fp32) and the mask."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(d).astype(np.float32)
+    matrices = [(rng.standard_normal((HARNESS_NEURONS, d)) / d**0.5).astype(np.float16) for _ in range(3)]
+    mask = (rng.random(HARNESS_NEURONS) < 0.6).astype(np.uint8)
+    kinds = {"relu": 0, "fatrelu": 1, "drelu": 2, "silu": 3}
+    header = [d, HARNESS_NEURONS, 1, 0, kinds[activation.kind], 0]  # format 1: EDGE_F16
+    with path.open("wb") as file:
+        file.write(np.array(header, dtype="<i4").tobytes())
+        file.write(np.array([activation.threshold], dtype="<f4").tobytes() + x.tobytes())
+        for matrix in matrices:
+            file.write(matrix.astype("<f2").tobytes())
+        file.write(mask.tobytes())
+    weights = [torch.from_numpy(matrix.astype(np.float32)) for matrix in matrices]
+    return torch.from_numpy(x), weights, torch.from_numpy(mask).bool()
+
+
+SVD_RANK = 37  # quant_kernels_check.c's
+
+
+def check_fp16_harness(tmp_path: Path, command: list[str]) -> list[bytes]:
+    """Every fp16 case through the harness: bit-identical for 1, 2 and 4 threads, and the reference's values.
+    Returns each case's SVD predictor output (x B^T and the mask), which every build computes alike."""
+    predictor_outputs = []
+    for index, (d, activation) in enumerate(FP16_HARNESS_CASES):
+        path, output = tmp_path / f"fp16-case{index}.bin", tmp_path / f"fp16-out{index}.bin"
+        x, weights, mask = fp16_harness_case(path, d, activation, seed=2000 + index)
+        run = subprocess.run([*command, str(path), str(output)], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        raw = output.read_bytes()
+        ffn_bytes = d * 4 + HARNESS_NEURONS
+        runs = [raw[k * ffn_bytes : (k + 1) * ffn_bytes] for k in range(3)]
+        assert runs[1] == runs[0] and runs[2] == runs[0]
+        y = torch.from_numpy(np.frombuffer(runs[0][: d * 4], dtype="<f4").copy())
+        active = torch.from_numpy(np.frombuffer(runs[0][d * 4 :], dtype=np.uint8).copy()).bool()
+        reference = sparse_ffn(x, *weights, mask, activation)
+        assert torch.equal(active, reference.active)
+        assert (y - reference.output).abs().max() <= KERNEL_RTOL * reference.output.abs().max()
+        matvecs = raw[3 * ffn_bytes : 3 * ffn_bytes + 2 * HARNESS_NEURONS * 4]
+        assert (
+            len(matvecs) == 2 * HARNESS_NEURONS * 4 and matvecs[: HARNESS_NEURONS * 4] == matvecs[HARNESS_NEURONS * 4 :]
+        )
+        gate_x = torch.from_numpy(np.frombuffer(matvecs[: HARNESS_NEURONS * 4], dtype="<f4").copy()).double()
+        expected = weights[0].double() @ x.double()
+        assert (gate_x - expected).abs().max() <= KERNEL_RTOL * expected.abs().max()
+        predictor = raw[3 * ffn_bytes + 2 * HARNESS_NEURONS * 4 :]
+        assert len(predictor) == SVD_RANK * 4 + HARNESS_NEURONS
+        z = torch.from_numpy(np.frombuffer(predictor[: SVD_RANK * 4], dtype="<f4").copy()).double()
+        b = weights[1][:SVD_RANK].double()
+        a_t = weights[0].flatten()[: SVD_RANK * HARNESS_NEURONS].reshape(SVD_RANK, HARNESS_NEURONS).double()
+        assert (z - b @ x.double()).abs().max() <= KERNEL_RTOL * (b @ x.double()).abs().max()
+        scores = z @ a_t
+        assert scores.abs().min() > 1e-6 * scores.abs().max(), "a score on the decision boundary: change the seed"
+        mask_found = np.frombuffer(predictor[SVD_RANK * 4 :], dtype=np.uint8)
+        assert np.array_equal(mask_found, (scores > 0).numpy().astype(np.uint8))
+        predictor_outputs.append(predictor)
+    return predictor_outputs
+
+
+@AARCH64_TOOLS
+@x86_64_gcc
+@pytest.mark.parametrize("march", ["armv8-a", "armv8.2-a+dotprod"])
+def test_fp16_kernels_aarch64_under_qemu(tmp_path, march):
+    """The NEON fp16 rows (fcvtl widening, eight FMA chains) against the reference, under qemu; and the SVD
+    predictor's NEON loops, whose x B^T and mask are the portable x86 build's bytes."""
+    binary = build_harness(tmp_path, "aarch64-linux-gnu-gcc", [f"-march={march}"], march)
+    portable = build_harness(tmp_path, "gcc", ["-march=x86-64"], "portable")
+    assert check_fp16_harness(tmp_path, [*QEMU, str(binary)]) == check_fp16_harness(tmp_path, [str(portable)])
 
 
 def cpu_flags() -> set[str]:
