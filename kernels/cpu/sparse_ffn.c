@@ -442,16 +442,6 @@ static inline codes16 high_nibbles(codes16 bytes) { return nibble_codes(_mm_srli
 EDGE_ALWAYS_INLINE void widen_codes(codes16 codes, vec16 *out) {
   *out = (vec16)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
 }
-#else
-EDGE_ALWAYS_INLINE void widen_codes(codes16 codes, vec16 *out) {
-  union {
-    vec16 all;
-    __m256 half[2];
-  } lanes;
-  lanes.half[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes));
-  lanes.half[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(codes, codes)));
-  *out = lanes.all;
-}
 #endif
 
 #elif defined(__ARM_NEON)
@@ -461,18 +451,6 @@ static inline codes16 load_codes16(const char *p) { return vld1q_s8((const int8_
 /* sign-extended by shifts: left 4, then arithmetic right 4 */
 static inline codes16 low_nibbles(codes16 bytes) { return vshrq_n_s8(vshlq_n_s8(bytes, 4), 4); }
 static inline codes16 high_nibbles(codes16 bytes) { return vshrq_n_s8(bytes, 4); }
-EDGE_ALWAYS_INLINE void widen_codes(codes16 codes, vec16 *out) {
-  int16x8_t low = vmovl_s8(vget_low_s8(codes)), high = vmovl_high_s8(codes);
-  union {
-    vec16 all;
-    float32x4_t quarter[4];
-  } lanes;
-  lanes.quarter[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(low)));
-  lanes.quarter[1] = vcvtq_f32_s32(vmovl_high_s16(low));
-  lanes.quarter[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(high)));
-  lanes.quarter[3] = vcvtq_f32_s32(vmovl_high_s16(high));
-  *out = lanes.all;
-}
 
 #else /* portable C */
 typedef int8_t codes16 __attribute__((vector_size(16)));
@@ -505,7 +483,9 @@ static inline float scale_at(const uint16_t *scales, size_t i) {
 #endif
 }
 
-/* The codes of values [32 block, 32 block + 16) into *low and of the next 16 into *high, as fp32 (exactly). */
+#if !EDGE_ROWS_AVX2 && !defined(__ARM_NEON)
+/* The codes of values [32 block, 32 block + 16) into *low and of the next 16 into *high, as fp32 (exactly). (AVX2
+ * and NEON: block_codes and codes_as_floats, into ymm halves or q quarters.) */
 EDGE_ALWAYS_INLINE void load_codes(const char *row, int dtype, int block, vec16 *low, vec16 *high) {
   const char *start = row + (size_t)block * block_bytes(dtype);
   if (dtype == EDGE_Q8) {
@@ -517,6 +497,7 @@ EDGE_ALWAYS_INLINE void load_codes(const char *row, int dtype, int block, vec16 
     widen_codes(high_nibbles(bytes), high);
   }
 }
+#endif
 
 #if EDGE_ROWS_AVX2 || defined(__ARM_NEON)
 /* The codes of a block's values 0..15 (*first) and 16..31 (*second), as int8. */
@@ -891,7 +872,8 @@ EDGE_ALWAYS_INLINE void add_quant_rows(float *y, int c0, int n, const char *code
         _mm512_storeu_ps(y + column + 16, acc_high);
         continue;
       }
-#elif EDGE_ROWS_AVX2
+#endif
+#if EDGE_ROWS_AVX2
       /* the block's 32 columns in four ymm accumulators; codes widened 8 at a time, times the factor, then added */
       __m256 acc0 = _mm256_loadu_ps(y + column), acc1 = _mm256_loadu_ps(y + column + 8);
       __m256 acc2 = _mm256_loadu_ps(y + column + 16), acc3 = _mm256_loadu_ps(y + column + 24);
@@ -908,7 +890,6 @@ EDGE_ALWAYS_INLINE void add_quant_rows(float *y, int c0, int n, const char *code
       _mm256_storeu_ps(y + column + 8, acc1);
       _mm256_storeu_ps(y + column + 16, acc2);
       _mm256_storeu_ps(y + column + 24, acc3);
-      continue;
 #elif defined(__ARM_NEON)
       /* the block's 32 columns in eight q accumulators; codes widened to fp32, times the factor, then added */
       float32x4_t acc[8];
@@ -922,8 +903,7 @@ EDGE_ALWAYS_INLINE void add_quant_rows(float *y, int c0, int n, const char *code
         for (int i = 0; i < 8; i++) acc[i] = vaddq_f32(acc[i], vmulq_n_f32(values[i], factors[r][g]));
       }
       for (int i = 0; i < 8; i++) vst1q_f32(y + column + 4 * i, acc[i]);
-      continue;
-#endif
+#else
       vec16 acc_low = VEC16_AT(y + column), acc_high = VEC16_AT(y + column + 16);
       for (int r = 0; r < n_rows; r++) {
         vec16 low, high;
@@ -933,6 +913,7 @@ EDGE_ALWAYS_INLINE void add_quant_rows(float *y, int c0, int n, const char *code
       }
       VEC16_AT(y + column) = acc_low;
       VEC16_AT(y + column + 16) = acc_high;
+#endif
     }
     piece = piece_end;
   }
