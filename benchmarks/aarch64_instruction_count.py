@@ -9,9 +9,10 @@ halved, so the setup cancels out.
 
 Each KERNEL_SOURCE_DIR is a copy of kernels/cpu (`git archive COMMIT kernels/cpu | tar -x -C DIR` for another
 commit's); it is built with the package's flags for armv8.2-a+dotprod (Orin's Cortex-A78AE has the dot product
-extension) and the driver benchmarks/aarch64_instruction_count.c. --env passes a variable to the kernels, e.g.
-EDGE_SDK_QUANT_ACTIVATIONS=fp32. Needs gcc-aarch64-linux-gnu, libc6-arm64-cross and qemu-user. A count is not a
-time: an out-of-order core overlaps instructions and waits on memory; use it to compare builds of the same loop.
+extension; --march armv8-a for a build without it) and the driver benchmarks/aarch64_instruction_count.c. --env
+passes a variable to the kernels, e.g. EDGE_SDK_QUANT_ACTIVATIONS=fp32. Needs gcc-aarch64-linux-gnu,
+libc6-arm64-cross and qemu-user. A count is not a time: an out-of-order core overlaps instructions and waits on
+memory; use it to compare builds of the same loop.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ EXECUTION = re.compile(r"Trace \d+: 0x[0-9a-f]+ \[[0-9a-f]+/([0-9a-f]+)/")
 Q_STORE = re.compile(r"\b(str|stp|stur)\s+q\d+")
 
 
-def build(source: Path, binary: Path) -> None:
-    command = ["aarch64-linux-gnu-gcc", "-std=c11", "-O3", "-march=armv8.2-a+dotprod", "-ffp-contract=off",
+def build(source: Path, binary: Path, march: str) -> None:
+    command = ["aarch64-linux-gnu-gcc", "-std=c11", "-O3", f"-march={march}", "-ffp-contract=off",
                "-fopenmp", f"-I{source}", "-o", str(binary), str(DRIVER),
                *map(str, sorted(source.glob("*.c"))), "-lm"]  # fmt: skip
     subprocess.run(command, check=True)
@@ -84,6 +85,7 @@ def main() -> int:
     parser.add_argument("sources", nargs="+", type=Path, help="kernel source directories (copies of kernels/cpu)")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the kernels (repeatable)")
+    parser.add_argument("--march", default="armv8.2-a+dotprod", help="the build's -march (armv8-a: without sdot)")
     args = parser.parse_args()
     kinds = args.kinds.split(",")
     unknown = sorted(set(kinds) - set(KINDS))
@@ -94,7 +96,7 @@ def main() -> int:
         print(f"{'kernels':40} {'kind':9} {'instructions/call':>18} {'q stores/call':>14}")
         for index, source in enumerate(args.sources):
             binary = work / f"driver{index}"
-            build(source, binary)
+            build(source, binary, args.march)
             for kind in kinds:
                 instructions, stores = per_call(binary, kind, args.env, work)
                 print(f"{source!s:40} {kind:9} {instructions:18d} {stores:14d}", flush=True)
