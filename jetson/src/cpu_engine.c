@@ -31,6 +31,10 @@
 #include "edge_cpu_internal.h"
 #include "model.h"
 
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
 /* Below this many multiply-adds a matrix-vector product runs on one thread (thread start-up costs more). */
 #define PARALLEL_MIN_WORK (1 << 16)
 #define LANES 16
@@ -638,6 +642,60 @@ static inline float exp_nonpositive(float x) {
 #define HEAD_BLOCK 1
 #endif
 
+#if defined(__aarch64__)
+/* The NEON forms of score_vectors and weighted_values below: each 16-lane vector as four q registers, where GCC's
+ * vec16 kept the sums on the stack around every multiply and add (the disassembly of attend_head_range); the same
+ * multiply and add per lane, in the same order (HEAD_BLOCK is 1 here). */
+static inline __attribute__((always_inline)) void score_vectors(float *const scores[], const float *const keys[],
+                                                                size_t stride, const float *const q[], int n_heads,
+                                                                int hd, float scale, int n_vectors) {
+  (void)n_heads;
+  float32x4_t sum[4][4];
+  for (int v = 0; v < n_vectors; v++) {
+    for (int l = 0; l < 4; l++) sum[v][l] = vdupq_n_f32(0);
+  }
+  for (int i = 0; i < hd; i++) {
+    const float *row = keys[0] + (size_t)i * stride;
+    float qi = q[0][i];
+    for (int v = 0; v < n_vectors; v++) {
+      for (int l = 0; l < 4; l++) sum[v][l] = vaddq_f32(sum[v][l], vmulq_n_f32(vld1q_f32(row + 16 * v + 4 * l), qi));
+    }
+  }
+  for (int v = 0; v < n_vectors; v++) {
+    for (int l = 0; l < 4; l++) vst1q_f32(scores[0] + 16 * v + 4 * l, vmulq_n_f32(sum[v][l], scale));
+  }
+}
+
+/* sums[0 .. n_quarters) += w * v[0 .. 4 n_quarters) */
+static inline __attribute__((always_inline)) void add_weighted(float32x4_t *sums, int n_quarters, float w,
+                                                               const float *v) {
+  for (int l = 0; l < n_quarters; l++) sums[l] = vaddq_f32(sums[l], vmulq_n_f32(vld1q_f32(v + 4 * l), w));
+}
+
+static void weighted_values(float *const out[], const float *const weights[], const float *const values[],
+                            int n_heads, size_t row_stride, int first, int pos, int hd) {
+  (void)n_heads;
+  int i0 = 0;
+  for (; i0 + 32 <= hd; i0 += 32) {
+    float32x4_t sums[8];
+    for (int l = 0; l < 8; l++) sums[l] = vdupq_n_f32(0);
+    for (int t = first; t <= pos; t++) add_weighted(sums, 8, weights[0][t], values[0] + (size_t)t * row_stride + i0);
+    for (int l = 0; l < 8; l++) vst1q_f32(out[0] + i0 + 4 * l, sums[l]);
+  }
+  for (; i0 + 16 <= hd; i0 += 16) {
+    float32x4_t sums[4];
+    for (int l = 0; l < 4; l++) sums[l] = vdupq_n_f32(0);
+    for (int t = first; t <= pos; t++) add_weighted(sums, 4, weights[0][t], values[0] + (size_t)t * row_stride + i0);
+    for (int l = 0; l < 4; l++) vst1q_f32(out[0] + i0 + 4 * l, sums[l]);
+  }
+  for (; i0 < hd; i0++) {
+    float sum = 0.0f;
+    for (int t = first; t <= pos; t++) sum += weights[0][t] * values[0][(size_t)t * row_stride + (size_t)i0];
+    out[0][i0] = sum;
+  }
+}
+
+#else
 /* For each of n_heads heads j: scores[j][0:16 * n_vectors] = scale * (q[j] . keys[j][:, 0:16 * n_vectors]),
  * n_vectors in 1..4, keys position-minor rows of `stride` floats; each score sums over the head dimension in
  * order. */
@@ -691,6 +749,8 @@ static void weighted_values(float *const out[], const float *const weights[], co
     }
   }
 }
+
+#endif
 
 /* scores[0:n] = softmax(scores[0:n]). The maximum and the sum are taken in LANES lanes (k % LANES) with a fixed
  * final order, so they do not depend on threads. The last n % LANES scores go through a full vector padded with
