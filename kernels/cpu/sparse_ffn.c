@@ -571,71 +571,66 @@ EDGE_ALWAYS_INLINE void block_corrections(const uint16_t *scales, const uint16_t
   }
 }
 
+/* The fp32-x dot product of a quantized row (EDGE_SDK_QUANT_ACTIVATIONS=fp32). struct lane_sums holds 16 lanes for
+ * the low halves of blocks and 16 for the high halves: two vec16, or on AVX2 their ymm halves (v[0], v[1] the low
+ * lanes 0..7 and 8..15, v[2], v[3] the high ones) and on NEON their q quarters (v[0..3] low, v[4..7] high), where GCC
+ * kept the vec16 sums on the stack (about 100 q-register stores per 128 values of an INT4 row under qemu; AVX2's build
+ * 11x slower than AVX-512's). Each form does the same operations lane by lane, so the bits are the same. */
 #if EDGE_ROWS_AVX2
-/* The AVX2 form of quant_dot_group and quant_dot_row below: each 16-lane vector as two ymm halves in registers (the
- * vec16 code went through the stack there), the same operations lane by lane. sums[0], sums[1]: lanes 0..7 and
- * 8..15 of the low halves of the group's blocks, sums[2], sums[3] those of the high halves. */
+struct lane_sums {
+  __m256 v[4];
+};
+
+static inline void zero_sums(struct lane_sums *sums) {
+  for (int i = 0; i < 4; i++) sums->v[i] = _mm256_setzero_ps();
+}
+
+/* The codes times x over one group, per lane, while the row `next` is prefetched at the same offsets. */
 EDGE_ALWAYS_INLINE void quant_dot_group(const char *row, int dtype, int group, int blocks_per_group, const float *x,
-                                        const char *next, __m256 sums[4]) {
-  sums[0] = sums[1] = sums[2] = sums[3] = _mm256_setzero_ps();
+                                        const char *next, struct lane_sums *sums) {
+  zero_sums(sums);
   for (int k = 0, block = group * blocks_per_group; k < blocks_per_group; k++, block++) {
     size_t offset = (size_t)block * block_bytes(dtype);
     if (offset % EDGE_CACHE_LINE == 0) EDGE_PREFETCH(next, offset);
     codes16 first, second;
     block_codes(row + offset, dtype, &first, &second);
     const float *xb = x + block * EDGE_QUANT_BLOCK;
-    sums[0] = _mm256_add_ps(sums[0], _mm256_mul_ps(codes_as_floats(first, 0), _mm256_loadu_ps(xb)));
-    sums[1] = _mm256_add_ps(sums[1], _mm256_mul_ps(codes_as_floats(first, 1), _mm256_loadu_ps(xb + 8)));
-    sums[2] = _mm256_add_ps(sums[2], _mm256_mul_ps(codes_as_floats(second, 0), _mm256_loadu_ps(xb + 16)));
-    sums[3] = _mm256_add_ps(sums[3], _mm256_mul_ps(codes_as_floats(second, 1), _mm256_loadu_ps(xb + 24)));
+    for (int i = 0; i < 4; i++) {
+      __m256 codes = codes_as_floats(i < 2 ? first : second, i % 2);
+      sums->v[i] = _mm256_add_ps(sums->v[i], _mm256_mul_ps(codes, _mm256_loadu_ps(xb + 8 * i)));
+    }
   }
 }
 
-/* acc[i] += scale * sums[i] */
-EDGE_ALWAYS_INLINE void add_scaled_group(__m256 acc[4], float scale, const __m256 sums[4]) {
+/* acc += scale * sums, lane by lane */
+EDGE_ALWAYS_INLINE void add_scaled_group(struct lane_sums *acc, float scale, const struct lane_sums *sums) {
   __m256 factor = _mm256_set1_ps(scale);
-  for (int i = 0; i < 4; i++) acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(factor, sums[i]));
+  for (int i = 0; i < 4; i++) acc->v[i] = _mm256_add_ps(acc->v[i], _mm256_mul_ps(factor, sums->v[i]));
 }
 
-EDGE_ALWAYS_INLINE float quant_dot_row(const char *row, const uint16_t *scales, int dtype, int group_size,
-                                       const float *x, int d, const char *next, const uint16_t *next_scales,
-                                       const uint16_t *mins, const float *block_sums) {
-  __m256 even[4], odd[4], sums[4];
-  for (int i = 0; i < 4; i++) even[i] = odd[i] = _mm256_setzero_ps();
-  int blocks_per_group = group_size / EDGE_QUANT_BLOCK, groups = d / group_size;
-  int g = 0;
-  for (; g + 2 <= groups; g += 2) {
-    if ((g * sizeof(uint16_t)) % EDGE_CACHE_LINE == 0) EDGE_PREFETCH(next_scales, g * sizeof(uint16_t));
-    quant_dot_group(row, dtype, g, blocks_per_group, x, next, sums);
-    add_scaled_group(even, scale_at(scales, (size_t)g), sums);
-    quant_dot_group(row, dtype, g + 1, blocks_per_group, x, next, sums);
-    add_scaled_group(odd, scale_at(scales, (size_t)g + 1), sums);
-  }
-  if (g < groups) {
-    quant_dot_group(row, dtype, g, blocks_per_group, x, next, sums);
-    add_scaled_group(even, scale_at(scales, (size_t)g), sums);
-  }
-  /* (even_low + odd_low) + (even_high + odd_high), as the 16-lane form */
-  __m256 low = _mm256_add_ps(_mm256_add_ps(even[0], odd[0]), _mm256_add_ps(even[2], odd[2]));
-  __m256 high = _mm256_add_ps(_mm256_add_ps(even[1], odd[1]), _mm256_add_ps(even[3], odd[3]));
-  if (mins != NULL) {
-    float lanes[16];
-    int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2;
-    block_corrections(scales, mins, group_log, block_sums, d / EDGE_QUANT_BLOCK, lanes);
-    low = _mm256_add_ps(low, _mm256_loadu_ps(lanes));
-    high = _mm256_add_ps(high, _mm256_loadu_ps(lanes + 8));
+/* (even_low + odd_low) + (even_high + odd_high) (+ corrections), then its 16 lanes pairwise as sum_lanes. */
+static inline float row_total(const struct lane_sums *even, const struct lane_sums *odd, const float *corrections) {
+  __m256 low = _mm256_add_ps(_mm256_add_ps(even->v[0], odd->v[0]), _mm256_add_ps(even->v[2], odd->v[2]));
+  __m256 high = _mm256_add_ps(_mm256_add_ps(even->v[1], odd->v[1]), _mm256_add_ps(even->v[3], odd->v[3]));
+  if (corrections != NULL) {
+    low = _mm256_add_ps(low, _mm256_loadu_ps(corrections));
+    high = _mm256_add_ps(high, _mm256_loadu_ps(corrections + 8));
   }
   return hsum(_mm256_add_ps(low, high));
 }
 
 #elif defined(__ARM_NEON)
-/* The NEON form of quant_dot_group and quant_dot_row below, each 16-lane vector as four q registers (the vec16 code
- * went through the stack here: about 100 q-register stores per 128 values of an INT4 row, counted under qemu), the
- * same operations lane by lane. sums[0..3]: the quarters of the low halves of the group's blocks, sums[4..7] those of
- * the high halves. */
+struct lane_sums {
+  float32x4_t v[8];
+};
+
+static inline void zero_sums(struct lane_sums *sums) {
+  for (int i = 0; i < 8; i++) sums->v[i] = vdupq_n_f32(0);
+}
+
 EDGE_ALWAYS_INLINE void quant_dot_group(const char *row, int dtype, int group, int blocks_per_group, const float *x,
-                                        const char *next, float32x4_t sums[8]) {
-  for (int i = 0; i < 8; i++) sums[i] = vdupq_n_f32(0);
+                                        const char *next, struct lane_sums *sums) {
+  zero_sums(sums);
   for (int k = 0, block = group * blocks_per_group; k < blocks_per_group; k++, block++) {
     size_t offset = (size_t)block * block_bytes(dtype);
     if (offset % EDGE_CACHE_LINE == 0) EDGE_PREFETCH(next, offset);
@@ -645,64 +640,54 @@ EDGE_ALWAYS_INLINE void quant_dot_group(const char *row, int dtype, int group, i
     codes_as_floats(first, values);
     codes_as_floats(second, values + 4);
     const float *xb = x + block * EDGE_QUANT_BLOCK;
-    for (int i = 0; i < 8; i++) sums[i] = vaddq_f32(sums[i], vmulq_f32(values[i], vld1q_f32(xb + 4 * i)));
+    for (int i = 0; i < 8; i++) sums->v[i] = vaddq_f32(sums->v[i], vmulq_f32(values[i], vld1q_f32(xb + 4 * i)));
   }
 }
 
-/* acc[i] += scale * sums[i] */
-EDGE_ALWAYS_INLINE void add_scaled_group(float32x4_t acc[8], float scale, const float32x4_t sums[8]) {
-  for (int i = 0; i < 8; i++) acc[i] = vaddq_f32(acc[i], vmulq_n_f32(sums[i], scale));
+EDGE_ALWAYS_INLINE void add_scaled_group(struct lane_sums *acc, float scale, const struct lane_sums *sums) {
+  for (int i = 0; i < 8; i++) acc->v[i] = vaddq_f32(acc->v[i], vmulq_n_f32(sums->v[i], scale));
 }
 
-EDGE_ALWAYS_INLINE float quant_dot_row(const char *row, const uint16_t *scales, int dtype, int group_size,
-                                       const float *x, int d, const char *next, const uint16_t *next_scales,
-                                       const uint16_t *mins, const float *block_sums) {
-  float32x4_t even[8], odd[8], sums[8];
-  for (int i = 0; i < 8; i++) even[i] = odd[i] = vdupq_n_f32(0);
-  int blocks_per_group = group_size / EDGE_QUANT_BLOCK, groups = d / group_size;
-  int g = 0;
-  for (; g + 2 <= groups; g += 2) {
-    if ((g * sizeof(uint16_t)) % EDGE_CACHE_LINE == 0) EDGE_PREFETCH(next_scales, g * sizeof(uint16_t));
-    quant_dot_group(row, dtype, g, blocks_per_group, x, next, sums);
-    add_scaled_group(even, scale_at(scales, (size_t)g), sums);
-    quant_dot_group(row, dtype, g + 1, blocks_per_group, x, next, sums);
-    add_scaled_group(odd, scale_at(scales, (size_t)g + 1), sums);
-  }
-  if (g < groups) {
-    quant_dot_group(row, dtype, g, blocks_per_group, x, next, sums);
-    add_scaled_group(even, scale_at(scales, (size_t)g), sums);
-  }
-  /* (even_low + odd_low) + (even_high + odd_high), quarter by quarter, plus the corrections, then as sum_lanes */
-  float lanes[16];
-  if (mins != NULL) {
-    int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2;
-    block_corrections(scales, mins, group_log, block_sums, d / EDGE_QUANT_BLOCK, lanes);
-  }
+static inline float row_total(const struct lane_sums *even, const struct lane_sums *odd, const float *corrections) {
   float32x4_t q[4];
   for (int i = 0; i < 4; i++) {
-    q[i] = vaddq_f32(vaddq_f32(even[i], odd[i]), vaddq_f32(even[4 + i], odd[4 + i]));
-    if (mins != NULL) q[i] = vaddq_f32(q[i], vld1q_f32(lanes + 4 * i));
+    q[i] = vaddq_f32(vaddq_f32(even->v[i], odd->v[i]), vaddq_f32(even->v[4 + i], odd->v[4 + i]));
+    if (corrections != NULL) q[i] = vaddq_f32(q[i], vld1q_f32(corrections + 4 * i));
   }
   return sum_quarters(q);
 }
 
 #else
-/* The codes times x over one group, summed in two lane vectors (the low and high halves of its blocks), while
- * the row `next` is prefetched at the same offsets. */
+struct lane_sums {
+  vec16 low, high;
+};
+
+static inline void zero_sums(struct lane_sums *sums) { sums->low = sums->high = (vec16){0}; }
+
 EDGE_ALWAYS_INLINE void quant_dot_group(const char *row, int dtype, int group, int blocks_per_group, const float *x,
-                                        const char *next, vec16 *group_low, vec16 *group_high) {
-  vec16 sum_low = {0}, sum_high = {0};
+                                        const char *next, struct lane_sums *sums) {
+  zero_sums(sums);
   for (int k = 0, block = group * blocks_per_group; k < blocks_per_group; k++, block++) {
     size_t offset = (size_t)block * block_bytes(dtype);
     if (offset % EDGE_CACHE_LINE == 0) EDGE_PREFETCH(next, offset);
     vec16 low, high;
     load_codes(row, dtype, block, &low, &high);
-    sum_low += low * VEC16_AT(x + block * EDGE_QUANT_BLOCK);
-    sum_high += high * VEC16_AT(x + block * EDGE_QUANT_BLOCK + 16);
+    sums->low += low * VEC16_AT(x + block * EDGE_QUANT_BLOCK);
+    sums->high += high * VEC16_AT(x + block * EDGE_QUANT_BLOCK + 16);
   }
-  *group_low = sum_low;
-  *group_high = sum_high;
 }
+
+EDGE_ALWAYS_INLINE void add_scaled_group(struct lane_sums *acc, float scale, const struct lane_sums *sums) {
+  acc->low += scale * sums->low;
+  acc->high += scale * sums->high;
+}
+
+static inline float row_total(const struct lane_sums *even, const struct lane_sums *odd, const float *corrections) {
+  vec16 acc = (even->low + odd->low) + (even->high + odd->high);
+  if (corrections != NULL) acc += VEC16_AT(corrections);
+  return sum_lanes(&acc);
+}
+#endif
 
 /* Each group's sums times its scale are added to the row's accumulators: one multiply per group rather than per
  * value. Even and odd groups have their own accumulators, four FMA chains in flight: with one pair, an INT4 row
@@ -710,41 +695,28 @@ EDGE_ALWAYS_INLINE void quant_dot_group(const char *row, int dtype, int group, i
 EDGE_ALWAYS_INLINE float quant_dot_row(const char *row, const uint16_t *scales, int dtype, int group_size,
                                        const float *x, int d, const char *next, const uint16_t *next_scales,
                                        const uint16_t *mins, const float *block_sums) {
-  vec16 even_low = {0}, even_high = {0}, odd_low = {0}, odd_high = {0};
+  struct lane_sums even, odd, sums;
+  zero_sums(&even);
+  zero_sums(&odd);
   int blocks_per_group = group_size / EDGE_QUANT_BLOCK, groups = d / group_size;
   int g = 0;
   for (; g + 2 <= groups; g += 2) {
     if ((g * sizeof(uint16_t)) % EDGE_CACHE_LINE == 0) EDGE_PREFETCH(next_scales, g * sizeof(uint16_t));
-    vec16 low, high;
-    quant_dot_group(row, dtype, g, blocks_per_group, x, next, &low, &high);
-    float scale = scale_at(scales, (size_t)g);
-    even_low += scale * low;
-    even_high += scale * high;
-    quant_dot_group(row, dtype, g + 1, blocks_per_group, x, next, &low, &high);
-    scale = scale_at(scales, (size_t)g + 1);
-    odd_low += scale * low;
-    odd_high += scale * high;
+    quant_dot_group(row, dtype, g, blocks_per_group, x, next, &sums);
+    add_scaled_group(&even, scale_at(scales, (size_t)g), &sums);
+    quant_dot_group(row, dtype, g + 1, blocks_per_group, x, next, &sums);
+    add_scaled_group(&odd, scale_at(scales, (size_t)g + 1), &sums);
   }
   if (g < groups) {
-    vec16 low, high;
-    quant_dot_group(row, dtype, g, blocks_per_group, x, next, &low, &high);
-    float scale = scale_at(scales, (size_t)g);
-    even_low += scale * low;
-    even_high += scale * high;
+    quant_dot_group(row, dtype, g, blocks_per_group, x, next, &sums);
+    add_scaled_group(&even, scale_at(scales, (size_t)g), &sums);
   }
-  vec16 acc = (even_low + odd_low) + (even_high + odd_high);
-  if (mins != NULL) {
-    vec16 corr;
-    float lanes[16];
-    int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2;
-    block_corrections(scales, mins, group_log, block_sums, d / EDGE_QUANT_BLOCK, lanes);
-    memcpy(&corr, lanes, sizeof corr);
-    acc += corr;
-  }
-  return sum_lanes(&acc);
+  if (mins == NULL) return row_total(&even, &odd, NULL);
+  float corrections[16];
+  int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2;
+  block_corrections(scales, mins, group_log, block_sums, d / EDGE_QUANT_BLOCK, corrections);
+  return row_total(&even, &odd, corrections);
 }
-
-#endif
 
 /* Groups whose factors add_quant_rows computes at once, for a piece of the columns (1024 at group size 32). */
 #define EDGE_FACTOR_GROUPS 32
@@ -1312,6 +1284,7 @@ EDGE_ALWAYS_INLINE void int_dot_step(int n, const char *const *row, const uint16
   size_t first_group = (size_t)first_block >> group_log;
   int n_groups = ((step_blocks - 1) >> group_log) + 1;
   __m256 x_scales = load_floats(xa->block_scales + first_block, step_blocks);
+  __m256 x_sums = asymmetric ? load_floats(xa->block_sums + first_block, step_blocks) : _mm256_setzero_ps();
   __m256 block_factors[EDGE_ROWS_AT_ONCE];
   for (int t = 0; t < n; t++) {
     if ((first_group * sizeof(uint16_t)) % EDGE_CACHE_LINE == 0) {
@@ -1324,7 +1297,7 @@ EDGE_ALWAYS_INLINE void int_dot_step(int n, const char *const *row, const uint16
       __m256 row_mins = _mm256_permutevar8x32_ps(load_halves(mins[t] + first_group, n_groups), group_of_block);
       __m256 mids = _mm256_fmadd_ps(row_scales, _mm256_set1_ps(8.0f), row_mins);
       int half = (first_block / 8) % 2;
-      corr[t][half] = _mm256_fmadd_ps(mids, load_floats(xa->block_sums + first_block, step_blocks), corr[t][half]);
+      corr[t][half] = _mm256_fmadd_ps(mids, x_sums, corr[t][half]);
     }
   }
   for (int k = 0; k < step_units; k += 2) {

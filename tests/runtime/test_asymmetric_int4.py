@@ -22,13 +22,12 @@ from edge_sdk.bundle.layout import MINS_SUFFIX, SCALES_SUFFIX
 from edge_sdk.cli import main
 from edge_sdk.export.exporter import ExportError, ExportSettings, export_bundle
 from edge_sdk.runtime.backends import EngineOptions
-from edge_sdk.sparsity.bundle_model import TorchEngine, quantized_matrix
+from edge_sdk.sparsity.bundle_model import quantized_matrix
 
 from .test_head_dtype import restamped_copy
 from .test_quantized_bundles import (
-    assert_follow_the_reference_teacher_forced,
+    assert_dense_engines_follow_the_reference,
     assert_follow_the_reference_up_to_near_ties,
-    dense_engines,
     greedy,
     held_out_ids,
     prompt_ids,
@@ -85,13 +84,7 @@ def test_every_engine_gives_the_references_greedy_ids_and_held_out_logits(bundle
     Runtime (prefill.onnx and decode.onnx, unmodified) give the reference's ids and its logits (the matrices
     dequantized with their minimums, then float32) within LOGIT_TOLERANCE."""
     bundle = bundle_matrix[name]
-    engines = dense_engines(bundle)
-    ids = prompt_ids(bundle)
-    expected_ids, _ = greedy(TorchEngine.load(bundle, bundle.sparsity.resolve(None, True)), ids)
-    for engine_name, engine in engines.items():
-        engine.reset()
-        assert greedy(engine, ids)[0] == expected_ids, engine_name
-    assert_follow_the_reference_teacher_forced(bundle, engines, held_out_ids(bundle, tiny_model_dir))
+    assert_dense_engines_follow_the_reference(bundle, held_out_ids(bundle, tiny_model_dir))
 
 
 @pytest.mark.parametrize("engine_name", ["c_runtime", "torch_cpu"])

@@ -204,6 +204,19 @@ def assert_follow_the_reference_teacher_forced(bundle, engines: dict, ids: list[
         assert [int(np.argmax(step)) for step in found] == [int(np.argmax(step)) for step in expected], name
 
 
+def assert_dense_engines_follow_the_reference(bundle, held_out: list[int]) -> dict:
+    """dense_engines(bundle) give the reference's greedy ids (the CPU torch reference engine) on the bundle's prompt,
+    and its logits teacher-forced on held_out (assert_follow_the_reference_teacher_forced); returns the engines."""
+    engines = dense_engines(bundle)
+    ids = prompt_ids(bundle)
+    expected_ids, _ = greedy(TorchEngine.load(bundle, bundle.sparsity.resolve(None, True)), ids)
+    for name, engine in engines.items():
+        engine.reset()
+        assert greedy(engine, ids)[0] == expected_ids, name
+    assert_follow_the_reference_teacher_forced(bundle, engines, held_out)
+    return engines
+
+
 @pytest.mark.parametrize("name", TIED)
 def test_tied_lookup_and_head_follow_the_reference_on_held_out_text(bundle_matrix, tiny_model_dir, name):
     """The tied matrix is every input token's lookup and the LM head. Teacher-forced on held-out text, so that many
