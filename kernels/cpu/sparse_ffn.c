@@ -1231,11 +1231,30 @@ static inline __m256i half_unit_blocks(int dtype, int unit_in_step, int half) {
                           : _mm256_set1_epi32(2 * unit_in_step + half);
 }
 
+/* A row's 16 accumulator lanes in an integer dot step: two ymm halves on AVX2 (half[0] lanes 0..7, half[1] 8..15),
+ * one vec16 (one zmm) on AVX-512; EDGE_STEP_BLOCKS blocks per step. */
+typedef struct {
+  __m256 half[2];
+} step_lanes;
+#define EDGE_STEP_BLOCKS 8
+
+static inline void zero_step_lanes(step_lanes *lanes) { lanes->half[0] = lanes->half[1] = _mm256_setzero_ps(); }
+
+/* even + odd (+ corr) lane by lane, then the 16 lanes pairwise as sum_lanes (l + 8, then hsum). */
+static inline float step_total(const step_lanes *even, const step_lanes *odd, const step_lanes *corr) {
+  __m256 low = _mm256_add_ps(even->half[0], odd->half[0]), high = _mm256_add_ps(even->half[1], odd->half[1]);
+  if (corr != NULL) {
+    low = _mm256_add_ps(low, corr->half[0]);
+    high = _mm256_add_ps(high, corr->half[1]);
+  }
+  return hsum(_mm256_add_ps(low, high));
+}
+
 /* acc[t] += the lanes of unit k of the step (its first unit first_unit; present of its blocks there, more meaning all)
  * of rows row[t < n] times their factors, prefetching the rows next[t] at the same offset. */
 EDGE_ALWAYS_INLINE void add_unit_products(int n, const char *const *row, int dtype,
                                           const struct quantized_activations *xa, int first_unit, int k, int present,
-                                          const char *const *next, const __m256 *block_factors, __m256 (*acc)[2]) {
+                                          const char *const *next, const __m256 *block_factors, step_lanes *acc) {
   int unit = first_unit + k;
   const int32_t *sums = xa->code_offset_sums + (size_t)unit * EDGE_UNIT_LANES;
 #pragma GCC unroll 4
@@ -1258,15 +1277,14 @@ EDGE_ALWAYS_INLINE void add_unit_products(int n, const char *const *row, int dty
         products = int8_block_products(codes, xa->high + at, xa->low + at, sums + 8 * half);
       }
       __m256 factors = _mm256_permutevar8x32_ps(block_factors[t], blocks_of_lanes);
-      acc[t][half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products), factors, acc[t][half]);
+      acc[t].half[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products), factors, acc[t].half[half]);
     }
   }
 }
 
 /* The AVX2 form of the integer dot step: blocks [first_block, first_block + step_blocks) of rows row[t < n] into
- * their even and odd units' accumulators, each 16 lanes as two halves of 8 (even[t][0] lanes 0..7, even[t][1] lanes
- * 8..15), step_blocks at most 8 and first_block a multiple of 8 (so the step starts at an even unit: 2 INT4 or 4 INT8
- * units). As AVX-512's int_dot_step, the step's factors are one vector product of the rows' and x's block scales,
+ * their even and odd units' accumulators (step_lanes), step_blocks at most 8 and first_block a multiple of 8 (so the
+ * step starts at an even unit: 2 INT4 or 4 INT8 units). As AVX-512's int_dot_step, the step's factors are one vector product of the rows' and x's block scales,
  * spread over each half unit's lanes by one permutation: the products of the portable path's lane scales and row
  * scales, so the same bits. Everything stays in ymm registers: the vec16 code that served AVX2 before went through
  * the stack (benchmarks/README.md, section 3, "The AVX2 build"). A missing block's lanes add 0 * 0, as elsewhere;
@@ -1274,9 +1292,8 @@ EDGE_ALWAYS_INLINE void add_unit_products(int n, const char *const *row, int dty
 EDGE_ALWAYS_INLINE void int_dot_step(int n, const char *const *row, const uint16_t *const *scales, int dtype,
                                      int group_log, const struct quantized_activations *xa, int first_block,
                                      int step_blocks, const char *const *next, const uint16_t *const *next_scales,
-                                     __m256 (*even)[2], __m256 (*odd)[2], int asymmetric,
-                                     const uint16_t *const *mins, const uint16_t *const *next_mins,
-                                     __m256 (*corr)[2]) {
+                                     step_lanes *even, step_lanes *odd, int asymmetric, const uint16_t *const *mins,
+                                     const uint16_t *const *next_mins, step_lanes *corr) {
   const __m256i group_of_block =
       _mm256_srlv_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(group_log));
   int per_unit = unit_blocks(dtype), first_unit = first_block / per_unit;
@@ -1297,7 +1314,7 @@ EDGE_ALWAYS_INLINE void int_dot_step(int n, const char *const *row, const uint16
       __m256 row_mins = _mm256_permutevar8x32_ps(load_halves(mins[t] + first_group, n_groups), group_of_block);
       __m256 mids = _mm256_fmadd_ps(row_scales, _mm256_set1_ps(8.0f), row_mins);
       int half = (first_block / 8) % 2;
-      corr[t][half] = _mm256_fmadd_ps(mids, x_sums, corr[t][half]);
+      corr[t].half[half] = _mm256_fmadd_ps(mids, x_sums, corr[t].half[half]);
     }
   }
   for (int k = 0; k < step_units; k += 2) {
@@ -1528,6 +1545,17 @@ EDGE_ALWAYS_INLINE void int_dot_unit(const char *row, const uint16_t *scales, in
 #endif
 
 #if EDGE_ROWS_AVX512
+typedef vec16 step_lanes;
+#define EDGE_STEP_BLOCKS 16
+
+static inline void zero_step_lanes(step_lanes *lanes) { *lanes = (vec16){0}; }
+
+static inline float step_total(const step_lanes *even, const step_lanes *odd, const step_lanes *corr) {
+  vec16 acc = *even + *odd;
+  if (corr != NULL) acc += *corr;
+  return sum_lanes(&acc);
+}
+
 /* Blocks [first_block, first_block + step_blocks) of rows row[t < n] into their even and odd units' accumulators,
  * step_blocks at most 16 and first_block a multiple of 16 (so the step starts at an even unit), prefetching the rows
  * next[t] at the same offsets. The step's factors are one vector product, spread over each unit's lanes by one
@@ -1600,46 +1628,23 @@ EDGE_ALWAYS_INLINE void int_dot_rows(int n, const char *const *row, const uint16
                                      int asymmetric, const uint16_t *const *mins, const uint16_t *const *next_mins) {
   int blocks = d / EDGE_QUANT_BLOCK;
   int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2; /* log2 of blocks per group */
-#if EDGE_ROWS_AVX2
-  __m256 even[EDGE_ROWS_AT_ONCE][2], odd[EDGE_ROWS_AT_ONCE][2], corr[EDGE_ROWS_AT_ONCE][2];
+#if EDGE_ROWS_AVX2 || EDGE_ROWS_AVX512
+  step_lanes even[EDGE_ROWS_AT_ONCE], odd[EDGE_ROWS_AT_ONCE], corr[EDGE_ROWS_AT_ONCE];
   for (int t = 0; t < n; t++) {
-    for (int half = 0; half < 2; half++) even[t][half] = odd[t][half] = corr[t][half] = _mm256_setzero_ps();
+    zero_step_lanes(&even[t]);
+    zero_step_lanes(&odd[t]);
+    zero_step_lanes(&corr[t]);
   }
   int first_block = 0;
-  for (; first_block + 8 <= blocks; first_block += 8) {
-    int_dot_step(n, row, scales, dtype, group_log, xa, first_block, 8, next, next_scales, even, odd, asymmetric, mins,
-                 next_mins, corr);
+  for (; first_block + EDGE_STEP_BLOCKS <= blocks; first_block += EDGE_STEP_BLOCKS) {
+    int_dot_step(n, row, scales, dtype, group_log, xa, first_block, EDGE_STEP_BLOCKS, next, next_scales, even, odd,
+                 asymmetric, mins, next_mins, corr);
   }
   if (first_block < blocks) {
     int_dot_step(n, row, scales, dtype, group_log, xa, first_block, blocks - first_block, next, next_scales, even, odd,
                  asymmetric, mins, next_mins, corr);
   }
-  /* lanes l and l + 8 added, then as sum_lanes does (hsum) */
-  for (int t = 0; t < n; t++) {
-    __m256 low = _mm256_add_ps(even[t][0], odd[t][0]), high = _mm256_add_ps(even[t][1], odd[t][1]);
-    if (asymmetric) {
-      low = _mm256_add_ps(low, corr[t][0]);
-      high = _mm256_add_ps(high, corr[t][1]);
-    }
-    out[t] = hsum(_mm256_add_ps(low, high));
-  }
-#elif EDGE_ROWS_AVX512
-  vec16 even[EDGE_ROWS_AT_ONCE], odd[EDGE_ROWS_AT_ONCE], corr[EDGE_ROWS_AT_ONCE];
-  for (int t = 0; t < n; t++) even[t] = odd[t] = corr[t] = (vec16){0};
-  int first_block = 0;
-  for (; first_block + 16 <= blocks; first_block += 16) {
-    int_dot_step(n, row, scales, dtype, group_log, xa, first_block, 16, next, next_scales, even, odd, asymmetric, mins,
-                 next_mins, corr);
-  }
-  if (first_block < blocks) {
-    int_dot_step(n, row, scales, dtype, group_log, xa, first_block, blocks - first_block, next, next_scales, even, odd,
-                 asymmetric, mins, next_mins, corr);
-  }
-  for (int t = 0; t < n; t++) {
-    vec16 acc = even[t] + odd[t];
-    if (asymmetric) acc += corr[t];
-    out[t] = sum_lanes(&acc);
-  }
+  for (int t = 0; t < n; t++) out[t] = step_total(&even[t], &odd[t], asymmetric ? &corr[t] : NULL);
 #else
   unit_accumulator even[EDGE_ROWS_AT_ONCE], odd[EDGE_ROWS_AT_ONCE];
   for (int t = 0; t < n; t++) {
