@@ -80,7 +80,8 @@ def _print_table(rows: dict, indent: str = "") -> None:
             click.echo(f"{indent}{key}:")
             _print_table(value, indent + "  ")
         else:
-            click.echo(f"{indent}{str(key).ljust(width)}  {value}")
+            shown = " ".join(map(str, value)) if isinstance(value, list) else value
+            click.echo(f"{indent}{str(key).ljust(width)}  {shown}")
 
 
 def _needs_export(purpose: str) -> None:

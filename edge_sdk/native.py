@@ -95,6 +95,12 @@ def load_cpu_kernels() -> ctypes.CDLL:
     library.edge_cpu_version.argtypes = []
     library.edge_cpu_max_threads.restype = ctypes.c_int
     library.edge_cpu_max_threads.argtypes = []
+    for name in ("edge_cpu_isa", "edge_cpu_isas", "edge_cpu_isa_error"):
+        getattr(library, name).restype = ctypes.c_char_p
+        getattr(library, name).argtypes = []
+    problem = library.edge_cpu_isa_error()
+    if problem is not None:  # the kernels would run another instruction set than the one asked for
+        raise NativeLibraryError(problem.decode())
     return library
 
 

@@ -6,7 +6,8 @@
 #
 # Builds natively when the target is this machine's architecture, else cross-builds with
 # jetson/cmake/aarch64-linux-gnu.cmake (arm64 only; needs gcc-aarch64-linux-gnu and libcjson-dev:arm64).
-# The library is built without -march=native, so the package runs on any CPU of its architecture.
+# The library is built without -march=native, so the package runs on any CPU of its architecture: it holds one build
+# of the CPU kernels per instruction set and runs the best one the CPU has (kernels/cpu/isa_builds.cmake).
 # Prints the path of the .deb.
 set -euo pipefail
 

@@ -44,7 +44,10 @@ class CpuBackend:
             library = load_cpu_kernels()
         except (NativeLibraryError, OSError) as error:
             return False, str(error)
-        kernels_text = f"native kernels {library.edge_cpu_version().decode()}, {library.edge_cpu_max_threads()} threads"
+        kernels_text = (
+            f"native kernels {library.edge_cpu_version().decode()} ({library.edge_cpu_isa().decode()}), "
+            f"{library.edge_cpu_max_threads()} threads"
+        )
         choice = _engine_choice()
         runtime, runtime_text = _runtime_available()
         if choice == "torch":

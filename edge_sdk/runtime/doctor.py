@@ -51,6 +51,8 @@ def native_libraries() -> dict[str, Any]:
                     "loads": True,
                     "version": library.edge_cpu_version().decode(),
                     "threads": library.edge_cpu_max_threads(),
+                    "isa": library.edge_cpu_isa().decode(),
+                    "isas": library.edge_cpu_isas().decode().split(),
                     "openmp": openmp_waiting(),
                 }
             }

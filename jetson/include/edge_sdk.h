@@ -122,8 +122,12 @@ EDGE_API edge_status edge_options_set_max_seq_len(edge_options *options, int max
 
 /** Whether `backend` ("cpu" or "tensorrt") can run here, before any bundle: EDGE_OK with *description (a static or
  * thread-local text, valid until the next probe on this thread) saying what runs, or EDGE_ERROR_UNAVAILABLE with
- * edge_last_error() saying why not, in this order: this build has no TensorRT engine, TensorRT is older than 10.3,
- * there is no CUDA device, TensorRT cannot load libedge_trt_plugins.so. "tensorrt" registers the plugin library with
+ * edge_last_error() saying why not. "cpu" says which instruction set its kernels run (a package's library holds one
+ * build of them per instruction set and chooses the best this CPU has; the environment variable EDGE_SDK_CPU_ISA, e.g.
+ * "avx2" or "neon", chooses another) and is unavailable only when EDGE_SDK_CPU_ISA names kernels this library or this
+ * CPU does not have, as edge_model_open with backend "cpu" then is. "tensorrt" is unavailable, in this order, when
+ * this build has no TensorRT engine, TensorRT is older than 10.3, there is no CUDA device, TensorRT cannot load
+ * libedge_trt_plugins.so. "tensorrt" registers the plugin library with
  * the process's TensorRT plugin registry (once per process, as edge_model_open does), so a program that builds
  * engines through TensorRT's own API in this process finds the plugins there. */
 EDGE_API edge_status edge_backend_probe(const char *backend, const char **description);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "edge_cpu_kernels.h"
 #include "edge_sdk.h"
 #include "model.h"
 #ifdef EDGE_SDK_HAVE_TENSORRT
@@ -113,13 +114,22 @@ edge_status edge_options_set_max_seq_len(edge_options *options, int max_seq_len)
 
 /* ---- Backends ------------------------------------------------------------------------------------------- */
 
+/* The CPU engine runs wherever the library does; what can stop it is $EDGE_SDK_CPU_ISA naming kernels this library
+ * or this CPU does not have (edge_cpu_kernels.h), which the kernels themselves cannot refuse. */
+static edge_status cpu_probe(const char **description) {
+  static _Thread_local char text[256];
+  const char *problem = edge_cpu_isa_error();
+  if (problem != NULL) return edge_fail(EDGE_ERROR_UNAVAILABLE, "%s", problem);
+  snprintf(text, sizeof text, "the C engine on the CPU kernels (%s; this library holds: %s)", edge_cpu_isa(),
+           edge_cpu_isas());
+  *description = text;
+  return EDGE_OK;
+}
+
 edge_status edge_backend_probe(const char *backend, const char **description) {
   edge_clear_error();
   if (backend == NULL || description == NULL) return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "edge_backend_probe: NULL argument");
-  if (strcmp(backend, "cpu") == 0) {
-    *description = "the C engine on the CPU kernels";
-    return EDGE_OK;
-  }
+  if (strcmp(backend, "cpu") == 0) return cpu_probe(description);
   if (strcmp(backend, "tensorrt") != 0) {
     return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "backend: expected 'cpu' or 'tensorrt', found '%.64s'", backend);
   }
@@ -160,6 +170,9 @@ edge_status edge_model_open(const char *bundle_dir, const edge_options *options,
   if (options == NULL) options = &defaults;
   const struct engine_ops *ops = NULL;
   if (strcmp(options->backend, "cpu") == 0) {
+    const char *description;
+    edge_status usable = cpu_probe(&description);
+    if (usable != EDGE_OK) return usable;
     ops = &cpu_engine_ops;
   } else if (strcmp(options->backend, "tensorrt") == 0) {
 #ifdef EDGE_SDK_HAVE_TENSORRT

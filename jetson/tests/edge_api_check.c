@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "edge_cpu_kernels.h"
 #include "edge_sdk.h"
 
 static int passed, failed;
@@ -137,6 +138,7 @@ static void check_backends(const char *bundle) {
   const char *description = NULL;
   CHECK_STATUS(edge_backend_probe("cpu", &description), EDGE_OK);
   CHECK(description != NULL && strstr(description, "CPU") != NULL);
+  CHECK(strstr(description, edge_cpu_isa()) != NULL && strstr(description, edge_cpu_isas()) != NULL);
   CHECK_STATUS(edge_backend_probe("tensorrt", &description), EDGE_ERROR_UNAVAILABLE);
   CHECK(strstr(edge_last_error(), "this build of libedge_sdk has no TensorRT engine (TensorRT not found at build time)"));
   CHECK_STATUS(edge_backend_probe("gpu", &description), EDGE_ERROR_INVALID_ARGUMENT);

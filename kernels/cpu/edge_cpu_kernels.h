@@ -53,6 +53,23 @@ const char *edge_cpu_version(void);
 /* Threads the kernels use: OpenMP's maximum, or 1 when built without OpenMP. */
 int edge_cpu_max_threads(void);
 
+/* The instruction set the kernels run: "avx512_vnni", "avx512", "avx2_vnni", "avx2", "neon_dotprod", "neon" or
+ * "portable" (plain C that the compiler vectorises). A library compiled for the build machine holds one build of
+ * the kernels; a package's (CMake with EDGE_SDK_NATIVE_ARCH=OFF, and every cross-build) holds one per instruction set
+ * of its architecture and, at the first kernel call or query, chooses the best one this CPU runs, or the one the
+ * environment variable EDGE_SDK_CPU_ISA names ("auto" or unset: the best). The choice holds for the process, and
+ * every build gives the same bits (QUANT.md): it changes the speed only. */
+const char *edge_cpu_isa(void);
+
+/* The instruction sets this library holds, best first, separated by spaces (e.g. "avx512_vnni avx512 avx2_vnni
+ * avx2 portable"). */
+const char *edge_cpu_isas(void);
+
+/* NULL, or why EDGE_SDK_CPU_ISA could not be followed: a name this library does not hold, or an instruction set
+ * this CPU lacks. The kernels then run the automatic choice; programs report the message as an error (edge-sdk's
+ * loader and edge_model_open do). */
+const char *edge_cpu_isa_error(void);
+
 /* SVD predictor (DESIGN 3.2): mask[i] = ((x B^T) A^T)_i + bias_i > 0.
  * x: [d]; a_t: [rank, D], the bundle's svd.a [D, rank] transposed once at load, so the scores of consecutive
  * neurons are vector operations; b: [rank, d]; bias: [D] or NULL (zero bias); all fp32. Each score sums its

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "edge_cpu_isa.h" /* first: the kernels under this build's names */
 #include "edge_cpu_kernels.h"
 #include "edge_cpu_internal.h"
 

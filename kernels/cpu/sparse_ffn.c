@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "edge_cpu_isa.h" /* first: the kernels under this build's names */
 #include "edge_cpu_kernels.h"
 #include "edge_cpu_internal.h"
 
@@ -2319,3 +2320,5 @@ int edge_cpu_matvec_q(const float *x, int in, int out, const void *w, const uint
   struct edge_cpu_matrix matrix = {w, scales, mins, quant_format, group_size, out, bias, y};
   return edge_cpu_matvecs(x, in, &matrix, 1, threads);
 }
+
+const char *EDGE_CPU_ISA_NAME(edge_cpu_build_isa)(void) { return EDGE_CPU_COMPILED_ISA; }

@@ -8,7 +8,9 @@
  * output: for threads 1, 2, 4: float y[d] of edge_cpu_sparse_ffn_q (edge_cpu_sparse_ffn), uint8 active[D];
  *         for threads 1, 4: float gate_x[D] of edge_cpu_matvec_q (edge_cpu_matvec) on the gate matrix;
  *         format EDGE_F16 only: float z[SVD_RANK] = x B^T and uint8 mask[D] of edge_cpu_svd_predictor_f16, with the
- *         gate matrix's first SVD_RANK * D halves as A^T [SVD_RANK, D] and up's first SVD_RANK rows as B */
+ *         gate matrix's first SVD_RANK * D halves as A^T [SVD_RANK, D] and up's first SVD_RANK rows as B
+ * stdout: the instruction set the kernels ran (edge_cpu_isa); with EDGE_SDK_CPU_ISA naming kernels the library or the
+ *         CPU does not have, the reason on stderr and exit status 4, before anything runs */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -30,6 +32,10 @@ int main(int argc, char **argv) {
   if (argc != 3) {
     fprintf(stderr, "usage: %s INPUT OUTPUT\n", argv[0]);
     return 2;
+  }
+  if (edge_cpu_isa_error() != NULL) {
+    fprintf(stderr, "%s\n", edge_cpu_isa_error());
+    return 4;
   }
   FILE *input = fopen(argv[1], "rb");
   if (input == NULL) return 2;
@@ -80,5 +86,6 @@ int main(int argc, char **argv) {
     fwrite(z, sizeof(float), SVD_RANK, output);
     fwrite(active, 1, (size_t)D, output);
   }
+  printf("%s\n", edge_cpu_isa());
   return fclose(output) == 0 ? 0 : 2;
 }

@@ -10,11 +10,13 @@ harness also runs the fp16 kernels (NEON's own rows), checked against the refere
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,7 +170,8 @@ AARCH64_TOOLS = pytest.mark.skipif(
     reason="needs gcc-aarch64-linux-gnu, libc6-arm64-cross and qemu-user",
 )
 # the cross toolchain's own libc and libgomp first (see tests/jetson/support.py qemu_command); -cpu max has dotprod
-QEMU = ["qemu-aarch64", "-cpu", "max", "-L", str(AARCH64_SYSROOT), "-E", f"LD_LIBRARY_PATH={AARCH64_SYSROOT / 'lib'}"]
+QEMU_SYSROOT = ["-L", str(AARCH64_SYSROOT), "-E", f"LD_LIBRARY_PATH={AARCH64_SYSROOT / 'lib'}"]
+QEMU = ["qemu-aarch64", "-cpu", "max", *QEMU_SYSROOT]
 
 
 def build_harness(tmp_path: Path, compiler: str, flags: list[str], name: str) -> Path:
@@ -181,16 +184,24 @@ def build_harness(tmp_path: Path, compiler: str, flags: list[str], name: str) ->
     return binary
 
 
-def run_harness(tmp_path: Path, command: list[str], env: dict[str, str] | None = None) -> list[bytes]:
-    """The harness's output for each of HARNESS_CASES (written once per test directory)."""
+def run_harness(
+    tmp_path: Path,
+    command: list[str],
+    env: dict[str, str] | None = None,
+    isa: str | None = None,
+    cases: Sequence[int] = range(len(HARNESS_CASES)),
+) -> list[bytes]:
+    """The harness's output for each of HARNESS_CASES, or those numbered in cases (written once per test directory);
+    with isa, each run must say it ran that instruction set's kernels."""
     outputs = []
-    for index, case in enumerate(HARNESS_CASES):
+    for index in cases:
         path, output = tmp_path / f"case{index}.bin", tmp_path / f"out{index}.bin"
         if not path.exists():
-            harness_case(path, case, HARNESS_NEURONS, seed=case.seed(index))
+            harness_case(path, HARNESS_CASES[index], HARNESS_NEURONS, seed=HARNESS_CASES[index].seed(index))
         run = subprocess.run([*command, str(path), str(output)], capture_output=True, text=True, timeout=300,
                              env={**os.environ, **(env or {})})  # fmt: skip
         assert run.returncode == 0, run.stderr
+        assert isa is None or run.stdout.strip() == isa
         outputs.append(output.read_bytes())
     return outputs
 
@@ -373,3 +384,103 @@ def test_the_library_python_loads_writes_the_portable_builds_bytes(tmp_path):
         ffn_bytes = case.d * 4 + HARNESS_NEURONS
         assert found == expected[index][: case.d * 4], f"case {index} {case}: the FFN's output"
         assert gate_x.numpy().astype("<f4").tobytes() == expected[index][3 * ffn_bytes :][: HARNESS_NEURONS * 4]
+
+
+# A package's library (CMake with EDGE_SDK_NATIVE_ARCH=OFF, or a cross-build) holds one build of the kernels per
+# instruction set and runs the best one the CPU has (kernels/cpu/isa_dispatch.c). The CPU flags (/proc/cpuinfo names)
+# each x86-64 build needs, best first: x86-64-v3 (pni is SSE3, abm is LZCNT) and x86-64-v4.
+X86_64_V3 = {"pni", "ssse3", "sse4_1", "sse4_2", "popcnt", "cx16", "lahf_lm", "avx", "avx2", "bmi1", "bmi2", "f16c",
+             "fma", "abm", "movbe"}  # fmt: skip
+X86_64_V4 = X86_64_V3 | {"avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl"}
+X86_DISPATCH = {
+    "avx512_vnni": X86_64_V4 | {"avx512_vnni"},
+    "avx512": X86_64_V4,
+    "avx2_vnni": X86_64_V3 | {"avx_vnni"},
+    "avx2": X86_64_V3,
+    "portable": set(),
+}
+AARCH64_TOOLCHAIN = ROOT / "jetson" / "cmake" / "aarch64-linux-gnu.cmake"
+# the cases the dispatch tests run: int8, symmetric int4 at G 64 and 32, asymmetric int4 (every build's own paths)
+DISPATCH_CASES = [0, 1, 3, 7]
+cmake = pytest.mark.skipif(shutil.which("cmake") is None, reason="builds the package's kernel library with cmake")
+
+
+def build_package_library(tmp_path: Path, toolchain: Path | None = None) -> Path:
+    """libedge_cpu_kernels.so as a package builds it: CMake without -march=native (cross-built with toolchain)."""
+    build = tmp_path / "build"
+    cross = [f"-DCMAKE_TOOLCHAIN_FILE={toolchain}"] if toolchain else []
+    configure = ["cmake", "-S", str(ROOT), "-B", str(build), "-DEDGE_SDK_NATIVE_ARCH=OFF", "-DEDGE_SDK_CUDA=OFF",
+                 "-DCMAKE_BUILD_TYPE=Release", *cross]  # fmt: skip
+    for command in (configure, ["cmake", "--build", str(build), "--target", "edge_cpu_kernels", "-j", "2"]):
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return build / "libedge_cpu_kernels.so"
+
+
+def link_harness(tmp_path: Path, compiler: str, library: Path) -> Path:
+    """The harness linked against a built kernel library instead of compiled with the kernel sources."""
+    binary = tmp_path / f"quant_kernels_check-linked-{compiler}"
+    command = [compiler, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{ROOT / 'kernels' / 'cpu'}", "-o",
+               str(binary), str(QUANT_CHECK), f"-L{library.parent}", "-ledge_cpu_kernels",
+               f"-Wl,-rpath,{library.parent}"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return binary
+
+
+def refused(tmp_path: Path, command: list[str], isa: str) -> str:
+    """The harness's error when EDGE_SDK_CPU_ISA names isa, which it must refuse before running anything."""
+    index = DISPATCH_CASES[0]
+    path = tmp_path / f"case{index}.bin"
+    run = subprocess.run([*command, str(path), str(tmp_path / "refused.bin")], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "EDGE_SDK_CPU_ISA": isa})  # fmt: skip
+    assert run.returncode == 4 and run.stdout == "" and not (tmp_path / "refused.bin").exists(), run.stderr
+    return run.stderr
+
+
+@x86_64_gcc
+@cmake
+def test_a_package_library_holds_every_x86_build_and_runs_the_best_this_cpu_has(tmp_path):
+    """Each build in the library writes the single portable build's bytes, the automatic choice is the best build
+    this CPU runs, EDGE_SDK_CPU_ISA picks any other it runs, and naming one it does not run, or no build at all, is
+    refused with the reason."""
+    library = build_package_library(tmp_path)
+    code = subprocess.run(["objdump", "-d", str(library)], capture_output=True, text=True, check=True).stdout
+    assert "vpdpbusd" in code and "%zmm" in code and "%ymm" in code  # the VNNI, AVX-512 and AVX2 builds are in it
+    kernels = ctypes.CDLL(str(library))
+    kernels.edge_cpu_isas.restype = ctypes.c_char_p
+    assert kernels.edge_cpu_isas().decode() == " ".join(X86_DISPATCH)
+    harness = link_harness(tmp_path, "gcc", library)
+    portable = build_harness(tmp_path, "gcc", ["-march=x86-64"], "portable")
+    expected = run_harness(tmp_path, [str(portable)], isa="portable", cases=DISPATCH_CASES)
+    runnable = [name for name, needed in X86_DISPATCH.items() if needed <= cpu_flags()]
+    assert run_harness(tmp_path, [str(harness)], isa=runnable[0], cases=DISPATCH_CASES) == expected
+    for name in runnable[1:]:
+        found = run_harness(tmp_path, [str(harness)], {"EDGE_SDK_CPU_ISA": name}, isa=name, cases=DISPATCH_CASES)
+        assert found == expected, f"the library's {name} build differs from the portable build"
+    for name in X86_DISPATCH.keys() - set(runnable):
+        assert f"EDGE_SDK_CPU_ISA={name}: this CPU lacks" in refused(tmp_path, [str(harness)], name)
+    message = refused(tmp_path, [str(harness)], "avx1024")
+    assert "not an instruction set of this library's kernels, which hold: " + " ".join(X86_DISPATCH) in message
+    single = refused(tmp_path, [str(portable)], "avx2")
+    assert "hold: portable" in single and "-DEDGE_SDK_NATIVE_ARCH=OFF" in single
+
+
+@AARCH64_TOOLS
+@x86_64_gcc
+@cmake
+def test_a_cross_built_aarch64_library_uses_the_dot_product_where_the_cpu_has_it(tmp_path):
+    """The aarch64 library holds NEON with and without the dot-product instructions: qemu's Cortex-A72 (Armv8.0, no
+    dotprod) runs the NEON build and its `max` CPU the dotprod one, both writing the portable x86 build's bytes."""
+    library = build_package_library(tmp_path, AARCH64_TOOLCHAIN)
+    code = subprocess.run(["aarch64-linux-gnu-objdump", "-d", str(library)], capture_output=True, text=True).stdout
+    assert "sdot\tv" in code and "smull\tv" in code
+    harness = link_harness(tmp_path, "aarch64-linux-gnu-gcc", library)
+    portable = build_harness(tmp_path, "gcc", ["-march=x86-64"], "portable")
+    expected = run_harness(tmp_path, [str(portable)], cases=DISPATCH_CASES)
+    on_a72 = ["qemu-aarch64", "-cpu", "cortex-a72", *QEMU_SYSROOT, str(harness)]
+    on_max = [*QEMU, str(harness)]
+    assert run_harness(tmp_path, on_a72, isa="neon", cases=DISPATCH_CASES) == expected
+    assert run_harness(tmp_path, on_max, isa="neon_dotprod", cases=DISPATCH_CASES) == expected
+    assert run_harness(tmp_path, on_max, {"EDGE_SDK_CPU_ISA": "neon"}, isa="neon", cases=DISPATCH_CASES) == expected
+    assert "EDGE_SDK_CPU_ISA=neon_dotprod: this CPU lacks" in refused(tmp_path, on_a72, "neon_dotprod")

@@ -111,15 +111,16 @@ def require_tools(*tools: tuple[str, str]) -> None:
             pytest.skip(f"{tool} not found: apt-get install {package}")
 
 
-def qemu_command(binary: Path, library_path: Path | None = None) -> list[str | Path]:
+def qemu_command(binary: Path, library_path: Path | None = None, cpu: str = "max") -> list[str | Path]:
     """How to run an aarch64 binary here (a build's libedge_sdk is found through the binary's RPATH, an installed
-    one through library_path).
+    one through library_path), on qemu's model of `cpu` ("max": every extension qemu has, the dot product included;
+    "cortex-a72": Armv8.0, without it).
 
     libcjson-dev:arm64 pulls in the multiarch libc6:arm64, whose libc.so.6 the cross loader of
     /usr/aarch64-linux-gnu would otherwise pick up; the two glibc builds hang together in pthread_create, so
     LD_LIBRARY_PATH puts the cross toolchain's own libc (and libgomp) first."""
     paths = ":".join(str(path) for path in (library_path, f"{AARCH64_SYSROOT}/lib") if path is not None)
-    return ["qemu-aarch64", "-L", AARCH64_SYSROOT, "-E", f"LD_LIBRARY_PATH={paths}", binary]
+    return ["qemu-aarch64", "-cpu", cpu, "-L", AARCH64_SYSROOT, "-E", f"LD_LIBRARY_PATH={paths}", binary]
 
 
 def generate_command(binary_prefix: list[str | Path], bundle: Path, *extra: str) -> list[str | Path]:

@@ -1,6 +1,6 @@
 """The Debian packages of the C runtime (packaging/build_deb.sh): extracted into a temporary root, the amd64 package
 builds the example through pkg-config and runs it; the arm64 package runs under qemu. Both give the Python CPU
-backend's greedy ids."""
+backend's greedy ids, on every build of the kernels they hold (one per instruction set, chosen at run time)."""
 
 from __future__ import annotations
 
@@ -58,6 +58,13 @@ def test_amd64_package_builds_the_example_through_pkg_config(tmp_path, bundles, 
         assert result.returncode == 0, result.stderr
         assert [int(token) for token in result.stdout.split()] == python_greedy_ids["svd-fp32"]
     assert f"=> {libdir}/libedge_sdk.so." in run(["ldd", binary], env=run_env, check=True).stdout
+    # the package runs on any x86-64: its baseline build of the kernels gives the same tokens
+    result = run([binary, bundles["svd-fp32"], PROMPT, *command], env=run_env | {"EDGE_SDK_CPU_ISA": "portable"})
+    assert result.returncode == 0, result.stderr
+    assert [int(token) for token in result.stdout.split()] == python_greedy_ids["svd-fp32"]
+    refused = run([binary, bundles["svd-fp32"], PROMPT, *command], env=run_env | {"EDGE_SDK_CPU_ISA": "sse9"})
+    assert refused.returncode != 0 and refused.stdout == ""
+    assert "EDGE_SDK_CPU_ISA=sse9: not an instruction set" in refused.stderr and "avx2 portable" in refused.stderr
 
 
 def test_arm64_package_runs_under_qemu(tmp_path, bundles, python_greedy_ids):
@@ -69,8 +76,13 @@ def test_arm64_package_runs_under_qemu(tmp_path, bundles, python_greedy_ids):
     )
     root = build_and_extract("arm64", tmp_path)
     libdir = root / "usr" / "lib" / "aarch64-linux-gnu"
-    assert "AArch64" in run(["readelf", "-h", libdir / "libedge_sdk.so.0.1.0"], check=True).stdout
-    command = qemu_command(root / "usr" / "bin" / "edge_generate", library_path=libdir)
-    result = run([*command, bundles["signbit-fp32"], PROMPT, "-n", str(STEPS), "--threads", "1", "--ids"], timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert [int(token) for token in result.stdout.split()] == python_greedy_ids["signbit-fp32"]
+    library = libdir / "libedge_sdk.so.0.1.0"
+    assert "AArch64" in run(["readelf", "-h", library], check=True).stdout
+    code = run(["aarch64-linux-gnu-objdump", "-d", library], check=True).stdout
+    assert "sdot\tv" in code and "smull\tv" in code  # the kernels with and without the dot product (an Orin has it)
+    for cpu in ("max", "cortex-a72"):  # qemu's max has the dot product, its Cortex-A72 (Armv8.0) does not
+        command = qemu_command(root / "usr" / "bin" / "edge_generate", library_path=libdir, cpu=cpu)
+        arguments = [bundles["signbit-fp32"], PROMPT, "-n", str(STEPS), "--threads", "1", "--ids"]
+        result = run([*command, *arguments], timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert [int(token) for token in result.stdout.split()] == python_greedy_ids["signbit-fp32"]
