@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from edge_sdk import __version__
+from edge_sdk.native import load_cpu_kernels
 
 COMMIT_ENV = "EDGE_SDK_RECORD_COMMIT"
 
@@ -53,6 +54,8 @@ def machine_description() -> dict[str, Any]:
     torch = sys.modules.get("torch")  # recorded when the benchmark ran through torch; never imported for this
     if torch is not None:
         description |= {"torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+    if load_cpu_kernels.cache_info().currsize:  # the kernels' instruction set, when the benchmark ran them
+        description["cpu_kernels_isa"] = load_cpu_kernels().edge_cpu_isa().decode()
     return description
 
 

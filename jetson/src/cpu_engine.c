@@ -1,4 +1,5 @@
-/* The CPU engine: the whole decoder in C (llama2.c layout), the FFN in the shared CPU kernels.
+/* The CPU engine: the whole decoder in C (llama2.c layout); the FFN, the projections, the predictors and the attention
+ * in the shared CPU kernels (kernels/cpu), which a package's library holds for each instruction set.
  *
  *   Config   struct model_config (model.h), read from the manifest
  *   Weights  struct cpu_weights: pointers into the read-only mapping of weights.safetensors, never copied.
@@ -31,13 +32,8 @@
 #include "edge_cpu_internal.h"
 #include "model.h"
 
-#if defined(__aarch64__)
-#include <arm_neon.h>
-#endif
-
 /* Below this many multiply-adds a matrix-vector product runs on one thread (thread start-up costs more). */
 #define PARALLEL_MIN_WORK (1 << 16)
-#define LANES 16
 
 struct matrix {
   const void *data; /* [rows, cols] row-major: dtype EDGE_F32 or EDGE_F16, or the codes of EDGE_Q8 / EDGE_Q4 */
@@ -608,271 +604,16 @@ static void rope(float *v, int n_heads, int hd, const float *cos_row, const floa
   }
 }
 
-/* e^x for x <= 0 (softmax scores minus their maximum), within 2 ulp of expf; results below e^-87.3 (under
- * FLT_MIN, negligible next to the maximum's e^0 = 1) are flushed to 0. Branch-free arithmetic that GCC
- * vectorises, where a libm expf call per score cost most of the attention; with floating-point contraction off
- * in this file it rounds identically on every target. Cephes' expf: e^x = 2^n e^r, |r| <= ln2 / 2. */
-static inline float exp_nonpositive(float x) {
-  float clamped = x < -87.3f ? -87.3f : x;
-  /* n = round(x / ln2): adding and subtracting 1.5 * 2^23 rounds to an integer (floorf does not vectorise) */
-  float n = (clamped * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  float r = clamped - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  float y = p * (r * r) + r + 1.0f;
-  uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
-  float scale;
-  memcpy(&scale, &bits, sizeof scale);
-  return x < -87.3f ? 0.0f : y * scale;
-}
-
-/* Heads attended together. A head's value sums add one position after the other, and with AVX-512 a vec16 is one
- * register, so a lone head of 32 dimensions is two dependency chains waiting on the adder's latency; four heads'
- * chains are independent and interleave (benchmarks/README.md: "Attention of four heads at once"). Each head's
- * arithmetic and its order stay exactly those of the head alone. Elsewhere a vec16 is two (AVX2) or four (NEON)
- * registers, already as many independent chains, and more heads would only spill registers. */
-#ifdef __AVX512F__
-#define HEAD_BLOCK 4
-#else
-#define HEAD_BLOCK 1
-#endif
-
-#if defined(__aarch64__)
-/* The NEON forms of score_vectors and weighted_values below: each 16-lane vector as four q registers, where GCC's
- * vec16 kept the sums on the stack around every multiply and add (the disassembly of attend_head_range); the same
- * multiply and add per lane, in the same order (HEAD_BLOCK is 1 here). */
-static inline __attribute__((always_inline)) void score_vectors(float *const scores[], const float *const keys[],
-                                                                size_t stride, const float *const q[], int n_heads,
-                                                                int hd, float scale, int n_vectors) {
-  (void)n_heads;
-  float32x4_t sum[4][4];
-  for (int v = 0; v < n_vectors; v++) {
-    for (int l = 0; l < 4; l++) sum[v][l] = vdupq_n_f32(0);
-  }
-  for (int i = 0; i < hd; i++) {
-    const float *row = keys[0] + (size_t)i * stride;
-    float qi = q[0][i];
-    for (int v = 0; v < n_vectors; v++) {
-      for (int l = 0; l < 4; l++) sum[v][l] = vaddq_f32(sum[v][l], vmulq_n_f32(vld1q_f32(row + 16 * v + 4 * l), qi));
-    }
-  }
-  for (int v = 0; v < n_vectors; v++) {
-    for (int l = 0; l < 4; l++) vst1q_f32(scores[0] + 16 * v + 4 * l, vmulq_n_f32(sum[v][l], scale));
-  }
-}
-
-/* sums[0 .. n_quarters) += w * v[0 .. 4 n_quarters) */
-static inline __attribute__((always_inline)) void add_weighted(float32x4_t *sums, int n_quarters, float w,
-                                                               const float *v) {
-  for (int l = 0; l < n_quarters; l++) sums[l] = vaddq_f32(sums[l], vmulq_n_f32(vld1q_f32(v + 4 * l), w));
-}
-
-static void weighted_values(float *const out[], const float *const weights[], const float *const values[],
-                            int n_heads, size_t row_stride, int first, int pos, int hd) {
-  (void)n_heads;
-  int i0 = 0;
-  for (; i0 + 32 <= hd; i0 += 32) {
-    float32x4_t sums[8];
-    for (int l = 0; l < 8; l++) sums[l] = vdupq_n_f32(0);
-    for (int t = first; t <= pos; t++) add_weighted(sums, 8, weights[0][t], values[0] + (size_t)t * row_stride + i0);
-    for (int l = 0; l < 8; l++) vst1q_f32(out[0] + i0 + 4 * l, sums[l]);
-  }
-  for (; i0 + 16 <= hd; i0 += 16) {
-    float32x4_t sums[4];
-    for (int l = 0; l < 4; l++) sums[l] = vdupq_n_f32(0);
-    for (int t = first; t <= pos; t++) add_weighted(sums, 4, weights[0][t], values[0] + (size_t)t * row_stride + i0);
-    for (int l = 0; l < 4; l++) vst1q_f32(out[0] + i0 + 4 * l, sums[l]);
-  }
-  for (; i0 < hd; i0++) {
-    float sum = 0.0f;
-    for (int t = first; t <= pos; t++) sum += weights[0][t] * values[0][(size_t)t * row_stride + (size_t)i0];
-    out[0][i0] = sum;
-  }
-}
-
-#else
-/* For each of n_heads heads j: scores[j][0:16 * n_vectors] = scale * (q[j] . keys[j][:, 0:16 * n_vectors]),
- * n_vectors in 1..4, keys position-minor rows of `stride` floats; each score sums over the head dimension in
- * order. */
-static inline void score_vectors(float *const scores[], const float *const keys[], size_t stride,
-                                 const float *const q[], int n_heads, int hd, float scale, int n_vectors) {
-  vec16 sum[HEAD_BLOCK][4] = {{{0}}};
-  for (int i = 0; i < hd; i++) {
-    for (int j = 0; j < n_heads; j++) {
-      const float *row = keys[j] + (size_t)i * stride;
-      for (int v = 0; v < n_vectors; v++) sum[j][v] += q[j][i] * VEC16_AT(row + 16 * v);
-    }
-  }
-  for (int j = 0; j < n_heads; j++) {
-    for (int v = 0; v < n_vectors; v++) VEC16_AT(scores[j] + 16 * v) = sum[j][v] * scale;
-  }
-}
-
-/* For each of n_heads heads j: out[j][0:hd] = sum over t in [first, pos] of weights[j][t] * values[j][t][0:hd],
- * positions in order, 32 or 16 dimensions at a time in registers. */
-static void weighted_values(float *const out[], const float *const weights[], const float *const values[],
-                            int n_heads, size_t row_stride, int first, int pos, int hd) {
-  int i0 = 0;
-  for (; i0 + 32 <= hd; i0 += 32) {
-    vec16 low[HEAD_BLOCK] = {{0}}, high[HEAD_BLOCK] = {{0}};
-    for (int t = first; t <= pos; t++) {
-      for (int j = 0; j < n_heads; j++) {
-        const float *v = values[j] + (size_t)t * row_stride + (size_t)i0;
-        low[j] += weights[j][t] * VEC16_AT(v);
-        high[j] += weights[j][t] * VEC16_AT(v + 16);
-      }
-    }
-    for (int j = 0; j < n_heads; j++) {
-      VEC16_AT(out[j] + i0) = low[j];
-      VEC16_AT(out[j] + i0 + 16) = high[j];
-    }
-  }
-  for (; i0 + 16 <= hd; i0 += 16) {
-    vec16 sum[HEAD_BLOCK] = {{0}};
-    for (int t = first; t <= pos; t++) {
-      for (int j = 0; j < n_heads; j++) {
-        sum[j] += weights[j][t] * VEC16_AT(values[j] + (size_t)t * row_stride + (size_t)i0);
-      }
-    }
-    for (int j = 0; j < n_heads; j++) VEC16_AT(out[j] + i0) = sum[j];
-  }
-  for (; i0 < hd; i0++) {
-    for (int j = 0; j < n_heads; j++) {
-      float sum = 0.0f;
-      for (int t = first; t <= pos; t++) sum += weights[j][t] * values[j][(size_t)t * row_stride + (size_t)i0];
-      out[j][i0] = sum;
-    }
-  }
-}
-
-#endif
-
-/* scores[0:n] = softmax(scores[0:n]). The maximum and the sum are taken in LANES lanes (k % LANES) with a fixed
- * final order, so they do not depend on threads. The last n % LANES scores go through a full vector padded with
- * -inf (whose exponentials are 0 and leave the lane sums exact), not through a scalar loop per pass; exponentials
- * and their sum share one pass. */
-static void softmax(float *scores, int n) {
-  int full = n / LANES * LANES;
-  float tail[LANES];
-  for (int l = 0; l < LANES; l++) tail[l] = l < n - full ? scores[full + l] : -INFINITY;
-  float lane_max[LANES];
-  for (int l = 0; l < LANES; l++) lane_max[l] = tail[l];
-  for (int k = 0; k < full; k += LANES) {
-    for (int l = 0; l < LANES; l++) lane_max[l] = scores[k + l] > lane_max[l] ? scores[k + l] : lane_max[l];
-  }
-  float max = lane_max[0];
-  for (int l = 1; l < LANES; l++) max = lane_max[l] > max ? lane_max[l] : max;
-  float partial[LANES] = {0};
-  for (int k = 0; k < full; k += LANES) {
-    for (int l = 0; l < LANES; l++) {
-      scores[k + l] = exp_nonpositive(scores[k + l] - max);
-      partial[l] += scores[k + l];
-    }
-  }
-  for (int l = 0; l < LANES; l++) {
-    tail[l] = exp_nonpositive(tail[l] - max);
-    partial[l] += tail[l];
-  }
-  for (int half = LANES / 2; half > 0; half /= 2) {
-    for (int l = 0; l < half; l++) partial[l] += partial[l + half];
-  }
-  float sum = partial[0];
-  for (int k = 0; k < full; k += LANES) {
-    for (int l = 0; l < LANES; l++) scores[k + l] /= sum;
-  }
-  for (int l = 0; l < LANES; l++) tail[l] /= sum;
-  for (int l = 0; l < n - full; l++) scores[full + l] = tail[l];
-}
-
-/* Attention of heads [h0, h0 + n_heads) (n_heads <= HEAD_BLOCK) for the token at pos over positions
- * [first, pos] of one layer's cache. */
-static inline __attribute__((always_inline)) void attend_heads(const struct run_state *s, struct token_buffers *t,
-                                                              int layer, int pos, int first, int h0, int n_heads) {
-  const struct model_config *c = s->engine->config;
-  int hd = c->head_dim, groups = c->num_heads / c->num_kv_heads;
-  size_t kv_dim = (size_t)c->num_kv_heads * (size_t)hd, seq = (size_t)c->max_seq_len;
-  size_t stride = s->key_stride;
-  float scale = 1.0f / sqrtf((float)hd);
-  const float *layer_keys = s->key_cache + (size_t)layer * kv_dim * stride;
-  const float *layer_values = s->value_cache + (size_t)layer * seq * kv_dim;
-  const float *q[HEAD_BLOCK], *keys[HEAD_BLOCK], *values[HEAD_BLOCK], *weights[HEAD_BLOCK];
-  float *scores[HEAD_BLOCK], *out[HEAD_BLOCK];
-  for (int j = 0; j < n_heads; j++) {
-    int h = h0 + j;
-    size_t kv_head = (size_t)(h / groups);
-    q[j] = t->q + (size_t)h * (size_t)hd;
-    keys[j] = layer_keys + kv_head * (size_t)hd * stride + (size_t)first; /* [hd, stride] from first */
-    values[j] = layer_values + kv_head * (size_t)hd;
-    scores[j] = t->scores + (size_t)h * seq + first; /* scores[j][k]: position first + k */
-    weights[j] = scores[j] - first;
-    out[j] = t->attn + (size_t)h * (size_t)hd;
-  }
-  int n = pos - first + 1;
-  int k = 0;
-  for (; k + 64 <= n; k += 64) {
-    const float *keys_k[HEAD_BLOCK];
-    float *scores_k[HEAD_BLOCK];
-    for (int j = 0; j < n_heads; j++) {
-      keys_k[j] = keys[j] + k;
-      scores_k[j] = scores[j] + k;
-    }
-    score_vectors(scores_k, keys_k, stride, q, n_heads, hd, scale, 4);
-  }
-  for (; k < n; k += 16) {
-    /* the last vector reads the cache up to 15 positions past pos (within key_stride) but keeps only n */
-    float tail[HEAD_BLOCK][16];
-    const float *keys_k[HEAD_BLOCK];
-    float *tails[HEAD_BLOCK];
-    for (int j = 0; j < n_heads; j++) {
-      keys_k[j] = keys[j] + k;
-      tails[j] = tail[j];
-    }
-    score_vectors(tails, keys_k, stride, q, n_heads, hd, scale, 1);
-    size_t kept = (size_t)(n - k < 16 ? n - k : 16) * sizeof(float);
-    for (int j = 0; j < n_heads; j++) memcpy(scores[j] + k, tail[j], kept);
-  }
-  for (int j = 0; j < n_heads; j++) softmax(scores[j], n);
-  weighted_values(out, weights, values, n_heads, kv_dim, first, pos, hd);
-}
-
-/* Attention of heads [h0, h1) in blocks of HEAD_BLOCK, then of two and one (block sizes the compiler sees as
- * constants, so each block's loops over heads unroll). */
-static void attend_head_range(const struct run_state *s, struct token_buffers *t, int layer, int pos, int first,
-                              int h0, int h1) {
-  int h = h0;
-  for (; h + HEAD_BLOCK <= h1; h += HEAD_BLOCK) attend_heads(s, t, layer, pos, first, h, HEAD_BLOCK);
-  if (HEAD_BLOCK > 2 && h + 2 <= h1) {
-    attend_heads(s, t, layer, pos, first, h, 2);
-    h += 2;
-  }
-  for (; h < h1; h++) attend_heads(s, t, layer, pos, first, h, 1);
-}
-
-/* Attention of the token at pos over one layer's cache (within the sliding window when the model has one),
- * every head; blocks of heads in parallel on the token's threads when there is enough work, without an OpenMP
- * region otherwise (its cost per call is as large as a small model's whole attention). Each head's sums are the
- * same whichever thread computes them. */
+/* Attention of the token at pos over one layer's cache (within the sliding window when the model has one), every
+ * head: the attention kernel, on the token's threads when there is enough work. */
 static void attention(const struct run_state *s, struct token_buffers *t, int layer, int pos) {
   const struct model_config *c = s->engine->config;
   int first = c->sliding_window > 0 && pos - c->sliding_window + 1 > 0 ? pos - c->sliding_window + 1 : 0;
-  int n_heads = c->num_heads;
-#ifdef _OPENMP
-  if ((int64_t)n_heads * (pos - first + 1) * c->head_dim >= PARALLEL_MIN_WORK && t->threads > 1) {
-    int n_blocks = (n_heads + HEAD_BLOCK - 1) / HEAD_BLOCK;
-#pragma omp parallel for schedule(static) num_threads(t->threads)
-    for (int b = 0; b < n_blocks; b++) {
-      int h1 = (b + 1) * HEAD_BLOCK < n_heads ? (b + 1) * HEAD_BLOCK : n_heads;
-      attend_head_range(s, t, layer, pos, first, b * HEAD_BLOCK, h1);
-    }
-    return;
-  }
-#endif
-  attend_head_range(s, t, layer, pos, first, 0, n_heads);
+  size_t kv_dim = (size_t)c->num_kv_heads * (size_t)c->head_dim, seq = (size_t)c->max_seq_len;
+  const float *layer_keys = s->key_cache + (size_t)layer * kv_dim * s->key_stride;
+  const float *layer_values = s->value_cache + (size_t)layer * seq * kv_dim;
+  edge_cpu_attention(t->q, c->num_heads, c->num_kv_heads, c->head_dim, layer_keys, s->key_stride, layer_values, first,
+                     pos, t->scores, seq, t->attn, t->threads);
 }
 
 /* Writes the (rotated) key of position pos into layer's position-minor key cache. */

@@ -1,12 +1,13 @@
-/* One instruction-set build of the kernels (sparse_ffn.c, predictors.c), which include this header first.
+/* One instruction-set build of the kernels (sparse_ffn.c, predictors.c, attention.c, which include this header
+ * first).
  *
  * A library can hold several builds of the kernel sources, each compiled for one instruction set, and choose one
  * when it first runs (isa_dispatch.c): a Debian package or a wheel then runs AVX-512 or AVX2 code on a CPU that has
  * it and the portable path elsewhere, and NEON's dot-product instructions on an Orin. So every kernel function a
  * build defines carries the build's name (edge_cpu_sparse_ffn_q_avx2 for EDGE_CPU_ISA_BUILD avx2), and
  * isa_dispatch.c defines the public names of edge_cpu_kernels.h over the build it chose. A library of one build
- * (compiled for the build machine, or by one plain compiler command over the kernel sources) holds the build named `single`. Internal,
- * not installed; only the kernel sources include it. */
+ * (compiled for the build machine, or by one plain compiler command over the kernel sources) holds the build named
+ * `single`. Internal, not installed; only the kernel sources include it. */
 #ifndef EDGE_CPU_ISA_H
 #define EDGE_CPU_ISA_H
 
@@ -20,6 +21,7 @@
 
 /* The kernels' definitions (and edge_cpu_kernels.h's prototypes, included after this) under the build's names. A
  * macro does not expand inside its own expansion, so each name below becomes name_<build> once. */
+#define edge_cpu_attention EDGE_CPU_ISA_NAME(edge_cpu_attention)
 #define edge_cpu_svd_predictor EDGE_CPU_ISA_NAME(edge_cpu_svd_predictor)
 #define edge_cpu_svd_predictor_f16 EDGE_CPU_ISA_NAME(edge_cpu_svd_predictor_f16)
 #define edge_cpu_signbit_predictor EDGE_CPU_ISA_NAME(edge_cpu_signbit_predictor)

@@ -176,6 +176,22 @@ int edge_cpu_sparse_ffn_q(const float *x, int d, int D, const void *w_gate, cons
 int edge_cpu_matvec_q(const float *x, int in, int out, const void *w, const uint16_t *scales, const uint16_t *mins,
                       int quant_format, int group_size, const float *bias, float *y, int threads);
 
+/* Attention of one decode token over a layer's KV cache, every head: for query head h (KV head g = h / (n_heads /
+ * n_kv_heads), GQA), s_t = scale * (q_h . k_{g,t}) with scale = 1 / sqrt(head_dim) for the positions t in [first,
+ * pos], w = softmax(s), out_h = sum over t of w_t v_{g,t}. q: [n_heads * head_dim]; keys: the layer's key cache,
+ * position-minor, [n_kv_heads * head_dim, key_stride] (dimension i of KV head g at position t is keys[(g * head_dim
+ * + i) * key_stride + t]), read in whole vectors of 16 positions from first, so key_stride >= first + 16 * ceil((pos
+ * - first + 1) / 16) (the positions past pos are read and ignored); values: position-major, [positions, n_kv_heads *
+ * head_dim]; scores: [n_heads, score_stride] workspace, score_stride > pos, whose row h holds w at [first, pos]
+ * after the call; out: [n_heads * head_dim]. Each score sums over the head dimension in order; the softmax takes
+ * e^x of the scores minus their maximum within 2 ulp of expf (flushing results below e^-87.3 to 0) and its maximum
+ * and sum in 16 lanes with a fixed final order; each output sums over the positions in order. Heads are split over
+ * `threads` threads (<= 0: OpenMP's maximum) when heads x positions x head_dim >= 65536, one head per thread, so the
+ * results are bit-identical for any thread count, and on every instruction set. */
+int edge_cpu_attention(const float *q, int n_heads, int n_kv_heads, int head_dim, const float *keys, size_t key_stride,
+                       const float *values, int first, int pos, float *scores, size_t score_stride, float *out,
+                       int threads);
+
 /* One matrix of edge_cpu_matvecs: y [rows] = w x (+ bias). w [rows, in] row-major of dtype (enum edge_dtype, or
  * enum edge_quant_format with scales [rows, in / group_size] fp16; scales NULL and group_size 0 for fp rows); mins
  * [rows, in / group_size] fp16 for asymmetric EDGE_Q4 rows, NULL otherwise (each matrix its own: the matrices of

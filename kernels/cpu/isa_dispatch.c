@@ -65,8 +65,10 @@ EDGE_CPU_MAYBE_UNUSED static int runs_x86_64_v3(void) {
   struct x86_features cpu = x86_features();
   unsigned v2 = (1u << 0) | (1u << 9) | (1u << 19) | (1u << 20) | (1u << 23) | (1u << 13);
   unsigned avx_fma_f16c_movbe = (1u << 28) | (1u << 12) | (1u << 29) | (1u << 22);
-  return has_bits(cpu.leaf1_ecx, v2 | avx_fma_f16c_movbe) && has_bits(cpu.leaf7_ebx, (1u << 3) | (1u << 5) | (1u << 8)) &&
-         has_bits(cpu.extended_ecx, (1u << 0) | (1u << 5)) && (cpu.enabled_state & 0x6) == 0x6;
+  unsigned bmi1_avx2_bmi2 = (1u << 3) | (1u << 5) | (1u << 8);
+  unsigned lahf_lzcnt = (1u << 0) | (1u << 5);
+  return has_bits(cpu.leaf1_ecx, v2 | avx_fma_f16c_movbe) && has_bits(cpu.leaf7_ebx, bmi1_avx2_bmi2) &&
+         has_bits(cpu.extended_ecx, lahf_lzcnt) && (cpu.enabled_state & 0x6) == 0x6;
 }
 
 /* x86-64-v4: v3 and AVX-512 F, DQ, CD, BW, VL, with the opmask and zmm state enabled. */
@@ -103,6 +105,7 @@ EDGE_CPU_MAYBE_UNUSED static int runs_neon_dotprod(void) {
 
 #define EDGE_CPU_DECLARE_BUILD(build)                                          \
   const char *edge_cpu_build_isa_##build(void);                                \
+  __typeof__(edge_cpu_attention) edge_cpu_attention_##build;                   \
   __typeof__(edge_cpu_svd_predictor) edge_cpu_svd_predictor_##build;           \
   __typeof__(edge_cpu_svd_predictor_f16) edge_cpu_svd_predictor_f16_##build;   \
   __typeof__(edge_cpu_signbit_predictor) edge_cpu_signbit_predictor_##build;   \
@@ -117,6 +120,7 @@ EDGE_CPU_MAYBE_UNUSED static int runs_neon_dotprod(void) {
 struct isa_build {
   const char *(*isa)(void);
   int (*runs_here)(void);
+  __typeof__(edge_cpu_attention) *attention;
   __typeof__(edge_cpu_svd_predictor) *svd_predictor;
   __typeof__(edge_cpu_svd_predictor_f16) *svd_predictor_f16;
   __typeof__(edge_cpu_signbit_predictor) *signbit_predictor;
@@ -129,10 +133,13 @@ struct isa_build {
   __typeof__(edge_cpu_matvecs) *matvecs;
 };
 
-#define EDGE_CPU_BUILD(build, runs_here)                                                                      \
-  {edge_cpu_build_isa_##build, runs_here, edge_cpu_svd_predictor_##build, edge_cpu_svd_predictor_f16_##build, \
-   edge_cpu_signbit_predictor_##build, edge_cpu_sparse_ffn_workspace_size_##build, edge_cpu_sparse_ffn_##build, \
-   edge_cpu_dense_ffn_##build, edge_cpu_matvec_##build, edge_cpu_sparse_ffn_q_##build, edge_cpu_matvec_q_##build, \
+#define EDGE_CPU_BUILD(build, runs_here)                                                                         \
+  {edge_cpu_build_isa_##build,         runs_here,                                                                \
+   edge_cpu_attention_##build,         edge_cpu_svd_predictor_##build,                                           \
+   edge_cpu_svd_predictor_f16_##build, edge_cpu_signbit_predictor_##build,                                       \
+   edge_cpu_sparse_ffn_workspace_size_##build, edge_cpu_sparse_ffn_##build,                                      \
+   edge_cpu_dense_ffn_##build,         edge_cpu_matvec_##build,                                                  \
+   edge_cpu_sparse_ffn_q_##build,      edge_cpu_matvec_q_##build,                                                \
    edge_cpu_matvecs_##build}
 
 #if EDGE_CPU_HAS_BUILD_avx512_vnni
@@ -254,6 +261,13 @@ const char *edge_cpu_isa_error(void) {
 }
 
 /* ---- The kernels ----------------------------------------------------------------------------------------------- */
+
+int edge_cpu_attention(const float *q, int n_heads, int n_kv_heads, int head_dim, const float *keys, size_t key_stride,
+                       const float *values, int first, int pos, float *scores, size_t score_stride, float *out,
+                       int threads) {
+  return kernels()->attention(q, n_heads, n_kv_heads, head_dim, keys, key_stride, values, first, pos, scores,
+                              score_stride, out, threads);
+}
 
 int edge_cpu_svd_predictor(const float *x, int d, int D, int rank, const float *a_t, const float *b, const float *bias,
                            uint8_t *mask, float *scratch) {

@@ -10,9 +10,16 @@
  *         format EDGE_F16 only: float z[SVD_RANK] = x B^T and uint8 mask[D] of edge_cpu_svd_predictor_f16, with the
  *         gate matrix's first SVD_RANK * D halves as A^T [SVD_RANK, D] and up's first SVD_RANK rows as B
  * stdout: the instruction set the kernels ran (edge_cpu_isa); with EDGE_SDK_CPU_ISA naming kernels the library or the
- *         CPU does not have, the reason on stderr and exit status 4, before anything runs */
+ *         CPU does not have, the reason on stderr and exit status 4, before anything runs
+ *
+ * With INPUT "--attention", edge_cpu_attention on the ATTENTION_CASES below, inputs from a fixed xorshift generator:
+ * for each case its int32 n_heads, n_kv_heads, head_dim, first, pos, key_stride, then float q [n_heads * head_dim],
+ * keys [n_kv_heads * head_dim, key_stride] (NaN past pos: read, never used), values [pos + 1, n_kv_heads * head_dim],
+ * then for threads 1 and 4: out [n_heads * head_dim] and the weights [n_heads, pos + 1 - first]. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "edge_cpu_kernels.h"
 
@@ -28,6 +35,62 @@ static void *read_array(FILE *file, size_t bytes) {
   return data;
 }
 
+/* n_heads, n_kv_heads, head_dim, first, pos: AVX-512's blocks of four heads with a pair left over, a ragged head
+ * dimension (72 = 64 + 8, 40 = 32 + 8), a sliding window's first position, enough work for several threads. */
+static const int ATTENTION_CASES[][5] = {{8, 2, 72, 0, 199}, {6, 3, 40, 37, 100}, {5, 5, 16, 0, 3}};
+
+static float next_value(uint32_t *state) {
+  *state ^= *state << 13;
+  *state ^= *state >> 17;
+  *state ^= *state << 5;
+  return (float)(*state >> 8) / 8388608.0f - 1.0f; /* [-1, 1) in steps of 2^-23 */
+}
+
+static int check_attention(const char *path) {
+  FILE *output = fopen(path, "wb");
+  if (output == NULL) return 2;
+  uint32_t state = 2463534242u;
+  for (size_t c = 0; c < sizeof ATTENTION_CASES / sizeof ATTENTION_CASES[0]; c++) {
+    int n_heads = ATTENTION_CASES[c][0], n_kv = ATTENTION_CASES[c][1], hd = ATTENTION_CASES[c][2];
+    int first = ATTENTION_CASES[c][3], pos = ATTENTION_CASES[c][4];
+    int key_stride = (pos + 1 + 15) / 16 * 16 + 16, positions = pos + 1;
+    size_t kv_dim = (size_t)n_kv * (size_t)hd;
+    float *q = malloc((size_t)n_heads * (size_t)hd * sizeof(float));
+    float *keys = malloc(kv_dim * (size_t)key_stride * sizeof(float));
+    float *values = malloc((size_t)positions * kv_dim * sizeof(float));
+    float *out = malloc((size_t)n_heads * (size_t)hd * sizeof(float));
+    float *scores = malloc((size_t)n_heads * (size_t)positions * sizeof(float));
+    for (int i = 0; i < n_heads * hd; i++) q[i] = next_value(&state);
+    for (size_t i = 0; i < kv_dim * (size_t)key_stride; i++) {
+      keys[i] = (int)(i % (size_t)key_stride) <= pos ? next_value(&state) : NAN;
+    }
+    for (size_t i = 0; i < (size_t)positions * kv_dim; i++) values[i] = next_value(&state);
+    int32_t header[6] = {n_heads, n_kv, hd, first, pos, key_stride};
+    fwrite(header, sizeof header[0], 6, output);
+    fwrite(q, sizeof(float), (size_t)n_heads * (size_t)hd, output);
+    fwrite(keys, sizeof(float), kv_dim * (size_t)key_stride, output);
+    fwrite(values, sizeof(float), (size_t)positions * kv_dim, output);
+    const int threads[] = {1, 4};
+    for (int t = 0; t < 2; t++) {
+      if (edge_cpu_attention(q, n_heads, n_kv, hd, keys, (size_t)key_stride, values, first, pos, scores,
+                             (size_t)positions, out, threads[t]) != EDGE_CPU_OK) {
+        return 3;
+      }
+      fwrite(out, sizeof(float), (size_t)n_heads * (size_t)hd, output);
+      for (int h = 0; h < n_heads; h++) {
+        fwrite(scores + (size_t)h * (size_t)positions + first, sizeof(float), (size_t)(positions - first), output);
+      }
+    }
+    free(q);
+    free(keys);
+    free(values);
+    free(out);
+    free(scores);
+  }
+  printf("%s\n", edge_cpu_isa());
+  return fclose(output) == 0 ? 0 : 2;
+}
+
 int main(int argc, char **argv) {
   if (argc != 3) {
     fprintf(stderr, "usage: %s INPUT OUTPUT\n", argv[0]);
@@ -37,6 +100,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "%s\n", edge_cpu_isa_error());
     return 4;
   }
+  if (strcmp(argv[1], "--attention") == 0) return check_attention(argv[2]);
   FILE *input = fopen(argv[1], "rb");
   if (input == NULL) return 2;
   int32_t *header = read_array(input, 6 * sizeof(int32_t));

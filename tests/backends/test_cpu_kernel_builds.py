@@ -32,6 +32,7 @@ from edge_sdk.sparsity.ffn import sparse_ffn
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL_SOURCES = sorted((ROOT / "kernels" / "cpu").glob("*.c"))
 KERNEL_TESTS = [
+    "tests/backends/test_cpu_attention.py",
     "tests/backends/test_cpu_kernels.py",
     "tests/backends/test_cpu_matvec.py",
     "tests/backends/test_cpu_quant_kernels.py",
@@ -231,6 +232,50 @@ def check_harness_outputs(tmp_path: Path, outputs: list[bytes], integer: bool) -
         assert (gate_x - expected).abs().max() <= KERNEL_RTOL * expected.abs().max()
 
 
+def run_attention(
+    tmp_path: Path, command: list[str], env: dict[str, str] | None = None, isa: str | None = None
+) -> bytes:
+    """The harness's edge_cpu_attention cases (quant_kernels_check.c, --attention): inputs and outputs."""
+    output = tmp_path / "attention.bin"
+    run = subprocess.run([*command, "--attention", str(output)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, **(env or {})})  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert isa is None or run.stdout.strip() == isa
+    return output.read_bytes()
+
+
+def check_attention_output(raw: bytes) -> None:
+    """Each attention case against the float64 reference on its inputs (GQA, scale 1 / sqrt(head_dim), causal over
+    [first, pos]); threads 1 and 4 bit-identical; the keys' NaN padding past pos never reaches a result."""
+    offset = 0
+
+    def take(count: int, dtype: str) -> np.ndarray:
+        nonlocal offset
+        values = np.frombuffer(raw, dtype=dtype, count=count, offset=offset)
+        offset += values.nbytes
+        return values
+
+    cases = 0
+    while offset < len(raw):
+        n_heads, n_kv, hd, first, pos, key_stride = (int(v) for v in take(6, "<i4"))
+        positions, groups = pos + 1, n_heads // n_kv
+        q = take(n_heads * hd, "<f4").reshape(n_heads, hd).astype(np.float64)
+        keys = take(n_kv * hd * key_stride, "<f4").reshape(n_kv, hd, key_stride)[:, :, first:positions]
+        values = take(positions * n_kv * hd, "<f4").reshape(positions, n_kv, hd)[first:].astype(np.float64)
+        runs = [(take(n_heads * hd, "<f4"), take(n_heads * (positions - first), "<f4")) for _ in range(2)]
+        assert runs[0][0].tobytes() == runs[1][0].tobytes() and runs[0][1].tobytes() == runs[1][1].tobytes()
+        out, weights = runs[0][0].reshape(n_heads, hd), runs[0][1].reshape(n_heads, positions - first)
+        for h in range(n_heads):
+            scores = q[h] @ keys[h // groups].astype(np.float64) / np.sqrt(hd)
+            expected = np.exp(scores - scores.max())
+            expected /= expected.sum()
+            assert np.abs(weights[h] - expected).max() <= 1e-6
+            reference = expected @ values[:, h // groups]
+            assert np.abs(out[h] - reference).max() <= 1e-5 * np.abs(reference).max()
+        cases += 1
+    assert cases == 3
+
+
 @AARCH64_TOOLS
 @pytest.mark.parametrize(("march", "instruction"), [("armv8-a", "smull"), ("armv8.2-a+dotprod", "sdot")])
 def test_quantized_kernels_aarch64_under_qemu(tmp_path, march, instruction):
@@ -344,13 +389,15 @@ def test_integer_dot_products_are_bit_identical_on_every_build(tmp_path):
     has its own loops there too (AVX2's ymm halves of the 16-lane sums)."""
     runnable = {name: flags for name, (flags, needed) in X86_BUILDS.items() if needed <= cpu_flags()}
     assert "portable" in runnable and len(runnable) >= 2, "nothing to compare on this machine"
-    outputs, fp32_outputs = {}, {}
+    outputs, fp32_outputs, attention = {}, {}, {}
     for name, flags in runnable.items():
         binary = build_harness(tmp_path, "gcc", flags, name)
         outputs[name] = run_harness(tmp_path, [str(binary)])
         fp32_outputs[name] = run_harness(tmp_path, [str(binary)], {"EDGE_SDK_QUANT_ACTIVATIONS": "fp32"})
+        attention[name] = run_attention(tmp_path, [str(binary)])
     check_harness_outputs(tmp_path, outputs["portable"], integer=True)
     check_harness_outputs(tmp_path, fp32_outputs["portable"], integer=False)
+    check_attention_output(attention["portable"])
     for name, found in fp32_outputs.items():
         assert found == fp32_outputs["portable"], f"{name} with x in fp32 differs from the portable build"
     aarch64_ready = shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64")
@@ -358,8 +405,11 @@ def test_integer_dot_products_are_bit_identical_on_every_build(tmp_path):
         for march in ("armv8-a", "armv8.2-a+dotprod"):
             binary = build_harness(tmp_path, "aarch64-linux-gnu-gcc", [f"-march={march}"], march)
             outputs[march] = run_harness(tmp_path, [*QEMU, str(binary)])
+            attention[march] = run_attention(tmp_path, [*QEMU, str(binary)])
     for name, found in outputs.items():
         assert found == outputs["portable"], f"{name} differs from the portable build"
+    for name, found in attention.items():
+        assert found == attention["portable"], f"{name}'s attention differs from the portable build's"
 
 
 @x86_64_gcc
@@ -455,9 +505,13 @@ def test_a_package_library_holds_every_x86_build_and_runs_the_best_this_cpu_has(
     expected = run_harness(tmp_path, [str(portable)], isa="portable", cases=DISPATCH_CASES)
     runnable = [name for name, needed in X86_DISPATCH.items() if needed <= cpu_flags()]
     assert run_harness(tmp_path, [str(harness)], isa=runnable[0], cases=DISPATCH_CASES) == expected
+    expected_attention = run_attention(tmp_path, [str(portable)])
     for name in runnable[1:]:
         found = run_harness(tmp_path, [str(harness)], {"EDGE_SDK_CPU_ISA": name}, isa=name, cases=DISPATCH_CASES)
         assert found == expected, f"the library's {name} build differs from the portable build"
+    for name in runnable:
+        found = run_attention(tmp_path, [str(harness)], {"EDGE_SDK_CPU_ISA": name}, isa=name)
+        assert found == expected_attention, f"the library's {name} attention differs from the portable build's"
     for name in X86_DISPATCH.keys() - set(runnable):
         assert f"EDGE_SDK_CPU_ISA={name}: this CPU lacks" in refused(tmp_path, [str(harness)], name)
     message = refused(tmp_path, [str(harness)], "avx1024")
@@ -483,4 +537,6 @@ def test_a_cross_built_aarch64_library_uses_the_dot_product_where_the_cpu_has_it
     assert run_harness(tmp_path, on_a72, isa="neon", cases=DISPATCH_CASES) == expected
     assert run_harness(tmp_path, on_max, isa="neon_dotprod", cases=DISPATCH_CASES) == expected
     assert run_harness(tmp_path, on_max, {"EDGE_SDK_CPU_ISA": "neon"}, isa="neon", cases=DISPATCH_CASES) == expected
+    expected_attention = run_attention(tmp_path, [str(portable)])
+    assert run_attention(tmp_path, on_a72, isa="neon") == expected_attention
     assert "EDGE_SDK_CPU_ISA=neon_dotprod: this CPU lacks" in refused(tmp_path, on_a72, "neon_dotprod")

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from edge_sdk.bench.record import COMMIT_ENV, with_machine_info
+from edge_sdk.bench.record import COMMIT_ENV, machine_description, with_machine_info
 from edge_sdk.cli import _write_json
 from edge_sdk.errors import EdgeSdkError
+from edge_sdk.native import load_cpu_kernels
 
 
 def git(repo, *args: str) -> str:
@@ -81,6 +82,13 @@ COMMITTED_RESULTS = sorted(
     for path in RESULTS.glob("*.json")
     if path.name != "recording.json"  # the recordings' index, checked below
 )
+
+
+def test_the_machine_names_the_instruction_set_the_kernels_ran():
+    """A result says which build of the kernels produced it (a package's library holds several)."""
+    isa = load_cpu_kernels().edge_cpu_isa().decode()
+    assert isa in load_cpu_kernels().edge_cpu_isas().decode().split()
+    assert machine_description()["cpu_kernels_isa"] == isa
 
 
 @pytest.mark.parametrize("path", COMMITTED_RESULTS, ids=[path.name for path in COMMITTED_RESULTS])
