@@ -57,8 +57,10 @@ int edge_cpu_max_threads(void);
  * "portable" (plain C that the compiler vectorises). A library compiled for the build machine holds one build of
  * the kernels; a package's (CMake with EDGE_SDK_NATIVE_ARCH=OFF, and every cross-build) holds one per instruction set
  * of its architecture and, at the first kernel call or query, chooses the best one this CPU runs, or the one the
- * environment variable EDGE_SDK_CPU_ISA names ("auto" or unset: the best). The choice holds for the process, and
- * every build gives the same bits (QUANT.md): it changes the speed only. */
+ * environment variable EDGE_SDK_CPU_ISA names ("auto" or unset: the best). The choice holds for the process. The
+ * quantized rows' integer dot products and the attention compute the same bits on every build (QUANT.md), so for them
+ * it changes the speed only; fp32 / fp16 rows use fused multiply-adds where the instruction set has them, so their
+ * last bits may differ between builds (each is deterministic for any thread count). */
 const char *edge_cpu_isa(void);
 
 /* The instruction sets this library holds, best first, separated by spaces (e.g. "avx512_vnni avx512 avx2_vnni

@@ -4,9 +4,11 @@
  * A library compiled for the build machine holds one build (`single`). A package's library (CMake with
  * EDGE_SDK_NATIVE_ARCH=OFF, or any cross-build: kernels/cpu/isa_builds.cmake) holds one per instruction set, its
  * CMake flags EDGE_CPU_HAS_BUILD_<name> saying which; the choice is the first, best first, whose instructions this
- * CPU and its operating system support (cpuid and xgetbv on x86-64, the kernel's hwcaps on aarch64), or the one
- * $EDGE_SDK_CPU_ISA names. Every build computes the same bits (QUANT.md), so the choice changes speed, not
- * results. This file itself is compiled for the baseline of its architecture. */
+ * CPU and its operating system support (cpuid and xgetbv on x86-64, Linux's hwcaps on aarch64), or the one
+ * $EDGE_SDK_CPU_ISA names. The quantized kernels and the attention compute the same bits on every build (QUANT.md),
+ * so for them the choice changes the speed only; fp32 / fp16 rows fuse multiply-adds where the instruction set has
+ * them, so their last bits may differ between builds (edge_cpu_kernels.h). This file itself is compiled for the
+ * baseline of its architecture. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
