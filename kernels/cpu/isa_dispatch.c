@@ -205,20 +205,18 @@ static char build_names[BUILD_COUNT * 16];
 static char env_error[512];
 static pthread_once_t choice_once = PTHREAD_ONCE_INIT;
 
-static void runnable_names(char *out, size_t size) {
+/* The builds' names (with only_runnable, those this CPU runs), best first, separated by spaces. */
+static void list_builds(char *out, size_t size, int only_runnable) {
   out[0] = '\0';
   for (int i = 0; i < BUILD_COUNT; i++) {
-    if (!builds[i].runs_here()) continue;
+    if (only_runnable && !builds[i].runs_here()) continue;
     size_t used = strlen(out);
     snprintf(out + used, size - used, "%s%s", used ? " " : "", builds[i].isa());
   }
 }
 
 static void choose_build(void) {
-  for (int i = 0; i < BUILD_COUNT; i++) {
-    size_t used = strlen(build_names);
-    snprintf(build_names + used, sizeof build_names - used, "%s%s", i ? " " : "", builds[i].isa());
-  }
+  list_builds(build_names, sizeof build_names, 0);
   chosen = &builds[BUILD_COUNT - 1]; /* runs anywhere */
   for (int i = BUILD_COUNT - 2; i >= 0; i--)
     if (builds[i].runs_here()) chosen = &builds[i];
@@ -231,7 +229,7 @@ static void choose_build(void) {
       return;
     }
     char runnable[sizeof build_names];
-    runnable_names(runnable, sizeof runnable);
+    list_builds(runnable, sizeof runnable, 1);
     snprintf(env_error, sizeof env_error,
              "%s=%s: this CPU lacks the instructions of that build of the kernels; it runs: %s (or auto)",
              EDGE_CPU_ISA_ENV, wanted, runnable);

@@ -586,20 +586,14 @@ static inline void zero_sums(struct lane_sums *sums) {
   for (int i = 0; i < 4; i++) sums->v[i] = _mm256_setzero_ps();
 }
 
-/* The codes times x over one group, per lane, while the row `next` is prefetched at the same offsets. */
-EDGE_ALWAYS_INLINE void quant_dot_group(const char *row, int dtype, int group, int blocks_per_group, const float *x,
-                                        const char *next, struct lane_sums *sums) {
-  zero_sums(sums);
-  for (int k = 0, block = group * blocks_per_group; k < blocks_per_group; k++, block++) {
-    size_t offset = (size_t)block * block_bytes(dtype);
-    if (offset % EDGE_CACHE_LINE == 0) EDGE_PREFETCH(next, offset);
-    codes16 first, second;
-    block_codes(row + offset, dtype, &first, &second);
-    const float *xb = x + block * EDGE_QUANT_BLOCK;
-    for (int i = 0; i < 4; i++) {
-      __m256 codes = codes_as_floats(i < 2 ? first : second, i % 2);
-      sums->v[i] = _mm256_add_ps(sums->v[i], _mm256_mul_ps(codes, _mm256_loadu_ps(xb + 8 * i)));
-    }
+/* sums += the codes of `block` times xb (its 32 values of x), per lane */
+EDGE_ALWAYS_INLINE void add_block_products(const char *row, int dtype, int block, const float *xb,
+                                           struct lane_sums *sums) {
+  codes16 first, second;
+  block_codes(row + (size_t)block * block_bytes(dtype), dtype, &first, &second);
+  for (int i = 0; i < 4; i++) {
+    __m256 codes = codes_as_floats(i < 2 ? first : second, i % 2);
+    sums->v[i] = _mm256_add_ps(sums->v[i], _mm256_mul_ps(codes, _mm256_loadu_ps(xb + 8 * i)));
   }
 }
 
@@ -629,20 +623,14 @@ static inline void zero_sums(struct lane_sums *sums) {
   for (int i = 0; i < 8; i++) sums->v[i] = vdupq_n_f32(0);
 }
 
-EDGE_ALWAYS_INLINE void quant_dot_group(const char *row, int dtype, int group, int blocks_per_group, const float *x,
-                                        const char *next, struct lane_sums *sums) {
-  zero_sums(sums);
-  for (int k = 0, block = group * blocks_per_group; k < blocks_per_group; k++, block++) {
-    size_t offset = (size_t)block * block_bytes(dtype);
-    if (offset % EDGE_CACHE_LINE == 0) EDGE_PREFETCH(next, offset);
-    codes16 first, second;
-    block_codes(row + offset, dtype, &first, &second);
-    float32x4_t values[8];
-    codes_as_floats(first, values);
-    codes_as_floats(second, values + 4);
-    const float *xb = x + block * EDGE_QUANT_BLOCK;
-    for (int i = 0; i < 8; i++) sums->v[i] = vaddq_f32(sums->v[i], vmulq_f32(values[i], vld1q_f32(xb + 4 * i)));
-  }
+EDGE_ALWAYS_INLINE void add_block_products(const char *row, int dtype, int block, const float *xb,
+                                           struct lane_sums *sums) {
+  codes16 first, second;
+  block_codes(row + (size_t)block * block_bytes(dtype), dtype, &first, &second);
+  float32x4_t values[8];
+  codes_as_floats(first, values);
+  codes_as_floats(second, values + 4);
+  for (int i = 0; i < 8; i++) sums->v[i] = vaddq_f32(sums->v[i], vmulq_f32(values[i], vld1q_f32(xb + 4 * i)));
 }
 
 EDGE_ALWAYS_INLINE void add_scaled_group(struct lane_sums *acc, float scale, const struct lane_sums *sums) {
@@ -665,17 +653,12 @@ struct lane_sums {
 
 static inline void zero_sums(struct lane_sums *sums) { sums->low = sums->high = (vec16){0}; }
 
-EDGE_ALWAYS_INLINE void quant_dot_group(const char *row, int dtype, int group, int blocks_per_group, const float *x,
-                                        const char *next, struct lane_sums *sums) {
-  zero_sums(sums);
-  for (int k = 0, block = group * blocks_per_group; k < blocks_per_group; k++, block++) {
-    size_t offset = (size_t)block * block_bytes(dtype);
-    if (offset % EDGE_CACHE_LINE == 0) EDGE_PREFETCH(next, offset);
-    vec16 low, high;
-    load_codes(row, dtype, block, &low, &high);
-    sums->low += low * VEC16_AT(x + block * EDGE_QUANT_BLOCK);
-    sums->high += high * VEC16_AT(x + block * EDGE_QUANT_BLOCK + 16);
-  }
+EDGE_ALWAYS_INLINE void add_block_products(const char *row, int dtype, int block, const float *xb,
+                                           struct lane_sums *sums) {
+  vec16 low, high;
+  load_codes(row, dtype, block, &low, &high);
+  sums->low += low * VEC16_AT(xb);
+  sums->high += high * VEC16_AT(xb + 16);
 }
 
 EDGE_ALWAYS_INLINE void add_scaled_group(struct lane_sums *acc, float scale, const struct lane_sums *sums) {
@@ -689,6 +672,17 @@ static inline float row_total(const struct lane_sums *even, const struct lane_su
   return sum_lanes(&acc);
 }
 #endif
+
+/* The codes times x over one group, per lane, while the row `next` is prefetched at the same offsets. */
+EDGE_ALWAYS_INLINE void quant_dot_group(const char *row, int dtype, int group, int blocks_per_group, const float *x,
+                                        const char *next, struct lane_sums *sums) {
+  zero_sums(sums);
+  for (int k = 0, block = group * blocks_per_group; k < blocks_per_group; k++, block++) {
+    size_t offset = (size_t)block * block_bytes(dtype);
+    if (offset % EDGE_CACHE_LINE == 0) EDGE_PREFETCH(next, offset);
+    add_block_products(row, dtype, block, x + block * EDGE_QUANT_BLOCK, sums);
+  }
+}
 
 /* Each group's sums times its scale are added to the row's accumulators: one multiply per group rather than per
  * value. Even and odd groups have their own accumulators, four FMA chains in flight: with one pair, an INT4 row
