@@ -14,11 +14,12 @@
  * * weight; RoPE (rotate-half) from the bundle's rope.cos / rope.sin tables, so positions rotate exactly as
  * in Python; GQA attention (query head h reads KV head h / (num_heads / num_kv_heads)), scale 1/sqrt(head_dim),
  * causal and within the sliding window when the model has one; fp32 activations and logits.
- * Prefill runs the prompt with dense FFNs (edge_cpu_sparse_ffn with mask NULL): with several threads, the tokens of
- * a block of one token per thread go through each layer side by side, each on one thread (kernels at one thread
- * give the bits they give at any count, so the logits are those of token-by-token prefill); with one thread, or the
- * core predictor (which counts the prompt's tokens in order), token by token. Decode runs the bundle's predictor
- * (svd, signbit, core mask from the prefill, threshold, none) and the sparse FFN. */
+ * Prefill runs the prompt with dense FFNs (edge_cpu_sparse_ffn with mask NULL) in blocks of PREFILL_TOKENS tokens
+ * that go through each layer together: the projections and the FFN in the kernels of a block of tokens
+ * (edge_cpu_matmuls, edge_cpu_ffn_tokens), which read each weight row once per block and give every token the bits
+ * of the one-token kernels, and the block's attentions side by side, a token per thread; so the logits are those of
+ * token-by-token prefill. Decode runs the bundle's predictor (svd, signbit, core mask from the prefill, threshold,
+ * none) and the sparse FFN. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,9 @@
 
 /* Below this many multiply-adds a matrix-vector product runs on one thread (thread start-up costs more). */
 #define PARALLEL_MIN_WORK (1 << 16)
+/* Tokens of a prompt that go through the layers together: each weight row read from memory once per block
+ * (benchmarks/README.md, "Prefill in blocks of tokens"). */
+#define PREFILL_TOKENS 32
 
 struct matrix {
   const void *data; /* [rows, cols] row-major: dtype EDGE_F32 or EDGE_F16, or the codes of EDGE_Q8 / EDGE_Q4 */
@@ -96,14 +100,21 @@ struct token_buffers {
   float *key;          /* [KV * hd] the token's key, before it goes into the cache */
   void *ffn_workspace; /* edge_cpu_sparse_ffn_workspace_size(d, D, threads) for the threads it runs the FFN on */
   int threads;         /* the kernels' threads for this token */
-  edge_status status;  /* a prefill lane's last layer step, and its message (edge_fail's is per thread) */
-  char message[EDGE_MESSAGE_SIZE];
+};
+
+/* What a block of up to PREFILL_TOKENS prompt tokens needs: each array holds the tokens' vectors one after another. */
+struct prompt_block {
+  float *x, *xb, *out;  /* [PREFILL_TOKENS, d] residual streams, normalized inputs, projection / FFN outputs */
+  float *q, *attn;      /* [PREFILL_TOKENS, H * hd] */
+  float *key;           /* [PREFILL_TOKENS, KV * hd] keys before they go into the cache */
+  float *scores;        /* [threads, H, max_seq_len]: one attention's scores per thread */
+  void *ffn_workspace;  /* edge_cpu_ffn_tokens_workspace_size(d, D, PREFILL_TOKENS) */
 };
 
 struct run_state {
   const struct cpu_engine *engine;
-  struct token_buffers token;          /* decode, and token-by-token prefill: the engine's threads */
-  struct token_buffers *prefill_lanes; /* [engine threads] one thread each, for the blocks of prefill; or NULL */
+  struct token_buffers token; /* decode: the engine's threads */
+  struct prompt_block prompt;  /* prefill */
   float *key_cache;   /* [L, KV, hd, key_stride]: position-minor, so the scores run over positions in vectors */
   size_t key_stride;  /* max_seq_len padded so that the hd rows of a head do not alias in the L1 cache */
   float *value_cache; /* [L, max_seq_len, KV * hd] */
@@ -423,13 +434,21 @@ static void free_token_buffers(struct token_buffers *t) {
   free(t->ffn_workspace);
 }
 
+static void free_prompt_block(struct prompt_block *b) {
+  free(b->x);
+  free(b->xb);
+  free(b->out);
+  free(b->q);
+  free(b->attn);
+  free(b->key);
+  free(b->scores);
+  free(b->ffn_workspace);
+}
+
 static void free_run_state(struct run_state *s) {
   if (s == NULL) return;
   free_token_buffers(&s->token);
-  if (s->prefill_lanes != NULL) {
-    for (int i = 0; i < s->engine->threads; i++) free_token_buffers(&s->prefill_lanes[i]);
-    free(s->prefill_lanes);
-  }
+  free_prompt_block(&s->prompt);
   free(s->key_cache);
   free(s->value_cache);
   free(s->mask);
@@ -470,6 +489,20 @@ static void allocate_token_buffers(const struct model_config *c, int threads, st
   t->threads = threads;
 }
 
+static void allocate_prompt_block(const struct model_config *c, int threads, struct prompt_block *b, int *failed) {
+  size_t d = (size_t)c->hidden_size, tokens = PREFILL_TOKENS;
+  size_t q_dim = (size_t)c->num_heads * (size_t)c->head_dim, kv_dim = (size_t)c->num_kv_heads * (size_t)c->head_dim;
+  b->x = allocate(tokens * d, sizeof(float), failed);
+  b->xb = allocate(tokens * d, sizeof(float), failed);
+  b->out = allocate(tokens * d, sizeof(float), failed);
+  b->q = allocate(tokens * q_dim, sizeof(float), failed);
+  b->attn = allocate(tokens * q_dim, sizeof(float), failed);
+  b->key = allocate(tokens * kv_dim, sizeof(float), failed);
+  b->scores = allocate((size_t)threads * (size_t)c->num_heads * (size_t)c->max_seq_len, sizeof(float), failed);
+  b->ffn_workspace = allocate(edge_cpu_ffn_tokens_workspace_size(c->hidden_size, c->intermediate_size,
+                                                                 PREFILL_TOKENS), 1, failed);
+}
+
 static edge_status cpu_session_create(const struct edge_model *model, void **out) {
   const struct cpu_engine *engine = model->engine;
   const struct model_config *c = engine->config;
@@ -481,12 +514,7 @@ static edge_status cpu_session_create(const struct edge_model *model, void **out
   size_t seq = (size_t)c->max_seq_len;
   int failed = 0;
   allocate_token_buffers(c, engine->threads, &s->token, &failed);
-#ifdef _OPENMP
-  if (engine->threads > 1 && engine->sparsity->predictor != PREDICTOR_CORE) {
-    s->prefill_lanes = allocate((size_t)engine->threads, sizeof *s->prefill_lanes, &failed);
-    for (int i = 0; !failed && i < engine->threads; i++) allocate_token_buffers(c, 1, &s->prefill_lanes[i], &failed);
-  }
-#endif
+  allocate_prompt_block(c, engine->threads, &s->prompt, &failed);
   s->key_stride = key_stride(seq);
   s->key_cache = allocate(L * kv_dim * s->key_stride, sizeof(float), &failed);
   s->value_cache = allocate(L * seq * kv_dim, sizeof(float), &failed);
@@ -604,24 +632,25 @@ static void rope(float *v, int n_heads, int hd, const float *cos_row, const floa
   }
 }
 
-/* Attention of the token at pos over one layer's cache (within the sliding window when the model has one), every
- * head: the attention kernel, on the token's threads when there is enough work. */
-static void attention(const struct run_state *s, struct token_buffers *t, int layer, int pos) {
+/* Attention of the query q of the token at pos over one layer's cache (within the sliding window when the model has
+ * one), every head, into attn: the attention kernel, on `threads` threads when there is enough work. */
+static void attention(const struct run_state *s, const float *q, int layer, int pos, float *scores, float *attn,
+                      int threads) {
   const struct model_config *c = s->engine->config;
   int first = c->sliding_window > 0 && pos - c->sliding_window + 1 > 0 ? pos - c->sliding_window + 1 : 0;
   size_t kv_dim = (size_t)c->num_kv_heads * (size_t)c->head_dim, seq = (size_t)c->max_seq_len;
   const float *layer_keys = s->key_cache + (size_t)layer * kv_dim * s->key_stride;
   const float *layer_values = s->value_cache + (size_t)layer * seq * kv_dim;
-  edge_cpu_attention(t->q, c->num_heads, c->num_kv_heads, c->head_dim, layer_keys, s->key_stride, layer_values, first,
-                     pos, t->scores, seq, t->attn, t->threads);
+  edge_cpu_attention(q, c->num_heads, c->num_kv_heads, c->head_dim, layer_keys, s->key_stride, layer_values, first,
+                     pos, scores, seq, attn, threads);
 }
 
 /* Writes the (rotated) key of position pos into layer's position-minor key cache. */
-static void store_key(struct run_state *s, const struct token_buffers *t, int layer, int pos) {
+static void store_key(struct run_state *s, const float *key, int layer, int pos) {
   const struct model_config *c = s->engine->config;
   size_t kv_dim = (size_t)c->num_kv_heads * (size_t)c->head_dim, stride = s->key_stride;
   float *keys = s->key_cache + (size_t)layer * kv_dim * stride;
-  for (size_t j = 0; j < kv_dim; j++) keys[j * stride + (size_t)pos] = t->key[j];
+  for (size_t j = 0; j < kv_dim; j++) keys[j * stride + (size_t)pos] = key[j];
 }
 
 /* ---- Core predictor (edge_sdk/sparsity/core.py) -------------------------------------------------------- */
@@ -670,11 +699,12 @@ static int by_count_then_sum(const void *a, const void *b) {
   return (i > j) - (i < j);
 }
 
-/* One prompt token: its ceil(alpha * n_pos) largest positive gate activations (ties: lower index) count. */
-static void core_count_token(struct run_state *s, int layer, const struct layer_weights *w) {
+/* One prompt token, the FFN's input xb: its ceil(alpha * n_pos) largest positive gate activations (ties: lower
+ * index) count. */
+static void core_count_token(struct run_state *s, int layer, const struct layer_weights *w, const float *xb) {
   const struct model_config *c = s->engine->config;
   int D = c->intermediate_size;
-  matvec(&w->gate, s->token.xb, NULL, s->gate, s->token.threads);
+  matvec(&w->gate, xb, NULL, s->gate, s->engine->threads);
   int n_positive = 0;
   for (int i = 0; i < D; i++) {
     s->gate[i] = gate_activation(c->activation, s->gate[i], c->act_threshold);
@@ -713,9 +743,8 @@ static void core_build_masks(struct run_state *s) {
 
 /* ---- Forward ------------------------------------------------------------------------------------------ */
 
-/* The FFN of one layer on t->xb into t->out: dense at prefill (counting core neurons when the predictor is
- * core), through the predictor at decode. */
-static edge_status feed_forward(struct run_state *s, struct token_buffers *t, int layer, int prefill) {
+/* The FFN of one decoded token's layer on t->xb into t->out, through the bundle's predictor. */
+static edge_status feed_forward(struct run_state *s, struct token_buffers *t, int layer) {
   const struct cpu_engine *e = s->engine;
   const struct model_config *c = e->config;
   const struct sparsity_config *sparsity = e->sparsity;
@@ -724,9 +753,7 @@ static edge_status feed_forward(struct run_state *s, struct token_buffers *t, in
   const uint8_t *mask = NULL;
   const float *thresholds = NULL;
   int status = EDGE_CPU_OK;
-  if (prefill) {
-    if (sparsity->predictor == PREDICTOR_CORE) core_count_token(s, layer, w);
-  } else if (!sparsity->dense) {
+  if (!sparsity->dense) {
     switch (sparsity->predictor) {
       case PREDICTOR_SVD:
         if (w->svd_half) {
@@ -761,7 +788,7 @@ static edge_status feed_forward(struct run_state *s, struct token_buffers *t, in
                                    w->gate.dtype, w->gate.group_size, mask,
                                    thresholds, c->activation, c->act_threshold, t->out, t->ffn_workspace, t->threads,
                                    NULL);
-  } else if (status == EDGE_CPU_OK && sparsity->dense && !prefill) {
+  } else if (status == EDGE_CPU_OK && sparsity->dense) {
     status = edge_cpu_dense_ffn(t->xb, d, D, w->w_gate, w->w_up, w->w_down_t, w->ffn_dtype, c->activation,
                                 c->act_threshold, t->out, t->ffn_workspace, t->threads);
   } else if (status == EDGE_CPU_OK) {
@@ -790,95 +817,159 @@ static void layer_keys_values(struct run_state *s, struct token_buffers *t, int 
   project_qkv(w, t->xb, t->q, t->key, value, t->threads);
   rope(t->q, c->num_heads, hd, cos_row, sin_row);
   rope(t->key, c->num_kv_heads, hd, cos_row, sin_row);
-  store_key(s, t, layer, pos);
+  store_key(s, t->key, layer, pos);
 }
 
 /* The rest of the layer, once the keys and values of positions up to pos are in the caches: attention, o_proj and
  * the FFN, each added to t->x. */
-static edge_status layer_attention_ffn(struct run_state *s, struct token_buffers *t, int layer, int pos,
-                                       int prefill) {
+static edge_status layer_attention_ffn(struct run_state *s, struct token_buffers *t, int layer, int pos) {
   const struct model_config *c = s->engine->config;
   const struct layer_weights *w = &s->engine->weights.layers[layer];
   int d = c->hidden_size;
-  attention(s, t, layer, pos);
+  attention(s, t->q, layer, pos, t->scores, t->attn, t->threads);
   matvec(&w->wo, t->attn, w->bo, t->out, t->threads);
   for (int i = 0; i < d; i++) t->x[i] += t->out[i];
   rmsnorm(t->xb, t->x, w->post_norm, d, c->rms_norm_eps);
-  edge_status status = feed_forward(s, t, layer, prefill);
+  edge_status status = feed_forward(s, t, layer);
   if (status != EDGE_OK) return status;
   for (int i = 0; i < d; i++) t->x[i] += t->out[i];
   return EDGE_OK;
 }
 
-/* logits from t->x: the final norm and lm_head, on the engine's threads. */
-static void final_logits(const struct run_state *s, struct token_buffers *t, float *logits) {
+/* logits from the residual stream x (xb: room for its norm): the final norm and lm_head, on the engine's threads. */
+static void final_logits(const struct run_state *s, const float *x, float *xb, float *logits) {
   const struct model_config *c = s->engine->config;
-  rmsnorm(t->xb, t->x, s->engine->weights.final_norm, c->hidden_size, c->rms_norm_eps);
-  matvec(&s->engine->weights.lm_head, t->xb, NULL, logits, s->engine->threads);
+  rmsnorm(xb, x, s->engine->weights.final_norm, c->hidden_size, c->rms_norm_eps);
+  matvec(&s->engine->weights.lm_head, xb, NULL, logits, s->engine->threads);
 }
 
 /* One token at pos through every layer on the session's token buffers; logits when not NULL. */
-static edge_status forward(struct run_state *s, int32_t token, int pos, int prefill, float *logits) {
+static edge_status forward(struct run_state *s, int32_t token, int pos, float *logits) {
   struct token_buffers *t = &s->token;
   embedding_row(&s->engine->weights.embed, token, t->x);
   for (int layer = 0; layer < s->engine->config->num_layers; layer++) {
     layer_keys_values(s, t, layer, pos);
-    edge_status status = layer_attention_ffn(s, t, layer, pos, prefill);
+    edge_status status = layer_attention_ffn(s, t, layer, pos);
     if (status != EDGE_OK) return status;
   }
-  if (logits != NULL) final_logits(s, t, logits);
+  if (logits != NULL) final_logits(s, t->x, t->xb, logits);
   return EDGE_OK;
 }
 
-/* Prefill of ids[0, n) in blocks of one token per prefill lane: each layer stores the block's keys and values, then
- * (after a barrier, so that every token sees the keys of the block's earlier positions) runs attention and FFN,
- * each token with its own lane's buffers, thread k of the team taking lanes k, k + team, ... (one each, unless
- * OpenMP gives a smaller team, nested in a caller's parallel region say). A failing step stops the block at its
- * layer; the error returned is the earliest position's. */
-#ifdef _OPENMP
-static edge_status prefill_in_blocks(struct run_state *s, const int32_t *ids, int n, float *logits) {
-  const struct cpu_engine *e = s->engine;
-  int lanes = e->threads;
-  for (int start = 0; start < n; start += lanes) {
-    int block = n - start < lanes ? n - start : lanes, failed = 0;
-#pragma omp parallel num_threads(block)
-    {
-      int first_lane = omp_get_thread_num(), team = omp_get_num_threads();
-      for (int lane = first_lane; lane < block; lane += team) {
-        s->prefill_lanes[lane].status = EDGE_OK;
-        embedding_row(&e->weights.embed, ids[start + lane], s->prefill_lanes[lane].x);
-      }
-      for (int layer = 0; layer < e->config->num_layers; layer++) {
-        for (int lane = first_lane; lane < block; lane += team) {
-          layer_keys_values(s, &s->prefill_lanes[lane], layer, start + lane);
-        }
-#pragma omp barrier
-        for (int lane = first_lane; lane < block; lane += team) {
-          struct token_buffers *t = &s->prefill_lanes[lane];
-          int stop;
-#pragma omp atomic read
-          stop = failed;
-          if (stop) break;
-          t->status = layer_attention_ffn(s, t, layer, start + lane, 1);
-          if (t->status != EDGE_OK) {
-            snprintf(t->message, sizeof t->message, "%s", edge_last_error());
-#pragma omp atomic write
-            failed = 1;
-          }
-        }
-#pragma omp barrier
-      }
-    }
-    for (int lane = 0; failed && lane < block; lane++) {
-      const struct token_buffers *t = &s->prefill_lanes[lane];
-      if (t->status != EDGE_OK) return edge_fail(t->status, "prefill position %d: %s", start + lane, t->message);
-    }
+/* y_i[tokens, rows_i] = W_i x_t for the block's tokens x [tokens, cols] (edge_cpu_matmuls): n matrices of one
+ * storage type in one call; EDGE_ERROR_OUT_OF_MEMORY if the kernel cannot allocate the tokens' quantized x. */
+static edge_status matmuls(const struct matrix *const *m, const float *const *bias, float *const *y, int n,
+                           const float *x, int tokens, int threads) {
+  struct edge_cpu_matrix matrices[3];
+  int64_t work = 0;
+  for (int i = 0; i < n; i++) {
+    matrices[i] = (struct edge_cpu_matrix){m[i]->data, m[i]->scales,     m[i]->mins, m[i]->dtype,
+                                           m[i]->group_size, m[i]->rows, bias[i],    y[i]};
+    work += (int64_t)m[i]->rows * m[i]->cols * tokens;
   }
-  if (logits != NULL) final_logits(s, &s->prefill_lanes[(n - 1) % lanes], logits);
+  int status = edge_cpu_matmuls(x, tokens, m[0]->cols, matrices, n, work >= PARALLEL_MIN_WORK ? threads : 1);
+  if (status == EDGE_CPU_OUT_OF_MEMORY) return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "prefill: out of memory");
+  if (status != EDGE_CPU_OK) {
+    return edge_fail(EDGE_ERROR_INTERNAL, "prefill: the CPU kernels rejected a projection (status %d)", status);
+  }
   return EDGE_OK;
 }
-#endif
 
+/* q, k and v of the block's tokens: one call where the three matrices share their storage, three otherwise. The
+ * values go straight into the cache (positions start.. follow each other there). */
+static edge_status project_qkv_tokens(struct run_state *s, const struct layer_weights *w, int layer, int start,
+                                      int tokens) {
+  const struct model_config *c = s->engine->config;
+  struct prompt_block *b = &s->prompt;
+  size_t kv_dim = (size_t)c->num_kv_heads * (size_t)c->head_dim;
+  float *values = s->value_cache + ((size_t)layer * (size_t)c->max_seq_len + (size_t)start) * kv_dim;
+  const struct matrix *m[3] = {&w->wq, &w->wk, &w->wv};
+  const float *bias[3] = {w->bq, w->bk, w->bv};
+  float *y[3] = {b->q, b->key, values};
+  int shared_storage = 1;
+  for (int i = 1; i < 3; i++) shared_storage &= m[i]->dtype == m[0]->dtype && m[i]->group_size == m[0]->group_size;
+  if (shared_storage) return matmuls(m, bias, y, 3, b->xb, tokens, s->engine->threads);
+  edge_status status = EDGE_OK;
+  for (int i = 0; i < 3 && status == EDGE_OK; i++) {
+    status = matmuls(m + i, bias + i, y + i, 1, b->xb, tokens, s->engine->threads);
+  }
+  return status;
+}
+
+/* Every token's attention in the block, once its keys and values are in the caches: a token per thread, each
+ * attention on one thread (whose bits the kernel gives at any thread count). */
+static void attend_tokens(struct run_state *s, int layer, int start, int tokens) {
+  const struct model_config *c = s->engine->config;
+  struct prompt_block *b = &s->prompt;
+  size_t q_dim = (size_t)c->num_heads * (size_t)c->head_dim;
+  size_t scores_size = (size_t)c->num_heads * (size_t)c->max_seq_len;
+  int threads = s->engine->threads < tokens ? s->engine->threads : tokens;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+#endif
+  for (int t = 0; t < tokens; t++) {
+    int thread = 0;
+#ifdef _OPENMP
+    thread = omp_get_thread_num();
+#endif
+    attention(s, b->q + (size_t)t * q_dim, layer, start + t, b->scores + (size_t)thread * scores_size,
+              b->attn + (size_t)t * q_dim, 1);
+  }
+  (void)threads;
+}
+
+/* The block's prompt tokens ids[0, tokens) at positions start.. through every layer, leaving each token's residual
+ * stream in the block's x: the operations of `forward` with a dense FFN, every token's in the order decode gives
+ * them, so each token's values are those of token-by-token prefill; the core predictor counts the tokens in order. */
+static edge_status prompt_block(struct run_state *s, const int32_t *ids, int start, int tokens) {
+  const struct cpu_engine *e = s->engine;
+  const struct model_config *c = e->config;
+  struct prompt_block *b = &s->prompt;
+  int d = c->hidden_size, hd = c->head_dim;
+  size_t q_dim = (size_t)c->num_heads * (size_t)hd, kv_dim = (size_t)c->num_kv_heads * (size_t)hd;
+  for (int t = 0; t < tokens; t++) embedding_row(&e->weights.embed, ids[t], b->x + (size_t)t * (size_t)d);
+  for (int layer = 0; layer < c->num_layers; layer++) {
+    const struct layer_weights *w = &e->weights.layers[layer];
+    for (int t = 0; t < tokens; t++) {
+      rmsnorm(b->xb + (size_t)t * (size_t)d, b->x + (size_t)t * (size_t)d, w->input_norm, d, c->rms_norm_eps);
+    }
+    edge_status status = project_qkv_tokens(s, w, layer, start, tokens);
+    if (status != EDGE_OK) return status;
+    for (int t = 0; t < tokens; t++) {
+      const float *cos_row = e->weights.rope_cos + (size_t)(start + t) * (size_t)hd;
+      const float *sin_row = e->weights.rope_sin + (size_t)(start + t) * (size_t)hd;
+      rope(b->q + (size_t)t * q_dim, c->num_heads, hd, cos_row, sin_row);
+      rope(b->key + (size_t)t * kv_dim, c->num_kv_heads, hd, cos_row, sin_row);
+      store_key(s, b->key + (size_t)t * kv_dim, layer, start + t);
+    }
+    attend_tokens(s, layer, start, tokens);
+    const struct matrix *wo = &w->wo;
+    float *out = b->out;
+    status = matmuls(&wo, &w->bo, &out, 1, b->attn, tokens, e->threads);
+    if (status != EDGE_OK) return status;
+    for (size_t i = 0; i < (size_t)tokens * (size_t)d; i++) b->x[i] += b->out[i];
+    for (int t = 0; t < tokens; t++) {
+      float *xb = b->xb + (size_t)t * (size_t)d;
+      rmsnorm(xb, b->x + (size_t)t * (size_t)d, w->post_norm, d, c->rms_norm_eps);
+      if (e->sparsity->predictor == PREDICTOR_CORE) core_count_token(s, layer, w, xb);
+    }
+    const struct matrix *gate = &w->gate, *up = &w->up, *down = &w->down_t;
+    int threads = (int64_t)3 * d * c->intermediate_size * tokens >= PARALLEL_MIN_WORK ? e->threads : 1;
+    int kernel_status = edge_cpu_ffn_tokens(b->xb, tokens, d, c->intermediate_size, w->w_gate, gate->scales,
+                                            gate->mins, w->w_up, up->scales, up->mins, w->w_down_t, down->scales,
+                                            down->mins, w->ffn_dtype, gate->group_size, c->activation,
+                                            c->act_threshold, b->out, b->ffn_workspace, threads);
+    if (kernel_status == EDGE_CPU_OUT_OF_MEMORY) {
+      return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "prefill position %d, layer %d FFN: out of memory", start, layer);
+    }
+    if (kernel_status != EDGE_CPU_OK) {
+      return edge_fail(EDGE_ERROR_INTERNAL, "prefill position %d, layer %d FFN: the CPU kernels rejected their "
+                       "arguments (status %d)", start, layer, kernel_status);
+    }
+    for (size_t i = 0; i < (size_t)tokens * (size_t)d; i++) b->x[i] += b->out[i];
+  }
+  return EDGE_OK;
+}
 /* The kernels' predictors use OpenMP's default team size: set it to the engine's threads for the call. */
 struct thread_scope {
   int previous;
@@ -915,13 +1006,14 @@ static edge_status cpu_prefill(void *state, const int32_t *ids, int n, float *lo
     memset(s->core_sums, 0, cells * sizeof *s->core_sums);
   }
   edge_status status = EDGE_OK;
-  int in_blocks = 0; /* the session has prefill lanes only with OpenMP */
-#ifdef _OPENMP
-  in_blocks = s->prefill_lanes != NULL && n > 1;
-  if (in_blocks) status = prefill_in_blocks(s, ids, n, logits);
-#endif
-  for (int pos = 0; !in_blocks && pos < n && status == EDGE_OK; pos++) {
-    status = forward(s, ids[pos], pos, 1, pos == n - 1 ? logits : NULL);
+  for (int start = 0; start < n && status == EDGE_OK; start += PREFILL_TOKENS) {
+    int tokens = n - start < PREFILL_TOKENS ? n - start : PREFILL_TOKENS;
+    status = prompt_block(s, ids + start, start, tokens);
+  }
+  if (status == EDGE_OK && logits != NULL) {
+    struct prompt_block *b = &s->prompt;
+    size_t last = (size_t)((n - 1) % PREFILL_TOKENS) * (size_t)c->hidden_size;
+    final_logits(s, b->x + last, b->xb + last, logits);
   }
   if (status == EDGE_OK && core) core_build_masks(s);
   leave_threads(scope);
@@ -931,7 +1023,7 @@ static edge_status cpu_prefill(void *state, const int32_t *ids, int n, float *lo
 static edge_status cpu_decode(void *state, int32_t token, int position, float *logits) {
   struct run_state *s = state;
   struct thread_scope scope = enter_threads(s->engine->threads);
-  edge_status status = forward(s, token, position, 0, logits);
+  edge_status status = forward(s, token, position, logits);
   leave_threads(scope);
   return status;
 }

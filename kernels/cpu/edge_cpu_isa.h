@@ -32,6 +32,9 @@
 #define edge_cpu_sparse_ffn_q EDGE_CPU_ISA_NAME(edge_cpu_sparse_ffn_q)
 #define edge_cpu_matvec_q EDGE_CPU_ISA_NAME(edge_cpu_matvec_q)
 #define edge_cpu_matvecs EDGE_CPU_ISA_NAME(edge_cpu_matvecs)
+#define edge_cpu_matmuls EDGE_CPU_ISA_NAME(edge_cpu_matmuls)
+#define edge_cpu_ffn_tokens_workspace_size EDGE_CPU_ISA_NAME(edge_cpu_ffn_tokens_workspace_size)
+#define edge_cpu_ffn_tokens EDGE_CPU_ISA_NAME(edge_cpu_ffn_tokens)
 
 /* The instruction set this build's row primitives were compiled for, from the compiler's own macros (the same tests
  * sparse_ffn.c makes to pick its code), so a build says what it runs whatever flags made it: "avx512_vnni",

@@ -215,6 +215,33 @@ struct edge_cpu_matrix {
  * n calls took n), each thread prefetching across a matrix's end into the next matrix's rows. */
 int edge_cpu_matvecs(const float *x, int in, const struct edge_cpu_matrix *matrices, int n, int threads);
 
+/* ---- A block of tokens (a prompt) ----
+ * The kernels below take the tokens of a block at once and compute for each exactly what the one-token kernels give
+ * it, bit for bit; the weights are read once per block instead of once per token (each run of rows dotted with every
+ * token before the next run is read). They have no CUDA launcher: a GPU runtime prefills through its graphs. */
+
+/* y_i = W_i x_t (+ bias_i) for every token t of x [tokens, in] (token t's values at x + t * in) and every matrix i of
+ * edge_cpu_matvecs: matrix i's y holds [tokens, rows] (token t's outputs at y + t * rows). The results of `tokens`
+ * edge_cpu_matvecs calls, one per token, bit for bit, for any thread count. Allocates the tokens' quantized x
+ * (about 5 * in bytes each; EDGE_CPU_OUT_OF_MEMORY if that fails). */
+int edge_cpu_matmuls(const float *x, int tokens, int in, const struct edge_cpu_matrix *matrices, int n, int threads);
+
+/* Bytes of workspace edge_cpu_ffn_tokens needs for `tokens` tokens of d x D (O(tokens * (d + D))); 0 when an
+ * argument is <= 0. */
+size_t edge_cpu_ffn_tokens_workspace_size(int d, int D, int tokens);
+
+/* The FFN of every token of x [tokens, d] into y [tokens, d], each token's row the y of edge_cpu_sparse_ffn
+ * (weight_dtype EDGE_F32 / EDGE_F16, the scales and mins NULL, group_size ignored) or edge_cpu_sparse_ffn_q
+ * (EDGE_Q8 / EDGE_Q4) with mask and thresholds NULL, bit for bit: every neuron's gate row, the up and down rows of
+ * those whose activation is not zero (a prompt's FFN). workspace: edge_cpu_ffn_tokens_workspace_size(d, D, tokens)
+ * bytes, any alignment. threads <= 0 means OpenMP's maximum; the results do not depend on it. Allocates tokens *
+ * 48 bytes (EDGE_CPU_OUT_OF_MEMORY if that fails). */
+int edge_cpu_ffn_tokens(const float *x, int tokens, int d, int D, const void *w_gate, const uint16_t *gate_scales,
+                        const uint16_t *gate_mins, const void *w_up, const uint16_t *up_scales,
+                        const uint16_t *up_mins, const void *w_down_t, const uint16_t *down_scales,
+                        const uint16_t *down_mins, int weight_dtype, int group_size, int activation,
+                        float act_threshold, float *y, void *workspace, int threads);
+
 #ifdef __cplusplus
 }
 #endif

@@ -117,7 +117,10 @@ EDGE_CPU_MAYBE_UNUSED static int runs_neon_dotprod(void) {
   __typeof__(edge_cpu_matvec) edge_cpu_matvec_##build;                         \
   __typeof__(edge_cpu_sparse_ffn_q) edge_cpu_sparse_ffn_q_##build;             \
   __typeof__(edge_cpu_matvec_q) edge_cpu_matvec_q_##build;                     \
-  __typeof__(edge_cpu_matvecs) edge_cpu_matvecs_##build;
+  __typeof__(edge_cpu_matvecs) edge_cpu_matvecs_##build;                       \
+  __typeof__(edge_cpu_matmuls) edge_cpu_matmuls_##build;                       \
+  __typeof__(edge_cpu_ffn_tokens_workspace_size) edge_cpu_ffn_tokens_workspace_size_##build; \
+  __typeof__(edge_cpu_ffn_tokens) edge_cpu_ffn_tokens_##build;
 
 struct isa_build {
   const char *(*isa)(void);
@@ -133,6 +136,9 @@ struct isa_build {
   __typeof__(edge_cpu_sparse_ffn_q) *sparse_ffn_q;
   __typeof__(edge_cpu_matvec_q) *matvec_q;
   __typeof__(edge_cpu_matvecs) *matvecs;
+  __typeof__(edge_cpu_matmuls) *matmuls;
+  __typeof__(edge_cpu_ffn_tokens_workspace_size) *ffn_tokens_workspace_size;
+  __typeof__(edge_cpu_ffn_tokens) *ffn_tokens;
 };
 
 #define EDGE_CPU_BUILD(build, runs_here)                                                                         \
@@ -142,7 +148,8 @@ struct isa_build {
    edge_cpu_sparse_ffn_workspace_size_##build, edge_cpu_sparse_ffn_##build,                                      \
    edge_cpu_dense_ffn_##build,         edge_cpu_matvec_##build,                                                  \
    edge_cpu_sparse_ffn_q_##build,      edge_cpu_matvec_q_##build,                                                \
-   edge_cpu_matvecs_##build}
+   edge_cpu_matvecs_##build,           edge_cpu_matmuls_##build,                                                 \
+   edge_cpu_ffn_tokens_workspace_size_##build, edge_cpu_ffn_tokens_##build}
 
 #if EDGE_CPU_HAS_BUILD_avx512_vnni
 EDGE_CPU_DECLARE_BUILD(avx512_vnni)
@@ -323,4 +330,22 @@ int edge_cpu_matvec_q(const float *x, int in, int out, const void *w, const uint
 
 int edge_cpu_matvecs(const float *x, int in, const struct edge_cpu_matrix *matrices, int n, int threads) {
   return kernels()->matvecs(x, in, matrices, n, threads);
+}
+
+int edge_cpu_matmuls(const float *x, int tokens, int in, const struct edge_cpu_matrix *matrices, int n, int threads) {
+  return kernels()->matmuls(x, tokens, in, matrices, n, threads);
+}
+
+size_t edge_cpu_ffn_tokens_workspace_size(int d, int D, int tokens) {
+  return kernels()->ffn_tokens_workspace_size(d, D, tokens);
+}
+
+int edge_cpu_ffn_tokens(const float *x, int tokens, int d, int D, const void *w_gate, const uint16_t *gate_scales,
+                        const uint16_t *gate_mins, const void *w_up, const uint16_t *up_scales,
+                        const uint16_t *up_mins, const void *w_down_t, const uint16_t *down_scales,
+                        const uint16_t *down_mins, int weight_dtype, int group_size, int activation,
+                        float act_threshold, float *y, void *workspace, int threads) {
+  return kernels()->ffn_tokens(x, tokens, d, D, w_gate, gate_scales, gate_mins, w_up, up_scales, up_mins, w_down_t,
+                               down_scales, down_mins, weight_dtype, group_size, activation, act_threshold, y,
+                               workspace, threads);
 }

@@ -2225,11 +2225,59 @@ int edge_cpu_dense_ffn(const float *x, int d, int D, const void *w_gate, const v
   return run_ffn(x, d, D, gate, up, down, NULL, NULL, activation, act_threshold, y, workspace, threads, NULL, 0);
 }
 
-/* Part `part` of `parts` contiguous runs of the rows of all n matrices, taken as one list in order: each matrix's
- * piece of the run is dotted with x into its y (+ bias), and the run's next piece, the next matrix's first rows, is
- * what the end of a piece prefetches. */
-static void matvecs_rows(const float *x, const struct quantized_activations *xa, const float *block_sums, int in,
-                         const struct edge_cpu_matrix *m, int n, int total, int parts, int part) {
+/* ---- Matrix products of a token (decode) or of a block of tokens (a prompt), and a block's FFN ------------------
+ * A prompt's tokens all multiply the same matrices. Token by token, every weight row comes from memory once per
+ * token; here the rows are taken a run of about EDGE_TOKEN_RUN_BYTES at a time, and each run is dotted with every
+ * token's x before the next run is read, so a row comes from memory once per block of tokens and from the core's
+ * cache for the others. Each token's values come from the one-token kernels' own row functions in their order, so
+ * they are the bits of token-by-token calls. */
+
+/* Bytes of weight rows a run holds: small enough to stay in a core's L1 / L2 while a block's tokens go over it. */
+#define EDGE_TOKEN_RUN_BYTES 32768
+/* Rows of a run at most: the FFN lists a run's active neurons on the stack. */
+#define EDGE_TOKEN_RUN_MAX_ROWS 256
+
+/* Rows per run for rows of `in` values of `dtype` (`bytes_per_row` of them read): whole groups of the rows dotted at
+ * once, 1 .. EDGE_TOKEN_RUN_MAX_ROWS. */
+static int token_run_rows(size_t bytes_per_row) {
+  size_t rows = EDGE_TOKEN_RUN_BYTES / (bytes_per_row > 0 ? bytes_per_row : 1);
+  rows = rows / EDGE_ROWS_AT_ONCE * EDGE_ROWS_AT_ONCE;
+  if (rows < EDGE_ROWS_AT_ONCE) rows = EDGE_ROWS_AT_ONCE;
+  return rows > EDGE_TOKEN_RUN_MAX_ROWS ? EDGE_TOKEN_RUN_MAX_ROWS : (int)rows;
+}
+
+/* One token's x as the row functions take it: x in fp32, its quantized planes (or NULL: quantized rows are dotted
+ * with x itself) and its block sums for asymmetric rows (or NULL). */
+struct token_input {
+  const float *x;
+  struct quantized_activations planes;
+  const struct quantized_activations *xa;
+  const float *block_sums;
+};
+
+/* A token's x [in] prepared for rows of `dtype` in `buffer` (activation_bytes(in), any alignment), as the one-token
+ * kernels prepare x: its planes for the integer dot products, or its fp32 block sums for asymmetric rows dotted with
+ * x in fp32. */
+static void prepare_token(const float *x, int in, int dtype, int asymmetric, void *buffer, struct token_input *out) {
+  out->x = x;
+  out->xa = NULL;
+  out->block_sums = NULL;
+  if (integer_dot_products(dtype)) {
+    out->planes = quantize_activations(x, in, dtype, buffer);
+    out->xa = &out->planes;
+    out->block_sums = out->planes.block_sums;
+  } else if (asymmetric) {
+    out->block_sums = fp32_block_sums(x, in, buffer);
+  }
+}
+
+/* Part `part` of `parts` contiguous runs of the rows of all n matrices, taken as one list in order, for every token
+ * of `inputs`: each matrix's piece of the run is dotted with each token's x into that token's y (y + t * rows, + bias),
+ * and the run's next piece, the next matrix's first rows, is what the end of a piece prefetches. One token reads a
+ * piece in one pass; several take it a run of rows at a time (token_run_rows), every token over a run before the
+ * next run is read. */
+static void matmuls_rows(const struct token_input *inputs, int tokens, int in, const struct edge_cpu_matrix *m, int n,
+                         int total, int parts, int part) {
   int r0 = split_point(total, parts, part), r1 = split_point(total, parts, part + 1);
   int cold = 1;
   for (int i = 0, first = 0; i < n && first < r1; first += m[i].rows, i++) {
@@ -2240,13 +2288,59 @@ static void matvecs_rows(const float *x, const struct quantized_activations *xa,
     struct weight_rows w = {m[i].w, m[i].scales, m[i].dtype, m[i].group_size, m[i].mins};
     struct weight_rows next_w = {next->w, next->scales, next->dtype, next->group_size, next->mins};
     int next_rows = last || after <= 0 ? 0 : after < m[i + 1].rows ? after : m[i + 1].rows;
-    struct row_list rows = {&w, NULL, a, b - a}, then = {&next_w, NULL, 0, next_rows};
-    rows_dot(&rows, &then, x, xa, block_sums, in, cold, m[i].y + a);
-    if (m[i].bias != NULL) {
-      for (int r = a; r < b; r++) m[i].y[r] += m[i].bias[r];
+    int run = tokens == 1 ? b - a : token_run_rows(row_bytes(w.dtype, in));
+    for (int s = a; s < b; s += run) {
+      int e = b - s < run ? b : s + run;
+      /* after a run, the next run of this piece, or the next matrix's first rows after the last */
+      struct row_list rows = {&w, NULL, s, e - s};
+      struct row_list then = e < b ? (struct row_list){&w, NULL, e, b - e < run ? b - e : run}
+                                   : (struct row_list){&next_w, NULL, 0, next_rows};
+      for (int t = 0; t < tokens; t++) {
+        const struct token_input *token = inputs + t;
+        float *y = m[i].y + (size_t)t * (size_t)m[i].rows;
+        rows_dot(&rows, &then, token->x, token->xa, token->block_sums, in, cold && t == 0, y + s);
+        if (m[i].bias != NULL) {
+          for (int r = s; r < e; r++) y[r] += m[i].bias[r];
+        }
+      }
+      cold = 0;
     }
-    cold = 0;
   }
+}
+
+/* The rows of the n matrices (checked: one storage type, each valid for `in` values) into *total, and whether any is
+ * asymmetric; EDGE_CPU_INVALID_ARGUMENT for a bad matrix. */
+static int check_matrices(int in, const struct edge_cpu_matrix *matrices, int n, int *total, int *asymmetric) {
+  if (matrices == NULL || n <= 0) return EDGE_CPU_INVALID_ARGUMENT;
+  *total = 0;
+  *asymmetric = 0;
+  for (int i = 0; i < n; i++) {
+    const struct edge_cpu_matrix *m = matrices + i;
+    struct weight_rows w = {m->w, m->scales, m->dtype, m->group_size, m->mins};
+    *asymmetric |= m->mins != NULL;
+    int same_storage = m->dtype == matrices[0].dtype && m->group_size == matrices[0].group_size;
+    if (m->y == NULL || m->rows <= 0 || m->rows > INT_MAX - *total || !same_storage || !valid_weights(&w, in)) {
+      return EDGE_CPU_INVALID_ARGUMENT;
+    }
+    *total += m->rows;
+  }
+  return EDGE_CPU_OK;
+}
+
+/* matmuls_rows over the threads: one contiguous run of rows per thread, so each streams its rows with the next group
+ * prefetched; one thread without OpenMP's per-call cost (as run_ffn). */
+static void run_matmuls(const struct token_input *inputs, int tokens, int in, const struct edge_cpu_matrix *matrices,
+                        int n, int total, int threads) {
+  if (threads <= 0) threads = edge_cpu_max_threads();
+  int parts = threads < total ? threads : total;
+#ifdef _OPENMP
+  if (parts > 1) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int part = 0; part < parts; part++) matmuls_rows(inputs, tokens, in, matrices, n, total, parts, part);
+    return;
+  }
+#endif
+  matmuls_rows(inputs, tokens, in, matrices, n, total, 1, 0);
 }
 
 /* x's quantized planes live on the stack for rows of up to this many values (20 KiB, a 7B model's hidden size:
@@ -2254,50 +2348,42 @@ static void matvecs_rows(const float *x, const struct quantized_activations *xa,
 #define EDGE_MATVEC_STACK_VALUES 4096
 
 int edge_cpu_matvecs(const float *x, int in, const struct edge_cpu_matrix *matrices, int n, int threads) {
-  if (x == NULL || matrices == NULL || n <= 0) return EDGE_CPU_INVALID_ARGUMENT;
-  int total = 0, asymmetric = 0;
-  for (int i = 0; i < n; i++) {
-    const struct edge_cpu_matrix *m = matrices + i;
-    struct weight_rows w = {m->w, m->scales, m->dtype, m->group_size, m->mins};
-    asymmetric |= m->mins != NULL;
-    int same_storage = m->dtype == matrices[0].dtype && m->group_size == matrices[0].group_size;
-    if (m->y == NULL || m->rows <= 0 || m->rows > INT_MAX - total || !same_storage || !valid_weights(&w, in)) {
-      return EDGE_CPU_INVALID_ARGUMENT;
-    }
-    total += m->rows;
+  int total, asymmetric;
+  if (x == NULL || check_matrices(in, matrices, n, &total, &asymmetric) != EDGE_CPU_OK) {
+    return EDGE_CPU_INVALID_ARGUMENT;
   }
-  if (threads <= 0) threads = edge_cpu_max_threads();
   unsigned char stack_buffer[5 * EDGE_MATVEC_STACK_VALUES + EDGE_CACHE_LINE];
   void *heap_buffer = NULL;
-  struct quantized_activations activations;
-  const struct quantized_activations *xa = NULL;
-  const float *block_sums = NULL;
-  int integer = integer_dot_products(matrices[0].dtype);
-  if (integer || asymmetric) {
-    if (in > EDGE_MATVEC_STACK_VALUES && (heap_buffer = malloc(activation_bytes(in))) == NULL) {
-      return EDGE_CPU_OUT_OF_MEMORY;
-    }
+  if ((integer_dot_products(matrices[0].dtype) || asymmetric) && in > EDGE_MATVEC_STACK_VALUES &&
+      (heap_buffer = malloc(activation_bytes(in))) == NULL) {
+    return EDGE_CPU_OUT_OF_MEMORY;
   }
-  void *buffer = heap_buffer != NULL ? heap_buffer : stack_buffer;
-  if (integer) {
-    activations = quantize_activations(x, in, matrices[0].dtype, buffer);
-    xa = &activations;
-    block_sums = activations.block_sums;
-  } else if (asymmetric) {
-    block_sums = fp32_block_sums(x, in, buffer);
-  }
-  int parts = threads < total ? threads : total;
-  /* one contiguous run of rows per thread, so each streams its rows with the next group prefetched */
-#ifdef _OPENMP
-  if (parts > 1) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int part = 0; part < parts; part++) matvecs_rows(x, xa, block_sums, in, matrices, n, total, parts, part);
-    free(heap_buffer);
-    return EDGE_CPU_OK;
-  }
-#endif
-  matvecs_rows(x, xa, block_sums, in, matrices, n, total, 1, 0); /* without OpenMP's per-call cost, as run_ffn */
+  struct token_input input;
+  prepare_token(x, in, matrices[0].dtype, asymmetric, heap_buffer != NULL ? heap_buffer : stack_buffer, &input);
+  run_matmuls(&input, 1, in, matrices, n, total, threads);
   free(heap_buffer);
+  return EDGE_CPU_OK;
+}
+
+int edge_cpu_matmuls(const float *x, int tokens, int in, const struct edge_cpu_matrix *matrices, int n, int threads) {
+  int total, asymmetric;
+  if (x == NULL || tokens <= 0 || check_matrices(in, matrices, n, &total, &asymmetric) != EDGE_CPU_OK) {
+    return EDGE_CPU_INVALID_ARGUMENT;
+  }
+  void *buffer = malloc((size_t)tokens * activation_bytes(in));
+  struct token_input *inputs = malloc((size_t)tokens * sizeof *inputs);
+  if (buffer == NULL || inputs == NULL) {
+    free(buffer);
+    free(inputs);
+    return EDGE_CPU_OUT_OF_MEMORY;
+  }
+  for (int t = 0; t < tokens; t++) {
+    prepare_token(x + (size_t)t * (size_t)in, in, matrices[0].dtype, asymmetric,
+                  (char *)buffer + (size_t)t * activation_bytes(in), inputs + t);
+  }
+  run_matmuls(inputs, tokens, in, matrices, n, total, threads);
+  free(inputs);
+  free(buffer);
   return EDGE_CPU_OK;
 }
 
@@ -2313,6 +2399,191 @@ int edge_cpu_matvec_q(const float *x, int in, int out, const void *w, const uint
   if (!is_quantized(quant_format)) return EDGE_CPU_INVALID_ARGUMENT;
   struct edge_cpu_matrix matrix = {w, scales, mins, quant_format, group_size, out, bias, y};
   return edge_cpu_matvecs(x, in, &matrix, 1, threads);
+}
+
+/* The FFN of a block of tokens. Workspace: per token its prepared x (activation_bytes(d)), its gate activations and
+ * then hidden values h [D], and the corrections of asymmetric down rows [ceil(d / 32)], each on a cache line. */
+static size_t token_ffn_bytes(int d, int D) {
+  return round_up(activation_bytes(d)) + round_up((size_t)D * 4) + round_up((size_t)ceil_div(d, EDGE_QUANT_BLOCK) * 4);
+}
+
+size_t edge_cpu_ffn_tokens_workspace_size(int d, int D, int tokens) {
+  if (d <= 0 || D <= 0 || tokens <= 0) return 0;
+  return (size_t)tokens * token_ffn_bytes(d, D) + EDGE_CACHE_LINE;
+}
+
+struct ffn_tokens_job {
+  int tokens, d, D;
+  struct weight_rows gate, up, down;
+  int activation;
+  float act_threshold;
+  const float *x;             /* [tokens, d] */
+  float *y;                   /* [tokens, d] */
+  struct token_input *inputs; /* [tokens] */
+  char *workspace;            /* the workspace from its first cache line: token_ffn_bytes(d, D) per token */
+  int run, n_runs;            /* neurons per run of gate and up rows, and runs */
+  int column_unit, n_units, n_column_blocks;
+};
+
+static char *token_workspace(const struct ffn_tokens_job *job, int t) {
+  return job->workspace + (size_t)t * token_ffn_bytes(job->d, job->D);
+}
+
+static float *token_hidden(const struct ffn_tokens_job *job, int t) {
+  return (float *)(token_workspace(job, t) + round_up(activation_bytes(job->d)));
+}
+
+static float *token_corrections(const struct ffn_tokens_job *job, int t) {
+  return (float *)(token_workspace(job, t) + round_up(activation_bytes(job->d)) + round_up((size_t)job->D * 4));
+}
+
+static void prepare_ffn_token(const struct ffn_tokens_job *job, int t) {
+  prepare_token(job->x + (size_t)t * (size_t)job->d, job->d, job->gate.dtype, job->gate.mins != NULL,
+                token_workspace(job, t), job->inputs + t);
+}
+
+/* Gate and up of neurons [n0, n1) for every token: the gate rows as a run, each token's activations, then for each
+ * token the up rows of its neurons that fire (a != 0), as gate_up_chunk computes them for one token with mask and
+ * thresholds NULL; h = a * act_up(u) into the token's hidden values, a (zero) for the others. */
+static void gate_up_tokens(const struct ffn_tokens_job *job, int run) {
+  int n0 = run * job->run, n1 = n0 + job->run < job->D ? n0 + job->run : job->D, d = job->d;
+  int32_t index[EDGE_TOKEN_RUN_MAX_ROWS];
+  float values[EDGE_TOKEN_RUN_MAX_ROWS];
+  struct row_list gate_rows = {&job->gate, NULL, n0, n1 - n0};
+  struct row_list up_run = {&job->up, NULL, n0, n1 - n0};
+  for (int t = 0; t < job->tokens; t++) {
+    const struct token_input *token = job->inputs + t;
+    float *hidden = token_hidden(job, t);
+    rows_dot(&gate_rows, &up_run, token->x, token->xa, token->block_sums, d, t == 0, hidden + n0);
+    for (int i = n0; i < n1; i++) hidden[i] = gate_activation(job->activation, hidden[i], job->act_threshold);
+  }
+  int next0 = n1, next_n = job->D - n1 < job->run ? job->D - n1 : job->run;
+  struct row_list next_gate_rows = {&job->gate, NULL, next0, next_n};
+  for (int t = 0; t < job->tokens; t++) {
+    const struct token_input *token = job->inputs + t;
+    float *hidden = token_hidden(job, t);
+    int n_active = 0;
+    for (int i = n0; i < n1; i++) {
+      index[n_active] = i;
+      n_active += hidden[i] != 0.0f;
+    }
+    struct row_list up_rows = {&job->up, index, 0, n_active};
+    rows_dot(&up_rows, &next_gate_rows, token->x, token->xa, token->block_sums, d, 0, values);
+    for (int j = 0; j < n_active; j++) {
+      float u = job->activation == EDGE_ACT_DRELU ? keep_or_zero(values[j], !(values[j] < 0.0f)) : values[j];
+      hidden[index[j]] *= u;
+    }
+  }
+}
+
+/* Columns [c0, c1) of every token's y: the down rows with h != 0, in increasing neuron order per token as
+ * down_columns adds them, taken a run of neurons at a time for all tokens. */
+static void down_tokens(const struct ffn_tokens_job *job, int block) {
+  int d = job->d;
+  int c0 = job->column_unit * split_point(job->n_units, job->n_column_blocks, block);
+  int c1 = job->column_unit * split_point(job->n_units, job->n_column_blocks, block + 1);
+  c1 = c1 < d ? c1 : d;
+  int n = c1 - c0, quantized = is_quantized(job->down.dtype);
+  const struct weight_rows *down = &job->down;
+  for (int t = 0; t < job->tokens; t++) {
+    memset(job->y + (size_t)t * (size_t)d + c0, 0, (size_t)n * sizeof(float));
+    if (down->mins != NULL) memset(token_corrections(job, t) + c0 / EDGE_QUANT_BLOCK, 0, (size_t)n / EDGE_QUANT_BLOCK * 4);
+  }
+  size_t piece_bytes = quantized ? (size_t)n / EDGE_QUANT_BLOCK * block_bytes(down->dtype)
+                                 : (size_t)n * weight_bytes(down->dtype);
+  int run = token_run_rows(piece_bytes);
+  /* fp rows: element offsets of the rows' pieces; quantized rows: the neurons (as down_columns) */
+  size_t row_length = quantized ? 1 : (size_t)d, column = quantized ? 0 : (size_t)c0;
+  for (int n0 = 0; n0 < job->D; n0 += run) {
+    int n1 = n0 + run < job->D ? n0 + run : job->D;
+    for (int t = 0; t < job->tokens; t++) {
+      const float *hidden = token_hidden(job, t);
+      float *y = job->y + (size_t)t * (size_t)d;
+      size_t rows[EDGE_TOKEN_RUN_MAX_ROWS];
+      float h[EDGE_TOKEN_RUN_MAX_ROWS];
+      int n_rows = 0;
+      for (int i = n0; i < n1; i++) {
+        rows[n_rows] = (size_t)i * row_length + column;
+        h[n_rows] = hidden[i];
+        n_rows += hidden[i] != 0.0f;
+      }
+      for (int g = 0; g < n_rows; g += EDGE_DOWN_GROUP) {
+        int count = n_rows - g < EDGE_DOWN_GROUP ? n_rows - g : EDGE_DOWN_GROUP;
+        int n_next = n_rows - g - count < EDGE_DOWN_GROUP ? n_rows - g - count : EDGE_DOWN_GROUP;
+        const size_t *group = rows + g, *next = rows + g + count;
+        switch (down->dtype) {
+          case EDGE_Q8:
+            add_quant_rows(y, c0, n, down->values, down->scales, EDGE_Q8, down->group_size, d, group, h + g, count,
+                           next, n_next, NULL, NULL);
+            break;
+          case EDGE_Q4:
+            if (down->mins != NULL) {
+              add_quant_rows(y, c0, n, down->values, down->scales, EDGE_Q4, down->group_size, d, group, h + g, count,
+                             next, n_next, down->mins, token_corrections(job, t));
+            } else {
+              add_quant_rows(y, c0, n, down->values, down->scales, EDGE_Q4, down->group_size, d, group, h + g, count,
+                             next, n_next, NULL, NULL);
+            }
+            break;
+          case EDGE_F16:
+            add_rows(y + c0, n, down->values, EDGE_F16, group, h + g, count, next, n_next);
+            break;
+          default:
+            add_rows(y + c0, n, down->values, EDGE_F32, group, h + g, count, next, n_next);
+        }
+      }
+    }
+  }
+  for (int t = 0; down->mins != NULL && t < job->tokens; t++) {
+    float *y = job->y + (size_t)t * (size_t)d;
+    for (int c = c0; c < c1; c++) y[c] += token_corrections(job, t)[c / EDGE_QUANT_BLOCK];
+  }
+}
+
+int edge_cpu_ffn_tokens(const float *x, int tokens, int d, int D, const void *w_gate, const uint16_t *gate_scales,
+                        const uint16_t *gate_mins, const void *w_up, const uint16_t *up_scales,
+                        const uint16_t *up_mins, const void *w_down_t, const uint16_t *down_scales,
+                        const uint16_t *down_mins, int weight_dtype, int group_size, int activation,
+                        float act_threshold, float *y, void *workspace, int threads) {
+  struct weight_rows gate = {w_gate, gate_scales, weight_dtype, group_size, gate_mins};
+  struct weight_rows up = {w_up, up_scales, weight_dtype, group_size, up_mins};
+  struct weight_rows down = {w_down_t, down_scales, weight_dtype, group_size, down_mins};
+  if (tokens <= 0) return EDGE_CPU_INVALID_ARGUMENT;
+  if (!is_quantized(weight_dtype) && (gate_scales != NULL || up_scales != NULL || down_scales != NULL)) {
+    return EDGE_CPU_INVALID_ARGUMENT;
+  }
+  int status = check_ffn_arguments(x, d, D, &gate, &up, &down, activation, act_threshold, y, workspace);
+  if (status != EDGE_CPU_OK) return status;
+  struct token_input *inputs = malloc((size_t)tokens * sizeof *inputs);
+  if (inputs == NULL) return EDGE_CPU_OUT_OF_MEMORY;
+  char *base = (char *)(((uintptr_t)workspace + EDGE_CACHE_LINE - 1) / EDGE_CACHE_LINE * EDGE_CACHE_LINE);
+  if (threads <= 0) threads = edge_cpu_max_threads();
+  struct ffn_tokens_job job = {tokens, d, D, gate, up, down, activation, act_threshold, x, y, inputs, base,
+                               token_run_rows(row_bytes(weight_dtype, d)), 0, 0, 0, 0};
+  job.n_runs = ceil_div(D, job.run);
+  job.column_unit = is_quantized(weight_dtype) ? EDGE_QUANT_BLOCK : EDGE_COLUMN_UNIT;
+  job.n_units = ceil_div(d, job.column_unit);
+  job.n_column_blocks = threads < job.n_units ? threads : job.n_units;
+#ifdef _OPENMP
+  if (threads > 1) {
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+      for (int t = 0; t < tokens; t++) prepare_ffn_token(&job, t);
+#pragma omp for schedule(dynamic, 1)
+      for (int r = 0; r < job.n_runs; r++) gate_up_tokens(&job, r);
+#pragma omp for schedule(dynamic, 1)
+      for (int b = 0; b < job.n_column_blocks; b++) down_tokens(&job, b);
+    }
+    free(inputs);
+    return EDGE_CPU_OK;
+  }
+#endif
+  for (int t = 0; t < tokens; t++) prepare_ffn_token(&job, t);
+  for (int r = 0; r < job.n_runs; r++) gate_up_tokens(&job, r);
+  for (int b = 0; b < job.n_column_blocks; b++) down_tokens(&job, b);
+  free(inputs);
+  return EDGE_CPU_OK;
 }
 
 const char *EDGE_CPU_ISA_NAME(edge_cpu_build_isa)(void) { return EDGE_CPU_COMPILED_ISA; }

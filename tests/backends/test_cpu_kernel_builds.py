@@ -36,6 +36,7 @@ KERNEL_TESTS = [
     "tests/backends/test_cpu_kernels.py",
     "tests/backends/test_cpu_matvec.py",
     "tests/backends/test_cpu_quant_kernels.py",
+    "tests/backends/test_cpu_token_blocks.py",
 ]
 
 AARCH64_SYSROOT = Path("/usr/aarch64-linux-gnu")
@@ -49,14 +50,27 @@ x86_64_gcc = pytest.mark.skipif(
 )
 
 
-def build(tmp_path: Path, march: str) -> Path:
-    library = tmp_path / f"libedge_cpu_kernels-{march}.so"
-    command = ["gcc", "-std=c11", "-O3", f"-march={march}", "-fopenmp", "-shared", "-fPIC", "-Wall", "-Wextra",
-               "-Werror", f"-I{ROOT / 'kernels' / 'cpu'}", "-o", str(library), *map(str, KERNEL_SOURCES),
-               "-lm"]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True)
+def compile_and_link(compiler: str, options: list[str], sources: list[Path], output: Path, link: list[str]) -> Path:
+    """output from the sources, each compiled with options side by side (the kernels take 5 to 13 s of compiler time
+    per build), then linked with link."""
+    objects = [output.parent / f"{output.name}-{source.stem}.o" for source in sources]
+    compiles = [
+        subprocess.Popen([compiler, *options, "-c", str(source), "-o", str(target)], stderr=subprocess.PIPE)
+        for source, target in zip(sources, objects, strict=True)
+    ]
+    errors = [process.communicate()[1].decode() for process in compiles]
+    assert all(process.returncode == 0 for process in compiles), "".join(errors)
+    result = subprocess.run([compiler, *link, "-o", str(output), *map(str, objects), "-lm"], capture_output=True,
+                            text=True)  # fmt: skip
     assert result.returncode == 0, result.stderr
-    return library
+    return output
+
+
+def build(tmp_path: Path, march: str) -> Path:
+    options = ["-std=c11", "-O3", f"-march={march}", "-fopenmp", "-fPIC", "-Wall", "-Wextra", "-Werror",
+               f"-I{ROOT / 'kernels' / 'cpu'}"]  # fmt: skip
+    library = tmp_path / f"libedge_cpu_kernels-{march}.so"
+    return compile_and_link("gcc", options, KERNEL_SOURCES, library, ["-fopenmp", "-shared"])
 
 
 def vector_registers(library: Path) -> set[str]:
@@ -175,14 +189,28 @@ QEMU_SYSROOT = ["-L", str(AARCH64_SYSROOT), "-E", f"LD_LIBRARY_PATH={AARCH64_SYS
 QEMU = ["qemu-aarch64", "-cpu", "max", *QEMU_SYSROOT]
 
 
-def build_harness(tmp_path: Path, compiler: str, flags: list[str], name: str) -> Path:
-    binary = tmp_path / f"quant_kernels_check-{name}"
-    command = [compiler, "-std=c11", "-O3", *flags, "-fopenmp", "-Wall", "-Wextra", "-Werror",
-               f"-I{ROOT / 'kernels' / 'cpu'}", "-o", str(binary), str(QUANT_CHECK),
-               *map(str, KERNEL_SOURCES), "-lm"]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    return binary
+class HarnessBuilds:
+    """quant_kernels_check.c with the kernel sources, one binary per compiler and flags, compiled on first use and
+    shared by the module's tests (several run the same one)."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.binaries: dict[tuple[str, tuple[str, ...]], Path] = {}
+
+    def __call__(self, compiler: str, flags: list[str], name: str) -> Path:
+        key = (compiler, tuple(flags))
+        if key not in self.binaries:
+            options = ["-std=c11", "-O3", *flags, "-fopenmp", "-Wall", "-Wextra", "-Werror",
+                       f"-I{ROOT / 'kernels' / 'cpu'}"]  # fmt: skip
+            binary = self.directory / f"quant_kernels_check-{name}-{len(self.binaries)}"
+            self.binaries[key] = compile_and_link(compiler, options, [QUANT_CHECK, *KERNEL_SOURCES], binary,
+                                                  ["-fopenmp"])  # fmt: skip
+        return self.binaries[key]
+
+
+@pytest.fixture(scope="module")
+def build_harness(tmp_path_factory) -> HarnessBuilds:
+    return HarnessBuilds(tmp_path_factory.mktemp("harness-builds"))
 
 
 def run_harness(
@@ -278,8 +306,8 @@ def check_attention_output(raw: bytes) -> None:
 
 @AARCH64_TOOLS
 @pytest.mark.parametrize(("march", "instruction"), [("armv8-a", "smull"), ("armv8.2-a+dotprod", "sdot")])
-def test_quantized_kernels_aarch64_under_qemu(tmp_path, march, instruction):
-    binary = build_harness(tmp_path, "aarch64-linux-gnu-gcc", [f"-march={march}"], march)
+def test_quantized_kernels_aarch64_under_qemu(tmp_path, march, instruction, build_harness):
+    binary = build_harness("aarch64-linux-gnu-gcc", [f"-march={march}"], march)
     code = subprocess.run(["aarch64-linux-gnu-objdump", "-d", str(binary)], capture_output=True, text=True).stdout
     assert f"{instruction}\tv" in code  # the integer products of that path, not a scalar loop
     assert ("sdot\tv" in code) == (instruction == "sdot")
@@ -357,11 +385,11 @@ def check_fp16_harness(tmp_path: Path, command: list[str]) -> list[bytes]:
 @AARCH64_TOOLS
 @x86_64_gcc
 @pytest.mark.parametrize("march", ["armv8-a", "armv8.2-a+dotprod"])
-def test_fp16_kernels_aarch64_under_qemu(tmp_path, march):
+def test_fp16_kernels_aarch64_under_qemu(tmp_path, march, build_harness):
     """The NEON fp16 rows (fcvtl widening, eight FMA chains) against the reference, under qemu; and the SVD
     predictor's NEON loops, whose x B^T and mask are the portable x86 build's bytes."""
-    binary = build_harness(tmp_path, "aarch64-linux-gnu-gcc", [f"-march={march}"], march)
-    portable = build_harness(tmp_path, "gcc", ["-march=x86-64"], "portable")
+    binary = build_harness("aarch64-linux-gnu-gcc", [f"-march={march}"], march)
+    portable = build_harness("gcc", ["-march=x86-64"], "portable")
     assert check_fp16_harness(tmp_path, [*QEMU, str(binary)]) == check_fp16_harness(tmp_path, [str(portable)])
 
 
@@ -382,7 +410,7 @@ X86_BUILDS = {
 
 
 @x86_64_gcc
-def test_integer_dot_products_are_bit_identical_on_every_build(tmp_path):
+def test_integer_dot_products_are_bit_identical_on_every_build(tmp_path, build_harness):
     """Every build this machine can run writes the same bytes (and aarch64's builds too, under qemu): the integer
     path does not depend on the instruction set. Each build's outputs are also checked against the reference. The
     x86 builds with x in fp32 (EDGE_SDK_QUANT_ACTIVATIONS=fp32) agree with each other as well: each instruction set
@@ -391,7 +419,7 @@ def test_integer_dot_products_are_bit_identical_on_every_build(tmp_path):
     assert "portable" in runnable and len(runnable) >= 2, "nothing to compare on this machine"
     outputs, fp32_outputs, attention = {}, {}, {}
     for name, flags in runnable.items():
-        binary = build_harness(tmp_path, "gcc", flags, name)
+        binary = build_harness("gcc", flags, name)
         outputs[name] = run_harness(tmp_path, [str(binary)])
         fp32_outputs[name] = run_harness(tmp_path, [str(binary)], {"EDGE_SDK_QUANT_ACTIVATIONS": "fp32"})
         attention[name] = run_attention(tmp_path, [str(binary)])
@@ -403,7 +431,7 @@ def test_integer_dot_products_are_bit_identical_on_every_build(tmp_path):
     aarch64_ready = shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64")
     if aarch64_ready and (AARCH64_SYSROOT / "lib" / "ld-linux-aarch64.so.1").exists():
         for march in ("armv8-a", "armv8.2-a+dotprod"):
-            binary = build_harness(tmp_path, "aarch64-linux-gnu-gcc", [f"-march={march}"], march)
+            binary = build_harness("aarch64-linux-gnu-gcc", [f"-march={march}"], march)
             outputs[march] = run_harness(tmp_path, [*QEMU, str(binary)])
             attention[march] = run_attention(tmp_path, [*QEMU, str(binary)])
     for name, found in outputs.items():
@@ -413,14 +441,14 @@ def test_integer_dot_products_are_bit_identical_on_every_build(tmp_path):
 
 
 @x86_64_gcc
-def test_the_library_python_loads_writes_the_portable_builds_bytes(tmp_path):
+def test_the_library_python_loads_writes_the_portable_builds_bytes(tmp_path, build_harness):
     """The kernel library the package build made (CMake: -march=native, the flags a user's install gets) gives the
     portable harness's bytes for every case: the sparse FFN's output and active set, and the gate matvec. A build
     whose compiler fused a multiply and an add the code keeps apart (GCC's default -ffp-contract=fast in GNU C mode,
     on any FMA target) differs in the last bit and fails here."""
     from edge_sdk.backends.cpu import kernels
 
-    portable = build_harness(tmp_path, "gcc", ["-march=x86-64"], "portable")
+    portable = build_harness("gcc", ["-march=x86-64"], "portable")
     expected = run_harness(tmp_path, [str(portable)])
     for index, case in enumerate(HARNESS_CASES):
         data = harness_case(tmp_path / f"check{index}.bin", case, HARNESS_NEURONS, seed=case.seed(index))
@@ -490,7 +518,7 @@ def refused(tmp_path: Path, command: list[str], isa: str) -> str:
 
 @x86_64_gcc
 @cmake
-def test_a_package_library_holds_every_x86_build_and_runs_the_best_this_cpu_has(tmp_path):
+def test_a_package_library_holds_every_x86_build_and_runs_the_best_this_cpu_has(tmp_path, build_harness):
     """Each build in the library writes the single portable build's bytes, the automatic choice is the best build
     this CPU runs, EDGE_SDK_CPU_ISA picks any other it runs, and naming one it does not run, or no build at all, is
     refused with the reason."""
@@ -501,7 +529,7 @@ def test_a_package_library_holds_every_x86_build_and_runs_the_best_this_cpu_has(
     kernels.edge_cpu_isas.restype = ctypes.c_char_p
     assert kernels.edge_cpu_isas().decode() == " ".join(X86_DISPATCH)
     harness = link_harness(tmp_path, "gcc", library)
-    portable = build_harness(tmp_path, "gcc", ["-march=x86-64"], "portable")
+    portable = build_harness("gcc", ["-march=x86-64"], "portable")
     expected = run_harness(tmp_path, [str(portable)], isa="portable", cases=DISPATCH_CASES)
     runnable = [name for name, needed in X86_DISPATCH.items() if needed <= cpu_flags()]
     assert run_harness(tmp_path, [str(harness)], isa=runnable[0], cases=DISPATCH_CASES) == expected
@@ -523,14 +551,14 @@ def test_a_package_library_holds_every_x86_build_and_runs_the_best_this_cpu_has(
 @AARCH64_TOOLS
 @x86_64_gcc
 @cmake
-def test_a_cross_built_aarch64_library_uses_the_dot_product_where_the_cpu_has_it(tmp_path):
+def test_a_cross_built_aarch64_library_uses_the_dot_product_where_the_cpu_has_it(tmp_path, build_harness):
     """The aarch64 library holds NEON with and without the dot-product instructions: qemu's Cortex-A72 (Armv8.0, no
     dotprod) runs the NEON build and its `max` CPU the dotprod one, both writing the portable x86 build's bytes."""
     library = build_package_library(tmp_path, AARCH64_TOOLCHAIN)
     code = subprocess.run(["aarch64-linux-gnu-objdump", "-d", str(library)], capture_output=True, text=True).stdout
     assert "sdot\tv" in code and "smull\tv" in code
     harness = link_harness(tmp_path, "aarch64-linux-gnu-gcc", library)
-    portable = build_harness(tmp_path, "gcc", ["-march=x86-64"], "portable")
+    portable = build_harness("gcc", ["-march=x86-64"], "portable")
     expected = run_harness(tmp_path, [str(portable)], cases=DISPATCH_CASES)
     on_a72 = ["qemu-aarch64", "-cpu", "cortex-a72", *QEMU_SYSROOT, str(harness)]
     on_max = [*QEMU, str(harness)]

@@ -78,8 +78,8 @@ def test_greedy_ids_do_not_depend_on_the_thread_count(x86_build: Build, bundles,
 
 
 def test_prefill_blocks_are_complete_when_openmp_gives_fewer_threads(x86_build: Build, bundles, python_greedy_ids):
-    """Three threads asked for, one granted (OMP_THREAD_LIMIT): the prefill's blocks of three tokens still run every
-    token, the one thread taking each block's three lanes in turn."""
+    """Three threads asked for, one granted (OMP_THREAD_LIMIT): the prefill's block still runs every token's attention
+    (a token per thread where there are threads), the one thread taking them all in turn."""
     command = generate_command([x86_build.binary("edge_generate")], bundles["svd-fp16"], "--ids")
     command[command.index("--threads") + 1] = "3"
     result = run(command, env=os.environ | {"OMP_THREAD_LIMIT": "1"})
@@ -106,7 +106,8 @@ def test_aarch64_build_under_qemu_gives_the_same_ids(aarch64_build: Build, bundl
 
 
 def test_aarch64_build_prefills_in_blocks_with_the_same_ids(aarch64_build: Build, bundles, python_greedy_ids):
-    """Two threads under qemu: the prompt goes through the layers in blocks of two tokens (one per thread)."""
+    """Two threads under qemu: the prompt goes through the layers as a block of tokens, the rows of its projections and
+    FFN and its tokens' attentions split over the two threads."""
     command = generate_command(qemu_command(aarch64_build.binary("edge_generate")), bundles["svd-int4"], "--ids")
     command[command.index("--threads") + 1] = "2"
     assert generated_ids(run(command, timeout=300)) == python_greedy_ids["svd-int4"]

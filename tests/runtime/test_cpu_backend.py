@@ -133,16 +133,37 @@ def test_runtime_logits_are_identical_with_one_thread_and_two_on_a_long_context(
 
 
 @needs_runtime
-@pytest.mark.parametrize("name", ["svd-fp32", "svd-fp16", "svd-int4", "tied-svd-int8", "core-fp16"])
-def test_runtime_prefill_gives_the_same_bits_on_any_number_of_threads(bundles, name, monkeypatch):
-    """With several threads the C runtime prefills a block of tokens at a time, one token per thread (the core
-    predictor, which counts the prompt's tokens in order, stays token by token). Prompts of 1, 2 and 7 tokens, blocks
-    of 2 and 3: the prefill's logits and the decode steps after it are the one-thread run's, bit for bit."""
+@pytest.mark.parametrize("name", ["svd-fp32", "svd-fp16", "svd-int8", "svd-int4", "tied-svd-int4"])
+def test_runtime_prefill_in_blocks_gives_the_bits_of_decoding_the_prompt_token_by_token(bundles, name, monkeypatch):
+    """The C runtime prefills blocks of 32 tokens through the layers together (each weight row read once per block);
+    every token's values are the one-token kernels'. A prompt of 70 tokens (blocks of 32, 32 and 6): the prefill's
+    logits equal, bit for bit, those of prefilling its first token and decoding the rest one by one with the dense FFN
+    (what prefill computes), and so do the decode steps after it (the same KV cache), on one thread and on three."""
     monkeypatch.setenv(ENGINE_ENV, "runtime")
     bundle = bundles[name]
-    ids = Tokenizer.from_bundle(bundle).encode(PROMPT)
-    assert len(ids) >= 10
-    for length in (1, 2, 7):
+    ids = Tokenizer.from_bundle(bundle).encode(PROMPT * 12)[:70]
+    assert len(ids) == 70
+    for threads in (1, 3):
+        engine = get_backend("cpu").load(bundle, EngineOptions.of(bundle, dense=True, threads=threads))
+        in_blocks = [np.asarray(engine.prefill(ids))] + [np.asarray(engine.decode(token)) for token in ids[:2]]
+        engine.prefill(ids[:1])
+        token_by_token = [np.asarray(engine.decode(token)) for token in ids[1:]][-1:]
+        token_by_token += [np.asarray(engine.decode(token)) for token in ids[:2]]
+        for step, (blocks, one_by_one) in enumerate(zip(in_blocks, token_by_token, strict=True)):
+            assert np.array_equal(blocks.view(np.int32), one_by_one.view(np.int32)), (name, threads, step)
+
+
+@needs_runtime
+@pytest.mark.parametrize("name", ["svd-fp32", "svd-fp16", "svd-int4", "tied-svd-int8", "core-fp16"])
+def test_runtime_prefill_gives_the_same_bits_on_any_number_of_threads(bundles, name, monkeypatch):
+    """Prompts of 1, 2, 7 and 40 tokens (a block and a part) on 1, 2 and 3 threads (the projections' rows, the FFN's
+    neurons and columns and the block's attentions split over them; the core predictor counting the prompt's tokens
+    in order): the prefill's logits and the decode steps after it are the one-thread run's, bit for bit."""
+    monkeypatch.setenv(ENGINE_ENV, "runtime")
+    bundle = bundles[name]
+    ids = Tokenizer.from_bundle(bundle).encode(PROMPT * 8)
+    assert len(ids) >= 43
+    for length in (1, 2, 7, 40):
         runs = []
         for threads in (1, 2, 3):
             engine = get_backend("cpu").load(bundle, EngineOptions.of(bundle, threads=threads))
