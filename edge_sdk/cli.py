@@ -12,6 +12,7 @@ import contextlib
 import json
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import click
@@ -661,6 +662,16 @@ def _write_json(path: str | None, payload: dict) -> None:
         click.echo(f"wrote {path}", err=True)
 
 
+def _read_prompt_file(path: str) -> str:
+    """The text of a prompt file, or an EdgeSdkError naming what is wrong with it."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise EdgeSdkError(f"{path}: prompt file not found") from None
+    except (IsADirectoryError, UnicodeDecodeError, PermissionError) as error:
+        raise EdgeSdkError(f"{path}: expected a readable UTF-8 text file ({error.__class__.__name__})") from None
+
+
 def _check_report_paths(*paths: str | None) -> None:
     from edge_sdk import outputs
 
@@ -791,12 +802,17 @@ def _bench_quantized_ffn(shape, sparsities, dtype, group_size, threads, repeats,
 @click.option("--tokens", type=click.IntRange(1, 1 << 20), default=64, show_default=True, help="Decode steps per run.")
 @click.option("--repeats", type=click.IntRange(1, 10000), default=3, show_default=True)
 @_threads_option
+@click.option("--prompt-file", default=None, help="Prompt text file (default: a short code prompt).")
+@click.option("--prompt-tokens", type=click.IntRange(1), default=None, help="Use the prompt's first N tokens.")
 @click.option("--json", "json_path", default=None)
-def bench_e2e_command(bundle_dir, backend, sparsity, tokens, repeats, threads, json_path) -> None:
-    """Decode tokens/s of a bundle, dense vs sparse on the same backend."""
+def bench_e2e_command(
+    bundle_dir, backend, sparsity, tokens, repeats, threads, prompt_file, prompt_tokens, json_path
+) -> None:
+    """Decode tokens/s of a bundle, dense vs sparse on the same backend, and the prompt's prefill tokens/s."""
     _check_report_paths(json_path)
-    from edge_sdk.bench.e2e import bench_e2e
+    from edge_sdk.bench.e2e import DEFAULT_PROMPT, bench_e2e
 
+    prompt = DEFAULT_PROMPT if prompt_file is None else _read_prompt_file(prompt_file)
     with _phase_progress() as on_progress:
         result = bench_e2e(
             bundle_dir,
@@ -805,12 +821,15 @@ def bench_e2e_command(bundle_dir, backend, sparsity, tokens, repeats, threads, j
             tokens,
             repeats,
             threads,
+            prompt,
             on_progress=on_progress,
+            prompt_tokens=prompt_tokens,
         )
     click.echo(
         f"{result['backend']}: dense {result['dense_tokens_per_second']:.1f} tok/s, sparse "
         f"{result['sparse_tokens_per_second']:.1f} tok/s ({result['predictor']} at {result['sparsity_level']}): "
-        f"{result['speedup']:.2f}x"
+        f"{result['speedup']:.2f}x; prefill {result['prefill_tokens_per_second']:.1f} tok/s "
+        f"({result['prompt_tokens']} prompt tokens)"
     )
     _write_json(json_path, {"benchmark": "e2e", **result})
 

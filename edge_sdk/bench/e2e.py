@@ -1,4 +1,4 @@
-"""End-to-end decode speed of a bundle: dense against sparse decoding on the same backend."""
+"""End-to-end speed of a bundle: dense against sparse decoding on the same backend, and the prompt's prefill."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_sdk.bundle import Bundle
+from edge_sdk.errors import EdgeSdkError
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import EngineOptions, select_backend
 
@@ -24,20 +25,29 @@ def bench_e2e(
     threads: int = 0,
     prompt: str = DEFAULT_PROMPT,
     on_progress: Callable[[str, int, int], None] | None = None,
+    prompt_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """Greedy decode tokens/s, dense and sparse, best of `repeats` runs each (same prompt, same token count).
+    """Greedy decode tokens/s, dense and sparse, best of `repeats` runs each (same prompt, same token count), and the
+    prompt's prefill tokens/s, best of every run's prefill (prefill is dense in both modes).
 
-    The runs alternate dense, sparse, dense, ... so that load from other processes hits both alike.
-    on_progress(phase, done, total) is called after each run."""
+    prompt_tokens: take the prompt's first that many tokens (all when None). The runs alternate dense, sparse,
+    dense, ... so that load from other processes hits both alike. on_progress(phase, done, total) is called after
+    each run."""
     bundle = Bundle.open(bundle_path)
     choice = bundle.sparsity.resolve(sparsity)  # raises, naming the calibrated levels, before any work
+    ids = Tokenizer.from_bundle(bundle).encode(prompt)[:prompt_tokens]
+    if not ids or len(ids) >= bundle.max_seq_len:
+        raise EdgeSdkError(
+            f"prompt: {len(ids)} tokens; the bundle serves {bundle.max_seq_len} positions, so a prompt of 1 to "
+            f"{bundle.max_seq_len - 1} tokens is expected (shorten it, or pass --prompt-tokens)"
+        )
     selection = select_backend(backend, bundle)
-    ids = Tokenizer.from_bundle(bundle).encode(prompt)
     decode_tokens = min(decode_tokens, bundle.max_seq_len - len(ids))
     results: dict[str, Any] = {
         "bundle": str(bundle.path),
         "backend": selection.backend.name,
         "predictor": bundle.sparsity.predictor,
+        "prompt_tokens": len(ids),
         "decode_tokens": decode_tokens,
         "repeats": repeats,
         "threads": threads,
@@ -47,10 +57,14 @@ def bench_e2e(
         for mode, dense in (("dense", True), ("sparse", False))
     }
     best = {mode: float("inf") for mode in engines}
+    best_prefill = float("inf")
     runs = 0
     for _ in range(repeats):
         for mode, engine in engines.items():
-            token = int(engine.prefill(ids).argmax())
+            started = time.perf_counter()
+            logits = engine.prefill(ids)
+            best_prefill = min(best_prefill, time.perf_counter() - started)
+            token = int(logits.argmax())
             started = time.perf_counter()
             for _ in range(decode_tokens):
                 token = int(engine.decode(token).argmax())
@@ -61,6 +75,7 @@ def bench_e2e(
     for mode, seconds in best.items():
         results[f"{mode}_tokens_per_second"] = decode_tokens / seconds
     results["speedup"] = results["sparse_tokens_per_second"] / results["dense_tokens_per_second"]
+    results["prefill_tokens_per_second"] = len(ids) / best_prefill
     # "dense": the bundle's default is dense decoding (no level was within its export's perplexity budget)
     results["sparsity_level"] = "dense" if choice.dense else choice.level
     return results

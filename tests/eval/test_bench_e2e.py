@@ -1,0 +1,40 @@
+"""`edge-sdk bench e2e`: decode tokens/s dense and sparse, and the prompt's prefill tokens/s, from the CLI."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from edge_sdk.cli import main
+from edge_sdk.model.tokenizer import Tokenizer
+
+
+def bench(*args: str):
+    return CliRunner().invoke(main, ["bench", "e2e", *args, "--backend", "cpu", "--threads", "1", "--repeats", "1"])
+
+
+def test_a_prompt_file_is_prefilled_and_timed(bundle_matrix, tiny_model_dir, tmp_path):
+    """The first 40 tokens of the held-out text (more than one block of the C runtime's prefill): the JSON and the
+    line say how many prompt tokens were prefilled and at what rate."""
+    bundle = bundle_matrix["svd-int4"]
+    out = tmp_path / "e2e.json"
+    held_out = tiny_model_dir / "held_out.txt"
+    result = bench(str(bundle.path), "--prompt-file", str(held_out), "--prompt-tokens", "40", "--tokens", "2",
+                   "--json", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["prompt_tokens"] == 40 and len(Tokenizer.from_bundle(bundle).encode(held_out.read_text())) > 40
+    assert report["prefill_tokens_per_second"] > 0 and report["dense_tokens_per_second"] > 0
+    assert f"prefill {report['prefill_tokens_per_second']:.1f} tok/s (40 prompt tokens)" in result.stdout
+
+
+def test_a_missing_or_too_long_prompt_is_refused_with_one_line(bundle_matrix, tiny_model_dir, tmp_path):
+    bundle = bundle_matrix["svd-fp32"]
+    result = bench(str(bundle.path), "--prompt-file", str(tmp_path / "missing.txt"))
+    assert result.exit_code == 2
+    assert "missing.txt: prompt file not found" in result.output and "Traceback" not in result.output
+    result = bench(str(bundle.path), "--prompt-file", str(tiny_model_dir / "held_out.txt"))  # far past 128 positions
+    assert result.exit_code == 2
+    assert "the bundle serves 128 positions, so a prompt of 1 to 127 tokens is expected" in result.output
+    assert "Traceback" not in result.output
