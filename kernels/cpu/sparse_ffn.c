@@ -1095,62 +1095,84 @@ typedef float unaligned_vec4 __attribute__((vector_size(16), aligned(4), may_ali
 
 #if EDGE_ROWS_AVX512
 
-/* The integer lanes of INT8 unit `unit` (values [64 unit, 64 unit + 64)) of a row, n_blocks 2, or 1 for a row's last
- * half unit (lanes 8..15 then 0). */
-EDGE_ALWAYS_INLINE void int8_unit_products(const char *row, int unit, const struct quantized_activations *xa,
-                                           int n_blocks, ivec16 *out) {
-  size_t first = (size_t)unit * 64;
-  const int32_t *sums = xa->code_offset_sums + (size_t)unit * EDGE_UNIT_LANES;
-  const char *codes = row + (size_t)unit * 64;
+/* A unit's codes as the integer products take them, loaded and unpacked once for every x they meet: INT4, the low and
+ * the high nibbles of its 64 bytes as unsigned codes (code + 8); INT8, its 64 (or 32) codes as unsigned bytes with,
+ * without VNNI, the mask of the negative ones. */
+struct unit_codes {
+  __m512i first, second; /* INT4: low and high nibbles; INT8: the unsigned codes (second unused) */
+  __mmask64 negative;    /* INT8 without VNNI: codes < 0 */
+};
+
 #define EDGE_LOAD_HALF_OR_ALL(p) \
   (n_blocks == 2 ? _mm512_loadu_si512(p) : _mm512_zextsi256_si512(_mm256_loadu_si256((const void *)(p))))
+
+/* INT8 unit `unit` (values [64 unit, 64 unit + 64)) of a row, n_blocks 2, or 1 for a row's last half unit. */
+EDGE_ALWAYS_INLINE void int8_unit_codes(const char *row, int unit, int n_blocks, struct unit_codes *codes) {
+  __m512i w = EDGE_LOAD_HALF_OR_ALL(row + (size_t)unit * 64);
+#ifdef __AVX512VNNI__
+  codes->first = _mm512_xor_si512(w, _mm512_set1_epi8((char)0x80));
+  codes->negative = 0;
+#else
+  codes->first = _mm512_abs_epi8(w);
+  codes->negative = _mm512_movepi8_mask(w);
+#endif
+  codes->second = codes->first;
+}
+
+/* The integer lanes of INT8 unit `unit` with x's planes (lanes 8..15 then 0 for a half unit). */
+EDGE_ALWAYS_INLINE void int8_codes_products(const struct unit_codes *codes, int unit,
+                                            const struct quantized_activations *xa, int n_blocks, ivec16 *out) {
+  size_t first = (size_t)unit * 64;
+  const int32_t *sums = xa->code_offset_sums + (size_t)unit * EDGE_UNIT_LANES;
   __m512i high = EDGE_LOAD_HALF_OR_ALL(xa->high + first), low = EDGE_LOAD_HALF_OR_ALL(xa->low + first);
   __m512i lanes = EDGE_LOAD_HALF_OR_ALL(sums);
-  __m512i w = EDGE_LOAD_HALF_OR_ALL(codes);
-#undef EDGE_LOAD_HALF_OR_ALL
 #ifdef __AVX512VNNI__
-  __m512i unsigned_codes = _mm512_xor_si512(w, _mm512_set1_epi8((char)0x80));
-  __m512i high_sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), unsigned_codes, high);
-  __m512i low_sums = _mm512_dpbusd_epi32(lanes, unsigned_codes, low);
+  __m512i high_sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes->first, high);
+  __m512i low_sums = _mm512_dpbusd_epi32(lanes, codes->first, low);
 #else
-  __m512i unsigned_codes = _mm512_abs_epi8(w);
-  __mmask64 negative = _mm512_movepi8_mask(w);
-  high = _mm512_mask_sub_epi8(high, negative, _mm512_setzero_si512(), high);
-  low = _mm512_mask_sub_epi8(low, negative, _mm512_setzero_si512(), low);
+  high = _mm512_mask_sub_epi8(high, codes->negative, _mm512_setzero_si512(), high);
+  low = _mm512_mask_sub_epi8(low, codes->negative, _mm512_setzero_si512(), low);
   const __m512i ones = _mm512_set1_epi16(1);
-  __m512i high_sums = _mm512_madd_epi16(_mm512_maddubs_epi16(unsigned_codes, high), ones);
-  __m512i low_sums = _mm512_add_epi32(lanes, _mm512_madd_epi16(_mm512_maddubs_epi16(unsigned_codes, low), ones));
+  __m512i high_sums = _mm512_madd_epi16(_mm512_maddubs_epi16(codes->first, high), ones);
+  __m512i low_sums = _mm512_add_epi32(lanes, _mm512_madd_epi16(_mm512_maddubs_epi16(codes->first, low), ones));
 #endif
   *out = (ivec16)_mm512_add_epi32(_mm512_slli_epi32(high_sums, 8), low_sums);
 }
+#undef EDGE_LOAD_HALF_OR_ALL
 
-/* The 16 lanes of INT4 unit `unit` (blocks 4 unit .. 4 unit + n_blocks - 1, n_blocks 1..4): the 64 bytes of codes
- * give the low nibbles in one vector and the high nibbles in another, each multiplied with its 64 bytes of each
- * plane into the same lanes. A missing block's bytes load as zeros (code + 8 = 8), whose x codes and sums are 0. */
-EDGE_ALWAYS_INLINE void int4_unit_products(const char *row, int unit, const struct quantized_activations *xa,
-                                           int n_blocks, ivec16 *out) {
-  const char *codes = row + (size_t)unit * 64;
-  const int8_t *high = xa->high + (size_t)unit * EDGE_MAX_UNIT_VALUES;
-  const int8_t *low = xa->low + (size_t)unit * EDGE_MAX_UNIT_VALUES;
-  __m512i bytes = n_blocks == 4 ? _mm512_loadu_si512(codes)
-                                : _mm512_maskz_loadu_epi8(((__mmask64)1 << (16 * n_blocks)) - 1, codes);
+/* INT4 unit `unit` (blocks 4 unit .. 4 unit + n_blocks - 1, n_blocks 1..4): the 64 bytes of codes give the low nibbles
+ * in one vector and the high nibbles in another. A missing block's bytes load as zeros (code + 8 = 8), whose x codes
+ * and sums are 0. */
+EDGE_ALWAYS_INLINE void int4_unit_codes(const char *row, int unit, int n_blocks, struct unit_codes *codes) {
+  const char *p = row + (size_t)unit * 64;
+  __m512i bytes = n_blocks == 4 ? _mm512_loadu_si512(p)
+                                : _mm512_maskz_loadu_epi8(((__mmask64)1 << (16 * n_blocks)) - 1, p);
   /* code + 8 = (nibble & 0x0f) ^ 8: the mask and the sign flip in one vpternlogd (0x6a: (a & b) ^ c) */
   const __m512i nibble = _mm512_set1_epi8(0x0f), sign = _mm512_set1_epi8(8);
-  __m512i low_codes = _mm512_ternarylogic_epi32(bytes, nibble, sign, 0x6a);
-  __m512i high_codes = _mm512_ternarylogic_epi32(_mm512_srli_epi16(bytes, 4), nibble, sign, 0x6a);
+  codes->first = _mm512_ternarylogic_epi32(bytes, nibble, sign, 0x6a);
+  codes->second = _mm512_ternarylogic_epi32(_mm512_srli_epi16(bytes, 4), nibble, sign, 0x6a);
+  codes->negative = 0;
+}
+
+/* The 16 lanes of INT4 unit `unit`: each nibble vector multiplied with its 64 bytes of each plane into the same
+ * lanes. */
+EDGE_ALWAYS_INLINE void int4_codes_products(const struct unit_codes *codes, int unit,
+                                            const struct quantized_activations *xa, ivec16 *out) {
+  const int8_t *high = xa->high + (size_t)unit * EDGE_MAX_UNIT_VALUES;
+  const int8_t *low = xa->low + (size_t)unit * EDGE_MAX_UNIT_VALUES;
   __m512i lanes = _mm512_loadu_si512(xa->code_offset_sums + (size_t)unit * EDGE_UNIT_LANES);
 #ifdef __AVX512VNNI__
-  __m512i high_sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), low_codes, _mm512_loadu_si512(high));
-  high_sums = _mm512_dpbusd_epi32(high_sums, high_codes, _mm512_loadu_si512(high + 64));
-  __m512i low_sums = _mm512_dpbusd_epi32(lanes, low_codes, _mm512_loadu_si512(low));
-  low_sums = _mm512_dpbusd_epi32(low_sums, high_codes, _mm512_loadu_si512(low + 64));
+  __m512i high_sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes->first, _mm512_loadu_si512(high));
+  high_sums = _mm512_dpbusd_epi32(high_sums, codes->second, _mm512_loadu_si512(high + 64));
+  __m512i low_sums = _mm512_dpbusd_epi32(lanes, codes->first, _mm512_loadu_si512(low));
+  low_sums = _mm512_dpbusd_epi32(low_sums, codes->second, _mm512_loadu_si512(low + 64));
 #else
   /* (code + 8) x: at most 15 * 127, four of them fit an int16 */
   const __m512i ones = _mm512_set1_epi16(1);
-  __m512i high_pairs = _mm512_add_epi16(_mm512_maddubs_epi16(low_codes, _mm512_loadu_si512(high)),
-                                        _mm512_maddubs_epi16(high_codes, _mm512_loadu_si512(high + 64)));
-  __m512i low_pairs = _mm512_add_epi16(_mm512_maddubs_epi16(low_codes, _mm512_loadu_si512(low)),
-                                       _mm512_maddubs_epi16(high_codes, _mm512_loadu_si512(low + 64)));
+  __m512i high_pairs = _mm512_add_epi16(_mm512_maddubs_epi16(codes->first, _mm512_loadu_si512(high)),
+                                        _mm512_maddubs_epi16(codes->second, _mm512_loadu_si512(high + 64)));
+  __m512i low_pairs = _mm512_add_epi16(_mm512_maddubs_epi16(codes->first, _mm512_loadu_si512(low)),
+                                       _mm512_maddubs_epi16(codes->second, _mm512_loadu_si512(low + 64)));
   __m512i high_sums = _mm512_madd_epi16(high_pairs, ones);
   __m512i low_sums = _mm512_add_epi32(lanes, _mm512_madd_epi16(low_pairs, ones));
 #endif
@@ -1481,13 +1503,30 @@ EDGE_ALWAYS_INLINE void unit_lanes(const char *row, int dtype, int unit, const s
 #endif
 
 #if EDGE_ROWS_AVX512
+/* A unit's codes, unpacked once for the x they meet (unit_codes_products). */
+EDGE_ALWAYS_INLINE void unit_codes(const char *row, int dtype, int unit, int n_blocks, struct unit_codes *codes) {
+  if (dtype == EDGE_Q4) {
+    int4_unit_codes(row, unit, n_blocks, codes);
+  } else {
+    int8_unit_codes(row, unit, n_blocks, codes);
+  }
+}
+
+EDGE_ALWAYS_INLINE void unit_codes_products(const struct unit_codes *codes, int dtype, int unit,
+                                            const struct quantized_activations *xa, int n_blocks, ivec16 *out) {
+  if (dtype == EDGE_Q4) {
+    int4_codes_products(codes, unit, xa, out);
+  } else {
+    int8_codes_products(codes, unit, xa, n_blocks, out);
+  }
+}
+
+/* The integer lanes of a unit of a row with x's planes. */
 EDGE_ALWAYS_INLINE void unit_lanes(const char *row, int dtype, int unit, const struct quantized_activations *xa,
                                    int n_blocks, ivec16 *out) {
-  if (dtype == EDGE_Q4) {
-    int4_unit_products(row, unit, xa, n_blocks, out);
-  } else {
-    int8_unit_products(row, unit, xa, n_blocks, out);
-  }
+  struct unit_codes codes;
+  unit_codes(row, dtype, unit, n_blocks, &codes);
+  unit_codes_products(&codes, dtype, unit, xa, n_blocks, out);
 }
 
 /* Lane l's block within a unit: l / 4 (INT4) or l / 8 (INT8), as int32 lanes for permutations. */
@@ -1551,6 +1590,45 @@ static inline float step_total(const step_lanes *even, const step_lanes *odd, co
   return sum_lanes(&acc);
 }
 
+/* One step of at most 16 blocks from first_block (a multiple of 16): its units, groups and masks. */
+struct step_shape {
+  __m512i group_of_block; /* block b's group within the step */
+  __m512i first_lanes;    /* each lane's block within a unit */
+  int per_unit, first_unit, units;
+  size_t first_group;
+  __mmask16 block_mask, group_mask;
+};
+
+EDGE_ALWAYS_INLINE struct step_shape step_shape_of(int dtype, int group_log, int first_block, int step_blocks) {
+  struct step_shape shape;
+  shape.group_of_block = _mm512_srlv_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(group_log));
+  shape.first_lanes = lane_blocks(dtype);
+  shape.per_unit = unit_blocks(dtype);
+  shape.first_unit = first_block / shape.per_unit;
+  shape.units = (step_blocks + shape.per_unit - 1) / shape.per_unit;
+  shape.first_group = (size_t)first_block >> group_log;
+  shape.block_mask = tail_mask(step_blocks);
+  shape.group_mask = tail_mask(step_blocks >> group_log);
+  return shape;
+}
+
+/* A row's fp16 values per group (its scales or minimums) for each block of the step, widened. */
+EDGE_ALWAYS_INLINE __m512 step_group_values(const uint16_t *halves, const struct step_shape *shape) {
+  __m256i loaded = _mm256_maskz_loadu_epi16(shape->group_mask, halves + shape->first_group);
+  return _mm512_permutexvar_ps(shape->group_of_block, _mm512_cvtph_ps(loaded));
+}
+
+/* Blocks of the step's unit k (its last unit may be partial; <= 0 past the step), and its lanes' blocks in the step. */
+EDGE_ALWAYS_INLINE int step_unit_blocks(const struct step_shape *shape, int step_blocks, int k) {
+  int left = step_blocks - k * shape->per_unit;
+  return left < shape->per_unit ? left : shape->per_unit;
+}
+
+EDGE_ALWAYS_INLINE __m512i step_unit_lanes(const struct step_shape *shape, int k) {
+  return _mm512_add_epi32(shape->first_lanes, _mm512_set1_epi32(k * shape->per_unit));
+}
+
 /* Blocks [first_block, first_block + step_blocks) of rows row[t < n] into their even and odd units' accumulators,
  * step_blocks at most 16 and first_block a multiple of 16 (so the step starts at an even unit), prefetching the rows
  * next[t] at the same offsets. The step's factors are one vector product, spread over each unit's lanes by one
@@ -1563,53 +1641,117 @@ EDGE_ALWAYS_INLINE void int_dot_step(int n, const char *const *row, const uint16
                                      int step_blocks, const char *const *next, const uint16_t *const *next_scales,
                                      vec16 *even, vec16 *odd, int asymmetric, const uint16_t *const *mins,
                                      const uint16_t *const *next_mins, vec16 *corr) {
-  const __m512i group_of_block =
-      _mm512_srlv_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                        _mm512_set1_epi32(group_log));
-  const __m512i first_lanes = lane_blocks(dtype);
-  int per_unit = unit_blocks(dtype), first_unit = first_block / per_unit;
-  int step_units = (step_blocks + per_unit - 1) / per_unit;
-  size_t first_group = (size_t)first_block >> group_log;
-  __mmask16 block_mask = tail_mask(step_blocks), group_mask = tail_mask(step_blocks >> group_log);
-  __m512 x_scales = _mm512_maskz_loadu_ps(block_mask, xa->block_scales + first_block);
+  struct step_shape shape = step_shape_of(dtype, group_log, first_block, step_blocks);
+  __m512 x_scales = _mm512_maskz_loadu_ps(shape.block_mask, xa->block_scales + first_block);
   __m512 block_factors[EDGE_ROWS_AT_ONCE];
   for (int t = 0; t < n; t++) {
-    EDGE_PREFETCH(next_scales[t], first_group * sizeof(uint16_t));
-    __m512 row_scales = _mm512_permutexvar_ps(
-        group_of_block, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(group_mask, scales[t] + first_group)));
+    EDGE_PREFETCH(next_scales[t], shape.first_group * sizeof(uint16_t));
+    __m512 row_scales = step_group_values(scales[t], &shape);
     block_factors[t] = _mm512_mul_ps(row_scales, x_scales);
     if (asymmetric) { /* the step's 16 blocks' corrections in one FMA (lanes past the step add mid * 0) */
-      EDGE_PREFETCH(next_mins[t], first_group * sizeof(uint16_t));
-      __m512 row_mins = _mm512_permutexvar_ps(
-          group_of_block, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(group_mask, mins[t] + first_group)));
-      __m512 mids = _mm512_fmadd_ps(row_scales, _mm512_set1_ps(8.0f), row_mins);
-      __m512 sums = _mm512_maskz_loadu_ps(block_mask, xa->block_sums + first_block);
+      EDGE_PREFETCH(next_mins[t], shape.first_group * sizeof(uint16_t));
+      __m512 mids = _mm512_fmadd_ps(row_scales, _mm512_set1_ps(8.0f), step_group_values(mins[t], &shape));
+      __m512 sums = _mm512_maskz_loadu_ps(shape.block_mask, xa->block_sums + first_block);
       corr[t] = (vec16)_mm512_fmadd_ps(mids, sums, (__m512)corr[t]);
     }
   }
-  for (int k = 0; k < step_units; k += 2) {
-    int even_blocks = step_blocks - k * per_unit < per_unit ? step_blocks - k * per_unit : per_unit;
-    int odd_blocks = step_blocks - (k + 1) * per_unit < per_unit ? step_blocks - (k + 1) * per_unit : per_unit;
-    __m512i even_lanes = _mm512_add_epi32(first_lanes, _mm512_set1_epi32(k * per_unit));
-    __m512i odd_lanes = _mm512_add_epi32(first_lanes, _mm512_set1_epi32((k + 1) * per_unit));
+  for (int k = 0; k < shape.units; k += 2) {
+    int even_blocks = step_unit_blocks(&shape, step_blocks, k), odd_blocks = step_unit_blocks(&shape, step_blocks, k + 1);
+    __m512i even_lanes = step_unit_lanes(&shape, k), odd_lanes = step_unit_lanes(&shape, k + 1);
     for (int t = 0; t < n; t++) {
-      EDGE_PREFETCH(next[t], (size_t)(first_unit + k) * 64);
-      EDGE_PREFETCH(next[t], (size_t)(first_unit + k + 1) * 64);
+      EDGE_PREFETCH(next[t], (size_t)(shape.first_unit + k) * 64);
+      EDGE_PREFETCH(next[t], (size_t)(shape.first_unit + k + 1) * 64);
     }
     for (int t = 0; t < n; t++) {
       ivec16 products;
-      unit_lanes(row[t], dtype, first_unit + k, xa, even_blocks, &products);
+      unit_lanes(row[t], dtype, shape.first_unit + k, xa, even_blocks, &products);
       vec16 factors = (vec16)_mm512_permutexvar_ps(even_lanes, block_factors[t]);
       fused_multiply_add16(&even[t], &products, &factors);
     }
     if (odd_blocks <= 0) break;
     for (int t = 0; t < n; t++) {
       ivec16 products;
-      unit_lanes(row[t], dtype, first_unit + k + 1, xa, odd_blocks, &products);
+      unit_lanes(row[t], dtype, shape.first_unit + k + 1, xa, odd_blocks, &products);
       vec16 factors = (vec16)_mm512_permutexvar_ps(odd_lanes, block_factors[t]);
       fused_multiply_add16(&odd[t], &products, &factors);
     }
   }
+}
+
+/* Tokens of a block whose x one row meets at once (int_dot_tokens): each token's accumulators in registers (12 of the
+ * 32 for 4 tokens, with the asymmetric rows' corrections). */
+#define EDGE_TOKENS_AT_ONCE 4
+
+/* int_dot_step for one row and the x of n tokens (xa[t], t < n): the row's codes loaded and unpacked once per unit
+ * and its group scales (and minimums) widened once per step, then each token's products, factors and accumulators
+ * as int_dot_step computes them for that row and that x, operation for operation, so each token's bits are those of
+ * int_dot_step. */
+EDGE_ALWAYS_INLINE void int_dot_step_tokens(int n, const char *row, const uint16_t *scales, int dtype, int group_log,
+                                            const struct quantized_activations *const *xa, int first_block,
+                                            int step_blocks, const char *next, const uint16_t *next_scales,
+                                            vec16 *even, vec16 *odd, int asymmetric, const uint16_t *mins,
+                                            const uint16_t *next_mins, vec16 *corr) {
+  struct step_shape shape = step_shape_of(dtype, group_log, first_block, step_blocks);
+  EDGE_PREFETCH(next_scales, shape.first_group * sizeof(uint16_t));
+  __m512 row_scales = step_group_values(scales, &shape);
+  __m512 mids = _mm512_setzero_ps();
+  if (asymmetric) {
+    EDGE_PREFETCH(next_mins, shape.first_group * sizeof(uint16_t));
+    mids = _mm512_fmadd_ps(row_scales, _mm512_set1_ps(8.0f), step_group_values(mins, &shape));
+  }
+  __m512 block_factors[EDGE_TOKENS_AT_ONCE];
+  for (int t = 0; t < n; t++) {
+    __m512 x_scales = _mm512_maskz_loadu_ps(shape.block_mask, xa[t]->block_scales + first_block);
+    block_factors[t] = _mm512_mul_ps(row_scales, x_scales);
+    if (asymmetric) {
+      __m512 sums = _mm512_maskz_loadu_ps(shape.block_mask, xa[t]->block_sums + first_block);
+      corr[t] = (vec16)_mm512_fmadd_ps(mids, sums, (__m512)corr[t]);
+    }
+  }
+  for (int k = 0; k < shape.units; k += 2) {
+    int even_blocks = step_unit_blocks(&shape, step_blocks, k), odd_blocks = step_unit_blocks(&shape, step_blocks, k + 1);
+    __m512i even_lanes = step_unit_lanes(&shape, k), odd_lanes = step_unit_lanes(&shape, k + 1);
+    EDGE_PREFETCH(next, (size_t)(shape.first_unit + k) * 64);
+    EDGE_PREFETCH(next, (size_t)(shape.first_unit + k + 1) * 64);
+    struct unit_codes codes;
+    unit_codes(row, dtype, shape.first_unit + k, even_blocks, &codes);
+    for (int t = 0; t < n; t++) {
+      ivec16 products;
+      unit_codes_products(&codes, dtype, shape.first_unit + k, xa[t], even_blocks, &products);
+      vec16 factors = (vec16)_mm512_permutexvar_ps(even_lanes, block_factors[t]);
+      fused_multiply_add16(&even[t], &products, &factors);
+    }
+    if (odd_blocks <= 0) break;
+    unit_codes(row, dtype, shape.first_unit + k + 1, odd_blocks, &codes);
+    for (int t = 0; t < n; t++) {
+      ivec16 products;
+      unit_codes_products(&codes, dtype, shape.first_unit + k + 1, xa[t], odd_blocks, &products);
+      vec16 factors = (vec16)_mm512_permutexvar_ps(odd_lanes, block_factors[t]);
+      fused_multiply_add16(&odd[t], &products, &factors);
+    }
+  }
+}
+
+/* out[t] = row . x_t through the quantized planes xa[t] of n tokens (1 or EDGE_TOKENS_AT_ONCE, a constant once
+ * inlined), prefetching the row `next`: each token's value the bits int_dot_rows gives that row and that x. */
+EDGE_ALWAYS_INLINE void int_dot_tokens(int n, const char *row, const uint16_t *scales, const uint16_t *mins, int dtype,
+                                       int group_size, const struct quantized_activations *const *xa, int d,
+                                       const char *next, const uint16_t *next_scales, const uint16_t *next_mins,
+                                       int asymmetric, float *out) {
+  int blocks = d / EDGE_QUANT_BLOCK;
+  int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2;
+  vec16 even[EDGE_TOKENS_AT_ONCE], odd[EDGE_TOKENS_AT_ONCE], corr[EDGE_TOKENS_AT_ONCE];
+  for (int t = 0; t < n; t++) even[t] = odd[t] = corr[t] = (vec16){0};
+  int first_block = 0;
+  for (; first_block + EDGE_STEP_BLOCKS <= blocks; first_block += EDGE_STEP_BLOCKS) {
+    int_dot_step_tokens(n, row, scales, dtype, group_log, xa, first_block, EDGE_STEP_BLOCKS, next, next_scales, even,
+                        odd, asymmetric, mins, next_mins, corr);
+  }
+  if (first_block < blocks) {
+    int_dot_step_tokens(n, row, scales, dtype, group_log, xa, first_block, blocks - first_block, next, next_scales,
+                        even, odd, asymmetric, mins, next_mins, corr);
+  }
+  for (int t = 0; t < n; t++) out[t] = step_total(&even[t], &odd[t], asymmetric ? &corr[t] : NULL);
 }
 #endif
 
@@ -1919,6 +2061,123 @@ static void rows_dot(const struct row_list *rows, const struct row_list *then, c
   }
 }
 
+/* The environment variable that selects how quantized rows are dotted with x: "fp32" keeps x in fp32 and widens the
+ * codes to fp32 in registers (quant_dot_row: the reference's numbers up to fp32 rounding order); unset or anything
+ * else quantizes x to int8 for the integer dot products (int_dot_rows: faster, QUANT.md gives its error bound). */
+#define EDGE_ACTIVATIONS_ENV "EDGE_SDK_QUANT_ACTIVATIONS"
+
+/* Nonzero when rows of `dtype` are to be dotted with x quantized to int8. */
+static int integer_dot_products(int dtype) {
+  if (!is_quantized(dtype)) return 0;
+  const char *setting = getenv(EDGE_ACTIVATIONS_ENV);
+  return setting == NULL || strcmp(setting, "fp32") != 0;
+}
+
+/* One token's x as the row functions take it: x in fp32, its quantized planes (or NULL: quantized rows are dotted
+ * with x itself) and its block sums for asymmetric rows (or NULL). */
+struct token_input {
+  const float *x;
+  struct quantized_activations planes;
+  const struct quantized_activations *xa;
+  const float *block_sums;
+};
+
+/* A token's x [in] prepared for rows of `dtype` in `buffer` (activation_bytes(in), any alignment), as the one-token
+ * kernels prepare x: its planes for the integer dot products, or its fp32 block sums for asymmetric rows dotted with
+ * x in fp32. */
+static void prepare_token(const float *x, int in, int dtype, int asymmetric, void *buffer, struct token_input *out) {
+  out->x = x;
+  out->xa = NULL;
+  out->block_sums = NULL;
+  if (integer_dot_products(dtype)) {
+    out->planes = quantize_activations(x, in, dtype, buffer);
+    out->xa = &out->planes;
+    out->block_sums = out->planes.block_sums;
+  } else if (asymmetric) {
+    out->block_sums = fp32_block_sums(x, in, buffer);
+  }
+}
+
+#if EDGE_ROWS_AVX512
+/* Row `row` of w . x_t for n tokens (1 or EDGE_TOKENS_AT_ONCE) into values, prefetching row `next` of next_w: one
+ * int_dot_tokens per storage type. */
+EDGE_ALWAYS_INLINE void int_dot_row_tokens(int n, const struct weight_rows *w, int row, int d,
+                                           const struct quantized_activations *const *xa,
+                                           const struct weight_rows *next_w, int next, float *values) {
+  const char *address = row_address(w, row, d), *next_address = row_address(next_w, next, d);
+  const uint16_t *scales = row_scales(w, row, d), *next_scales = row_scales(next_w, next, d);
+  const uint16_t *next_mins = row_mins_or_scales(next_w, next, d);
+  if (w->dtype == EDGE_Q4 && w->mins != NULL) {
+    int_dot_tokens(n, address, scales, row_mins(w, row, d), EDGE_Q4, w->group_size, xa, d, next_address, next_scales,
+                   next_mins, 1, values);
+  } else if (w->dtype == EDGE_Q4) {
+    int_dot_tokens(n, address, scales, NULL, EDGE_Q4, w->group_size, xa, d, next_address, next_scales, next_mins, 0,
+                   values);
+  } else {
+    int_dot_tokens(n, address, scales, NULL, EDGE_Q8, w->group_size, xa, d, next_address, next_scales, next_mins, 0,
+                   values);
+  }
+}
+
+/* out[t * out_stride + k] = row k of the run `rows` . token t's x for every token of inputs (quantized rows, every
+ * token's planes xa present): each row once, with EDGE_TOKENS_AT_ONCE tokens at a time and the rest one by one, so
+ * its codes are unpacked once per group of tokens; while the first group reads a row, the row `ahead` places later is
+ * prefetched (past the run's end into `then`). With `cold`, the first rows are prefetched whole first. Each value is
+ * the bits rows_dot gives for that token. */
+static void int_dot_run_tokens(const struct row_list *rows, const struct row_list *then,
+                               const struct token_input *inputs, int tokens, int d, int cold, float *out,
+                               size_t out_stride) {
+  const struct weight_rows *w = rows->w;
+  size_t bytes = row_bytes(w->dtype, d);
+  int ahead = bytes >= EDGE_PREFETCH_BYTES ? 1 : (int)(EDGE_PREFETCH_BYTES / bytes);
+  for (int k = 0; cold && k < ahead && k < rows->n; k++) prefetch_row(w, list_index(rows, k), d);
+  for (int k = 0; k < rows->n; k++) {
+    int row = list_index(rows, k);
+    const struct weight_rows *next_w;
+    int next;
+    row_ahead(rows, then, k, ahead, &next_w, &next);
+    float values[EDGE_TOKENS_AT_ONCE];
+    int t = 0;
+    for (; t + EDGE_TOKENS_AT_ONCE <= tokens; t += EDGE_TOKENS_AT_ONCE) {
+      const struct quantized_activations *xa[EDGE_TOKENS_AT_ONCE];
+      for (int j = 0; j < EDGE_TOKENS_AT_ONCE; j++) xa[j] = inputs[t + j].xa;
+      int_dot_row_tokens(EDGE_TOKENS_AT_ONCE, w, row, d, xa, next_w, next, values);
+      for (int j = 0; j < EDGE_TOKENS_AT_ONCE; j++) out[(size_t)(t + j) * out_stride + (size_t)k] = values[j];
+      next_w = w, next = row; /* the later groups: nothing more to prefetch */
+    }
+    for (; t < tokens; t++) {
+      const struct quantized_activations *xa[1] = {inputs[t].xa};
+      int_dot_row_tokens(1, w, row, d, xa, next_w, next, values);
+      out[(size_t)t * out_stride + (size_t)k] = values[0];
+      next_w = w, next = row;
+    }
+  }
+}
+#endif
+
+/* Bytes of x's planes (about 2.5 per value: the two int8 planes, the lanes' offset sums) that EDGE_TOKENS_AT_ONCE
+ * tokens may take for a row to be dotted with them at once: half of a 32 KiB L1. Beyond, each row would read them
+ * from L2 (LLaMA-2-7B's 4096 values: 40 KiB, and its prefill 0.80x of token by token over the cached run). */
+#define EDGE_TOKEN_PLANES_BYTES 16384
+
+/* out[t * out_stride + k] = row k of the run `rows` . token t's x for every token: int_dot_run_tokens where it
+ * applies (AVX-512, quantized rows with x quantized, rows short enough for EDGE_TOKEN_PLANES_BYTES), rows_dot token by
+ * token otherwise (the rows then come from the core's cache for every token after the first). */
+static void rows_dot_tokens(const struct row_list *rows, const struct row_list *then, const struct token_input *inputs,
+                            int tokens, int d, int cold, float *out, size_t out_stride) {
+#if EDGE_ROWS_AVX512
+  int planes_fit = (size_t)d * EDGE_TOKENS_AT_ONCE * 5 / 2 <= EDGE_TOKEN_PLANES_BYTES;
+  if (tokens > 1 && planes_fit && inputs[0].xa != NULL && is_quantized(rows->w->dtype)) {
+    int_dot_run_tokens(rows, then, inputs, tokens, d, cold, out, out_stride);
+    return;
+  }
+#endif
+  for (int t = 0; t < tokens; t++) {
+    const struct token_input *token = inputs + t;
+    rows_dot(rows, then, token->x, token->xa, token->block_sums, d, cold && t == 0, out + (size_t)t * out_stride);
+  }
+}
+
 /* Gate and up for candidates [k0, k1) of one chunk of the n_candidates; returns how many were active (every
  * candidate when not skip_zeros), stored from k0 on. Two passes: all gate rows, then the up rows of the neurons
  * that fired. Whether a neuron fires is close to a coin toss, so deciding it between its gate and up rows cost a
@@ -2086,18 +2345,6 @@ static int check_ffn_arguments(const float *x, int d, int D, const struct weight
   return EDGE_CPU_OK;
 }
 
-/* The environment variable that selects how quantized rows are dotted with x: "fp32" keeps x in fp32 and widens the
- * codes to fp32 in registers (quant_dot_row: the reference's numbers up to fp32 rounding order); unset or anything
- * else quantizes x to int8 for the integer dot products (int_dot_rows: faster, QUANT.md gives its error bound). */
-#define EDGE_ACTIVATIONS_ENV "EDGE_SDK_QUANT_ACTIVATIONS"
-
-/* Nonzero when rows of `dtype` are to be dotted with x quantized to int8. */
-static int integer_dot_products(int dtype) {
-  if (!is_quantized(dtype)) return 0;
-  const char *setting = getenv(EDGE_ACTIVATIONS_ENV);
-  return setting == NULL || strcmp(setting, "fp32") != 0;
-}
-
 /* One FFN call: its arguments and the workspace's lists, for the two phases below. */
 struct ffn_job {
   const float *x;
@@ -2246,31 +2493,6 @@ static int token_run_rows(size_t bytes_per_row) {
   return rows > EDGE_TOKEN_RUN_MAX_ROWS ? EDGE_TOKEN_RUN_MAX_ROWS : (int)rows;
 }
 
-/* One token's x as the row functions take it: x in fp32, its quantized planes (or NULL: quantized rows are dotted
- * with x itself) and its block sums for asymmetric rows (or NULL). */
-struct token_input {
-  const float *x;
-  struct quantized_activations planes;
-  const struct quantized_activations *xa;
-  const float *block_sums;
-};
-
-/* A token's x [in] prepared for rows of `dtype` in `buffer` (activation_bytes(in), any alignment), as the one-token
- * kernels prepare x: its planes for the integer dot products, or its fp32 block sums for asymmetric rows dotted with
- * x in fp32. */
-static void prepare_token(const float *x, int in, int dtype, int asymmetric, void *buffer, struct token_input *out) {
-  out->x = x;
-  out->xa = NULL;
-  out->block_sums = NULL;
-  if (integer_dot_products(dtype)) {
-    out->planes = quantize_activations(x, in, dtype, buffer);
-    out->xa = &out->planes;
-    out->block_sums = out->planes.block_sums;
-  } else if (asymmetric) {
-    out->block_sums = fp32_block_sums(x, in, buffer);
-  }
-}
-
 /* Part `part` of `parts` contiguous runs of the rows of all n matrices, taken as one list in order, for every token
  * of `inputs`: each matrix's piece of the run is dotted with each token's x into that token's y (y + t * rows, + bias),
  * and the run's next piece, the next matrix's first rows, is what the end of a piece prefetches. One token reads a
@@ -2295,13 +2517,10 @@ static void matmuls_rows(const struct token_input *inputs, int tokens, int in, c
       struct row_list rows = {&w, NULL, s, e - s};
       struct row_list then = e < b ? (struct row_list){&w, NULL, e, b - e < run ? b - e : run}
                                    : (struct row_list){&next_w, NULL, 0, next_rows};
-      for (int t = 0; t < tokens; t++) {
-        const struct token_input *token = inputs + t;
+      rows_dot_tokens(&rows, &then, inputs, tokens, in, cold, m[i].y + s, (size_t)m[i].rows);
+      for (int t = 0; t < tokens && m[i].bias != NULL; t++) {
         float *y = m[i].y + (size_t)t * (size_t)m[i].rows;
-        rows_dot(&rows, &then, token->x, token->xa, token->block_sums, in, cold && t == 0, y + s);
-        if (m[i].bias != NULL) {
-          for (int r = s; r < e; r++) y[r] += m[i].bias[r];
-        }
+        for (int r = s; r < e; r++) y[r] += m[i].bias[r];
       }
       cold = 0;
     }
@@ -2402,9 +2621,11 @@ int edge_cpu_matvec_q(const float *x, int in, int out, const void *w, const uint
 }
 
 /* The FFN of a block of tokens. Workspace: per token its prepared x (activation_bytes(d)), its gate activations and
- * then hidden values h [D], and the corrections of asymmetric down rows [ceil(d / 32)], each on a cache line. */
+ * then hidden values h [D], its up values [D] and the corrections of asymmetric down rows [ceil(d / 32)], each on a
+ * cache line. */
 static size_t token_ffn_bytes(int d, int D) {
-  return round_up(activation_bytes(d)) + round_up((size_t)D * 4) + round_up((size_t)ceil_div(d, EDGE_QUANT_BLOCK) * 4);
+  return round_up(activation_bytes(d)) + 2 * round_up((size_t)D * 4) +
+         round_up((size_t)ceil_div(d, EDGE_QUANT_BLOCK) * 4);
 }
 
 size_t edge_cpu_ffn_tokens_workspace_size(int d, int D, int tokens) {
@@ -2433,8 +2654,12 @@ static float *token_hidden(const struct ffn_tokens_job *job, int t) {
   return (float *)(token_workspace(job, t) + round_up(activation_bytes(job->d)));
 }
 
-static float *token_corrections(const struct ffn_tokens_job *job, int t) {
+static float *token_up_values(const struct ffn_tokens_job *job, int t) {
   return (float *)(token_workspace(job, t) + round_up(activation_bytes(job->d)) + round_up((size_t)job->D * 4));
+}
+
+static float *token_corrections(const struct ffn_tokens_job *job, int t) {
+  return (float *)(token_workspace(job, t) + round_up(activation_bytes(job->d)) + 2 * round_up((size_t)job->D * 4));
 }
 
 static void prepare_ffn_token(const struct ffn_tokens_job *job, int t) {
@@ -2444,21 +2669,40 @@ static void prepare_ffn_token(const struct ffn_tokens_job *job, int t) {
 
 /* Gate and up of neurons [n0, n1) for every token: the gate rows as a run, each token's activations, then for each
  * token the up rows of its neurons that fire (a != 0), as gate_up_chunk computes them for one token with mask and
- * thresholds NULL; h = a * act_up(u) into the token's hidden values, a (zero) for the others. */
+ * thresholds NULL; h = a * act_up(u) into the token's hidden values, a (zero) for the others. Where every neuron of
+ * the run fires for every token (a SiLU model's prompt), the up rows go as a run too (rows_dot_tokens). */
 static void gate_up_tokens(const struct ffn_tokens_job *job, int run) {
   int n0 = run * job->run, n1 = n0 + job->run < job->D ? n0 + job->run : job->D, d = job->d;
   int32_t index[EDGE_TOKEN_RUN_MAX_ROWS];
   float values[EDGE_TOKEN_RUN_MAX_ROWS];
   struct row_list gate_rows = {&job->gate, NULL, n0, n1 - n0};
   struct row_list up_run = {&job->up, NULL, n0, n1 - n0};
+  rows_dot_tokens(&gate_rows, &up_run, job->inputs, job->tokens, d, 1, token_hidden(job, 0) + n0,
+                  token_ffn_bytes(d, job->D) / sizeof(float));
   for (int t = 0; t < job->tokens; t++) {
-    const struct token_input *token = job->inputs + t;
     float *hidden = token_hidden(job, t);
-    rows_dot(&gate_rows, &up_run, token->x, token->xa, token->block_sums, d, t == 0, hidden + n0);
     for (int i = n0; i < n1; i++) hidden[i] = gate_activation(job->activation, hidden[i], job->act_threshold);
   }
   int next0 = n1, next_n = job->D - n1 < job->run ? job->D - n1 : job->run;
   struct row_list next_gate_rows = {&job->gate, NULL, next0, next_n};
+  int all_fire = 1;
+  for (int t = 0; t < job->tokens; t++) {
+    const float *hidden = token_hidden(job, t);
+    for (int i = n0; i < n1; i++) all_fire &= hidden[i] != 0.0f;
+  }
+  if (all_fire) {
+    rows_dot_tokens(&up_run, &next_gate_rows, job->inputs, job->tokens, d, 0, token_up_values(job, 0) + n0,
+                    token_ffn_bytes(d, job->D) / sizeof(float));
+    for (int t = 0; t < job->tokens; t++) {
+      float *hidden = token_hidden(job, t);
+      const float *values = token_up_values(job, t);
+      for (int i = n0; i < n1; i++) {
+        float u = job->activation == EDGE_ACT_DRELU ? keep_or_zero(values[i], !(values[i] < 0.0f)) : values[i];
+        hidden[i] *= u;
+      }
+    }
+    return;
+  }
   for (int t = 0; t < job->tokens; t++) {
     const struct token_input *token = job->inputs + t;
     float *hidden = token_hidden(job, t);

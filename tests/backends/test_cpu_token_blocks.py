@@ -88,11 +88,12 @@ def matmuls(x: torch.Tensor, weights, biases, threads: int) -> tuple[int, list[t
 
 @pytest.mark.parametrize("storage", STORAGES)
 def test_matmuls_give_each_token_its_matvecs_bits(storage, activations_setting):
-    """q, k and v shapes of 96 values (int4: a partial unit) and 576 (SmolLM2's), 1 to 5 tokens, 1 to 3 threads: each
-    token's rows equal edge_cpu_matvecs on that token alone, runs of rows ending inside each matrix (fp32 rows of 576
-    values: 14 to a run, so 300 rows make 22 runs)."""
-    for n_in, row_counts in ((96, (40, 8, 8)), (576, (300, 64, 64))):
-        weights = [weight_of(storage, rows, n_in, seed=rows + n_in + i) for i, rows in enumerate(row_counts)]
+    """q, k and v shapes of 96 values (int4: a partial unit; int8: a half unit) at group size 32 and 576 (SmolLM2's)
+    at 64, 1, 2 and 5 tokens (AVX-512 dots a row with 4 tokens at once, then one by one), 1 to 3 threads: each token's
+    rows equal edge_cpu_matvecs on that token alone, runs of rows ending inside each matrix (fp32 rows of 576 values:
+    14 to a run, so 300 rows make 22 runs)."""
+    for n_in, row_counts, group_size in ((96, (40, 8, 8), 32), (576, (300, 64, 64), 64)):
+        weights = [weight_of(storage, rows, n_in, rows + n_in + i, group_size) for i, rows in enumerate(row_counts)]
         biases = [torch.randn(row_counts[0], generator=torch.Generator().manual_seed(1)), None, None]
         for tokens in (1, 2, 5):
             x = torch.randn(tokens, n_in, generator=torch.Generator().manual_seed(tokens))
@@ -132,12 +133,13 @@ def one_token_ffn(x: torch.Tensor, gate, up, down, activation: Activation) -> to
 @pytest.mark.parametrize(
     "activation", [Activation("relu"), Activation("fatrelu", 0.05), Activation("drelu"), Activation("silu")]
 )
-def test_ffn_tokens_give_each_token_the_one_token_ffn_bits(storage, activation, activations_setting):
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_ffn_tokens_give_each_token_the_one_token_ffn_bits(storage, activation, group_size, activations_setting):
     """d 256 with 700 neurons (several runs of gate and up rows: 32 fp32 rows to a run, 256 short int4 ones) and
     several down column blocks; 1, 3 and 6 tokens on 1 to 3 threads: each token's y is edge_cpu_sparse_ffn(_q) with
     mask NULL on that token, bit for bit."""
     d, n_neurons = 256, 700
-    gate, up, down = (weight_of(storage, n_neurons, d, seed=40 + k) for k in range(3))
+    gate, up, down = (weight_of(storage, n_neurons, d, 40 + k, group_size) for k in range(3))
     for tokens in (1, 3, 6):
         x = torch.randn(tokens, d, generator=torch.Generator().manual_seed(50 + tokens))
         expected = torch.stack([one_token_ffn(x[t], gate, up, down, activation) for t in range(tokens)])
