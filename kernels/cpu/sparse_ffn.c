@@ -2484,8 +2484,8 @@ int edge_cpu_dense_ffn(const float *x, int d, int D, const void *w_gate, const v
 /* Rows of a run at most: the FFN lists a run's active neurons on the stack. */
 #define EDGE_TOKEN_RUN_MAX_ROWS 256
 
-/* Rows per run for rows of `in` values of `dtype` (`bytes_per_row` of them read): whole groups of the rows dotted at
- * once, 1 .. EDGE_TOKEN_RUN_MAX_ROWS. */
+/* Rows per run for rows (or down-row pieces) of bytes_per_row bytes: EDGE_TOKEN_RUN_BYTES of them in whole groups of
+ * the rows dotted at once, at least one group and at most EDGE_TOKEN_RUN_MAX_ROWS. */
 static int token_run_rows(size_t bytes_per_row) {
   size_t rows = EDGE_TOKEN_RUN_BYTES / (bytes_per_row > 0 ? bytes_per_row : 1);
   rows = rows / EDGE_ROWS_AT_ONCE * EDGE_ROWS_AT_ONCE;
