@@ -235,7 +235,7 @@ size_t edge_cpu_ffn_tokens_workspace_size(int d, int D, int tokens);
  * (EDGE_Q8 / EDGE_Q4) with mask and thresholds NULL, bit for bit: every neuron's gate row, the up and down rows of
  * those whose activation is not zero (a prompt's FFN). workspace: edge_cpu_ffn_tokens_workspace_size(d, D, tokens)
  * bytes, any alignment. threads <= 0 means OpenMP's maximum; the results do not depend on it. Allocates under 100
- * bytes per token (EDGE_CPU_OUT_OF_MEMORY if that fails). */
+ * bytes per token, and for INT4 rows on AVX-512 1 KiB per token and thread (EDGE_CPU_OUT_OF_MEMORY if that fails). */
 int edge_cpu_ffn_tokens(const float *x, int tokens, int d, int D, const void *w_gate, const uint16_t *gate_scales,
                         const uint16_t *gate_mins, const void *w_up, const uint16_t *up_scales,
                         const uint16_t *up_mins, const void *w_down_t, const uint16_t *down_scales,

@@ -2644,6 +2644,8 @@ struct ffn_tokens_job {
   char *workspace;            /* the workspace from its first cache line: token_ffn_bytes(d, D) per token */
   int run, n_runs;            /* neurons per run of gate and up rows, and runs */
   int column_unit, n_units, n_column_blocks;
+  /* AVX-512 INT4 down rows every token adds: per column block, [tokens][EDGE_DOWN_GROUP][EDGE_FACTOR_GROUPS] factors */
+  float (*down_factors)[EDGE_DOWN_GROUP][EDGE_FACTOR_GROUPS];
 };
 
 static char *token_workspace(const struct ffn_tokens_job *job, int t) {
@@ -2720,8 +2722,64 @@ static void gate_up_tokens(const struct ffn_tokens_job *job, int run) {
   }
 }
 
+#if EDGE_ROWS_AVX512
+/* Down rows that every token of a block adds (each with its own h): columns [c0, c0 + n) of each token's y (token t's
+ * at y + t * d) plus h_t[r] times the INT4 rows rows[r] (neuron indices, n_rows <= EDGE_DOWN_GROUP), h_t[r] at
+ * hidden + t * hidden_stride + rows[r]. add_quant_rows' AVX-512 INT4 path token by token, operation for operation
+ * (the factors h * scale, the products with the 16 code values picked by each nibble, added in order of r; asymmetric
+ * rows' corrections, at corrections + t * corrections_stride, in order of r), with each row's bytes widened to
+ * indices once per 32 columns for all tokens: the same bits. factors: [tokens][EDGE_DOWN_GROUP][EDGE_FACTOR_GROUPS]
+ * scratch. */
+static void add_int4_rows_tokens(float *y, int d, int tokens, int c0, int n, const char *codes, const uint16_t *scales,
+                                 int group_size, const size_t *rows, int n_rows, const float *hidden,
+                                 size_t hidden_stride, const uint16_t *mins, float *corrections,
+                                 size_t corrections_stride, float (*factors)[EDGE_DOWN_GROUP][EDGE_FACTOR_GROUPS]) {
+  size_t row_bytes = (size_t)d / EDGE_QUANT_BLOCK * block_bytes(EDGE_Q4);
+  size_t groups = (size_t)(d / group_size);
+  const __m512 code_values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
+  int c1 = c0 + n;
+  for (int piece = c0; piece < c1;) {
+    int g0 = piece / group_size;
+    int piece_end = (g0 + EDGE_FACTOR_GROUPS) * group_size < c1 ? (g0 + EDGE_FACTOR_GROUPS) * group_size : c1;
+    int n_groups = (piece_end - 1) / group_size - g0 + 1;
+    for (int t = 0; t < tokens; t++) {
+      float h[EDGE_DOWN_GROUP];
+      for (int r = 0; r < n_rows; r++) h[r] = hidden[(size_t)t * hidden_stride + rows[r]];
+      row_factors(scales, groups, rows, h, n_rows, g0, n_groups, factors[t]);
+      for (int r = 0; mins != NULL && r < n_rows; r++) {
+        add_row_corrections(corrections + (size_t)t * corrections_stride, piece / EDGE_QUANT_BLOCK,
+                            (piece_end - piece) / EDGE_QUANT_BLOCK, scales + rows[r] * groups,
+                            mins + rows[r] * groups, group_size, h[r]);
+      }
+    }
+    for (int column = piece; column < piece_end; column += EDGE_QUANT_BLOCK) {
+      int g = column / group_size - g0;
+      size_t offset = (size_t)(column / EDGE_QUANT_BLOCK) * block_bytes(EDGE_Q4);
+      __m512i low[EDGE_DOWN_GROUP], high[EDGE_DOWN_GROUP];
+      for (int r = 0; r < n_rows; r++) {
+        low[r] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + rows[r] * row_bytes + offset)));
+        high[r] = _mm512_srli_epi32(low[r], 4);
+      }
+      for (int t = 0; t < tokens; t++) {
+        float *y_t = y + (size_t)t * (size_t)d + column;
+        __m512 acc_low = _mm512_loadu_ps(y_t), acc_high = _mm512_loadu_ps(y_t + 16);
+        for (int r = 0; r < n_rows; r++) {
+          __m512 products = _mm512_mul_ps(code_values, _mm512_set1_ps(factors[t][r][g]));
+          acc_low = _mm512_add_ps(acc_low, _mm512_permutexvar_ps(low[r], products));
+          acc_high = _mm512_add_ps(acc_high, _mm512_permutexvar_ps(high[r], products));
+        }
+        _mm512_storeu_ps(y_t, acc_low);
+        _mm512_storeu_ps(y_t + 16, acc_high);
+      }
+    }
+    piece = piece_end;
+  }
+}
+#endif
+
 /* Columns [c0, c1) of every token's y: the down rows with h != 0, in increasing neuron order per token as
- * down_columns adds them, taken a run of neurons at a time for all tokens. */
+ * down_columns adds them, taken a run of neurons at a time for all tokens. With AVX-512, a run of INT4 rows that every
+ * token adds (a SiLU model's prompt) goes through add_int4_rows_tokens, 8 rows at a time for all tokens. */
 static void down_tokens(const struct ffn_tokens_job *job, int block) {
   int d = job->d;
   int c0 = job->column_unit * split_point(job->n_units, job->n_column_blocks, block);
@@ -2740,6 +2798,25 @@ static void down_tokens(const struct ffn_tokens_job *job, int block) {
   size_t row_length = quantized ? 1 : (size_t)d, column = quantized ? 0 : (size_t)c0;
   for (int n0 = 0; n0 < job->D; n0 += run) {
     int n1 = n0 + run < job->D ? n0 + run : job->D;
+#if EDGE_ROWS_AVX512
+    int all_fire = down->dtype == EDGE_Q4 && job->tokens > 1;
+    for (int t = 0; all_fire && t < job->tokens; t++) {
+      const float *hidden = token_hidden(job, t);
+      for (int i = n0; i < n1; i++) all_fire &= hidden[i] != 0.0f;
+    }
+    if (all_fire) {
+      float(*factors)[EDGE_DOWN_GROUP][EDGE_FACTOR_GROUPS] = job->down_factors + (size_t)block * (size_t)job->tokens;
+      size_t stride = token_ffn_bytes(d, job->D) / sizeof(float);
+      for (int g = n0; g < n1; g += EDGE_DOWN_GROUP) {
+        size_t rows[EDGE_DOWN_GROUP];
+        int count = n1 - g < EDGE_DOWN_GROUP ? n1 - g : EDGE_DOWN_GROUP;
+        for (int r = 0; r < count; r++) rows[r] = (size_t)(g + r);
+        add_int4_rows_tokens(job->y, d, job->tokens, c0, n, down->values, down->scales, down->group_size, rows, count,
+                             token_hidden(job, 0), stride, down->mins, token_corrections(job, 0), stride, factors);
+      }
+      continue;
+    }
+#endif
     for (int t = 0; t < job->tokens; t++) {
       const float *hidden = token_hidden(job, t);
       float *y = job->y + (size_t)t * (size_t)d;
@@ -2798,16 +2875,28 @@ int edge_cpu_ffn_tokens(const float *x, int tokens, int d, int D, const void *w_
   }
   int status = check_ffn_arguments(x, d, D, &gate, &up, &down, activation, act_threshold, y, workspace);
   if (status != EDGE_CPU_OK) return status;
-  struct token_input *inputs = malloc((size_t)tokens * sizeof *inputs);
-  if (inputs == NULL) return EDGE_CPU_OUT_OF_MEMORY;
-  char *base = (char *)(((uintptr_t)workspace + EDGE_CACHE_LINE - 1) / EDGE_CACHE_LINE * EDGE_CACHE_LINE);
   if (threads <= 0) threads = edge_cpu_max_threads();
-  struct ffn_tokens_job job = {tokens, d, D, gate, up, down, activation, act_threshold, x, y, inputs, base,
-                               token_run_rows(row_bytes(weight_dtype, d)), 0, 0, 0, 0};
+  char *base = (char *)(((uintptr_t)workspace + EDGE_CACHE_LINE - 1) / EDGE_CACHE_LINE * EDGE_CACHE_LINE);
+  struct ffn_tokens_job job = {tokens, d, D, gate, up, down, activation, act_threshold, x, y, NULL, base,
+                               token_run_rows(row_bytes(weight_dtype, d)), 0, 0, 0, 0, NULL};
   job.n_runs = ceil_div(D, job.run);
   job.column_unit = is_quantized(weight_dtype) ? EDGE_QUANT_BLOCK : EDGE_COLUMN_UNIT;
   job.n_units = ceil_div(d, job.column_unit);
   job.n_column_blocks = threads < job.n_units ? threads : job.n_units;
+  job.inputs = malloc((size_t)tokens * sizeof *job.inputs);
+#if EDGE_ROWS_AVX512
+  if (weight_dtype == EDGE_Q4 && tokens > 1) {
+    job.down_factors = malloc((size_t)job.n_column_blocks * (size_t)tokens * sizeof *job.down_factors);
+  }
+  int factors_missing = weight_dtype == EDGE_Q4 && tokens > 1 && job.down_factors == NULL;
+#else
+  int factors_missing = 0;
+#endif
+  if (job.inputs == NULL || factors_missing) {
+    free(job.inputs);
+    free(job.down_factors);
+    return EDGE_CPU_OUT_OF_MEMORY;
+  }
 #ifdef _OPENMP
   if (threads > 1) {
 #pragma omp parallel num_threads(threads)
@@ -2819,14 +2908,16 @@ int edge_cpu_ffn_tokens(const float *x, int tokens, int d, int D, const void *w_
 #pragma omp for schedule(dynamic, 1)
       for (int b = 0; b < job.n_column_blocks; b++) down_tokens(&job, b);
     }
-    free(inputs);
+    free(job.inputs);
+    free(job.down_factors);
     return EDGE_CPU_OK;
   }
 #endif
   for (int t = 0; t < tokens; t++) prepare_ffn_token(&job, t);
   for (int r = 0; r < job.n_runs; r++) gate_up_tokens(&job, r);
   for (int b = 0; b < job.n_column_blocks; b++) down_tokens(&job, b);
-  free(inputs);
+  free(job.inputs);
+  free(job.down_factors);
   return EDGE_CPU_OK;
 }
 
