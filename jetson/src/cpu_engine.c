@@ -551,6 +551,18 @@ static void matvec(const struct matrix *m, const float *x, const float *bias, fl
   edge_cpu_matvec(x, m->cols, m->rows, m->data, m->dtype, bias, y, parallel ? threads : 1);
 }
 
+/* m as the kernels' struct edge_cpu_matrix, with its bias and output. */
+static struct edge_cpu_matrix kernel_matrix(const struct matrix *m, const float *bias, float *y) {
+  return (struct edge_cpu_matrix){m->data, m->scales, m->mins, m->dtype, m->group_size, m->rows, bias, y};
+}
+
+/* Nonzero when the n matrices share one storage type and group size, so one kernel call takes them all. */
+static int share_storage(const struct matrix *const *m, int n) {
+  int shared = 1;
+  for (int i = 1; i < n; i++) shared &= m[i]->dtype == m[0]->dtype && m[i]->group_size == m[0]->group_size;
+  return shared;
+}
+
 /* q, k and v of one token from the same x: one kernel call (x quantized once, one parallel region) where the three
  * matrices share their storage, as in every bundle the exporter writes; three calls otherwise. */
 static void project_qkv(const struct layer_weights *w, const float *x, float *q, float *k, float *v, int threads) {
@@ -559,14 +571,11 @@ static void project_qkv(const struct layer_weights *w, const float *x, float *q,
   float *y[3] = {q, k, v};
   struct edge_cpu_matrix matrices[3];
   int64_t work = 0;
-  int shared_storage = 1;
   for (int i = 0; i < 3; i++) {
-    matrices[i] = (struct edge_cpu_matrix){m[i]->data,   m[i]->scales, m[i]->mins, m[i]->dtype,
-                                           m[i]->group_size, m[i]->rows, bias[i],   y[i]};
+    matrices[i] = kernel_matrix(m[i], bias[i], y[i]);
     work += (int64_t)m[i]->rows * m[i]->cols;
-    shared_storage &= m[i]->dtype == m[0]->dtype && m[i]->group_size == m[0]->group_size;
   }
-  if (!shared_storage) {
+  if (!share_storage(m, 3)) {
     for (int i = 0; i < 3; i++) matvec(m[i], x, bias[i], y[i], threads);
     return;
   }
@@ -863,8 +872,7 @@ static edge_status matmuls(const struct matrix *const *m, const float *const *bi
   struct edge_cpu_matrix matrices[3];
   int64_t work = 0;
   for (int i = 0; i < n; i++) {
-    matrices[i] = (struct edge_cpu_matrix){m[i]->data, m[i]->scales,     m[i]->mins, m[i]->dtype,
-                                           m[i]->group_size, m[i]->rows, bias[i],    y[i]};
+    matrices[i] = kernel_matrix(m[i], bias[i], y[i]);
     work += (int64_t)m[i]->rows * m[i]->cols * tokens;
   }
   int status = edge_cpu_matmuls(x, tokens, m[0]->cols, matrices, n, work >= PARALLEL_MIN_WORK ? threads : 1);
@@ -886,9 +894,7 @@ static edge_status project_qkv_tokens(struct run_state *s, const struct layer_we
   const struct matrix *m[3] = {&w->wq, &w->wk, &w->wv};
   const float *bias[3] = {w->bq, w->bk, w->bv};
   float *y[3] = {b->q, b->key, values};
-  int shared_storage = 1;
-  for (int i = 1; i < 3; i++) shared_storage &= m[i]->dtype == m[0]->dtype && m[i]->group_size == m[0]->group_size;
-  if (shared_storage) return matmuls(m, bias, y, 3, b->xb, tokens, s->engine->threads);
+  if (share_storage(m, 3)) return matmuls(m, bias, y, 3, b->xb, tokens, s->engine->threads);
   edge_status status = EDGE_OK;
   for (int i = 0; i < 3 && status == EDGE_OK; i++) {
     status = matmuls(m + i, bias + i, y + i, 1, b->xb, tokens, s->engine->threads);
@@ -903,8 +909,8 @@ static void attend_tokens(struct run_state *s, int layer, int start, int tokens)
   struct prompt_block *b = &s->prompt;
   size_t q_dim = (size_t)c->num_heads * (size_t)c->head_dim;
   size_t scores_size = (size_t)c->num_heads * (size_t)c->max_seq_len;
-  int threads = s->engine->threads < tokens ? s->engine->threads : tokens;
 #ifdef _OPENMP
+  int threads = s->engine->threads < tokens ? s->engine->threads : tokens;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
 #endif
   for (int t = 0; t < tokens; t++) {
@@ -915,7 +921,6 @@ static void attend_tokens(struct run_state *s, int layer, int start, int tokens)
     attention(s, b->q + (size_t)t * q_dim, layer, start + t, b->scores + (size_t)thread * scores_size,
               b->attn + (size_t)t * q_dim, 1);
   }
-  (void)threads;
 }
 
 /* The block's prompt tokens ids[0, tokens) at positions start.. through every layer, leaving each token's residual

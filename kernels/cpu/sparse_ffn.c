@@ -2550,14 +2550,16 @@ static int check_matrices(int in, const struct edge_cpu_matrix *matrices, int n,
  * prefetched; one thread without OpenMP's per-call cost (as run_ffn). */
 static void run_matmuls(const struct token_input *inputs, int tokens, int in, const struct edge_cpu_matrix *matrices,
                         int n, int total, int threads) {
+#ifdef _OPENMP
   if (threads <= 0) threads = edge_cpu_max_threads();
   int parts = threads < total ? threads : total;
-#ifdef _OPENMP
   if (parts > 1) {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int part = 0; part < parts; part++) matmuls_rows(inputs, tokens, in, matrices, n, total, parts, part);
     return;
   }
+#else
+  (void)threads; /* without OpenMP, one thread */
 #endif
   matmuls_rows(inputs, tokens, in, matrices, n, total, 1, 0);
 }

@@ -150,6 +150,23 @@ def test_ffn_tokens_give_each_token_the_one_token_ffn_bits(storage, activation, 
             assert torch.equal(y, expected), (tokens, threads, (y - expected).abs().max())
 
 
+@pytest.mark.parametrize("storage", ["int4", "int4-asymmetric", "int8"])
+def test_ffn_tokens_on_long_rows_give_each_token_the_one_token_ffn_bits(storage, activations_setting):
+    """d 2112 at group size 32 (66 groups: the down rows' factors in pieces of 32, 32 and 2 groups on one thread) with
+    a SiLU gate (every neuron fires: AVX-512 shares the int4 down rows across the tokens), 5 tokens, 1 and 2 threads:
+    each token's y is the one-token FFN's, bit for bit."""
+    d, n_neurons = 2112, 40
+    gate, up, down = (weight_of(storage, n_neurons, d, 80 + k) for k in range(3))
+    x = torch.randn(5, d, generator=torch.Generator().manual_seed(81))
+    silu = Activation("silu")
+    expected = torch.stack([one_token_ffn(x[t], gate, up, down, silu) for t in range(5)])
+    assert expected.abs().max() > 0.01
+    for threads in (1, 2):
+        status, y = ffn_tokens(x, storage, gate, up, down, silu, threads)
+        assert status == 0
+        assert torch.equal(y, expected), (threads, (y - expected).abs().max())
+
+
 def test_ffn_tokens_of_a_relu_model_skip_the_rows_of_neurons_at_zero():
     """Gate rows that give every token a negative value: those neurons' up and down rows are never read (set to NaN,
     they would turn y into NaN), as in the one-token FFN."""
