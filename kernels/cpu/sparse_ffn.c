@@ -741,6 +741,24 @@ EDGE_ALWAYS_INLINE void row_factors(const uint16_t *scales, size_t groups, const
   }
 }
 
+#if EDGE_ROWS_AVX512
+/* The mids (scale * 8 + min) of blocks [block, block + count) of one asymmetric row (its scales and mins from group 0),
+ * count <= 16, one block per lane: the 16 groups from the first block's on, permuted to the blocks as int_dot_step
+ * does (lanes past count hold a group's mid or 0). */
+EDGE_ALWAYS_INLINE __m512 block_mids16(const uint16_t *scales, const uint16_t *mins, int group_log, int block,
+                                       int count) {
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  int group = block >> group_log;
+  int n_groups = ((block + count - 1) >> group_log) - group + 1;
+  __m512i of_block = _mm512_sub_epi32(_mm512_srlv_epi32(_mm512_add_epi32(lanes, _mm512_set1_epi32(block)),
+                                                        _mm512_set1_epi32(group_log)),
+                                      _mm512_set1_epi32(group));
+  __m512 s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail_mask(n_groups), scales + group));
+  __m512 m = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail_mask(n_groups), mins + group));
+  return _mm512_permutexvar_ps(of_block, _mm512_fmadd_ps(s, _mm512_set1_ps(8.0f), m));
+}
+#endif
+
 /* corrections[b] = fmaf(h, mid of block b's group, corrections[b]) for blocks [first, first + n) of one asymmetric row
  * (its scales and mins from group 0). AVX-512: 16 blocks per FMA, their mids from the 16 groups from the first block's
  * on (permuted to the blocks as int_dot_step does); elsewhere a block at a time: the same roundings. */
@@ -748,16 +766,9 @@ EDGE_ALWAYS_INLINE void add_row_corrections(float *corrections, int first, int n
                                             const uint16_t *mins, int group_size, float h) {
   int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2;
 #if EDGE_ROWS_AVX512
-  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (int k = 0; k < n; k += 16) {
-    int count = n - k < 16 ? n - k : 16, block = first + k, group = block >> group_log;
-    int n_groups = ((block + count - 1) >> group_log) - group + 1;
-    __m512i of_block = _mm512_sub_epi32(_mm512_srlv_epi32(_mm512_add_epi32(lanes, _mm512_set1_epi32(block)),
-                                                          _mm512_set1_epi32(group_log)),
-                                        _mm512_set1_epi32(group));
-    __m512 s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail_mask(n_groups), scales + group));
-    __m512 m = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail_mask(n_groups), mins + group));
-    __m512 mids = _mm512_permutexvar_ps(of_block, _mm512_fmadd_ps(s, _mm512_set1_ps(8.0f), m));
+    int count = n - k < 16 ? n - k : 16, block = first + k;
+    __m512 mids = block_mids16(scales, mins, group_log, block, count);
     __m512 sums = _mm512_maskz_loadu_ps(tail_mask(count), corrections + block);
     _mm512_mask_storeu_ps(corrections + block, tail_mask(count), _mm512_fmadd_ps(_mm512_set1_ps(h), mids, sums));
   }
@@ -2099,6 +2110,11 @@ static void prepare_token(const float *x, int in, int dtype, int asymmetric, voi
 }
 
 #if EDGE_ROWS_AVX512
+/* Bytes of a run's rows that the block's groups of tokens go through before the next rows: a quarter of a 32 KiB L1,
+ * so that each group after the first finds them there beside its x (with the whole 32 KiB run per group, rows and
+ * x came from L2; 4, 8 and 16 KiB measured, benchmarks/README.md, section 11). */
+#define EDGE_TOKEN_PIECE_BYTES 8192
+
 /* Row `row` of w . x_t for n tokens (1 or EDGE_TOKENS_AT_ONCE) into values, prefetching row `next` of next_w: one
  * int_dot_tokens per storage type. */
 EDGE_ALWAYS_INLINE void int_dot_row_tokens(int n, const struct weight_rows *w, int row, int d,
@@ -2120,10 +2136,10 @@ EDGE_ALWAYS_INLINE void int_dot_row_tokens(int n, const struct weight_rows *w, i
 }
 
 /* out[t * out_stride + k] = row k of the run `rows` . token t's x for every token of inputs (quantized rows, every
- * token's planes xa present): each row once, with EDGE_TOKENS_AT_ONCE tokens at a time and the rest one by one, so
- * its codes are unpacked once per group of tokens; while the first group reads a row, the row `ahead` places later is
- * prefetched (past the run's end into `then`). With `cold`, the first rows are prefetched whole first. Each value is
- * the bits rows_dot gives for that token. */
+ * token's planes xa present), a piece of EDGE_TOKEN_PIECE_BYTES of rows at a time: each row of the piece with
+ * EDGE_TOKENS_AT_ONCE tokens at a time and the rest one by one, so its codes are unpacked once per group of tokens;
+ * while the first group reads a row, the row `ahead` places later is prefetched (past the run's end into `then`).
+ * With `cold`, the first rows are prefetched whole first. Each value is the bits rows_dot gives for that token. */
 static void int_dot_run_tokens(const struct row_list *rows, const struct row_list *then,
                                const struct token_input *inputs, int tokens, int d, int cold, float *out,
                                size_t out_stride) {
@@ -2131,25 +2147,27 @@ static void int_dot_run_tokens(const struct row_list *rows, const struct row_lis
   size_t bytes = row_bytes(w->dtype, d);
   int ahead = bytes >= EDGE_PREFETCH_BYTES ? 1 : (int)(EDGE_PREFETCH_BYTES / bytes);
   for (int k = 0; cold && k < ahead && k < rows->n; k++) prefetch_row(w, list_index(rows, k), d);
-  for (int k = 0; k < rows->n; k++) {
-    int row = list_index(rows, k);
-    const struct weight_rows *next_w;
-    int next;
-    row_ahead(rows, then, k, ahead, &next_w, &next);
-    float values[EDGE_TOKENS_AT_ONCE];
-    int t = 0;
-    for (; t + EDGE_TOKENS_AT_ONCE <= tokens; t += EDGE_TOKENS_AT_ONCE) {
+  int piece = bytes >= EDGE_TOKEN_PIECE_BYTES ? 1 : (int)(EDGE_TOKEN_PIECE_BYTES / bytes);
+  for (int k0 = 0; k0 < rows->n; k0 += piece) {
+    int k1 = k0 + piece < rows->n ? k0 + piece : rows->n;
+    for (int t = 0; t < tokens;) {
+      int n = t + EDGE_TOKENS_AT_ONCE <= tokens ? EDGE_TOKENS_AT_ONCE : 1;
       const struct quantized_activations *xa[EDGE_TOKENS_AT_ONCE];
-      for (int j = 0; j < EDGE_TOKENS_AT_ONCE; j++) xa[j] = inputs[t + j].xa;
-      int_dot_row_tokens(EDGE_TOKENS_AT_ONCE, w, row, d, xa, next_w, next, values);
-      for (int j = 0; j < EDGE_TOKENS_AT_ONCE; j++) out[(size_t)(t + j) * out_stride + (size_t)k] = values[j];
-      next_w = w, next = row; /* the later groups: nothing more to prefetch */
-    }
-    for (; t < tokens; t++) {
-      const struct quantized_activations *xa[1] = {inputs[t].xa};
-      int_dot_row_tokens(1, w, row, d, xa, next_w, next, values);
-      out[(size_t)t * out_stride + (size_t)k] = values[0];
-      next_w = w, next = row;
+      for (int j = 0; j < n; j++) xa[j] = inputs[t + j].xa;
+      for (int k = k0; k < k1; k++) {
+        int row = list_index(rows, k);
+        const struct weight_rows *next_w = w;
+        int next = row; /* the piece's later groups of tokens: nothing more to prefetch */
+        if (t == 0) row_ahead(rows, then, k, ahead, &next_w, &next);
+        float values[EDGE_TOKENS_AT_ONCE];
+        if (n == EDGE_TOKENS_AT_ONCE) {
+          int_dot_row_tokens(EDGE_TOKENS_AT_ONCE, w, row, d, xa, next_w, next, values);
+        } else {
+          int_dot_row_tokens(1, w, row, d, xa, next_w, next, values);
+        }
+        for (int j = 0; j < n; j++) out[(size_t)(t + j) * out_stride + (size_t)k] = values[j];
+      }
+      t += n;
     }
   }
 }
@@ -2725,53 +2743,91 @@ static void gate_up_tokens(const struct ffn_tokens_job *job, int run) {
 }
 
 #if EDGE_ROWS_AVX512
+/* y_t[0:32) plus factor_t[r] times the 32 code values of rows r < n_rows (low[r]: the block's low nibbles' values,
+ * high[r]: its high ones'), for tokens t < n (1 or 2, a constant once inlined), the rows in order of r: the product
+ * of each factor and value rounded, then added, as add_quant_rows does. Two tokens at once keep four add chains in
+ * flight instead of two. */
+EDGE_ALWAYS_INLINE void add_int4_block_tokens(int n, float *const *y, const float *const *factors, int n_rows,
+                                              const __m512 *low, const __m512 *high) {
+  __m512 acc_low[2], acc_high[2];
+  for (int t = 0; t < n; t++) {
+    acc_low[t] = _mm512_loadu_ps(y[t]);
+    acc_high[t] = _mm512_loadu_ps(y[t] + 16);
+  }
+  for (int r = 0; r < n_rows; r++) {
+    for (int t = 0; t < n; t++) {
+      __m512 factor = _mm512_set1_ps(factors[t][r * EDGE_FACTOR_GROUPS]);
+      acc_low[t] = _mm512_add_ps(acc_low[t], _mm512_mul_ps(low[r], factor));
+      acc_high[t] = _mm512_add_ps(acc_high[t], _mm512_mul_ps(high[r], factor));
+    }
+  }
+  for (int t = 0; t < n; t++) {
+    _mm512_storeu_ps(y[t], acc_low[t]);
+    _mm512_storeu_ps(y[t] + 16, acc_high[t]);
+  }
+}
+
 /* Down rows that every token of a block adds (each with its own h): columns [c0, c0 + n) of each token's y (token t's
  * at y + t * d) plus h_t[r] times the INT4 rows rows[r] (neuron indices, n_rows <= EDGE_DOWN_GROUP), h_t[r] at
  * hidden + t * hidden_stride + rows[r]. add_quant_rows' AVX-512 INT4 path token by token, operation for operation
- * (the factors h * scale, the products with the 16 code values picked by each nibble, added in order of r; asymmetric
- * rows' corrections, at corrections + t * corrections_stride, in order of r), with each row's bytes widened to
- * indices once per 32 columns for all tokens: the same bits. factors: [tokens][EDGE_DOWN_GROUP][EDGE_FACTOR_GROUPS]
- * scratch. */
+ * (the factors h * scale, their products with the code values, added in order of r; asymmetric rows' corrections, at
+ * corrections + t * corrections_stride, in order of r), with what depends on the rows alone done once for all
+ * tokens: each row's codes widened to fp32 values once per 32 columns (their product with a factor is the one
+ * add_quant_rows picks from its 16 products), and its blocks' mids once per piece. factors:
+ * [tokens][EDGE_DOWN_GROUP][EDGE_FACTOR_GROUPS] scratch. */
 static void add_int4_rows_tokens(float *y, int d, int tokens, int c0, int n, const char *codes, const uint16_t *scales,
                                  int group_size, const size_t *rows, int n_rows, const float *hidden,
                                  size_t hidden_stride, const uint16_t *mins, float *corrections,
                                  size_t corrections_stride, float (*factors)[EDGE_DOWN_GROUP][EDGE_FACTOR_GROUPS]) {
+  enum { PIECE_CHUNKS = EDGE_FACTOR_GROUPS * 128 / EDGE_QUANT_BLOCK / 16 }; /* 16-block chunks of a piece, at most */
   size_t row_bytes = (size_t)d / EDGE_QUANT_BLOCK * block_bytes(EDGE_Q4);
   size_t groups = (size_t)(d / group_size);
-  const __m512 code_values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
+  int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2;
   int c1 = c0 + n;
   for (int piece = c0; piece < c1;) {
     int g0 = piece / group_size;
     int piece_end = (g0 + EDGE_FACTOR_GROUPS) * group_size < c1 ? (g0 + EDGE_FACTOR_GROUPS) * group_size : c1;
     int n_groups = (piece_end - 1) / group_size - g0 + 1;
+    int first_block = piece / EDGE_QUANT_BLOCK, piece_blocks = (piece_end - piece) / EDGE_QUANT_BLOCK;
+    __m512 mids[EDGE_DOWN_GROUP][PIECE_CHUNKS];
+    for (int r = 0; mins != NULL && r < n_rows; r++) {
+      for (int k = 0; k < piece_blocks; k += 16) {
+        int count = piece_blocks - k < 16 ? piece_blocks - k : 16;
+        mids[r][k / 16] = block_mids16(scales + rows[r] * groups, mins + rows[r] * groups, group_log,
+                                       first_block + k, count);
+      }
+    }
     for (int t = 0; t < tokens; t++) {
       float h[EDGE_DOWN_GROUP];
       for (int r = 0; r < n_rows; r++) h[r] = hidden[(size_t)t * hidden_stride + rows[r]];
       row_factors(scales, groups, rows, h, n_rows, g0, n_groups, factors[t]);
-      for (int r = 0; mins != NULL && r < n_rows; r++) {
-        add_row_corrections(corrections + (size_t)t * corrections_stride, piece / EDGE_QUANT_BLOCK,
-                            (piece_end - piece) / EDGE_QUANT_BLOCK, scales + rows[r] * groups,
-                            mins + rows[r] * groups, group_size, h[r]);
+      float *token_corrections = corrections + (size_t)t * corrections_stride + first_block;
+      for (int k = 0; mins != NULL && k < piece_blocks; k += 16) {
+        __mmask16 in_piece = tail_mask(piece_blocks - k < 16 ? piece_blocks - k : 16);
+        __m512 sums = _mm512_maskz_loadu_ps(in_piece, token_corrections + k);
+        for (int r = 0; r < n_rows; r++) sums = _mm512_fmadd_ps(_mm512_set1_ps(h[r]), mids[r][k / 16], sums);
+        _mm512_mask_storeu_ps(token_corrections + k, in_piece, sums);
       }
     }
     for (int column = piece; column < piece_end; column += EDGE_QUANT_BLOCK) {
       int g = column / group_size - g0;
       size_t offset = (size_t)(column / EDGE_QUANT_BLOCK) * block_bytes(EDGE_Q4);
-      __m512i low[EDGE_DOWN_GROUP], high[EDGE_DOWN_GROUP];
-      for (int r = 0; r < n_rows; r++) {
-        low[r] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + rows[r] * row_bytes + offset)));
-        high[r] = _mm512_srli_epi32(low[r], 4);
+      __m512 low[EDGE_DOWN_GROUP], high[EDGE_DOWN_GROUP];
+      for (int r = 0; r < n_rows; r++) { /* each nibble's signed value: its 4 bits moved to the top, shifted back */
+        __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + rows[r] * row_bytes + offset)));
+        low[r] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(bytes, 28), 28));
+        high[r] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(bytes, 24), 28));
       }
-      for (int t = 0; t < tokens; t++) {
-        float *y_t = y + (size_t)t * (size_t)d + column;
-        __m512 acc_low = _mm512_loadu_ps(y_t), acc_high = _mm512_loadu_ps(y_t + 16);
-        for (int r = 0; r < n_rows; r++) {
-          __m512 products = _mm512_mul_ps(code_values, _mm512_set1_ps(factors[t][r][g]));
-          acc_low = _mm512_add_ps(acc_low, _mm512_permutexvar_ps(low[r], products));
-          acc_high = _mm512_add_ps(acc_high, _mm512_permutexvar_ps(high[r], products));
-        }
-        _mm512_storeu_ps(y_t, acc_low);
-        _mm512_storeu_ps(y_t + 16, acc_high);
+      int t = 0;
+      for (; t + 2 <= tokens; t += 2) {
+        float *y_t[2] = {y + (size_t)t * (size_t)d + column, y + (size_t)(t + 1) * (size_t)d + column};
+        const float *factors_t[2] = {&factors[t][0][g], &factors[t + 1][0][g]};
+        add_int4_block_tokens(2, y_t, factors_t, n_rows, low, high);
+      }
+      if (t < tokens) {
+        float *y_t[1] = {y + (size_t)t * (size_t)d + column};
+        const float *factors_t[1] = {&factors[t][0][g]};
+        add_int4_block_tokens(1, y_t, factors_t, n_rows, low, high);
       }
     }
     piece = piece_end;
