@@ -20,10 +20,12 @@
  * of the one-token kernels, and the block's attentions side by side, a token per thread; so the logits are those of
  * token-by-token prefill. Decode runs the bundle's predictor (svd, signbit, core mask from the prefill, threshold,
  * none) and the sparse FFN. */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS (the KV caches' pages), which POSIX 2008 lacks */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -115,9 +117,11 @@ struct run_state {
   const struct cpu_engine *engine;
   struct token_buffers token; /* decode: the engine's threads */
   struct prompt_block prompt;  /* prefill */
-  float *key_cache;   /* [L, KV, hd, key_stride]: position-minor, so the scores run over positions in vectors */
-  size_t key_stride;  /* max_seq_len padded so that the hd rows of a head do not alias in the L1 cache */
+  float *key_cache;   /* [L, KV, key_tiles, hd, 16]: tiles of 16 positions, so the scores run over positions in
+                         vectors and the cache's pages are touched as positions come (edge_cpu_attention) */
+  size_t key_tiles;   /* max_seq_len / 16, rounded up */
   float *value_cache; /* [L, max_seq_len, KV * hd] */
+  size_t cache_bytes; /* of each cache's mapping (allocate_pages) */
   uint8_t *mask;      /* [D] predictor output */
   float *svd_scratch; /* [max_svd_rank] */
   /* core predictor: counted over the prompt at prefill, masks fixed for the decode */
@@ -449,8 +453,8 @@ static void free_run_state(struct run_state *s) {
   if (s == NULL) return;
   free_token_buffers(&s->token);
   free_prompt_block(&s->prompt);
-  free(s->key_cache);
-  free(s->value_cache);
+  if (s->key_cache != NULL) munmap(s->key_cache, s->cache_bytes);
+  if (s->value_cache != NULL) munmap(s->value_cache, s->cache_bytes);
   free(s->mask);
   free(s->svd_scratch);
   free(s->gate);
@@ -467,11 +471,17 @@ static void *allocate(size_t count, size_t size, int *failed) {
   return memory;
 }
 
-/* Rows of a power-of-two number of floats apart map to the same L1 sets: round the row length up to whole
- * cache lines and add an odd number of lines. */
-static size_t key_stride(size_t max_seq_len) {
-  size_t lines = (max_seq_len + 15) / 16;
-  return 16 * (lines + (lines % 2 == 0 ? 1 : 2));
+/* count floats of zero pages that take memory only where written: the KV caches, whose positions fill as a
+ * generation goes. From calloc they could be carved out of heap pages the tokenizer's parse had freed, which calloc
+ * then zeroed, i.e. touched, whole (12 MB of SmolLM2-135M's session at 512 positions). */
+static float *allocate_pages(size_t count, int *failed) {
+  if (count == 0) return NULL;
+  void *memory = count > SIZE_MAX / sizeof(float) ? MAP_FAILED
+                                                  : mmap(NULL, count * sizeof(float), PROT_READ | PROT_WRITE,
+                                                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (memory != MAP_FAILED) return memory;
+  *failed = 1;
+  return NULL;
 }
 
 static void allocate_token_buffers(const struct model_config *c, int threads, struct token_buffers *t, int *failed) {
@@ -515,9 +525,10 @@ static edge_status cpu_session_create(const struct edge_model *model, void **out
   int failed = 0;
   allocate_token_buffers(c, engine->threads, &s->token, &failed);
   allocate_prompt_block(c, engine->threads, &s->prompt, &failed);
-  s->key_stride = key_stride(seq);
-  s->key_cache = allocate(L * kv_dim * s->key_stride, sizeof(float), &failed);
-  s->value_cache = allocate(L * seq * kv_dim, sizeof(float), &failed);
+  s->key_tiles = (seq + 15) / 16;
+  s->cache_bytes = L * kv_dim * s->key_tiles * 16 * sizeof(float); /* the value cache's seq, rounded up to tiles */
+  s->key_cache = allocate_pages(L * kv_dim * s->key_tiles * 16, &failed);
+  s->value_cache = allocate_pages(L * kv_dim * s->key_tiles * 16, &failed);
   s->mask = allocate(D, 1, &failed);
   s->svd_scratch = allocate((size_t)engine->weights.max_svd_rank, sizeof(float), &failed);
   if (engine->sparsity->predictor == PREDICTOR_CORE) {
@@ -648,18 +659,22 @@ static void attention(const struct run_state *s, const float *q, int layer, int 
   const struct model_config *c = s->engine->config;
   int first = c->sliding_window > 0 && pos - c->sliding_window + 1 > 0 ? pos - c->sliding_window + 1 : 0;
   size_t kv_dim = (size_t)c->num_kv_heads * (size_t)c->head_dim, seq = (size_t)c->max_seq_len;
-  const float *layer_keys = s->key_cache + (size_t)layer * kv_dim * s->key_stride;
+  const float *layer_keys = s->key_cache + (size_t)layer * kv_dim * s->key_tiles * 16;
   const float *layer_values = s->value_cache + (size_t)layer * seq * kv_dim;
-  edge_cpu_attention(q, c->num_heads, c->num_kv_heads, c->head_dim, layer_keys, s->key_stride, layer_values, first,
+  edge_cpu_attention(q, c->num_heads, c->num_kv_heads, c->head_dim, layer_keys, s->key_tiles, layer_values, first,
                      pos, scores, seq, attn, threads);
 }
 
-/* Writes the (rotated) key of position pos into layer's position-minor key cache. */
+/* Writes the (rotated) key of position pos into its tile of the layer's key cache, each KV head's dimension i at
+ * ((head * key_tiles + pos / 16) * hd + i) * 16 + pos % 16. */
 static void store_key(struct run_state *s, const float *key, int layer, int pos) {
   const struct model_config *c = s->engine->config;
-  size_t kv_dim = (size_t)c->num_kv_heads * (size_t)c->head_dim, stride = s->key_stride;
-  float *keys = s->key_cache + (size_t)layer * kv_dim * stride;
-  for (size_t j = 0; j < kv_dim; j++) keys[j * stride + (size_t)pos] = key[j];
+  size_t hd = (size_t)c->head_dim, tile_floats = hd * 16;
+  float *layer_keys = s->key_cache + (size_t)layer * (size_t)c->num_kv_heads * s->key_tiles * tile_floats;
+  for (size_t g = 0; g < (size_t)c->num_kv_heads; g++) {
+    float *tile = layer_keys + (g * s->key_tiles + (size_t)pos / 16) * tile_floats + (size_t)pos % 16;
+    for (size_t i = 0; i < hd; i++) tile[i * 16] = key[g * hd + i];
+  }
 }
 
 /* ---- Core predictor (edge_sdk/sparsity/core.py) -------------------------------------------------------- */

@@ -15,6 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "json_strict.h"
 #include "model.h"
@@ -23,16 +26,18 @@
 #define MAX_TOKENS (1 << 24)
 #define MAX_TOKENIZER_JSON_BYTES ((size_t)64 << 20) /* tokenizer.json and tokenizer_config.json (model/tokenizer.py) */
 
+/* 16 bytes each, as vocab_entry: a 49k vocabulary's two tables are 1.6 MB (at 24 bytes, 2.4 MB). A token's bytes
+ * fit 32 bits (tokenizer.json is at most MAX_TOKENIZER_JSON_BYTES). */
 struct token_entry {
-  char *bytes;   /* decoded bytes (ByteLevel decoder), NUL-terminated */
-  size_t n_bytes;
-  int present;   /* the id is in the vocabulary or the added tokens */
-  int special;
+  char *bytes;      /* decoded bytes (ByteLevel decoder), NUL-terminated */
+  uint32_t n_bytes;
+  uint8_t present;  /* the id is in the vocabulary or the added tokens */
+  uint8_t special;
 };
 
 struct vocab_entry {
   const char *text; /* the token as written in tokenizer.json (byte-level alphabet) */
-  size_t length;
+  uint32_t length;
   int32_t id;
 };
 
@@ -50,6 +55,7 @@ struct added_token {
 struct edge_tokenizer {
   struct token_entry *tokens; /* [n_tokens] by id */
   int32_t n_tokens;
+  char *token_bytes;          /* storage of every token's bytes once the vocabulary is read (pack_token_bytes) */
   struct vocab_entry *vocab;  /* sorted by text */
   size_t n_vocab;
   char *vocab_text;           /* storage of the vocab texts */
@@ -209,7 +215,8 @@ static int compare_vocab(const void *a, const void *b) {
 }
 
 static int32_t vocab_lookup(const struct edge_tokenizer *t, const char *text, size_t length) {
-  struct vocab_entry key = {text, length, 0};
+  if (length > UINT32_MAX) return -1; /* longer than any token */
+  struct vocab_entry key = {text, (uint32_t)length, 0};
   const struct vocab_entry *found = bsearch(&key, t->vocab, t->n_vocab, sizeof key, compare_vocab);
   return found != NULL ? found->id : -1;
 }
@@ -365,9 +372,29 @@ static edge_status set_token(struct edge_tokenizer *t, int32_t id, const char *t
   }
   free(entry->bytes);
   entry->bytes = decoded.data;
-  entry->n_bytes = decoded.size;
+  entry->n_bytes = (uint32_t)decoded.size;
   entry->present = 1;
   entry->special = entry->special || special;
+  return EDGE_OK;
+}
+
+/* Moves every token's bytes into one block, t->token_bytes: a block per token (49k of them in SmolLM2's vocabulary)
+ * took about 64 bytes each, and, interleaved with the parse of tokenizer.json, kept its pages in the process once
+ * the parse was freed. */
+static edge_status pack_token_bytes(struct edge_tokenizer *t, const char *where) {
+  size_t total = 0;
+  for (int32_t i = 0; i < t->n_tokens; i++) total += t->tokens[i].bytes != NULL ? t->tokens[i].n_bytes + 1 : 0;
+  t->token_bytes = malloc(total + 1);
+  if (t->token_bytes == NULL) return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "%s: out of memory", where);
+  size_t at = 0;
+  for (int32_t i = 0; i < t->n_tokens; i++) {
+    struct token_entry *entry = &t->tokens[i];
+    if (entry->bytes == NULL) continue;
+    memcpy(t->token_bytes + at, entry->bytes, entry->n_bytes + 1);
+    free(entry->bytes);
+    entry->bytes = t->token_bytes + at;
+    at += entry->n_bytes + 1;
+  }
   return EDGE_OK;
 }
 
@@ -397,7 +424,7 @@ static edge_status load_vocab(struct edge_tokenizer *t, const cJSON *vocab, cons
   cJSON_ArrayForEach(item, vocab) {
     size_t length = strlen(item->string);
     memcpy(t->vocab_text + at, item->string, length + 1);
-    t->vocab[index++] = (struct vocab_entry){t->vocab_text + at, length, (int32_t)item->valuedouble};
+    t->vocab[index++] = (struct vocab_entry){t->vocab_text + at, (uint32_t)length, (int32_t)item->valuedouble};
     at += length + 1;
     edge_status status = set_token(t, (int32_t)item->valuedouble, item->string, 0, code_to_byte, where);
     if (status != EDGE_OK) return status;
@@ -432,7 +459,7 @@ static edge_status load_vocab(struct edge_tokenizer *t, const cJSON *vocab, cons
     token->length = json_string_bytes(token->content); /* matched against the text's bytes */
     token->id = id;
   }
-  return EDGE_OK;
+  return pack_token_bytes(t, where);
 }
 
 /* One merge "a b" or ["a", "b"]: its two parts. */
@@ -627,9 +654,10 @@ static edge_status load_config(struct edge_tokenizer *t, const struct bundle *bu
 
 void edge_tokenizer_destroy(edge_tokenizer *t) {
   if (t == NULL) return;
-  if (t->tokens != NULL) {
+  if (t->tokens != NULL && t->token_bytes == NULL) { /* a vocabulary read only in part */
     for (int32_t i = 0; i < t->n_tokens; i++) free(t->tokens[i].bytes);
   }
+  free(t->token_bytes);
   for (size_t i = 0; i < t->n_added; i++) free(t->added[i].content);
   free(t->tokens);
   free(t->vocab);
@@ -945,6 +973,11 @@ edge_status edge_tokenizer_create(const edge_model *model, edge_tokenizer **out)
     edge_tokenizer_destroy(t);
     return status;
   }
+#ifdef __GLIBC__
+  /* The parse of tokenizer.json (about 28 MB of small blocks at its peak for SmolLM2's 2.2 MB file) is freed by now,
+   * but glibc would keep those heap pages in the process (benchmarks/README.md, section 5, "A session's memory"). */
+  malloc_trim(0);
+#endif
   *out = t;
   return EDGE_OK;
 }

@@ -91,19 +91,20 @@ static inline lanes lanes_plus(lanes a, lanes b) { return _mm256_add_ps(a, b); }
 #define REGISTERS_PER_16 (16 / LANES_PER_REGISTER)
 
 static inline __attribute__((always_inline)) void score_vectors(float *const scores[], const float *const keys[],
-                                                                size_t stride, const float *const q[], int n_heads,
-                                                                int hd, float scale, int n_vectors) {
+                                                                size_t tile_floats, const float *const q[],
+                                                                int n_heads, int hd, float scale, int n_vectors) {
   (void)n_heads;
   lanes sum[4][REGISTERS_PER_16];
   for (int v = 0; v < n_vectors; v++) {
     for (int l = 0; l < REGISTERS_PER_16; l++) sum[v][l] = lanes_zero();
   }
   for (int i = 0; i < hd; i++) {
-    const float *row = keys[0] + (size_t)i * stride;
+    const float *row = keys[0] + (size_t)i * 16;
     float qi = q[0][i];
     for (int v = 0; v < n_vectors; v++) {
       for (int l = 0; l < REGISTERS_PER_16; l++) {
-        sum[v][l] = lanes_plus(sum[v][l], lanes_times(lanes_load(row + 16 * v + LANES_PER_REGISTER * l), qi));
+        sum[v][l] = lanes_plus(sum[v][l],
+                               lanes_times(lanes_load(row + (size_t)v * tile_floats + LANES_PER_REGISTER * l), qi));
       }
     }
   }
@@ -147,16 +148,16 @@ static void weighted_values(float *const out[], const float *const weights[], co
 }
 
 #else
-/* For each of n_heads heads j: scores[j][0:16 * n_vectors] = scale * (q[j] . keys[j][:, 0:16 * n_vectors]),
- * n_vectors in 1..4, keys position-minor rows of `stride` floats; each score sums over the head dimension in
+/* For each of n_heads heads j: scores[j][0:16 * n_vectors] = scale * (q[j] . the keys of n_vectors consecutive tiles
+ * from keys[j]), n_vectors in 1..4, a tile [hd, 16] of tile_floats floats; each score sums over the head dimension in
  * order. */
-static inline void score_vectors(float *const scores[], const float *const keys[], size_t stride,
+static inline void score_vectors(float *const scores[], const float *const keys[], size_t tile_floats,
                                  const float *const q[], int n_heads, int hd, float scale, int n_vectors) {
   vec16 sum[HEAD_BLOCK][4] = {{{0}}};
   for (int i = 0; i < hd; i++) {
     for (int j = 0; j < n_heads; j++) {
-      const float *row = keys[j] + (size_t)i * stride;
-      for (int v = 0; v < n_vectors; v++) sum[j][v] += q[j][i] * VEC16_AT(row + 16 * v);
+      const float *row = keys[j] + (size_t)i * 16;
+      for (int v = 0; v < n_vectors; v++) sum[j][v] += q[j][i] * VEC16_AT(row + (size_t)v * tile_floats);
     }
   }
   for (int j = 0; j < n_heads; j++) {
@@ -244,52 +245,66 @@ static void softmax(float *scores, int n) {
 struct attention_call {
   const float *q, *keys, *values;
   float *scores, *out;
-  size_t key_stride, score_stride, kv_dim;
+  size_t key_tiles, score_stride, kv_dim;
   int head_dim, groups, first, pos;
   float scale;
 };
 
-/* Attention of heads [h0, h0 + n_heads) (n_heads <= HEAD_BLOCK) for the token at pos over positions [first, pos]. */
+/* scores[j][lo:hi] = the scores of positions [lo, hi) within the tile of 16 positions from t0 (tiles[j] its keys):
+ * the whole tile's scores, the others not kept. */
+static inline __attribute__((always_inline)) void score_tile_part(float *const scores[], const float *const tiles[],
+                                                                  size_t tile_floats, const float *const q[],
+                                                                  int n_heads, int hd, float scale, int t0, int lo,
+                                                                  int hi) {
+  float tail[HEAD_BLOCK][16];
+  float *tails[HEAD_BLOCK];
+  for (int j = 0; j < n_heads; j++) tails[j] = tail[j];
+  score_vectors(tails, tiles, tile_floats, q, n_heads, hd, scale, 1);
+  for (int j = 0; j < n_heads; j++) memcpy(scores[j] + lo, tail[j] + (lo - t0), (size_t)(hi - lo) * sizeof(float));
+}
+
+/* Attention of heads [h0, h0 + n_heads) (n_heads <= HEAD_BLOCK) for the token at pos over positions [first, pos]:
+ * the scores a tile of 16 positions at a time from first's tile (4 tiles at a time where all their positions count),
+ * the softmax, the weighted values. */
 static inline __attribute__((always_inline)) void attend_heads(const struct attention_call *a, int h0, int n_heads) {
   int hd = a->head_dim, first = a->first, pos = a->pos;
-  size_t stride = a->key_stride;
-  const float *q[HEAD_BLOCK], *keys[HEAD_BLOCK], *values[HEAD_BLOCK], *weights[HEAD_BLOCK];
+  size_t tile_floats = (size_t)hd * 16;
+  const float *q[HEAD_BLOCK], *keys[HEAD_BLOCK], *values[HEAD_BLOCK], *tiles[HEAD_BLOCK];
   float *scores[HEAD_BLOCK], *out[HEAD_BLOCK];
   for (int j = 0; j < n_heads; j++) {
     int h = h0 + j;
     size_t kv_head = (size_t)(h / a->groups);
     q[j] = a->q + (size_t)h * (size_t)hd;
-    keys[j] = a->keys + kv_head * (size_t)hd * stride + (size_t)first; /* [hd, stride] from first */
+    keys[j] = a->keys + kv_head * a->key_tiles * tile_floats; /* the head's tiles from position 0 */
     values[j] = a->values + kv_head * (size_t)hd;
-    scores[j] = a->scores + (size_t)h * a->score_stride + (size_t)first; /* scores[j][k]: position first + k */
-    weights[j] = scores[j] - first;
+    scores[j] = a->scores + (size_t)h * a->score_stride; /* scores[j][t]: position t */
     out[j] = a->out + (size_t)h * (size_t)hd;
   }
-  int n = pos - first + 1;
-  int k = 0;
-  for (; k + 64 <= n; k += 64) {
-    const float *keys_k[HEAD_BLOCK];
-    float *scores_k[HEAD_BLOCK];
-    for (int j = 0; j < n_heads; j++) {
-      keys_k[j] = keys[j] + k;
-      scores_k[j] = scores[j] + k;
-    }
-    score_vectors(scores_k, keys_k, stride, q, n_heads, hd, a->scale, 4);
+  int t0 = first / 16 * 16;
+  if (t0 < first) { /* a sliding window's first tile, partly before the window */
+    for (int j = 0; j < n_heads; j++) tiles[j] = keys[j] + (size_t)(t0 / 16) * tile_floats;
+    int hi = t0 + 16 < pos + 1 ? t0 + 16 : pos + 1;
+    score_tile_part(scores, tiles, tile_floats, q, n_heads, hd, a->scale, t0, first, hi);
+    t0 += 16;
   }
-  for (; k < n; k += 16) {
-    /* the last vector reads the cache up to 15 positions past pos (within key_stride) but keeps only n */
-    float tail[HEAD_BLOCK][16];
-    const float *keys_k[HEAD_BLOCK];
-    float *tails[HEAD_BLOCK];
+  for (; t0 + 64 <= pos + 1; t0 += 64) {
+    float *scores_t[HEAD_BLOCK];
     for (int j = 0; j < n_heads; j++) {
-      keys_k[j] = keys[j] + k;
-      tails[j] = tail[j];
+      tiles[j] = keys[j] + (size_t)(t0 / 16) * tile_floats;
+      scores_t[j] = scores[j] + t0;
     }
-    score_vectors(tails, keys_k, stride, q, n_heads, hd, a->scale, 1);
-    size_t kept = (size_t)(n - k < 16 ? n - k : 16) * sizeof(float);
-    for (int j = 0; j < n_heads; j++) memcpy(scores[j] + k, tail[j], kept);
+    score_vectors(scores_t, tiles, tile_floats, q, n_heads, hd, a->scale, 4);
   }
-  for (int j = 0; j < n_heads; j++) softmax(scores[j], n);
+  for (; t0 <= pos; t0 += 16) { /* the last tiles: positions past pos are read (within the tile) but not kept */
+    for (int j = 0; j < n_heads; j++) tiles[j] = keys[j] + (size_t)(t0 / 16) * tile_floats;
+    int hi = t0 + 16 < pos + 1 ? t0 + 16 : pos + 1;
+    score_tile_part(scores, tiles, tile_floats, q, n_heads, hd, a->scale, t0, t0, hi);
+  }
+  const float *weights[HEAD_BLOCK];
+  for (int j = 0; j < n_heads; j++) {
+    softmax(scores[j] + first, pos - first + 1);
+    weights[j] = scores[j];
+  }
   weighted_values(out, weights, values, n_heads, a->kv_dim, first, pos, hd);
 }
 
@@ -305,21 +320,20 @@ static void attend_head_range(const struct attention_call *a, int h0, int h1) {
   for (; h < h1; h++) attend_heads(a, h, 1);
 }
 
-int edge_cpu_attention(const float *q, int n_heads, int n_kv_heads, int head_dim, const float *keys, size_t key_stride,
+int edge_cpu_attention(const float *q, int n_heads, int n_kv_heads, int head_dim, const float *keys, size_t key_tiles,
                        const float *values, int first, int pos, float *scores, size_t score_stride, float *out,
                        int threads) {
   if (q == NULL || keys == NULL || values == NULL || scores == NULL || out == NULL) return EDGE_CPU_INVALID_ARGUMENT;
   if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 || head_dim <= 0) return EDGE_CPU_INVALID_ARGUMENT;
   if (first < 0 || pos < first || score_stride <= (size_t)pos) return EDGE_CPU_INVALID_ARGUMENT;
-  size_t read_to = (size_t)first + (size_t)ceil_div(pos - first + 1, 16) * 16; /* whole vectors of 16 positions */
-  if (key_stride < read_to) return EDGE_CPU_INVALID_ARGUMENT;
+  if (key_tiles <= (size_t)pos / 16) return EDGE_CPU_INVALID_ARGUMENT; /* pos's tile */
   struct attention_call a = {
       .q = q,
       .keys = keys,
       .values = values,
       .scores = scores,
       .out = out,
-      .key_stride = key_stride,
+      .key_tiles = key_tiles,
       .score_stride = score_stride,
       .kv_dim = (size_t)n_kv_heads * (size_t)head_dim,
       .head_dim = head_dim,

@@ -180,17 +180,18 @@ int edge_cpu_matvec_q(const float *x, int in, int out, const void *w, const uint
 
 /* Attention of one decode token over a layer's KV cache, every head: for query head h (KV head g = h / (n_heads /
  * n_kv_heads), GQA), s_t = scale * (q_h . k_{g,t}) with scale = 1 / sqrt(head_dim) for the positions t in [first,
- * pos], w = softmax(s), out_h = sum over t of w_t v_{g,t}. q: [n_heads * head_dim]; keys: the layer's key cache,
- * position-minor, [n_kv_heads * head_dim, key_stride] (dimension i of KV head g at position t is keys[(g * head_dim
- * + i) * key_stride + t]), read in whole vectors of 16 positions from first, so key_stride >= first + 16 * ceil((pos
- * - first + 1) / 16) (the positions past pos are read and ignored); values: position-major, [positions, n_kv_heads *
- * head_dim]; scores: [n_heads, score_stride] workspace, score_stride > pos, whose row h holds w at [first, pos]
+ * pos], w = softmax(s), out_h = sum over t of w_t v_{g,t}. q: [n_heads * head_dim]; keys: the layer's key cache in
+ * tiles of 16 positions, [n_kv_heads, key_tiles, head_dim, 16] (dimension i of KV head g at position t is
+ * keys[((g * key_tiles + t / 16) * head_dim + i) * 16 + t % 16]; a head's keys are contiguous, and a cache fills
+ * memory a tile at a time as positions come, where rows of all positions touched a page per row at the first), read
+ * in whole tiles, so key_tiles > pos / 16 (the positions of a tile before first or past pos are read and ignored);
+ * values: position-major, [positions, n_kv_heads * head_dim]; scores: [n_heads, score_stride] workspace, score_stride > pos, whose row h holds w at [first, pos]
  * after the call; out: [n_heads * head_dim]. Each score sums over the head dimension in order; the softmax takes
  * e^x of the scores minus their maximum within 2 ulp of expf (flushing results below e^-87.3 to 0) and its maximum
  * and sum in 16 lanes with a fixed final order; each output sums over the positions in order. Heads are split over
  * `threads` threads (<= 0: OpenMP's maximum) when heads x positions x head_dim >= 65536, one head per thread, so the
  * results are bit-identical for any thread count, and on every instruction set. */
-int edge_cpu_attention(const float *q, int n_heads, int n_kv_heads, int head_dim, const float *keys, size_t key_stride,
+int edge_cpu_attention(const float *q, int n_heads, int n_kv_heads, int head_dim, const float *keys, size_t key_tiles,
                        const float *values, int first, int pos, float *scores, size_t score_stride, float *out,
                        int threads);
 

@@ -269,10 +269,10 @@ const char *edge_cpu_isa_error(void) {
 
 /* ---- The kernels ----------------------------------------------------------------------------------------------- */
 
-int edge_cpu_attention(const float *q, int n_heads, int n_kv_heads, int head_dim, const float *keys, size_t key_stride,
+int edge_cpu_attention(const float *q, int n_heads, int n_kv_heads, int head_dim, const float *keys, size_t key_tiles,
                        const float *values, int first, int pos, float *scores, size_t score_stride, float *out,
                        int threads) {
-  return kernels()->attention(q, n_heads, n_kv_heads, head_dim, keys, key_stride, values, first, pos, scores,
+  return kernels()->attention(q, n_heads, n_kv_heads, head_dim, keys, key_tiles, values, first, pos, scores,
                               score_stride, out, threads);
 }
 

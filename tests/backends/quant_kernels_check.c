@@ -13,8 +13,8 @@
  *         CPU does not have, the reason on stderr and exit status 4, before anything runs
  *
  * With INPUT "--attention", edge_cpu_attention on the ATTENTION_CASES below, inputs from a fixed xorshift generator:
- * for each case its int32 n_heads, n_kv_heads, head_dim, first, pos, key_stride, then float q [n_heads * head_dim],
- * keys [n_kv_heads * head_dim, key_stride] (NaN past pos: read, never used), values [pos + 1, n_kv_heads * head_dim],
+ * for each case its int32 n_heads, n_kv_heads, head_dim, first, pos, key_tiles, then float q [n_heads * head_dim],
+ * keys [n_kv_heads, key_tiles, head_dim, 16] (NaN past pos: read, never used), values [pos + 1, n_kv_heads * head_dim],
  * then for threads 1 and 4: out [n_heads * head_dim] and the weights [n_heads, pos + 1 - first]. */
 #include <math.h>
 #include <stdio.h>
@@ -53,26 +53,27 @@ static int check_attention(const char *path) {
   for (size_t c = 0; c < sizeof ATTENTION_CASES / sizeof ATTENTION_CASES[0]; c++) {
     int n_heads = ATTENTION_CASES[c][0], n_kv = ATTENTION_CASES[c][1], hd = ATTENTION_CASES[c][2];
     int first = ATTENTION_CASES[c][3], pos = ATTENTION_CASES[c][4];
-    int key_stride = (pos + 1 + 15) / 16 * 16 + 16, positions = pos + 1;
-    size_t kv_dim = (size_t)n_kv * (size_t)hd;
+    int key_tiles = pos / 16 + 2, positions = pos + 1;
+    size_t kv_dim = (size_t)n_kv * (size_t)hd, key_floats = kv_dim * (size_t)key_tiles * 16;
     float *q = malloc((size_t)n_heads * (size_t)hd * sizeof(float));
-    float *keys = malloc(kv_dim * (size_t)key_stride * sizeof(float));
+    float *keys = malloc(key_floats * sizeof(float));
     float *values = malloc((size_t)positions * kv_dim * sizeof(float));
     float *out = malloc((size_t)n_heads * (size_t)hd * sizeof(float));
     float *scores = malloc((size_t)n_heads * (size_t)positions * sizeof(float));
     for (int i = 0; i < n_heads * hd; i++) q[i] = next_value(&state);
-    for (size_t i = 0; i < kv_dim * (size_t)key_stride; i++) {
-      keys[i] = (int)(i % (size_t)key_stride) <= pos ? next_value(&state) : NAN;
+    for (size_t i = 0; i < key_floats; i++) { /* position (tile) * 16 + (lane): tile i / (16 hd) % key_tiles */
+      int position = (int)(i / (16 * (size_t)hd) % (size_t)key_tiles) * 16 + (int)(i % 16);
+      keys[i] = position <= pos ? next_value(&state) : NAN;
     }
     for (size_t i = 0; i < (size_t)positions * kv_dim; i++) values[i] = next_value(&state);
-    int32_t header[6] = {n_heads, n_kv, hd, first, pos, key_stride};
+    int32_t header[6] = {n_heads, n_kv, hd, first, pos, key_tiles};
     fwrite(header, sizeof header[0], 6, output);
     fwrite(q, sizeof(float), (size_t)n_heads * (size_t)hd, output);
-    fwrite(keys, sizeof(float), kv_dim * (size_t)key_stride, output);
+    fwrite(keys, sizeof(float), key_floats, output);
     fwrite(values, sizeof(float), (size_t)positions * kv_dim, output);
     const int threads[] = {1, 4};
     for (int t = 0; t < 2; t++) {
-      if (edge_cpu_attention(q, n_heads, n_kv, hd, keys, (size_t)key_stride, values, first, pos, scores,
+      if (edge_cpu_attention(q, n_heads, n_kv, hd, keys, (size_t)key_tiles, values, first, pos, scores,
                              (size_t)positions, out, threads[t]) != EDGE_CPU_OK) {
         return 3;
       }

@@ -285,10 +285,11 @@ def check_attention_output(raw: bytes) -> None:
 
     cases = 0
     while offset < len(raw):
-        n_heads, n_kv, hd, first, pos, key_stride = (int(v) for v in take(6, "<i4"))
+        n_heads, n_kv, hd, first, pos, key_tiles = (int(v) for v in take(6, "<i4"))
         positions, groups = pos + 1, n_heads // n_kv
         q = take(n_heads * hd, "<f4").reshape(n_heads, hd).astype(np.float64)
-        keys = take(n_kv * hd * key_stride, "<f4").reshape(n_kv, hd, key_stride)[:, :, first:positions]
+        tiles = take(n_kv * key_tiles * hd * 16, "<f4").reshape(n_kv, key_tiles, hd, 16)
+        keys = tiles.transpose(0, 2, 1, 3).reshape(n_kv, hd, key_tiles * 16)[:, :, first:positions]
         values = take(positions * n_kv * hd, "<f4").reshape(positions, n_kv, hd)[first:].astype(np.float64)
         runs = [(take(n_heads * hd, "<f4"), take(n_heads * (positions - first), "<f4")) for _ in range(2)]
         assert runs[0][0].tobytes() == runs[1][0].tobytes() and runs[0][1].tobytes() == runs[1][1].tobytes()
