@@ -2833,11 +2833,103 @@ static void add_int4_rows_tokens(float *y, int d, int tokens, int c0, int n, con
     piece = piece_end;
   }
 }
+#else
+/* The 32 values of INT4 block `block` of a row as fp32, in add_quant_rows' element order: values[j] is the low
+ * nibble of byte j for j < 16, the high nibble of byte j - 16 after. */
+EDGE_ALWAYS_INLINE void int4_block_values(const char *row, int block, float values[EDGE_QUANT_BLOCK]) {
+#if EDGE_ROWS_AVX2
+  codes16 first, second;
+  block_codes(row + (size_t)block * block_bytes(EDGE_Q4), EDGE_Q4, &first, &second);
+  _mm256_storeu_ps(values, codes_as_floats(first, 0));
+  _mm256_storeu_ps(values + 8, codes_as_floats(first, 1));
+  _mm256_storeu_ps(values + 16, codes_as_floats(second, 0));
+  _mm256_storeu_ps(values + 24, codes_as_floats(second, 1));
+#elif defined(__ARM_NEON)
+  codes16 first, second;
+  block_codes(row + (size_t)block * block_bytes(EDGE_Q4), EDGE_Q4, &first, &second);
+  float32x4_t quarters[8];
+  codes_as_floats(first, quarters);
+  codes_as_floats(second, quarters + 4);
+  for (int i = 0; i < 8; i++) vst1q_f32(values + 4 * i, quarters[i]);
+#else
+  vec16 low, high;
+  load_codes(row, EDGE_Q4, block, &low, &high);
+  VEC16_AT(values) = low;
+  VEC16_AT(values + 16) = high;
+#endif
+}
+
+/* y[0:32) plus factors[r * EDGE_FACTOR_GROUPS] times values[r][0:32) for r < n_rows, in order of r: each product
+ * rounded, then added, in the accumulators add_quant_rows keeps for the block on this target. */
+EDGE_ALWAYS_INLINE void add_block_values(float *y, const float *factors, int n_rows,
+                                         const float (*values)[EDGE_QUANT_BLOCK]) {
+#if EDGE_ROWS_AVX2
+  __m256 acc[4];
+  for (int i = 0; i < 4; i++) acc[i] = _mm256_loadu_ps(y + 8 * i);
+  for (int r = 0; r < n_rows; r++) {
+    __m256 factor = _mm256_set1_ps(factors[r * EDGE_FACTOR_GROUPS]);
+    for (int i = 0; i < 4; i++) acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(factor, _mm256_loadu_ps(values[r] + 8 * i)));
+  }
+  for (int i = 0; i < 4; i++) _mm256_storeu_ps(y + 8 * i, acc[i]);
+#elif defined(__ARM_NEON)
+  float32x4_t acc[8];
+  for (int i = 0; i < 8; i++) acc[i] = vld1q_f32(y + 4 * i);
+  for (int r = 0; r < n_rows; r++) {
+    float factor = factors[r * EDGE_FACTOR_GROUPS];
+    for (int i = 0; i < 8; i++) acc[i] = vaddq_f32(acc[i], vmulq_n_f32(vld1q_f32(values[r] + 4 * i), factor));
+  }
+  for (int i = 0; i < 8; i++) vst1q_f32(y + 4 * i, acc[i]);
+#else
+  vec16 acc_low = VEC16_AT(y), acc_high = VEC16_AT(y + 16);
+  for (int r = 0; r < n_rows; r++) {
+    acc_low += factors[r * EDGE_FACTOR_GROUPS] * VEC16_AT(values[r]);
+    acc_high += factors[r * EDGE_FACTOR_GROUPS] * VEC16_AT(values[r] + 16);
+  }
+  VEC16_AT(y) = acc_low;
+  VEC16_AT(y + 16) = acc_high;
+#endif
+}
+
+/* add_int4_rows_tokens of the AVX-512 build (same arguments and bits) on the others: add_quant_rows token by token,
+ * operation for operation, with each row's codes widened to fp32 values once per 32 columns for all tokens, and the
+ * asymmetric rows' corrections as add_quant_rows adds them. */
+static void add_int4_rows_tokens(float *y, int d, int tokens, int c0, int n, const char *codes, const uint16_t *scales,
+                                 int group_size, const size_t *rows, int n_rows, const float *hidden,
+                                 size_t hidden_stride, const uint16_t *mins, float *corrections,
+                                 size_t corrections_stride, float (*factors)[EDGE_DOWN_GROUP][EDGE_FACTOR_GROUPS]) {
+  size_t row_bytes = (size_t)d / EDGE_QUANT_BLOCK * block_bytes(EDGE_Q4);
+  size_t groups = (size_t)(d / group_size);
+  int c1 = c0 + n;
+  for (int piece = c0; piece < c1;) {
+    int g0 = piece / group_size;
+    int piece_end = (g0 + EDGE_FACTOR_GROUPS) * group_size < c1 ? (g0 + EDGE_FACTOR_GROUPS) * group_size : c1;
+    int n_groups = (piece_end - 1) / group_size - g0 + 1;
+    for (int t = 0; t < tokens; t++) {
+      float h[EDGE_DOWN_GROUP];
+      for (int r = 0; r < n_rows; r++) h[r] = hidden[(size_t)t * hidden_stride + rows[r]];
+      row_factors(scales, groups, rows, h, n_rows, g0, n_groups, factors[t]);
+      for (int r = 0; mins != NULL && r < n_rows; r++) {
+        add_row_corrections(corrections + (size_t)t * corrections_stride, piece / EDGE_QUANT_BLOCK,
+                            (piece_end - piece) / EDGE_QUANT_BLOCK, scales + rows[r] * groups,
+                            mins + rows[r] * groups, group_size, h[r]);
+      }
+    }
+    for (int column = piece; column < piece_end; column += EDGE_QUANT_BLOCK) {
+      int g = column / group_size - g0;
+      float values[EDGE_DOWN_GROUP][EDGE_QUANT_BLOCK];
+      for (int r = 0; r < n_rows; r++) int4_block_values(codes + rows[r] * row_bytes, column / EDGE_QUANT_BLOCK, values[r]);
+      for (int t = 0; t < tokens; t++) {
+        add_block_values(y + (size_t)t * (size_t)d + column, &factors[t][0][g], n_rows, values);
+      }
+    }
+    piece = piece_end;
+  }
+}
 #endif
 
 /* Columns [c0, c1) of every token's y: the down rows with h != 0, in increasing neuron order per token as
- * down_columns adds them, taken a run of neurons at a time for all tokens. With AVX-512, a run of INT4 rows that every
- * token adds (a SiLU model's prompt) goes through add_int4_rows_tokens, 8 rows at a time for all tokens. */
+ * down_columns adds them, taken a run of neurons at a time for all tokens. A run of INT4 rows that every token adds
+ * (a SiLU model's prompt) goes through add_int4_rows_tokens, 8 rows at a time for all tokens. */
 static void down_tokens(const struct ffn_tokens_job *job, int block) {
   int d = job->d;
   int c0 = job->column_unit * split_point(job->n_units, job->n_column_blocks, block);
@@ -2856,7 +2948,6 @@ static void down_tokens(const struct ffn_tokens_job *job, int block) {
   size_t row_length = quantized ? 1 : (size_t)d, column = quantized ? 0 : (size_t)c0;
   for (int n0 = 0; n0 < job->D; n0 += run) {
     int n1 = n0 + run < job->D ? n0 + run : job->D;
-#if EDGE_ROWS_AVX512
     int all_fire = down->dtype == EDGE_Q4 && job->tokens > 1;
     for (int t = 0; all_fire && t < job->tokens; t++) {
       const float *hidden = token_hidden(job, t);
@@ -2874,7 +2965,6 @@ static void down_tokens(const struct ffn_tokens_job *job, int block) {
       }
       continue;
     }
-#endif
     for (int t = 0; t < job->tokens; t++) {
       const float *hidden = token_hidden(job, t);
       float *y = job->y + (size_t)t * (size_t)d;
@@ -2942,14 +3032,10 @@ int edge_cpu_ffn_tokens(const float *x, int tokens, int d, int D, const void *w_
   job.n_units = ceil_div(d, job.column_unit);
   job.n_column_blocks = threads < job.n_units ? threads : job.n_units;
   job.inputs = malloc((size_t)tokens * sizeof *job.inputs);
-#if EDGE_ROWS_AVX512
   if (weight_dtype == EDGE_Q4 && tokens > 1) {
     job.down_factors = malloc((size_t)job.n_column_blocks * (size_t)tokens * sizeof *job.down_factors);
   }
   int factors_missing = weight_dtype == EDGE_Q4 && tokens > 1 && job.down_factors == NULL;
-#else
-  int factors_missing = 0;
-#endif
   if (job.inputs == NULL || factors_missing) {
     free(job.inputs);
     free(job.down_factors);
