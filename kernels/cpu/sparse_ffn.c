@@ -2664,7 +2664,7 @@ struct ffn_tokens_job {
   char *workspace;            /* the workspace from its first cache line: token_ffn_bytes(d, D) per token */
   int run, n_runs;            /* neurons per run of gate and up rows, and runs */
   int column_unit, n_units, n_column_blocks;
-  /* AVX-512 INT4 down rows every token adds: per column block, [tokens][EDGE_DOWN_GROUP][EDGE_FACTOR_GROUPS] factors */
+  /* INT4 down rows every token adds: per column block, [tokens][EDGE_DOWN_GROUP][EDGE_FACTOR_GROUPS] factors */
   float (*down_factors)[EDGE_DOWN_GROUP][EDGE_FACTOR_GROUPS];
 };
 
@@ -2742,7 +2742,39 @@ static void gate_up_tokens(const struct ffn_tokens_job *job, int run) {
   }
 }
 
+/* What every token of a block adds from down rows rows[r < n_rows] (neuron indices) that all its tokens fire, in two
+ * parts, each the bits add_quant_rows gives token by token, with what depends on the rows alone done once for all
+ * tokens: row_corrections_tokens, the asymmetric rows' corrections of a piece of the columns, and
+ * row_block_tokens, the rows' 32 columns of one block times each token's factors. */
 #if EDGE_ROWS_AVX512
+/* Corrections of blocks [first_block, first_block + n_blocks) (n_blocks <= EDGE_FACTOR_GROUPS * 4) for every token
+ * t (at corrections + t * stride, h_t[r] at hidden + t * hidden_stride + rows[r]), rows in order: each row's mids
+ * once (block_mids16), then added to each token's corrections in registers, as add_row_corrections adds them. */
+static void row_corrections_tokens(float *corrections, size_t stride, int tokens, const uint16_t *scales,
+                                   const uint16_t *mins, size_t groups, int group_size, const size_t *rows, int n_rows,
+                                   const float *hidden, size_t hidden_stride, int first_block, int n_blocks) {
+  enum { PIECE_CHUNKS = EDGE_FACTOR_GROUPS * 128 / EDGE_QUANT_BLOCK / 16 }; /* 16-block chunks of a piece, at most */
+  int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2;
+  __m512 mids[EDGE_DOWN_GROUP][PIECE_CHUNKS];
+  for (int r = 0; r < n_rows; r++) {
+    for (int k = 0; k < n_blocks; k += 16) {
+      int count = n_blocks - k < 16 ? n_blocks - k : 16;
+      mids[r][k / 16] = block_mids16(scales + rows[r] * groups, mins + rows[r] * groups, group_log, first_block + k,
+                                     count);
+    }
+  }
+  for (int t = 0; t < tokens; t++) {
+    float *token_corrections = corrections + (size_t)t * stride + first_block;
+    const float *h = hidden + (size_t)t * hidden_stride;
+    for (int k = 0; k < n_blocks; k += 16) {
+      __mmask16 in_piece = tail_mask(n_blocks - k < 16 ? n_blocks - k : 16);
+      __m512 sums = _mm512_maskz_loadu_ps(in_piece, token_corrections + k);
+      for (int r = 0; r < n_rows; r++) sums = _mm512_fmadd_ps(_mm512_set1_ps(h[rows[r]]), mids[r][k / 16], sums);
+      _mm512_mask_storeu_ps(token_corrections + k, in_piece, sums);
+    }
+  }
+}
+
 /* y_t[0:32) plus factor_t[r] times the 32 code values of rows r < n_rows (low[r]: the block's low nibbles' values,
  * high[r]: its high ones'), for tokens t < n (1 or 2, a constant once inlined), the rows in order of r: the product
  * of each factor and value rounded, then added, as add_quant_rows does. Two tokens at once keep four add chains in
@@ -2767,73 +2799,44 @@ EDGE_ALWAYS_INLINE void add_int4_block_tokens(int n, float *const *y, const floa
   }
 }
 
-/* Down rows that every token of a block adds (each with its own h): columns [c0, c0 + n) of each token's y (token t's
- * at y + t * d) plus h_t[r] times the INT4 rows rows[r] (neuron indices, n_rows <= EDGE_DOWN_GROUP), h_t[r] at
- * hidden + t * hidden_stride + rows[r]. add_quant_rows' AVX-512 INT4 path token by token, operation for operation
- * (the factors h * scale, their products with the code values, added in order of r; asymmetric rows' corrections, at
- * corrections + t * corrections_stride, in order of r), with what depends on the rows alone done once for all
- * tokens: each row's codes widened to fp32 values once per 32 columns (their product with a factor is the one
- * add_quant_rows picks from its 16 products), and its blocks' mids once per piece. factors:
- * [tokens][EDGE_DOWN_GROUP][EDGE_FACTOR_GROUPS] scratch. */
-static void add_int4_rows_tokens(float *y, int d, int tokens, int c0, int n, const char *codes, const uint16_t *scales,
-                                 int group_size, const size_t *rows, int n_rows, const float *hidden,
-                                 size_t hidden_stride, const uint16_t *mins, float *corrections,
-                                 size_t corrections_stride, float (*factors)[EDGE_DOWN_GROUP][EDGE_FACTOR_GROUPS]) {
-  enum { PIECE_CHUNKS = EDGE_FACTOR_GROUPS * 128 / EDGE_QUANT_BLOCK / 16 }; /* 16-block chunks of a piece, at most */
-  size_t row_bytes = (size_t)d / EDGE_QUANT_BLOCK * block_bytes(EDGE_Q4);
-  size_t groups = (size_t)(d / group_size);
-  int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2;
-  int c1 = c0 + n;
-  for (int piece = c0; piece < c1;) {
-    int g0 = piece / group_size;
-    int piece_end = (g0 + EDGE_FACTOR_GROUPS) * group_size < c1 ? (g0 + EDGE_FACTOR_GROUPS) * group_size : c1;
-    int n_groups = (piece_end - 1) / group_size - g0 + 1;
-    int first_block = piece / EDGE_QUANT_BLOCK, piece_blocks = (piece_end - piece) / EDGE_QUANT_BLOCK;
-    __m512 mids[EDGE_DOWN_GROUP][PIECE_CHUNKS];
-    for (int r = 0; mins != NULL && r < n_rows; r++) {
-      for (int k = 0; k < piece_blocks; k += 16) {
-        int count = piece_blocks - k < 16 ? piece_blocks - k : 16;
-        mids[r][k / 16] = block_mids16(scales + rows[r] * groups, mins + rows[r] * groups, group_log,
-                                       first_block + k, count);
-      }
-    }
-    for (int t = 0; t < tokens; t++) {
-      float h[EDGE_DOWN_GROUP];
-      for (int r = 0; r < n_rows; r++) h[r] = hidden[(size_t)t * hidden_stride + rows[r]];
-      row_factors(scales, groups, rows, h, n_rows, g0, n_groups, factors[t]);
-      float *token_corrections = corrections + (size_t)t * corrections_stride + first_block;
-      for (int k = 0; mins != NULL && k < piece_blocks; k += 16) {
-        __mmask16 in_piece = tail_mask(piece_blocks - k < 16 ? piece_blocks - k : 16);
-        __m512 sums = _mm512_maskz_loadu_ps(in_piece, token_corrections + k);
-        for (int r = 0; r < n_rows; r++) sums = _mm512_fmadd_ps(_mm512_set1_ps(h[r]), mids[r][k / 16], sums);
-        _mm512_mask_storeu_ps(token_corrections + k, in_piece, sums);
-      }
-    }
-    for (int column = piece; column < piece_end; column += EDGE_QUANT_BLOCK) {
-      int g = column / group_size - g0;
-      size_t offset = (size_t)(column / EDGE_QUANT_BLOCK) * block_bytes(EDGE_Q4);
-      __m512 low[EDGE_DOWN_GROUP], high[EDGE_DOWN_GROUP];
-      for (int r = 0; r < n_rows; r++) { /* each nibble's signed value: its 4 bits moved to the top, shifted back */
-        __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + rows[r] * row_bytes + offset)));
-        low[r] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(bytes, 28), 28));
-        high[r] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(bytes, 24), 28));
-      }
-      int t = 0;
-      for (; t + 2 <= tokens; t += 2) {
-        float *y_t[2] = {y + (size_t)t * (size_t)d + column, y + (size_t)(t + 1) * (size_t)d + column};
-        const float *factors_t[2] = {&factors[t][0][g], &factors[t + 1][0][g]};
-        add_int4_block_tokens(2, y_t, factors_t, n_rows, low, high);
-      }
-      if (t < tokens) {
-        float *y_t[1] = {y + (size_t)t * (size_t)d + column};
-        const float *factors_t[1] = {&factors[t][0][g]};
-        add_int4_block_tokens(1, y_t, factors_t, n_rows, low, high);
-      }
-    }
-    piece = piece_end;
+/* Columns [column, column + 32) of every token's y (token t's at y + t * d) plus factors[t][r][g] times the INT4
+ * rows rows[r] there: the rows' nibbles widened to fp32 values once, in registers (their product with a factor is the
+ * one add_quant_rows picks from its 16 products), then two tokens at a time. */
+static void row_block_tokens(float *y, int d, int tokens, int column, const char *codes, size_t row_bytes,
+                             const size_t *rows, int n_rows, float (*factors)[EDGE_DOWN_GROUP][EDGE_FACTOR_GROUPS],
+                             int g) {
+  size_t offset = (size_t)(column / EDGE_QUANT_BLOCK) * block_bytes(EDGE_Q4);
+  __m512 low[EDGE_DOWN_GROUP], high[EDGE_DOWN_GROUP];
+  for (int r = 0; r < n_rows; r++) { /* each nibble's signed value: its 4 bits moved to the top, shifted back */
+    __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + rows[r] * row_bytes + offset)));
+    low[r] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(bytes, 28), 28));
+    high[r] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(bytes, 24), 28));
+  }
+  int t = 0;
+  for (; t + 2 <= tokens; t += 2) {
+    float *y_t[2] = {y + (size_t)t * (size_t)d + column, y + (size_t)(t + 1) * (size_t)d + column};
+    const float *factors_t[2] = {&factors[t][0][g], &factors[t + 1][0][g]};
+    add_int4_block_tokens(2, y_t, factors_t, n_rows, low, high);
+  }
+  if (t < tokens) {
+    float *y_t[1] = {y + (size_t)t * (size_t)d + column};
+    const float *factors_t[1] = {&factors[t][0][g]};
+    add_int4_block_tokens(1, y_t, factors_t, n_rows, low, high);
   }
 }
 #else
+/* row_corrections_tokens of the AVX-512 build (same arguments and bits): add_row_corrections token by token. */
+static void row_corrections_tokens(float *corrections, size_t stride, int tokens, const uint16_t *scales,
+                                   const uint16_t *mins, size_t groups, int group_size, const size_t *rows, int n_rows,
+                                   const float *hidden, size_t hidden_stride, int first_block, int n_blocks) {
+  for (int t = 0; t < tokens; t++) {
+    for (int r = 0; r < n_rows; r++) {
+      add_row_corrections(corrections + (size_t)t * stride, first_block, n_blocks, scales + rows[r] * groups,
+                          mins + rows[r] * groups, group_size, hidden[(size_t)t * hidden_stride + rows[r]]);
+    }
+  }
+}
+
 /* The 32 values of INT4 block `block` of a row as fp32, in add_quant_rows' element order: values[j] is the low
  * nibble of byte j for j < 16, the high nibble of byte j - 16 after. */
 EDGE_ALWAYS_INLINE void int4_block_values(const char *row, int block, float values[EDGE_QUANT_BLOCK]) {
@@ -2890,9 +2893,23 @@ EDGE_ALWAYS_INLINE void add_block_values(float *y, const float *factors, int n_r
 #endif
 }
 
-/* add_int4_rows_tokens of the AVX-512 build (same arguments and bits) on the others: add_quant_rows token by token,
- * operation for operation, with each row's codes widened to fp32 values once per 32 columns for all tokens, and the
- * asymmetric rows' corrections as add_quant_rows adds them. */
+/* row_block_tokens of the AVX-512 build (same arguments and bits): the rows' codes widened to fp32 once into a
+ * small buffer, then added token by token. */
+static void row_block_tokens(float *y, int d, int tokens, int column, const char *codes, size_t row_bytes,
+                             const size_t *rows, int n_rows, float (*factors)[EDGE_DOWN_GROUP][EDGE_FACTOR_GROUPS],
+                             int g) {
+  float values[EDGE_DOWN_GROUP][EDGE_QUANT_BLOCK];
+  for (int r = 0; r < n_rows; r++) int4_block_values(codes + rows[r] * row_bytes, column / EDGE_QUANT_BLOCK, values[r]);
+  for (int t = 0; t < tokens; t++) add_block_values(y + (size_t)t * (size_t)d + column, &factors[t][0][g], n_rows, values);
+}
+#endif
+
+/* Down rows that every token of a block adds (each with its own h): columns [c0, c0 + n) of each token's y (token t's
+ * at y + t * d) plus h_t[r] times the INT4 rows rows[r] (neuron indices, n_rows <= EDGE_DOWN_GROUP), h_t[r] at
+ * hidden + t * hidden_stride + rows[r]. add_quant_rows token by token, operation for operation (the factors h *
+ * scale, their products with the code values added in order of r; asymmetric rows' corrections, at corrections + t *
+ * corrections_stride, in order of r), a piece of EDGE_FACTOR_GROUPS groups at a time as there: the same bits.
+ * factors: [tokens][EDGE_DOWN_GROUP][EDGE_FACTOR_GROUPS] scratch. */
 static void add_int4_rows_tokens(float *y, int d, int tokens, int c0, int n, const char *codes, const uint16_t *scales,
                                  int group_size, const size_t *rows, int n_rows, const float *hidden,
                                  size_t hidden_stride, const uint16_t *mins, float *corrections,
@@ -2908,24 +2925,17 @@ static void add_int4_rows_tokens(float *y, int d, int tokens, int c0, int n, con
       float h[EDGE_DOWN_GROUP];
       for (int r = 0; r < n_rows; r++) h[r] = hidden[(size_t)t * hidden_stride + rows[r]];
       row_factors(scales, groups, rows, h, n_rows, g0, n_groups, factors[t]);
-      for (int r = 0; mins != NULL && r < n_rows; r++) {
-        add_row_corrections(corrections + (size_t)t * corrections_stride, piece / EDGE_QUANT_BLOCK,
-                            (piece_end - piece) / EDGE_QUANT_BLOCK, scales + rows[r] * groups,
-                            mins + rows[r] * groups, group_size, h[r]);
-      }
+    }
+    if (mins != NULL) {
+      row_corrections_tokens(corrections, corrections_stride, tokens, scales, mins, groups, group_size, rows, n_rows,
+                             hidden, hidden_stride, piece / EDGE_QUANT_BLOCK, (piece_end - piece) / EDGE_QUANT_BLOCK);
     }
     for (int column = piece; column < piece_end; column += EDGE_QUANT_BLOCK) {
-      int g = column / group_size - g0;
-      float values[EDGE_DOWN_GROUP][EDGE_QUANT_BLOCK];
-      for (int r = 0; r < n_rows; r++) int4_block_values(codes + rows[r] * row_bytes, column / EDGE_QUANT_BLOCK, values[r]);
-      for (int t = 0; t < tokens; t++) {
-        add_block_values(y + (size_t)t * (size_t)d + column, &factors[t][0][g], n_rows, values);
-      }
+      row_block_tokens(y, d, tokens, column, codes, row_bytes, rows, n_rows, factors, column / group_size - g0);
     }
     piece = piece_end;
   }
 }
-#endif
 
 /* Columns [c0, c1) of every token's y: the down rows with h != 0, in increasing neuron order per token as
  * down_columns adds them, taken a run of neurons at a time for all tokens. A run of INT4 rows that every token adds
