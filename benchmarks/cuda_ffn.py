@@ -4,17 +4,19 @@ LLaMA-2-7B shapes by default (d=4096, D=11008, fp16 weights). For each sparsity 
 (1 - s) of the neurons, and every kept neuron fires (x and W_gate are positive), so the kernel reads exactly
 those rows of W_gate, W_up and W_down^T. The dense baseline is three cuBLAS GEMVs (cublasHgemm with n = 1 for fp16
 weights, cublasSgemv for fp32): gate, up and down, without the elementwise activation; int8 / int4 weights (group-wise,
-edge_sdk/quant.py, --group-size) are compared with that fp16 baseline, the dense FFN a user would otherwise run. Several
-copies of the weights ("layers") are cycled so that no run finds its rows in L2. Times are CUDA-event device times per
-FFN after warm-up, with the calls captured in a CUDA graph (launch overhead excluded), and also with plain launches
-from Python. Bandwidth counts the weight rows (codes and scales for int8 / int4) and the mask read, against a measured
-device-to-device copy rate. For int8 / int4 also the dense projection edge_matvec_q (QuantizedMatMul) on a d x d
-matrix for one token (GEMV, bandwidth) and for a prompt of 128 (tiled GEMM, GFLOP/s), against cuBLAS fp16.
+edge_sdk/quant.py, --group-size; --asymmetric: int4 with group minimums, llama.cpp's Q4_1 grid) are compared with that
+fp16 baseline, the dense FFN a user would otherwise run. Several copies of the weights ("layers") are cycled so that no
+run finds its rows in L2. Times are CUDA-event device times per FFN after warm-up, with the calls captured in a CUDA
+graph (launch overhead excluded), and also with plain launches from Python. Bandwidth counts the weight rows (codes,
+scales and minimums for int8 / int4) and the mask read, against a measured device-to-device copy rate. For int8 / int4
+also the dense projection edge_matvec_q (QuantizedMatMul) on a d x d matrix for one token (GEMV, bandwidth) and for a
+prompt of 128 (tiled GEMM, GFLOP/s), against cuBLAS fp16.
 
 Needs an NVIDIA GPU, the kernel library built (`pip install -e .` with nvcc) and libcublas from the CUDA toolkit:
 
     .venv/bin/python benchmarks/cuda_ffn.py
     .venv/bin/python benchmarks/cuda_ffn.py --dtype int4 --group-size 32 --json results.json
+    .venv/bin/python benchmarks/cuda_ffn.py --dtype int4 --asymmetric
     .venv/bin/python benchmarks/cuda_ffn.py --dtype fp32 --layers 4
 """
 
@@ -99,6 +101,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--group-size", type=int, choices=quant.GROUP_SIZES, default=quant.DEFAULT_GROUP_SIZE, help="int8 / int4 group"
     )
+    parser.add_argument(
+        "--asymmetric", action="store_true", help="int4 only: group minimums beside the scales (llama.cpp's Q4_1 grid)"
+    )
     parser.add_argument("--layers", type=int, default=8, help="weight copies cycled so that L2 never holds them")
     parser.add_argument("--repeats", type=int, default=20, help="timed FFN calls per measurement (per layer cycle)")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -136,12 +141,14 @@ def time_matvec(harness, device, kernels, cublas, args, generator) -> list[dict]
     (GEMV / GEMM): microseconds, the weight bandwidth of one token and the arithmetic rate of a prompt."""
     d = args.d
     weight = torch.rand(d, d, generator=generator) / d
-    matrices = [quant.quantize(weight.numpy(), args.dtype, args.group_size) for _ in range(args.layers)]
+    matrices = [
+        quant.quantize(weight.numpy(), args.dtype, args.group_size, args.asymmetric) for _ in range(args.layers)
+    ]
     uploaded = [harness.upload_quantized(device, m) for m in matrices]
     half = [device.upload(weight.half()) for _ in range(args.layers)]
     cycle = itertools.count()
     rows = []
-    print(f"QuantizedMatMul {d}x{d} ({args.dtype}, groups of {args.group_size}) against cuBLAS fp16:")
+    print(f"QuantizedMatMul {d}x{d} ({quantized_format(args)}, groups of {args.group_size}) against cuBLAS fp16:")
     for tokens in (1, PROMPT_TOKENS):
         x = device.upload(torch.rand(tokens, d, generator=generator))
         x_half = device.upload(torch.rand(tokens, d, generator=generator).half())
@@ -175,6 +182,11 @@ def time_matvec(harness, device, kernels, cublas, args, generator) -> list[dict]
     return rows
 
 
+def quantized_format(args: argparse.Namespace) -> str:
+    """The quantized weights' format in words: int8, int4 or int4 asymmetric."""
+    return f"{args.dtype} asymmetric" if args.asymmetric else args.dtype
+
+
 def device_name() -> str:
     """The name of CUDA device 0, from the driver API (torch may be a CPU build)."""
     driver = ctypes.CDLL("libcuda.so.1")
@@ -198,6 +210,9 @@ def main() -> int:
     if quantized and d % args.group_size:
         print(f"--d {d}: expected a multiple of --group-size {args.group_size}", file=sys.stderr)
         return 2
+    if args.asymmetric and args.dtype != "int4":
+        print(f"--asymmetric: only int4 has group minimums, found --dtype {args.dtype}", file=sys.stderr)
+        return 2
     device = harness.Device()
     kernels = harness.Kernels(device)
     try:
@@ -206,11 +221,13 @@ def main() -> int:
         host_weights = [(torch.rand(n_neurons, d, generator=generator) / d).to(dtype) for _ in range(3)]
         layers = [tuple(device.upload(w) for w in host_weights) for _ in range(args.layers)]
         if quantized:
-            matrices = [quant.quantize(w.float().numpy(), args.dtype, args.group_size) for w in host_weights]
+            matrices = [
+                quant.quantize(w.float().numpy(), args.dtype, args.group_size, args.asymmetric) for w in host_weights
+            ]
             quantized_layers = [
                 tuple(harness.upload_quantized(device, m) for m in matrices) for _ in range(args.layers)
             ]
-            row_bytes = matrices[0].nbytes / n_neurons  # codes and scales of one row
+            row_bytes = matrices[0].nbytes / n_neurons  # codes and scales (and minimums) of one row
         else:
             row_bytes = d * torch.empty((), dtype=dtype).element_size()
         x_device, x_half = device.upload(x), device.upload(x.to(dtype))
@@ -235,7 +252,9 @@ def main() -> int:
             cublas.matvec(dtype, False, d, n_neurons, w_down_t.pointer, dense_gate.pointer, dense_hidden.pointer)
 
         dense_us = timed(device, dense_ffn, args.repeats)[0] if cublas is not None else None
-        weights = f"{args.dtype} weights (groups of {args.group_size})" if quantized else f"{args.dtype} weights"
+        weights = f"{args.dtype} weights"
+        if quantized:
+            weights = f"{quantized_format(args)} weights (groups of {args.group_size})"
         setup = f"d={d}, D={n_neurons}, {weights}, {args.layers} weight copies"
         print(f"{device_name()}: {setup}; device-to-device copy {peak:.0f} GB/s")
         if dense_us is not None:
@@ -268,6 +287,7 @@ def main() -> int:
         record["dense_us"] = dense_us
         if quantized:
             record["group_size"] = args.group_size
+            record["asymmetric"] = args.asymmetric
             if harness.has_matvec_workspace(kernels.cuda):
                 record["matvec"] = time_matvec(harness, device, kernels, cublas, args, generator)
             else:

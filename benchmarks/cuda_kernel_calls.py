@@ -1,8 +1,8 @@
 """One call of each quantized CUDA kernel path at LLaMA-2-7B shapes, for a profiler to look at kernel by kernel.
 
-The int4 QuantizedMatMul at one token (4096 x 4096), then the int4 and int8 SparseFFN (d 4096, D 11008, groups of 32)
-dense and at 90% sparsity: one launch sequence each, nothing timed here. benchmarks/README.md section 8 quotes
-what Nsight Compute said of them:
+The int4 QuantizedMatMul at one token (4096 x 4096), then the int8 and int4 SparseFFN (d 4096, D 11008, groups of 32)
+dense and at 90% sparsity, then the same QuantizedMatMul and SparseFFN for asymmetric int4 (group minimums): one
+launch sequence each, nothing timed here. benchmarks/README.md section 8 quotes what Nsight Compute said of them:
 
     ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
         --section Occupancy -o report .venv/bin/python benchmarks/cuda_kernel_calls.py
@@ -38,17 +38,24 @@ def main() -> int:
         x = device.upload(torch.rand(1, D_MODEL, generator=generator) + 0.1)  # positive: every masked neuron fires
         y = device.empty((1, D_MODEL), torch.float32)
         workspace = device.allocate(kernels.workspace_size(D_MODEL, NEURONS, 1))
-        projection = quant.quantize(
-            (torch.rand(D_MODEL, D_MODEL, generator=generator) / D_MODEL).numpy(), "int4", GROUP_SIZE
-        )
-        kernels.matvec_q(x, harness.upload_quantized(device, projection), None, y)
-        for fmt in quant.FORMATS:
+        projection = (torch.rand(D_MODEL, D_MODEL, generator=generator) / D_MODEL).numpy()
+
+        def sparse_ffn_calls(fmt: str, asymmetric: bool) -> None:
             rows = [(torch.rand(NEURONS, D_MODEL, generator=generator) / D_MODEL).numpy() for _ in range(3)]
-            weights = tuple(harness.upload_quantized(device, quant.quantize(w, fmt, GROUP_SIZE)) for w in rows)
+            matrices = (quant.quantize(w, fmt, GROUP_SIZE, asymmetric) for w in rows)
+            weights = tuple(harness.upload_quantized(device, m) for m in matrices)
             for sparsity in (0.0, 0.9):
                 mask = torch.zeros(1, NEURONS, dtype=torch.int32)
                 mask[0, torch.randperm(NEURONS, generator=generator)[: round((1 - sparsity) * NEURONS)]] = 1
                 kernels.sparse_ffn_q(x, weights, device.upload(mask), None, "relu", 0.0, y, workspace)
+
+        kernels.matvec_q(x, harness.upload_quantized(device, quant.quantize(projection, "int4", GROUP_SIZE)), None, y)
+        for fmt in quant.FORMATS:
+            sparse_ffn_calls(fmt, asymmetric=False)
+        # asymmetric int4 last, so that the symmetric calls' launches keep their places in a profile
+        asymmetric = quant.quantize(projection, "int4", GROUP_SIZE, asymmetric=True)
+        kernels.matvec_q(x, harness.upload_quantized(device, asymmetric), None, y)
+        sparse_ffn_calls("int4", asymmetric=True)
         device.synchronize()
     finally:
         device.close()

@@ -6,12 +6,13 @@
 #
 # 1. builds the package's native libraries with the CUDA kernels for this GPU's architecture only
 #    (nvidia-smi --query-gpu=compute_cap, e.g. 8.7 -> EDGE_SDK_CUDA_ARCHITECTURES=87);
-# 2. runs the tests marked `gpu`: tests/gpu (every CUDA kernel, the quantized ones included, against the reference,
-#    bit-identical repeats, CUDA graph capture) and the CUDA column of the op table (tests/ops);
+# 2. runs the tests marked `gpu`: tests/gpu (every CUDA kernel, the quantized ones included, asymmetric int4 rows too,
+#    against the reference, bit-identical repeats, CUDA graph capture) and the CUDA column of the op table (tests/ops);
 # 3. runs the tests marked `tensorrt` (where TensorRT is installed: `edge-sdk build` and libedge_sdk's TensorRT engine
 #    on fixture bundles, fp16, int8 and int4, against ONNX Runtime; the op table's TensorRT column: each op's one-node
 #    graph through the plugins; they skip, saying why, without TensorRT);
-# 4. runs benchmarks/cuda_ffn.py at LLaMA-2-7B shapes (d 4096, D 11008) for fp16, int8 and int4 weights (groups of 32);
+# 4. runs benchmarks/cuda_ffn.py at LLaMA-2-7B shapes (d 4096, D 11008) for fp16, int8, int4 and asymmetric int4
+#    weights (groups of 32);
 # 5. runs tests/gpu again under compute-sanitizer, once per tool: memcheck, racecheck, synccheck (last: the slowest
 #    steps, so that a check cut short by a time limit still has its tests and figures);
 # 6. writes everything (commit, GPU, driver, CUDA, each step's status, time and figures) to
@@ -21,9 +22,11 @@
 # the exit status is 0 when every step passed, 1 otherwise. Without an NVIDIA GPU it exits 2 with one line.
 # GPU_CHECK_BASELINE=REV also builds the CUDA kernels of git revision REV for this GPU and runs each benchmark with them
 # right before the current build's (steps baseline-build, baseline-<dtype>): a kernel change measured side by side on
-# the same card in one run. GPU_CHECK_PROFILE=1 runs Nsight Compute (ncu, clocks left as they are) over
-# benchmarks/cuda_kernel_calls.py and records each kernel's duration, throughputs, registers, occupancy and ncu's
-# main stall finding (step profile; skipped without ncu).
+# the same card in one run (a revision from before the asymmetric int4 minimums took the quantized launchers' arguments
+# in another order: its quantized baselines fail with cudaErrorInvalidValue, baseline-fp16 alone runs).
+# GPU_CHECK_PROFILE=1 runs Nsight Compute (ncu, clocks left as they are) over benchmarks/cuda_kernel_calls.py and
+# records each kernel's duration, throughputs, registers, occupancy and ncu's main stall finding (step profile; skipped
+# without ncu).
 # GPU_CHECK_STEP_SECONDS=N stops any step after N seconds (recorded as failed, "timed_out": true), so that a check on
 # a machine lent for a few minutes still writes its record; GPU_CHECK_COMMIT names the commit the tree holds where its
 # git metadata is not the tree's own (a copied work tree): it is recorded as given, without the git status check.
@@ -97,7 +100,8 @@ skip_step() {
 }
 
 SANITIZER_TOOLS=(memcheck racecheck synccheck)
-BENCHMARK_DTYPES=(fp16 int8 int4)
+# benchmarks/cuda_ffn.py's weight types, one step each: --dtype, and int4-asymmetric for --dtype int4 --asymmetric
+BENCHMARK_DTYPES=(fp16 int8 int4 int4-asymmetric)
 SANITIZER=$(command -v compute-sanitizer || true)
 if [ -z "$SANITIZER" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
     SANITIZER=/usr/local/cuda/bin/compute-sanitizer
@@ -123,11 +127,13 @@ if run_step build "$PYTHON" -m pip install --no-deps -e . \
     run_step tensorrt-tests "$PYTHON" -m pytest -q -rs -m tensorrt tests/tensorrt tests/ops \
         --junitxml="$LOGS/tensorrt-tests.xml"
     for dtype in "${BENCHMARK_DTYPES[@]}"; do
+        weights=(--dtype "${dtype%-asymmetric}")
+        [ "$dtype" = "${dtype%-asymmetric}" ] || weights+=(--asymmetric)
         if [ -n "$BASELINE_LIBRARY" ]; then
             run_step "baseline-$dtype" env EDGE_SDK_CUDA_KERNELS="$BASELINE_LIBRARY" "$PYTHON" benchmarks/cuda_ffn.py \
-                --d 4096 --D 11008 --dtype "$dtype" --json "$LOGS/baseline-$dtype.json"
+                --d 4096 --D 11008 "${weights[@]}" --json "$LOGS/baseline-$dtype.json"
         fi
-        run_step "benchmark-$dtype" "$PYTHON" benchmarks/cuda_ffn.py --d 4096 --D 11008 --dtype "$dtype" \
+        run_step "benchmark-$dtype" "$PYTHON" benchmarks/cuda_ffn.py --d 4096 --D 11008 "${weights[@]}" \
             --json "$LOGS/benchmark-$dtype.json"
     done
     if [ -n "${GPU_CHECK_PROFILE:-}" ] && [ -z "$NCU" ]; then

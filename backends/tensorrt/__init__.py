@@ -14,7 +14,7 @@ from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions
 
 from ..c_runtime import RuntimeEngine, tensorrt_engine_info
 from .availability import probe
-from .builder import ASYMMETRIC_INT4_REASON, EngineBuildError, build_engine
+from .builder import EngineBuildError, build_engine
 
 __all__ = ["BACKEND", "EngineBuildError", "TensorRTBackend", "build_engine"]
 
@@ -27,8 +27,6 @@ class TensorRTBackend:
 
     def probe_bundle(self, bundle) -> tuple[bool, str]:
         """Whether this device has the bundle's engine cached (`edge-sdk build` makes it), after probe() passed."""
-        if bundle.manifest.asymmetric:
-            return False, ASYMMETRIC_INT4_REASON
         info = tensorrt_engine_info(bundle)
         return (True, f"engine {info['engine_file']}") if info["cached"] else (False, info["reason"])
 

@@ -16,8 +16,9 @@ from types import ModuleType
 
 from edge_sdk.bundle import Bundle
 from edge_sdk.bundle.format import WEIGHTS_FILE
-from edge_sdk.bundle.graph_ops import OP_TYPES, PLUGIN_NAMESPACE, PLUGIN_VERSION
+from edge_sdk.bundle.graph_ops import DOMAIN, OP_TYPES, PLUGIN_NAMESPACE, PLUGIN_VERSION
 from edge_sdk.errors import EdgeSdkError
+from edge_sdk.formats.onnx_wire import graph_op_types
 
 from ..c_runtime import tensorrt_engine_info
 from .availability import import_tensorrt
@@ -91,6 +92,20 @@ def check_device_memory(bundle: Bundle, free: int) -> None:
         )
 
 
+def check_quantized_ops(bundle: Bundle) -> None:
+    """EngineBuildError for an asymmetric int4 bundle whose decode graph has no QuantizedSparseFFN: exported before
+    the quantized ops took group minimums, it dequantizes every matrix to float32 in standard ops, which TensorRT would
+    fold into float32 weights, 8 times the int4 bytes (OPS.md, "Quantized matrices")."""
+    if not bundle.manifest.asymmetric:
+        return
+    if (DOMAIN, "QuantizedSparseFFN") not in graph_op_types(bundle.graph_path(ENGINE_GRAPH).read_bytes()):
+        raise EngineBuildError(
+            f"{bundle.path}: no TensorRT engine for this bundle: its {ENGINE_GRAPH}.onnx dequantizes the asymmetric "
+            "int4 matrices to float32 (exported by an edge-sdk whose quantized ops took no group minimums); export it "
+            "again with this edge-sdk"
+        )
+
+
 def _build(trt: ModuleType, logger, path: Path, profiles: list[dict]) -> bytes:
     """The serialized engine of the graph at path, with one optimization profile per entry of `profiles` (input name
     -> ShapeRange), added in order so that profile index i covers profiles[i]."""
@@ -121,13 +136,6 @@ def _build(trt: ModuleType, logger, path: Path, profiles: list[dict]) -> bytes:
     return bytes(serialized)
 
 
-# why an asymmetric int4 bundle has no TensorRT engine (compatibility.py, rule asymmetric-int4)
-ASYMMETRIC_INT4_REASON = (
-    "its int4 matrices are asymmetric (group minimums), which the TensorRT plugins do not take; re-export with "
-    "--int4-scheme symmetric"
-)
-
-
 def build_engine(
     bundle: Bundle,
     cache_dir: str | Path | None = None,
@@ -142,8 +150,7 @@ def build_engine(
     GPU, no plugin library), EngineBuildError when TensorRT fails on the bundle's graph or the device lacks the memory.
     """
     bundle_path = bundle.path
-    if bundle.manifest.asymmetric:
-        raise EngineBuildError(f"{bundle_path}: no TensorRT engine for this bundle: {ASYMMETRIC_INT4_REASON}")
+    check_quantized_ops(bundle)
     # first: libedge_sdk, loaded next, then links the libnvinfer the tensorrt package loaded (one soname, one copy)
     trt = import_tensorrt()
     info = tensorrt_engine_info(bundle, cache_dir)

@@ -16,6 +16,9 @@ Sources, as cited by the rules:
 - onnx-tensorrt onnxOpImporters.cpp FallbackPluginImporter (10.x): the creator is looked up by op type,
   `plugin_version` (default "1") and `plugin_namespace` (default "", not ours).
 - onnx-tensorrt ModelImporter.cpp (10.x): an empty input name becomes a null ITensor, which reaches addPluginV3.
+- edge_sdk/export/OPS.md (edge_sdk.export.ops.SCHEMAS), the plugins' contract: each custom op's inputs in number
+  (an int4_asymmetric node's group minimums, and thresholds before them) and element type; a plugin refuses another
+  count, and its supportsFormatCombination another type.
 - onnx-tensorrt Cast importer (10.x): a Cast of an initializer is an IConstantLayer plus an ICastLayer, which the
   builder's constant folding turns into one constant of the cast type: an fp32 copy of fp16/bf16 weights.
 - operators.md 10.x, DequantizeLinear: types INT8, FP8, INT4, "`x_zero_point` must be zero"; onnxOpImporters.cpp
@@ -46,6 +49,7 @@ from onnx import TensorProto, helper
 from edge_sdk.bundle import Bundle
 from edge_sdk.bundle import format as bundle_format
 from edge_sdk.bundle.graph_ops import DOMAIN, PLUGIN_NAMESPACE, PLUGIN_VERSION
+from edge_sdk.export import ops
 
 from .profiles import ENGINE_GRAPH
 
@@ -131,12 +135,11 @@ SOURCES = {
     "uint8-intermediate": "operators.md 10.x: UINT8 only as network input or output",
     "plugin-attributes": "onnx-tensorrt FallbackPluginImporter (10.x): plugin_version / plugin_namespace",
     "plugin-empty-input": "onnx-tensorrt ModelImporter.cpp (10.x): empty input name -> null ITensor to addPluginV3",
+    "plugin-inputs": "edge_sdk/export/OPS.md: each plugin's inputs, their number and element types",
     "fp32-weight-copy": "onnx-tensorrt Cast importer + builder constant folding: an fp32 copy in the engine",
     "dq-zero-point": "operators.md 10.x DequantizeLinear: x_zero_point must be zero (symmetric quantization only)",
     "dq-weight-copy": "TensorRT 10.x developer guide, weight-only quantization: DQ of weights must feed MatMul/Gemm",
     "dq-block-int4": "NvInfer.h 10.3 IDequantizeLayer: block dequantization only for 2-D INT4 constants",
-    "asymmetric-int4": "edge-sdk plugins (plugins/tensorrt): QuantizedMatMul / QuantizedSparseFFN take no group "
-    "minimums; operators.md 10.x DequantizeLinear: symmetric quantization only",
 }
 # The ops whose weight input TensorRT computes from quantized weights directly (weight-only quantization).
 WEIGHT_ONLY_CONSUMERS = {"MatMul": (0, 1), "Gemm": (0, 1)}
@@ -260,7 +263,11 @@ def _topk_violations(node: onnx.NodeProto, constants: dict[str, TensorProto], gr
         yield Violation("topk-k", graph, name, f"TopK K: expected at most {TOPK_MAX_K}, found {k}")
 
 
-def _custom_node_violations(node: onnx.NodeProto, types: dict[str, str], graph: str) -> Iterable[Violation]:
+def _custom_node_violations(
+    node: onnx.NodeProto, types: dict[str, str], plugin_types: dict[str, str], graph: str
+) -> Iterable[Violation]:
+    """plugin_types: `types` less the types no plugin takes (PLUGIN_FORBIDDEN_TYPES), which rule plugin-io-dtype
+    reports alone."""
     name = _node_name(node)
     attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     for attribute, expected in (("plugin_version", PLUGIN_VERSION), ("plugin_namespace", PLUGIN_NAMESPACE)):
@@ -293,11 +300,16 @@ def _custom_node_violations(node: onnx.NodeProto, types: dict[str, str], graph: 
                     f"{node.op_type} {role} {tensor!r}: expected a type a plugin can take (FLOAT, FLOAT16, BFLOAT16, "
                     f"INT32, INT64), found {found}",
                 )
+    try:
+        ops.check_inputs(node, plugin_types)
+    except ValueError as error:
+        yield Violation("plugin-inputs", graph, name, str(error))
 
 
 def check_graph(model: onnx.ModelProto, graph: str) -> list[Violation]:
     """Every violation of one graph (`graph` names it in the messages, e.g. prefill.onnx), in node order."""
     types = tensor_types(model)
+    plugin_types = {tensor: found for tensor, found in types.items() if found not in PLUGIN_FORBIDDEN_TYPES}
     constants = _constant_values(model.graph)
     violations: list[Violation] = []
     boundary = {value.name for value in (*model.graph.input, *model.graph.output)}
@@ -318,7 +330,7 @@ def check_graph(model: onnx.ModelProto, graph: str) -> list[Violation]:
             )
     for node in model.graph.node:
         if node.domain == DOMAIN:
-            violations.extend(_custom_node_violations(node, types, graph))
+            violations.extend(_custom_node_violations(node, types, plugin_types, graph))
         else:
             violations.extend(_standard_node_violations(node, types, constants, graph))
         if node.op_type == "DequantizeLinear":
@@ -421,17 +433,6 @@ def load_graphs(bundle: Bundle) -> dict[str, onnx.ModelProto]:
 
 
 def check_bundle(bundle: Bundle) -> tuple[list[Violation], WeightMemory]:
-    """The violations of the graph TensorRT parses (decode.onnx) and the engine's weight memory estimate. An
-    asymmetric int4 bundle is one violation: its decode graph dequantizes every matrix in standard ops, which no
-    TensorRT engine would keep quantized (every node of it would be reported otherwise)."""
+    """The violations of the graph TensorRT parses (decode.onnx) and the engine's weight memory estimate."""
     models = load_graphs(bundle)
-    if bundle.manifest.asymmetric:
-        violation = Violation(
-            "asymmetric-int4",
-            f"{ENGINE_GRAPH}.onnx",
-            "(bundle)",
-            "asymmetric int4 matrices (manifest int4_scheme 'asymmetric', group minimums): expected symmetric int4, "
-            "which the TensorRT plugins take; re-export with --int4-scheme symmetric for TensorRT",
-        )
-        return [violation], weight_memory(models)
     return check_graph(models[ENGINE_GRAPH], f"{ENGINE_GRAPH}.onnx"), weight_memory(models)

@@ -31,10 +31,11 @@ quantized matrix is read as its codes and its fp16 scales:
 - decode.onnx, the graph TensorRT builds its engine from, gives every product with a quantized matrix to a custom op:
   QuantizedMatMul for the projections, the LM head and a prompt's dense FFN (the neuron-major down rows with
   transposed = 0), QuantizedSparseFFN for a decode step's FFN. Both take the codes as INT32 words, an INT32 initializer
-  [rows, row bytes / 4] over the bundle's I8 / U8 bytes (`_word_initializer`), and the scales as stored (OPS.md,
-  "Quantized matrices"): each matrix is one initializer read by plugins only, so the engine holds it once, as stored,
-  and no DequantizeLinear is left for TensorRT 10.3 (which dequantizes blocks only for INT4 with positive scales).
-  ONNX Runtime runs the ops' reference functions, which dequantize exactly as prefill.onnx does.
+  [rows, row bytes / 4] over the bundle's I8 / U8 bytes (`_word_initializer`), and the scales (and an asymmetric int4
+  matrix's minimums) as stored (OPS.md, "Quantized matrices"): each matrix is one initializer read by plugins only, so
+  the engine holds it once, as stored, and no DequantizeLinear is left for TensorRT 10.3 (which dequantizes blocks
+  only for INT4 with positive scales). ONNX Runtime runs the ops' reference functions, which dequantize exactly as
+  prefill.onnx does.
 - prefill.onnx, which only ONNX Runtime and the C runtime read, keeps the matrices in standard ops: DequantizeLinear
   (codes, Cast(scales) to float32, axis 1, block_size = the group size) feeding Gemm (`_matmul`) -- float32 scales,
   so every product code * scale is exact and the graph computes with the very matrix edge_sdk.quant.dequantize gives.
@@ -43,15 +44,18 @@ quantized matrix is read as its codes and its fp16 scales:
   nibble of byte k) is a permutation of the Q4_0 block order inside each 32-value block: a Gather on the columns
   restores it.
 - The LM head may be stored in a wider format than the other matrices (int8 in an int4 bundle: manifest head_dtype);
-  every read of a quantized matrix takes its format from the matrix's own stored dtype (I8 or U8), the custom ops'
-  weight_format attribute included, so the head's nodes are int8 nodes in an otherwise int4 graph.
+  every read of a quantized matrix takes its format from the matrix's own stored dtype (I8 or U8) and its own
+  minimums, the custom ops' weight_format attribute included, so the head's nodes are int8 nodes in an otherwise int4
+  (or int4_asymmetric) graph.
 - A tied model's embedding is its LM head, stored quantized like it: decode.onnx looks the tokens' rows up in its
   INT32 words and scales and dequantizes them in standard integer ops (`GraphBuilder.dequantized_rows`),
   prefill.onnx gathers them from the LM head's DequantizeLinear output.
-- Asymmetric int4 bundles (int4_scheme "asymmetric": group minimums, value (code + 8) * scale + min) dequantize in
-  standard ops in both graphs (`GraphBuilder.dequantized`: the codes through DequantizeLinear with scale 1, then
-  the group's scale and minimum), the sparse FFN through SparseFFN on the float32 matrices: the quantized custom ops
-  and their TensorRT plugins take no minimums.
+- Asymmetric int4 bundles (int4_scheme "asymmetric": group minimums, value (code + 8) * scale + min): decode.onnx's
+  custom nodes take weight_format "int4_asymmetric" and each matrix's minimums after its other inputs, so a
+  QuantizedSparseFFN node takes thresholds too, one shared float32 zeros [D] initializer where the predictor has none
+  (OPS.md: an omitted input in the middle would reach the plugin as a null tensor); a tied lookup adds the gathered
+  rows' minimums. prefill.onnx dequantizes in standard ops (`GraphBuilder.dequantized`: the codes through
+  DequantizeLinear with scale 1, then the group's scale and minimum).
 """
 
 from __future__ import annotations
@@ -108,11 +112,6 @@ class GraphSpec:
     def kind(self) -> predictors.PredictorKind:
         return predictors.kind(self.predictor)
 
-    @property
-    def asymmetric(self) -> bool:
-        """Whether the int4 matrices carry group minimums (an asymmetric int4 bundle, layout.py)."""
-        return any(name.endswith(MINS_SUFFIX) for name in self.tensors)
-
 
 def _int4_initializer(tensor: ExternalTensor, location: str) -> TensorProto:
     """Packed int4 codes, U8 [rows, cols / 2] in weights.safetensors, as the signed INT4 [rows, cols] they hold."""
@@ -155,19 +154,18 @@ class GraphBuilder:
     """Accumulates nodes with unique names; small helpers keep the decoder code close to its formulas.
 
     quantized_ops: products with quantized matrices go to the custom ops QuantizedMatMul / QuantizedSparseFFN (the
-    decode graph of an int8 / int4 bundle) instead of DequantizeLinear -> Gemm. The quantized ops take no group
-    minimums, so an asymmetric int4 bundle's decode graph dequantizes in standard ops as prefill.onnx does (ONNX
-    Runtime runs it; the TensorRT plugins do not take such bundles, backends/tensorrt/compatibility.py)."""
+    decode graph of an int8 / int4 bundle, asymmetric int4 included) instead of DequantizeLinear -> Gemm."""
 
     def __init__(self, spec: GraphSpec, quantized_ops: bool = False):
         self.spec = spec
-        self.quantized_ops = quantized_ops and spec.quant_format is not None and not spec.asymmetric
+        self.quantized_ops = quantized_ops and spec.quant_format is not None
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[TensorProto] = []
         self.used_weights: set[str] = set()
         self.int4_codes: set[str] = set()
         self.code_words: set[str] = set()
         self.dequantized_matrices: dict[str, str] = {}
+        self.shared_zero_thresholds: str | None = None
         self.counter = 0
 
     def fresh(self, hint: str) -> str:
@@ -271,7 +269,8 @@ class GraphBuilder:
         so truncating and flooring agree: the sign bit is taken out first (low = w + 2^31 for w < 0, in two steps
         that never leave int32's range), digit k is low / 2^(k bits) mod 2^bits, plus 2^(bits - 1) for the top
         digit of a negative word, and a digit u is the code u - 2^bits * (u / 2^(bits - 1)) (two's complement).
-        Each value is then code * scale in float32, exact, as DequantizeLinear computes it."""
+        Each value is then code * scale in float32, exact, as DequantizeLinear computes it; an asymmetric int4 matrix's
+        (code + 8) * scale, exact, plus the group's minimum, rounded once, as quant.dequantize computes it."""
         bits = 8 if self.matrix_format(name) == "int8" else 4
         per_word, base, half = 32 // bits, 1 << bits, 1 << (bits - 1)
 
@@ -298,22 +297,47 @@ class GraphBuilder:
         values = self.op(
             "Reshape", [self.op("Cast", [codes], to=TensorProto.FLOAT), self.ints(-1, cols // group_size, group_size)]
         )
-        scales = self.op("Gather", [self.weight(name + ".scales"), rows], hint=f"{name}.scales.rows", axis=0)
-        scales = self.op("Unsqueeze", [self.op("Cast", [scales], to=TensorProto.FLOAT), self.ints(2)])
-        return self.op("Reshape", [self.op("Mul", [values, scales]), self.ints(-1, cols)], hint=f"{name}.rows.f32")
+
+        def group_rows(part: str) -> str:  # [T, cols / G, 1] float32: the rows' scales or minimums
+            gathered = self.op("Gather", [self.weight(name + part), rows], hint=f"{name}{part}.rows", axis=0)
+            return self.op("Unsqueeze", [self.op("Cast", [gathered], to=TensorProto.FLOAT), self.ints(2)])
+
+        if name + MINS_SUFFIX in self.spec.tensors:
+            offset = self.constant(np.array(quant.INT4_MIN_OFFSET, dtype=np.float32), "int4_min_offset")
+            steps = self.op("Mul", [self.op("Add", [values, offset]), group_rows(SCALES_SUFFIX)])
+            values = self.op("Add", [steps, group_rows(MINS_SUFFIX)])
+        else:
+            values = self.op("Mul", [values, group_rows(SCALES_SUFFIX)])
+        return self.op("Reshape", [values, self.ints(-1, cols)], hint=f"{name}.rows.f32")
 
     def quantized(self, name: str) -> list[str]:
-        """A quantized matrix as the quantized custom ops take it: its codes as INT32 words and its fp16 scales."""
+        """A quantized matrix as the quantized custom ops take it: its codes as INT32 words and its fp16 scales (its
+        minimums are inputs of their own, after the op's others: `minimums`)."""
         self.code_words.add(name)
-        return [self.weight(name), self.weight(name + ".scales")]
+        return [self.weight(name), self.weight(name + SCALES_SUFFIX)]
+
+    def minimums(self, name: str) -> list[str]:
+        """The fp16 group minimums of an asymmetric int4 matrix as the quantized custom ops take them, or none."""
+        return [self.weight(name + MINS_SUFFIX)] if name + MINS_SUFFIX in self.spec.tensors else []
+
+    def zero_thresholds(self) -> str:
+        """float32 zeros [D]: the thresholds of a QuantizedSparseFFN node that takes minimums and whose predictor has
+        none (the same as none, OPS.md), one initializer that every layer's node reads."""
+        if self.shared_zero_thresholds is None:
+            zeros = np.zeros(self.spec.config.intermediate_size, dtype=np.float32)
+            self.shared_zero_thresholds = self.constant(zeros, "zero_thresholds")
+        return self.shared_zero_thresholds
 
     def matrix_format(self, name: str) -> str:
         """The format (int8 | int4) a quantized matrix's codes are stored in."""
         return quantized_format(self.spec.tensors[name].dtype)
 
     def quantized_layout(self, name: str) -> dict[str, str | int]:
-        """The weight_format and group_size attributes of a quantized custom op reading matrix `name`."""
-        return {"weight_format": self.matrix_format(name), "group_size": self.spec.group_size}
+        """The weight_format and group_size attributes of a quantized custom op reading matrix `name`: its stored
+        format, int4_asymmetric for an int4 matrix with minimums."""
+        asymmetric = name + MINS_SUFFIX in self.spec.tensors
+        weight_format = ops.ASYMMETRIC_WEIGHT_FORMAT if asymmetric else self.matrix_format(name)
+        return {"weight_format": weight_format, "group_size": self.spec.group_size}
 
     def external_initializers(self) -> list[TensorProto]:
         both = self.code_words & self.int4_codes
@@ -346,7 +370,7 @@ def _matmul(g: GraphBuilder, x2d: str, weight: str, transposed: bool) -> str:
     needs more range or precision stays float32: the residual stream, RMSNorm's mean of squares, attention scores
     and softmax, the KV cache, the bias adds and the logits after the cast."""
     if weight + ".scales" in g.spec.tensors and g.quantized_ops:  # the QuantizedMatMul plugin, reading the codes
-        inputs = [x2d, *g.quantized(weight)]
+        inputs = [x2d, *g.quantized(weight), *g.minimums(weight)]
         layout = g.quantized_layout(weight)
         return g.custom("QuantizedMatMul", inputs, hint=weight, transposed=int(transposed), **layout)
     if weight + ".scales" in g.spec.tensors:  # DequantizeLinear -> Gemm in standard ops (prefill.onnx)
@@ -519,17 +543,19 @@ def _sparse_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, prom
     attributes = {"activation": activation.kind}
     if activation.kind == "fatrelu":
         attributes["activation_threshold"] = activation.threshold
+    minimums: list[str] = []
     if g.quantized_ops:  # codes and scales of each matrix (OPS.md, QuantizedSparseFFN)
         op, weights = "QuantizedSparseFFN", [name for matrix in matrices for name in g.quantized(matrix)]
         attributes |= g.quantized_layout(matrices[0])  # gate, up and down share the bundle's format
-    elif matrices[0] + SCALES_SUFFIX in g.spec.tensors:  # asymmetric int4: float32 matrices from standard ops
-        op, weights = "SparseFFN", [g.dequantized(matrix) for matrix in matrices]
+        minimums = [name for matrix in matrices for name in g.minimums(matrix)]
     else:
         op, weights = "SparseFFN", [g.weight(matrix) for matrix in matrices]
+    if minimums and thresholds is None:  # the minimums follow thresholds, never an empty name before them
+        thresholds = g.zero_thresholds()
     inputs = [x2d, *weights, mask]
     if thresholds is not None:
         inputs.append(thresholds)
-    return g.custom(op, inputs, hint="sparse_ffn", **attributes)
+    return g.custom(op, [*inputs, *minimums], hint="sparse_ffn", **attributes)
 
 
 def _embedding(g: GraphBuilder, config: ModelConfig) -> str:

@@ -44,7 +44,7 @@ ONNX_TO_SAFETENSORS = {
 # field numbers (onnx.proto3), by message
 _MODEL_IR_VERSION, _MODEL_OPSET_IMPORT, _MODEL_GRAPH, _MODEL_TRAINING_INFO, _MODEL_FUNCTIONS = 1, 8, 7, 20, 25
 _GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_SPARSE_INITIALIZER = 1, 5, 15
-_NODE_ATTRIBUTE = 5
+_NODE_OP_TYPE, _NODE_ATTRIBUTE, _NODE_DOMAIN = 4, 5, 7
 _ATTRIBUTE_T, _ATTRIBUTE_G, _ATTRIBUTE_TENSORS, _ATTRIBUTE_GRAPHS = 5, 6, 10, 11
 _ATTRIBUTE_SPARSE_TENSOR, _ATTRIBUTE_SPARSE_TENSORS = 22, 23
 _FUNCTION_NAME, _FUNCTION_NODE, _FUNCTION_DOMAIN, _FUNCTION_ATTRIBUTE_PROTO = 1, 7, 10, 11
@@ -257,6 +257,26 @@ def without_functions(data: bytes, domain: str, names: set[str]) -> bytes:
                 continue
         kept.append(data[span.start : span.stop])
     return b"".join(kept)
+
+
+def graph_op_types(data: bytes) -> set[tuple[str, str]]:
+    """(domain, op type) of every node of the serialized ModelProto's main graph (not of its subgraphs or functions),
+    "" for the standard domain; WireError when the bytes are not a well-formed message."""
+    found = set()
+    for number, wire_type, first, second in fields(data, 0, len(data)):
+        if number != _MODEL_GRAPH or wire_type != _LENGTH:
+            continue
+        for graph_number, graph_type, node_first, node_second in fields(data, first, second):
+            if graph_number != _GRAPH_NODE or graph_type != _LENGTH:
+                continue
+            op_type = domain = ""
+            for node_number, node_type, value_first, value_second in fields(data, node_first, node_second):
+                if node_type == _LENGTH and node_number == _NODE_OP_TYPE:
+                    op_type = data[value_first:value_second].decode("utf-8", "replace")
+                elif node_type == _LENGTH and node_number == _NODE_DOMAIN:
+                    domain = data[value_first:value_second].decode("utf-8", "replace")
+            found.add((domain, op_type))
+    return found
 
 
 def summarize(data: bytes) -> ModelSummary:

@@ -961,11 +961,6 @@ struct TrtSession {
 
 edge_status trt_load(struct edge_model *edge, void **out) {
   *out = nullptr;
-  if (edge->bundle.info.asymmetric) {
-    return edge_fail(EDGE_ERROR_UNSUPPORTED, "backend 'tensorrt': %s: the bundle's int4 matrices are asymmetric (group "
-                     "minimums), which the TensorRT plugins do not take; run it on backend 'cpu' or re-export with "
-                     "--int4-scheme symmetric", edge->bundle.root);
-  }
   std::unique_ptr<TrtModel> model;
   edge_status status = guarded("load", [&] {
     model.reset(new TrtModel());

@@ -105,11 +105,29 @@ EDGE_CUDA_API cudaError_t edge_sparse_ffn(cudaStream_t stream, const void *x, in
  * max|x| / 32512 of x per block); gate and up sum code * plane exactly in int32 over each 16-byte piece of the row (16
  * int8 values or one 32-value int4 block) and scale the piece's combined sum by x's block scale and the group's
  * scale; a down row adds (h_i * scale) * code. y differs from the reference on the dequantized rows and
- * quantized_activations(x) by fp32 summation order only. The planes live in the workspace's x rows. */
+ * quantized_activations(x) by fp32 summation order only. The planes live in the workspace's x rows.
+ *
+ * Asymmetric int4 (llama.cpp's Q4_1 grid, kernels/cpu/QUANT.md "Asymmetric INT4"): gate_mins, up_mins, down_mins
+ * [D, d / group_size] fp16 bits laid out as the scales, the group minimums; all three NULL (symmetric: the kernels and
+ * bits of the symmetric format) or all three non-NULL, and non-NULL only with EDGE_Q4 (else cudaErrorInvalidValue).
+ * Value j of row i = (code + 8) * scale + min (edge_sdk/quant.py's dequantize), taken as code * scale + mid with mid =
+ * 8 * scale + min (fp32, one rounding), as the CPU kernels take it ("Asymmetric INT4 rows"): gate and up keep the
+ * symmetric integer products and add, right after each 32-value block's, fmaf(mid, block_sum) with block_sum the
+ * block's x_hat sum (x's code sum over the block, exact in int32, times its scale / 256: one rounding); a down row adds
+ * (h_i * scale) * code per value, and each lane (32 columns, one group) adds the fmaf(h_i, mid_i, c) sum over its
+ * warp's rows once to its columns. The block sums come from the planes: the workspace size is the symmetric one.
+ * Error bound (the CPU kernels' "Asymmetric bound"; the minimums make a row's values large against y, so it is
+ * relative to the products before they cancel), against the float64 reference on the dequantized rows and
+ * quantized_activations(x), the same active set away from the decision boundaries: per column c,
+ *   abs(y_c - y_ref_c) <= 1e-5 sum_i (abs(h_i) + abs(a_i) S_up_i + 1.1 abs(u_i) S_gate_i) abs(w_down_ic),
+ * S_i = sum_j abs(w_ij x_hat_j) of a row. Measured on the host emulation (tests/gpu/cuda_emulation.cu): at most
+ * 1.2e-3 of that bound and 1.1e-6 of max abs(y_ref), so within OPS.md's 1e-5 max abs(y_ref) too (the op table's
+ * asymmetric cases, Gaussian rows, and rows shifted by 3 to 6 standard deviations per group). */
 EDGE_CUDA_API cudaError_t edge_sparse_ffn_q(cudaStream_t stream, const void *x, int x_dtype, int tokens, int d, int D,
-                                            const void *w_gate, const uint16_t *gate_scales, const void *w_up,
-                                            const uint16_t *up_scales, const void *w_down_t,
-                                            const uint16_t *down_scales, int quant_format, int group_size,
+                                            const void *w_gate, const uint16_t *gate_scales, const uint16_t *gate_mins,
+                                            const void *w_up, const uint16_t *up_scales, const uint16_t *up_mins,
+                                            const void *w_down_t, const uint16_t *down_scales,
+                                            const uint16_t *down_mins, int quant_format, int group_size,
                                             const int32_t *mask, const float *thresholds, int activation,
                                             float act_threshold, float *y, void *workspace, uint8_t *active_out);
 
@@ -126,19 +144,27 @@ EDGE_CUDA_API size_t edge_matvec_q_workspace_size(int in, int tokens);
  * edge_sparse_ffn_q), and y is the product with those values (quantized_activations(x)) up to fp32 summation order.
  * Up to 4 tokens: one warp per row, the row read once for all of them, integer dot products; more: tiles of 64 rows
  * x 32 tokens through shared memory. Each output is summed in an order fixed by the shapes (tokens, in), so it is
- * bit-identical run to run; the same token may round differently in a call with another number of tokens. */
+ * bit-identical run to run; the same token may round differently in a call with another number of tokens.
+ * mins: [out, in / group_size] fp16 bits for asymmetric int4 rows (EDGE_Q4 only, else cudaErrorInvalidValue), NULL
+ * for symmetric rows (their kernels and bits unchanged). Up to 4 tokens each block's integer product is followed by
+ * fmaf(mid, block_sum) as in edge_sparse_ffn_q's gate rows; the tiles stage (code + 8) * scale + min, exactly
+ * edge_sdk/quant.py's values. Bound: abs(y - y_ref) <= 1e-5 max_rows S_i, S_i = sum_j abs(w_ij x_hat_j) (the CPU
+ * kernels' asymmetric bound); measured at most 3e-7 of it, and 4e-6 of max abs(y_ref) (in = 4096 in tiles, the
+ * order of the symmetric tiles' 2.5e-6), within OPS.md's 1e-5 max abs(y_ref) too. */
 EDGE_CUDA_API cudaError_t edge_matvec_q(cudaStream_t stream, const void *x, int x_dtype, int tokens, int in, int out,
-                                        const void *w, const uint16_t *scales, int quant_format, int group_size,
-                                        const float *bias, float *y, void *workspace);
+                                        const void *w, const uint16_t *scales, const uint16_t *mins, int quant_format,
+                                        int group_size, const float *bias, float *y, void *workspace);
 
 /* edge_matvec_q with W stored transposed: y_t = W^T x_t (+ bias) for w [in, out], quantized along its rows (scales
  * [in, out / group_size], out a multiple of group_size; in any size); x: [tokens, in]; y: [tokens, out]. This is the
  * down projection of a dense FFN over the neuron-major W_down^T that SparseFFN reads, so a prompt's FFN needs no
  * second copy of it. Tiles of 64 outputs x 32 tokens through shared memory, for any number of tokens; x stays fp32
  * (in need not be a multiple of 32); each output summed over the rows of W in order, bit-identical run to run. No
- * workspace. */
-EDGE_CUDA_API cudaError_t edge_matvec_q_t(cudaStream_t stream, const void *x, int x_dtype, int tokens, int in,
-                                          int out, const void *w, const uint16_t *scales, int quant_format,
+ * workspace. mins: [in, out / group_size] fp16 bits for asymmetric int4 rows (EDGE_Q4 only, else
+ * cudaErrorInvalidValue), NULL for symmetric ones: the tiles stage (code + 8) * scale + min, edge_sdk/quant.py's
+ * values to the bit, and the bound is edge_matvec_q's with x itself for x_hat. */
+EDGE_CUDA_API cudaError_t edge_matvec_q_t(cudaStream_t stream, const void *x, int x_dtype, int tokens, int in, int out,
+                                          const void *w, const uint16_t *scales, const uint16_t *mins, int quant_format,
                                           int group_size, const float *bias, float *y);
 
 #ifdef __cplusplus

@@ -16,6 +16,8 @@
 // edge_matvec_q_t takes W transposed, [in, out] quantized along its rows: the down projection of a prompt's dense FFN
 // over the neuron-major rows SparseFFN reads (one copy of the weights serves both); always the tiled GEMM (a prompt),
 // with x in fp32 (its `in` need not be a multiple of 32).
+// Asymmetric int4 rows (group minimums) get their own instantiation of each kernel: the GEMV adds each block's mid
+// times x's block sum after its integer dot, the GEMMs stage (code + 8) * scale + min (quant_rows.cuh).
 #include "edge_cuda_common.cuh"
 #include "quant_rows.cuh"
 #include "quant_x.cuh"
@@ -27,7 +29,7 @@ constexpr int kGemvWarps = 8;  // rows per block of the GEMV
 constexpr size_t kPlanesAlignment = 256;  // where x's planes start in the workspace
 
 // Up to kGemvTokens tokens: warp `row` of the grid computes row `row` for every token.
-template <int kFormat>
+template <int kFormat, bool kAsymmetric>
 __global__ void __launch_bounds__(kGemvWarps * kWarpSize)
     gemv_kernel(quant::XPlanesLayout x, int tokens, quant::QuantMatrix w, int n_rows, const float* __restrict__ bias,
                 float* __restrict__ y) {
@@ -36,9 +38,9 @@ __global__ void __launch_bounds__(kGemvWarps * kWarpSize)
   if (row >= n_rows) return;
   float acc[quant::kGemvTokens];
   if (tokens == 1) {
-    acc[0] = quant::lane_row_dot_planes<kFormat>(w, row, x.token(0), lane);
+    acc[0] = quant::lane_row_dot_planes<kFormat, kAsymmetric>(w, row, x.token(0), lane);
   } else {
-    quant::lane_row_dot_tokens_planes<kFormat>(w, row, x, tokens, lane, acc);
+    quant::lane_row_dot_tokens_planes<kFormat, kAsymmetric>(w, row, x, tokens, lane, acc);
   }
 #pragma unroll
   for (int t = 0; t < quant::kGemvTokens; ++t) {
@@ -49,7 +51,7 @@ __global__ void __launch_bounds__(kGemvWarps * kWarpSize)
   }
 }
 
-template <int kFormat>
+template <int kFormat, bool kAsymmetric>
 __global__ void __launch_bounds__(quant::kGemmThreads)
     gemm_kernel(quant::XPlanesLayout x, int tokens, quant::QuantMatrix w, int n_rows, const float* __restrict__ bias,
                 float* __restrict__ y) {
@@ -59,7 +61,7 @@ __global__ void __launch_bounds__(quant::kGemmThreads)
   const int thread = threadIdx.x;
   float acc[quant::kThreadTokens][quant::kThreadRows] = {};
   for (int k0 = 0; k0 < w.cols; k0 += quant::kTileK) {
-    quant::gemm_stage_weights<kFormat>(w, n_rows, row0, k0, thread, tiles);
+    quant::gemm_stage_weights<kFormat, kAsymmetric>(w, n_rows, row0, k0, thread, tiles);
     quant::gemm_stage_x(quant::PlanesX{x}, tokens, w.cols, token0, k0, thread, tiles);
     __syncthreads();
     quant::gemm_accumulate(tiles, thread, acc);
@@ -69,7 +71,7 @@ __global__ void __launch_bounds__(quant::kGemmThreads)
 }
 
 // edge_matvec_q_t: the same tiles over W [in, out], quantized along its rows (out), so output n of y is column n.
-template <int kFormat, typename TX>
+template <int kFormat, bool kAsymmetric, typename TX>
 __global__ void __launch_bounds__(quant::kGemmThreads)
     gemm_t_kernel(const TX* __restrict__ x, int tokens, int n_in, quant::QuantMatrix w, const float* __restrict__ bias,
                   float* __restrict__ y) {
@@ -79,7 +81,7 @@ __global__ void __launch_bounds__(quant::kGemmThreads)
   const int thread = threadIdx.x;
   float acc[quant::kThreadTokens][quant::kThreadRows] = {};
   for (int k0 = 0; k0 < n_in; k0 += quant::kTileK) {
-    quant::gemm_stage_weights_t<kFormat>(w, n_in, col0, k0, thread, tiles);
+    quant::gemm_stage_weights_t<kFormat, kAsymmetric>(w, n_in, col0, k0, thread, tiles);
     quant::gemm_stage_x(quant::DenseX<TX>{x, n_in}, tokens, n_in, token0, k0, thread, tiles);
     __syncthreads();
     quant::gemm_accumulate(tiles, thread, acc);
@@ -88,15 +90,15 @@ __global__ void __launch_bounds__(quant::kGemmThreads)
   quant::gemm_store(acc, thread, token0, col0, tokens, w.cols, bias, y);
 }
 
-template <int kFormat>
+template <int kFormat, bool kAsymmetric>
 cudaError_t launch_matvec_q(cudaStream_t stream, const quant::XPlanesLayout& x, int tokens,
                             const quant::QuantMatrix& w, int n_rows, const float* bias, float* y) {
   if (tokens <= quant::kGemvTokens) {
-    gemv_kernel<kFormat><<<ceil_div(n_rows, kGemvWarps), kGemvWarps * kWarpSize, 0, stream>>>(x, tokens, w, n_rows,
-                                                                                              bias, y);
+    gemv_kernel<kFormat, kAsymmetric><<<ceil_div(n_rows, kGemvWarps), kGemvWarps * kWarpSize, 0, stream>>>(
+        x, tokens, w, n_rows, bias, y);
   } else {
     const dim3 grid(ceil_div(n_rows, quant::kTileRows), ceil_div(tokens, quant::kTileTokens));
-    gemm_kernel<kFormat><<<grid, quant::kGemmThreads, 0, stream>>>(x, tokens, w, n_rows, bias, y);
+    gemm_kernel<kFormat, kAsymmetric><<<grid, quant::kGemmThreads, 0, stream>>>(x, tokens, w, n_rows, bias, y);
   }
   return cudaGetLastError();
 }
@@ -110,16 +112,17 @@ quant::XPlanesLayout matvec_planes(void* workspace, int in) {
 // The checks of both launchers' arguments, and W as the kernels see it: rows of `row_values` values (out for
 // edge_matvec_q_t's W [in, out], in for edge_matvec_q's W [out, in]). false: cudaErrorInvalidValue.
 bool matvec_arguments(const void* x, int x_dtype, int tokens, int in, int out, const void* w, const uint16_t* scales,
-                      int quant_format, int group_size, const float* y, int row_values, quant::QuantMatrix* matrix) {
+                      const uint16_t* mins, int quant_format, int group_size, const float* y, int row_values,
+                      quant::QuantMatrix* matrix) {
   if (x == nullptr || w == nullptr || scales == nullptr || y == nullptr || reinterpret_cast<uintptr_t>(w) % 4 != 0) {
     return false;
   }
   if (tokens <= 0 || in <= 0 || out <= 0 || !valid_dtype(x_dtype) || !quant::valid_format(quant_format) ||
-      !quant::valid_group_size(group_size) || row_values % group_size != 0 ||
+      !quant::valid_mins(quant_format, mins) || !quant::valid_group_size(group_size) || row_values % group_size != 0 ||
       ceil_div(tokens, quant::kTileTokens) > kMaxGridYZ) {
     return false;
   }
-  *matrix = {static_cast<const uint8_t*>(w), scales, row_values, group_size, aligned16(w)};
+  *matrix = {static_cast<const uint8_t*>(w), scales, mins, row_values, group_size, aligned16(w)};
   return true;
 }
 
@@ -127,23 +130,23 @@ bool matvec_arguments(const void* x, int x_dtype, int tokens, int in, int out, c
 }  // namespace edge
 
 extern "C" cudaError_t edge_matvec_q_t(cudaStream_t stream, const void* x, int x_dtype, int tokens, int in, int out,
-                                       const void* w, const uint16_t* scales, int quant_format, int group_size,
-                                       const float* bias, float* y) {
+                                       const void* w, const uint16_t* scales, const uint16_t* mins, int quant_format,
+                                       int group_size, const float* bias, float* y) {
   using namespace edge;
   quant::QuantMatrix matrix;  // W [in, out]: its rows hold `out` values
-  if (!matvec_arguments(x, x_dtype, tokens, in, out, w, scales, quant_format, group_size, y, out, &matrix)) {
+  if (!matvec_arguments(x, x_dtype, tokens, in, out, w, scales, mins, quant_format, group_size, y, out, &matrix)) {
     return cudaErrorInvalidValue;
   }
   const dim3 grid(ceil_div(out, quant::kTileRows), ceil_div(tokens, quant::kTileTokens));
   return dispatch_dtype(x_dtype, [&](auto tag) {
     using TX = decltype(tag);
     const TX* xt = static_cast<const TX*>(x);
-    if (quant_format == EDGE_Q4) {
-      gemm_t_kernel<EDGE_Q4, TX><<<grid, quant::kGemmThreads, 0, stream>>>(xt, tokens, in, matrix, bias, y);
-    } else {
-      gemm_t_kernel<EDGE_Q8, TX><<<grid, quant::kGemmThreads, 0, stream>>>(xt, tokens, in, matrix, bias, y);
-    }
-    return cudaGetLastError();
+    return quant::dispatch_rows(quant_format, mins != nullptr, [&](auto kind) {
+      using Kind = decltype(kind);
+      gemm_t_kernel<Kind::kFormat, Kind::kAsymmetric, TX>
+          <<<grid, quant::kGemmThreads, 0, stream>>>(xt, tokens, in, matrix, bias, y);
+      return cudaGetLastError();
+    });
   });
 }
 
@@ -153,17 +156,19 @@ extern "C" size_t edge_matvec_q_workspace_size(int in, int tokens) {
 }
 
 extern "C" cudaError_t edge_matvec_q(cudaStream_t stream, const void* x, int x_dtype, int tokens, int in, int out,
-                                     const void* w, const uint16_t* scales, int quant_format, int group_size,
-                                     const float* bias, float* y, void* workspace) {
+                                     const void* w, const uint16_t* scales, const uint16_t* mins, int quant_format,
+                                     int group_size, const float* bias, float* y, void* workspace) {
   using namespace edge;
   quant::QuantMatrix matrix;  // W [out, in]: its rows hold `in` values
   if (workspace == nullptr ||
-      !matvec_arguments(x, x_dtype, tokens, in, out, w, scales, quant_format, group_size, y, in, &matrix)) {
+      !matvec_arguments(x, x_dtype, tokens, in, out, w, scales, mins, quant_format, group_size, y, in, &matrix)) {
     return cudaErrorInvalidValue;
   }
   const quant::XPlanesLayout planes = matvec_planes(workspace, in);
   const cudaError_t status = quantize_x(stream, x, x_dtype, tokens, in, planes);
   if (status != cudaSuccess) return status;
-  return quant_format == EDGE_Q4 ? launch_matvec_q<EDGE_Q4>(stream, planes, tokens, matrix, out, bias, y)
-                                 : launch_matvec_q<EDGE_Q8>(stream, planes, tokens, matrix, out, bias, y);
+  return quant::dispatch_rows(quant_format, mins != nullptr, [&](auto kind) {
+    using Kind = decltype(kind);
+    return launch_matvec_q<Kind::kFormat, Kind::kAsymmetric>(stream, planes, tokens, matrix, out, bias, y);
+  });
 }

@@ -11,7 +11,10 @@
 // - codes, row-major, row r at byte r * row_bytes: EDGE_Q8 one int8 per value (row_bytes = cols); EDGE_Q4 one signed
 //   4-bit two's complement nibble per value (row_bytes = cols / 2), in llama.cpp's Q4_0 order inside each block of
 //   32 values: byte k of a block holds value k in its low nibble and value 16 + k in its high nibble;
-// - scales [rows, cols / G], IEEE fp16 bits; value j of row r = code * scale[r, j / G], exact in fp32.
+// - scales [rows, cols / G], IEEE fp16 bits; value j of row r = code * scale[r, j / G], exact in fp32;
+// - asymmetric EDGE_Q4 (llama.cpp's Q4_1 grid) only: mins [rows, cols / G], IEEE fp16 bits laid out as the scales, and
+//   value j of row r = (code + 8) * scale[r, j / G] + min[r, j / G], the product exact in fp32 and the sum rounded once
+//   (edge_sdk/quant.py's dequantize). QuantMatrix::mins is nullptr for the symmetric formats.
 // Rows are read in "pieces" of 16 bytes: 16 int8 values or one whole 32-value int4 block. A piece never straddles a
 // group (G is a multiple of both), so it has one scale, and row_bytes is a multiple of 16, so piece p of every row
 // starts at byte 16 p of the row: 16-byte aligned whenever the matrix is.
@@ -24,6 +27,18 @@
 // quarter of x's bytes per weight byte and spends a quarter of the instructions: fp32 x, 8 bytes per INT4 weight byte
 // loaded in 16-byte runs 128 bytes apart, bound these kernels on the L1 load path (ncu on an H200: lg_throttle stalls,
 // L1 88% busy, 12% of the memory's rate).
+//
+// Asymmetric int4 rows (kernels/cpu/QUANT.md, "Asymmetric INT4 rows"): a value is taken as code * scale + mid with
+// mid = 8 * scale + min (fp32, one rounding: 8 * scale is exact), so the codes' integer products are the symmetric
+// rows' own, and the minimums enter once per 32-value block. Dotted with x's planes (gate, up, edge_matvec_q's GEMV),
+// a piece (one block b) adds fmaf(mid of its group, block_sum_b, acc) right after its integer dot, block_sum_b = x's
+// code sum over the block (exact in int32) times the block's factor, one rounding: the sum of its x_hat values, already
+// in the planes (XPlanesLayout::code_sum), so no workspace grows. A down row (y += h_i row_i) adds the symmetric
+// (h_i * scale) * code per value, and a lane, whose piece lies in one group, sums fmaf(h_i, mid_i, c) over its rows
+// once and adds c to each of its columns after the last row. The tiled GEMMs stage each value dequantized as the
+// reference does, (code + 8) * scale + min (exact product, one rounding): the very values of edge_sdk/quant.py.
+// The kernels take kAsymmetric as a template parameter: their symmetric instantiations hold no trace of the minimums
+// and keep the symmetric arithmetic, in its order, to the bit.
 #ifndef EDGE_QUANT_ROWS_CUH
 #define EDGE_QUANT_ROWS_CUH
 
@@ -95,6 +110,8 @@ EDGE_UNROLL
 };
 
 EDGE_HD bool valid_format(int format) { return format == EDGE_Q8 || format == EDGE_Q4; }
+// Group minimums (mins non-NULL) belong to asymmetric int4 alone.
+EDGE_HD bool valid_mins(int format, const uint16_t* mins) { return mins == nullptr || format == EDGE_Q4; }
 EDGE_HD bool valid_group_size(int group_size) { return group_size == 32 || group_size == 64 || group_size == 128; }
 
 EDGE_HD size_t row_bytes(int format, int cols) {
@@ -120,7 +137,7 @@ EDGE_HD uint4 load_piece(const uint8_t* row, size_t offset, bool aligned16) {
 #endif
 }
 
-// Scale `index` of a row's fp16 scales, as fp32 (exact).
+// Value `index` of a row's fp16 scales (or minimums), as fp32 (exact).
 EDGE_HD float load_scale(const uint16_t* scales, size_t index) {
 #ifdef __CUDA_ARCH__
   return __half2float(__ushort_as_half(__ldg(scales + index)));
@@ -312,10 +329,12 @@ EDGE_UNROLL
   }
 };
 
-// A quantized matrix as the kernels see it. codes: row-major, 4-byte aligned; aligned16: codes is 16-byte aligned.
+// A quantized matrix as the kernels see it. codes: row-major, 4-byte aligned; mins: asymmetric int4's group minimums
+// (laid out as the scales), nullptr for symmetric rows; aligned16: codes is 16-byte aligned.
 struct QuantMatrix {
   const uint8_t* codes;
   const uint16_t* scales;
+  const uint16_t* mins;
   int cols;
   int group_size;
   bool aligned16;
@@ -326,27 +345,66 @@ struct QuantMatrix {
   EDGE_HD const uint16_t* row_scales(int row) const {
     return scales + static_cast<size_t>(row) * static_cast<size_t>(cols / group_size);
   }
+  EDGE_HD const uint16_t* row_mins(int row) const {
+    return mins + static_cast<size_t>(row) * static_cast<size_t>(cols / group_size);
+  }
 };
 
-// The factor of piece `piece`'s integer dot: its x block's factor times its group's scale (in that order everywhere).
-template <int kFormat>
-EDGE_HD float piece_factor(const QuantX& x, const uint16_t* scales, int piece, int pieces_per_group) {
+// The kinds of rows a quantized kernel is compiled for: int8, int4, and int4 with group minimums (asymmetric).
+template <int kFormatValue, bool kAsymmetricValue>
+struct RowsKind {
+  static constexpr int kFormat = kFormatValue;
+  static constexpr bool kAsymmetric = kAsymmetricValue;
+  static_assert(!kAsymmetric || kFormat == EDGE_Q4, "only int4 has group minimums");
+};
+
+// Calls launch(RowsKind<...>{}) for `format` (checked by valid_format) and whether the rows have minimums (checked by
+// valid_mins), and returns what it returns.
+template <typename Launch>
+auto dispatch_rows(int format, bool asymmetric, Launch&& launch) {
+  if (format == EDGE_Q8) return launch(RowsKind<EDGE_Q8, false>{});
+  if (asymmetric) return launch(RowsKind<EDGE_Q4, true>{});
+  return launch(RowsKind<EDGE_Q4, false>{});
+}
+
+// An asymmetric group's mid: value = code * scale + mid with mid = 8 * scale + min, rounded once (8 * scale is exact,
+// so the fused multiply-add is the reference's rounding of the sum).
+EDGE_HD float group_mid(float scale, float min) { return fmaf(8.0f, scale, min); }
+
+// The sum of x_hat over x's block `block`: its code sum (exact: |sum| < 32 * 32639 < 2^21, so exact in fp32 too)
+// times the block's factor, one rounding.
+EDGE_HD float x_block_sum(const QuantX& x, int block) {
+  return mul_rn(static_cast<float>(load_scalar(x.code_sum + block)), load_scalar(x.factor + block));
+}
+
+// acc plus piece `piece`'s share of row . x_hat: its integer dot with x's planes, converted to fp32, times the factor
+// (its x block's factor * its group's scale, in that order everywhere); for asymmetric rows (int4: the piece is x's
+// block `piece`), then plus its group's mid times the block's x_hat sum.
+template <int kFormat, bool kAsymmetric>
+EDGE_HD float add_piece_dot(uint4 raw, const QuantX& x, const uint16_t* scales, const uint16_t* mins, int piece,
+                            int pieces_per_group, float acc) {
   constexpr int kPiecesPerXBlock = kXBlock / Format<kFormat>::kPieceValues;
-  return load_scalar(x.factor + piece / kPiecesPerXBlock) * load_scale(scales, piece / pieces_per_group);
+  const int group = piece / pieces_per_group;
+  const float scale = load_scale(scales, group);
+  const float factor = load_scalar(x.factor + piece / kPiecesPerXBlock) * scale;
+  acc = fmaf(static_cast<float>(PieceDot<kFormat>::combined(raw, x, piece)), factor, acc);
+  if (kAsymmetric) acc = fmaf(group_mid(scale, load_scale(mins, group)), x_block_sum(x, piece), acc);
+  return acc;
 }
 
 // Lane `lane`'s share of row . x_hat, the row read by one warp (the SparseFFN's gate and up rows, edge_matvec_q for
 // one token): the lane takes pieces lane, lane + 32, ..., loading kLanePiecesInFlight of them before using any; a
-// piece adds its integer dot with x's planes, converted to fp32, times (its x block's factor * its group scale) to
-// one of kLanePiecesInFlight accumulators (the u-th piece of a round of loads to accumulator u, the pieces past the
-// last whole round to accumulator 0), which are then added pairwise. The warp sums the lanes' shares with a butterfly
-// (warp_sum).
-template <int kFormat>
+// piece adds its share (add_piece_dot) to one of kLanePiecesInFlight accumulators (the u-th piece of a round of loads
+// to accumulator u, the pieces past the last whole round to accumulator 0), which are then added pairwise. The warp
+// sums the lanes' shares with a butterfly (warp_sum).
+template <int kFormat, bool kAsymmetric>
 EDGE_HD float lane_row_dot_planes(const QuantMatrix& m, int row, const QuantX& x, int lane) {
+  static_assert(!kAsymmetric || kFormat == EDGE_Q4, "only int4 has group minimums");
   constexpr int kV = Format<kFormat>::kPieceValues;
   constexpr int kStride = kWarpLanes;
   const uint8_t* codes = m.row_codes(row, kFormat);
   const uint16_t* scales = m.row_scales(row);
+  const uint16_t* mins = kAsymmetric ? m.row_mins(row) : nullptr;
   const int n_pieces = m.cols / kV;
   const int pieces_per_group = m.group_size / kV;
   float acc[kLanePiecesInFlight] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -359,31 +417,30 @@ EDGE_UNROLL
     }
 EDGE_UNROLL
     for (int u = 0; u < kLanePiecesInFlight; ++u) {
-      const int piece = p + u * kStride;
-      const float factor = piece_factor<kFormat>(x, scales, piece, pieces_per_group);
-      acc[u] = fmaf(static_cast<float>(PieceDot<kFormat>::combined(raw[u], x, piece)), factor, acc[u]);
+      acc[u] = add_piece_dot<kFormat, kAsymmetric>(raw[u], x, scales, mins, p + u * kStride, pieces_per_group, acc[u]);
     }
   }
   for (; p < n_pieces; p += kStride) {
     const uint4 raw = load_piece(codes, static_cast<size_t>(p) * kPieceBytes, m.aligned16);
-    const float factor = piece_factor<kFormat>(x, scales, p, pieces_per_group);
-    acc[0] = fmaf(static_cast<float>(PieceDot<kFormat>::combined(raw, x, p)), factor, acc[0]);
+    acc[0] = add_piece_dot<kFormat, kAsymmetric>(raw, x, scales, mins, p, pieces_per_group, acc[0]);
   }
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
 // The GEMV of edge_matvec_q for 2 to kGemvTokens tokens: one row per warp, lane l reading pieces l, l + 32, ..., every
 // piece loaded once and its integer dot with each token's planes (x.token(t)) added to that token's share as in
-// lane_row_dot_planes, in piece order.
+// lane_row_dot_planes (asymmetric rows: then the group's mid times the token's block sum), in piece order.
 constexpr int kGemvTokens = 4;
 
-template <int kFormat>
+template <int kFormat, bool kAsymmetric>
 EDGE_HD void lane_row_dot_tokens_planes(const QuantMatrix& m, int row, const XPlanesLayout& x, int tokens, int lane,
                                         float (&acc)[kGemvTokens]) {
+  static_assert(!kAsymmetric || kFormat == EDGE_Q4, "only int4 has group minimums");
   constexpr int kV = Format<kFormat>::kPieceValues;
   constexpr int kPiecesPerXBlock = kXBlock / kV;
   const uint8_t* codes = m.row_codes(row, kFormat);
   const uint16_t* scales = m.row_scales(row);
+  const uint16_t* mins = kAsymmetric ? m.row_mins(row) : nullptr;
   const int n_pieces = m.cols / kV;
   const int pieces_per_group = m.group_size / kV;
 EDGE_UNROLL
@@ -391,12 +448,14 @@ EDGE_UNROLL
   for (int p = lane; p < n_pieces; p += kWarpLanes) {
     const uint4 raw = load_piece(codes, static_cast<size_t>(p) * kPieceBytes, m.aligned16);
     const float scale = load_scale(scales, p / pieces_per_group);
+    const float mid = kAsymmetric ? group_mid(scale, load_scale(mins, p / pieces_per_group)) : 0.0f;
 EDGE_UNROLL
     for (int t = 0; t < kGemvTokens; ++t) {
       if (t < tokens) {
         const QuantX xt = x.token(t);
         const float factor = load_scalar(xt.factor + p / kPiecesPerXBlock) * scale;
         acc[t] = fmaf(static_cast<float>(PieceDot<kFormat>::combined(raw, xt, p)), factor, acc[t]);
+        if (kAsymmetric) acc[t] = fmaf(mid, x_block_sum(xt, p), acc[t]);
       }
     }
   }
@@ -404,10 +463,12 @@ EDGE_UNROLL
 
 // The down projection of the quantized SparseFFN, for one lane of one warp: the lane owns the kPieceValues columns
 // from `column` (one piece of every row); acc[e] += (h_r * scale) * code for each of the warp's rows r that is read
-// (neuron[r] >= 0), in r order.
-template <int kFormat, int kRows>
+// (neuron[r] >= 0), in r order. Asymmetric rows: the piece lies in one group, so the rows' mids go into one correction
+// c = fmaf(h_r, mid_r, c), in r order, added to each acc[e] after the last row.
+template <int kFormat, bool kAsymmetric, int kRows>
 EDGE_HD void lane_down(const QuantMatrix& m, int column, const float (&h)[kRows], const int (&neuron)[kRows],
                        float (&acc)[Format<kFormat>::kPieceValues]) {
+  static_assert(!kAsymmetric || kFormat == EDGE_Q4, "only int4 has group minimums");
   constexpr int kV = Format<kFormat>::kPieceValues;
   const size_t piece_offset = static_cast<size_t>(column / kV) * kPieceBytes;
   uint4 raw[kRows];
@@ -416,14 +477,23 @@ EDGE_UNROLL
     raw[r] = make_uint4(0, 0, 0, 0);
     if (neuron[r] >= 0) raw[r] = load_piece(m.row_codes(neuron[r], kFormat), piece_offset, m.aligned16);
   }
+  float correction = 0.0f;
 EDGE_UNROLL
   for (int r = 0; r < kRows; ++r) {
     if (neuron[r] < 0) continue;
-    const float factor = h[r] * load_scale(m.row_scales(neuron[r]), column / m.group_size);
+    const float scale = load_scale(m.row_scales(neuron[r]), column / m.group_size);
+    const float factor = h[r] * scale;
     float codes[kV];
     Format<kFormat>::unpack(raw[r], codes);
 EDGE_UNROLL
     for (int e = 0; e < kV; ++e) acc[e] = fmaf(factor, codes[e], acc[e]);
+    if (kAsymmetric) {
+      correction = fmaf(h[r], group_mid(scale, load_scale(m.row_mins(neuron[r]), column / m.group_size)), correction);
+    }
+  }
+  if (kAsymmetric) {
+EDGE_UNROLL
+    for (int e = 0; e < kV; ++e) acc[e] += correction;
   }
 }
 
@@ -445,30 +515,35 @@ struct GemmTiles {
   float w[kTileK][kTileRows];
 };
 
-// values[e] = the value at column `column` + e of row `row` (code * scale, exact in fp32), e < kPieceValues, for the
-// piece starting at `column` (a multiple of kPieceValues); zeros when the piece is not `inside` the matrix.
-template <int kFormat>
+// values[e] = the value at column `column` + e of row `row`, e < kPieceValues, for the piece starting at `column` (a
+// multiple of kPieceValues): code * scale, exact in fp32, or for asymmetric rows (code + 8) * scale + min, the exact
+// product rounded once with the minimum (fmaf), edge_sdk/quant.py's value to the bit; zeros when the piece is not
+// `inside` the matrix.
+template <int kFormat, bool kAsymmetric>
 EDGE_HD void dequantize_piece(const QuantMatrix& m, int row, int column, bool inside,
                               float (&values)[Format<kFormat>::kPieceValues]) {
+  static_assert(!kAsymmetric || kFormat == EDGE_Q4, "only int4 has group minimums");
   constexpr int kV = Format<kFormat>::kPieceValues;
   float codes[kV];
   float scale = 0.0f;
+  float min = 0.0f;
   if (inside) {
     const size_t offset = static_cast<size_t>(column / kV) * kPieceBytes;
     Format<kFormat>::unpack(load_piece(m.row_codes(row, kFormat), offset, m.aligned16), codes);
     scale = load_scale(m.row_scales(row), column / m.group_size);
+    if (kAsymmetric) min = load_scale(m.row_mins(row), column / m.group_size);
   } else {
 EDGE_UNROLL
     for (int e = 0; e < kV; ++e) codes[e] = 0.0f;
   }
 EDGE_UNROLL
-  for (int e = 0; e < kV; ++e) values[e] = codes[e] * scale;
+  for (int e = 0; e < kV; ++e) values[e] = kAsymmetric ? fmaf(codes[e] + 8.0f, scale, min) : codes[e] * scale;
 }
 
 // Thread `thread`'s part of staging weight rows row0.. row0 + kTileRows - 1, columns k0.. k0 + kTileK - 1: one piece
-// (int8: row thread / 2, piece thread % 2 of the step; int4: row `thread`), dequantized (code * scale, exact), or zeros
+// (int8: row thread / 2, piece thread % 2 of the step; int4: row `thread`), dequantized (dequantize_piece), or zeros
 // past the last row.
-template <int kFormat>
+template <int kFormat, bool kAsymmetric>
 EDGE_HD void gemm_stage_weights(const QuantMatrix& m, int n_rows, int row0, int k0, int thread, GemmTiles& tiles) {
   constexpr int kV = Format<kFormat>::kPieceValues;
   constexpr int kPiecesPerStep = kTileK / kV;
@@ -477,7 +552,7 @@ EDGE_HD void gemm_stage_weights(const QuantMatrix& m, int n_rows, int row0, int 
   const int first = (thread % kPiecesPerStep) * kV;  // the piece's first column within the step
   const int row = row0 + local_row;
   float values[kV];
-  dequantize_piece<kFormat>(m, row, k0 + first, row < n_rows, values);
+  dequantize_piece<kFormat, kAsymmetric>(m, row, k0 + first, row < n_rows, values);
 EDGE_UNROLL
   for (int e = 0; e < kV; ++e) tiles.w[first + e][local_row] = values[e];
 }
@@ -487,7 +562,7 @@ EDGE_UNROLL
 // tiles.w[k][n] = W[k0 + k, col0 + n]. Thread `thread` stages one piece: row thread / (kTileRows / kPieceValues), the
 // piece's kPieceValues columns from col0 + kPieceValues * (thread % (kTileRows / kPieceValues)), dequantized, or zeros
 // past the last row or column.
-template <int kFormat>
+template <int kFormat, bool kAsymmetric>
 EDGE_HD void gemm_stage_weights_t(const QuantMatrix& m, int n_in, int col0, int k0, int thread, GemmTiles& tiles) {
   constexpr int kV = Format<kFormat>::kPieceValues;
   constexpr int kPiecesPerRow = kTileRows / kV;
@@ -498,7 +573,7 @@ EDGE_HD void gemm_stage_weights_t(const QuantMatrix& m, int n_in, int col0, int 
   const int column = col0 + first;
   float values[kV];
   // m.cols is a multiple of kV: a piece that starts inside the row ends inside it
-  dequantize_piece<kFormat>(m, row, column, row < n_in && column < m.cols, values);
+  dequantize_piece<kFormat, kAsymmetric>(m, row, column, row < n_in && column < m.cols, values);
 EDGE_UNROLL
   for (int e = 0; e < kV; ++e) tiles.w[k][first + e] = values[e];
 }

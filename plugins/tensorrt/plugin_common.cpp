@@ -208,7 +208,8 @@ struct NamedValue {
 };
 constexpr NamedValue kActivations[] = {
     {"relu", EDGE_ACT_RELU}, {"fatrelu", EDGE_ACT_FATRELU}, {"drelu", EDGE_ACT_DRELU}, {"silu", EDGE_ACT_SILU}};
-constexpr NamedValue kQuantFormats[] = {{"int8", EDGE_Q8}, {"int4", EDGE_Q4}};
+constexpr char kAsymmetricInt4[] = "int4_asymmetric";
+constexpr NamedValue kQuantFormats[] = {{"int8", EDGE_Q8}, {"int4", EDGE_Q4}, {kAsymmetricInt4, EDGE_Q4}};
 constexpr int32_t kGroupSizes[] = {32, 64, 128};
 
 // The value of `found` among `choices`, or a PluginError naming the attribute and every choice.
@@ -264,7 +265,7 @@ QuantLayout QuantLayout::read(Attributes const& attributes) {
   bool known = false;
   for (int32_t size : kGroupSizes) known = known || size == *groupSize;
   if (!known) throw PluginError("attribute 'group_size': expected 32, 64 or 128, found " + std::to_string(*groupSize));
-  return QuantLayout{*format, chooseNamed(kFormatField, *format, kQuantFormats), *groupSize};
+  return QuantLayout{*format, chooseNamed(kFormatField, *format, kQuantFormats), *groupSize, *format == kAsymmetricInt4};
 }
 
 void QuantLayout::addFieldNames(std::vector<nvinfer1::PluginField>& fields) {
@@ -280,10 +281,17 @@ void QuantLayout::addFields(std::vector<nvinfer1::PluginField>& fields) const {
 int64_t QuantLayout::valuesPerWord() const { return format == EDGE_Q4 ? 8 : 4; }
 
 void QuantLayout::expectMatrix(char const* matrix, nvinfer1::Dims const& codes, nvinfer1::Dims const& scales,
-                               int64_t rows, int64_t cols) const {
+                               nvinfer1::Dims const* mins, int64_t rows, int64_t cols) const {
   std::string const name(matrix);
   expectRank((name + " codes").c_str(), codes, 2);
   expectRank((name + " scales").c_str(), scales, 2);
+  if (mins != nullptr) {
+    expectRank((name + " mins").c_str(), *mins, 2);
+    for (int axis = 0; axis < 2; ++axis) {
+      expectDim(("input '" + name + " mins' dimension " + std::to_string(axis) + " (as its scales')").c_str(),
+                scales.d[axis], mins->d[axis]);
+    }
+  }
   if (cols >= 0 && cols % groupSize != 0) {
     throw PluginError("input '" + name + "' columns: expected a multiple of group_size " + std::to_string(groupSize) +
                       ", found " + std::to_string(cols));

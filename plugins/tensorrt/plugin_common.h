@@ -99,25 +99,28 @@ struct GateActivation {
   void addFields(std::vector<nvinfer1::PluginField>& fields) const;
 };
 
-// How a quantized matrix is stored (kernels/cpu/QUANT.md): attributes `weight_format` ("int8" or "int4",
-// required) and `group_size` (32, 64 or 128, required). The codes cross TensorRT as INT32 words holding the bundle's
-// bytes: 4 int8 codes or 8 int4 nibbles per word.
+// How a quantized matrix is stored (kernels/cpu/QUANT.md): attributes `weight_format` ("int8", "int4" or
+// "int4_asymmetric", required) and `group_size` (32, 64 or 128, required). The codes cross TensorRT as INT32 words
+// holding the bundle's bytes: 4 int8 codes or 8 int4 nibbles per word. "int4_asymmetric" is int4 whose matrices also
+// have fp16 group minimums (value (code + 8) * scale + min), an input of their own beside the scales.
 struct QuantLayout {
   static constexpr char kFormatField[] = "weight_format";
   static constexpr char kGroupSizeField[] = "group_size";
   std::string formatName;
   int format;  // enum edge_quant_format
   int32_t groupSize;
+  bool asymmetric;  // the matrices have group minimums
 
   static QuantLayout read(Attributes const& attributes);
   static void addFieldNames(std::vector<nvinfer1::PluginField>& fields);
   void addFields(std::vector<nvinfer1::PluginField>& fields) const;
   int64_t valuesPerWord() const;
   // Build-time checks of one matrix [rows, cols] given as codes [rows, cols / valuesPerWord()] INT32 and scales
-  // [rows, cols / groupSize]: ranks, rows against `rows`, widths against cols (each skipped where a value is -1), and
-  // cols a multiple of groupSize. `matrix` names it in messages (e.g. "w_gate").
-  void expectMatrix(char const* matrix, nvinfer1::Dims const& codes, nvinfer1::Dims const& scales, int64_t rows,
-                    int64_t cols) const;
+  // [rows, cols / groupSize] (and, asymmetric, minimums `mins` of the scales' shape; nullptr otherwise): ranks, rows
+  // against `rows`, widths against cols (each skipped where a value is -1), and cols a multiple of groupSize.
+  // `matrix` names it in messages (e.g. "w_gate").
+  void expectMatrix(char const* matrix, nvinfer1::Dims const& codes, nvinfer1::Dims const& scales,
+                    nvinfer1::Dims const* mins, int64_t rows, int64_t cols) const;
 };
 
 // The tensors of a plugin, for the count checks and their messages: `nbInputs` inputs, named `inputs`, then one
@@ -137,7 +140,7 @@ void expectCounts(PluginSignature const& signature, int32_t nbInputs, int32_t nb
 // noexcept, and turns a PluginError into an error in TensorRT's log and a failure status. Derived has a copy
 // constructor (clone and attachToContext copy the object) and these members, the functions throwing PluginError:
 //   static constexpr char const* kName;                 the op type
-//   static constexpr PluginSignature kSignature;        its inputs and output
+//   static constexpr PluginSignature kSignature;        its inputs and output (unless signature() is hidden)
 //   nvinfer1::DimsExprs outputShape(nvinfer1::DimsExprs const* inputs, nvinfer1::IExprBuilder& exprBuilder) const;
 //   bool supportsInputType(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut) const;
 //       whether input pos may have type inOut[pos].desc.type (linear formats only, and the output's type, are
@@ -147,7 +150,8 @@ void expectCounts(PluginSignature const& signature, int32_t nbInputs, int32_t nb
 //   void launch(nvinfer1::PluginTensorDesc const* inputDesc, void const* const* inputs, void* output,
 //               void* workspace, cudaStream_t stream) const;
 //       enqueue: reads the dimensions and calls the CUDA launcher
-// and, where it needs them, these two, which hide the defaults below (no workspace, no attributes):
+// and, where it needs them, these three, which hide the defaults below (kSignature, no workspace, no attributes):
+//   PluginSignature const& signature() const;   the inputs of this plugin, where its attributes decide them
 //   size_t workspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs) const noexcept;
 //   void addFields(std::vector<nvinfer1::PluginField>& fields) const;   the attributes to serialize, pointing into
 //                                                                        the plugin
@@ -190,8 +194,8 @@ class PluginBase : public nvinfer1::IPluginV3,
   int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs, nvinfer1::DataType const*,
                              int32_t nbInputs) const noexcept override {
     return reportFailure([&] {
-      expectCounts(Derived::kSignature, nbInputs, nbOutputs);
-      outputTypes[0] = Derived::kSignature.outputType;
+      expectCounts(derived().signature(), nbInputs, nbOutputs);
+      outputTypes[0] = derived().signature().outputType;
     });
   }
 
@@ -199,7 +203,7 @@ class PluginBase : public nvinfer1::IPluginV3,
                           nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
                           nvinfer1::IExprBuilder& exprBuilder) noexcept override {
     return reportFailure([&] {
-      expectCounts(Derived::kSignature, nbInputs, nbOutputs);
+      expectCounts(derived().signature(), nbInputs, nbOutputs);
       outputs[0] = derived().outputShape(inputs, exprBuilder);
     });
   }
@@ -208,14 +212,14 @@ class PluginBase : public nvinfer1::IPluginV3,
                                  int32_t) noexcept override {
     nvinfer1::PluginTensorDesc const& desc = inOut[pos].desc;
     if (desc.format != nvinfer1::TensorFormat::kLINEAR) return false;
-    if (pos >= nbInputs) return pos == nbInputs && desc.type == Derived::kSignature.outputType;
+    if (pos >= nbInputs) return pos == nbInputs && desc.type == derived().signature().outputType;
     return derived().supportsInputType(pos, inOut);
   }
 
   int32_t configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
                           nvinfer1::DynamicPluginTensorDesc const*, int32_t nbOutputs) noexcept override {
     return reportFailure([&] {
-      expectCounts(Derived::kSignature, nbInputs, nbOutputs);
+      expectCounts(derived().signature(), nbInputs, nbOutputs);
       derived().expectShapes(in, nbInputs);
       mNbInputs = nbInputs;
     });
@@ -230,7 +234,7 @@ class PluginBase : public nvinfer1::IPluginV3,
   int32_t onShapeChange(nvinfer1::PluginTensorDesc const*, int32_t nbInputs, nvinfer1::PluginTensorDesc const*,
                         int32_t nbOutputs) noexcept override {
     return reportFailure([&] {
-      expectCounts(Derived::kSignature, nbInputs, nbOutputs);
+      expectCounts(derived().signature(), nbInputs, nbOutputs);
       mNbInputs = nbInputs;
     });
   }
@@ -254,13 +258,15 @@ class PluginBase : public nvinfer1::IPluginV3,
     return built ? &mSerializedCollection : nullptr;
   }
 
-  // The defaults of the optional hooks: no workspace, no attributes.
+  // The defaults of the optional hooks: the inputs of kSignature, no workspace, no attributes.
+  PluginSignature const& signature() const { return Derived::kSignature; }
   size_t workspaceSize(nvinfer1::DynamicPluginTensorDesc const*, int32_t) const noexcept { return 0; }
   void addFields(std::vector<nvinfer1::PluginField>&) const {}
 
  protected:
-  // The optional input's buffer, or nullptr when the node has none. Throws PluginError while the input count is not
-  // known yet (configurePlugin and onShapeChange give it).
+  // The buffer of kSignature's optional input, the input after its required ones, or nullptr when the node has none
+  // (a signature() with more inputs keeps it there). Throws PluginError while the input count is not known yet
+  // (configurePlugin and onShapeChange give it).
   void const* optionalInput(void const* const* inputs) const {
     if (mNbInputs == 0) throw PluginError("enqueue before the input count was known (no onShapeChange)");
     return mNbInputs > Derived::kSignature.nbInputs ? inputs[Derived::kSignature.nbInputs] : nullptr;

@@ -1,8 +1,9 @@
 // QuantizedMatMul: y = x W^T for a group-wise quantized W [N, K] (transposed = 1: a projection, the LM head, a prompt's
 // gate and up; edge_matvec_q), or y = x W for W [K, N] (transposed = 0: a prompt's neuron-major down projection;
 // edge_matvec_q_t). Inputs: x [T, K] (fp32/fp16/bf16), W's codes as INT32 words [rows, cols / v] (v = 4 for int8, 8
-// for int4), the bundle's bytes, and its scales [rows, cols / G] fp16; groups run along W's rows. Output: y [T, N]
-// fp32. Attributes: weight_format, group_size, transposed (default 1). A bias is the graph's own Add.
+// for int4), the bundle's bytes, and its scales [rows, cols / G] fp16; groups run along W's rows; with weight_format
+// int4_asymmetric also its group minimums [rows, cols / G] fp16. Output: y [T, N] fp32. Attributes: weight_format,
+// group_size, transposed (default 1). A bias is the graph's own Add.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -13,13 +14,15 @@
 namespace edge_sdk::trt {
 namespace {
 
-enum Input { kX = 0, kCodes, kScales };
+enum Input { kX = 0, kCodes, kScales, kMins };
 constexpr char kTransposedField[] = "transposed";
 
 class QuantizedMatMulPlugin : public PluginBase<QuantizedMatMulPlugin> {
  public:
   static constexpr char const* kName = kQuantizedMatMulName;
   static constexpr PluginSignature kSignature{3, "x, w, w_scales", nullptr, "y", nvinfer1::DataType::kFLOAT};
+  static constexpr PluginSignature kAsymmetricSignature{4, "x, w, w_scales, w_mins", nullptr, "y",
+                                                        nvinfer1::DataType::kFLOAT};
 
   static std::vector<nvinfer1::PluginField> fieldNames() {
     std::vector<nvinfer1::PluginField> fields;
@@ -37,6 +40,8 @@ class QuantizedMatMulPlugin : public PluginBase<QuantizedMatMulPlugin> {
       throw PluginError("attribute 'transposed': expected 0 or 1, found " + std::to_string(mTransposed));
     }
   }
+
+  PluginSignature const& signature() const { return mLayout.asymmetric ? kAsymmetricSignature : kSignature; }
 
   // y: [T, N], N being W's rows (transposed) or else its columns, v per INT32 word
   nvinfer1::DimsExprs outputShape(nvinfer1::DimsExprs const* inputs, nvinfer1::IExprBuilder& exprBuilder) const {
@@ -57,6 +62,8 @@ class QuantizedMatMulPlugin : public PluginBase<QuantizedMatMulPlugin> {
         return type == nvinfer1::DataType::kINT32;
       case kScales:
         return type == nvinfer1::DataType::kHALF;
+      case kMins:
+        return mLayout.asymmetric && type == nvinfer1::DataType::kHALF;
       default:
         return false;
     }
@@ -67,11 +74,12 @@ class QuantizedMatMulPlugin : public PluginBase<QuantizedMatMulPlugin> {
     expectRank("x", x, 2);
     nvinfer1::Dims const& codes = in[kCodes].desc.dims;
     expectRank("w codes", codes, 2);
+    nvinfer1::Dims const* mins = mLayout.asymmetric ? &in[kMins].desc.dims : nullptr;
     if (mTransposed != 0) {  // W [N, K]: rows N, cols K (x's columns)
-      mLayout.expectMatrix("w", codes, in[kScales].desc.dims, codes.d[0], x.d[1]);
+      mLayout.expectMatrix("w", codes, in[kScales].desc.dims, mins, codes.d[0], x.d[1]);
     } else {  // W [K, N]: rows K (x's columns), cols N
       int64_t const cols = codes.d[1] < 0 ? -1 : codes.d[1] * mLayout.valuesPerWord();
-      mLayout.expectMatrix("w", codes, in[kScales].desc.dims, x.d[1], cols);
+      mLayout.expectMatrix("w", codes, in[kScales].desc.dims, mins, x.d[1], cols);
     }
   }
 
@@ -93,15 +101,17 @@ class QuantizedMatMulPlugin : public PluginBase<QuantizedMatMulPlugin> {
                                        : checkedDim("w", inputDesc[kCodes].dims.d[1] * mLayout.valuesPerWord());
     if (tokens == 0) return;
     auto const* scales = static_cast<uint16_t const*>(inputs[kScales]);
+    auto const* mins = mLayout.asymmetric ? static_cast<uint16_t const*>(inputs[kMins]) : nullptr;
     auto* y = static_cast<float*>(output);
     int const x_dtype = cudaDtype(inputDesc[kX].type);
     if (mTransposed != 0) {
       expectLaunched("edge_matvec_q", edge_matvec_q(stream, inputs[kX], x_dtype, tokens, n_in, n_out, inputs[kCodes],
-                                                    scales, mLayout.format, mLayout.groupSize, nullptr, y, workspace));
+                                                    scales, mins, mLayout.format, mLayout.groupSize, nullptr, y,
+                                                    workspace));
     } else {
       expectLaunched("edge_matvec_q_t", edge_matvec_q_t(stream, inputs[kX], x_dtype, tokens, n_in, n_out,
-                                                        inputs[kCodes], scales, mLayout.format, mLayout.groupSize,
-                                                        nullptr, y));
+                                                        inputs[kCodes], scales, mins, mLayout.format,
+                                                        mLayout.groupSize, nullptr, y));
     }
   }
 

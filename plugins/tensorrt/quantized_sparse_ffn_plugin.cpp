@@ -1,7 +1,9 @@
 // QuantizedSparseFFN: one decode step of the sparse gated FFN (DESIGN 3.1) over group-wise quantized rows, calling
 // edge_sparse_ffn_q. Inputs: x [T, d] (fp32/fp16/bf16); for w_gate, w_up and w_down_t (each [D, d], down transposed)
 // its codes as INT32 words [D, d / 4] (int8) or [D, d / 8] (int4), the bundle's bytes, and its scales [D, d / G]
-// fp16; mask [T, D] int32 (nonzero = active); optionally thresholds [D] fp32. Output: y [T, d] fp32. Attributes:
+// fp16; mask [T, D] int32 (nonzero = active); optionally thresholds [D] fp32. With weight_format int4_asymmetric the
+// node has 12 inputs: thresholds, always given (zeros where the model has none: an input left out in the middle
+// cannot reach a plugin), then each matrix's group minimums [D, d / G] fp16. Output: y [T, d] fp32. Attributes:
 // activation, activation_threshold (as SparseFFN), weight_format, group_size.
 #include <cstdint>
 #include <string>
@@ -14,8 +16,9 @@
 namespace edge_sdk::trt {
 namespace {
 
-// then the optional thresholds
+// then the optional thresholds; an asymmetric node's thresholds and minimums
 enum Input { kX = 0, kGateCodes, kGateScales, kUpCodes, kUpScales, kDownCodes, kDownScales, kMask };
+enum AsymmetricInput { kThresholds = kMask + 1, kGateMins, kUpMins, kDownMins };
 constexpr char const* kMatrices[] = {"w_gate", "w_up", "w_down_t"};
 
 // outputShape and workspaceSize: SparseFfnPluginBase's
@@ -25,6 +28,11 @@ class QuantizedSparseFfnPlugin : public SparseFfnPluginBase<QuantizedSparseFfnPl
   static constexpr PluginSignature kSignature{
       8, "x, w_gate, w_gate_scales, w_up, w_up_scales, w_down_t, w_down_t_scales, mask", "thresholds", "y",
       nvinfer1::DataType::kFLOAT};
+  static constexpr PluginSignature kAsymmetricSignature{
+      12,
+      "x, w_gate, w_gate_scales, w_up, w_up_scales, w_down_t, w_down_t_scales, mask, thresholds, w_gate_mins, "
+      "w_up_mins, w_down_t_mins",
+      nullptr, "y", nvinfer1::DataType::kFLOAT};
 
   static std::vector<nvinfer1::PluginField> fieldNames() {
     std::vector<nvinfer1::PluginField> fields;
@@ -41,6 +49,8 @@ class QuantizedSparseFfnPlugin : public SparseFfnPluginBase<QuantizedSparseFfnPl
     mLayout = QuantLayout::read(attributes);
   }
 
+  PluginSignature const& signature() const { return mLayout.asymmetric ? kAsymmetricSignature : kSignature; }
+
   bool supportsInputType(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut) const {
     nvinfer1::DataType const type = inOut[pos].desc.type;
     switch (pos) {
@@ -55,8 +65,10 @@ class QuantizedSparseFfnPlugin : public SparseFfnPluginBase<QuantizedSparseFfnPl
       case kUpScales:
       case kDownScales:
         return type == nvinfer1::DataType::kHALF;
-      default:  // thresholds
+      case kThresholds:
         return type == nvinfer1::DataType::kFLOAT;
+      default:  // an asymmetric node's minimums
+        return mLayout.asymmetric && type == nvinfer1::DataType::kHALF;
     }
   }
 
@@ -65,7 +77,8 @@ class QuantizedSparseFfnPlugin : public SparseFfnPluginBase<QuantizedSparseFfnPl
     expectRank("x", x, 2);
     int64_t const n_neurons = in[kGateCodes].desc.dims.nbDims == 2 ? in[kGateCodes].desc.dims.d[0] : -1;
     for (int m = 0; m < 3; ++m) {
-      mLayout.expectMatrix(kMatrices[m], in[kGateCodes + 2 * m].desc.dims, in[kGateScales + 2 * m].desc.dims,
+      nvinfer1::Dims const* mins = mLayout.asymmetric ? &in[kGateMins + m].desc.dims : nullptr;
+      mLayout.expectMatrix(kMatrices[m], in[kGateCodes + 2 * m].desc.dims, in[kGateScales + 2 * m].desc.dims, mins,
                            n_neurons, x.d[1]);
     }
     expectMaskAndThresholds(in, nbInputs, x, n_neurons);
@@ -75,12 +88,14 @@ class QuantizedSparseFfnPlugin : public SparseFfnPluginBase<QuantizedSparseFfnPl
               cudaStream_t stream) const {
     StepArguments const step = stepArguments(inputDesc, inputs);
     if (step.tokens == 0) return;
-    auto scales = [&](int input) { return static_cast<uint16_t const*>(inputs[input]); };
+    auto halves = [&](int input) { return static_cast<uint16_t const*>(inputs[input]); };
+    auto mins = [&](int input) { return mLayout.asymmetric ? halves(input) : nullptr; };
     cudaError_t const status = edge_sparse_ffn_q(
         stream, inputs[kX], cudaDtype(inputDesc[kX].type), step.tokens, step.d, step.n_neurons, inputs[kGateCodes],
-        scales(kGateScales), inputs[kUpCodes], scales(kUpScales), inputs[kDownCodes], scales(kDownScales),
-        mLayout.format, mLayout.groupSize, static_cast<int32_t const*>(inputs[kMask]), step.thresholds,
-        mActivation.value, mActivation.threshold, static_cast<float*>(output), workspace, nullptr);
+        halves(kGateScales), mins(kGateMins), inputs[kUpCodes], halves(kUpScales), mins(kUpMins), inputs[kDownCodes],
+        halves(kDownScales), mins(kDownMins), mLayout.format, mLayout.groupSize,
+        static_cast<int32_t const*>(inputs[kMask]), step.thresholds, mActivation.value, mActivation.threshold,
+        static_cast<float*>(output), workspace, nullptr);
     expectLaunched("edge_sparse_ffn_q", status);
   }
 

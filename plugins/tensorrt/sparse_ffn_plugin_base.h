@@ -12,8 +12,9 @@
 namespace edge_sdk::trt {
 
 // What SparseFFN and QuantizedSparseFFN share around their weights: input 0 is x [T, d]; the weight inputs follow,
-// the first (w_gate, or its codes) with D rows; mask [T, D] int32 is the last required input and thresholds [D] fp32
-// the optional one (Derived::kSignature); y is [T, d] fp32, and both launchers take the same workspace.
+// the first (w_gate, or its codes) with D rows; mask [T, D] int32 is the last required input of Derived::kSignature
+// and thresholds [D] fp32 the input after it, optional there (an asymmetric QuantizedSparseFFN's signature() always
+// has it, and its minimums after it); y is [T, d] fp32, and both launchers take the same workspace.
 template <typename Derived>
 class SparseFfnPluginBase : public PluginBase<Derived> {
  public:

@@ -1,6 +1,7 @@
 """Custom op contracts (edge_sdk.export.ops): schemas, nodes and the reference ONNX functions, which pass onnx.checker;
 what ONNX Runtime computes with them on every op case is in the op table (tests/ops), the exact comparison of the
-sign-bit rule and a predictor feeding SparseFFN in one model here."""
+sign-bit rule, a predictor feeding SparseFFN in one model, and the quantized ops' functions against the same product on
+edge_sdk.quant.dequantize's matrices (every weight format, group size and layout) here."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail
 
+from edge_sdk import quant
 from edge_sdk.bundle.graph_ops import OP_TYPES
 from edge_sdk.export import ops
 from edge_sdk.formats.onnx_wire import without_functions
@@ -40,7 +42,9 @@ def _input(name: str, dtype: torch.dtype, shape: list[str | int]) -> onnx.ValueI
     return helper.make_tensor_value_info(name, _ONNX_TYPES[dtype], shape)
 
 
-def _initializer(name: str, tensor: torch.Tensor) -> onnx.TensorProto:
+def _initializer(name: str, tensor: torch.Tensor | np.ndarray) -> onnx.TensorProto:
+    if isinstance(tensor, np.ndarray):
+        return numpy_helper.from_array(tensor, name)
     if tensor.dtype == torch.bfloat16:
         bits = tensor.view(torch.int16).numpy().view(np.uint16)
         return helper.make_tensor(name, TensorProto.BFLOAT16, list(tensor.shape), bits.tobytes(), raw=True)
@@ -51,7 +55,8 @@ def _model(
     nodes: list[onnx.NodeProto],
     inputs: list[onnx.ValueInfoProto],
     outputs: list[onnx.ValueInfoProto],
-    initializers: dict[str, torch.Tensor],
+    initializers: dict[str, torch.Tensor | np.ndarray],
+    opset: int = ops.STANDARD_OPSET_VERSION,
 ) -> onnx.ModelProto:
     """A model as the exporter writes it: IR 10, our opsets, the reference functions; checked in full."""
     graph = helper.make_graph(
@@ -59,8 +64,8 @@ def _model(
     )
     model = helper.make_model(
         graph,
-        opset_imports=ops.function_opset_imports(),
-        functions=ops.reference_functions(),
+        opset_imports=ops.function_opset_imports(opset),
+        functions=ops.reference_functions(opset),
         ir_version=ops.IR_VERSION,
     )
     onnx.checker.check_model(model, full_check=True)
@@ -153,6 +158,125 @@ def test_predictor_feeds_sparse_ffn() -> None:
     assert _max_relative_error(y, reference) <= FFN_TOLERANCE
 
 
+# ------------------------------------------------------------------------------------- the quantized ops
+
+# The weight formats of the quantized ops: (weight_format attribute, quant format, asymmetric)
+WEIGHT_FORMATS = [("int8", "int8", False), ("int4", "int4", False), ("int4_asymmetric", "int4", True)]
+
+
+def _quantized(shape: tuple[int, int], fmt: str, group_size: int, asymmetric: bool, seed: int) -> quant.QuantizedMatrix:
+    """A random matrix quantized; asymmetric rows sit far from zero, above or below it (so that a gate fires for some
+    neurons and not for others), and a function ignoring the minimums, or the codes' + 8, computes with other
+    values."""
+    generator = np.random.default_rng(seed)
+    weight = generator.standard_normal(shape)
+    if asymmetric:
+        weight += 6.0 * generator.choice([-1.0, 1.0], size=(shape[0], 1))
+    matrix = quant.quantize(weight, fmt, group_size, asymmetric=asymmetric)
+    if asymmetric:
+        assert np.abs(matrix.mins.astype(np.float32)).mean() > 4 * matrix.scales.astype(np.float32).mean()
+    return matrix
+
+
+def _operands(name: str, matrix: quant.QuantizedMatrix) -> dict[str, np.ndarray]:
+    """A quantized matrix as the quantized ops take it: its codes as INT32 words, its scales, its minimums if any."""
+    operands = {name: np.ascontiguousarray(matrix.data).view(np.int32), f"{name}_scales": matrix.scales}
+    if matrix.mins is not None:
+        operands[f"{name}_mins"] = matrix.mins
+    return operands
+
+
+@pytest.mark.parametrize("group_size", quant.GROUP_SIZES)
+@pytest.mark.parametrize("transposed", [1, 0])
+@pytest.mark.parametrize(("weight_format", "fmt", "asymmetric"), WEIGHT_FORMATS)
+def test_quantized_matmul_computes_with_the_dequantized_matrix(weight_format, fmt, asymmetric, transposed, group_size):
+    """QuantizedMatMul's function gives, bit for bit, Gemm's product with the float32 matrix quant.dequantize gives
+    (an asymmetric node's (code + 8) * scale + min, a symmetric node's code * scale: DequantizeLinear's, unchanged)."""
+    rows, cols = 48, 256  # W [N, K] when transposed, else [K, N]: the groups run along its rows either way
+    matrix = _quantized((rows, cols), fmt, group_size, asymmetric, seed=group_size + transposed)
+    operands = _operands("w", matrix)
+    node = ops.make_node(
+        "QuantizedMatMul",
+        ["x", *operands],
+        ["y"],
+        weight_format=weight_format,
+        group_size=group_size,
+        transposed=transposed,
+    )
+    dequantized = quant.dequantize(matrix)
+    product = helper.make_node("Gemm", ["x", "dequantized"], ["y_float"], transB=transposed)
+    n_in, n_out = (cols, rows) if transposed else (rows, cols)
+    model = _model(
+        [node, product],
+        [_input("x", torch.float32, ["T", n_in])],
+        [_input("y", torch.float32, ["T", n_out]), _input("y_float", torch.float32, ["T", n_out])],
+        operands | {"dequantized": dequantized},
+        opset=ops.QUANTIZED_OPSET_VERSION,
+    )
+    x = np.random.default_rng(1).standard_normal((3, n_in)).astype(np.float32)
+    y, y_float = _session(model).run(None, {"x": x})
+    np.testing.assert_array_equal(y, y_float)
+    expected = x.astype(np.float64) @ (dequantized.T if transposed else dequantized).astype(np.float64)
+    assert np.abs(y - expected).max() <= ops.error_bound("QuantizedMatMul", weight_format) * np.abs(expected).max()
+    if asymmetric:  # the minimums and the + 8 matter
+        codes = quant.unpack_int4(matrix.data).astype(np.float32).reshape(rows, -1, group_size)
+        scaled = (codes * matrix.scales.astype(np.float32)[..., None]).reshape(rows, cols)
+        assert not np.allclose(y, x @ (scaled.T if transposed else scaled), rtol=1e-3)
+
+
+@pytest.mark.parametrize("group_size", quant.GROUP_SIZES)
+@pytest.mark.parametrize(("weight_format", "fmt", "asymmetric"), WEIGHT_FORMATS)
+@pytest.mark.parametrize("thresholds", [False, True])
+def test_quantized_sparse_ffn_computes_with_the_dequantized_matrices(
+    weight_format, fmt, asymmetric, group_size, thresholds
+):
+    """QuantizedSparseFFN's function gives, bit for bit, SparseFFN's on the float32 matrices quant.dequantize gives,
+    and the reference within the op's bound. An asymmetric node always has thresholds, zeros where the predictor has
+    none: the same as none."""
+    d, n_neurons, activation = 256, 64, Activation("relu")
+    matrices = {
+        name: _quantized((n_neurons, d), fmt, group_size, asymmetric, seed=index + group_size)
+        for index, name in enumerate(("w_gate", "w_up", "w_down_t"))
+    }
+    operands = {
+        name: array for matrix, quantized in matrices.items() for name, array in _operands(matrix, quantized).items()
+    }
+    codes_and_scales = [name for name in operands if not name.endswith("_mins")]
+    minimums = [name for name in operands if name.endswith("_mins")]
+    dequantized = {f"{name}_float": quant.dequantize(matrix) for name, matrix in matrices.items()}
+    x = torch.randn(3, d, generator=torch.Generator().manual_seed(group_size))
+    gate = torch.from_numpy(dequantized["w_gate_float"])
+    magnitudes = (x @ gate.T).relu()
+    chess = magnitudes[magnitudes > 0].median() * torch.rand(n_neurons, generator=torch.Generator().manual_seed(2))
+    threshold_values = chess if thresholds else torch.zeros(n_neurons)
+    has_thresholds = thresholds or asymmetric
+    threshold_inputs = ["thresholds"] if has_thresholds else []
+    layout = {"weight_format": weight_format, "group_size": group_size, "activation": activation.kind}
+    nodes = [
+        ops.make_node(
+            "QuantizedSparseFFN", ["x", *codes_and_scales, "mask", *threshold_inputs, *minimums], ["y"], **layout
+        ),
+        ops.make_node("SparseFFN", ["x", *dequantized, "mask", *threshold_inputs], ["y_float"], activation="relu"),
+    ]
+    mask = torch.rand(3, n_neurons, generator=torch.Generator().manual_seed(3)) < 0.7
+    model = _model(
+        nodes,
+        [_input("x", torch.float32, ["T", d]), _input("mask", torch.int32, ["T", n_neurons])],
+        [_input("y", torch.float32, ["T", d]), _input("y_float", torch.float32, ["T", d])],
+        operands | dequantized | ({"thresholds": threshold_values} if has_thresholds else {}),
+        opset=ops.QUANTIZED_OPSET_VERSION,
+    )
+    y, y_float = _session(model).run(None, {"x": x.numpy(), "mask": mask.int().numpy()})
+    np.testing.assert_array_equal(y, y_float)
+    weights = [torch.from_numpy(array) for array in dequantized.values()]
+    reference = sparse_ffn(x, *weights, mask, activation, thresholds=chess if thresholds else None)
+    assert 0 < reference.active.sum() < reference.active.numel()
+    if thresholds:  # the thresholds decide some neurons
+        assert reference.active.sum() < sparse_ffn(x, *weights, mask, activation).active.sum()
+    bound = ops.error_bound("QuantizedSparseFFN", weight_format)
+    assert _max_relative_error(y, reference.output) <= bound
+
+
 # ------------------------------------------------------------------------------- schemas, nodes and functions
 
 
@@ -206,6 +330,9 @@ def test_make_node_rounds_alpha_up_to_float32() -> None:
     stored = _float_attribute(node, "alpha")
     assert stored == float(np.nextafter(np.float32(0.9), np.float32(2)))
     assert stored > 0.9
+
+
+ASYMMETRIC_FFN_INPUTS = ["x", "g", "gs", "u", "us", "d", "ds", "m", "t", "gm", "um", "dm"]
 
 
 @pytest.mark.parametrize(
@@ -270,7 +397,7 @@ def test_make_node_rounds_alpha_up_to_float32() -> None:
             "QuantizedMatMul",
             ["x", "w", "s"],
             {"weight_format": "int2", "group_size": 32},
-            "'weight_format': expected one of 'int8', 'int4', found 'int2'",
+            "'weight_format': expected one of 'int8', 'int4', 'int4_asymmetric', found 'int2'",
         ),
         (
             "QuantizedMatMul",
@@ -300,7 +427,58 @@ def test_make_node_rounds_alpha_up_to_float32() -> None:
             "QuantizedSparseFFN",
             ["x", "g", "u", "d", "m"],
             {"activation": "relu", "weight_format": "int4", "group_size": 32},
-            "expected 8 to 9 inputs",
+            "expected 8 to 9 inputs, 12 with weight_format 'int4_asymmetric' (x, w_gate, w_gate_scales, w_up, "
+            "w_up_scales, w_down_t, w_down_t_scales, mask, thresholds, w_gate_mins, w_up_mins, w_down_t_mins), found 5",
+        ),
+        (
+            "QuantizedMatMul",
+            ["x", "w", "s"],
+            {"weight_format": "int4_asymmetric", "group_size": 32},
+            "weight_format 'int4_asymmetric': expected 4 inputs, w_mins last",
+        ),
+        (
+            "QuantizedMatMul",
+            ["x", "w", "s", "mins"],
+            {"weight_format": "int4", "group_size": 64},
+            "input 'w_mins' (input 3): expected only with weight_format 'int4_asymmetric', found it with "
+            "weight_format 'int4'",
+        ),
+        (
+            "QuantizedMatMul",
+            ["x", "w", "s", "mins"],
+            {"weight_format": "int8", "group_size": 64, "transposed": 0},
+            "input 'w_mins' (input 3): expected only with weight_format 'int4_asymmetric', found it with "
+            "weight_format 'int8'",
+        ),
+        *(  # an asymmetric node without its minimums, or without thresholds before them
+            (
+                "QuantizedSparseFFN",
+                ASYMMETRIC_FFN_INPUTS[:count],
+                {"activation": "relu", "weight_format": "int4_asymmetric", "group_size": 32},
+                "weight_format 'int4_asymmetric': expected 12 inputs, w_gate_mins, w_up_mins, w_down_t_mins last; the "
+                f"optional thresholds before them given too (an omitted input in the middle would be an empty name), "
+                f"found {count}",
+            )
+            for count in (8, 9, 11)
+        ),
+        (
+            "QuantizedSparseFFN",
+            [*ASYMMETRIC_FFN_INPUTS[:8], *ASYMMETRIC_FFN_INPUTS[9:]],
+            {"activation": "relu", "weight_format": "int4_asymmetric", "group_size": 32},
+            "weight_format 'int4_asymmetric': expected 12 inputs",
+        ),
+        (
+            "QuantizedSparseFFN",
+            [*ASYMMETRIC_FFN_INPUTS[:8], "", *ASYMMETRIC_FFN_INPUTS[9:]],
+            {"activation": "relu", "weight_format": "int4_asymmetric", "group_size": 32},
+            "optional input 'thresholds': expected it left off the end of the inputs, found the empty name",
+        ),
+        (
+            "QuantizedSparseFFN",
+            ASYMMETRIC_FFN_INPUTS,
+            {"activation": "relu", "weight_format": "int4", "group_size": 32},
+            "input 'w_gate_mins' (input 9): expected only with weight_format 'int4_asymmetric', found it with "
+            "weight_format 'int4'",
         ),
     ],
 )
@@ -309,6 +487,50 @@ def test_make_node_rejects_bad_nodes(op_type: str, inputs: list[str], attributes
         ops.make_node(op_type, inputs, ["out"], name="layer3", **attributes)
     if op_type in ops.SCHEMAS:
         assert str(raised.value).startswith(f"{op_type} node 'layer3': ")
+
+
+@pytest.mark.parametrize(
+    ("op_type", "inputs", "attributes"),
+    [
+        ("QuantizedMatMul", ["x", "w", "s"], {"weight_format": "int4"}),
+        ("QuantizedMatMul", ["x", "w", "s", "mins"], {"weight_format": "int4_asymmetric"}),
+        ("QuantizedSparseFFN", ASYMMETRIC_FFN_INPUTS[:8], {"weight_format": "int8", "activation": "relu"}),
+        ("QuantizedSparseFFN", ASYMMETRIC_FFN_INPUTS[:9], {"weight_format": "int4", "activation": "relu"}),
+        ("QuantizedSparseFFN", ASYMMETRIC_FFN_INPUTS, {"weight_format": "int4_asymmetric", "activation": "silu"}),
+    ],
+)
+def test_make_node_takes_the_inputs_of_each_weight_format(op_type, inputs, attributes) -> None:
+    """3 inputs for a symmetric QuantizedMatMul, 4 for an asymmetric one; 8 or 9 for a symmetric QuantizedSparseFFN,
+    12 for an asymmetric one."""
+    node = ops.make_node(op_type, inputs, ["y"], group_size=32, **attributes)
+    assert list(node.input) == inputs
+    ops.validate_node(node)
+    ops.check_inputs(node)
+
+
+def test_validate_node_checks_input_types_where_known() -> None:
+    """Given the tensors' element types (ONNX's names, as shape inference reports them), each input must be one of
+    its schema's types, and inputs of one type variable one type; unknown tensors are not judged."""
+    node = ops.make_node(
+        "QuantizedSparseFFN", ASYMMETRIC_FFN_INPUTS, ["y"], activation="relu", weight_format="int4_asymmetric",
+        group_size=32,
+    )  # fmt: skip
+    typed = {"x": "FLOAT", "g": "INT32", "gs": "FLOAT16", "m": "INT32", "t": "FLOAT", "gm": "FLOAT16"}
+    ops.validate_node(node, typed)
+    ops.check_inputs(node, typed)
+    refused = [
+        ({"gm": "FLOAT"}, "input 'w_gate_mins' ('gm'): expected type FLOAT16, found FLOAT"),
+        ({"t": "FLOAT16"}, "input 'thresholds' ('t'): expected type FLOAT, found FLOAT16"),
+        ({"g": "FLOAT16"}, "input 'w_gate' ('g'): expected type INT32, found FLOAT16"),
+        ({"x": "INT64"}, "input 'x' ('x'): expected type FLOAT16 or BFLOAT16 or FLOAT, found INT64"),
+    ]
+    for changed, message in refused:
+        for check in (ops.validate_node, ops.check_inputs):
+            with pytest.raises(ValueError, match=re.escape(message)):
+                check(node, typed | changed)
+    float_ffn = ops.make_node("SparseFFN", ["x", "g", "u", "d", "m"], ["y"], activation="relu")
+    with pytest.raises(ValueError, match=re.escape("input 'w_up' ('u'): expected the type of 'w_gate' (TW: FLOAT16)")):
+        ops.validate_node(float_ffn, {"g": "FLOAT16", "u": "FLOAT", "d": "FLOAT16"})
 
 
 def test_validate_node_checks_nodes_read_back() -> None:
@@ -373,6 +595,11 @@ def test_schema_markdown_documents_every_input_output_and_attribute() -> None:
             assert f"`{spec.name}`" in section, (name, spec.name)
         if name == "SparseFFN":
             assert all(f'"{kind}"' in section for kind in SUPPORTED_ACTIVATIONS)
+        if name in ops.QUANTIZED_OPS:
+            assert '"int8", "int4", "int4_asymmetric"' in section
+            assert section.count('(exactly when weight_format = "int4_asymmetric")') == (
+                3 if name == "QuantizedSparseFFN" else 1
+            )
         assert "Reference decomposition:" in section
 
 

@@ -1,6 +1,7 @@
 """decode.onnx runs a prompt too (graph.py `_step_ffn`), as TensorRT's one engine does in its prefill profile: on an
 empty cache it must give prefill.onnx's logits, KV cache and core activations exactly, for every predictor kind and
-weight format, and a decode step after it the same as after prefill.onnx."""
+weight format (asymmetric int4 too: QuantizedMatMul's reference function against prefill.onnx's standard-op
+dequantization), and a decode step after it the same as after prefill.onnx."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from edge_sdk.export.ort_session import OrtBundleSession
 
-from ..conftest import BUNDLE_MATRIX
+from ..conftest import ASYMMETRIC_BUNDLES, BUNDLE_MATRIX
 
 PROMPT = np.array([[5, 17, 300, 42, 7, 99, 1000]])
 
@@ -31,7 +32,7 @@ def _prompt_through_the_decode_graph(session: OrtBundleSession) -> dict[str, np.
     return dict(zip(names, session.decode_session.run(names, feed), strict=True))
 
 
-@pytest.mark.parametrize("name", list(BUNDLE_MATRIX))
+@pytest.mark.parametrize("name", [*BUNDLE_MATRIX, *ASYMMETRIC_BUNDLES])
 def test_the_decode_graph_runs_a_prompt_as_the_prefill_graph(bundle_matrix, name):
     session = OrtBundleSession(bundle_matrix[name])
     prefill_names = [output.name for output in session.prefill_session.get_outputs()]

@@ -8,6 +8,8 @@
 //
 // The compaction and reduction kernels are the float pipeline's, emulated from their definitions (the neurons with
 // h != 0 in increasing order; per column, lane group g sums chunks g, g + 8, ..., then the groups in order).
+// Asymmetric int4 rows (mins non-NULL) run the kernels' kAsymmetric instantiations, chosen as the launchers choose
+// them (quant::dispatch_rows).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -65,14 +67,16 @@ struct Planes {
 };
 
 // QuantRows::row_dot (sparse_ffn_q.cu): lane_row_dot_planes on every lane, then the warp sum.
-template <int kFormat>
+template <int kFormat, bool kAsymmetric>
 float row_dot(const QuantMatrix& m, int row, const edge::quant::QuantX& x) {
   float lanes[kLanes];
-  for (int lane = 0; lane < kLanes; ++lane) lanes[lane] = edge::quant::lane_row_dot_planes<kFormat>(m, row, x, lane);
+  for (int lane = 0; lane < kLanes; ++lane) {
+    lanes[lane] = edge::quant::lane_row_dot_planes<kFormat, kAsymmetric>(m, row, x, lane);
+  }
   return warp_sum(lanes);
 }
 
-template <int kFormat>
+template <int kFormat, bool kAsymmetric>
 void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&w)[3], const int32_t* mask,
                   const float* thresholds, int activation, float act_threshold, float* y, uint8_t* active_out) {
   using namespace edge;
@@ -88,9 +92,9 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
     for (int i = 0; i < D; ++i) {
       float a = 0.0f;
       if (mask == nullptr || mask[static_cast<size_t>(t) * D + i] != 0) {
-        const float g = row_dot<kFormat>(w[0], i, xt);
+        const float g = row_dot<kFormat, kAsymmetric>(w[0], i, xt);
         a = gated_activation(activation, g, act_threshold, thresholds != nullptr ? thresholds + i : nullptr);
-        if (a != 0.0f) neuron_hidden[i] = hidden_value(activation, a, row_dot<kFormat>(w[1], i, xt));
+        if (a != 0.0f) neuron_hidden[i] = hidden_value(activation, a, row_dot<kFormat, kAsymmetric>(w[1], i, xt));
       }
       if (active_out != nullptr) active_out[static_cast<size_t>(t) * D + i] = a != 0.0f;
     }
@@ -120,7 +124,7 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
           for (int lane = 0; lane < kLanes; ++lane) {
             float acc[kV] = {};
             const int column = tile_start + lane * kV;
-            if (column < d) quant::lane_down<kFormat>(w[2], column, h, neuron, acc);
+            if (column < d) quant::lane_down<kFormat, kAsymmetric>(w[2], column, h, neuron, acc);
             for (int e = 0; e < kV; ++e) warp_sums[static_cast<size_t>(warp) * kTileColumns + lane * kV + e] = acc[e];
           }
         }
@@ -149,7 +153,7 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
   }
 }
 
-template <int kFormat>
+template <int kFormat, bool kAsymmetric>
 void matvec_q(const float* x, int tokens, int out, const QuantMatrix& w, const float* bias, float* y) {
   using namespace edge;
   const int in = w.cols;
@@ -162,9 +166,9 @@ void matvec_q(const float* x, int tokens, int out, const QuantMatrix& w, const f
       for (int lane = 0; lane < kLanes; ++lane) {
         float acc[quant::kGemvTokens];
         if (tokens == 1) {
-          acc[0] = quant::lane_row_dot_planes<kFormat>(w, row, planes.layout.token(0), lane);
+          acc[0] = quant::lane_row_dot_planes<kFormat, kAsymmetric>(w, row, planes.layout.token(0), lane);
         } else {
-          quant::lane_row_dot_tokens_planes<kFormat>(w, row, planes.layout, tokens, lane, acc);
+          quant::lane_row_dot_tokens_planes<kFormat, kAsymmetric>(w, row, planes.layout, tokens, lane, acc);
         }
         for (int t = 0; t < tokens; ++t) lanes[t][lane] = acc[t];
       }
@@ -186,7 +190,7 @@ void matvec_q(const float* x, int tokens, int out, const QuantMatrix& w, const f
       for (int k0 = 0; k0 < in; k0 += quant::kTileK) {
         std::memset(&tiles, 0xFF, sizeof(tiles));  // NaNs: an element no thread stages poisons the result
         for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
-          quant::gemm_stage_weights<kFormat>(w, out, row0, k0, thread, tiles);
+          quant::gemm_stage_weights<kFormat, kAsymmetric>(w, out, row0, k0, thread, tiles);
           quant::gemm_stage_x(quant::PlanesX{planes.layout}, tokens, in, token0, k0, thread, tiles);
         }
         for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
@@ -205,7 +209,7 @@ void matvec_q(const float* x, int tokens, int out, const QuantMatrix& w, const f
 }
 
 // gemm_t_kernel (edge_matvec_q_t): as the GEMM above with outputs over W's columns and steps over its rows
-template <int kFormat>
+template <int kFormat, bool kAsymmetric>
 void matvec_q_t(const float* x, int tokens, int in, const QuantMatrix& w, const float* bias, float* y) {
   using namespace edge;
   const int out = w.cols;
@@ -219,7 +223,7 @@ void matvec_q_t(const float* x, int tokens, int in, const QuantMatrix& w, const 
       for (int k0 = 0; k0 < in; k0 += quant::kTileK) {
         std::memset(&tiles, 0xFF, sizeof(tiles));
         for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
-          quant::gemm_stage_weights_t<kFormat>(w, in, col0, k0, thread, tiles);
+          quant::gemm_stage_weights_t<kFormat, kAsymmetric>(w, in, col0, k0, thread, tiles);
           quant::gemm_stage_x(quant::DenseX<float>{x, in}, tokens, in, token0, k0, thread, tiles);
         }
         for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
@@ -237,37 +241,48 @@ void matvec_q_t(const float* x, int tokens, int in, const QuantMatrix& w, const 
   }
 }
 
-bool valid(int quant_format, int group_size, int cols) {
-  return edge::quant::valid_format(quant_format) && edge::quant::valid_group_size(group_size) && cols > 0 &&
-         cols % group_size == 0;
+bool valid(int quant_format, int group_size, int cols, const uint16_t* mins) {
+  return edge::quant::valid_format(quant_format) && edge::quant::valid_mins(quant_format, mins) &&
+         edge::quant::valid_group_size(group_size) && cols > 0 && cols % group_size == 0;
 }
 
 }  // namespace
 
-// edge_sparse_ffn_q on host memory, fp32 x [tokens, d]; returns 0, or 1 for invalid arguments.
+// edge_sparse_ffn_q on host memory, fp32 x [tokens, d]; the mins all NULL or all non-NULL, as the launcher takes
+// them; returns 0, or 1 for invalid arguments.
 extern "C" __attribute__((visibility("default"))) int edge_emulate_sparse_ffn_q(
-    const float* x, int tokens, int d, int D, const void* w_gate, const uint16_t* gate_scales, const void* w_up,
-    const uint16_t* up_scales, const void* w_down_t, const uint16_t* down_scales, int quant_format, int group_size,
+    const float* x, int tokens, int d, int D, const void* w_gate, const uint16_t* gate_scales,
+    const uint16_t* gate_mins, const void* w_up, const uint16_t* up_scales, const uint16_t* up_mins,
+    const void* w_down_t, const uint16_t* down_scales, const uint16_t* down_mins, int quant_format, int group_size,
     const int32_t* mask, const float* thresholds, int activation, float act_threshold, float* y,
     uint8_t* active_out) {
-  if (!valid(quant_format, group_size, d) || tokens <= 0 || D <= 0) return 1;
-  const QuantMatrix w[3] = {{static_cast<const uint8_t*>(w_gate), gate_scales, d, group_size, true},
-                            {static_cast<const uint8_t*>(w_up), up_scales, d, group_size, true},
-                            {static_cast<const uint8_t*>(w_down_t), down_scales, d, group_size, true}};
-  auto run = quant_format == EDGE_Q4 ? sparse_ffn_q<EDGE_Q4> : sparse_ffn_q<EDGE_Q8>;
-  run(x, tokens, d, D, w, mask, thresholds, activation, act_threshold, y, active_out);
+  const bool asymmetric = gate_mins != nullptr;
+  if (!valid(quant_format, group_size, d, gate_mins) || tokens <= 0 || D <= 0 || (up_mins != nullptr) != asymmetric ||
+      (down_mins != nullptr) != asymmetric) {
+    return 1;
+  }
+  const QuantMatrix w[3] = {{static_cast<const uint8_t*>(w_gate), gate_scales, gate_mins, d, group_size, true},
+                            {static_cast<const uint8_t*>(w_up), up_scales, up_mins, d, group_size, true},
+                            {static_cast<const uint8_t*>(w_down_t), down_scales, down_mins, d, group_size, true}};
+  edge::quant::dispatch_rows(quant_format, asymmetric, [&](auto kind) {
+    using Kind = decltype(kind);
+    sparse_ffn_q<Kind::kFormat, Kind::kAsymmetric>(x, tokens, d, D, w, mask, thresholds, activation, act_threshold, y,
+                                                   active_out);
+  });
   return 0;
 }
 
 // edge_matvec_q on host memory, fp32 x [tokens, in]; returns 0, or 1 for invalid arguments.
 extern "C" __attribute__((visibility("default"))) int edge_emulate_matvec_q(const float* x, int tokens, int in, int out,
                                                                           const void* w, const uint16_t* scales,
-                                                                          int quant_format, int group_size,
-                                                                          const float* bias, float* y) {
-  if (!valid(quant_format, group_size, in) || tokens <= 0 || out <= 0) return 1;
-  const QuantMatrix matrix{static_cast<const uint8_t*>(w), scales, in, group_size, true};
-  auto run = quant_format == EDGE_Q4 ? matvec_q<EDGE_Q4> : matvec_q<EDGE_Q8>;
-  run(x, tokens, out, matrix, bias, y);
+                                                                          const uint16_t* mins, int quant_format,
+                                                                          int group_size, const float* bias, float* y) {
+  if (!valid(quant_format, group_size, in, mins) || tokens <= 0 || out <= 0) return 1;
+  const QuantMatrix matrix{static_cast<const uint8_t*>(w), scales, mins, in, group_size, true};
+  edge::quant::dispatch_rows(quant_format, mins != nullptr, [&](auto kind) {
+    using Kind = decltype(kind);
+    matvec_q<Kind::kFormat, Kind::kAsymmetric>(x, tokens, out, matrix, bias, y);
+  });
   return 0;
 }
 
@@ -275,12 +290,15 @@ extern "C" __attribute__((visibility("default"))) int edge_emulate_matvec_q(cons
 // arguments.
 extern "C" __attribute__((visibility("default"))) int edge_emulate_matvec_q_t(const float* x, int tokens, int in,
                                                                             int out, const void* w,
-                                                                            const uint16_t* scales, int quant_format,
+                                                                            const uint16_t* scales,
+                                                                            const uint16_t* mins, int quant_format,
                                                                             int group_size, const float* bias,
                                                                             float* y) {
-  if (!valid(quant_format, group_size, out) || tokens <= 0 || in <= 0) return 1;
-  const QuantMatrix matrix{static_cast<const uint8_t*>(w), scales, out, group_size, true};
-  auto run = quant_format == EDGE_Q4 ? matvec_q_t<EDGE_Q4> : matvec_q_t<EDGE_Q8>;
-  run(x, tokens, in, matrix, bias, y);
+  if (!valid(quant_format, group_size, out, mins) || tokens <= 0 || in <= 0) return 1;
+  const QuantMatrix matrix{static_cast<const uint8_t*>(w), scales, mins, out, group_size, true};
+  edge::quant::dispatch_rows(quant_format, mins != nullptr, [&](auto kind) {
+    using Kind = decltype(kind);
+    matvec_q_t<Kind::kFormat, Kind::kAsymmetric>(x, tokens, in, matrix, bias, y);
+  });
   return 0;
 }

@@ -3,6 +3,7 @@
 No GPU is needed: the emulation runs every block, warp, lane and thread of edge_sparse_ffn_q and edge_matvec_q on the
 host through the kernels' own __host__ __device__ functions (plugins/kernels/quant_rows.cuh,
 sparse_ffn_pipeline.cuh), so its results check the kernels' indexing and summation orders against the reference.
+Asymmetric int4 matrices (QuantizedMatrix.mins) pass their minimums as the launchers take them.
 nvcc compiles it once per process into a temporary directory (a few seconds).
 """
 
@@ -58,7 +59,7 @@ def load() -> ctypes.CDLL:
         _int,
         _int,
         _int,
-        *[_ptr] * 6,
+        *[_ptr] * 9,  # codes, scales and mins of w_gate, w_up, w_down_t
         _int,
         _int,
         _ptr,
@@ -68,8 +69,9 @@ def load() -> ctypes.CDLL:
         _ptr,
         _ptr,
     ]
-    emulation.edge_emulate_matvec_q.argtypes = [_ptr, _int, _int, _int, _ptr, _ptr, _int, _int, _ptr, _ptr]
-    emulation.edge_emulate_matvec_q_t.argtypes = [_ptr, _int, _int, _int, _ptr, _ptr, _int, _int, _ptr, _ptr]
+    # x, tokens, in, out, w, scales, mins, quant_format, group_size, bias, y
+    emulation.edge_emulate_matvec_q.argtypes = [_ptr, _int, _int, _int, _ptr, _ptr, _ptr, _int, _int, _ptr, _ptr]
+    emulation.edge_emulate_matvec_q_t.argtypes = [_ptr, _int, _int, _int, _ptr, _ptr, _ptr, _int, _int, _ptr, _ptr]
     for function in (
         emulation.edge_emulate_sparse_ffn_q,
         emulation.edge_emulate_matvec_q,
@@ -83,6 +85,12 @@ def _address(array: np.ndarray | None) -> int | None:
     return None if array is None else array.ctypes.data
 
 
+def _arrays(w: quant.QuantizedMatrix) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """A matrix's codes, scales and minimums (None when symmetric), C-contiguous for the emulation."""
+    mins = None if w.mins is None else np.ascontiguousarray(w.mins)
+    return np.ascontiguousarray(w.data), np.ascontiguousarray(w.scales), mins
+
+
 def sparse_ffn_q(
     x: np.ndarray,  # [T, d] float32
     weights: tuple[quant.QuantizedMatrix, quant.QuantizedMatrix, quant.QuantizedMatrix],  # [D, d] each
@@ -91,11 +99,12 @@ def sparse_ffn_q(
     activation: str,
     act_threshold: float,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(y [T, d] float32, active [T, D] bool) as edge_sparse_ffn_q computes them."""
+    """(y [T, d] float32, active [T, D] bool) as edge_sparse_ffn_q computes them (asymmetric int4 weights with their
+    minimums)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     tokens, d = x.shape
     n_neurons = weights[0].shape[0]
-    matrices = [array for w in weights for array in (np.ascontiguousarray(w.data), np.ascontiguousarray(w.scales))]
+    matrices = [array for w in weights for array in _arrays(w)]
     mask = None if mask is None else np.ascontiguousarray(mask, dtype=np.int32)
     thresholds = None if thresholds is None else np.ascontiguousarray(thresholds, dtype=np.float32)
     y = np.empty((tokens, d), np.float32)
@@ -122,11 +131,11 @@ def sparse_ffn_q(
 
 def matvec_q(x: np.ndarray, w: quant.QuantizedMatrix, bias: np.ndarray | None, transposed: bool = True) -> np.ndarray:
     """y [T, out] float32 as edge_matvec_q computes it: x [T, in] W^T (+ bias) for W [out, in] (transposed), or as
-    edge_matvec_q_t: x W (+ bias) for W [in, out] (transposed False)."""
+    edge_matvec_q_t: x W (+ bias) for W [in, out] (transposed False); asymmetric int4 W with its minimums."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     tokens, n_in = x.shape
     n_out = w.shape[0] if transposed else w.shape[1]
-    codes, scales = np.ascontiguousarray(w.data), np.ascontiguousarray(w.scales)
+    codes, scales, mins = _arrays(w)
     bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
     y = np.empty((tokens, n_out), np.float32)
     emulate = load().edge_emulate_matvec_q if transposed else load().edge_emulate_matvec_q_t
@@ -137,6 +146,7 @@ def matvec_q(x: np.ndarray, w: quant.QuantizedMatrix, bias: np.ndarray | None, t
         n_out,
         _address(codes),
         _address(scales),
+        _address(mins),
         QUANT_FORMATS[w.format],
         w.group_size,
         _address(bias),

@@ -100,10 +100,13 @@ def load_kernels() -> ctypes.CDLL:
             _int,  # D
             _ptr,  # w_gate (codes)
             _ptr,  # gate_scales
+            _ptr,  # gate_mins (asymmetric int4; NULL: symmetric)
             _ptr,  # w_up
             _ptr,  # up_scales
+            _ptr,  # up_mins
             _ptr,  # w_down_t
             _ptr,  # down_scales
+            _ptr,  # down_mins
             _int,  # quant_format
             _int,  # group_size
             _ptr,  # mask
@@ -114,9 +117,9 @@ def load_kernels() -> ctypes.CDLL:
             _ptr,  # workspace
             _ptr,  # active_out
         ],
-        # stream, x, x_dtype, tokens, in, out, w, scales, quant_format, group_size, bias, y (, workspace)
-        "edge_matvec_q": [_ptr, _ptr, _int, _int, _int, _int, _ptr, _ptr, _int, _int, _ptr, _ptr, _ptr],
-        "edge_matvec_q_t": [_ptr, _ptr, _int, _int, _int, _int, _ptr, _ptr, _int, _int, _ptr, _ptr],
+        # stream, x, x_dtype, tokens, in, out, w, scales, mins, quant_format, group_size, bias, y (, workspace)
+        "edge_matvec_q": [_ptr, _ptr, _int, _int, _int, _int, _ptr, _ptr, _ptr, _int, _int, _ptr, _ptr, _ptr],
+        "edge_matvec_q_t": [_ptr, _ptr, _int, _int, _int, _int, _ptr, _ptr, _ptr, _int, _int, _ptr, _ptr],
         "cudaGetDeviceCount": [ctypes.POINTER(_int)],
         "cudaMalloc": [ctypes.POINTER(_ptr), _size],
         "cudaFree": [_ptr],
@@ -154,7 +157,9 @@ def load_kernels() -> ctypes.CDLL:
 
 def has_matvec_workspace(library: ctypes.CDLL) -> bool:
     """Whether edge_matvec_q takes a workspace (since 6948183). A library built from an older revision, loaded as the
-    baseline of a side-by-side benchmark (scripts/gpu_check.sh GPU_CHECK_BASELINE), has the other launchers alone."""
+    baseline of a side-by-side benchmark (scripts/gpu_check.sh GPU_CHECK_BASELINE), has the other launchers alone.
+    (A library from before the asymmetric int4 minimums takes its quantized launchers' arguments in another order,
+    which no symbol tells: this harness's quantized calls fail on it with cudaErrorInvalidValue.)"""
     return hasattr(library, "edge_matvec_q_workspace_size")
 
 
@@ -286,20 +291,24 @@ def _address(tensor: DeviceTensor | None) -> int | None:
 
 @dataclass
 class DeviceQuantized:
-    """A quantized matrix on the device (edge_sdk.quant.QuantizedMatrix): its codes and fp16 scales."""
+    """A quantized matrix on the device (edge_sdk.quant.QuantizedMatrix): its codes, fp16 scales and, for asymmetric
+    int4, fp16 group minimums."""
 
     format: str  # int8 | int4
     group_size: int
     codes: DeviceTensor  # int8 [rows, cols] or uint8 [rows, cols / 2]
     scales: DeviceTensor  # float16 [rows, cols / group_size]
     cols: int
+    mins: DeviceTensor | None = None  # float16 [rows, cols / group_size]; None: symmetric
 
 
 def upload_quantized(device: Device, matrix, byte_offset: int = 0) -> DeviceQuantized:
-    """A device copy of an edge_sdk.quant.QuantizedMatrix; byte_offset shifts the codes past the allocation's start."""
+    """A device copy of an edge_sdk.quant.QuantizedMatrix (its minimums too, if any); byte_offset shifts the codes past
+    the allocation's start."""
     codes = device.upload(torch.from_numpy(matrix.data), byte_offset=byte_offset)
     scales = device.upload(torch.from_numpy(matrix.scales))
-    return DeviceQuantized(matrix.format, matrix.group_size, codes, scales, matrix.shape[1])
+    mins = None if matrix.mins is None else device.upload(torch.from_numpy(matrix.mins))
+    return DeviceQuantized(matrix.format, matrix.group_size, codes, scales, matrix.shape[1], mins)
 
 
 class Kernels:
@@ -355,7 +364,8 @@ class Kernels:
     def sparse_ffn_q(
         self,
         x: DeviceTensor,  # [T, d]
-        weights: tuple[DeviceQuantized, DeviceQuantized, DeviceQuantized],  # w_gate, w_up, w_down_t: [D, d]
+        # w_gate, w_up, w_down_t: [D, d], each with minimums (asymmetric int4) or none
+        weights: tuple[DeviceQuantized, DeviceQuantized, DeviceQuantized],
         mask: DeviceTensor | None,  # [T, D] int32, nonzero = predicted active
         thresholds: DeviceTensor | None,  # [D] fp32
         activation: str,
@@ -367,7 +377,7 @@ class Kernels:
         tokens, d = x.shape
         w_gate = weights[0]
         shapes = (x.pointer, DTYPES[x.dtype], tokens, d, w_gate.codes.shape[0])
-        matrices = tuple(pointer for w in weights for pointer in (w.codes.pointer, w.scales.pointer))
+        matrices = tuple(p for w in weights for p in (w.codes.pointer, w.scales.pointer, _address(w.mins)))
         layout = (QUANT_FORMATS[w_gate.format], w_gate.group_size)
         rest = (_address(mask), _address(thresholds), ACTIVATIONS[activation], act_threshold, y.pointer, workspace)
         stream = self.device.stream
@@ -377,7 +387,7 @@ class Kernels:
     def matvec_q(
         self,
         x: DeviceTensor,  # [T, in]
-        w: DeviceQuantized,  # [out, in], or [in, out] when not transposed
+        w: DeviceQuantized,  # [out, in], or [in, out] when not transposed; its minimums if asymmetric int4
         bias: DeviceTensor | None,  # [out] fp32
         y: DeviceTensor,  # [T, out] fp32
         transposed: bool = True,  # y = x W^T (edge_matvec_q); False: y = x W (edge_matvec_q_t)
@@ -385,17 +395,17 @@ class Kernels:
     ) -> None:
         tokens, n_in = x.shape
         n_out = w.codes.shape[0] if transposed else w.cols
-        arguments = (x.pointer, DTYPES[x.dtype], tokens, n_in, n_out, w.codes.pointer, w.scales.pointer)
-        layout = (QUANT_FORMATS[w.format], w.group_size)
+        arguments = (x.pointer, DTYPES[x.dtype], tokens, n_in, n_out)
+        matrix = (w.codes.pointer, w.scales.pointer, _address(w.mins), QUANT_FORMATS[w.format], w.group_size)
         if transposed:
             if workspace is None:
                 workspace = self.device.allocate(self.matvec_workspace_size(n_in, tokens))
             status = self.cuda.edge_matvec_q(
-                self.device.stream, *arguments, *layout, _address(bias), y.pointer, workspace
+                self.device.stream, *arguments, *matrix, _address(bias), y.pointer, workspace
             )
             check(status, "edge_matvec_q")
         else:
-            status = self.cuda.edge_matvec_q_t(self.device.stream, *arguments, *layout, _address(bias), y.pointer)
+            status = self.cuda.edge_matvec_q_t(self.device.stream, *arguments, *matrix, _address(bias), y.pointer)
             check(status, "edge_matvec_q_t")
 
     def matvec_workspace_size(self, n_in: int, tokens: int) -> int:

@@ -4,7 +4,10 @@ and on the x they compute with (edge_matvec_q: quantized_activations(x); edge_ma
 
 Needs nvcc, not a GPU. The quantized SparseFFN's cases are rows of the op table (tests/ops, implementation
 `cuda_emulation`); here: the dense edge_matvec_q on both of its paths (one warp per row up to 4 tokens, the tiled
-GEMM beyond) with partial tiles, and that the reading of the codes is the format's and no other.
+GEMM beyond) with partial tiles, and that the reading of the codes is the format's and no other. Asymmetric int4 rows
+(group minimums) on all three launchers: within the bounds edge_cuda_kernels.h declares for them, on rows where every
+wrong reading of the minimums (asymmetric_rows.py) misses the reference by far, and with mids of zero the symmetric
+kernels' values exactly.
 """
 
 from __future__ import annotations
@@ -20,6 +23,15 @@ from edge_sdk import quant
 from edge_sdk.export.ops import error_bound
 
 from . import cuda_emulation
+from .asymmetric_rows import (
+    ACTIVATIONS,
+    assert_asymmetric_bounds,
+    asymmetric_ffn_case,
+    asymmetric_matrix,
+    ffn_reference,
+    with_zero_mids,
+    wrong_dequantizations,
+)
 
 UNAVAILABLE = cuda_emulation.unavailable_reason()
 pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))
@@ -131,3 +143,127 @@ def test_emulation_refuses_what_the_launchers_refuse():
     matrix = dataclasses.replace(quant.quantize(rng.standard_normal((8, 96)), "int8", 32), group_size=64)
     with pytest.raises(ValueError, match="refused"):
         cuda_emulation.matvec_q(np.zeros((1, 96), np.float32), matrix, None)  # 96 is no multiple of 64
+
+
+# ---- asymmetric int4 (group minimums, llama.cpp's Q4_1 grid: value = (code + 8) * scale + min; asymmetric_rows.py) ---
+
+
+# tokens: 1 (lane_row_dot_planes), 2 and 4 (lane_row_dot_tokens_planes), 5 and 37 (the tiled GEMM staging the
+# dequantized rows); 416 = 13 blocks of 32 (a partial round of lane loads), 384 = three groups of 128
+@pytest.mark.parametrize("tokens", [1, 2, 4, 5, 37])
+@pytest.mark.parametrize("group_size", quant.GROUP_SIZES)
+def test_asymmetric_matvec_emulation_matches_the_reference(tokens, group_size):
+    """edge_matvec_q over asymmetric int4 rows: the reference on the dequantized rows and quantized_activations(x),
+    within both bounds, and far from every wrong reading of the minimums."""
+    rng = np.random.default_rng(tokens * 10 + group_size)
+    n_in = 416 if group_size == 32 else 384
+    matrix = asymmetric_matrix(77, n_in, group_size, seed=tokens + group_size)
+    x = rng.standard_normal((tokens, n_in)).astype(np.float32)
+    bias = rng.standard_normal(77).astype(np.float32)
+    weights = quant.dequantize(matrix).astype(np.float64)
+    x_used = quantized_activations(torch.from_numpy(x)).numpy().astype(np.float64)
+    expected = x_used @ weights.T + bias
+    bound = error_bound("QuantizedMatMul", "int4")
+    products = np.abs(x_used) @ np.abs(weights).T
+    assert_asymmetric_bounds(cuda_emulation.matvec_q(x, matrix, bias), expected, products, bound)
+    for what, wrong in wrong_dequantizations(matrix).items():
+        assert relative_error(x_used @ wrong.T + bias, expected) > DISCRIMINATION * bound, f"a kernel that {what}"
+
+
+# edge_matvec_q_t over W [in, out] quantized along its rows, x in fp32: in not a multiple of the 32-row step (300)
+@pytest.mark.parametrize("tokens", [1, 37])
+@pytest.mark.parametrize("group_size, n_out", [(32, 96), (64, 384), (128, 384)])
+@pytest.mark.parametrize("n_in", [300, 64])
+def test_asymmetric_transposed_matvec_emulation_matches_the_reference(tokens, group_size, n_out, n_in):
+    rng = np.random.default_rng(tokens + n_out + n_in)
+    matrix = asymmetric_matrix(n_in, n_out, group_size, seed=group_size + n_in)
+    x = rng.standard_normal((tokens, n_in)).astype(np.float32)
+    weights = quant.dequantize(matrix).astype(np.float64)
+    expected = x.astype(np.float64) @ weights
+    bound = error_bound("QuantizedMatMul", "int4")
+    products = np.abs(x.astype(np.float64)) @ np.abs(weights)
+    assert_asymmetric_bounds(cuda_emulation.matvec_q(x, matrix, None, transposed=False), expected, products, bound)
+    for what, wrong in wrong_dequantizations(matrix).items():
+        assert relative_error(x.astype(np.float64) @ wrong, expected) > DISCRIMINATION * bound, f"a kernel that {what}"
+
+
+# d: one whole tile of the down kernel (1024 int4 columns) and a partial one, or SmolLM2's width (576: a partial round
+# of lane loads); D: several chunks of 64 rows and a partial one
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
+@pytest.mark.parametrize(
+    "d, n_neurons, group_size", [(1152, 301, 32), (1152, 301, 64), (1152, 301, 128), (576, 150, 64)]
+)
+def test_asymmetric_sparse_ffn_emulation_matches_the_reference(activation, d, n_neurons, group_size):
+    """Masked and dense (no mask): the reference on the dequantized rows and quantized_activations(x), the same active
+    neurons, within both bounds, and far from what a wrong reading of the minimums in any of gate, up or down gives."""
+    act = ACTIVATIONS[activation]
+    x, matrices, random_mask = asymmetric_ffn_case(d, n_neurons, group_size, act, seed=d + group_size)
+    rows = [quant.dequantize(m).astype(np.float64) for m in matrices]
+    x_used = quantized_activations(torch.from_numpy(x)).numpy().astype(np.float64)
+    bound = error_bound("QuantizedSparseFFN", "int4")
+    for mask in (random_mask, None):
+        reference_mask = np.ones_like(random_mask) if mask is None else mask
+        y, active = cuda_emulation.sparse_ffn_q(x, matrices, mask, None, activation, act.threshold)
+        expected, expected_active, products_bound = ffn_reference(x_used, rows, reference_mask, act)
+        assert np.array_equal(active, expected_active)
+        assert expected_active.sum() >= 10  # down rows are summed
+        assert relative_error(y, expected) <= bound
+        error = np.abs(y.astype(np.float64) - expected)
+        assert (error <= products_bound).all(), f"worst error / bound {(error / products_bound).max():.3g}"
+        for k, matrix in enumerate(matrices):
+            for what, wrong in wrong_dequantizations(matrix).items():
+                wrongs = list(rows)
+                wrongs[k] = wrong
+                miss = relative_error(ffn_reference(x_used, wrongs, reference_mask, act)[0], expected)
+                assert miss > DISCRIMINATION * bound, f"a kernel that {what} in matrix {k}"
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 37])
+@pytest.mark.parametrize("group_size", quant.GROUP_SIZES)
+def test_asymmetric_rows_of_mid_zero_give_the_symmetric_kernels_results(tokens, group_size):
+    """Minimums of -8 scale (exact in fp16) make every mid 0 and every value code * scale: each path (the FFN,
+    edge_matvec_q's one-token and few-token GEMVs and its GEMM, edge_matvec_q_t) gives the symmetric kernels' values
+    exactly, so the minimums' terms come on top of the symmetric sums without reordering them."""
+    rng = np.random.default_rng(tokens + group_size)
+    d = 416 if group_size == 32 else 384
+
+    symmetric = tuple(quant.quantize(rng.standard_normal((130, d)) / d**0.5, "int4", group_size) for _ in range(3))
+    asymmetric = tuple(map(with_zero_mids, symmetric))
+    x = rng.standard_normal((tokens, d)).astype(np.float32)
+    assert np.array_equal(
+        cuda_emulation.matvec_q(x, asymmetric[0], None), cuda_emulation.matvec_q(x, symmetric[0], None)
+    )
+    x_t = rng.standard_normal((tokens, 130)).astype(np.float32)
+    transposed = (cuda_emulation.matvec_q(x_t, m, None, transposed=False) for m in (asymmetric[0], symmetric[0]))
+    assert np.array_equal(*transposed)
+    mask = rng.random((tokens, 130)) < 0.5
+    (y, active), (y_symmetric, active_symmetric) = (
+        cuda_emulation.sparse_ffn_q(x, weights, mask, None, "relu", 0.0) for weights in (asymmetric, symmetric)
+    )
+    assert active.any() and np.array_equal(active, active_symmetric)
+    assert np.array_equal(y, y_symmetric)
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 37])
+def test_a_non_finite_activation_makes_every_asymmetric_product_of_its_token_nan(tokens):
+    """x's block sums carry a non-finite block's NaN factor into the minimums' terms too."""
+    rng = np.random.default_rng(8)
+    matrix = asymmetric_matrix(9, 320, 32, seed=8)
+    for value in (np.nan, np.inf, -np.inf):
+        x = rng.standard_normal((tokens, 320)).astype(np.float32)
+        x[0, 300] = value
+        y = cuda_emulation.matvec_q(x, matrix, None)
+        assert np.isnan(y[0]).all() and np.isfinite(y[1:]).all()
+
+
+def test_emulation_refuses_minimums_where_the_launchers_do():
+    """Minimums only with int4, and for all three matrices of the FFN or for none (cudaErrorInvalidValue)."""
+    rng = np.random.default_rng(1)
+    asymmetric = asymmetric_matrix(8, 64, 32, seed=1)
+    int8 = quant.quantize(rng.standard_normal((8, 64)), "int8", 32)
+    with pytest.raises(ValueError, match="refused"):
+        cuda_emulation.matvec_q(np.zeros((1, 64), np.float32), dataclasses.replace(int8, mins=asymmetric.mins), None)
+    symmetric = dataclasses.replace(asymmetric, mins=None)
+    for weights in ((asymmetric, symmetric, symmetric), (asymmetric, asymmetric, symmetric)):
+        with pytest.raises(ValueError, match="refused"):
+            cuda_emulation.sparse_ffn_q(np.zeros((1, 64), np.float32), weights, None, None, "relu", 0.0)

@@ -20,7 +20,7 @@ from edge_sdk.model.activation import Activation
 from edge_sdk.sparsity.ffn import sparse_ffn
 from edge_sdk.sparsity.signbit import pack_sign_bits, signbit_mask
 
-from . import cuda_emulation
+from . import asymmetric_rows, cuda_emulation
 from .cuda_harness import Device, Kernels, gpu_unavailable_reason, upload_quantized
 
 UNAVAILABLE = gpu_unavailable_reason()
@@ -482,3 +482,103 @@ def test_transposed_quantized_matvec_matches_reference(device, tokens, fmt, grou
     assert (y.double() - expected).abs().max() <= MATMUL_RTOL[fmt] * expected.abs().max()
     again = run_matvec_q(device, x, matrix, bias, byte_offset=4, transposed=False)
     assert torch.equal(y.view(torch.int32), again.view(torch.int32))
+
+
+# ------------------------------------------------------------------ asymmetric int4 rows (group minimums)
+# Rows whose minimums dominate their values and differ group to group (asymmetric_rows.py; test_cuda_emulation.py shows
+# that every wrong reading of them misses these references by far): the reference on the dequantized rows, within
+# OPS.md's bound and the asymmetric one edge_cuda_kernels.h declares (relative to the products).
+
+
+@pytest.mark.parametrize("group_size", quant.GROUP_SIZES)
+@pytest.mark.parametrize("name", ACTIVATIONS)
+def test_asymmetric_quantized_sparse_ffn_matches_reference(device, group_size, name):
+    """d 1152: a whole tile of the down kernel and a partial one; D 301: chunks of 64 rows and a partial one. Masked and
+    dense, the same active neurons as the float64 reference, repeated runs bit-identical, and the emulation within the
+    bound."""
+    act = asymmetric_rows.ACTIVATIONS[name]
+    x, matrices, random_mask = asymmetric_rows.asymmetric_ffn_case(1152, 301, group_size, act, seed=group_size)
+    rows = [quant.dequantize(m).astype(np.float64) for m in matrices]
+    x_used = quantized_activations(torch.from_numpy(x)).numpy().astype(np.float64)
+    weights = tuple(upload_quantized(device, m) for m in matrices)
+    for mask in (torch.from_numpy(random_mask), None):
+        runs = [run_ffn_q(device, torch.from_numpy(x), matrices, mask, act, weights=weights) for _ in range(2)]
+        assert torch.equal(runs[0][0].view(torch.int32), runs[1][0].view(torch.int32))
+        y, active = runs[0][0].numpy(), runs[0][1].numpy()
+        reference_mask = np.ones((2, 301), bool) if mask is None else random_mask
+        expected, expected_active, products_bound = asymmetric_rows.ffn_reference(x_used, rows, reference_mask, act)
+        assert np.array_equal(active, expected_active) and expected_active.sum() >= 10
+        error = np.abs(y.astype(np.float64) - expected)
+        assert error.max() <= QUANT_RTOL["int4"] * np.abs(expected).max()
+        assert (error <= products_bound).all()
+        if cuda_emulation.unavailable_reason() is None:
+            emulated, emulated_active = cuda_emulation.sparse_ffn_q(
+                x, matrices, None if mask is None else random_mask, None, name, act.threshold
+            )
+            assert np.array_equal(emulated_active, active)
+            assert np.abs(emulated - y).max() <= QUANT_RTOL["int4"] * np.abs(emulated).max()
+
+
+def test_asymmetric_quantized_sparse_ffn_reads_codes_at_any_4_byte_alignment(device):
+    act = asymmetric_rows.ACTIVATIONS["drelu"]
+    x, matrices, mask = asymmetric_rows.asymmetric_ffn_case(4096, 300, 32, act, seed=5)
+    x, mask = torch.from_numpy(x), torch.from_numpy(mask)
+    aligned, _ = run_ffn_q(device, x, matrices, mask, act)
+    shifted, _ = run_ffn_q(device, x, matrices, mask, act, byte_offset=4)
+    assert torch.equal(aligned.view(torch.int32), shifted.view(torch.int32))
+
+
+# tokens: 1 (one warp per row), 3 (several tokens per piece), 37 and 100 (the tiled GEMM, partial tiles)
+@pytest.mark.parametrize("tokens", [1, 3, 37, 100])
+@pytest.mark.parametrize("group_size", quant.GROUP_SIZES)
+def test_asymmetric_quantized_matvec_matches_reference(device, tokens, group_size):
+    rng = np.random.default_rng(tokens + group_size)
+    matrix = asymmetric_rows.asymmetric_matrix(130, 1024, group_size, seed=tokens * group_size)
+    x = rng.standard_normal((tokens, 1024)).astype(np.float32)
+    bias = rng.standard_normal(130).astype(np.float32)
+    weights = quant.dequantize(matrix).astype(np.float64)
+    x_used = quantized_activations(torch.from_numpy(x)).numpy().astype(np.float64)
+    expected = x_used @ weights.T + bias
+    products = np.abs(x_used) @ np.abs(weights).T
+    y = run_matvec_q(device, torch.from_numpy(x), matrix, torch.from_numpy(bias)).numpy()
+    asymmetric_rows.assert_asymmetric_bounds(y, expected, products, MATMUL_RTOL["int4"])
+    unbiased = run_matvec_q(device, torch.from_numpy(x), matrix, None, byte_offset=4).numpy()
+    asymmetric_rows.assert_asymmetric_bounds(unbiased + bias, expected, products, MATMUL_RTOL["int4"])
+    if cuda_emulation.unavailable_reason() is None:
+        emulated = cuda_emulation.matvec_q(x, matrix, bias)
+        assert np.abs(emulated - y).max() <= MATMUL_RTOL["int4"] * np.abs(emulated).max()
+
+
+@pytest.mark.parametrize("tokens", [1, 37])
+@pytest.mark.parametrize("group_size", quant.GROUP_SIZES)
+def test_asymmetric_transposed_quantized_matvec_matches_reference(device, tokens, group_size):
+    rng = np.random.default_rng(tokens * group_size)
+    matrix = asymmetric_rows.asymmetric_matrix(700, 640, group_size, seed=tokens + group_size)
+    x = rng.standard_normal((tokens, 700)).astype(np.float32)
+    weights = quant.dequantize(matrix).astype(np.float64)
+    expected = x.astype(np.float64) @ weights
+    products = np.abs(x.astype(np.float64)) @ np.abs(weights)
+    y = run_matvec_q(device, torch.from_numpy(x), matrix, None, transposed=False)
+    asymmetric_rows.assert_asymmetric_bounds(y.numpy(), expected, products, MATMUL_RTOL["int4"])
+    again = run_matvec_q(device, torch.from_numpy(x), matrix, None, byte_offset=4, transposed=False)
+    assert torch.equal(y.view(torch.int32), again.view(torch.int32))
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 37])
+def test_asymmetric_rows_of_mid_zero_give_the_symmetric_kernels_results(device, tokens):
+    """Minimums of -8 scale make every mid 0 (asymmetric_rows.with_zero_mids): each launcher's asymmetric kernels give
+    its symmetric kernels' values exactly, the minimums' terms added on top of unchanged symmetric sums."""
+    rng = np.random.default_rng(tokens)
+    symmetric = tuple(quant.quantize(rng.standard_normal((300, 1152)) / 34, "int4", 64) for _ in range(3))
+    asymmetric = tuple(map(asymmetric_rows.with_zero_mids, symmetric))
+    x = torch.from_numpy(rng.standard_normal((tokens, 1152)).astype(np.float32))
+    assert torch.equal(run_matvec_q(device, x, asymmetric[0], None), run_matvec_q(device, x, symmetric[0], None))
+    x_t = torch.from_numpy(rng.standard_normal((tokens, 300)).astype(np.float32))
+    transposed = (run_matvec_q(device, x_t, m, None, transposed=False) for m in (asymmetric[0], symmetric[0]))
+    assert torch.equal(*transposed)
+    mask = torch.from_numpy(rng.random((tokens, 300)) < 0.5)
+    (y, active), (y_symmetric, active_symmetric) = (
+        run_ffn_q(device, x, weights, mask, ACTIVATIONS["relu"]) for weights in (asymmetric, symmetric)
+    )
+    assert active.any() and torch.equal(active, active_symmetric)
+    assert torch.equal(y, y_symmetric)

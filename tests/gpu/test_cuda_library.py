@@ -76,7 +76,7 @@ def test_sparse_ffn_rejects_invalid_arguments(field, value):
     assert load_kernels().edge_sparse_ffn(None, *arguments.values()) == CUDA_ERROR_INVALID_VALUE
 
 
-# Arguments of a valid edge_sparse_ffn_q call (after the stream): int4 rows in groups of 32.
+# Arguments of a valid edge_sparse_ffn_q call (after the stream): symmetric int4 rows in groups of 32.
 FFN_Q_ARGUMENTS = {
     "x": UNUSED,
     "x_dtype": 0,
@@ -85,10 +85,13 @@ FFN_Q_ARGUMENTS = {
     "D": 128,
     "w_gate": UNUSED,
     "gate_scales": UNUSED,
+    "gate_mins": None,
     "w_up": UNUSED,
     "up_scales": UNUSED,
+    "up_mins": None,
     "w_down_t": UNUSED,
     "down_scales": UNUSED,
+    "down_mins": None,
     "quant_format": 3,
     "group_size": 32,
     "mask": None,
@@ -128,6 +131,20 @@ def test_sparse_ffn_q_rejects_invalid_arguments(field, value):
     assert load_kernels().edge_sparse_ffn_q(None, *arguments.values()) == CUDA_ERROR_INVALID_VALUE
 
 
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"gate_mins": UNUSED},  # minimums for some of the three matrices only
+        {"down_mins": UNUSED},
+        {"gate_mins": UNUSED, "up_mins": UNUSED},
+        {"gate_mins": UNUSED, "up_mins": UNUSED, "down_mins": UNUSED, "quant_format": 2},  # int8 has no minimums
+    ],
+)
+def test_sparse_ffn_q_takes_minimums_for_all_three_int4_matrices_or_for_none(changes):
+    arguments = FFN_Q_ARGUMENTS | changes
+    assert load_kernels().edge_sparse_ffn_q(None, *arguments.values()) == CUDA_ERROR_INVALID_VALUE
+
+
 # Arguments of a valid edge_matvec_q call (after the stream): int8 rows in groups of 64.
 MATVEC_Q_ARGUMENTS = {
     "x": UNUSED,
@@ -137,6 +154,7 @@ MATVEC_Q_ARGUMENTS = {
     "out": 77,
     "w": UNUSED,
     "scales": UNUSED,
+    "mins": None,
     "quant_format": 2,
     "group_size": 64,
     "bias": None,
@@ -163,6 +181,7 @@ MATVEC_Q_T_ARGUMENTS = {field: value for field, value in MATVEC_Q_ARGUMENTS.item
         ("x_dtype", -1),
         ("quant_format", 0),
         ("group_size", 48),
+        ("mins", UNUSED),  # int8 has no minimums
     ],
 )
 def test_matvec_q_rejects_invalid_arguments(field, value):
@@ -182,6 +201,7 @@ def test_matvec_q_rejects_invalid_arguments(field, value):
         ("out", 77),  # not a multiple of 64
         ("quant_format", 5),
         ("group_size", 0),
+        ("mins", UNUSED),  # int8 has no minimums
     ],
 )
 def test_matvec_q_t_rejects_invalid_arguments(field, value):

@@ -47,9 +47,13 @@ def code_words(matrix) -> np.ndarray:
 
 
 def asymmetric(case) -> bool:
-    """Whether the case's int4 matrices have group minimums (run by the torch reference and the C kernels only, so
-    far)."""
+    """Whether the case's int4 matrices have group minimums (the ops' weight_format "int4_asymmetric")."""
     return getattr(case, "asymmetric", False)
+
+
+def weight_format(case) -> str:
+    """The quantized ops' weight_format attribute of the case."""
+    return "int4_asymmetric" if asymmetric(case) else case.weights
 
 
 def int32_mask(mask: torch.Tensor) -> np.ndarray:
@@ -143,11 +147,16 @@ def op_model(case, feed_bfloat16: bool = False) -> tuple[onnx.ModelProto, dict[s
             names = [name for matrix in matrices for name in (matrix, f"{matrix}_scales")]
             for matrix, quantized in zip(matrices, data.quantized, strict=True):
                 constants.update({matrix: code_words(quantized), f"{matrix}_scales": quantized.scales})
-            layout = {"weight_format": case.weights, "group_size": case.group_size}
+            layout = {"weight_format": weight_format(case), "group_size": case.group_size}
         names = ["x", *names, "mask"]
-        if data.thresholds is not None:
-            constants["thresholds"] = data.thresholds
+        if data.thresholds is not None or asymmetric(case):  # an asymmetric node always has them, zeros for none
+            thresholds = data.thresholds if data.thresholds is not None else torch.zeros(case.n_neurons)
+            constants["thresholds"] = thresholds
             names.append("thresholds")
+        if asymmetric(case):
+            for matrix, quantized in zip(matrices, data.quantized, strict=True):
+                constants[f"{matrix}_mins"] = quantized.mins
+                names.append(f"{matrix}_mins")
         attributes = {"activation": case.activation, "activation_threshold": case.act.threshold} | layout
         node = ops.make_node(case.op, names, ["y"], **attributes)
         inputs["mask"] = (TensorProto.INT32, ["T", case.n_neurons])
@@ -155,8 +164,16 @@ def op_model(case, feed_bfloat16: bool = False) -> tuple[onnx.ModelProto, dict[s
         outputs = {"y": (TensorProto.FLOAT, ["T", d])}
     elif isinstance(case, QuantizedMatMulCase):
         constants.update(w=code_words(data.quantized), w_scales=data.quantized.scales)
-        layout = {"weight_format": case.weights, "group_size": case.group_size, "transposed": int(case.transposed)}
-        node = ops.make_node(case.op, ["x", "w", "w_scales"], ["y"], **layout)
+        names = ["x", "w", "w_scales"]
+        if asymmetric(case):
+            constants["w_mins"] = data.quantized.mins
+            names.append("w_mins")
+        layout = {
+            "weight_format": weight_format(case),
+            "group_size": case.group_size,
+            "transposed": int(case.transposed),
+        }
+        node = ops.make_node(case.op, names, ["y"], **layout)
         outputs = {"y": (TensorProto.FLOAT, ["T", case.n_out])}
     elif isinstance(case, SvdPredictorCase):
         constants.update(a=data.a, b=data.b, bias=data.bias)
@@ -180,8 +197,6 @@ class OnnxRuntime:
         return None
 
     def supports(self, case) -> bool:
-        if asymmetric(case):
-            return False
         if isinstance(case, SparseFFNCase):  # the mask is an input
             return case.mask != "absent"
         if isinstance(case, SvdPredictorCase):
@@ -426,7 +441,7 @@ class Cuda:
         return gpu_unavailable_reason()
 
     def supports(self, case) -> bool:
-        return not isinstance(case, MatVecCase) and not asymmetric(case)
+        return not isinstance(case, MatVecCase)
 
     def run(self, case):
         from ..gpu.cuda_harness import Device, Kernels, upload_quantized
@@ -488,8 +503,6 @@ class CudaEmulation:
         return cuda_emulation.unavailable_reason()
 
     def supports(self, case) -> bool:
-        if asymmetric(case):
-            return False
         return (isinstance(case, SparseFFNCase) and case.quantized) or isinstance(case, QuantizedMatMulCase)
 
     def run(self, case):
@@ -533,7 +546,7 @@ class TensorRT:
         return gpu_unavailable_reason()  # device buffers through the CUDA kernel library's runtime
 
     def supports(self, case) -> bool:
-        return OnnxRuntime().supports(case)  # the same graphs: mask and bias are inputs (no asymmetric cases yet)
+        return OnnxRuntime().supports(case)  # the same graphs: mask and bias are inputs
 
     def run(self, case):
         import tensorrt as trt

@@ -1,26 +1,33 @@
 """Asymmetric int4 bundles (export --int4-scheme asymmetric; bundle format version 6): every int4 matrix with fp16
 group minimums, value (code + 8) * scale + min, llama.cpp's Q4_1 grid. The stored layout, every CPU engine and ONNX
-Runtime against the reference on the dequantized weights, and the refusals: of the option where it has no meaning,
-of manifests that say otherwise than the tensors, and of the TensorRT and Ascend paths that cannot take minimums."""
+Runtime against the reference on the dequantized weights, the refusals of the option where it has no meaning and of
+manifests that say otherwise than the tensors, the TensorRT compatibility check (the quantized plugins take the
+minimums) and the Ascend path, which dequantizes such rows."""
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
+import onnx
 import pytest
 import torch
 from click.testing import CliRunner
 from edge_sdk.backends.c_runtime import RuntimeEngine
 from edge_sdk.backends.cann.quantized import DEQUANTIZE, DequantizingMatrix, choose_quant_path
 from edge_sdk.backends.cpu.torch_engine import load_torch_cpu_engine
-from edge_sdk.backends.tensorrt import BACKEND as TENSORRT
 from edge_sdk.backends.tensorrt import EngineBuildError, build_engine, compatibility
+from edge_sdk.backends.tensorrt.builder import check_quantized_ops
+from edge_sdk.backends.tensorrt.profiles import ENGINE_GRAPH
 
 from edge_sdk import quant
 from edge_sdk.bundle import Bundle, BundleError
 from edge_sdk.bundle.check import check_bundle
+from edge_sdk.bundle.graph_ops import DOMAIN
 from edge_sdk.bundle.layout import MINS_SUFFIX, SCALES_SUFFIX
 from edge_sdk.cli import main
 from edge_sdk.export.exporter import ExportError, ExportSettings, export_bundle
+from edge_sdk.formats.onnx_wire import graph_op_types
 from edge_sdk.runtime.backends import EngineOptions
 from edge_sdk.sparsity.bundle_model import quantized_matrix
 
@@ -149,20 +156,44 @@ def test_a_symmetric_scheme_field_reads_as_the_plain_int4_bundle(bundle_matrix, 
     assert bundle.manifest.int4_scheme == "symmetric" and not bundle.manifest.asymmetric
 
 
-def test_tensorrt_refuses_the_bundle_with_one_reason(bundle_matrix):
-    """The TensorRT plugins take no minimums: the compatibility check reports one violation naming the way out (not
-    one per dequantized matrix), `edge-sdk build` refuses before it needs TensorRT, and automatic backend selection
-    is told why."""
+def test_tensorrt_compatibility_passes_the_bundle(bundle_matrix):
+    """decode.onnx hands every asymmetric matrix, minimums included, to the quantized plugins
+    (tests/export/test_asymmetric_decode_graph.py): the static check finds nothing, and `edge-sdk verify --target
+    tensorrt` passes."""
     bundle = bundle_matrix["svd-int4-asym"]
-    violations, _ = compatibility.check_bundle(bundle)
-    assert [violation.rule for violation in violations] == ["asymmetric-int4"]
-    assert "--int4-scheme symmetric" in violations[0].message
-    with pytest.raises(EngineBuildError, match="int4 matrices are asymmetric"):
-        build_engine(bundle)
-    ready, reason = TENSORRT.probe_bundle(bundle)
-    assert not ready and "--int4-scheme symmetric" in reason
+    violations, memory = compatibility.check_bundle(bundle)
+    assert violations == [] and memory.engine == memory.bundle_weights
     result = CliRunner().invoke(main, ["verify", str(bundle.path), "--target", "tensorrt", "--files-only"])
-    assert result.exit_code != 0 and "asymmetric-int4" in result.output, result.output
+    assert result.exit_code == 0, result.output
+
+
+def test_tensorrt_builds_no_engine_from_a_graph_that_dequantizes_the_minimums(bundle_matrix, tmp_path):
+    """A bundle exported before the quantized ops took minimums has a decode.onnx whose FFNs are SparseFFN over float32
+    matrices dequantized in standard ops: `edge-sdk build` says to export it again, before it needs TensorRT, instead
+    of building an engine that holds float32 weights. The graph's op types are read from the wire format (a device has
+    no onnx package), as onnx reads them."""
+    source = bundle_matrix["svd-int4-asym"]
+    graph_bytes = source.graph_path(ENGINE_GRAPH).read_bytes()
+    graph = onnx.load_from_string(graph_bytes)
+    assert graph_op_types(graph_bytes) == {(node.domain, node.op_type) for node in graph.graph.node}
+    assert (DOMAIN, "QuantizedSparseFFN") in graph_op_types(graph_bytes)
+    check_quantized_ops(source)  # today's graph passes
+    for node in graph.graph.node:  # as the earlier exporter wrote it, the FFN's op type at least
+        if node.op_type == "QuantizedSparseFFN":
+            node.op_type = "SparseFFN"
+    old_graph = graph.SerializeToString()
+    copy = tmp_path / "bundle"
+
+    def with_old_graph(manifest):
+        manifest["files"][f"{ENGINE_GRAPH}.onnx"] = {
+            "size": len(old_graph),
+            "sha256": hashlib.sha256(old_graph).hexdigest(),
+        }
+
+    restamped_copy(source.path, copy, with_old_graph)
+    (copy / f"{ENGINE_GRAPH}.onnx").write_bytes(old_graph)
+    with pytest.raises(EngineBuildError, match=r"dequantizes the asymmetric int4 matrices to float32.*export it again"):
+        build_engine(Bundle.open(copy))
 
 
 def test_the_ascend_path_dequantizes_asymmetric_rows_on_every_chip(bundle_matrix):

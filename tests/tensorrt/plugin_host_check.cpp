@@ -275,7 +275,7 @@ void expectLayoutValidated(IPluginCreatorV3One* creator, RecordingLogger& logger
   expectRejected(creator, with({stringField("weight_format", "int4")}), logger,
                  "attribute 'group_size' is required, found none");
   expectRejected(creator, with({stringField("weight_format", "int2"), intField("group_size", &groupOf32)}), logger,
-                 "attribute 'weight_format': expected one of int8, int4, found 'int2'");
+                 "attribute 'weight_format': expected one of int8, int4, int4_asymmetric, found 'int2'");
   expectRejected(creator, with({stringField("weight_format", "int8"), intField("group_size", &groupOf48)}), logger,
                  "attribute 'group_size': expected 32, 64 or 128, found 48");
   expectRejected(creator,
@@ -391,11 +391,72 @@ void checkQuantizedSparseFfn(IPluginCreatorV3One* creator, RecordingLogger& logg
              output.d[0] == fakeDimension(0) && output.d[1] == fakeDimension(1),
          "QuantizedSparseFFN: y has x's shape");
 
+  std::vector<DynamicPluginTensorDesc> asymmetricIo = withThresholds;  // then the three matrices' minimums
+  asymmetricIo.insert(asymmetricIo.begin() + 9, 3, tensor(DataType::kHALF, {D, G}));
+  expect(!supports(plugin, asymmetricIo, 12), "QuantizedSparseFFN int4: minimums are refused");
+  logger.last.clear();
+  expect(build(plugin)->configurePlugin(asymmetricIo.data(), 12, &asymmetricIo[12], 1) != 0 &&
+             logger.last.find("expected 8 inputs (x, w_gate, w_gate_scales, w_up, w_up_scales, w_down_t, "
+                              "w_down_t_scales, mask) or 9 (and thresholds), found 12") != std::string::npos,
+         "QuantizedSparseFFN int4: 12 inputs are refused, logged '" + logger.last + "'");
+
   IPluginV3* clone = plugin->clone();
   expect(clone != nullptr, "QuantizedSparseFFN clones");
   expectRoundTrip(creator, clone != nullptr ? clone : plugin);
   delete clone;
   delete plugin;
+
+  // int4_asymmetric: thresholds always, then the minimums of w_gate, w_up and w_down_t, each shaped as its scales
+  IPluginV3* asymmetric =
+      create(creator,
+             {stringField("activation", "silu"), stringField("weight_format", "int4_asymmetric"),
+              intField("group_size", &groupOf32)},
+             TensorRTPhase::kBUILD);
+  expect(asymmetric != nullptr, "QuantizedSparseFFN silu int4_asymmetric g32 is created");
+  if (asymmetric == nullptr) return;
+  expect(supports(asymmetric, asymmetricIo, 12), "QuantizedSparseFFN int4_asymmetric: fp32 thresholds, fp16 mins");
+  for (int m = 9; m < 12; ++m) {
+    auto floatMins = asymmetricIo;
+    floatMins[m].desc.type = DataType::kFLOAT;
+    expect(!supports(asymmetric, floatMins, 12),
+           "QuantizedSparseFFN int4_asymmetric: fp32 mins of input " + std::to_string(m) + " are refused");
+  }
+  expect(build(asymmetric)->configurePlugin(asymmetricIo.data(), 12, &asymmetricIo[12], 1) == 0,
+         "QuantizedSparseFFN int4_asymmetric: consistent shapes");
+  DataType asymmetricTypes[12] = {DataType::kFLOAT, DataType::kINT32, DataType::kHALF,  DataType::kINT32,
+                                  DataType::kHALF,  DataType::kINT32, DataType::kHALF,  DataType::kINT32,
+                                  DataType::kFLOAT, DataType::kHALF,  DataType::kHALF,  DataType::kHALF};
+  expect(build(asymmetric)->getOutputDataTypes(&outputType, 1, asymmetricTypes, 12) == 0 &&
+             outputType == DataType::kFLOAT,
+         "QuantizedSparseFFN int4_asymmetric: y is fp32");
+  for (int32_t count : {8, 9}) {
+    logger.last.clear();
+    expect(build(asymmetric)->configurePlugin(withThresholds.data(), count, &withThresholds[9], 1) != 0 &&
+               logger.last.find("expected 12 inputs (x, w_gate, w_gate_scales, w_up, w_up_scales, w_down_t, "
+                                "w_down_t_scales, mask, thresholds, w_gate_mins, w_up_mins, w_down_t_mins), found " +
+                                std::to_string(count)) != std::string::npos,
+           "QuantizedSparseFFN int4_asymmetric: " + std::to_string(count) + " inputs are refused, logged '" +
+               logger.last + "'");
+  }
+  auto minsOf64 = asymmetricIo;
+  minsOf64[10].desc.dims.d[1] = d / 64;
+  logger.last.clear();
+  expect(build(asymmetric)->configurePlugin(minsOf64.data(), 12, &minsOf64[12], 1) != 0 &&
+             logger.last.find("input 'w_up mins' dimension 1 (as its scales'): expected 6, found 3") !=
+                 std::string::npos,
+         "QuantizedSparseFFN int4_asymmetric: w_up mins of groups of 64 are refused, logged '" + logger.last + "'");
+  auto fewerMinRows = asymmetricIo;
+  fewerMinRows[11].desc.dims.d[0] = D - 1;
+  expect(build(asymmetric)->configurePlugin(fewerMinRows.data(), 12, &fewerMinRows[12], 1) != 0,
+         "QuantizedSparseFFN int4_asymmetric: w_down_t mins with D - 1 rows are refused");
+  auto flatMins = asymmetricIo;
+  flatMins[9] = tensor(DataType::kHALF, {D * G});
+  expect(build(asymmetric)->configurePlugin(flatMins.data(), 12, &flatMins[12], 1) != 0,
+         "QuantizedSparseFFN int4_asymmetric: 1-D w_gate mins are refused");
+  expect(build(asymmetric)->getWorkspaceSize(asymmetricIo.data(), 12, &asymmetricIo[12], 1) == workspaceSize(192, 768, 2),
+         "QuantizedSparseFFN int4_asymmetric: the symmetric workspace");
+  expectRoundTrip(creator, asymmetric);
+  delete asymmetric;
 }
 
 void checkQuantizedMatMul(IPluginCreatorV3One* creator, RecordingLogger& logger,
@@ -403,6 +464,7 @@ void checkQuantizedMatMul(IPluginCreatorV3One* creator, RecordingLogger& logger,
   int32_t const groupOf64 = 64;
   int32_t const groupOf32 = 32;
   int32_t const two = 2;
+  int32_t const one = 1;
   int32_t const zero = 0;
   expectRejected(creator,
                  {stringField("weight_format", "int8"), intField("group_size", &groupOf64),
@@ -498,6 +560,56 @@ void checkQuantizedMatMul(IPluginCreatorV3One* creator, RecordingLogger& logger,
   expect(build(plugin)->getWorkspaceSize(down.data(), 3, &down[3], 1) == 0,
          "QuantizedMatMul transposed 0: no workspace (x stays fp32)");
   expectRoundTrip(creator, plugin);
+  delete plugin;
+
+  // int4_asymmetric, both orientations: W's group minimums, shaped as its scales, a fourth input
+  for (int32_t const* transposed : {&one, &zero}) {
+    plugin = create(creator,
+                    {stringField("weight_format", "int4_asymmetric"), intField("group_size", &groupOf32),
+                     intField("transposed", transposed)},
+                    TensorRTPhase::kBUILD);
+    std::string const what = "QuantizedMatMul int4_asymmetric transposed " + std::to_string(*transposed);
+    expect(plugin != nullptr, what + " is created");
+    if (plugin == nullptr) return;
+    std::vector<DynamicPluginTensorDesc> asymmetric =
+        *transposed != 0 ? std::vector<DynamicPluginTensorDesc>{tensor(DataType::kFLOAT, {T, K}),
+                                                                tensor(DataType::kINT32, {N, K / 8}),
+                                                                tensor(DataType::kHALF, {N, K / 32}),
+                                                                tensor(DataType::kFLOAT, {T, N})}
+                         : down;
+    asymmetric.insert(asymmetric.begin() + 3, asymmetric[2]);  // the minimums: fp16, the scales' shape
+    expect(supports(plugin, asymmetric, 4), what + ": fp16 mins");
+    auto floatMins = asymmetric;
+    floatMins[3].desc.type = DataType::kFLOAT;
+    expect(!supports(plugin, floatMins, 4), what + ": fp32 mins are refused");
+    DataType types[4] = {DataType::kFLOAT, DataType::kINT32, DataType::kHALF, DataType::kHALF};
+    expect(build(plugin)->getOutputDataTypes(&outputType, 1, types, 4) == 0 && outputType == DataType::kFLOAT,
+           what + ": y is fp32");
+    expect(build(plugin)->configurePlugin(asymmetric.data(), 4, &asymmetric[4], 1) == 0,
+           what + ": consistent shapes");
+    logger.last.clear();
+    expect(build(plugin)->configurePlugin(asymmetric.data(), 3, &asymmetric[3], 1) != 0 &&
+               logger.last.find("expected 4 inputs (x, w, w_scales, w_mins), found 3") != std::string::npos,
+           what + ": 3 inputs are refused, logged '" + logger.last + "'");
+    auto moreMinRows = asymmetric;
+    moreMinRows[3].desc.dims.d[0] += 1;
+    logger.last.clear();
+    expect(build(plugin)->configurePlugin(moreMinRows.data(), 4, &moreMinRows[4], 1) != 0 &&
+               logger.last.find("input 'w mins' dimension 0 (as its scales'): expected") != std::string::npos,
+           what + ": mins with a row more than the scales are refused, logged '" + logger.last + "'");
+    expectRoundTrip(creator, plugin);
+    delete plugin;
+  }
+  plugin = create(creator, {stringField("weight_format", "int4"), intField("group_size", &groupOf32)},
+                  TensorRTPhase::kBUILD);
+  expect(plugin != nullptr, "QuantizedMatMul int4 g32 is created");
+  if (plugin == nullptr) return;
+  std::vector<DynamicPluginTensorDesc> withMins = {
+      tensor(DataType::kFLOAT, {T, K}), tensor(DataType::kINT32, {N, K / 8}), tensor(DataType::kHALF, {N, K / 32}),
+      tensor(DataType::kHALF, {N, K / 32}), tensor(DataType::kFLOAT, {T, N})};
+  expect(!supports(plugin, withMins, 4), "QuantizedMatMul int4: a fourth input is refused");
+  expect(build(plugin)->configurePlugin(withMins.data(), 4, &withMins[4], 1) != 0,
+         "QuantizedMatMul int4: 4 inputs do not configure");
   delete plugin;
 }
 

@@ -154,11 +154,11 @@ def test_build_refuses_a_bundle_too_short_for_a_decode_step(fake_trt, trt_bundle
     assert not (tmp_path / "cache").exists()
 
 
-@pytest.mark.parametrize("name", ["svd-int8", "svd-int4"])
+@pytest.mark.parametrize("name", ["svd-int8", "svd-int4", "svd-int4-asym"])
 def test_build_takes_quantized_bundles_to_tensorrt(fake_trt, bundle_matrix, tmp_path, name):
-    """int8 / int4 graphs keep every rule of the static check since their products with quantized matrices go to the
-    quantized plugins (tests/tensorrt/test_compatibility.py): the build hands their decode.onnx to TensorRT's parser
-    like any other and caches the engine."""
+    """int8 / int4 graphs, asymmetric int4 included, keep every rule of the static check since their products with
+    quantized matrices go to the quantized plugins (tests/tensorrt/test_compatibility.py): the build hands their
+    decode.onnx to TensorRT's parser like any other and caches the engine."""
     bundle = bundle_matrix[name]
     trt = sys.modules["tensorrt"]
     directory = backend.build_engine(bundle, cache_dir=tmp_path / "cache")

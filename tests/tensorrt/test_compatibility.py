@@ -6,7 +6,8 @@ The 7B graphs are built with the exporter's graph builder from the configs (one 
 heads and vocabulary): the check reads graphs without their weights' bytes, so a multi-gigabyte export would test
 nothing more. Every graph of every model, predictor kind and weight dtype keeps every rule, one test per rule: the
 float graphs since issue 21 (INT32 masks, weights kept in their bundle dtype), the int8 / int4 ones since their
-products with quantized matrices went to the QuantizedMatMul / QuantizedSparseFFN plugins (issue 23 item 5).
+products with quantized matrices went to the QuantizedMatMul / QuantizedSparseFFN plugins (issue 23 item 5), and the
+asymmetric int4 ones since those plugins take the group minimums (weight_format "int4_asymmetric").
 """
 
 from __future__ import annotations
@@ -69,9 +70,15 @@ def test_plugin_io_rule_refuses_a_bool_mask_and_takes_int32():
 
 def test_plugin_io_rule_refuses_a_bool_plugin_output():
     node = helper.make_node(
-        "SvdPredictor", ["x"], ["mask"], name="svd", domain=ops.DOMAIN, plugin_version="1", plugin_namespace="edge_sdk"
-    )
-    inputs = [_value("x", TensorProto.FLOAT, [2, 4])]
+        "SvdPredictor", ["x", "a", "b", "bias"], ["mask"], name="svd", domain=ops.DOMAIN, plugin_version="1",
+        plugin_namespace="edge_sdk",
+    )  # fmt: skip
+    inputs = [
+        _value("x", TensorProto.FLOAT, [2, 4]),
+        _value("a", TensorProto.FLOAT16, [8, 2]),
+        _value("b", TensorProto.FLOAT16, [2, 4]),
+        _value("bias", TensorProto.FLOAT, [8]),
+    ]
     assert _rules(_model([node], inputs, [_value("mask", TensorProto.BOOL, [2, 8])])) == [("plugin-io-dtype", "svd")]
     assert _rules(_model([node], inputs, [_value("mask", TensorProto.FLOAT, [2, 8])])) == []
 
@@ -92,6 +99,64 @@ def test_empty_optional_plugin_input_is_refused():
     violations = compatibility.check_graph(_ffn_graph(TensorProto.INT32, node), "tiny.onnx")
     assert [(v.rule, v.node) for v in violations] == [("plugin-empty-input", "ffn")]
     assert "input 5" in violations[0].message and "left off" in violations[0].message
+
+
+def _quantized_ffn_graph(inputs: list[str], types: dict[str, int], weight_format: str) -> onnx.ModelProto:
+    """One QuantizedSparseFFN node on graph inputs of the given element types (the rules read types, not shapes)."""
+    node = helper.make_node(
+        "QuantizedSparseFFN", inputs, ["y"], name="ffn", domain=ops.DOMAIN, activation="relu", activation_threshold=0.0,
+        weight_format=weight_format, group_size=32, plugin_version="1", plugin_namespace="edge_sdk",
+    )  # fmt: skip
+    values = [_value(name, types[name], None) for name in inputs]
+    return _model([node], values, [_value("y", TensorProto.FLOAT, None)])
+
+
+_MATRICES = ("w_gate", "w_up", "w_down_t")
+_FFN_TYPES = {
+    "x": TensorProto.FLOAT,
+    "mask": TensorProto.INT32,
+    "thresholds": TensorProto.FLOAT,
+    **{name: TensorProto.INT32 for name in _MATRICES},
+    **{f"{name}_scales": TensorProto.FLOAT16 for name in _MATRICES},
+    **{f"{name}_mins": TensorProto.FLOAT16 for name in _MATRICES},
+}
+_SYMMETRIC_FFN = ["x", *(f"{name}{part}" for name in _MATRICES for part in ("", "_scales")), "mask"]
+_MINS = [f"{name}_mins" for name in _MATRICES]
+
+
+def test_plugin_inputs_rule_takes_an_asymmetric_node_with_every_input():
+    """An int4_asymmetric QuantizedSparseFFN node has 12 inputs: thresholds (zeros where there are none), then the
+    FLOAT16 minimums; a symmetric one 8 or 9."""
+    assert _rules(_quantized_ffn_graph([*_SYMMETRIC_FFN, "thresholds", *_MINS], _FFN_TYPES, "int4_asymmetric")) == []
+    assert _rules(_quantized_ffn_graph(_SYMMETRIC_FFN, _FFN_TYPES, "int4")) == []
+    assert _rules(_quantized_ffn_graph([*_SYMMETRIC_FFN, "thresholds"], _FFN_TYPES, "int8")) == []
+
+
+@pytest.mark.parametrize(
+    ("inputs", "types", "weight_format", "message"),
+    [
+        # the minimums without thresholds before them: the plugin would read the gate's minimums as thresholds
+        ([*_SYMMETRIC_FFN, *_MINS], {}, "int4_asymmetric", "weight_format 'int4_asymmetric': expected 12 inputs"),
+        ([*_SYMMETRIC_FFN, "thresholds"], {}, "int4_asymmetric", "weight_format 'int4_asymmetric': expected 12"),
+        ([*_SYMMETRIC_FFN, "thresholds", *_MINS], {}, "int4", "input 'w_gate_mins' (input 9): expected only with"),
+        (
+            [*_SYMMETRIC_FFN, "thresholds", *_MINS],
+            {"w_up_mins": TensorProto.FLOAT},
+            "int4_asymmetric",
+            "input 'w_up_mins' ('w_up_mins'): expected type FLOAT16, found FLOAT",
+        ),
+        (
+            [*_SYMMETRIC_FFN, "thresholds", *_MINS],
+            {"thresholds": TensorProto.FLOAT16},
+            "int4_asymmetric",
+            "input 'thresholds' ('thresholds'): expected type FLOAT, found FLOAT16",
+        ),
+    ],
+)
+def test_plugin_inputs_rule_refuses_inputs_the_plugin_does_not_take(inputs, types, weight_format, message):
+    violations = compatibility.check_graph(_quantized_ffn_graph(inputs, _FFN_TYPES | types, weight_format), "tiny.onnx")
+    assert [(v.rule, v.node) for v in violations] == [("plugin-inputs", "ffn")]
+    assert message in violations[0].message
 
 
 def test_topk_rule_allows_k_up_to_3840():
@@ -239,7 +304,8 @@ MODELS = {
     ),
 }
 FLOAT_DTYPES = ("fp16", "bf16", "fp32")
-QUANTIZED_DTYPES = ("int8", "int4")
+# int4-asymmetric: int4 with group minimums (export --int4-scheme asymmetric), weight_format "int4_asymmetric"
+QUANTIZED_DTYPES = ("int8", "int4", "int4-asymmetric")
 DTYPES = FLOAT_DTYPES + QUANTIZED_DTYPES
 MAX_SEQ_LEN = 64
 LEVELS = 2
@@ -248,9 +314,16 @@ GROUP_SIZE = 32
 SAFETENSORS_ITEMSIZE = {"F16": 2, "BF16": 2, "F32": 4, "I32": 4, "I8": 1, "U8": 1}
 
 
+def _stored_dtype(dtype: str) -> tuple[str, bool]:
+    """The bundle dtype of a DTYPES entry, and whether its int4 matrices have minimums."""
+    return dtype.removesuffix("-asymmetric"), dtype.endswith("-asymmetric")
+
+
 def stored_tensors(config: ModelConfig, kind: str, dtype: str) -> dict[str, graphs.ExternalTensor]:
     """Every tensor of a bundle of this config, laid out back to back as in weights.safetensors."""
-    expected = model_tensors(config, dtype, MAX_SEQ_LEN, GROUP_SIZE if dtype in QUANTIZED_DTYPES else None)
+    stored, asymmetric = _stored_dtype(dtype)
+    group_size = GROUP_SIZE if dtype in QUANTIZED_DTYPES else None
+    expected = model_tensors(config, stored, MAX_SEQ_LEN, group_size, asymmetric=asymmetric)
     if kind != NO_PREDICTOR:
         expected |= predictor_tensors(config, kind, LEVELS, [RANK] * config.num_layers)
     tensors, offset = {}, 0
@@ -277,7 +350,7 @@ def built_graphs(model: str, kind: str, dtype: str) -> dict[str, onnx.ModelProto
             stored_tensors(config, kind, dtype),
             kind,
             layer_attributes=({"alpha": 1.25},),  # the one layer's signbit alpha
-            quant_format=dtype if quantized else None,
+            quant_format=_stored_dtype(dtype)[0] if quantized else None,
             group_size=GROUP_SIZE if quantized else None,
         )
         _built[key] = {phase: graphs.build_graph(spec, phase == "decode") for phase in ("prefill", "decode")}
@@ -390,12 +463,14 @@ def test_the_engine_holds_at_most_1_1x_the_bundles_weights(model, kind, dtype):
 
 
 @pytest.mark.parametrize("dtype", QUANTIZED_DTYPES)
-@pytest.mark.parametrize("kind", ["svd", "core"])
+@pytest.mark.parametrize("kind", ["svd", "core", "threshold"])
 def test_quantized_graphs_hand_every_quantized_matrix_to_a_plugin_once(kind, dtype):
     """Issue 23 item 5: decode.onnx of an int8 / int4 bundle has no DequantizeLinear and no Cast of a weight; every
     quantized matrix is one INT32 initializer over its codes' bytes ([rows, row bytes / 4]), read by the quantized
-    plugins only (with its fp16 scales as stored), so the engine holds exactly the bundle's bytes. prefill.onnx (ONNX
-    Runtime's) keeps DequantizeLinear -> Gemm over the codes as INT8 / INT4."""
+    plugins only (with its fp16 scales, and an asymmetric matrix's fp16 minimums, as stored), so the engine holds
+    exactly the bundle's bytes. An asymmetric QuantizedSparseFFN node has 12 inputs: the predictor's thresholds
+    (threshold) or one shared float32 zeros initializer (svd, core). prefill.onnx (ONNX Runtime's) keeps
+    DequantizeLinear -> Gemm over the codes as INT8 / INT4."""
     config = MODELS["llama2-7b"]
     graphs_of_bundle = built_graphs("llama2-7b", kind, dtype)
     decode, prefill = graphs_of_bundle[ENGINE_GRAPH], graphs_of_bundle["prefill"]
@@ -408,15 +483,25 @@ def test_quantized_graphs_hand_every_quantized_matrix_to_a_plugin_once(kind, dty
     for node in decode.graph.node:
         for name in node.input:
             readers.setdefault(name, set()).add(node.op_type)
+    asymmetric = _stored_dtype(dtype)[1]
     for name in quantized:
         rows, row_bytes = tensors[name].shape
         assert initializers[name].data_type == TensorProto.INT32
         assert list(initializers[name].dims) == [rows, row_bytes // 4]
-        assert readers[name] <= {"QuantizedMatMul", "QuantizedSparseFFN"}, (name, readers[name])
-        assert readers[name + ".scales"] <= {"QuantizedMatMul", "QuantizedSparseFFN"}
-        assert initializers[name + ".scales"].data_type == TensorProto.FLOAT16
+        parts = (".scales", ".mins") if asymmetric else (".scales",)
+        assert (name + ".mins" in initializers) == asymmetric
+        for part in ("", *parts):
+            assert readers[name + part] <= {"QuantizedMatMul", "QuantizedSparseFFN"}, (name + part, readers[name])
+        for part in parts:
+            assert initializers[name + part].data_type == TensorProto.FLOAT16
     ffn = [node for node in decode.graph.node if node.op_type == "QuantizedSparseFFN"]
     assert len(ffn) == 1 and [a.i for a in ffn[0].attribute if a.name == "group_size"] == [GROUP_SIZE]
+    formats = {a.s.decode() for node in decode.graph.node for a in node.attribute if a.name == "weight_format"}
+    assert formats == {"int4_asymmetric" if asymmetric else dtype}
+    assert len(ffn[0].input) == (12 if asymmetric else 9 if kind == "threshold" else 8)
+    if asymmetric and kind != "threshold":
+        zeros = onnx.numpy_helper.to_array(initializers[ffn[0].input[8]])
+        assert zeros.dtype == np.float32 and zeros.shape == (config.intermediate_size,) and not zeros.any()
     # the prompt's dense FFN reads the neuron-major down rows that QuantizedSparseFFN reads, through QuantizedMatMul
     down = "layers.0.mlp.down_proj.weight_t"
     down_products = [node for node in decode.graph.node if node.op_type == "QuantizedMatMul" and down in node.input]

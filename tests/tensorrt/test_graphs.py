@@ -56,3 +56,26 @@ def test_prefill_graph_has_no_custom_op(trt_bundles):
     bundle = trt_bundles["svd"]
     model = onnx.load_from_string(tensorrt_model(bundle.graph_path("prefill")))
     assert custom_nodes(model) == [] and len(model.functions) == 0
+
+
+def test_an_asymmetric_decode_graph_gives_the_plugins_every_input(bundle_matrix):
+    """An asymmetric int4 bundle's graph as the parser gets it: every quantized node "int4_asymmetric", with its
+    minimums after its other inputs and no empty name, QuantizedSparseFFN's thresholds the one zeros initializer the
+    graph holds inline (the SVD predictor has none), the minimums external, in weights.safetensors."""
+    bundle = bundle_matrix["svd-int4-asym"]
+    stripped = onnx.load_from_string(tensorrt_model(bundle.graph_path("decode")))
+    assert not any(function.domain == ops.DOMAIN for function in stripped.functions)
+    initializers = {tensor.name: tensor for tensor in stripped.graph.initializer}
+    counts = {"QuantizedSparseFFN": 12, "QuantizedMatMul": 4, "SvdPredictor": 4}
+    nodes = custom_nodes(stripped)
+    assert {node.op_type for node in nodes} == set(counts)
+    for node in nodes:
+        ops.validate_node(node)
+        assert len(node.input) == counts[node.op_type] and all(node.input), node.name
+        if node.op_type in ops.QUANTIZED_OPS:
+            weight_format = next(a.s for a in node.attribute if a.name == "weight_format")
+            assert weight_format == b"int4_asymmetric"
+            minimums = node.input[9:] if node.op_type == "QuantizedSparseFFN" else node.input[3:]
+            assert all(initializers[name].data_location == onnx.TensorProto.EXTERNAL for name in minimums)
+    thresholds = {node.input[8] for node in nodes if node.op_type == "QuantizedSparseFFN"}
+    assert len(thresholds) == 1 and initializers[thresholds.pop()].data_location == onnx.TensorProto.DEFAULT

@@ -164,8 +164,19 @@ def plugin_nodes(graph: onnx.ModelProto) -> list[str]:
     return lines
 
 
-# every plugin and both SparseFFN input counts: SVD and sign-bit predictors, CHESS thresholds, and the quantized ops
-GRAPH_BUNDLES = ("svd-fp16", "signbit-fp32", "threshold-fp32", "svd-int8", "svd-int4")
+# every plugin and both SparseFFN input counts: SVD and sign-bit predictors, CHESS thresholds, and the quantized ops,
+# symmetric and asymmetric int4 (12 QuantizedSparseFFN inputs; tied: the head reads the embedding's minimums; with an
+# int8 head among int4_asymmetric nodes)
+GRAPH_BUNDLES = (
+    "svd-fp16",
+    "signbit-fp32",
+    "threshold-fp32",
+    "svd-int8",
+    "svd-int4",
+    "svd-int4-asym",
+    "tied-svd-int4-asym",
+    "tied-svd-int4-asym-head-int8",
+)
 
 
 @pytest.mark.parametrize("name", GRAPH_BUNDLES)
@@ -179,12 +190,18 @@ def test_every_plugin_node_of_an_exported_graph_makes_its_plugin(
     graph = onnx.load(str(bundle.graph_path(ENGINE_GRAPH)), load_external_data=False)
     lines = plugin_nodes(graph)
     ops = {line.split()[2] for line in lines if line.startswith("node ")}
-    expected = {"svd": {"SvdPredictor"}, "signbit": {"SignBitPredictor"}, "threshold": set()}[name.split("-")[0]]
+    predictor = bundle.sparsity.predictor
+    expected = {"svd": {"SvdPredictor"}, "signbit": {"SignBitPredictor"}, "threshold": set()}[predictor]
     if bundle.manifest.dtype in ("int8", "int4"):
         # every product with a quantized matrix is a plugin; the graph holds no SparseFFN over dequantized rows
         assert {"QuantizedSparseFFN", "QuantizedMatMul"} <= ops and "SparseFFN" not in ops
         matmuls = [line for line in lines if line.startswith("attribute transposed")]
         assert {line.split()[-1] for line in matmuls} == {"0", "1"}  # projections and the prompt's down rows
+        formats = {line.split()[-1] for line in lines if line.startswith("attribute weight_format")}
+        if bundle.manifest.asymmetric:  # every int4 matrix with its minimums; an int8 head has none
+            assert formats == ({"int4_asymmetric", "int8"} if name.endswith("head-int8") else {"int4_asymmetric"})
+        else:
+            assert formats == {bundle.manifest.dtype}
     else:
         expected |= {"SparseFFN"}
     assert expected <= ops

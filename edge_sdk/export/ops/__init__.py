@@ -4,7 +4,8 @@ Every implementation of an op -- the reference ONNX function here, which ONNX Ru
 plugins, the C kernels -- implements the contract declared in this package: inputs, outputs and attributes
 with their types and shapes (schemas.SCHEMAS) and the error each implementation may have (schemas.ERROR_BOUNDS),
 and the exact semantics, written once as a model-local ONNX function in standard ops (functions.py). The exporter
-builds custom nodes with make_node (nodes.py, which validates every node against its schema), attaches
+builds custom nodes with make_node (nodes.py, which validates every node against its schema; check_inputs checks a
+node's inputs, types included, for the TensorRT compatibility check), attaches
 reference_functions() to the model and imports function_opset_imports(); the TensorRT backend removes the
 functions again (formats/onnx_wire.without_functions, no onnx needed on a device). OPS.md, the plugin authors'
 documentation, embeds schema_markdown() (markdown.py), so this package is the source of truth:
@@ -24,9 +25,10 @@ from edge_sdk.export.ops.functions import (
     reference_functions,
 )
 from edge_sdk.export.ops.markdown import schema_markdown
-from edge_sdk.export.ops.nodes import make_node, validate_node
+from edge_sdk.export.ops.nodes import check_inputs, make_node, validate_node
 from edge_sdk.export.ops.schemas import (
     ACTIVATIONS,
+    ASYMMETRIC_WEIGHT_FORMAT,
     ERROR_BOUNDS,
     FLOAT_TYPES,
     SCHEMAS,
@@ -38,6 +40,7 @@ from edge_sdk.export.ops.schemas import (
 
 __all__ = [
     "ACTIVATIONS",
+    "ASYMMETRIC_WEIGHT_FORMAT",
     "DOMAIN",
     "ERROR_BOUNDS",
     "FLOAT_TYPES",
@@ -52,6 +55,7 @@ __all__ = [
     "AttributeSpec",
     "OpSchema",
     "TensorSpec",
+    "check_inputs",
     "error_bound",
     "function_opset_imports",
     "make_node",

@@ -158,11 +158,21 @@ FUNCTION_BODIES = {
 # int8 code is that byte as two's complement, an int4 block's 16 bytes hold values k (low nibbles) and 16 + k (high
 # nibbles), each nibble as two's complement. DequantizeLinear with block_size (opset 21) then multiplies code and
 # float32 scale, exactly, into the float32 matrix edge_sdk.quant.dequantize gives.
+# int4_asymmetric adds a group minimum: (code + 8) * scale, exact (DequantizeLinear with zero point -8), plus the
+# minimum, rounded once, as quant.dequantize computes it. The minimums are optional inputs that symmetric nodes leave
+# off, and most ops reject an absent input, so the body reads them only as the optional bias B of a
+# LayerNormalization over all-zero X (normalized, 0) with scale -0.0: 0 * (-0.0) + B is B exactly, a -0.0 minimum
+# included, and -0.0 where B is absent. (Gemm's optional C, as thresholds are read, would need a float16 Gemm, for
+# which ONNX Runtime's CPU provider has no kernel of its own; and 0 * 0 + C loses the sign of a -0.0 minimum.) An If
+# on weight_format computes only the format's matrix, so a symmetric node's is DequantizeLinear's, as before.
 _FORMAT_CONSTANTS = """
     # the weight format, and the constants of the unpacking below
     weight_kind = Constant <value_string: string = @weight_format> ()
     int4_name = Constant <value_string = "int4"> ()
-    is_int4 = Equal (weight_kind, int4_name)
+    asymmetric_name = Constant <value_string = "int4_asymmetric"> ()
+    is_symmetric_int4 = Equal (weight_kind, int4_name)
+    is_asymmetric = Equal (weight_kind, asymmetric_name)
+    is_int4 = Or (is_symmetric_int4, is_asymmetric)           # int4's nibbles, with or without minimums
     axis_end = Constant <value_ints = [-1]> ()
     byte_masks = Constant <value = int32[4] {255, 65280, 16711680, -16777216}> ()
     byte_units = Constant <value = int32[4] {1, 256, 65536, 16777216}> ()
@@ -176,7 +186,8 @@ _FORMAT_CONSTANTS = """
 
 
 def _dequantized(codes: str, matrix: str) -> str:
-    """Body lines making `matrix` [R, C] float32 from the inputs `codes` [R, C / v] INT32 and `codes`_scales."""
+    """Body lines making `matrix` [R, C] float32 from the inputs `codes` [R, C / v] INT32, `codes`_scales and, for
+    int4_asymmetric, `codes`_mins."""
     p = codes
     return f"""
     # {codes} [R, C / v] INT32 words -> {matrix} [R, C] float32
@@ -212,7 +223,25 @@ def _dequantized(codes: str, matrix: str) -> str:
         }}
     >
     {p}_scale32 = Cast <to = 1> ({codes}_scales)
-    {matrix} = DequantizeLinear <axis = 1, block_size: int = @group_size> ({p}_codes, {p}_scale32)
+    # the minimums (absent from a symmetric node): LayerNormalization's optional bias, 0 * (-0.0) + min = min
+    {p}_group_shape = Shape ({codes}_scales)                # [2] = R, C / G
+    {p}_zeros16 = ConstantOfShape <value = float16[1] {{0}}> ({p}_group_shape)
+    {p}_negative_zeros16 = ConstantOfShape <value = float16[1] {{32768}}> ({p}_group_shape)  # bits 0x8000: -0.0
+    {p}_min16 = LayerNormalization <axis = 0> ({p}_zeros16, {p}_negative_zeros16, {codes}_mins)  # [R, C / G]
+    {matrix} = If (is_asymmetric) <
+        then_branch = {p}_with_minimums () => (float[?, ?] {p}_asymmetric) {{
+            {p}_offset = ConstantOfShape <value = int8[1] {{-8}}> ({p}_group_shape)  # zero point -8: code + 8
+            {p}_steps = DequantizeLinear <axis = 1, block_size: int = @group_size> ({p}_codes, {p}_scale32, {p}_offset)
+            {p}_min32 = Cast <to = 1> ({p}_min16)
+            {p}_code_shape = Shape ({p}_codes)
+            {p}_ones = ConstantOfShape <value = int8[1] {{1}}> ({p}_code_shape)
+            {p}_min_values = DequantizeLinear <axis = 1, block_size: int = @group_size> ({p}_ones, {p}_min32)
+            {p}_asymmetric = Add ({p}_steps, {p}_min_values)  # (code + 8) * scale exact, + min rounded once
+        }},
+        else_branch = {p}_scaled () => (float[?, ?] {p}_symmetric) {{
+            {p}_symmetric = DequantizeLinear <axis = 1, block_size: int = @group_size> ({p}_codes, {p}_scale32)
+        }}
+    >
 """
 
 

@@ -24,11 +24,19 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
     return lines + ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
 
 
+def _presence(spec: TensorSpec) -> str:
+    """How an input is marked in the tables: optional, or present exactly with an attribute value."""
+    if spec.present_when is not None:
+        attribute, value = spec.present_when
+        return f' (exactly when {attribute} = "{value}")'
+    return " (optional)" if spec.optional else ""
+
+
 def _tensor_rows(specs: tuple[TensorSpec, ...]) -> list[tuple[str, ...]]:
     return [
         (
             str(index),
-            f"`{spec.name}`" + (" (optional)" if spec.optional else ""),
+            f"`{spec.name}`" + _presence(spec),
             "[" + ", ".join(spec.shape) + "]",
             ", ".join(spec.dtypes) + (f" ({spec.type_var})" if spec.type_var else ""),
             spec.doc,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
 
 import numpy as np
 import onnx
@@ -18,6 +19,8 @@ _ATTRIBUTE_TYPES = {
     "float": onnx.AttributeProto.FLOAT,
     "int": onnx.AttributeProto.INT,
 }
+# The schemas' element types by ONNX's names for them (TensorProto.DataType.Name), as shape inference reports them.
+_ONNX_TYPE_NAMES = {"float32": "FLOAT", "float16": "FLOAT16", "bfloat16": "BFLOAT16", "int32": "INT32"}
 
 
 def _error(node: onnx.NodeProto, message: str) -> ValueError:
@@ -42,10 +45,7 @@ def _check_attribute_value(node: onnx.NodeProto, spec: AttributeSpec, value: str
 
 
 def _check_io(node: onnx.NodeProto, schema: OpSchema) -> None:
-    n_required = sum(not spec.optional for spec in schema.inputs)
-    if not n_required <= len(node.input) <= len(schema.inputs):
-        names = ", ".join(spec.name for spec in schema.inputs)
-        raise _error(node, f"expected {n_required} to {len(schema.inputs)} inputs ({names}), found {len(node.input)}")
+    _check_input_count(node, schema)
     for spec, name in zip(schema.inputs, node.input, strict=False):
         if not name and not spec.optional:
             raise _error(node, f"input {spec.name!r} is required, found an empty name")
@@ -60,18 +60,107 @@ def _check_io(node: onnx.NodeProto, schema: OpSchema) -> None:
         raise _error(node, f"expected {len(schema.outputs)} named outputs ({names}), found {list(node.output)}")
 
 
-def validate_node(node: onnx.NodeProto) -> None:
-    """Check a custom node against its schema: domain, op type, inputs, outputs and every attribute.
-
-    Raises ValueError naming the op, the node, the attribute and the expected and found values. The plugin
-    attributes must be present (TensorRT needs them on the node, not just as function defaults).
-    """
+def _schema_of(node: onnx.NodeProto) -> OpSchema:
     if node.domain != DOMAIN or node.op_type not in SCHEMAS:
         raise ValueError(
             f"node {node.name!r}: expected an op of domain {DOMAIN!r} ({', '.join(SCHEMAS)}), "
             f"found {node.op_type!r} in domain {node.domain!r}"
         )
-    schema = SCHEMAS[node.op_type]
+    return SCHEMAS[node.op_type]
+
+
+def _check_input_count(node: onnx.NodeProto, schema: OpSchema) -> None:
+    n_required = sum(not spec.optional for spec in schema.inputs)
+    if not n_required <= len(node.input) <= len(schema.inputs):
+        names = ", ".join(spec.name for spec in schema.inputs)
+        # the inputs an attribute value calls for come last (TensorSpec.present_when)
+        n_unconditional = sum(spec.present_when is None for spec in schema.inputs)
+        conditions = dict.fromkeys(spec.present_when for spec in schema.inputs if spec.present_when)
+        with_condition = "".join(f", {len(schema.inputs)} with {key} {value!r}" for key, value in conditions)
+        raise _error(
+            node,
+            f"expected {n_required} to {n_unconditional} inputs{with_condition} ({names}), found {len(node.input)}",
+        )
+
+
+def _check_conditional_inputs(node: onnx.NodeProto, schema: OpSchema, values: Mapping[str, object]) -> None:
+    """The inputs present exactly when an attribute has a value (TensorSpec.present_when: int4_asymmetric's
+    minimums). Inputs are left off only at the end, so the optional inputs before them are given too."""
+    for index, spec in enumerate(schema.inputs):
+        if spec.present_when is None:
+            continue
+        attribute, value = spec.present_when
+        wanted, present = values.get(attribute) == value, index < len(node.input)
+        if wanted and not present:
+            conditional = [s.name for s in schema.inputs if s.present_when == spec.present_when]
+            expected = max(i for i, s in enumerate(schema.inputs) if s.present_when == spec.present_when) + 1
+            before = [s.name for s in schema.inputs[:index] if s.optional and s.present_when is None]
+            given_too = f"; the optional {', '.join(before)} before them given too" if before else ""
+            raise _error(
+                node,
+                f"{attribute} {value!r}: expected {expected} inputs, {', '.join(conditional)} last{given_too} "
+                f"(an omitted input in the middle would be an empty name), found {len(node.input)}",
+            )
+        if present and not wanted:
+            raise _error(
+                node,
+                f"input {spec.name!r} (input {index}): expected only with {attribute} {value!r}, found it with "
+                f"{attribute} {values.get(attribute)!r}",
+            )
+
+
+def _check_input_types(node: onnx.NodeProto, schema: OpSchema, types: Mapping[str, str]) -> None:
+    """Each input whose element type `types` knows (ONNX's name, e.g. FLOAT16) against its schema's types; inputs of
+    one type_var must share a type."""
+    shared: dict[str, tuple[str, str]] = {}
+    for spec, name in zip(schema.inputs, node.input, strict=False):
+        found = types.get(name) if name else None
+        if found is None:
+            continue
+        allowed = [_ONNX_TYPE_NAMES[dtype] for dtype in spec.dtypes]
+        if found not in allowed:
+            raise _error(node, f"input {spec.name!r} ({name!r}): expected type {' or '.join(allowed)}, found {found}")
+        if spec.type_var:
+            first = shared.setdefault(spec.type_var, (spec.name, found))
+            if first[1] != found:
+                raise _error(
+                    node,
+                    f"input {spec.name!r} ({name!r}): expected the type of {first[0]!r} ({spec.type_var}: "
+                    f"{first[1]}), found {found}",
+                )
+
+
+def _attribute_values(node: onnx.NodeProto) -> dict[str, object]:
+    """The node's attributes by name, strings decoded."""
+    values = {}
+    for attribute in node.attribute:
+        value = helper.get_attribute_value(attribute)
+        values[attribute.name] = value.decode() if isinstance(value, bytes) else value
+    return values
+
+
+def check_inputs(node: onnx.NodeProto, types: Mapping[str, str] | None = None) -> None:
+    """Check a custom node's inputs against its schema: their count, the inputs present exactly with an attribute
+    value (an int4_asymmetric node's minimums, and thresholds before them) and, for the tensors whose element type
+    `types` gives (ONNX's names, e.g. {"x": "FLOAT"}), their types. Empty input names are validate_node's to refuse.
+
+    Raises ValueError naming the op, the node, the input and the expected and found counts or types.
+    """
+    schema = _schema_of(node)
+    _check_input_count(node, schema)
+    _check_conditional_inputs(node, schema, _attribute_values(node))
+    if types is not None:
+        _check_input_types(node, schema, types)
+
+
+def validate_node(node: onnx.NodeProto, types: Mapping[str, str] | None = None) -> None:
+    """Check a custom node against its schema: domain, op type, inputs (check_inputs: their count, the inputs an
+    attribute value calls for, and the types `types` gives), outputs and every attribute.
+
+    Raises ValueError naming the op, the node, the attribute and the expected and found values. The plugin
+    attributes must be present (TensorRT needs them on the node, not just as function defaults).
+    """
+    schema = _schema_of(node)
     _check_io(node, schema)
     specs = {spec.name: spec for spec in schema.attributes}
     values: dict[str, str | float | int] = {}
@@ -95,6 +184,9 @@ def validate_node(node: onnx.NodeProto) -> None:
             f"attribute 'activation_threshold': expected 0.0 for activation {values['activation']!r} "
             f"(only fatrelu has a threshold), found {values['activation_threshold']!r}",
         )
+    _check_conditional_inputs(node, schema, values)
+    if types is not None:
+        _check_input_types(node, schema, types)
 
 
 def make_node(
@@ -106,7 +198,8 @@ def make_node(
 ) -> onnx.NodeProto:
     """A custom node of domain edge_sdk, validated against SCHEMAS[op_type].
 
-    inputs / outputs: tensor names in schema order (an absent optional input is left off the end).
+    inputs / outputs: tensor names in schema order (an absent optional input is left off the end; an int4_asymmetric
+    node has every input, its minimums last).
     Attributes left out get their defaults written explicitly, plugin_version and plugin_namespace included,
     so every implementation sees the same values. Float attributes are stored as float32: alpha rounded up
     (never less conservative than asked), the others to nearest; an int is accepted for a float (and only an int

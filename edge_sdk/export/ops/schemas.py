@@ -3,7 +3,7 @@ and the error bound every implementation may have against the reference (ERROR_B
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from edge_sdk.bundle.graph_ops import PLUGIN_NAMESPACE, PLUGIN_VERSION
 from edge_sdk.model.activation import SUPPORTED_ACTIVATIONS
@@ -11,8 +11,11 @@ from edge_sdk.model.activation import SUPPORTED_ACTIVATIONS
 ACTIVATIONS = SUPPORTED_ACTIVATIONS
 
 FLOAT_TYPES = ("float16", "bfloat16", "float32")
-# The quantized weight formats (edge_sdk/quant.py, kernels/cpu/QUANT.md) and their group sizes.
-WEIGHT_FORMATS = ("int8", "int4")
+# The quantized weight formats (edge_sdk/quant.py, kernels/cpu/QUANT.md) and their group sizes. "int4_asymmetric" is
+# int4's codes with a group minimum beside each scale (manifest int4_scheme "asymmetric"): its nodes take the minimums
+# as inputs of their own (TensorSpec.present_when).
+ASYMMETRIC_WEIGHT_FORMAT = "int4_asymmetric"
+WEIGHT_FORMATS = ("int8", "int4", ASYMMETRIC_WEIGHT_FORMAT)
 GROUP_SIZES = (32, 64, 128)
 
 
@@ -26,6 +29,8 @@ class TensorSpec:
     dtypes lists the accepted element types; tensors naming the same type_var must share one. An optional
     input is absent only by being left off the end of the node's inputs: TensorRT 10.x's ONNX parser turns an
     empty input name into a null ITensor and hands it to addPluginV3 (onnx-tensorrt ModelImporter.cpp).
+    present_when (attribute, value): an optional input the node has exactly when that attribute has that value (the
+    group minimums, with weight_format "int4_asymmetric"); every input before it is then present too.
     """
 
     name: str
@@ -34,6 +39,7 @@ class TensorSpec:
     doc: str
     type_var: str = ""
     optional: bool = False
+    present_when: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -120,7 +126,8 @@ _QUANT_ATTRIBUTES = (
         "string",
         "How the codes are stored (kernels/cpu/QUANT.md): int8, one byte per value; int4, one signed "
         "two's-complement nibble per value, byte k of each 32-value block holding value k (low nibble) and 16 + k "
-        "(high nibble).",
+        "(high nibble); int4_asymmetric, int4's codes and nibble order with a minimum per group besides its scale "
+        "(the *_mins inputs), value (code + 8) * scale + min.",
         allowed=WEIGHT_FORMATS,
     ),
     AttributeSpec("group_size", "int", "Values per fp16 scale along each row of a matrix.", allowed=GROUP_SIZES),
@@ -131,6 +138,14 @@ _THRESHOLDS = TensorSpec(
     ("float32",),
     "CHESS per-neuron thresholds: active also needs |a_i| > t_i. Absent means no such condition.",
     optional=True,
+)
+# An asymmetric node's minimums come after thresholds, so thresholds is always given with them (zeros, the same as
+# none, where the predictor has no thresholds): an empty input name in the middle would reach the plugin as a null
+# tensor (TensorSpec).
+_QUANTIZED_THRESHOLDS = replace(
+    _THRESHOLDS,
+    doc=_THRESHOLDS.doc + " Always present with weight_format int4_asymmetric, whose minimums follow it: zeros [D] "
+    "where there are no thresholds (|a| > 0 adds nothing to a != 0).",
 )
 _SPARSE_FFN_DOC = (
     "One decode step of the sparse gated FFN, sequential pipeline (DESIGN 3.1), float32 math on float32-converted "
@@ -147,17 +162,32 @@ def _quantized(name: str, shape: tuple[str, str], what: str) -> tuple[TensorSpec
         name,
         (rows, f"{cols} / v"),
         ("int32",),
-        f"{what}: the codes of weight_format, v = 4 (int8) or 8 (int4) per INT32 word, little-endian: the "
-        "bundle's bytes of the codes as they are stored.",
+        f"{what}: the codes of weight_format, v = 4 (int8) or 8 (int4, int4_asymmetric) per INT32 word, "
+        "little-endian: the bundle's bytes of the codes as they are stored.",
     )
     scales = TensorSpec(
         f"{name}_scales",
         (rows, f"{cols} / G"),
         ("float16",),
         f"Scale of each group of G = group_size consecutive values of a row of {name}: value j of row i is "
-        f"code * {name}_scales[i, j / G], exact in float32.",
+        f"code * {name}_scales[i, j / G], exact in float32 (int4_asymmetric: see {name}_mins).",
     )
     return codes, scales
+
+
+def _minimums(name: str, shape: tuple[str, str]) -> TensorSpec:
+    """The group minimums of the quantized matrix `name` [rows, cols], an int4_asymmetric node's input."""
+    rows, cols = shape
+    return TensorSpec(
+        f"{name}_mins",
+        (rows, f"{cols} / G"),
+        ("float16",),
+        f"Minimum of each group of {name} (int4_asymmetric): value j of row i is (code + 8) * "
+        f"{name}_scales[i, j / G] + {name}_mins[i, j / G] in float32, the product exact and the sum rounded once "
+        "(edge_sdk.quant.dequantize).",
+        optional=True,
+        present_when=("weight_format", ASYMMETRIC_WEIGHT_FORMAT),
+    )
 
 
 SCHEMAS: dict[str, OpSchema] = {
@@ -254,14 +284,15 @@ SCHEMAS: dict[str, OpSchema] = {
                 *_quantized("w_up", ("D", "d"), "Up projection, neuron-major"),
                 *_quantized("w_down_t", ("D", "d"), "Down projection transposed: row i is neuron i's"),
                 _MASK,
-                _THRESHOLDS,
+                _QUANTIZED_THRESHOLDS,
+                *(_minimums(name, ("D", "d")) for name in ("w_gate", "w_up", "w_down_t")),
             ),
             outputs=(TensorSpec("y", ("T", "d"), ("float32",), "FFN output."),),
             attributes=(*_ACTIVATION_ATTRIBUTES, *_QUANT_ATTRIBUTES, *PLUGIN_ATTRIBUTES),
             doc=(
                 "SparseFFN over group-wise quantized rows (int8 / int4 bundles): each matrix is its codes and fp16 "
-                "scales, and the op is SparseFFN on the float32 matrices they hold (dequantized exactly). "
-                + _SPARSE_FFN_DOC
+                "scales (and fp16 group minimums for int4_asymmetric), and the op is SparseFFN on the float32 "
+                "matrices they hold (dequantized as edge_sdk.quant.dequantize does). " + _SPARSE_FFN_DOC
             ),
             tolerance=(
                 "max |y - y_ref| <= bound * max |y_ref|, y_ref the reference (sparsity/ffn.py) on the dequantized "
@@ -274,6 +305,7 @@ SCHEMAS: dict[str, OpSchema] = {
             inputs=(
                 TensorSpec("x", ("T", "K"), FLOAT_TYPES, "Input rows (activations); T >= 1.", type_var="TX"),
                 *_quantized("w", ("R", "C"), "The quantized matrix W [R, C]: [N, K] when transposed, else [K, N]"),
+                _minimums("w", ("R", "C")),
             ),
             outputs=(TensorSpec("y", ("T", "N"), ("float32",), "x W^T (transposed) or x W."),),
             attributes=(
@@ -289,9 +321,9 @@ SCHEMAS: dict[str, OpSchema] = {
                 *PLUGIN_ATTRIBUTES,
             ),
             doc=(
-                "A dense product with a group-wise quantized matrix (int8 / int4 bundles), float32 math on the "
-                "exactly dequantized W: y = x W^T (transposed = 1) or y = x W (transposed = 0). Groups always run "
-                "along W's rows, as the bundle stores them."
+                "A dense product with a group-wise quantized matrix (int8 / int4 bundles), float32 math on W "
+                "dequantized as edge_sdk.quant.dequantize does: y = x W^T (transposed = 1) or y = x W (transposed = "
+                "0). Groups always run along W's rows, as the bundle stores them."
             ),
             tolerance=(
                 "max |y - y_ref| <= bound * max |y_ref|, y_ref in float64 on the dequantized W and the x the "
@@ -315,8 +347,8 @@ ERROR_BOUNDS: dict[str, dict[str, float]] = {
     "SvdPredictor": {"float32": 1e-5, "float16": 1e-5, "bfloat16": 1e-5},
     "SignBitPredictor": {"float32": 0.0, "float16": 0.0, "bfloat16": 0.0},
     "SparseFFN": {"float32": 1e-5, "float16": 1e-5, "bfloat16": 1e-5},
-    "QuantizedSparseFFN": {"int8": 1e-5, "int4": 1e-5},
-    "QuantizedMatMul": {"int8": 1e-5, "int4": 1e-5},
+    "QuantizedSparseFFN": {"int8": 1e-5, "int4": 1e-5, "int4_asymmetric": 1e-5},
+    "QuantizedMatMul": {"int8": 1e-5, "int4": 1e-5, "int4_asymmetric": 1e-5},
     "MatVec": {"float32": 1e-5, "float16": 1e-5, "int8": 1e-5, "int4": 1e-5},
 }
 
