@@ -6,6 +6,9 @@ TensorRT engine that `edge-sdk build` cached (trt_engine.cpp). Everything below 
 cache key and lookup, its plugin loading, device buffers and KV cache, the sparsity level's index -- exists once, in
 the library; Python asks it (probe_backend, tensorrt_engine_info) instead of knowing it.
 
+The session tokenizes through the library's tokenizer too (`RuntimeEngine.tokenizer`) where it implements the
+bundle's: no second vocabulary, and no parse of tokenizer.json, in the Python process.
+
 On a small model most of a decode token's time is spent between the matrix products -- in Python and torch
 dispatch when the step is driven from Python -- so one C call per token (embedding, attention, norms, predictor,
 sparse FFN, LM head) is what the CPU backend uses whenever the package build made the library.
@@ -22,6 +25,15 @@ import numpy as np
 
 from edge_sdk.bundle import Bundle
 from edge_sdk.errors import EdgeSdkError
+from edge_sdk.model.tokenizer import (
+    MAX_TOKENIZER_JSON_BYTES,
+    TOKENIZER_CONFIG_FILE,
+    Tokenizer,
+    chat_template_of,
+    merged_eos_ids,
+    not_unicode_error,
+    parse_config,
+)
 from edge_sdk.native import NativeLibraryError, load_runtime
 from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions
 
@@ -67,6 +79,40 @@ def _library() -> ctypes.CDLL:
             [_handle, ctypes.POINTER(ctypes.POINTER(ctypes.c_float)), ctypes.POINTER(ctypes.c_int32)],
         ),
         "edge_session_reset": (_status, [_handle]),
+        "edge_tokenizer_create": (_status, [_handle, ctypes.POINTER(_handle)]),
+        "edge_tokenizer_destroy": (None, [_handle]),
+        "edge_tokenizer_last_error": (ctypes.c_char_p, [_handle]),
+        "edge_tokenizer_encode": (
+            _status,
+            [
+                _handle,
+                ctypes.c_char_p,
+                ctypes.c_size_t,
+                ctypes.c_int,
+                ctypes.POINTER(ctypes.POINTER(ctypes.c_int32)),
+                ctypes.POINTER(ctypes.c_size_t),
+            ],
+        ),
+        "edge_tokenizer_decode": (
+            _status,
+            [
+                _handle,
+                ctypes.POINTER(ctypes.c_int32),
+                ctypes.c_size_t,
+                ctypes.c_int,
+                ctypes.POINTER(ctypes.c_void_p),
+                ctypes.POINTER(ctypes.c_size_t),
+            ],
+        ),
+        "edge_tokenizer_token_bytes": (
+            _status,
+            [_handle, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)],
+        ),
+        "edge_tokenizer_vocab_size": (ctypes.c_int32, [_handle]),
+        "edge_tokenizer_special_tokens": (
+            _status,
+            [_handle, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int)],
+        ),
         "edge_session_position": (ctypes.c_int32, [_handle]),
         "edge_version": (ctypes.c_char_p, []),
     }
@@ -136,6 +182,7 @@ class RuntimeEngine:
         self._library = library
         self._model = _handle()
         self._session = _handle()
+        self._tokenizer: RuntimeTokenizer | None = None
         c_options = _handle()
         self._check(library.edge_options_create(ctypes.byref(c_options)), "edge_options_create")
         try:
@@ -202,8 +249,36 @@ class RuntimeEngine:
     def reset(self) -> None:
         self._check(self._library.edge_session_reset(self._session), "reset")
 
+    def tokenizer(self, bundle: Bundle) -> Tokenizer | None:
+        """The bundle's tokenizer through libedge_sdk's C tokenizer (the same ids and text as the tokenizers library
+        for the byte-level BPE files it takes), or None for a tokenizer it does not implement. Destroyed with the
+        engine; the Tokenizer must not be used after close()."""
+        if self._tokenizer is None:
+            handle = _handle()
+            status = self._library.edge_tokenizer_create(self._model, ctypes.byref(handle))
+            if status == EDGE_ERROR_UNSUPPORTED:
+                return None
+            self._check(status, "edge_tokenizer_create")
+            self._tokenizer = RuntimeTokenizer(self._library, handle)
+        config_where = str(bundle.path / TOKENIZER_CONFIG_FILE)
+        config_text = None
+        if bundle.has_file(TOKENIZER_CONFIG_FILE):
+            config_text = bundle.read_file(TOKENIZER_CONFIG_FILE, MAX_TOKENIZER_JSON_BYTES)
+        bos, eos, adds_bos = self._tokenizer.special_tokens()
+        return Tokenizer(
+            backend=self._tokenizer,
+            bos_token_id=bos,
+            eos_token_ids=merged_eos_ids(eos, bundle.config.eos_token_ids),
+            add_bos=adds_bos,
+            chat_template=chat_template_of(parse_config(config_text, config_where), config_where),
+        )
+
     def close(self) -> None:
-        """Destroys the session and the model: on TensorRT, frees every device buffer and the engine."""
+        """Destroys the tokenizer, the session and the model: on TensorRT, frees every device buffer and the
+        engine."""
+        if self._tokenizer is not None:
+            self._tokenizer.close()
+            self._tokenizer = None
         if self._session:
             self._library.edge_session_destroy(self._session)
             self._session = _handle()
@@ -214,3 +289,64 @@ class RuntimeEngine:
     def __del__(self) -> None:
         if getattr(self, "_library", None) is not None:
             self.close()
+
+
+class RuntimeTokenizer:
+    """TokenizerBackend (model/tokenizer.py) over one edge_tokenizer of libedge_sdk (jetson/src/tokenizer.c)."""
+
+    def __init__(self, library: ctypes.CDLL, handle: ctypes.c_void_p) -> None:
+        self._library = library
+        self._handle = handle
+        self.vocab_size = library.edge_tokenizer_vocab_size(handle)
+
+    def _check(self, status: int, what: str) -> None:
+        if status != EDGE_OK:
+            message = (self._library.edge_tokenizer_last_error(self._handle) or b"").decode(errors="replace")
+            raise EdgeSdkError(f"C tokenizer ({what}): {message}")
+
+    def special_tokens(self) -> tuple[int | None, int | None, bool]:
+        """tokenizer_config.json's bos and eos ids (None: none) and whether a prompt starts with bos."""
+        bos, eos, adds_bos = ctypes.c_int32(), ctypes.c_int32(), ctypes.c_int()
+        status = self._library.edge_tokenizer_special_tokens(
+            self._handle, ctypes.byref(bos), ctypes.byref(eos), ctypes.byref(adds_bos)
+        )
+        self._check(status, "edge_tokenizer_special_tokens")
+        return (bos.value if bos.value >= 0 else None), (eos.value if eos.value >= 0 else None), bool(adds_bos.value)
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise not_unicode_error(text) from None
+        ids, count = ctypes.POINTER(ctypes.c_int32)(), ctypes.c_size_t()
+        status = self._library.edge_tokenizer_encode(
+            self._handle, data, len(data), 0, ctypes.byref(ids), ctypes.byref(count)
+        )
+        self._check(status, "encode")
+        try:
+            return ids[: count.value]
+        finally:
+            self._library.edge_free(ids)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        array = (ctypes.c_int32 * len(ids))(*ids)
+        text, length = ctypes.c_void_p(), ctypes.c_size_t()
+        status = self._library.edge_tokenizer_decode(
+            self._handle, array, len(ids), int(skip_special_tokens), ctypes.byref(text), ctypes.byref(length)
+        )
+        self._check(status, "decode")
+        try:
+            return ctypes.string_at(text, length.value).decode("utf-8")
+        finally:
+            self._library.edge_free(text)
+
+    def special_token_text(self, token: int) -> str:
+        data, length = ctypes.c_void_p(), ctypes.c_size_t()
+        status = self._library.edge_tokenizer_token_bytes(self._handle, token, ctypes.byref(data), ctypes.byref(length))
+        self._check(status, "token_bytes")
+        return ctypes.string_at(data, length.value).decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        if self._handle:
+            self._library.edge_tokenizer_destroy(self._handle)
+            self._handle = _handle()

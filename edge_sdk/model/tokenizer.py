@@ -3,7 +3,10 @@
 
 Both files pass the strict JSON rule (formats/strict_json.py) before any library sees them, and a bundle's are read
 through the bundle (listed files only, no links), so the Python runtime and the C runtime (jetson/src/tokenizer.c)
-refuse the same tokenizer files. tokenizer_config.json fields edge-sdk reads must have their documented types:
+refuse the same tokenizer files. A bundle run by libedge_sdk may tokenize through its C tokenizer instead
+(backends/c_runtime.py, `RuntimeTokenizer`): the same ids and text for the byte-level BPE files it takes, without the
+second copy of the vocabulary and the two parses of tokenizer.json in the Python process (tens of MB on a small
+model's run). tokenizer_config.json fields edge-sdk reads must have their documented types:
 `bos_token` / `eos_token` a string or {"content": string}, `add_bos_token` a boolean, `chat_template` a string or
 a list of {"name", "template"} (the template called "default" is used, as transformers does).
 
@@ -23,15 +26,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from tokenizers import Tokenizer as HFTokenizer
+from typing import TYPE_CHECKING, Any, Protocol
 
 from edge_sdk.errors import CheckpointError, EdgeSdkError
 from edge_sdk.formats import strict_json
 from edge_sdk.formats.files import read_bounded
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer as HFTokenizer
+
     from edge_sdk.bundle import Bundle
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -50,7 +53,8 @@ def _token_content(config: dict[str, Any], field: str, where: str) -> str | None
     raise CheckpointError(f"{where}: field '{field}' must be a string or an object with a string 'content'")
 
 
-def _chat_template(config: dict[str, Any], where: str) -> str | None:
+def chat_template_of(config: dict[str, Any], where: str) -> str | None:
+    """tokenizer_config.json's chat template: a string, or the list entry named "default"; None without one."""
     template = config.get("chat_template")
     if template is None or isinstance(template, str):
         return template
@@ -91,7 +95,7 @@ def _separate_chat_template(directory: Path) -> str | None:
     if not path.is_file():
         return None
     data = read_bounded(path, MAX_TOKENIZER_JSON_BYTES, follow_symlinks=True, error=CheckpointError)
-    template = _chat_template(strict_json.parse_object(data, str(path), error=CheckpointError), str(path))
+    template = chat_template_of(strict_json.parse_object(data, str(path), error=CheckpointError), str(path))
     if template is None:
         raise CheckpointError(f"{path}: field 'chat_template' is missing; it must be a string")
     return template
@@ -122,9 +126,60 @@ def read_tokenizer_files(directory: str | Path) -> dict[str, bytes]:
     return files
 
 
+def not_unicode_error(text: str) -> EdgeSdkError | None:
+    """The error for a str that is not Unicode text (lone surrogates, as from undecodable bytes), naming the first
+    such character, or None."""
+    bad = next((index for index, char in enumerate(text) if 0xD800 <= ord(char) <= 0xDFFF), None)
+    if bad is None:
+        return None
+    return EdgeSdkError(f"text: not valid Unicode at character {bad} (bytes that are not UTF-8?); give UTF-8 text")
+
+
+class TokenizerBackend(Protocol):
+    """The library that turns text into ids and back: the tokenizers library (HFBackend) or libedge_sdk's C tokenizer
+    (backends/c_runtime.py RuntimeTokenizer). Special-token templates (bos) are Tokenizer's."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]:
+        """The ids of text, no special-token template; EdgeSdkError when it cannot be encoded (not_unicode_error)."""
+        ...
+
+    def decode(self, ids: list[int], skip_special_tokens: bool) -> str: ...
+
+    def special_token_text(self, token: int) -> str:
+        """The text of a special (added) token such as bos or eos: its content."""
+        ...
+
+
+class HFBackend:
+    """TokenizerBackend over a tokenizers.Tokenizer."""
+
+    def __init__(self, library: HFTokenizer) -> None:
+        self.library = library
+
+    @property
+    def vocab_size(self) -> int:
+        return self.library.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return self.library.encode(text, add_special_tokens=False).ids
+        except Exception as error:  # the tokenizers library raises a bare Exception
+            failure = not_unicode_error(text) or EdgeSdkError(f"text: the tokenizer could not encode it ({error})")
+            raise failure from None
+
+    def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        return self.library.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def special_token_text(self, token: int) -> str:
+        return self.library.id_to_token(token)
+
+
 @dataclass
 class Tokenizer:
-    backend: HFTokenizer
+    backend: TokenizerBackend
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     add_bos: bool
@@ -132,25 +187,20 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return self.backend.get_vocab_size(with_added_tokens=True)
+        return self.backend.vocab_size
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Token ids of text; a str that is not Unicode text (lone surrogates, as from undecodable bytes) is an
         EdgeSdkError naming the first such character."""
-        try:
-            ids = self.backend.encode(text, add_special_tokens=False).ids
-        except Exception as error:  # the tokenizers library raises a bare Exception
-            bad = next((index for index, char in enumerate(text) if 0xD800 <= ord(char) <= 0xDFFF), None)
-            if bad is not None:
-                raise EdgeSdkError(
-                    f"text: not valid Unicode at character {bad} (bytes that are not UTF-8?); give UTF-8 text"
-                ) from None
-            raise EdgeSdkError(f"text: the tokenizer could not encode it ({error})") from None
+        ids = self.backend.encode(text)
         prepend = self.add_bos if add_bos is None else add_bos
         return [self.bos_token_id, *ids] if prepend and self.bos_token_id is not None else ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def special_token_text(self, token: int) -> str:
+        return self.backend.special_token_text(token)
 
     @classmethod
     def from_dir(cls, directory: str | Path, eos_token_ids: tuple[int, ...] = ()) -> Tokenizer:
@@ -192,14 +242,14 @@ class Tokenizer:
         config_where: str,
         eos_token_ids: tuple[int, ...] = (),
     ) -> Tokenizer:
+        from tokenizers import Tokenizer as HFTokenizer  # here: a run through libedge_sdk's tokenizer loads none
+
         tokenizer_json = strict_json.parse_object(text, where, error=CheckpointError)
         try:
             backend = HFTokenizer.from_str(text.decode("utf-8"))
         except Exception as error:  # the tokenizers library raises a bare Exception on bad files
             raise CheckpointError(f"{where}: not a valid tokenizers file ({error})") from None
-        config: dict[str, Any] = {}
-        if config_text is not None:
-            config = strict_json.parse_object(config_text, config_where, error=CheckpointError)
+        config = parse_config(config_text, config_where)
 
         def token_id(field: str) -> int | None:
             content = _token_content(config, field, config_where)
@@ -216,11 +266,22 @@ class Tokenizer:
         add_bos = config.get("add_bos_token", _add_bos_default(tokenizer_json, bos_token))
         if not isinstance(add_bos, bool):
             raise CheckpointError(f"{config_where}: field 'add_bos_token' must be true or false, found {add_bos!r}")
-        eos_ids = tuple(dict.fromkeys(([eos] if eos is not None else []) + list(eos_token_ids)))
         return cls(
-            backend=backend,
+            backend=HFBackend(backend),
             bos_token_id=bos,
-            eos_token_ids=eos_ids,
+            eos_token_ids=merged_eos_ids(eos, eos_token_ids),
             add_bos=add_bos,
-            chat_template=_chat_template(config, config_where),
+            chat_template=chat_template_of(config, config_where),
         )
+
+
+def parse_config(config_text: bytes | None, config_where: str) -> dict[str, Any]:
+    """tokenizer_config.json's fields ({} without the file), through the strict JSON rule."""
+    if config_text is None:
+        return {}
+    return strict_json.parse_object(config_text, config_where, error=CheckpointError)
+
+
+def merged_eos_ids(eos: int | None, eos_token_ids: tuple[int, ...]) -> tuple[int, ...]:
+    """The tokenizer config's eos id, then config.json's (chat models often stop on several), each once."""
+    return tuple(dict.fromkeys(([eos] if eos is not None else []) + list(eos_token_ids)))

@@ -116,9 +116,9 @@ def render_chat(tokenizer: Tokenizer, messages: list[dict[str, str]], add_genera
     _check_messages(messages)
     special_tokens = {}
     if tokenizer.bos_token_id is not None:
-        special_tokens["bos_token"] = tokenizer.backend.id_to_token(tokenizer.bos_token_id)
+        special_tokens["bos_token"] = tokenizer.special_token_text(tokenizer.bos_token_id)
     if tokenizer.eos_token_ids:
-        special_tokens["eos_token"] = tokenizer.backend.id_to_token(tokenizer.eos_token_ids[0])
+        special_tokens["eos_token"] = tokenizer.special_token_text(tokenizer.eos_token_ids[0])
     try:
         template = _environment().from_string(tokenizer.chat_template)
         return _render_bounded(

@@ -10,7 +10,9 @@ import numpy as np
 class Engine(Protocol):
     """One sequence at a time: prefill a prompt, then decode one token per call.
 
-    Logits are float32 numpy arrays of shape [vocab] for the last position; ids are plain ints.
+    Logits are float32 numpy arrays of shape [vocab] for the last position; ids are plain ints. An engine with a
+    tokenizer of its own also has `tokenizer(bundle) -> Tokenizer | None` (None: not for this bundle's files), which
+    the session uses instead of loading the tokenizers library's (backends/c_runtime.py).
     """
 
     vocab_size: int

@@ -13,6 +13,7 @@ from edge_sdk.memory import GIB
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import EngineOptions, Selection, select_backend
 from edge_sdk.runtime.chat import chat_prompt_ids
+from edge_sdk.runtime.engine import Engine
 from edge_sdk.runtime.generator import GenerationStats, Generator, SamplingSettings
 
 
@@ -36,6 +37,13 @@ def check_memory(bundle: Bundle) -> None:
     )
 
 
+def _engine_tokenizer(engine: Engine, bundle: Bundle) -> Tokenizer | None:
+    """The engine's own tokenizer where it has one for this bundle (libedge_sdk's C tokenizer behind the cpu and
+    tensorrt backends: no second vocabulary in the process), else None."""
+    tokenizer = getattr(engine, "tokenizer", None)
+    return tokenizer(bundle) if tokenizer is not None else None
+
+
 class Session:
     """A bundle loaded on one backend, ready to generate. One sequence at a time; not thread-safe."""
 
@@ -44,7 +52,8 @@ class Session:
         self.selection = selection
         self.options = options
         self.engine = selection.backend.load(bundle, options)
-        self.tokenizer = Tokenizer.from_bundle(bundle)
+        self.tokenizer = _engine_tokenizer(self.engine, bundle) or Tokenizer.from_bundle(bundle)
+        memory.give_back_freed_memory()  # the tokenizer files' parses, before the weights' pages come in
         self.generator = Generator(self.engine, self.tokenizer)
 
     @property

@@ -229,7 +229,8 @@ EDGE_API void edge_tokenizer_destroy(edge_tokenizer *tokenizer);
 EDGE_API const char *edge_tokenizer_last_error(const edge_tokenizer *tokenizer);
 
 /** Encodes UTF-8 text (text_len bytes) to ids, exactly as the `tokenizers` library encodes it without
- * special-token templates. add_bos: 1 prepend bos, 0 do not, -1 as tokenizer_config.json's add_bos_token.
+ * special-token templates. add_bos: 1 prepend bos, 0 do not, -1 as the tokenizer says: tokenizer_config.json's
+ * add_bos_token, and without it whether tokenizer.json's post-processor puts bos first (transformers' rule).
  * *ids is allocated (free with edge_free; NULL when *n_ids is 0). Invalid UTF-8 is EDGE_ERROR_INVALID_ARGUMENT. */
 EDGE_API edge_status edge_tokenizer_encode(const edge_tokenizer *tokenizer, const char *text, size_t text_len,
                                            int add_bos, int32_t **ids, size_t *n_ids);
@@ -243,6 +244,12 @@ EDGE_API edge_status edge_tokenizer_decode(const edge_tokenizer *tokenizer, cons
  * into the tokenizer, valid until it is destroyed. */
 EDGE_API edge_status edge_tokenizer_token_bytes(const edge_tokenizer *tokenizer, int32_t token,
                                                 const char **bytes, size_t *n_bytes);
+/** Ids the tokenizer knows: [0, vocab size), its vocabulary and added tokens (0 for NULL). */
+EDGE_API int32_t edge_tokenizer_vocab_size(const edge_tokenizer *tokenizer);
+/** tokenizer_config.json's bos and eos tokens (-1: none; the model's own eos ids, config.json's, are
+ * edge_model_eos_tokens) and whether encode with add_bos -1 prepends bos (*adds_bos 1 or 0). */
+EDGE_API edge_status edge_tokenizer_special_tokens(const edge_tokenizer *tokenizer, int32_t *bos, int32_t *eos,
+                                                   int *adds_bos);
 /** Nonzero when token is a special (added) token such as bos or eos. */
 EDGE_API int edge_tokenizer_is_special(const edge_tokenizer *tokenizer, int32_t token);
 

@@ -66,7 +66,7 @@ struct edge_tokenizer {
   int32_t byte_ids[256];      /* symbol of each byte, -1 when the vocabulary lacks it */
   int ignore_merges;
   int isolate_numbers;        /* every \p{N} code point is a piece of its own before the ByteLevel regex */
-  int32_t bos_id;             /* -1: none */
+  int32_t bos_id, eos_id;     /* tokenizer_config.json's, -1: none */
   int add_bos;
   char error[EDGE_MESSAGE_SIZE];
 };
@@ -618,25 +618,61 @@ static edge_status check_chat_template(const cJSON *config, const char *where) {
                    "\"template\"} objects with one named 'default'", where);
 }
 
-/* The fields of tokenizer_config.json edge-sdk reads must have their documented types (model/tokenizer.py). */
-static edge_status read_config_fields(struct edge_tokenizer *t, const cJSON *config, const char *where,
-                                      const char *tokenizer_where) {
-  int32_t eos_id;
+/* Whether a tokenizer.json post-processor puts the token spelled `token` first in a single sequence
+ * (model/tokenizer.py _post_processor_adds): a TemplateProcessing whose "single" starts with that SpecialToken, or a
+ * Sequence holding one. */
+static int post_processor_adds(const cJSON *processor, const char *token) {
+  const cJSON *type = cJSON_GetObjectItemCaseSensitive(processor, "type");
+  if (!cJSON_IsObject(processor) || !cJSON_IsString(type)) return 0;
+  if (strcmp(type->valuestring, "Sequence") == 0) {
+    const cJSON *steps = cJSON_GetObjectItemCaseSensitive(processor, "processors"), *step;
+    if (!cJSON_IsArray(steps)) return 0;
+    cJSON_ArrayForEach(step, steps) {
+      if (post_processor_adds(step, token)) return 1;
+    }
+    return 0;
+  }
+  if (strcmp(type->valuestring, "TemplateProcessing") != 0) return 0;
+  const cJSON *single = cJSON_GetObjectItemCaseSensitive(processor, "single");
+  const cJSON *first = cJSON_IsArray(single) ? cJSON_GetArrayItem(single, 0) : NULL;
+  const cJSON *special = cJSON_IsObject(first) ? cJSON_GetObjectItemCaseSensitive(first, "SpecialToken") : NULL;
+  const cJSON *id = cJSON_IsObject(special) ? cJSON_GetObjectItemCaseSensitive(special, "id") : NULL;
+  return cJSON_IsString(id) && strcmp(id->valuestring, token) == 0;
+}
+
+/* The text of a special-token field special_token accepted (a string or {"content": string}), or NULL. */
+static const char *token_content(const cJSON *config, const char *field) {
+  const cJSON *value = cJSON_GetObjectItemCaseSensitive(config, field);
+  const cJSON *content = cJSON_IsObject(value) ? cJSON_GetObjectItemCaseSensitive(value, "content") : value;
+  return cJSON_IsString(content) ? content->valuestring : NULL;
+}
+
+/* The fields of tokenizer_config.json edge-sdk reads must have their documented types (model/tokenizer.py). Without
+ * add_bos_token, bos is prepended when tokenizer.json's post-processor puts it first, as transformers' AutoTokenizer
+ * decides (the module docstring of model/tokenizer.py): byte-level BPE files name a bos token they do not add. */
+static edge_status read_config_fields(struct edge_tokenizer *t, const cJSON *config, const cJSON *post_processor,
+                                      const char *where, const char *tokenizer_where) {
   edge_status status = special_token(t, config, "bos_token", where, tokenizer_where, &t->bos_id);
-  if (status == EDGE_OK) status = special_token(t, config, "eos_token", where, tokenizer_where, &eos_id);
+  if (status == EDGE_OK) status = special_token(t, config, "eos_token", where, tokenizer_where, &t->eos_id);
   if (status != EDGE_OK) return status;
   const cJSON *add_bos = cJSON_GetObjectItemCaseSensitive(config, "add_bos_token");
   if (add_bos != NULL && !cJSON_IsBool(add_bos)) {
     return edge_fail(EDGE_ERROR_BUNDLE, "%s: field 'add_bos_token' must be true or false, found %s", where,
                      json_type_name(add_bos));
   }
-  t->add_bos = add_bos != NULL ? cJSON_IsTrue(add_bos) : t->bos_id >= 0;
+  if (add_bos != NULL) {
+    t->add_bos = cJSON_IsTrue(add_bos);
+  } else {
+    t->add_bos = t->bos_id >= 0 && post_processor_adds(post_processor, token_content(config, "bos_token"));
+  }
   return check_chat_template(config, where);
 }
 
-/* tokenizer_config.json, when the manifest lists it: bos_token, eos_token, add_bos_token and chat_template. */
-static edge_status load_config(struct edge_tokenizer *t, const struct bundle *bundle, const char *tokenizer_where) {
-  t->bos_id = -1;
+/* tokenizer_config.json, when the manifest lists it: bos_token, eos_token, add_bos_token and chat_template;
+ * post_processor: tokenizer.json's (NULL when it has none). */
+static edge_status load_config(struct edge_tokenizer *t, const struct bundle *bundle, const cJSON *post_processor,
+                               const char *tokenizer_where) {
+  t->bos_id = t->eos_id = -1;
   t->add_bos = 0;
   if (!bundle_lists(bundle, BUNDLE_TOKENIZER_CONFIG_FILE)) return EDGE_OK;
   char where[4096 + 32], *text;
@@ -647,7 +683,7 @@ static edge_status load_config(struct edge_tokenizer *t, const struct bundle *bu
   if (status != EDGE_OK) return status;
   status = json_strict_parse_object(text, size, JSON_ANY_NUMBERS, where, &config);
   free(text);
-  if (status == EDGE_OK) status = read_config_fields(t, config, where, tokenizer_where);
+  if (status == EDGE_OK) status = read_config_fields(t, config, post_processor, where, tokenizer_where);
   cJSON_Delete(config);
   return status;
 }
@@ -702,8 +738,8 @@ static edge_status build_tokenizer(const struct bundle *bundle, edge_tokenizer *
       t->byte_ids[b] = vocab_lookup(t, symbol, length);
     }
   }
+  if (status == EDGE_OK) status = load_config(t, bundle, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), where);
   cJSON_Delete(root);
-  if (status == EDGE_OK) status = load_config(t, bundle, where);
   return status;
 }
 
@@ -1060,6 +1096,19 @@ edge_status edge_tokenizer_token_bytes(const edge_tokenizer *t, int32_t token, c
   }
   *bytes = t->tokens[token].bytes;
   *n_bytes = t->tokens[token].n_bytes;
+  return EDGE_OK;
+}
+
+int32_t edge_tokenizer_vocab_size(const edge_tokenizer *t) { return t == NULL ? 0 : t->n_tokens; }
+
+edge_status edge_tokenizer_special_tokens(const edge_tokenizer *t, int32_t *bos, int32_t *eos, int *adds_bos) {
+  edge_clear_error();
+  if (t == NULL || bos == NULL || eos == NULL || adds_bos == NULL) {
+    return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "edge_tokenizer_special_tokens: NULL argument");
+  }
+  *bos = t->bos_id;
+  *eos = t->eos_id;
+  *adds_bos = t->add_bos;
   return EDGE_OK;
 }
 

@@ -327,6 +327,13 @@ static void check_tokenizer(edge_model *model) {
   CHECK_STATUS(edge_tokenizer_token_bytes(tokenizer, -1, &bytes, &length), EDGE_ERROR_INVALID_ARGUMENT);
   CHECK_STATUS(edge_tokenizer_token_bytes(tokenizer, 2048, &bytes, &length), EDGE_ERROR_INVALID_ARGUMENT);
   CHECK(edge_tokenizer_is_special(tokenizer, 0) && edge_tokenizer_is_special(tokenizer, 1));
+  int32_t bos = -2, eos = -2;
+  int adds_bos = -1;
+  CHECK_STATUS(edge_tokenizer_special_tokens(tokenizer, &bos, &eos, &adds_bos), EDGE_OK);
+  CHECK(bos == 0 && eos == 1 && adds_bos == 1); /* <s>, </s>, add_bos_token true */
+  CHECK(edge_tokenizer_vocab_size(tokenizer) == 2048 && edge_tokenizer_vocab_size(NULL) == 0);
+  CHECK_STATUS(edge_tokenizer_special_tokens(tokenizer, &bos, NULL, &adds_bos), EDGE_ERROR_INVALID_ARGUMENT);
+  CHECK_STATUS(edge_tokenizer_special_tokens(NULL, &bos, &eos, &adds_bos), EDGE_ERROR_INVALID_ARGUMENT);
   CHECK(!edge_tokenizer_is_special(tokenizer, 100) && !edge_tokenizer_is_special(tokenizer, -5));
   edge_tokenizer_destroy(tokenizer);
 }

@@ -1,5 +1,6 @@
 /* Test driver for tests/jetson: the C tokenizer on a file, to compare with the `tokenizers` library.
  *   edge_tokenize BUNDLE encode TEXT_FILE            ids of the file's text (no bos), space-separated
+ *   edge_tokenize BUNDLE prompt TEXT_FILE            the same, bos prepended as the tokenizer says (add_bos -1)
  *   edge_tokenize BUNDLE decode IDS_FILE [--skip]    text of whitespace-separated ids (--skip: no special tokens)
  *   edge_tokenize BUNDLE pieces IDS_FILE             the bytes of each token, concatenated (streaming output) */
 #include <stdio.h>
@@ -47,7 +48,7 @@ static int32_t *parse_ids(char *text, size_t *count) {
 
 int main(int argc, char **argv) {
   if (argc < 4) {
-    fprintf(stderr, "usage: edge_tokenize BUNDLE encode|decode|pieces FILE [--skip]\n");
+    fprintf(stderr, "usage: edge_tokenize BUNDLE encode|prompt|decode|pieces FILE [--skip]\n");
     return 2;
   }
   edge_options *options = NULL;
@@ -66,10 +67,10 @@ int main(int argc, char **argv) {
   if (status == EDGE_OK) status = edge_tokenizer_create(model, &tokenizer);
   if (status != EDGE_OK) {
     fprintf(stderr, "edge_tokenize: %s: %s\n", edge_status_name(status), edge_last_error());
-  } else if (strcmp(argv[2], "encode") == 0) {
+  } else if (strcmp(argv[2], "encode") == 0 || strcmp(argv[2], "prompt") == 0) {
     int32_t *ids;
     size_t n;
-    status = edge_tokenizer_encode(tokenizer, text, size, 0, &ids, &n);
+    status = edge_tokenizer_encode(tokenizer, text, size, strcmp(argv[2], "prompt") == 0 ? -1 : 0, &ids, &n);
     if (status == EDGE_OK) {
       for (size_t i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
       printf("\n");

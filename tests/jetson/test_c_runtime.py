@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
-from edge_sdk.bundle import manifest_digest
+from edge_sdk.bundle import Bundle, manifest_digest
 from edge_sdk.bundle.format import MANIFEST_DIGEST_FIELD
 from edge_sdk.export.exporter import ExportSettings, export_bundle
+from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.sparsity.settings import CalibrationSettings
 
 from ..conftest import tied_checkpoint
@@ -194,6 +195,70 @@ def test_tokenizer_isolating_numbers_encodes_like_tokenizers(x86_build: Build, b
     assert c_encode(x86_build, bundle, text_file) == expected
 
 
+def with_tokenizer_files(bundle: Path, directory: Path, tokenizer_change, config_change) -> Path:
+    """A copy of bundle whose tokenizer.json and tokenizer_config.json the two functions changed in place (the
+    manifest's sizes and digests re-stamped)."""
+    copy = directory / "bundle"
+    shutil.copytree(bundle, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    for name, change in (("tokenizer.json", tokenizer_change), ("tokenizer_config.json", config_change)):
+        content = json.loads((copy / name).read_text())
+        change(content)
+        data = json.dumps(content).encode("utf-8")
+        (copy / name).write_bytes(data)
+        manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manifest[MANIFEST_DIGEST_FIELD] = manifest_digest(manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return copy
+
+
+BYTE_LEVEL_PROCESSOR = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+
+
+def bos_template(bos: str) -> dict:
+    """A TemplateProcessing post-processor that puts bos first, as Llama-2's tokenizer.json has it."""
+    single = [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]
+    pair = [*single, {"Sequence": {"id": "B", "type_id": 1}}]
+    return {"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": {}}
+
+
+@pytest.mark.parametrize(
+    ("post_processor", "add_bos_token", "prepends"),
+    [
+        # no add_bos_token: bos only where the post-processor puts it first (transformers' AutoTokenizer); a
+        # byte-level BPE file names a bos token it does not add (SmolLM2's, GPT-2's)
+        (None, None, False),
+        (bos_template("<s>"), None, True),
+        ({"type": "Sequence", "processors": [BYTE_LEVEL_PROCESSOR, bos_template("<s>")]}, None, True),
+        (bos_template("</s>"), None, False),  # another token first
+        # add_bos_token decides whatever the post-processor says
+        (bos_template("<s>"), False, False),
+        (None, True, True),
+    ],
+)
+def test_tokenizer_prepends_bos_as_the_python_tokenizer(
+    x86_build: Build, bundles, tmp_path, post_processor, add_bos_token, prepends
+):
+    """A prompt's ids (edge_tokenizer_encode with add_bos -1, as edge_generate encodes a prompt) are the Python
+    runtime's: the same rule for whether bos comes first."""
+
+    def set_config(config):
+        config.pop("add_bos_token")
+        if add_bos_token is not None:
+            config["add_bos_token"] = add_bos_token
+
+    bundle = with_tokenizer_files(
+        bundles["svd-fp32"], tmp_path, lambda tokenizer: tokenizer.update(post_processor=post_processor), set_config
+    )
+    text_file = tmp_path / "prompt.txt"
+    text_file.write_text(PROMPT, encoding="utf-8")
+    tokenizer = Tokenizer.from_bundle(Bundle.open(bundle))
+    expected = tokenizer.encode(PROMPT)
+    assert (expected[0] == tokenizer.bos_token_id) is prepends
+    result = run([x86_build.binary("edge_tokenize"), bundle, "prompt", text_file], check=True)
+    assert [int(token) for token in result.stdout.split()] == expected
+
+
 def test_tokenizer_refuses_other_splits(x86_build: Build, bundles, tmp_path):
     qwen2_like = {
         "type": "Sequence",
@@ -330,8 +395,6 @@ def test_bf16_bundles_are_refused_with_the_reason(x86_build: Build, tiny_model_d
 
 
 def test_prompt_encoding_matches_python(x86_build: Build, bundles, tmp_path):
-    from edge_sdk.model.tokenizer import Tokenizer
-
     text_file = tmp_path / "prompt.txt"
     text_file.write_text(PROMPT)
     expected = Tokenizer.from_dir(bundles["svd-fp32"]).encode(PROMPT, add_bos=False)
