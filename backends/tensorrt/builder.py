@@ -92,18 +92,22 @@ def check_device_memory(bundle: Bundle, free: int) -> None:
         )
 
 
+# Why an asymmetric int4 bundle whose decode graph has no QuantizedSparseFFN gets no engine: exported before the
+# quantized ops took group minimums, it dequantizes every matrix to float32 in standard ops, which TensorRT would fold
+# into float32 weights, 8 times the int4 bytes (OPS.md, "Quantized matrices"). compatibility.py reports the same.
+DEQUANTIZING_GRAPH_REASON = (
+    f"its {ENGINE_GRAPH}.onnx dequantizes the asymmetric int4 matrices to float32 (exported by an edge-sdk whose "
+    "quantized ops took no group minimums); export it again with this edge-sdk"
+)
+
+
 def check_quantized_ops(bundle: Bundle) -> None:
-    """EngineBuildError for an asymmetric int4 bundle whose decode graph has no QuantizedSparseFFN: exported before
-    the quantized ops took group minimums, it dequantizes every matrix to float32 in standard ops, which TensorRT would
-    fold into float32 weights, 8 times the int4 bytes (OPS.md, "Quantized matrices")."""
+    """EngineBuildError for an asymmetric int4 bundle whose decode graph dequantizes its matrices
+    (DEQUANTIZING_GRAPH_REASON); the graph's op types read from the wire format (a device has no onnx package)."""
     if not bundle.manifest.asymmetric:
         return
     if (DOMAIN, "QuantizedSparseFFN") not in graph_op_types(bundle.graph_path(ENGINE_GRAPH).read_bytes()):
-        raise EngineBuildError(
-            f"{bundle.path}: no TensorRT engine for this bundle: its {ENGINE_GRAPH}.onnx dequantizes the asymmetric "
-            "int4 matrices to float32 (exported by an edge-sdk whose quantized ops took no group minimums); export it "
-            "again with this edge-sdk"
-        )
+        raise EngineBuildError(f"{bundle.path}: no TensorRT engine for this bundle: {DEQUANTIZING_GRAPH_REASON}")
 
 
 def _build(trt: ModuleType, logger, path: Path, profiles: list[dict]) -> bytes:

@@ -51,6 +51,7 @@ from edge_sdk.bundle import format as bundle_format
 from edge_sdk.bundle.graph_ops import DOMAIN, PLUGIN_NAMESPACE, PLUGIN_VERSION
 from edge_sdk.export import ops
 
+from .builder import DEQUANTIZING_GRAPH_REASON
 from .profiles import ENGINE_GRAPH
 
 TOPK_MAX_K = 3840  # NvInfer.h 10.3, ITopKLayer::setK: "Currently only values of K up to 3840 are supported."
@@ -136,6 +137,8 @@ SOURCES = {
     "plugin-attributes": "onnx-tensorrt FallbackPluginImporter (10.x): plugin_version / plugin_namespace",
     "plugin-empty-input": "onnx-tensorrt ModelImporter.cpp (10.x): empty input name -> null ITensor to addPluginV3",
     "plugin-inputs": "edge_sdk/export/OPS.md: each plugin's inputs, their number and element types",
+    "asymmetric-int4-graph": "edge_sdk/export/OPS.md, Quantized matrices: an asymmetric int4 decode graph gives its "
+    "matrices to the quantized ops (older exports dequantized them in standard ops)",
     "fp32-weight-copy": "onnx-tensorrt Cast importer + builder constant folding: an fp32 copy in the engine",
     "dq-zero-point": "operators.md 10.x DequantizeLinear: x_zero_point must be zero (symmetric quantization only)",
     "dq-weight-copy": "TensorRT 10.x developer guide, weight-only quantization: DQ of weights must feed MatMul/Gemm",
@@ -433,6 +436,14 @@ def load_graphs(bundle: Bundle) -> dict[str, onnx.ModelProto]:
 
 
 def check_bundle(bundle: Bundle) -> tuple[list[Violation], WeightMemory]:
-    """The violations of the graph TensorRT parses (decode.onnx) and the engine's weight memory estimate."""
+    """The violations of the graph TensorRT parses (decode.onnx) and the engine's weight memory estimate. An
+    asymmetric int4 bundle whose decode graph dequantizes its matrices (an older export) is one violation, naming the
+    way out, rather than one per dequantizing node."""
     models = load_graphs(bundle)
+    graph = models[ENGINE_GRAPH].graph
+    if bundle.manifest.asymmetric and not any(
+        node.domain == DOMAIN and node.op_type == "QuantizedSparseFFN" for node in graph.node
+    ):
+        violation = Violation("asymmetric-int4-graph", f"{ENGINE_GRAPH}.onnx", "(bundle)", DEQUANTIZING_GRAPH_REASON)
+        return [violation], weight_memory(models)
     return check_graph(models[ENGINE_GRAPH], f"{ENGINE_GRAPH}.onnx"), weight_memory(models)

@@ -240,6 +240,15 @@ class _Walker:
             )
 
 
+def _strings(data: bytes, first: int, second: int, numbers: tuple[int, ...]) -> list[str]:
+    """The string fields `numbers` of the message in data[first:second] (the last of each, "" where absent)."""
+    found = dict.fromkeys(numbers, "")
+    for number, wire_type, value_first, value_second in fields(data, first, second):
+        if wire_type == _LENGTH and number in found:
+            found[number] = data[value_first:value_second].decode("utf-8", "replace")
+    return [found[number] for number in numbers]
+
+
 def without_functions(data: bytes, domain: str, names: set[str]) -> bytes:
     """The serialized ModelProto without its model-local functions of `domain` named in `names`; every other byte
     as it was. (The TensorRT backend parses graphs without our ops' reference functions, and a device has no onnx
@@ -247,12 +256,7 @@ def without_functions(data: bytes, domain: str, names: set[str]) -> bytes:
     kept = []
     for number, wire_type, span, first, second in _fields_with_offsets(data, 0, len(data)):
         if number == _MODEL_FUNCTIONS and wire_type == _LENGTH:
-            name = function_domain = ""
-            for inner_number, inner_type, inner_first, inner_second in fields(data, first, second):
-                if inner_type == _LENGTH and inner_number == _FUNCTION_NAME:
-                    name = data[inner_first:inner_second].decode("utf-8", "replace")
-                elif inner_type == _LENGTH and inner_number == _FUNCTION_DOMAIN:
-                    function_domain = data[inner_first:inner_second].decode("utf-8", "replace")
+            name, function_domain = _strings(data, first, second, (_FUNCTION_NAME, _FUNCTION_DOMAIN))
             if function_domain == domain and name in names:
                 continue
         kept.append(data[span.start : span.stop])
@@ -267,15 +271,9 @@ def graph_op_types(data: bytes) -> set[tuple[str, str]]:
         if number != _MODEL_GRAPH or wire_type != _LENGTH:
             continue
         for graph_number, graph_type, node_first, node_second in fields(data, first, second):
-            if graph_number != _GRAPH_NODE or graph_type != _LENGTH:
-                continue
-            op_type = domain = ""
-            for node_number, node_type, value_first, value_second in fields(data, node_first, node_second):
-                if node_type == _LENGTH and node_number == _NODE_OP_TYPE:
-                    op_type = data[value_first:value_second].decode("utf-8", "replace")
-                elif node_type == _LENGTH and node_number == _NODE_DOMAIN:
-                    domain = data[value_first:value_second].decode("utf-8", "replace")
-            found.add((domain, op_type))
+            if graph_number == _GRAPH_NODE and graph_type == _LENGTH:
+                domain, op_type = _strings(data, node_first, node_second, (_NODE_DOMAIN, _NODE_OP_TYPE))
+                found.add((domain, op_type))
     return found
 
 

@@ -170,8 +170,8 @@ def test_tensorrt_compatibility_passes_the_bundle(bundle_matrix):
 def test_tensorrt_builds_no_engine_from_a_graph_that_dequantizes_the_minimums(bundle_matrix, tmp_path):
     """A bundle exported before the quantized ops took minimums has a decode.onnx whose FFNs are SparseFFN over float32
     matrices dequantized in standard ops: `edge-sdk build` says to export it again, before it needs TensorRT, instead
-    of building an engine that holds float32 weights. The graph's op types are read from the wire format (a device has
-    no onnx package), as onnx reads them."""
+    of building an engine that holds float32 weights, and the compatibility check says the same in one violation. The
+    graph's op types are read from the wire format (a device has no onnx package), as onnx reads them."""
     source = bundle_matrix["svd-int4-asym"]
     graph_bytes = source.graph_path(ENGINE_GRAPH).read_bytes()
     graph = onnx.load_from_string(graph_bytes)
@@ -192,8 +192,12 @@ def test_tensorrt_builds_no_engine_from_a_graph_that_dequantizes_the_minimums(bu
 
     restamped_copy(source.path, copy, with_old_graph)
     (copy / f"{ENGINE_GRAPH}.onnx").write_bytes(old_graph)
+    old_bundle = Bundle.open(copy)
     with pytest.raises(EngineBuildError, match=r"dequantizes the asymmetric int4 matrices to float32.*export it again"):
-        build_engine(Bundle.open(copy))
+        build_engine(old_bundle)
+    violations, _ = compatibility.check_bundle(old_bundle)  # `verify --target tensorrt`: one violation, the way out
+    assert [violation.rule for violation in violations] == ["asymmetric-int4-graph"]
+    assert "export it again" in violations[0].message
 
 
 def test_the_ascend_path_dequantizes_asymmetric_rows_on_every_chip(bundle_matrix):
