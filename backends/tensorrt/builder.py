@@ -101,12 +101,16 @@ DEQUANTIZING_GRAPH_REASON = (
 )
 
 
-def check_quantized_ops(bundle: Bundle) -> None:
-    """EngineBuildError for an asymmetric int4 bundle whose decode graph dequantizes its matrices
+def dequantizes_asymmetric_matrices(bundle: Bundle) -> bool:
+    """Whether the bundle is asymmetric int4 and its decode graph has no QuantizedSparseFFN
     (DEQUANTIZING_GRAPH_REASON); the graph's op types read from the wire format (a device has no onnx package)."""
-    if not bundle.manifest.asymmetric:
-        return
-    if (DOMAIN, "QuantizedSparseFFN") not in graph_op_types(bundle.graph_path(ENGINE_GRAPH).read_bytes()):
+    graph = bundle.graph_path(ENGINE_GRAPH)
+    return bundle.manifest.asymmetric and (DOMAIN, "QuantizedSparseFFN") not in graph_op_types(graph.read_bytes())
+
+
+def check_quantized_ops(bundle: Bundle) -> None:
+    """EngineBuildError for an asymmetric int4 bundle whose decode graph dequantizes its matrices."""
+    if dequantizes_asymmetric_matrices(bundle):
         raise EngineBuildError(f"{bundle.path}: no TensorRT engine for this bundle: {DEQUANTIZING_GRAPH_REASON}")
 
 

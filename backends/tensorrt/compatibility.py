@@ -51,7 +51,7 @@ from edge_sdk.bundle import format as bundle_format
 from edge_sdk.bundle.graph_ops import DOMAIN, PLUGIN_NAMESPACE, PLUGIN_VERSION
 from edge_sdk.export import ops
 
-from .builder import DEQUANTIZING_GRAPH_REASON
+from .builder import DEQUANTIZING_GRAPH_REASON, dequantizes_asymmetric_matrices
 from .profiles import ENGINE_GRAPH
 
 TOPK_MAX_K = 3840  # NvInfer.h 10.3, ITopKLayer::setK: "Currently only values of K up to 3840 are supported."
@@ -440,10 +440,7 @@ def check_bundle(bundle: Bundle) -> tuple[list[Violation], WeightMemory]:
     asymmetric int4 bundle whose decode graph dequantizes its matrices (an older export) is one violation, naming the
     way out, rather than one per dequantizing node."""
     models = load_graphs(bundle)
-    graph = models[ENGINE_GRAPH].graph
-    if bundle.manifest.asymmetric and not any(
-        node.domain == DOMAIN and node.op_type == "QuantizedSparseFFN" for node in graph.node
-    ):
+    if dequantizes_asymmetric_matrices(bundle):
         violation = Violation("asymmetric-int4-graph", f"{ENGINE_GRAPH}.onnx", "(bundle)", DEQUANTIZING_GRAPH_REASON)
         return [violation], weight_memory(models)
     return check_graph(models[ENGINE_GRAPH], f"{ENGINE_GRAPH}.onnx"), weight_memory(models)

@@ -547,6 +547,13 @@ static int32_t token_id(const struct edge_tokenizer *t, const char *text) {
   return vocab_lookup(t, text, strlen(text));
 }
 
+/* The text of a special-token field: a string or {"content": string}; NULL for anything else. */
+static const char *token_content(const cJSON *config, const char *field) {
+  const cJSON *value = cJSON_GetObjectItemCaseSensitive(config, field);
+  const cJSON *content = cJSON_IsObject(value) ? cJSON_GetObjectItemCaseSensitive(value, "content") : value;
+  return cJSON_IsString(content) ? content->valuestring : NULL;
+}
+
 /* bos_token / eos_token: absent, null, a string or {"content": string}, and then in the vocabulary. *id: -1 when
  * none is given. */
 static edge_status special_token(const struct edge_tokenizer *t, const cJSON *config, const char *field,
@@ -554,16 +561,16 @@ static edge_status special_token(const struct edge_tokenizer *t, const cJSON *co
   const cJSON *value = cJSON_GetObjectItemCaseSensitive(config, field);
   *id = -1;
   if (value == NULL || cJSON_IsNull(value)) return EDGE_OK;
-  const cJSON *content = cJSON_IsObject(value) ? cJSON_GetObjectItemCaseSensitive(value, "content") : value;
-  if (!cJSON_IsString(content)) {
+  const char *content = token_content(config, field);
+  if (content == NULL) {
     return edge_fail(EDGE_ERROR_BUNDLE, "%s: field '%s' must be a string or an object with a string 'content'", where,
                      field);
   }
-  *id = token_id(t, content->valuestring);
+  *id = token_id(t, content);
   if (*id >= 0) return EDGE_OK;
   char shown[80];
   return edge_fail(EDGE_ERROR_BUNDLE, "%s: %s '%s' is not in the vocabulary of %s", where, field,
-                   json_shown(content->valuestring, shown, sizeof shown), tokenizer_where);
+                   json_shown(content, shown, sizeof shown), tokenizer_where);
 }
 
 /* A chat template entry's name as a key of a Python dict: None (absent or null), a string, or a number (booleans
@@ -638,13 +645,6 @@ static int post_processor_adds(const cJSON *processor, const char *token) {
   const cJSON *special = cJSON_IsObject(first) ? cJSON_GetObjectItemCaseSensitive(first, "SpecialToken") : NULL;
   const cJSON *id = cJSON_IsObject(special) ? cJSON_GetObjectItemCaseSensitive(special, "id") : NULL;
   return cJSON_IsString(id) && strcmp(id->valuestring, token) == 0;
-}
-
-/* The text of a special-token field special_token accepted (a string or {"content": string}), or NULL. */
-static const char *token_content(const cJSON *config, const char *field) {
-  const cJSON *value = cJSON_GetObjectItemCaseSensitive(config, field);
-  const cJSON *content = cJSON_IsObject(value) ? cJSON_GetObjectItemCaseSensitive(value, "content") : value;
-  return cJSON_IsString(content) ? content->valuestring : NULL;
 }
 
 /* The fields of tokenizer_config.json edge-sdk reads must have their documented types (model/tokenizer.py). Without

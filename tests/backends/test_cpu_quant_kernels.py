@@ -15,7 +15,6 @@ import torch
 
 from edge_sdk import quant
 from edge_sdk.export.ops import error_bound
-from edge_sdk.model.activation import Activation
 from edge_sdk.native import NativeLibraryError, load_cpu_kernels
 from edge_sdk.sparsity.ffn import sparse_ffn
 
@@ -26,6 +25,8 @@ except (NativeLibraryError, OSError) as error:  # the package build must have co
 
 from edge_sdk.backends.cpu import kernels
 from edge_sdk.backends.cpu.kernels import ACTIVATIONS_ENV, QuantizedWeight, SparseFFNKernel, quantized_activations
+
+from ..asymmetric_rows import ACTIVATIONS, ASYMMETRIC_RTOL, SILU_SLOPE, asymmetric_matrix, wrong_dequantizations
 
 # Kernel bound, declared in ops.ERROR_BOUNDS (the same for int8 and int4, SparseFFN and MatVec): max |y - y_ref| <=
 # KERNEL_RTOL * max |y_ref|, y_ref on the dequantized weights and on the x the kernel computes with
@@ -47,12 +48,6 @@ SUBNORMAL_STEP = 2.0**-24
 
 FORMATS = quant.FORMATS
 GROUP_SIZES = quant.GROUP_SIZES
-ACTIVATIONS = {
-    "relu": Activation("relu"),
-    "fatrelu": Activation("fatrelu", 0.05),
-    "drelu": Activation("drelu"),
-    "silu": Activation("silu"),
-}
 
 
 @pytest.fixture(params=["integer", "fp32"])
@@ -443,37 +438,14 @@ def test_a_non_finite_activation_makes_every_dot_product_nan(format, kernel_x):
 # sum_j |w_hat_j x_j| of its matrix (the rows' products before they cancel) of the float64 dot of the dequantized row
 # with the x the kernel computes with. The FFN's bound adds the gate and up rows' errors carried through h: the
 # reference's |delta h_i| <= ASYMMETRIC_RTOL (|a_i| S_up_i + |u_i| S_gate_i) (S the row's sum of |w x|, the activation's
-# slope at most 1.1), times |w_down_i|, plus ASYMMETRIC_RTOL sum_i |h_i w_down_i|, per column.
-ASYMMETRIC_RTOL = 1e-5
-SILU_SLOPE = 1.1
-
-
-def asymmetric_weights(rows, cols, group_size, seed, offset=3.0):
-    """[rows, cols] float32 whose groups sit far from zero (mean +-offset..2 offset spreads), scaled by cols^-0.5: the
-    minimums dominate each value, so a kernel that ignores them, or adds them without the codes' +8, is far off."""
-    rng = np.random.default_rng(seed)
-    groups = (rows, cols // group_size)
-    shifts = rng.uniform(offset, 2 * offset, groups) * rng.choice([-1, 1], groups)
-    weight = rng.standard_normal((rows, cols)) + np.repeat(shifts, group_size, axis=1)
-    return (weight * cols**-0.5).astype(np.float32)
-
-
-def asymmetric_matrix(rows, cols, group_size, seed, offset=3.0):
-    return quant.quantize(asymmetric_weights(rows, cols, group_size, seed, offset), "int4", group_size, asymmetric=True)
+# slope at most 1.1), times |w_down_i|, plus ASYMMETRIC_RTOL sum_i |h_i w_down_i|, per column. The rows, their wrong
+# readings and the bound's constants are tests/asymmetric_rows.py's, shared with the CUDA kernels' tests.
 
 
 def rows_of(weight, first, last):
     """Rows [first, last) of a QuantizedWeight, minimums included."""
     mins = None if weight.mins is None else weight.mins[first:last]
     return QuantizedWeight(weight.format, weight.group_size, weight.data[first:last], weight.scales[first:last], mins)
-
-
-def wrong_dequantizations(matrix):
-    """What kernels that ignore the minimums, or add them to code * scale (without the codes' +8), would dequantize."""
-    codes = quant.unpack_int4(matrix.data).astype(np.float32)
-    scales = np.repeat(matrix.scales.astype(np.float32), matrix.group_size, axis=1)
-    mins = np.repeat(matrix.mins.astype(np.float32), matrix.group_size, axis=1)
-    return {"ignores the minimums": (codes + 8) * scales, "drops the codes' +8": codes * scales + mins}
 
 
 def assert_asymmetric_dot_bound(found, dequantized, x):

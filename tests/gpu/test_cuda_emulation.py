@@ -22,8 +22,7 @@ from edge_sdk.backends.cpu.kernels import quantized_activations
 from edge_sdk import quant
 from edge_sdk.export.ops import error_bound
 
-from . import cuda_emulation
-from .asymmetric_rows import (
+from ..asymmetric_rows import (
     ACTIVATIONS,
     assert_asymmetric_bounds,
     asymmetric_ffn_case,
@@ -32,6 +31,7 @@ from .asymmetric_rows import (
     with_zero_mids,
     wrong_dequantizations,
 )
+from . import cuda_emulation
 
 UNAVAILABLE = cuda_emulation.unavailable_reason()
 pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))

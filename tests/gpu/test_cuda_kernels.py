@@ -20,7 +20,8 @@ from edge_sdk.model.activation import Activation
 from edge_sdk.sparsity.ffn import sparse_ffn
 from edge_sdk.sparsity.signbit import pack_sign_bits, signbit_mask
 
-from . import asymmetric_rows, cuda_emulation
+from .. import asymmetric_rows
+from . import cuda_emulation
 from .cuda_harness import Device, Kernels, gpu_unavailable_reason, upload_quantized
 
 UNAVAILABLE = gpu_unavailable_reason()

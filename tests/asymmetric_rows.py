@@ -1,7 +1,7 @@
 """Asymmetric int4 rows (group minimums, llama.cpp's Q4_1 grid: value = (code + 8) * scale + min) for the tests of the
-quantized CUDA kernels, on the GPU (test_cuda_kernels.py) and emulated (test_cuda_emulation.py): rows whose minimums
-matter, the wrong readings of them a kernel must not match, and the float64 reference with the bounds
-edge_cuda_kernels.h declares.
+quantized kernels, the C ones (backends/test_cpu_quant_kernels.py) and the CUDA ones on the GPU and emulated
+(gpu/test_cuda_kernels.py, gpu/test_cuda_emulation.py): rows whose minimums matter, the wrong readings of them a kernel
+must not match, and the float64 reference with the bound both kernel libraries declare.
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ def asymmetric_weights(rows: int, cols: int, group_size: int, seed: int, offset:
     return (weight * cols**-0.5).astype(np.float32)
 
 
-def asymmetric_matrix(rows: int, cols: int, group_size: int, seed: int) -> quant.QuantizedMatrix:
-    return quant.quantize(asymmetric_weights(rows, cols, group_size, seed), "int4", group_size, asymmetric=True)
+def asymmetric_matrix(rows: int, cols: int, group_size: int, seed: int, offset: float = 3.0) -> quant.QuantizedMatrix:
+    weights = asymmetric_weights(rows, cols, group_size, seed, offset)
+    return quant.quantize(weights, "int4", group_size, asymmetric=True)
 
 
 def wrong_dequantizations(matrix: quant.QuantizedMatrix) -> dict[str, np.ndarray]:
