@@ -104,8 +104,9 @@ DEQUANTIZING_GRAPH_REASON = (
 def dequantizes_asymmetric_matrices(bundle: Bundle) -> bool:
     """Whether the bundle is asymmetric int4 and its decode graph has no QuantizedSparseFFN
     (DEQUANTIZING_GRAPH_REASON); the graph's op types read from the wire format (a device has no onnx package)."""
-    graph = bundle.graph_path(ENGINE_GRAPH)
-    return bundle.manifest.asymmetric and (DOMAIN, "QuantizedSparseFFN") not in graph_op_types(graph.read_bytes())
+    if not bundle.manifest.asymmetric:
+        return False  # the graph is read for asymmetric bundles only
+    return (DOMAIN, "QuantizedSparseFFN") not in graph_op_types(bundle.graph_path(ENGINE_GRAPH).read_bytes())
 
 
 def check_quantized_ops(bundle: Bundle) -> None:
