@@ -65,7 +65,7 @@ int main(int argc, char **argv) {
                    : edge_cpu_matvec(x, D_MODEL, NEURONS, codes[0], EDGE_F16, NULL, y, 1);
     } else {
       status = ffn ? edge_cpu_sparse_ffn_q(x, D_MODEL, NEURONS, codes[0], scales[0], MINS(0), codes[1], scales[1],
-                                           MINS(1), codes[2], scales[2], MINS(2), format, GROUP, mask, NULL,
+                                           MINS(1), codes[2], scales[2], MINS(2), format, format, GROUP, mask, NULL,
                                            EDGE_ACT_SILU, 0.0f, y, workspace, 1, NULL)
                    : edge_cpu_matvec_q(x, D_MODEL, NEURONS, codes[0], scales[0], MINS(0), format, GROUP, NULL, y, 1);
     }

@@ -104,6 +104,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--asymmetric", action="store_true", help="int4 only: group minimums beside the scales (llama.cpp's Q4_1 grid)"
     )
+    parser.add_argument(
+        "--down-dtype",
+        choices=["int8"],
+        help="int4 only: the down rows in int8 (an int4 bundle exported with --down-dtype int8; edge_sparse_ffn_q's "
+        "down_format)",
+    )
     parser.add_argument("--layers", type=int, default=8, help="weight copies cycled so that L2 never holds them")
     parser.add_argument("--repeats", type=int, default=20, help="timed FFN calls per measurement (per layer cycle)")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -183,8 +189,9 @@ def time_matvec(harness, device, kernels, cublas, args, generator) -> list[dict]
 
 
 def quantized_format(args: argparse.Namespace) -> str:
-    """The quantized weights' format in words: int8, int4 or int4 asymmetric."""
-    return f"{args.dtype} asymmetric" if args.asymmetric else args.dtype
+    """The quantized weights' format in words: int8, int4 or int4 asymmetric (with int8 down rows)."""
+    words = f"{args.dtype} asymmetric" if args.asymmetric else args.dtype
+    return f"{words} with {args.down_dtype} down rows" if args.down_dtype else words
 
 
 def device_name() -> str:
@@ -213,6 +220,9 @@ def main() -> int:
     if args.asymmetric and args.dtype != "int4":
         print(f"--asymmetric: only int4 has group minimums, found --dtype {args.dtype}", file=sys.stderr)
         return 2
+    if args.down_dtype and args.dtype != "int4":
+        print(f"--down-dtype: only int4 keeps its down rows wider, found --dtype {args.dtype}", file=sys.stderr)
+        return 2
     device = harness.Device()
     kernels = harness.Kernels(device)
     try:
@@ -221,15 +231,19 @@ def main() -> int:
         host_weights = [(torch.rand(n_neurons, d, generator=generator) / d).to(dtype) for _ in range(3)]
         layers = [tuple(device.upload(w) for w in host_weights) for _ in range(args.layers)]
         if quantized:
+            formats = [args.dtype, args.dtype, args.down_dtype or args.dtype]
+            asymmetric = [args.asymmetric, args.asymmetric, args.asymmetric and args.down_dtype is None]
             matrices = [
-                quant.quantize(w.float().numpy(), args.dtype, args.group_size, args.asymmetric) for w in host_weights
+                quant.quantize(w.float().numpy(), fmt, args.group_size, minimums)
+                for w, fmt, minimums in zip(host_weights, formats, asymmetric, strict=True)
             ]
             quantized_layers = [
                 tuple(harness.upload_quantized(device, m) for m in matrices) for _ in range(args.layers)
             ]
-            row_bytes = matrices[0].nbytes / n_neurons  # codes and scales (and minimums) of one row
+            # codes and scales (and minimums) of one neuron's gate, up and down rows
+            neuron_bytes = sum(m.nbytes for m in matrices) / n_neurons
         else:
-            row_bytes = d * torch.empty((), dtype=dtype).element_size()
+            neuron_bytes = 3 * d * torch.empty((), dtype=dtype).element_size()
         x_device, x_half = device.upload(x), device.upload(x.to(dtype))
         y = device.empty((1, d), torch.float32)
         workspace = device.allocate(kernels.workspace_size(d, n_neurons, 1))
@@ -277,7 +291,7 @@ def main() -> int:
                     kernels.sparse_ffn(x_device, weights, mask_device, None, "relu", 0.0, y, workspace)
 
             graph_us, launch_us = timed(device, sparse_ffn, args.repeats)
-            weight_bytes = 3 * len(kept) * row_bytes + 4 * n_neurons
+            weight_bytes = len(kept) * neuron_bytes + 4 * n_neurons
             bandwidth = weight_bytes / graph_us / 1e3
             speedup = dense_us / graph_us if dense_us is not None else float("nan")
             row = f"{sparsity:>8.2f} {graph_us:>9.1f} {launch_us:>10.1f} {bandwidth:>7.0f}"
@@ -288,6 +302,7 @@ def main() -> int:
         if quantized:
             record["group_size"] = args.group_size
             record["asymmetric"] = args.asymmetric
+            record["down_dtype"] = args.down_dtype or args.dtype
             if harness.has_matvec_workspace(kernels.cuda):
                 record["matvec"] = time_matvec(harness, device, kernels, cublas, args, generator)
             else:

@@ -8,18 +8,21 @@
  * projections and LM head call it (SPARSITY must be 0); with SVD=RANK, the SVD predictor (edge_cpu_svd_predictor) of
  * rank RANK over the shape, fp32 factors (fp16 with SVD_F16=1: edge_cpu_svd_predictor_f16), OMP_NUM_THREADS threads
  * (SPARSITY must be 0). ASYMMETRIC=1 (int4 only) gives the rows random fp16 group minimums too (asymmetric int4,
- * QUANT.md). Prints per library the median and minimum time and the rate
+ * QUANT.md); DOWN_INT8=1 (int4 only) stores the down rows as int8 codes, without minimums (an int4 bundle of
+ * down_dtype int8). Prints per library the median and minimum time and the rate
  * at which it reads the active rows' codes and scales (gate, up and down; the matrix's for MATVEC), and says when a
  * library's output differs in any bit from the first library's.
  *
  *   gcc -O2 -fopenmp -o /tmp/ffn_kernel_ab benchmarks/ffn_kernel_ab.c -ldl
- *   [THREADS=2] [SHAPE=576x1536] [MATVEC=1 | SVD=224 [SVD_F16=1]] [ASYMMETRIC=1] /tmp/ffn_kernel_ab int4|int8 \
+ *   [THREADS=2] [SHAPE=576x1536] [MATVEC=1 | SVD=224 [SVD_F16=1]] [ASYMMETRIC=1] [DOWN_INT8=1] \
+ *       /tmp/ffn_kernel_ab int4|int8 \
  *       SPARSITY ROUNDS \
  *       LIB.so [LIB.so ...]
  *
  * Libraries of other commits: build them from `git archive COMMIT kernels/cpu` (`plugins/kernels/cpu` before the
  * folder moved) with the package's flags
- * (gcc -std=c11 -O3 -march=native -fopenmp -shared -fPIC ... -lm). */
+ * (gcc -std=c11 -O3 -march=native -fopenmp -shared -fPIC ... -lm); those from before edge_cpu_sparse_ffn_q took
+ * down_format need this file of their commit (one argument fewer). */
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,8 +32,8 @@
 
 typedef int (*sparse_ffn_q_fn)(const float *, int, int, const void *, const uint16_t *, const uint16_t *,
                                const void *, const uint16_t *, const uint16_t *, const void *, const uint16_t *,
-                               const uint16_t *, int, int, const uint8_t *, const float *, int, float, float *,
-                               void *, int, uint8_t *);
+                               const uint16_t *, int, int, int, const uint8_t *, const float *, int, float,
+                               float *, void *, int, uint8_t *);
 typedef size_t (*workspace_size_fn)(int, int, int);
 typedef int (*svd_predictor_fn)(const float *, int, int, int, const float *, const float *, const float *, uint8_t *,
                                 float *);
@@ -80,6 +83,12 @@ int main(int argc, char **argv) {
     fprintf(stderr, "ASYMMETRIC=1: only int4 has group minimums\n");
     return 2;
   }
+  int down_int8 = getenv("DOWN_INT8") != NULL && strcmp(getenv("DOWN_INT8"), "1") == 0;
+  if (down_int8 && format != Q4) {
+    fprintf(stderr, "DOWN_INT8=1: only int4 gate and up take int8 down rows\n");
+    return 2;
+  }
+  int down_format = down_int8 ? Q8 : format;
   if ((matvec || svd_rank > 0) && sparsity != 0.0) {
     fprintf(stderr, "MATVEC=1 and SVD=RANK time dense calls: SPARSITY must be 0\n");
     return 2;
@@ -118,11 +127,12 @@ int main(int argc, char **argv) {
   char *codes[3];
   uint16_t *scales[3], *mins[3] = {NULL, NULL, NULL};
   for (int m = 0; m < 3; m++) {
-    codes[m] = malloc(row_bytes * D_FFN);
+    size_t bytes = m == 2 && down_int8 ? (size_t)D_MODEL : row_bytes;
+    codes[m] = malloc(bytes * D_FFN);
     scales[m] = malloc(row_scales * D_FFN * sizeof(uint16_t));
-    for (size_t i = 0; i < row_bytes * D_FFN; i++) codes[m][i] = (char)rand();
+    for (size_t i = 0; i < bytes * D_FFN; i++) codes[m][i] = (char)rand();
     for (size_t i = 0; i < row_scales * D_FFN; i++) scales[m][i] = (uint16_t)(0x1c00 + (rand() & 0x3ff));
-    if (asymmetric) { /* negative minimums of 8 to 16 scales' magnitude, without rand(): the same data otherwise */
+    if (asymmetric && !(m == 2 && down_int8)) { /* negative minimums of 8 to 16 scales' magnitude, without rand(): the same data otherwise */
       mins[m] = malloc(row_scales * D_FFN * sizeof(uint16_t));
       for (size_t i = 0; i < row_scales * D_FFN; i++) mins[m][i] = (uint16_t)(0xa800 + (i * 2654435761u >> 7 & 0x3ff));
     }
@@ -165,7 +175,7 @@ int main(int argc, char **argv) {
         matvec_q[l](x, D_MODEL, D_FFN, codes[0], scales[0], mins[0], format, GROUP, NULL, y, threads);
       } else {
         ffn[l](x, D_MODEL, D_FFN, codes[0], scales[0], mins[0], codes[1], scales[1], mins[1], codes[2], scales[2],
-               mins[2], format, GROUP, mask, NULL, ACT_SILU, 0.0f, y, workspace, threads, NULL);
+               mins[2], format, down_format, GROUP, mask, NULL, ACT_SILU, 0.0f, y, workspace, threads, NULL);
       }
       times[(size_t)l * rounds + r] = seconds() - start;
       if (r == 0 && l == 0) memcpy(first_y, y, (size_t)n_out * sizeof(float));
@@ -179,13 +189,16 @@ int main(int argc, char **argv) {
   }
   double read_bytes = (matvec ? 1.0 : 3.0) * n_active *
                       (double)(row_bytes + (asymmetric ? 2 : 1) * row_scales * sizeof(uint16_t));
+  if (down_int8 && !matvec) { /* the down rows: int8 codes, no minimums */
+    read_bytes += n_active * ((double)D_MODEL - (double)row_bytes - (asymmetric ? 1.0 : 0.0) * row_scales * 2);
+  }
   if (svd_rank > 0) {
     read_bytes = (double)rank * (D_FFN + D_MODEL) * (double)(svd_half ? sizeof(uint16_t) : sizeof(float));
   }
   const char *call = svd_rank > 0 ? (svd_half ? "SVD predictor (fp16 factors)" : "SVD predictor")
                                   : matvec ? "matvec" : "FFN";
-  printf("%s%s %s %dx%d, sparsity %.2f (%d active rows, %.1f MB), %d thread(s), %d rounds\n", argv[1],
-         asymmetric ? " (asymmetric)" : "", call, D_MODEL, D_FFN, sparsity, n_active, read_bytes / 1e6, threads, rounds);
+  printf("%s%s%s %s %dx%d, sparsity %.2f (%d active rows, %.1f MB), %d thread(s), %d rounds\n", argv[1],
+         asymmetric ? " (asymmetric)" : "", down_int8 ? " (int8 down)" : "", call, D_MODEL, D_FFN, sparsity, n_active, read_bytes / 1e6, threads, rounds);
   for (int l = 0; l < n_libraries; l++) {
     double *t = times + (size_t)l * rounds;
     qsort(t, (size_t)rounds, sizeof(double), by_value);

@@ -13,8 +13,9 @@ edge-sdk exports (a Hugging Face directory such as benchmarks/make_synthetic_che
 One command does everything, reusing what an earlier run left in --work:
 
 1. bundles: `edge-sdk export MODEL --dtype fp16|int8|int4` (int4 symmetric; with --dtypes also `int4-asym`,
-   `--dtype int4 --int4-scheme asymmetric`) with calibrated predictors (threshold for a SiLU model, svd for a
-   ReLU-family one), calibration text: --calib, or for smollm2 real_model.py's calibration text;
+   `--dtype int4 --int4-scheme asymmetric`, and `int4-asym-down8` / `int4-asym-head8-down8`, the same with
+   `--down-dtype int8` / and `--head-dtype int8`: EXPORT_DTYPES) with calibrated predictors (threshold for a SiLU
+   model, svd for a ReLU-family one), calibration text: --calib, or for smollm2 real_model.py's calibration text;
 2. GGUFs F16, Q8_0 and Q4_0 (with --gguf-types also Q4_1) of the same weights (gguf-py; every matrix in the named
    type, as `llama-quantize --pure` would write it; norms F32); the weights are the checkpoint's as edge-sdk reads
    them (a quantized GGUF dequantized), with llama's q/k rows permuted back into llama.cpp's RoPE layout;
@@ -67,14 +68,27 @@ EDGE_SDK = [sys.executable, "-m", "edge_sdk"]
 FIXTURE_CALIBRATION = REPO / "tests" / "fixtures" / "tiny-relu-llama" / "calibration.txt"
 Q = gguf.GGMLQuantizationType
 GGUF_TYPES = {"F16": Q.F16, "Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0, "Q4_1": Q.Q4_1}
-SAME_PRECISION = {"fp16": "F16", "int8": "Q8_0", "int4": "Q4_0", "int4-asym": "Q4_1"}
+SAME_PRECISION = {
+    "fp16": "F16",
+    "int8": "Q8_0",
+    "int4": "Q4_0",
+    "int4-asym": "Q4_1",
+    "int4-asym-down8": "Q4_1",
+    "int4-asym-head8-down8": "Q4_1",
+}
 # the export options of each bundle name: int4 is symmetric (Q4_0's grid) even where --int4-scheme auto would pick
-# asymmetric (a Q4_1 source), int4-asym asymmetric (Q4_1's grid)
+# asymmetric (a Q4_1 source), int4-asym asymmetric (Q4_1's grid), -down8 with int8 FFN down rows and -head8 an int8
+# LM head (a Q4_1 file's ffn_down groups run along the neurons, which int4 rows along d cannot keep)
 EXPORT_DTYPES = {
     "fp16": ["--dtype", "fp16"],
     "int8": ["--dtype", "int8"],
     "int4": ["--dtype", "int4", "--int4-scheme", "symmetric"],
     "int4-asym": ["--dtype", "int4", "--int4-scheme", "asymmetric"],
+    "int4-asym-down8": ["--dtype", "int4", "--int4-scheme", "asymmetric", "--down-dtype", "int8"],
+    "int4-asym-head8-down8": [
+        *("--dtype", "int4", "--int4-scheme", "asymmetric"),
+        *("--head-dtype", "int8", "--down-dtype", "int8"),
+    ],
 }
 # the reader's GGUF -> Hugging Face tables (edge_sdk/model/gguf_checkpoint.py), turned around
 HF_TO_GGUF = {hf: gguf_name for gguf_name, hf in (GLOBAL_TENSORS | LAYER_TENSORS).items()}

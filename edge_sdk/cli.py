@@ -208,6 +208,8 @@ def _less_lossy_choices(quantization: dict) -> list[str]:
     if quantization["format"] == "int4":
         if "head_format" not in quantization:
             choices.append("--head-dtype int8")
+        if "down_format" not in quantization:
+            choices.append("--down-dtype int8")
         if quantization.get("int4_scheme") != "asymmetric":
             choices.append("--int4-scheme asymmetric")
     if quantization["method"] != "awq":
@@ -216,7 +218,11 @@ def _less_lossy_choices(quantization: dict) -> list[str]:
 
 
 def _scheme_text(quantization: dict) -> str:
-    return " asymmetric" if quantization.get("int4_scheme") == "asymmetric" else ""
+    """An asymmetric int4's scheme, and the matrices stored in a wider format (an export's report.json words)."""
+    text = " asymmetric" if quantization.get("int4_scheme") == "asymmetric" else ""
+    wider = [f"LM head {quantization['head_format']}"] if "head_format" in quantization else []
+    wider += [f"FFN down {quantization['down_format']}"] if "down_format" in quantization else []
+    return text + (f", {', '.join(wider)}" if wider else "")
 
 
 def _predictor_choices(with_none: bool) -> list[str]:
@@ -419,6 +425,15 @@ def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **
     "output matrix wider: SmolLM2-135M's tied int4 head alone costs +7.4% held-out perplexity (QUANT.md, 'In a "
     "bundle'). Only with --dtype int4; the bundle is format version 4.",
 )
+@click.option(
+    "--down-dtype",
+    type=click.Choice(["int8", "int4"]),
+    default=None,
+    help="Storage of the FFN down projections [default: --dtype]. int8 with --dtype int4 keeps them at int8 (codes + "
+    "fp16 scales of --group-size, still one row per neuron), as llama.cpp's Q4_K_M keeps ffn_down wider: from "
+    "SmolLM2-135M's Q4_1 file, int4 down rows cost +7.1% held-out perplexity and int8 ones +0.7%, for 12% more "
+    "bytes (benchmarks/README.md section 9). Only with --dtype int4; the bundle is format version 7.",
+)
 @_group_size_option
 @click.option(
     "--int4-scheme",
@@ -452,6 +467,7 @@ def export(
     force,
     dtype,
     head_dtype,
+    down_dtype,
     group_size,
     int4_scheme,
     quant_method,
@@ -473,6 +489,7 @@ def export(
     settings = ExportSettings(
         dtype=dtype,
         head_dtype=head_dtype,
+        down_dtype=down_dtype,
         group_size=int(group_size),
         int4_scheme=int4_scheme,
         quant_method=quant_method,

@@ -42,6 +42,12 @@ ASYMMETRIC_BUNDLES = {
     "tied-svd-int4-asym": ("svd", "int4"),
     "tied-svd-int4-asym-head-int8": ("svd", "int4"),
 }
+# int4 bundles whose FFN down projections are int8 (export --down-dtype int8, bundle format version 7): symmetric, and
+# tied asymmetric with an int8 head (every matrix format of a bundle at once); exported on first use by their own tests
+INT8_DOWN_BUNDLES = {
+    "svd-int4-down-int8": ("svd", "int4"),
+    "tied-svd-int4-asym-head-int8-down-int8": ("svd", "int4"),
+}
 MATRIX_LEVELS = (0.5, 0.8)
 MATRIX_MAX_SEQ_LEN = 128
 
@@ -83,8 +89,8 @@ def tied_checkpoint(model_dir: Path, directory: Path) -> Path:
 
 
 class BundleMatrix:
-    """The tiny model's bundles by BUNDLE_MATRIX (or INT8_HEAD_BUNDLES, ASYMMETRIC_BUNDLES) name, each exported on
-    first use and shared by the session. Tests read them and never change them (copy one first)."""
+    """The tiny model's bundles by BUNDLE_MATRIX (or INT8_HEAD_BUNDLES, ASYMMETRIC_BUNDLES, INT8_DOWN_BUNDLES) name,
+    each exported on first use and shared by the session. Tests read them and never change them (copy one first)."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -95,15 +101,15 @@ class BundleMatrix:
             from edge_sdk.export.exporter import ExportSettings, export_bundle
             from edge_sdk.sparsity.settings import CalibrationSettings
 
-            predictor, dtype = (BUNDLE_MATRIX | INT8_HEAD_BUNDLES | ASYMMETRIC_BUNDLES)[name]
+            predictor, dtype = (BUNDLE_MATRIX | INT8_HEAD_BUNDLES | ASYMMETRIC_BUNDLES | INT8_DOWN_BUNDLES)[name]
             calibration = CalibrationSettings(
                 predictor=predictor, rank=16, max_tokens=2048, levels=MATRIX_LEVELS, sparsity=MATRIX_LEVELS[0]
             )
-            head_dtype = "int8" if name.endswith("-head-int8") else None
             settings = ExportSettings(
                 dtype=dtype,
-                head_dtype=head_dtype,
-                int4_scheme="asymmetric" if name in ASYMMETRIC_BUNDLES else "symmetric",
+                head_dtype="int8" if "-head-int8" in name else None,
+                down_dtype="int8" if name.endswith("-down-int8") else None,
+                int4_scheme="asymmetric" if "-asym" in name else "symmetric",
                 max_seq_len=MATRIX_MAX_SEQ_LEN,
                 calibration=calibration,
             )

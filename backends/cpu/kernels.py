@@ -98,6 +98,7 @@ def _library() -> ctypes.CDLL:
             _ptr,  # down_scales
             _ptr,  # down_mins
             _int,  # quant_format
+            _int,  # down_format
             _int,  # group_size
             _ptr,  # mask
             _ptr,  # thresholds
@@ -528,7 +529,7 @@ class SparseFFNKernel:
         x: torch.Tensor,  # [d] float32
         w_gate: QuantizedWeight,  # [D, d]
         w_up: QuantizedWeight,  # [D, d], same format and group size as w_gate
-        w_down_t: QuantizedWeight,  # [D, d], W_down transposed, same format and group size as w_gate
+        w_down_t: QuantizedWeight,  # [D, d], W_down transposed, w_gate's format (or int8 under int4) and group size
         activation: Activation,
         mask: torch.Tensor | None = None,  # [D] bool, None = every neuron a candidate (zeros still skipped)
         thresholds: torch.Tensor | None = None,  # [D] float32 CHESS thresholds on |act.gate(g)|
@@ -536,24 +537,31 @@ class SparseFFNKernel:
         active_out: torch.Tensor | None = None,  # [D] bool, receives the neurons that reached up/down
     ) -> torch.Tensor:
         """As __call__ on the dequantized weights, reading the quantized rows in place (edge_cpu_sparse_ffn_q); the
-        gate and up rows are dotted with quantized_activations(x) unless ACTIVATIONS_ENV is "fp32". Asymmetric int4:
-        gate, up and down all with mins, or none of them."""
+        gate and up rows are dotted with quantized_activations(x) unless ACTIVATIONS_ENV is "fp32". w_down_t may be
+        int8 under int4 gate and up (a bundle's down_dtype int8: the down projection kept wider). Asymmetric int4:
+        gate, up and int4 down all with mins, or none of them (int8 rows have none)."""
         d, n_neurons = self.d, self.n_neurons
         if not isinstance(activation, Activation):
             raise ValueError(f"activation: expected an Activation, found {type(activation).__name__}")
         _check_tensor("x", x, (torch.float32,), [d])
         for name, weight in (("w_gate", w_gate), ("w_up", w_up), ("w_down_t", w_down_t)):
             _check_quantized(name, weight, n_neurons, d)
-            if (weight.format, weight.group_size) != (w_gate.format, w_gate.group_size):
+            int8_down = name == "w_down_t" and (w_gate.format, weight.format) == ("int4", "int8")
+            if (weight.format, weight.group_size) != (w_gate.format, w_gate.group_size) and not (
+                int8_down and weight.group_size == w_gate.group_size
+            ):
+                wanted = (
+                    f"{w_gate.format} (or int8)" if name == "w_down_t" and w_gate.format == "int4" else w_gate.format
+                )
                 raise ValueError(
-                    f"{name}: expected format {w_gate.format} and group_size {w_gate.group_size} as w_gate, found "
+                    f"{name}: expected format {wanted} and group_size {w_gate.group_size} as w_gate, found "
                     f"{weight.format} and {weight.group_size}"
                 )
-            if weight.asymmetric != w_gate.asymmetric:
+            if weight.asymmetric != w_gate.asymmetric and not int8_down:
                 kinds = {True: "asymmetric (mins)", False: "symmetric (mins None)"}
                 raise ValueError(
-                    f"{name}.mins: expected {kinds[w_gate.asymmetric]} as w_gate (gate, up and down all asymmetric "
-                    f"or none), found {kinds[weight.asymmetric]}"
+                    f"{name}.mins: expected {kinds[w_gate.asymmetric]} as w_gate (gate, up and int4 down all "
+                    f"asymmetric or none), found {kinds[weight.asymmetric]}"
                 )
         self._check_sparse_options(mask, thresholds, active_out)
         out = self._output(out)
@@ -571,6 +579,7 @@ class SparseFFNKernel:
             w_down_t.scales.data_ptr(),
             _optional_ptr(w_down_t.mins),
             QUANT_FORMATS[w_gate.format],
+            QUANT_FORMATS[w_down_t.format],
             w_gate.group_size,
             _optional_ptr(mask),
             _optional_ptr(thresholds),

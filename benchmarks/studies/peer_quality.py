@@ -79,6 +79,8 @@ def main() -> None:
             "file": str(path),
             "dtype": bundle.dtype,
             "head_dtype": bundle.manifest.lm_head_dtype,
+            "down_dtype": bundle.manifest.ffn_down_dtype,
+            "int4_scheme": bundle.manifest.int4_scheme,
         }
         row["perplexity"] = perplexity(model, windows)
         print(json.dumps(row), flush=True)

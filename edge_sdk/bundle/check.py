@@ -33,6 +33,9 @@ def check_bundle(path: str | Path) -> tuple[Bundle, dict[str, Any]]:
 
 
 def _dtype_text(manifest) -> str:
-    """The weights' storage: the dtype, an asymmetric int4's scheme, and an LM head of its own dtype."""
+    """The weights' storage: the dtype, an asymmetric int4's scheme, and an LM head or FFN down projections of their
+    own dtype."""
     text = manifest.dtype + (" asymmetric" if manifest.asymmetric else "")
-    return text + (f" (LM head {manifest.head_dtype})" if manifest.head_dtype else "")
+    wider = [f"LM head {manifest.head_dtype}"] if manifest.head_dtype else []
+    wider += [f"FFN down {manifest.down_dtype}"] if manifest.down_dtype else []
+    return text + (f" ({', '.join(wider)})" if wider else "")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 FORMAT = "edge-sdk-bundle"
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 # int4 codes are signed nibbles (4-bit two's complement, ONNX INT4) from format version 2 on; version 1 stored
 # code + 8 (UINT4 with zero point 8), which this edge-sdk refuses rather than misread.
 SIGNED_INT4_FORMAT_VERSION = 2
@@ -29,6 +29,10 @@ HALF_PREDICTOR_FACTORS_FORMAT_VERSION = 5
 # ignore the minimums and misread every value, so such a bundle is version 6. Every other bundle reads the same in
 # versions 5 and 6.
 ASYMMETRIC_INT4_FORMAT_VERSION = 6
+# an int4 bundle may store its FFN down projections as int8 codes (export --down-dtype, the manifest's down_dtype)
+# from format version 7 on; an older reader ignores that field and would refuse the down rows' codes as the wrong
+# tensor, so such a bundle is version 7. Every other bundle reads the same in versions 6 and 7.
+DOWN_DTYPE_FORMAT_VERSION = 7
 
 MANIFEST_FILE = "manifest.json"
 WEIGHTS_FILE = "weights.safetensors"
@@ -55,12 +59,16 @@ def written_format_version(
     head_dtype: bool = False,
     half_predictor_factors: bool = False,
     asymmetric_int4: bool = False,
+    down_dtype: bool = False,
 ) -> int:
     """The format_version an export writes: the oldest version that reads its layout, so every bundle is
     byte-identical to what edge-sdk wrote before the newer versions and readable by the readers of its version (an
-    older libedge_sdk on a device). 6 for an asymmetric int4 bundle; 5 for a bundle with F16 predictor factors (an
+    older libedge_sdk on a device). 7 for a bundle with a down_dtype of its own (down_dtype: the manifest has one); 6
+    for an asymmetric int4 bundle; 5 for a bundle with F16 predictor factors (an
     svd bundle whose weights are not fp32); 4 for a bundle with a head_dtype of its own (head_dtype: the manifest has
     one); 3 for an int8 / int4 bundle of a model with tied embeddings; 2 for every other bundle."""
+    if down_dtype:
+        return DOWN_DTYPE_FORMAT_VERSION
     if asymmetric_int4:
         return ASYMMETRIC_INT4_FORMAT_VERSION
     if half_predictor_factors:

@@ -21,6 +21,12 @@ version 6) stores llama.cpp's Q4_1 grid: every int4 matrix has, besides its code
 as `<name>.mins` F16 [rows, cols / group_size], and a value is (code + 8) * scale + min (edge_sdk/quant.py). An int8
 head of such a bundle (head_dtype) stays symmetric, without minimums.
 
+The FFN down projections (`layers.{i}.mlp.down_proj.weight_t`) may be stored wider too (export --down-dtype, manifest
+down_dtype, since bundle format version 7): int8 codes with fp16 scales of the same group size in an int4 bundle,
+symmetric in an asymmetric one too, still neuron-major so that a skipped neuron skips one row of each matrix. Their
+groups run along d where a GGUF groups ffn_down along the neurons, so re-rounding them to int4 costs the most of any
+matrix (SmolLM2 from its Q4_1 file: +7% held-out perplexity at int4, under 1% at int8; benchmarks/README.md section 9).
+
 The svd predictor's factors (svd.a, svd.b) are F16 in bundles whose weights are not fp32 (since bundle format version
 5, bundle/format.py predictor_factor_dtype) and F32 otherwise; the predictors' other tensors keep their kinds' dtypes.
 """
@@ -39,8 +45,9 @@ BUNDLE_DTYPES = (*WEIGHT_DTYPES, *QUANTIZED_DTYPES)
 GROUP_SIZES = (32, 64, 128)
 EMBEDDING = "embed_tokens.weight"
 LM_HEAD = "lm_head.weight"
-# a bundle dtype's allowed head_dtype besides itself: the quantized dtypes wider than it
+# a bundle dtype's allowed head_dtype (and down_dtype) besides itself: the quantized dtypes wider than it
 WIDER_HEAD_DTYPES = {"int4": ("int8",)}
+WIDER_DOWN_DTYPES = WIDER_HEAD_DTYPES
 UNTIED_EMBEDDING_DTYPE = "F16"  # a quantized bundle's embedding when the model has an LM head of its own
 SCALES_SUFFIX = ".scales"
 MINS_SUFFIX = ".mins"
@@ -67,6 +74,11 @@ def model_tensor_names(config: ModelConfig) -> list[tuple[str, str]]:
 def lm_head_tensor(tied_embeddings: bool) -> str:
     """The bundle tensor the LM head reads: the embedding of a model with tied embeddings, else lm_head.weight."""
     return EMBEDDING if tied_embeddings else LM_HEAD
+
+
+def is_down_projection(name: str) -> bool:
+    """Whether a bundle tensor name is a layer's (neuron-major) FFN down projection."""
+    return name.endswith("mlp.down_proj.weight" + TRANSPOSED_SUFFIX)
 
 
 def quantized_format(safetensors_dtype: str) -> str:
@@ -109,11 +121,13 @@ def model_tensors(
     group_size: int | None = None,
     head_dtype: str | None = None,
     asymmetric: bool = False,
+    down_dtype: str | None = None,
 ) -> dict[str, ExpectedTensor]:
     """Every model tensor of a bundle with weight dtype `dtype` (fp32 | fp16 | bf16 | int8 | int4) serving
     max_seq_len; group_size: the quantization group of int8 / int4 (it must divide every quantized matrix's cols);
     head_dtype: the LM head's quantized dtype when it differs from dtype (one of WIDER_HEAD_DTYPES[dtype]), else
-    None; asymmetric: an int4 bundle's int4_scheme is "asymmetric" (its int4 matrices have minimums)."""
+    None; asymmetric: an int4 bundle's int4_scheme is "asymmetric" (its int4 matrices have minimums); down_dtype: the
+    FFN down projections' quantized dtype when it differs from dtype (one of WIDER_DOWN_DTYPES[dtype]), else None."""
     hf_shapes = hf_tensor_shapes(config)
     head = lm_head_tensor(config.tie_word_embeddings)
     expected = {}
@@ -122,7 +136,7 @@ def model_tensors(
         if name.endswith(TRANSPOSED_SUFFIX):
             shape = shape[::-1]
         if dtype in QUANTIZED_DTYPES and is_quantized_matrix(name, shape, config.tie_word_embeddings):
-            matrix_dtype = head_dtype if name == head and head_dtype is not None else dtype
+            matrix_dtype = matrix_storage(name, head, dtype, head_dtype, down_dtype)
             expected |= quantized_tensors(name, shape, matrix_dtype, group_size, asymmetric)
         elif dtype in QUANTIZED_DTYPES and len(shape) == 2:
             expected[name] = ExpectedTensor(UNTIED_EMBEDDING_DTYPE, shape)
@@ -130,6 +144,16 @@ def model_tensors(
             expected[name] = ExpectedTensor(WEIGHT_DTYPES[dtype] if len(shape) > 1 else "F32", shape)
     rope = ExpectedTensor("F32", (max_seq_len, config.head_dim))
     return expected | {"rope.cos": rope, "rope.sin": rope}
+
+
+def matrix_storage(name: str, head: str, dtype: str, head_dtype: str | None, down_dtype: str | None) -> str:
+    """The quantized dtype a bundle stores matrix `name` in: the head's own (head: lm_head_tensor) or the down
+    projections' own where the manifest gives one, else the bundle's dtype."""
+    if name == head and head_dtype is not None:
+        return head_dtype
+    if is_down_projection(name) and down_dtype is not None:
+        return down_dtype
+    return dtype
 
 
 def predictor_tensors(

@@ -18,6 +18,7 @@ from edge_sdk.bundle.layout import (
     BUNDLE_DTYPES,
     GROUP_SIZES,
     QUANTIZED_DTYPES,
+    WIDER_DOWN_DTYPES,
     WIDER_HEAD_DTYPES,
     ExpectedTensor,
     model_tensors,
@@ -347,11 +348,11 @@ def expected_tensors(
     head_dtype: str | None = None,
     factor_dtype: str = "F32",
     asymmetric: bool = False,
+    down_dtype: str | None = None,
 ) -> dict[str, ExpectedTensor]:
     ranks = _ranks(declared, config, predictors.kind(sparsity.predictor), where)
-    return model_tensors(config, dtype, max_seq_len, group_size, head_dtype, asymmetric) | predictor_tensors(
-        config, sparsity.predictor, len(sparsity.levels), ranks, factor_dtype
-    )
+    model = model_tensors(config, dtype, max_seq_len, group_size, head_dtype, asymmetric, down_dtype)
+    return model | predictor_tensors(config, sparsity.predictor, len(sparsity.levels), ranks, factor_dtype)
 
 
 def _is_predictor_factor(name: str) -> bool:
@@ -403,6 +404,7 @@ class Manifest:
     group_size: int | None = None  # int8 / int4 bundles: values per fp16 scale along each matrix row
     head_dtype: str | None = None  # the LM head's quantized dtype where it differs from dtype (format version 4)
     int4_scheme: str | None = None  # int4 bundles: "symmetric" or "asymmetric" (format version 6); None otherwise
+    down_dtype: str | None = None  # the FFN down projections' dtype where it differs from dtype (format version 7)
 
     @property
     def asymmetric(self) -> bool:
@@ -413,6 +415,11 @@ class Manifest:
     def lm_head_dtype(self) -> str:
         """The dtype the LM head matrix is stored in."""
         return self.head_dtype or self.dtype
+
+    @property
+    def ffn_down_dtype(self) -> str:
+        """The dtype the FFN down projections are stored in."""
+        return self.down_dtype or self.dtype
 
 
 def _group_size(fields: Fields, dtype: str, config: ModelConfig) -> int | None:
@@ -444,6 +451,18 @@ def _head_dtype(fields: Fields, dtype: str, version: int) -> str | None:
     if not allowed:
         raise fields._fail("head_dtype", f"null or absent for dtype {dtype} (a head dtype of its own needs int4)")
     return fields.string("head_dtype", allowed)
+
+
+def _down_dtype(fields: Fields, dtype: str, version: int) -> str | None:
+    """down_dtype (format version 7 on; older versions do not read it): absent or null, the FFN down projections are
+    stored in the bundle's dtype; else a quantized dtype wider than dtype (WIDER_DOWN_DTYPES: int8 in an int4
+    bundle)."""
+    if version < bundle_format.DOWN_DTYPE_FORMAT_VERSION or not fields.has("down_dtype"):
+        return None
+    allowed = WIDER_DOWN_DTYPES.get(dtype, ())
+    if not allowed:
+        raise fields._fail("down_dtype", f"null or absent for dtype {dtype} (a down dtype of its own needs int4)")
+    return fields.string("down_dtype", allowed)
 
 
 def _int4_scheme(fields: Fields, dtype: str, version: int) -> str | None:
@@ -513,6 +532,7 @@ def validate(raw: Any, where: str) -> Manifest:
     group_size = _group_size(fields, dtype, config)
     head_dtype = _head_dtype(fields, dtype, version)
     int4_scheme = _int4_scheme(fields, dtype, version)
+    down_dtype = _down_dtype(fields, dtype, version)
     max_seq_len = fields.integer("max_seq_len", 2, config.max_position_embeddings)
     sparsity = _sparsity(fields.object("sparsity"), config.num_layers)
     graphs = _graphs(fields.object("graphs"))
@@ -532,11 +552,24 @@ def validate(raw: Any, where: str) -> Manifest:
             head_dtype,
             factor_dtype,
             int4_scheme == "asymmetric",
+            down_dtype,
         ),
         tensors_where,
         factor_rule(dtype, version),
     )
     files = _files(fields.object("files"), graphs)
     return Manifest(
-        raw, version, config, dtype, max_seq_len, sparsity, graphs, declared, files, group_size, head_dtype, int4_scheme
+        raw,
+        version,
+        config,
+        dtype,
+        max_seq_len,
+        sparsity,
+        graphs,
+        declared,
+        files,
+        group_size,
+        head_dtype,
+        int4_scheme,
+        down_dtype,
     )

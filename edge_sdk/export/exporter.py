@@ -25,6 +25,7 @@ from edge_sdk.bundle.layout import (
     MINS_SUFFIX,
     QUANTIZED_DTYPES,
     SCALES_SUFFIX,
+    WIDER_DOWN_DTYPES,
     WIDER_HEAD_DTYPES,
     is_quantized_matrix,
     model_tensor_names,
@@ -65,6 +66,9 @@ class ExportSettings:
     # int4: "symmetric" (code * scale, Q4_0's grid) or "asymmetric" ((code + 8) * scale + min per group, Q4_1's grid,
     # bundle format version 6)
     int4_scheme: str = "symmetric"
+    # the FFN down projections' dtype (None: dtype's): "int8" with dtype "int4" stores them as int8 codes with fp16
+    # scales of group_size, still neuron-major (bundle format version 7)
+    down_dtype: str | None = None
     max_seq_len: int | None = None  # None: min(model's max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
     calibration: CalibrationSettings = field(default_factory=CalibrationSettings)
 
@@ -76,6 +80,11 @@ class ExportSettings:
     def wider_head_dtype(self) -> str | None:
         """The head's dtype where it differs from the bundle's (what the manifest records as head_dtype), else None."""
         return None if self.head_dtype in (None, self.dtype) else self.head_dtype
+
+    @property
+    def wider_down_dtype(self) -> str | None:
+        """The down projections' dtype where it differs from the bundle's (the manifest's down_dtype), else None."""
+        return None if self.down_dtype in (None, self.dtype) else self.down_dtype
 
     @property
     def asymmetric(self) -> bool:
@@ -107,7 +116,13 @@ def _model_tensor_specs(checkpoint: Checkpoint | GgufCheckpoint, settings: Expor
         return [_model_tensor_spec(checkpoint, n, hf, dtype) for n, hf in model_tensor_names(checkpoint.config)]
     torch_dtypes = {"F32": torch.float32, "F16": torch.float16, "I8": torch.int8, "U8": torch.uint8}
     expected = model_tensors(
-        checkpoint.config, settings.dtype, 2, settings.group_size, settings.wider_head_dtype, settings.asymmetric
+        checkpoint.config,
+        settings.dtype,
+        2,
+        settings.group_size,
+        settings.wider_head_dtype,
+        settings.asymmetric,
+        settings.wider_down_dtype,
     )
     return [
         TensorSpec(name, torch_dtypes[want.dtype], want.shape)
@@ -154,6 +169,14 @@ def _validate(checkpoint: Checkpoint | GgufCheckpoint, settings: ExportSettings)
         raise ExportError(
             f"--head-dtype {settings.head_dtype} is not allowed with --dtype {settings.dtype}: the LM head may be "
             f"stored wider than the other matrices only as {allowed} (or in the bundle's own dtype)"
+        )
+    if settings.down_dtype not in (None, settings.dtype, *WIDER_DOWN_DTYPES.get(settings.dtype, ())):
+        allowed = ", ".join(
+            f"{down} with --dtype {base}" for base, wider in WIDER_DOWN_DTYPES.items() for down in wider
+        )
+        raise ExportError(
+            f"--down-dtype {settings.down_dtype} is not allowed with --dtype {settings.dtype}: the FFN down "
+            f"projections may be stored wider than the other matrices only as {allowed} (or in the bundle's own dtype)"
         )
     if settings.int4_scheme not in quant.INT4_SCHEMES:
         schemes = ", ".join(quant.INT4_SCHEMES)
@@ -348,13 +371,22 @@ def _quantized_model(
             settings.group_size,
             scale_ffn_hidden=not calibration.kind.ranks_by_up,
             asymmetric=settings.asymmetric,
+            down_format=settings.wider_down_dtype,
         )
     if settings.wider_head_dtype is not None:
         described["head_format"] = settings.wider_head_dtype
+    if settings.wider_down_dtype is not None:
+        described["down_format"] = settings.wider_down_dtype
     if settings.dtype == "int4":
         described["int4_scheme"] = settings.int4_scheme
     quantized = QuantizedCheckpoint(
-        checkpoint, settings.dtype, settings.group_size, scales, settings.wider_head_dtype, settings.asymmetric
+        checkpoint,
+        settings.dtype,
+        settings.group_size,
+        scales,
+        settings.wider_head_dtype,
+        settings.asymmetric,
+        settings.wider_down_dtype,
     )
     return quantized, described
 
@@ -395,6 +427,7 @@ def _manifest(
             settings.wider_head_dtype is not None,
             half_factors,
             settings.asymmetric,
+            settings.wider_down_dtype is not None,
         ),
         "exporter": {"name": "edge-sdk", "version": __version__},
         "model": config.to_dict(),
@@ -421,5 +454,7 @@ def _manifest(
         manifest["head_dtype"] = settings.wider_head_dtype
     if settings.asymmetric:
         manifest["int4_scheme"] = settings.int4_scheme
+    if settings.wider_down_dtype is not None:
+        manifest["down_dtype"] = settings.wider_down_dtype
     manifest[bundle_format.MANIFEST_DIGEST_FIELD] = manifest_digest(manifest)
     return manifest

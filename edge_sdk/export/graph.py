@@ -46,7 +46,9 @@ quantized matrix is read as its codes and its fp16 scales:
 - The LM head may be stored in a wider format than the other matrices (int8 in an int4 bundle: manifest head_dtype);
   every read of a quantized matrix takes its format from the matrix's own stored dtype (I8 or U8) and its own
   minimums, the custom ops' weight_format attribute included, so the head's nodes are int8 nodes in an otherwise int4
-  (or int4_asymmetric) graph.
+  (or int4_asymmetric) graph. So may the FFN down projections (int8 in an int4 bundle: manifest down_dtype): the
+  prompt FFN's down product is an int8 QuantizedMatMul, and QuantizedSparseFFN says so in `down_weight_format`; an
+  int8 down projection has no minimums, so an int4_asymmetric node then takes 11 inputs.
 - A tied model's embedding is its LM head, stored quantized like it: decode.onnx looks the tokens' rows up in its
   INT32 words and scales and dequantizes them in standard integer ops (`GraphBuilder.dequantized_rows`),
   prefill.onnx gathers them from the LM head's DequantizeLinear output.
@@ -546,7 +548,9 @@ def _sparse_ffn(g: GraphBuilder, config: ModelConfig, layer: int, x2d: str, prom
     minimums: list[str] = []
     if g.quantized_ops:  # codes and scales of each matrix (OPS.md, QuantizedSparseFFN)
         op, weights = "QuantizedSparseFFN", [name for matrix in matrices for name in g.quantized(matrix)]
-        attributes |= g.quantized_layout(matrices[0])  # gate, up and down share the bundle's format
+        attributes |= g.quantized_layout(matrices[0])  # gate and up share the bundle's format
+        if g.matrix_format(matrices[2]) != g.matrix_format(matrices[0]):  # int8 down rows (manifest down_dtype)
+            attributes["down_weight_format"] = g.matrix_format(matrices[2])
         minimums = [name for matrix in matrices for name in g.minimums(matrix)]
     else:
         op, weights = "SparseFFN", [g.weight(matrix) for matrix in matrices]

@@ -91,7 +91,8 @@ class QuantizedCheckpoint:
     Everything else (config, tokenizer, shapes) is the checkpoint's.
 
     head_format: the LM head's format where it differs from format (int8 in an int4 bundle), else None; asymmetric:
-    the int4 matrices have group minimums (bundle int4_scheme "asymmetric"; an int8 head has none)."""
+    the int4 matrices have group minimums (bundle int4_scheme "asymmetric"; an int8 head has none); down_format: the
+    FFN down projections' format where it differs from format (int8 in an int4 bundle, without minimums), else None."""
 
     def __init__(
         self,
@@ -101,6 +102,7 @@ class QuantizedCheckpoint:
         scales: dict[int, LayerScales] | None = None,
         head_format: str | None = None,
         asymmetric: bool = False,
+        down_format: str | None = None,
     ):
         self.checkpoint = checkpoint
         self.asymmetric = asymmetric
@@ -108,6 +110,7 @@ class QuantizedCheckpoint:
         self.group_size = group_size
         self.scales = scales or {}
         self.head_format = head_format
+        self.down_format = down_format
         self.lm_head = f"model.{EMBEDDING}" if checkpoint.config.tie_word_embeddings else LM_HEAD  # Hugging Face's name
 
     def __getattr__(self, name: str):
@@ -135,8 +138,13 @@ class QuantizedCheckpoint:
         return quant.quantize(weight.numpy(), format, self.group_size, self.asymmetric and format == "int4")
 
     def matrix_format(self, hf_name: str) -> str:
-        """The format a quantized matrix is stored in: the head's own, if it has one, else the bundle's."""
-        return self.head_format if hf_name == self.lm_head and self.head_format is not None else self.format
+        """The format a quantized matrix is stored in: the head's or the down projections' own, if they have one,
+        else the bundle's."""
+        if hf_name == self.lm_head and self.head_format is not None:
+            return self.head_format
+        if hf_name.endswith("mlp.down_proj.weight") and self.down_format is not None:
+            return self.down_format
+        return self.format
 
     def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         if self.is_quantized(name):
@@ -244,13 +252,15 @@ def search_awq_scales(
     group_size: int,
     scale_ffn_hidden: bool = True,
     asymmetric: bool = False,
+    down_format: str | None = None,
 ) -> tuple[dict[int, LayerScales], list[dict]]:
     """Per layer, the AWQ scales of its four input groups from the fp model's activations on chunks [C, L] (one
     layer at a time), and a report per layer: the chosen alpha and the output error relative to alpha 0 (RTN).
 
     scale_ffn_hidden False leaves down's input unscaled (s = 1): the threshold predictor (CHESS) ranks neuron i by
     E|up_i| * |act(gate_i)|, which a per-neuron scale folded into up's rows would reorder (down's norm, which
-    takes the scale back, is not in its score)."""
+    takes the scale back, is not in its score). down_format: the down projection's format where it differs from
+    format (QuantizedCheckpoint.down_format)."""
     config = checkpoint.config
     hidden = F.embedding(chunks, checkpoint.tensor("model.embed_tokens.weight", torch.float32))  # [C, L, d]
     cos, sin = rope_tables(config.rope, config.head_dim, chunks.shape[1])
@@ -271,8 +281,9 @@ def search_awq_scales(
                 chosen[group] = torch.ones(x.shape[1])
                 continue
             magnitude = _kv_shared_magnitude(x, config) if group == "attention_output" else None
+            group_format = down_format if group == "ffn_hidden" and down_format is not None else format
             chosen[group], alpha, errors = search_scale(
-                x, [w.float() for w in weights], format, group_size, magnitude, asymmetric
+                x, [w.float() for w in weights], group_format, group_size, magnitude, asymmetric
             )
             layer_report[group] = {"alpha": alpha, "error_vs_rtn": errors[alpha] / max(errors[0.0], 1e-300)}
         scales[index] = LayerScales(**chosen)

@@ -61,8 +61,8 @@ struct layer_weights {
   const float *bo;         /* [d] or NULL */
   const void *w_gate;      /* [D, d] ffn_dtype */
   const void *w_up;        /* [D, d] ffn_dtype */
-  const void *w_down_t;    /* [D, d] ffn_dtype, W_down transposed (neuron-major) */
-  int ffn_dtype;           /* EDGE_F32, EDGE_F16, or EDGE_Q8 / EDGE_Q4 with the scales below */
+  const void *w_down_t;    /* [D, d] ffn_dtype (EDGE_Q8 under EDGE_Q4: down_t.dtype), W_down transposed */
+  int ffn_dtype;           /* of gate and up: EDGE_F32, EDGE_F16, or EDGE_Q8 / EDGE_Q4 with the scales below */
   struct matrix gate, up, down_t; /* the same three matrices with their scales (quantized bundles) */
   void *svd_a_t;           /* [svd_rank, D]: the bundle's svd.a transposed at load (owned), as the kernel reads it */
   const void *svd_b;       /* [svd_rank, d] */
@@ -354,10 +354,13 @@ static edge_status load_layer(const struct bundle *bundle, const struct model_co
     return status;
   }
 #undef LAYER_NAME
-  if (up.dtype != gate.dtype || down_t.dtype != gate.dtype || up.group_size != gate.group_size ||
+  /* one dtype and group size, except int8 down rows under int4 gate and up (a bundle of down_dtype int8) */
+  int int8_down = gate.dtype == EDGE_Q4 && down_t.dtype == EDGE_Q8;
+  if (up.dtype != gate.dtype || (down_t.dtype != gate.dtype && !int8_down) || up.group_size != gate.group_size ||
       down_t.group_size != gate.group_size) {
     return edge_fail(EDGE_ERROR_BUNDLE, "%s/%s: layer %d's gate, up and down FFN weights must share one dtype and "
-                     "group size", bundle->root, BUNDLE_WEIGHTS_FILE, layer);
+                     "group size (or be int4 gate and up with int8 down of that group size)", bundle->root,
+                     BUNDLE_WEIGHTS_FILE, layer);
   }
   w->gate = gate, w->up = up, w->down_t = down_t;
   w->w_gate = gate.data;
@@ -809,7 +812,7 @@ static edge_status feed_forward(struct run_state *s, struct token_buffers *t, in
      * exactly nothing, so this is the dense FFN's value) */
     status = edge_cpu_sparse_ffn_q(t->xb, d, D, w->gate.data, w->gate.scales, w->gate.mins, w->up.data,
                                    w->up.scales, w->up.mins, w->down_t.data, w->down_t.scales, w->down_t.mins,
-                                   w->gate.dtype, w->gate.group_size, mask,
+                                   w->gate.dtype, w->down_t.dtype, w->gate.group_size, mask,
                                    thresholds, c->activation, c->act_threshold, t->out, t->ffn_workspace, t->threads,
                                    NULL);
   } else if (status == EDGE_CPU_OK && sparsity->dense) {
@@ -977,7 +980,7 @@ static edge_status prompt_block(struct run_state *s, const int32_t *ids, int sta
     int threads = (int64_t)3 * d * c->intermediate_size * tokens >= PARALLEL_MIN_WORK ? e->threads : 1;
     int kernel_status = edge_cpu_ffn_tokens(b->xb, tokens, d, c->intermediate_size, w->w_gate, gate->scales,
                                             gate->mins, w->w_up, up->scales, up->mins, w->w_down_t, down->scales,
-                                            down->mins, w->ffn_dtype, gate->group_size, c->activation,
+                                            down->mins, w->ffn_dtype, down->dtype, gate->group_size, c->activation,
                                             c->act_threshold, b->out, b->ffn_workspace, threads);
     if (kernel_status == EDGE_CPU_OUT_OF_MEMORY) {
       return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "prefill position %d, layer %d FFN: out of memory", start, layer);

@@ -137,8 +137,10 @@ static void add_matrix(struct table *table, const char *name, enum tensor_dtype 
   }
 }
 
-/* A layer's model tensors, in the checkpoint's order (model/config.py hf_tensor_shapes). */
-static void add_layer(struct table *table, const struct model_config *c, enum tensor_dtype w, int layer) {
+/* A layer's model tensors, in the checkpoint's order (model/config.py hf_tensor_shapes); down: the down projection's
+ * dtype (w, or I8 under int4: no mins, as add_matrix gives only U8 matrices theirs). */
+static void add_layer(struct table *table, const struct model_config *c, enum tensor_dtype w, enum tensor_dtype down,
+                      int layer) {
   int64_t d = c->hidden_size, D = c->intermediate_size;
   int64_t q = (int64_t)c->num_heads * c->head_dim, kv = (int64_t)c->num_kv_heads * c->head_dim;
   char name[NAME_BYTES];
@@ -157,7 +159,7 @@ static void add_layer(struct table *table, const struct model_config *c, enum te
   if (c->o_bias) add(table, LAYER("self_attn.o_proj.bias"), DTYPE_F32, 1, d, 0);
   add_matrix(table, LAYER("mlp.gate_proj.weight"), w, D, d);
   add_matrix(table, LAYER("mlp.up_proj.weight"), w, D, d);
-  add_matrix(table, LAYER("mlp.down_proj.weight_t"), w, D, d);
+  add_matrix(table, LAYER("mlp.down_proj.weight_t"), down, D, d);
 #undef LAYER
 }
 
@@ -213,8 +215,8 @@ static edge_status svd_ranks(struct declared_tensor *declared, size_t n, const s
 }
 
 static edge_status build_table(struct declared_tensor *declared, size_t n, const struct model_config *c,
-                               enum tensor_dtype w, enum tensor_dtype head, int max_seq_len, const struct sparsity_settings *s,
-                               const char *where, struct table *table) {
+                               enum tensor_dtype w, enum tensor_dtype head, enum tensor_dtype down, int max_seq_len,
+                               const struct sparsity_settings *s, const char *where, struct table *table) {
   int64_t ranks[MAX_LAYERS] = {0};
   if (s->predictor == PREDICTOR_SVD) {
     edge_status status = svd_ranks(declared, n, c, where, ranks);
@@ -228,7 +230,7 @@ static edge_status build_table(struct declared_tensor *declared, size_t n, const
   }
   add(table, "norm.weight", DTYPE_F32, 1, c->hidden_size, 0);
   if (!c->tie_word_embeddings) add_matrix(table, "lm_head.weight", head, c->vocab_size, c->hidden_size);
-  for (int layer = 0; layer < c->num_layers; layer++) add_layer(table, c, w, layer);
+  for (int layer = 0; layer < c->num_layers; layer++) add_layer(table, c, w, down, layer);
   add(table, "rope.cos", DTYPE_F32, 2, max_seq_len, c->head_dim);
   add(table, "rope.sin", DTYPE_F32, 2, max_seq_len, c->head_dim);
   for (int layer = 0; layer < c->num_layers; layer++) add_predictor(table, c, s, layer, ranks[layer]);
@@ -281,16 +283,17 @@ static edge_status compare(struct declared_tensor *declared, size_t n, const str
 }
 
 edge_status layout_check_tensors(const cJSON *tensors, const struct model_config *config, enum tensor_dtype weight_dtype,
-                                 enum tensor_dtype head_dtype, int group_size, int asymmetric, int max_seq_len,
-                                 const struct sparsity_settings *sparsity, enum tensor_dtype factor_dtype,
-                                 const char *factor_rule, const char *where) {
+                                 enum tensor_dtype head_dtype, enum tensor_dtype down_dtype, int group_size,
+                                 int asymmetric, int max_seq_len, const struct sparsity_settings *sparsity,
+                                 enum tensor_dtype factor_dtype, const char *factor_rule, const char *where) {
   struct declared_tensor *declared;
   size_t n;
   edge_status status = read_declared(tensors, where, &declared, &n);
   if (status != EDGE_OK) return status;
   struct table table = {
       .group_size = group_size, .asymmetric = asymmetric, .factor_dtype = factor_dtype, .factor_rule = factor_rule};
-  status = build_table(declared, n, config, weight_dtype, head_dtype, max_seq_len, sparsity, where, &table);
+  status = build_table(declared, n, config, weight_dtype, head_dtype, down_dtype, max_seq_len, sparsity, where,
+                       &table);
   if (status == EDGE_OK) status = compare(declared, n, &table, where);
   free(table.entries);
   free(declared);

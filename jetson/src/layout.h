@@ -22,13 +22,14 @@
  * matrix holds its codes, I8 [rows, cols] or U8 [rows, cols / 2], under its name and F16 scales
  * [rows, cols / group_size] as <name>.scales, except embed_tokens.weight of an untied model (F16); the LM head
  * (lm_head.weight, or a tied embed_tokens.weight) holds codes of head_dtype (weight_dtype, or I8 in an int4 bundle
- * whose manifest says head_dtype int8); asymmetric: every int4 (U8) matrix also holds F16 group minimums
- * [rows, cols / group_size] as <name>.mins. The predictor's low-rank factors (svd a, b) are factor_dtype (F16 or F32); a
- * factor of the right shape declared in the other dtype is refused naming factor_rule (why the factors have their
- * dtype). */
+ * whose manifest says head_dtype int8), each layer's mlp.down_proj.weight_t codes of down_dtype (weight_dtype, or I8
+ * in an int4 bundle whose manifest says down_dtype int8); asymmetric: every int4 (U8) matrix also holds F16 group
+ * minimums [rows, cols / group_size] as <name>.mins. The predictor's low-rank factors (svd a, b) are factor_dtype (F16
+ * or F32); a factor of the right shape declared in the other dtype is refused naming factor_rule (why the factors have
+ * their dtype). */
 edge_status layout_check_tensors(const cJSON *tensors, const struct model_config *config, enum tensor_dtype weight_dtype,
-                                 enum tensor_dtype head_dtype, int group_size, int asymmetric, int max_seq_len,
-                                 const struct sparsity_settings *sparsity, enum tensor_dtype factor_dtype,
-                                 const char *factor_rule, const char *where);
+                                 enum tensor_dtype head_dtype, enum tensor_dtype down_dtype, int group_size,
+                                 int asymmetric, int max_seq_len, const struct sparsity_settings *sparsity,
+                                 enum tensor_dtype factor_dtype, const char *factor_rule, const char *where);
 
 #endif

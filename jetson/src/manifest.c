@@ -166,6 +166,22 @@ static edge_status read_head_dtype(const cJSON *manifest, const char *where, int
   return status;
 }
 
+/* down_dtype (format version 7 on; older versions do not read it): null or absent, the FFN down projections are
+ * stored in the bundle's dtype; otherwise int8 (I8 codes, symmetric) in an int4 bundle, as head_dtype. */
+static edge_status read_down_dtype(const cJSON *manifest, const char *where, int64_t version, struct manifest *out) {
+  static const char *const wider_than_int4[] = {"int8"};
+  const cJSON *field = cJSON_GetObjectItemCaseSensitive(manifest, "down_dtype");
+  out->down_dtype = out->weight_dtype;
+  if (version < BUNDLE_DOWN_DTYPE_FORMAT_VERSION || field == NULL || cJSON_IsNull(field)) return EDGE_OK;
+  if (out->quant_format != EDGE_Q4) {
+    return json_field_fail(manifest, "down_dtype", where, "null or absent for a dtype other than int4");
+  }
+  int choice;
+  edge_status status = json_choice_field(manifest, "down_dtype", where, wider_than_int4, 1, &choice);
+  if (status == EDGE_OK) out->down_dtype = DTYPE_I8;
+  return status;
+}
+
 /* int4_scheme (format version 6 on; older versions do not read it): for int4, null, absent or "symmetric", or
  * "asymmetric" (group minimums); null or absent for every other dtype. */
 static edge_status read_int4_scheme(const cJSON *manifest, const char *where, int64_t version, struct manifest *out) {
@@ -182,7 +198,7 @@ static edge_status read_int4_scheme(const cJSON *manifest, const char *where, in
   return status;
 }
 
-/* model, dtype (group_size, head_dtype and int4_scheme) and max_seq_len; version: the manifest's format_version. */
+/* model, dtype (group_size, head_dtype, down_dtype and int4_scheme) and max_seq_len; version: the manifest's format_version. */
 static edge_status read_model(const cJSON *manifest, const char *where, int64_t version, struct manifest *out) {
   static const char *const dtypes[] = {"fp32", "fp16", "bf16", "int8", "int4"};
   static const enum tensor_dtype weight_dtypes[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_I8, DTYPE_U8};
@@ -212,6 +228,7 @@ static edge_status read_model(const cJSON *manifest, const char *where, int64_t 
     status = read_group_size(manifest, where, out);
   }
   if (status == EDGE_OK) status = read_head_dtype(manifest, where, version, out);
+  if (status == EDGE_OK) status = read_down_dtype(manifest, where, version, out);
   if (status == EDGE_OK) status = read_int4_scheme(manifest, where, version, out);
   if (status == EDGE_OK) {
     status = json_int_field(manifest, "max_seq_len", where, 2, out->model.max_position_embeddings, &value);
@@ -252,8 +269,8 @@ edge_status manifest_validate(const cJSON *manifest, const char *text, size_t si
       (status = config_read_sparsity(sparsity, out->model.num_layers, inner, &out->sparsity)) != EDGE_OK ||
       (status = read_graphs(manifest, where, out)) != EDGE_OK ||
       (status = section(manifest, "tensors", where, &tensors, inner, sizeof inner)) != EDGE_OK ||
-      (status = layout_check_tensors(tensors, &out->model, out->weight_dtype, out->head_dtype, out->group_size,
-                                     out->asymmetric, out->max_seq_len, &out->sparsity, out->factor_dtype,
+      (status = layout_check_tensors(tensors, &out->model, out->weight_dtype, out->head_dtype, out->down_dtype,
+                                     out->group_size, out->asymmetric, out->max_seq_len, &out->sparsity, out->factor_dtype,
                                      out->factor_rule, inner)) != EDGE_OK) {
     return status;
   }

@@ -13,7 +13,7 @@
 #include "safetensors.h"
 
 #define BUNDLE_FORMAT "edge-sdk-bundle"
-#define BUNDLE_FORMAT_VERSION 6
+#define BUNDLE_FORMAT_VERSION 7
 /* int4 codes are signed nibbles from this format version on; version 1 stored code + 8 and is refused for int4 */
 #define BUNDLE_SIGNED_INT4_FORMAT_VERSION 2
 /* an int8 / int4 bundle of a tied model stores the embedding quantized from this version on (F16 before: refused) */
@@ -26,6 +26,9 @@
 /* an int4 bundle may store asymmetric int4 (manifest int4_scheme "asymmetric": each int4 matrix with F16 <name>.mins,
  * value (code + 8) * scale + min) from this version on; older versions do not read the field */
 #define BUNDLE_ASYMMETRIC_INT4_FORMAT_VERSION 6
+/* an int4 bundle may store its FFN down projections as int8 codes (manifest down_dtype: I8 mlp.down_proj.weight_t
+ * with F16 scales, no mins) from this version on; older versions do not read the field */
+#define BUNDLE_DOWN_DTYPE_FORMAT_VERSION 7
 #define BUNDLE_MANIFEST_FILE "manifest.json"
 #define BUNDLE_MANIFEST_DIGEST_FIELD "manifest_sha256"
 #define BUNDLE_WEIGHTS_FILE "weights.safetensors"
@@ -39,10 +42,12 @@ struct manifest {
                                    * of int8 / int4 (each matrix with F16 <name>.scales; an untied embedding F16) */
   enum tensor_dtype head_dtype;   /* of the LM head (a tied model's embedding): weight_dtype, or I8 in an int4
                                    * bundle whose head_dtype is int8 */
+  enum tensor_dtype down_dtype;   /* of the FFN down projections (mlp.down_proj.weight_t): weight_dtype, or I8 in
+                                   * an int4 bundle whose down_dtype is int8 (symmetric, no mins) */
   int quant_format;               /* 0, or EDGE_Q8 / EDGE_Q4 (edge_cpu_kernels.h) for dtype int8 / int4 */
   int group_size;                 /* int8 / int4: 32, 64 or 128, dividing every quantized row; 0 otherwise */
   int asymmetric;                 /* int4 with int4_scheme "asymmetric": every int4 matrix has <name>.mins (an int8
-                                   * head has none) */
+                                   * head or down projection has none) */
   enum tensor_dtype factor_dtype; /* of the predictor's low-rank factors (svd.a, svd.b): F16 from format version 5
                                    * on unless the weights are fp32, F32 otherwise */
   char factor_rule[128];          /* why, as the refusal of a factor declared otherwise says it */

@@ -135,17 +135,23 @@ int edge_cpu_dense_ffn(const float *x, int d, int D, const void *w_gate, const v
 int edge_cpu_matvec(const float *x, int in, int out, const void *w, int weight_dtype, const float *bias, float *y,
                     int threads);
 
-/* edge_cpu_sparse_ffn over quantized rows: w_gate, w_up, w_down_t hold the codes of quant_format (enum
- * edge_quant_format), each [D, d] in that format, with gate_scales, up_scales, down_scales [D, d / group_size]
- * fp16; d must be a multiple of group_size (32, 64 or 128). Every other argument, the workspace size and the
- * determinism as for edge_cpu_sparse_ffn. The gate and up rows are dotted with x quantized per token into two int8
+/* edge_cpu_sparse_ffn over quantized rows: w_gate and w_up hold the codes of quant_format (enum edge_quant_format),
+ * w_down_t those of down_format, each [D, d], with gate_scales, up_scales, down_scales [D, d / group_size] fp16 of
+ * the one group size; d must be a multiple of group_size (32, 64 or 128). down_format is quant_format, or EDGE_Q8
+ * under EDGE_Q4 gate and up: an int4 bundle whose down projection stays int8 (manifest down_dtype), the matrix whose
+ * int4 rounding costs the most perplexity (SmolLM2: +7.1% with int4 down rows, +0.7% with int8 ones; llama.cpp's
+ * Q4_K_M keeps ffn_down wider too). Its rows stay neuron-major and are added exactly as an int8 FFN's down rows; any
+ * other pair is EDGE_CPU_INVALID_ARGUMENT. Every other argument, the workspace size and the determinism as for
+ * edge_cpu_sparse_ffn. The gate and up rows are dotted with x quantized per token into two int8
  * planes per block of 32 values (integer dot products, QUANT.md "Integer dot products": within max|x| / 32512 of
  * x per value, the same bits on every instruction set); with the environment variable
  * EDGE_SDK_QUANT_ACTIVATIONS=fp32 they are dotted with x itself, the codes widened to fp32 in registers. Each
  * down row adds (h_i * scale) * code to y. A row's bytes are read once and nothing is dequantized in memory.
  *
- * Asymmetric int4: gate_mins, up_mins, down_mins [D, d / group_size] fp16, all three NULL (symmetric) or all three
- * non-NULL, and non-NULL only with EDGE_Q4 (else EDGE_CPU_INVALID_ARGUMENT). A value (code + 8) * scale + min is
+ * Asymmetric int4: gate_mins, up_mins, down_mins [D, d / group_size] fp16: gate_mins and up_mins both NULL
+ * (symmetric) or both non-NULL, non-NULL only with EDGE_Q4, and down_mins non-NULL exactly when down_format is EDGE_Q4
+ * and gate and up have theirs (int8 down rows are symmetric, under asymmetric gate and up too); else
+ * EDGE_CPU_INVALID_ARGUMENT. A value (code + 8) * scale + min is
  * taken as code * scale + mid with mid = 8 * scale + min (one fp32 rounding): the code products are those of the
  * symmetric kernels, and per block of 32 values one fused multiply-add mid * sum(x's block) goes into a correction
  * accumulator of its own per row (16 lanes, block b in lane b % 16, added lane by lane to the row's accumulators
@@ -166,9 +172,9 @@ int edge_cpu_matvec(const float *x, int in, int out, const void *w, int weight_d
 int edge_cpu_sparse_ffn_q(const float *x, int d, int D, const void *w_gate, const uint16_t *gate_scales,
                           const uint16_t *gate_mins, const void *w_up, const uint16_t *up_scales,
                           const uint16_t *up_mins, const void *w_down_t, const uint16_t *down_scales,
-                          const uint16_t *down_mins, int quant_format, int group_size, const uint8_t *mask,
-                          const float *thresholds, int activation, float act_threshold, float *y, void *workspace,
-                          int threads, uint8_t *active_out);
+                          const uint16_t *down_mins, int quant_format, int down_format, int group_size,
+                          const uint8_t *mask, const float *thresholds, int activation, float act_threshold, float *y,
+                          void *workspace, int threads, uint8_t *active_out);
 
 /* edge_cpu_matvec over quantized rows: w [out, in] in quant_format with scales [out, in / group_size] fp16; in a
  * multiple of group_size; mins [out, in / group_size] fp16 for asymmetric int4 (EDGE_Q4 only, else
@@ -232,16 +238,17 @@ int edge_cpu_matmuls(const float *x, int tokens, int in, const struct edge_cpu_m
 size_t edge_cpu_ffn_tokens_workspace_size(int d, int D, int tokens);
 
 /* The FFN of every token of x [tokens, d] into y [tokens, d], each token's row the y of edge_cpu_sparse_ffn
- * (weight_dtype EDGE_F32 / EDGE_F16, the scales and mins NULL, group_size ignored) or edge_cpu_sparse_ffn_q
- * (EDGE_Q8 / EDGE_Q4) with mask and thresholds NULL, bit for bit: every neuron's gate row, the up and down rows of
+ * (weight_dtype EDGE_F32 / EDGE_F16, down_format the same, the scales and mins NULL, group_size ignored) or
+ * edge_cpu_sparse_ffn_q (weight_dtype EDGE_Q8 / EDGE_Q4 as its quant_format, down_format and the mins as there) with
+ * mask and thresholds NULL, bit for bit: every neuron's gate row, the up and down rows of
  * those whose activation is not zero (a prompt's FFN). workspace: edge_cpu_ffn_tokens_workspace_size(d, D, tokens)
  * bytes, any alignment. threads <= 0 means OpenMP's maximum; the results do not depend on it. Allocates under 100
- * bytes per token, and for INT4 rows on AVX-512 1 KiB per token and thread (EDGE_CPU_OUT_OF_MEMORY if that fails). */
+ * bytes per token, and for INT4 down rows 1 KiB per token and thread (EDGE_CPU_OUT_OF_MEMORY if that fails). */
 int edge_cpu_ffn_tokens(const float *x, int tokens, int d, int D, const void *w_gate, const uint16_t *gate_scales,
                         const uint16_t *gate_mins, const void *w_up, const uint16_t *up_scales,
                         const uint16_t *up_mins, const void *w_down_t, const uint16_t *down_scales,
-                        const uint16_t *down_mins, int weight_dtype, int group_size, int activation,
-                        float act_threshold, float *y, void *workspace, int threads);
+                        const uint16_t *down_mins, int weight_dtype, int down_format, int group_size,
+                        int activation, float act_threshold, float *y, void *workspace, int threads);
 
 #ifdef __cplusplus
 }

@@ -315,12 +315,12 @@ int edge_cpu_matvec(const float *x, int in, int out, const void *w, int weight_d
 int edge_cpu_sparse_ffn_q(const float *x, int d, int D, const void *w_gate, const uint16_t *gate_scales,
                           const uint16_t *gate_mins, const void *w_up, const uint16_t *up_scales,
                           const uint16_t *up_mins, const void *w_down_t, const uint16_t *down_scales,
-                          const uint16_t *down_mins, int quant_format, int group_size, const uint8_t *mask,
-                          const float *thresholds, int activation, float act_threshold, float *y, void *workspace,
-                          int threads, uint8_t *active_out) {
+                          const uint16_t *down_mins, int quant_format, int down_format, int group_size,
+                          const uint8_t *mask, const float *thresholds, int activation, float act_threshold, float *y,
+                          void *workspace, int threads, uint8_t *active_out) {
   return kernels()->sparse_ffn_q(x, d, D, w_gate, gate_scales, gate_mins, w_up, up_scales, up_mins, w_down_t,
-                                 down_scales, down_mins, quant_format, group_size, mask, thresholds, activation,
-                                 act_threshold, y, workspace, threads, active_out);
+                                 down_scales, down_mins, quant_format, down_format, group_size, mask, thresholds,
+                                 activation, act_threshold, y, workspace, threads, active_out);
 }
 
 int edge_cpu_matvec_q(const float *x, int in, int out, const void *w, const uint16_t *scales, const uint16_t *mins,
@@ -343,9 +343,9 @@ size_t edge_cpu_ffn_tokens_workspace_size(int d, int D, int tokens) {
 int edge_cpu_ffn_tokens(const float *x, int tokens, int d, int D, const void *w_gate, const uint16_t *gate_scales,
                         const uint16_t *gate_mins, const void *w_up, const uint16_t *up_scales,
                         const uint16_t *up_mins, const void *w_down_t, const uint16_t *down_scales,
-                        const uint16_t *down_mins, int weight_dtype, int group_size, int activation,
-                        float act_threshold, float *y, void *workspace, int threads) {
+                        const uint16_t *down_mins, int weight_dtype, int down_format, int group_size,
+                        int activation, float act_threshold, float *y, void *workspace, int threads) {
   return kernels()->ffn_tokens(x, tokens, d, D, w_gate, gate_scales, gate_mins, w_up, up_scales, up_mins, w_down_t,
-                               down_scales, down_mins, weight_dtype, group_size, activation, act_threshold, y,
-                               workspace, threads);
+                               down_scales, down_mins, weight_dtype, down_format, group_size, activation,
+                               act_threshold, y, workspace, threads);
 }

@@ -2354,10 +2354,13 @@ static int check_ffn_arguments(const float *x, int d, int D, const struct weight
                                float act_threshold, const float *y, const void *workspace) {
   if (x == NULL || y == NULL || workspace == NULL || D <= 0) return EDGE_CPU_INVALID_ARGUMENT;
   if (!valid_weights(gate, d) || !valid_weights(up, d) || !valid_weights(down, d)) return EDGE_CPU_INVALID_ARGUMENT;
-  /* the three matrices' minimums all present (asymmetric INT4) or all absent */
-  if ((gate->mins == NULL) != (up->mins == NULL) || (gate->mins == NULL) != (down->mins == NULL)) {
-    return EDGE_CPU_INVALID_ARGUMENT;
-  }
+  /* gate and up of one format; down of theirs, or INT8 under INT4 gate and up (a wider down projection) */
+  int int8_down = gate->dtype == EDGE_Q4 && down->dtype == EDGE_Q8;
+  if (up->dtype != gate->dtype || (down->dtype != gate->dtype && !int8_down)) return EDGE_CPU_INVALID_ARGUMENT;
+  /* minimums on gate and up both (asymmetric INT4) or neither, and on INT4 down rows exactly when gate and up have
+   * them (INT8 rows have none: valid_weights) */
+  if ((gate->mins == NULL) != (up->mins == NULL)) return EDGE_CPU_INVALID_ARGUMENT;
+  if (down->dtype == EDGE_Q4 && (gate->mins == NULL) != (down->mins == NULL)) return EDGE_CPU_INVALID_ARGUMENT;
   if (activation < EDGE_ACT_RELU || activation > EDGE_ACT_SILU) return EDGE_CPU_INVALID_ARGUMENT;
   if (activation == EDGE_ACT_FATRELU && !(act_threshold >= 0.0f)) return EDGE_CPU_INVALID_ARGUMENT;
   return EDGE_CPU_OK;
@@ -2471,13 +2474,13 @@ int edge_cpu_sparse_ffn(const float *x, int d, int D, const void *w_gate, const 
 int edge_cpu_sparse_ffn_q(const float *x, int d, int D, const void *w_gate, const uint16_t *gate_scales,
                           const uint16_t *gate_mins, const void *w_up, const uint16_t *up_scales,
                           const uint16_t *up_mins, const void *w_down_t, const uint16_t *down_scales,
-                          const uint16_t *down_mins, int quant_format, int group_size, const uint8_t *mask,
-                          const float *thresholds, int activation, float act_threshold, float *y, void *workspace,
-                          int threads, uint8_t *active_out) {
+                          const uint16_t *down_mins, int quant_format, int down_format, int group_size,
+                          const uint8_t *mask, const float *thresholds, int activation, float act_threshold, float *y,
+                          void *workspace, int threads, uint8_t *active_out) {
   struct weight_rows gate = {w_gate, gate_scales, quant_format, group_size, gate_mins};
   struct weight_rows up = {w_up, up_scales, quant_format, group_size, up_mins};
-  struct weight_rows down = {w_down_t, down_scales, quant_format, group_size, down_mins};
-  if (!is_quantized(quant_format)) return EDGE_CPU_INVALID_ARGUMENT;
+  struct weight_rows down = {w_down_t, down_scales, down_format, group_size, down_mins};
+  if (!is_quantized(quant_format) || !is_quantized(down_format)) return EDGE_CPU_INVALID_ARGUMENT;
   return run_ffn(x, d, D, gate, up, down, mask, thresholds, activation, act_threshold, y, workspace, threads,
                  active_out, 1);
 }
@@ -3022,11 +3025,11 @@ static void down_tokens(const struct ffn_tokens_job *job, int block) {
 int edge_cpu_ffn_tokens(const float *x, int tokens, int d, int D, const void *w_gate, const uint16_t *gate_scales,
                         const uint16_t *gate_mins, const void *w_up, const uint16_t *up_scales,
                         const uint16_t *up_mins, const void *w_down_t, const uint16_t *down_scales,
-                        const uint16_t *down_mins, int weight_dtype, int group_size, int activation,
-                        float act_threshold, float *y, void *workspace, int threads) {
+                        const uint16_t *down_mins, int weight_dtype, int down_format, int group_size,
+                        int activation, float act_threshold, float *y, void *workspace, int threads) {
   struct weight_rows gate = {w_gate, gate_scales, weight_dtype, group_size, gate_mins};
   struct weight_rows up = {w_up, up_scales, weight_dtype, group_size, up_mins};
-  struct weight_rows down = {w_down_t, down_scales, weight_dtype, group_size, down_mins};
+  struct weight_rows down = {w_down_t, down_scales, down_format, group_size, down_mins};
   if (tokens <= 0) return EDGE_CPU_INVALID_ARGUMENT;
   if (!is_quantized(weight_dtype) && (gate_scales != NULL || up_scales != NULL || down_scales != NULL)) {
     return EDGE_CPU_INVALID_ARGUMENT;
@@ -3038,14 +3041,16 @@ int edge_cpu_ffn_tokens(const float *x, int tokens, int d, int D, const void *w_
   struct ffn_tokens_job job = {tokens, d, D, gate, up, down, activation, act_threshold, x, y, NULL, base,
                                token_run_rows(row_bytes(weight_dtype, d)), 0, 0, 0, 0, NULL};
   job.n_runs = ceil_div(D, job.run);
-  job.column_unit = is_quantized(weight_dtype) ? EDGE_QUANT_BLOCK : EDGE_COLUMN_UNIT;
+  job.column_unit = is_quantized(down_format) ? EDGE_QUANT_BLOCK : EDGE_COLUMN_UNIT;
   job.n_units = ceil_div(d, job.column_unit);
   job.n_column_blocks = threads < job.n_units ? threads : job.n_units;
   job.inputs = malloc((size_t)tokens * sizeof *job.inputs);
-  if (weight_dtype == EDGE_Q4 && tokens > 1) {
+  /* the factors of INT4 down rows shared by the tokens (down_tokens); INT8 down rows go token by token */
+  int shared_down = down_format == EDGE_Q4 && tokens > 1;
+  if (shared_down) {
     job.down_factors = malloc((size_t)job.n_column_blocks * (size_t)tokens * sizeof *job.down_factors);
   }
-  int factors_missing = weight_dtype == EDGE_Q4 && tokens > 1 && job.down_factors == NULL;
+  int factors_missing = shared_down && job.down_factors == NULL;
   if (job.inputs == NULL || factors_missing) {
     free(job.inputs);
     free(job.down_factors);

@@ -109,7 +109,8 @@ EDGE_CUDA_API cudaError_t edge_sparse_ffn(cudaStream_t stream, const void *x, in
  *
  * Asymmetric int4 (llama.cpp's Q4_1 grid, kernels/cpu/QUANT.md "Asymmetric INT4"): gate_mins, up_mins, down_mins
  * [D, d / group_size] fp16 bits laid out as the scales, the group minimums; all three NULL (symmetric: the kernels and
- * bits of the symmetric format) or all three non-NULL, and non-NULL only with EDGE_Q4 (else cudaErrorInvalidValue).
+ * bits of the symmetric format) or all three non-NULL (down_mins NULL with int8 down rows, below), and non-NULL only
+ * with EDGE_Q4 (else cudaErrorInvalidValue).
  * Value j of row i = (code + 8) * scale + min (edge_sdk/quant.py's dequantize), taken as code * scale + mid with mid =
  * 8 * scale + min (fp32, one rounding), as the CPU kernels take it ("Asymmetric INT4 rows"): gate and up keep the
  * symmetric integer products and add, right after each 32-value block's, fmaf(mid, block_sum) with block_sum the
@@ -122,12 +123,28 @@ EDGE_CUDA_API cudaError_t edge_sparse_ffn(cudaStream_t stream, const void *x, in
  *   abs(y_c - y_ref_c) <= 1e-5 sum_i (abs(h_i) + abs(a_i) S_up_i + 1.1 abs(u_i) S_gate_i) abs(w_down_ic),
  * S_i = sum_j abs(w_ij x_hat_j) of a row. Measured on the host emulation (tests/gpu/cuda_emulation.cu): at most
  * 1.2e-3 of that bound and 1.1e-6 of max abs(y_ref), so within OPS.md's 1e-5 max abs(y_ref) too (the op table's
- * asymmetric cases, Gaussian rows, and rows shifted by 3 to 6 standard deviations per group). */
+ * asymmetric cases, Gaussian rows, and rows shifted by 3 to 6 standard deviations per group).
+ *
+ * down_format (enum edge_quant_format): the format of w_down_t's codes. down_format == quant_format is the single
+ * format described above (its kernels and bits unchanged). down_format EDGE_Q8 with quant_format EDGE_Q4 (an int4
+ * bundle that keeps its FFN down projection in int8, OPS.md's QuantizedSparseFFN down_weight_format "int8"): w_gate and
+ * w_up are int4 as above (symmetric, or asymmetric with gate_mins and up_mins both non-NULL), w_down_t is int8 [D, d]
+ * codes with down_scales [D, d / group_size], and down_mins must be NULL: gate and up run the int4 (or asymmetric int4)
+ * kernel and the down rows the int8 path's down kernel, each a row adding (h_i * scale) * code per value as the int8
+ * path does, so the mix compiles no kernel of its own. Its bounds are the existing ones: y differs from the reference
+ * on the dequantized rows (int4 gate and up, int8 down) and quantized_activations(x) by fp32 summation order only for
+ * symmetric gate and up rows (within OPS.md's 1e-5 max abs(y_ref)), and with asymmetric ones within the asymmetric
+ * bound above (w_down_ic the int8 down rows' values; no correction for down mids, which int8 rows do not have).
+ * Measured on the host emulation (tests/gpu/test_cuda_emulation.py, d 1152, D 301, groups of 32 and 128, relu and silu,
+ * rows shifted per group): at most 2.6e-7 of max abs(y_ref) and 1.3e-4 of the asymmetric bound, symmetric or
+ * asymmetric gate and up rows alike. Any other pair (an int8 gate with int4 down rows, an unknown value), down_mins
+ * non-NULL with int8 down rows, or gate_mins and up_mins not both NULL or both non-NULL: cudaErrorInvalidValue. */
 EDGE_CUDA_API cudaError_t edge_sparse_ffn_q(cudaStream_t stream, const void *x, int x_dtype, int tokens, int d, int D,
                                             const void *w_gate, const uint16_t *gate_scales, const uint16_t *gate_mins,
                                             const void *w_up, const uint16_t *up_scales, const uint16_t *up_mins,
                                             const void *w_down_t, const uint16_t *down_scales,
-                                            const uint16_t *down_mins, int quant_format, int group_size,
+                                            const uint16_t *down_mins, int quant_format, int down_format,
+                                            int group_size,
                                             const int32_t *mask, const float *thresholds, int activation,
                                             float act_threshold, float *y, void *workspace, uint8_t *active_out);
 

@@ -11,6 +11,9 @@
 // order as for float rows. Every sum has a fixed order: y is bit-identical run to run. Asymmetric int4 rows (group
 // minimums): each kernel is compiled a third time, adding the mids as quant_rows.cuh describes (per block of a gate or
 // up row one fused multiply-add with x's block sum; per lane of the down kernel one correction over its rows).
+// int8 down rows under int4 gate and up rows (down_format EDGE_Q8, quant_format EDGE_Q4, symmetric or asymmetric):
+// the int4 (or asymmetric int4) gate-and-up kernel, then the int8 path's down kernel, the very instantiations the
+// single-format launches use, so no kernel is compiled for the mix.
 #include "quant_x.cuh"
 #include "sparse_ffn_pipeline.cuh"
 
@@ -51,20 +54,21 @@ __global__ void __launch_bounds__(kDownWarps * kWarpSize) down_kernel_q(quant::Q
   store_down_partial(warp_sums, w_down_t.cols, block, ws);
 }
 
-template <int kFormat, bool kAsymmetric>
+// Gate and up rows of kind Rows (quant::RowsKind: format and minimums), down rows of kind Down.
+template <typename Rows, typename Down>
 cudaError_t launch_ffn_q(cudaStream_t stream, int tokens, int d, int D, const quant::QuantMatrix& w_gate,
                          const quant::QuantMatrix& w_up, const quant::QuantMatrix& w_down_t, const int32_t* mask,
                          const float* thresholds, int activation, float act_threshold, float* y, const Workspace& ws,
                          uint8_t* active_out) {
-  constexpr int kV = quant::Format<kFormat>::kPieceValues;
+  constexpr int kV = quant::Format<Down::kFormat>::kPieceValues;
   const dim3 rows(ceil_div(D, kRowWarps), tokens);
-  using Rows = QuantRows<kFormat, kAsymmetric>;
-  gate_up_kernel<<<rows, kRowWarps * kWarpSize, 0, stream>>>(D, Rows{w_gate, x_planes(ws)}, Rows{w_up, x_planes(ws)},
-                                                             mask, thresholds, activation, act_threshold, ws,
-                                                             active_out);
+  using GateUpRows = QuantRows<Rows::kFormat, Rows::kAsymmetric>;
+  gate_up_kernel<<<rows, kRowWarps * kWarpSize, 0, stream>>>(D, GateUpRows{w_gate, x_planes(ws)},
+                                                             GateUpRows{w_up, x_planes(ws)}, mask, thresholds,
+                                                             activation, act_threshold, ws, active_out);
   compact_kernel<<<tokens, kCompactThreads, 0, stream>>>(D, ws);
   const dim3 down_grid(ceil_div(d, kWarpSize * kV), ws.n_chunks, tokens);
-  down_kernel_q<kFormat, kAsymmetric><<<down_grid, kDownWarps * kWarpSize, 0, stream>>>(w_down_t, ws);
+  down_kernel_q<Down::kFormat, Down::kAsymmetric><<<down_grid, kDownWarps * kWarpSize, 0, stream>>>(w_down_t, ws);
   reduce_kernel<<<dim3(ceil_div(d, kReduceColumns), tokens), kReduceColumns * kReduceLanes, 0, stream>>>(d, ws, y);
   return cudaGetLastError();
 }
@@ -78,7 +82,7 @@ extern "C" cudaError_t edge_sparse_ffn_q(cudaStream_t stream, const void* x, int
                                          const void* w_gate, const uint16_t* gate_scales, const uint16_t* gate_mins,
                                          const void* w_up, const uint16_t* up_scales, const uint16_t* up_mins,
                                          const void* w_down_t, const uint16_t* down_scales,
-                                         const uint16_t* down_mins, int quant_format, int group_size,
+                                         const uint16_t* down_mins, int quant_format, int down_format, int group_size,
                                          const int32_t* mask, const float* thresholds, int activation,
                                          float act_threshold, float* y, void* workspace, uint8_t* active_out) {
   using namespace edge;
@@ -88,16 +92,21 @@ extern "C" cudaError_t edge_sparse_ffn_q(cudaStream_t stream, const void* x, int
   if (!quant::valid_format(quant_format) || !quant::valid_group_size(group_size) || d % group_size != 0) {
     return cudaErrorInvalidValue;
   }
+  // the down rows in the gate and up rows' format, or int8 down rows under int4 gate and up rows
+  const bool int8_down = down_format == EDGE_Q8 && quant_format == EDGE_Q4;
+  if (down_format != quant_format && !int8_down) return cudaErrorInvalidValue;
   const void* codes[] = {w_gate, w_up, w_down_t};
   const uint16_t* scales[] = {gate_scales, up_scales, down_scales};
   const uint16_t* mins[] = {gate_mins, up_mins, down_mins};
+  const int formats[] = {quant_format, quant_format, down_format};
   const bool asymmetric = gate_mins != nullptr;
   quant::QuantMatrix matrices[3];
   for (int m = 0; m < 3; ++m) {
     // codes are read in 4-byte words at least (they cross TensorRT as INT32)
     if (codes[m] == nullptr || scales[m] == nullptr || !aligned4(codes[m])) return cudaErrorInvalidValue;
-    // the three matrices are of one kind: minimums for all of them or for none
-    if ((mins[m] != nullptr) != asymmetric || !quant::valid_mins(quant_format, mins[m])) return cudaErrorInvalidValue;
+    // the matrices of one format are of one kind: minimums for all of them or for none (int8 down rows have none)
+    const bool has_mins = asymmetric && formats[m] == quant_format;
+    if ((mins[m] != nullptr) != has_mins || !quant::valid_mins(formats[m], mins[m])) return cudaErrorInvalidValue;
     matrices[m] = {static_cast<const uint8_t*>(codes[m]), scales[m], mins[m], d, group_size, aligned16(codes[m])};
   }
   const Workspace ws = layout_workspace(workspace, d, D, tokens);
@@ -105,8 +114,13 @@ extern "C" cudaError_t edge_sparse_ffn_q(cudaStream_t stream, const void* x, int
   if (status != cudaSuccess) return status;
   return quant::dispatch_rows(quant_format, asymmetric, [&](auto kind) {
     using Kind = decltype(kind);
-    return launch_ffn_q<Kind::kFormat, Kind::kAsymmetric>(stream, tokens, d, D, matrices[0], matrices[1], matrices[2],
-                                                          mask, thresholds, activation, act_threshold, y, ws,
-                                                          active_out);
+    auto launch = [&](auto down) {
+      return launch_ffn_q<Kind, decltype(down)>(stream, tokens, d, D, matrices[0], matrices[1], matrices[2], mask,
+                                                thresholds, activation, act_threshold, y, ws, active_out);
+    };
+    if constexpr (Kind::kFormat == EDGE_Q4) {
+      if (int8_down) return launch(quant::RowsKind<EDGE_Q8, false>{});
+    }
+    return launch(kind);
   });
 }

@@ -280,6 +280,39 @@ void QuantLayout::addFields(std::vector<nvinfer1::PluginField>& fields) const {
 
 int64_t QuantLayout::valuesPerWord() const { return format == EDGE_Q4 ? 8 : 4; }
 
+namespace {
+constexpr char kInt8[] = "int8";
+}  // namespace
+
+DownWeightFormat DownWeightFormat::read(Attributes const& attributes, QuantLayout const& layout) {
+  std::optional<std::string> const name = attributes.getString(kField);
+  if (!name) return DownWeightFormat{};
+  if (*name != kInt8) {
+    throw PluginError("attribute 'down_weight_format': expected int8 (or no attribute: the down rows in "
+                      "weight_format), found '" +
+                      *name + "'");
+  }
+  if (layout.format != EDGE_Q4) {
+    throw PluginError("attribute 'down_weight_format': int8 down rows need weight_format int4 or int4_asymmetric, "
+                      "found weight_format '" +
+                      layout.formatName + "'");
+  }
+  return DownWeightFormat{name};
+}
+
+void DownWeightFormat::addFieldNames(std::vector<nvinfer1::PluginField>& fields) {
+  fields.emplace_back(kField, nullptr, nvinfer1::PluginFieldType::kCHAR, 0);
+}
+
+void DownWeightFormat::addFields(std::vector<nvinfer1::PluginField>& fields) const {
+  if (name) fields.push_back(stringField(kField, *name));
+}
+
+QuantLayout DownWeightFormat::downLayout(QuantLayout const& layout) const {
+  if (!name) return layout;
+  return QuantLayout{*name, EDGE_Q8, layout.groupSize, false};
+}
+
 void QuantLayout::expectMatrix(char const* matrix, nvinfer1::Dims const& codes, nvinfer1::Dims const& scales,
                                nvinfer1::Dims const* mins, int64_t rows, int64_t cols) const {
   std::string const name(matrix);

@@ -123,6 +123,23 @@ struct QuantLayout {
                     nvinfer1::Dims const* mins, int64_t rows, int64_t cols) const;
 };
 
+// QuantizedSparseFFN's optional attribute `down_weight_format` (OPS.md): the FFN down projection's storage where it
+// differs from weight_format. Absent (an engine built before the attribute existed, or today's nodes): the down rows
+// are in weight_format. The only value is "int8", and only with weight_format "int4" or "int4_asymmetric": int8 codes
+// [D, d / 4] INT32 words with fp16 scales of the group size, and no minimums (int8 is symmetric).
+struct DownWeightFormat {
+  static constexpr char kField[] = "down_weight_format";
+  std::optional<std::string> name;  // nullopt: weight_format's
+
+  // Reads and validates the attribute against the other matrices' layout; throws PluginError.
+  static DownWeightFormat read(Attributes const& attributes, QuantLayout const& layout);
+  static void addFieldNames(std::vector<nvinfer1::PluginField>& fields);
+  // The field pointing into this object, only when the attribute was given (so a node without it serializes as before).
+  void addFields(std::vector<nvinfer1::PluginField>& fields) const;
+  // The down rows' layout: `layout` itself, or int8 codes of its group size without minimums.
+  QuantLayout downLayout(QuantLayout const& layout) const;
+};
+
 // The tensors of a plugin, for the count checks and their messages: `nbInputs` inputs, named `inputs`, then one
 // more, `optionalInput`, which a node may leave out (nullptr: none); one output, `output`, of type `outputType`.
 struct PluginSignature {

@@ -2,9 +2,10 @@
  * their outputs, so that a cross-built (aarch64) kernel library can be checked under qemu against the Python
  * reference (test_cpu_kernel_builds.py).
  *
- * input:  int32 d, D, format, group_size, activation, asymmetric; float act_threshold; float x[d]; for gate,
- *         up, down_t: the codes [D, row bytes], the fp16 scales [D, d / group_size], and with asymmetric != 0 the
- *         fp16 minimums [D, d / group_size] (format EDGE_F16: the fp16 values [D, d] alone); uint8 mask[D]
+ * input:  int32 d, D, format, group_size, activation, asymmetric, down_format; float act_threshold; float x[d]; for
+ *         gate, up, down_t: the codes [D, row bytes] (down_t's in down_format: format, or EDGE_Q8 under EDGE_Q4),
+ *         the fp16 scales [D, d / group_size], and with asymmetric != 0 the fp16 minimums [D, d / group_size] of each
+ *         int4 matrix (format EDGE_F16: the fp16 values [D, d] alone); uint8 mask[D]
  * output: for threads 1, 2, 4: float y[d] of edge_cpu_sparse_ffn_q (edge_cpu_sparse_ffn), uint8 active[D];
  *         for threads 1, 4: float gate_x[D] of edge_cpu_matvec_q (edge_cpu_matvec) on the gate matrix;
  *         format EDGE_F16 only: float z[SVD_RANK] = x B^T and uint8 mask[D] of edge_cpu_svd_predictor_f16, with the
@@ -104,20 +105,21 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "--attention") == 0) return check_attention(argv[2]);
   FILE *input = fopen(argv[1], "rb");
   if (input == NULL) return 2;
-  int32_t *header = read_array(input, 6 * sizeof(int32_t));
+  int32_t *header = read_array(input, 7 * sizeof(int32_t));
   int d = header[0], D = header[1], format = header[2], group_size = header[3], activation = header[4];
-  int asymmetric = header[5];
+  int asymmetric = header[5], down_format = header[6];
   float *act_threshold = read_array(input, sizeof(float));
   float *x = read_array(input, (size_t)d * sizeof(float));
   int fp16 = format == EDGE_F16;
-  size_t row_bytes = fp16 ? 2 * (size_t)d : format == EDGE_Q8 ? (size_t)d : (size_t)d / 2;
   size_t scale_count = fp16 ? 0 : (size_t)D * (size_t)(d / group_size);
   void *codes[3];
   uint16_t *scales[3] = {NULL, NULL, NULL}, *mins[3] = {NULL, NULL, NULL};
   for (int m = 0; m < 3; m++) {
+    int matrix_format = m == 2 ? down_format : format;
+    size_t row_bytes = fp16 ? 2 * (size_t)d : matrix_format == EDGE_Q8 ? (size_t)d : (size_t)d / 2;
     codes[m] = read_array(input, (size_t)D * row_bytes);
     if (!fp16) scales[m] = read_array(input, scale_count * sizeof(uint16_t));
-    if (asymmetric) mins[m] = read_array(input, scale_count * sizeof(uint16_t));
+    if (asymmetric && matrix_format == EDGE_Q4) mins[m] = read_array(input, scale_count * sizeof(uint16_t));
   }
   uint8_t *mask = read_array(input, (size_t)D);
   fclose(input);
@@ -132,8 +134,8 @@ int main(int argc, char **argv) {
     int status = fp16 ? edge_cpu_sparse_ffn(x, d, D, codes[0], codes[1], codes[2], EDGE_F16, mask, NULL, activation,
                                             *act_threshold, y, workspace, ffn_threads[t], active)
                       : edge_cpu_sparse_ffn_q(x, d, D, codes[0], scales[0], mins[0], codes[1], scales[1], mins[1],
-                                              codes[2], scales[2], mins[2], format, group_size, mask, NULL, activation,
-                                              *act_threshold, y, workspace, ffn_threads[t], active);
+                                              codes[2], scales[2], mins[2], format, down_format, group_size, mask,
+                                              NULL, activation, *act_threshold, y, workspace, ffn_threads[t], active);
     if (status != EDGE_CPU_OK) return 3;
     fwrite(y, sizeof(float), (size_t)d, output);
     fwrite(active, 1, (size_t)D, output);

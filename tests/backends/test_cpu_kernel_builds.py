@@ -111,6 +111,11 @@ class HarnessCase:
     group_size: int
     activation: Activation
     asymmetric: bool = False  # int4 with group minimums (weights offset from zero, so the minimums matter)
+    down_format: str | None = None  # the down rows' format: format's, or "int8" under int4 (a bundle's down_dtype)
+
+    @property
+    def down(self) -> str:
+        return self.down_format or self.format
 
     def seed(self, index: int) -> int:
         """The case's data seed: its index, moved for the asymmetric cases to data clear of decision boundaries."""
@@ -137,22 +142,23 @@ def harness_case(path: Path, case: HarnessCase, n_neurons: int, seed: int) -> Ha
     matrices = [
         quant.quantize(
             rng.standard_normal((n_neurons, case.d)) / case.d**0.5 + offset,
-            case.format,
+            format,
             case.group_size,
-            asymmetric=case.asymmetric,
+            asymmetric=case.asymmetric and format == "int4",
         )
-        for _ in range(3)
+        for format in (case.format, case.format, case.down)
     ]
     mask = (rng.random(n_neurons) < 0.6).astype(np.uint8)
-    codes = {"int8": 2, "int4": 3}[case.format]
+    codes = {"int8": 2, "int4": 3}
     kinds = {"relu": 0, "fatrelu": 1, "drelu": 2, "silu": 3}
-    header = [case.d, n_neurons, codes, case.group_size, kinds[case.activation.kind], int(case.asymmetric)]
+    header = [case.d, n_neurons, codes[case.format], case.group_size, kinds[case.activation.kind], int(case.asymmetric),
+              codes[case.down]]  # fmt: skip
     with path.open("wb") as file:
         file.write(np.array(header, dtype="<i4").tobytes())
         file.write(np.array([case.activation.threshold], dtype="<f4").tobytes() + x.tobytes())
         for matrix in matrices:
             file.write(matrix.data.tobytes() + matrix.scales.tobytes())
-            if case.asymmetric:
+            if matrix.mins is not None:
                 file.write(matrix.mins.tobytes())
         file.write(mask.tobytes())
     return HarnessData(x, matrices, mask)
@@ -164,6 +170,8 @@ def harness_case(path: Path, case: HarnessCase, n_neurons: int, seed: int) -> Ha
 # 2 blocks of an INT4 unit, 608 in one and a half INT8 units.
 # Asymmetric int4 (group minimums) adds a correction per block to each dot product and to each down column; at group
 # size 32 with 16 blocks or more (d = 576) the NEON build adds 16 blocks' corrections a vector at a time, then the rest.
+# Int8 down rows under int4 gate and up (symmetric or asymmetric; a bundle's down_dtype int8): the int8 down rows'
+# columns with the int4 rows' dot products.
 HARNESS_CASES = [
     HarnessCase(416, "int8", 32, Activation("relu")),
     HarnessCase(448, "int4", 64, Activation("fatrelu", 0.05)),
@@ -176,6 +184,9 @@ HARNESS_CASES = [
     HarnessCase(576, "int4", 64, Activation("silu"), asymmetric=True),
     HarnessCase(384, "int4", 128, Activation("drelu"), asymmetric=True),
     HarnessCase(576, "int4", 32, Activation("relu"), asymmetric=True),
+    HarnessCase(576, "int4", 32, Activation("silu"), down_format="int8"),
+    HarnessCase(384, "int4", 128, Activation("relu"), asymmetric=True, down_format="int8"),
+    HarnessCase(448, "int4", 64, Activation("drelu"), asymmetric=True, down_format="int8"),
 ]
 HARNESS_NEURONS = 301
 AARCH64_TOOLS = pytest.mark.skipif(
@@ -330,7 +341,7 @@ def fp16_harness_case(path: Path, d: int, activation: Activation, seed: int) -> 
     matrices = [(rng.standard_normal((HARNESS_NEURONS, d)) / d**0.5).astype(np.float16) for _ in range(3)]
     mask = (rng.random(HARNESS_NEURONS) < 0.6).astype(np.uint8)
     kinds = {"relu": 0, "fatrelu": 1, "drelu": 2, "silu": 3}
-    header = [d, HARNESS_NEURONS, 1, 0, kinds[activation.kind], 0]  # format 1: EDGE_F16
+    header = [d, HARNESS_NEURONS, 1, 0, kinds[activation.kind], 0, 1]  # format 1: EDGE_F16
     with path.open("wb") as file:
         file.write(np.array(header, dtype="<i4").tobytes())
         file.write(np.array([activation.threshold], dtype="<f4").tobytes() + x.tobytes())
@@ -479,8 +490,9 @@ X86_DISPATCH = {
     "portable": set(),
 }
 AARCH64_TOOLCHAIN = ROOT / "jetson" / "cmake" / "aarch64-linux-gnu.cmake"
-# the cases the dispatch tests run: int8, symmetric int4 at G 64 and 32, asymmetric int4 (every build's own paths)
-DISPATCH_CASES = [0, 1, 3, 7]
+# the cases the dispatch tests run: int8, symmetric int4 at G 64 and 32, asymmetric int4, int8 down rows under
+# asymmetric int4 (every build's own paths)
+DISPATCH_CASES = [0, 1, 3, 7, 12]
 cmake = pytest.mark.skipif(shutil.which("cmake") is None, reason="builds the package's kernel library with cmake")
 
 

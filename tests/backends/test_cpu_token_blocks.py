@@ -1,7 +1,8 @@
 """The kernels of a block of tokens (a prompt), edge_cpu_matmuls and edge_cpu_ffn_tokens, against the one-token
 kernels: every token's values are those of edge_cpu_matvecs / edge_cpu_sparse_ffn(_q) with mask NULL, bit for bit,
-for every storage type (fp32, fp16, int8, int4, asymmetric int4), with x quantized for the integer dot products and
-in fp32, runs of rows cut anywhere, any thread count; and the arguments they refuse without writing."""
+for every storage type (fp32, fp16, int8, int4, asymmetric int4; the FFN also with int8 down rows under int4 gate and
+up), with x quantized for the integer dot products and in fp32, runs of rows cut anywhere, any thread count; and the
+arguments they refuse without writing."""
 
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ _ptr, _int = ctypes.c_void_p, ctypes.c_int
 STORAGES = ["fp32", "fp16", "int8", "int4", "int4-asymmetric"]
 ACTIVATION_CODES = {"relu": 0, "fatrelu": 1, "drelu": 2, "silu": 3}
 DTYPE_CODES = {"fp32": 0, "fp16": 1, "int8": 2, "int4": 3, "int4-asymmetric": 3}
+# the FFN's storages: each of STORAGES for all three matrices, and int4 gate and up (symmetric or asymmetric) over
+# int8 down rows (a bundle's down_dtype int8), which must not take the prompt's shared INT4 down rows path
+INT8_DOWN = "-down8"
+FFN_STORAGES = [*STORAGES, "int4" + INT8_DOWN, "int4-asymmetric" + INT8_DOWN]
 
 
 def library():
@@ -35,8 +40,10 @@ def library():
     lib.edge_cpu_matmuls.restype = _int
     lib.edge_cpu_ffn_tokens_workspace_size.argtypes = [_int, _int, _int]
     lib.edge_cpu_ffn_tokens_workspace_size.restype = ctypes.c_size_t
-    lib.edge_cpu_ffn_tokens.argtypes = [_ptr, _int, _int, _int] + [_ptr] * 9 + [_int, _int, _int, ctypes.c_float,
-                                                                               _ptr, _ptr, _int]  # fmt: skip
+    # x, tokens, d, D, the three matrices' codes, scales and mins, weight_dtype, down_format, group_size, activation,
+    # act_threshold, y, workspace, threads
+    lib.edge_cpu_ffn_tokens.argtypes = [_ptr, _int, _int, _int] + [_ptr] * 9 + [_int] * 4 + [ctypes.c_float, _ptr,
+                                                                                              _ptr, _int]  # fmt: skip
     lib.edge_cpu_ffn_tokens.restype = _int
     return lib
 
@@ -107,8 +114,17 @@ def test_matmuls_give_each_token_its_matvecs_bits(storage, activations_setting):
                         assert torch.equal(found[i][t], expected[t][i]), (n_in, tokens, threads, t, i)
 
 
+def ffn_weights(storage: str, rows: int, cols: int, seed: int, group_size: int = 32):
+    """gate, up and down_t [rows, cols] of an FFN storage (FFN_STORAGES): the down rows int8 for "...-down8"."""
+    base = storage.removesuffix(INT8_DOWN)
+    gate, up = (weight_of(base, rows, cols, seed + k, group_size) for k in range(2))
+    return gate, up, weight_of("int8" if storage.endswith(INT8_DOWN) else base, rows, cols, seed + 2, group_size)
+
+
 def ffn_tokens(x: torch.Tensor, storage: str, gate, up, down, activation: Activation, threads: int):
     tokens, d = x.shape
+    base = storage.removesuffix(INT8_DOWN)
+    down_code = DTYPE_CODES["int8" if storage.endswith(INT8_DOWN) else base]
     n_neurons = gate.data.shape[0] if isinstance(gate, QuantizedWeight) else gate.shape[0]
     lib = library()
     workspace = torch.empty(lib.edge_cpu_ffn_tokens_workspace_size(d, n_neurons, tokens), dtype=torch.uint8)
@@ -116,7 +132,7 @@ def ffn_tokens(x: torch.Tensor, storage: str, gate, up, down, activation: Activa
     weights = [pointer for weight in (gate, up, down) for pointer in pointers(weight)]
     group_size = gate.group_size if isinstance(gate, QuantizedWeight) else 0
     status = lib.edge_cpu_ffn_tokens(
-        x.data_ptr(), tokens, d, n_neurons, *weights, DTYPE_CODES[storage], group_size,
+        x.data_ptr(), tokens, d, n_neurons, *weights, DTYPE_CODES[base], down_code, group_size,
         ACTIVATION_CODES[activation.kind], activation.threshold, y.data_ptr(), workspace.data_ptr(), threads,
     )  # fmt: skip
     return status, y
@@ -129,7 +145,7 @@ def one_token_ffn(x: torch.Tensor, gate, up, down, activation: Activation) -> to
     return kernel(x, gate, up, down, activation)
 
 
-@pytest.mark.parametrize("storage", STORAGES)
+@pytest.mark.parametrize("storage", FFN_STORAGES)
 @pytest.mark.parametrize(
     "activation", [Activation("relu"), Activation("fatrelu", 0.05), Activation("drelu"), Activation("silu")]
 )
@@ -139,7 +155,7 @@ def test_ffn_tokens_give_each_token_the_one_token_ffn_bits(storage, activation, 
     several down column blocks; 1, 3 and 6 tokens on 1 to 3 threads: each token's y is edge_cpu_sparse_ffn(_q) with
     mask NULL on that token, bit for bit."""
     d, n_neurons = 256, 700
-    gate, up, down = (weight_of(storage, n_neurons, d, 40 + k, group_size) for k in range(3))
+    gate, up, down = ffn_weights(storage, n_neurons, d, 40, group_size)
     for tokens in (1, 3, 6):
         x = torch.randn(tokens, d, generator=torch.Generator().manual_seed(50 + tokens))
         expected = torch.stack([one_token_ffn(x[t], gate, up, down, activation) for t in range(tokens)])
@@ -150,13 +166,15 @@ def test_ffn_tokens_give_each_token_the_one_token_ffn_bits(storage, activation, 
             assert torch.equal(y, expected), (tokens, threads, (y - expected).abs().max())
 
 
-@pytest.mark.parametrize("storage", ["int4", "int4-asymmetric", "int8"])
+@pytest.mark.parametrize(
+    "storage", ["int4", "int4-asymmetric", "int8", "int4" + INT8_DOWN, "int4-asymmetric" + INT8_DOWN]
+)
 def test_ffn_tokens_on_long_rows_give_each_token_the_one_token_ffn_bits(storage, activations_setting):
     """d 2112 at group size 32 (66 groups: the down rows' factors in pieces of 32, 32 and 2 groups on one thread) with
-    a SiLU gate (every neuron fires: AVX-512 shares the int4 down rows across the tokens), 5 tokens, 1 and 2 threads:
-    each token's y is the one-token FFN's, bit for bit."""
+    a SiLU gate (every neuron fires: int4 down rows are shared across the tokens; int8 ones under int4 gate and up must
+    not be), 5 tokens, 1 and 2 threads: each token's y is the one-token FFN's, bit for bit."""
     d, n_neurons = 2112, 40
-    gate, up, down = (weight_of(storage, n_neurons, d, 80 + k) for k in range(3))
+    gate, up, down = ffn_weights(storage, n_neurons, d, 80)
     x = torch.randn(5, d, generator=torch.Generator().manual_seed(81))
     silu = Activation("silu")
     expected = torch.stack([one_token_ffn(x[t], gate, up, down, silu) for t in range(5)])
@@ -195,11 +213,38 @@ def test_token_block_kernels_refuse_bad_arguments_without_writing():
     # fp rows with scales, and quantized rows with a group size that does not divide d
     weights = [pointer for weight in (gate, up, down) for pointer in pointers(weight)]
     workspace = torch.empty(lib.edge_cpu_ffn_tokens_workspace_size(d, n_neurons, 2), dtype=torch.uint8)
-    for dtype, group_size in ((0, 0), (2, 48)):
+    for dtype, down_format, group_size in ((0, 0, 0), (2, 2, 48)):
         y = torch.full((2, d), 7.0)
-        status = lib.edge_cpu_ffn_tokens(x.data_ptr(), 2, d, n_neurons, *weights, dtype, group_size, 0, 0.0,
-                                         y.data_ptr(), workspace.data_ptr(), 1)  # fmt: skip
+        status = lib.edge_cpu_ffn_tokens(x.data_ptr(), 2, d, n_neurons, *weights, dtype, down_format, group_size, 0,
+                                         0.0, y.data_ptr(), workspace.data_ptr(), 1)  # fmt: skip
         assert status == 1 and (y == 7.0).all(), (dtype, group_size)
+    # down_format: weight_dtype's, or int8 under int4 gate and up; never int4 under int8, nor fp down under quantized
+    # rows or another fp dtype
+    fp_gate, fp_up, fp_down = ffn_weights("fp32", n_neurons, d, 90)
+    fp_weights = [pointer for weight in (fp_gate, fp_up, fp_down) for pointer in pointers(weight)]
+    int4_gate, int4_up, int8_down = ffn_weights("int4-asymmetric" + INT8_DOWN, n_neurons, d, 93)
+    int4_down = weight_of("int4-asymmetric", n_neurons, d, 96)
+    mixed = [pointer for weight in (int4_gate, int4_up, int8_down) for pointer in pointers(weight)]
+    down_mins = [*mixed[:8], int4_down.mins.data_ptr()]
+    int4_under_int8 = [*weights[:6], *pointers(weight_of("int4", n_neurons, d, 97))]
+    calls = {
+        "fp32 rows, fp16 down": (fp_weights, 0, 1),
+        "fp32 rows, int8 down": (fp_weights, 0, 2),
+        "int8 rows, int4 down": (int4_under_int8, 2, 3),
+        "int4 rows, fp32 down": (mixed, 3, 0),
+        "int4 rows, an unknown down format": (mixed, 3, 5),
+        "int8 down rows with minimums": (down_mins, 3, 2),
+        "int8 down rows, up without minimums": ([*mixed[:5], None, *mixed[6:]], 3, 2),
+    }
+    for name, (arguments, dtype, down_format) in calls.items():
+        y = torch.full((2, d), 7.0)
+        status = lib.edge_cpu_ffn_tokens(x.data_ptr(), 2, d, n_neurons, *arguments, dtype, down_format, 32, 0, 0.0,
+                                         y.data_ptr(), workspace.data_ptr(), 1)  # fmt: skip
+        assert status == 1 and (y == 7.0).all(), name
+    y = torch.full((2, d), 7.0)
+    status = lib.edge_cpu_ffn_tokens(x.data_ptr(), 2, d, n_neurons, *mixed, 3, 2, 32, 0, 0.0, y.data_ptr(),
+                                     workspace.data_ptr(), 1)  # fmt: skip
+    assert status == 0 and not (y == 7.0).all()
     status, outputs = matmuls(x[:0], [gate], [None], 1)
     assert status == 1
     status, outputs = matmuls(x, [gate, weight_of("int4", 8, d, seed=1)], [None, None], 1)  # two storage types

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from safetensors import safe_open
 
 from edge_sdk.bundle import Bundle, BundleError, manifest_digest
-from edge_sdk.bundle.format import MANIFEST_DIGEST_FIELD
+from edge_sdk.bundle.format import FORMAT_VERSION, MANIFEST_DIGEST_FIELD
 from edge_sdk.cli import main
 from edge_sdk.export import ops
 from edge_sdk.export.exporter import ExportSettings, export_bundle
@@ -257,9 +257,10 @@ def test_newer_format_version_is_refused(bundles, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(bundles["none"].path, copy)
     manifest = json.loads((copy / "manifest.json").read_text())
-    write_manifest(copy, manifest | {"format_version": 7})
+    write_manifest(copy, manifest | {"format_version": FORMAT_VERSION + 1})
     result = CliRunner().invoke(main, ["verify", str(copy)])
-    assert result.exit_code == 2 and "bundle format version 7 is newer than this edge-sdk supports (6)" in result.output
+    newer = f"bundle format version {FORMAT_VERSION + 1} is newer than this edge-sdk supports ({FORMAT_VERSION})"
+    assert result.exit_code == 2 and newer in result.output
 
 
 def test_bad_export_input_leaves_nothing_behind(tiny_model_dir, tmp_path):

@@ -9,7 +9,7 @@
 // The compaction and reduction kernels are the float pipeline's, emulated from their definitions (the neurons with
 // h != 0 in increasing order; per column, lane group g sums chunks g, g + 8, ..., then the groups in order).
 // Asymmetric int4 rows (mins non-NULL) run the kernels' kAsymmetric instantiations, chosen as the launchers choose
-// them (quant::dispatch_rows).
+// them (quant::dispatch_rows); int8 down rows under int4 gate and up rows (down_format) the int8 down kernel's.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -76,11 +76,12 @@ float row_dot(const QuantMatrix& m, int row, const edge::quant::QuantX& x) {
   return warp_sum(lanes);
 }
 
-template <int kFormat, bool kAsymmetric>
+// gate and up rows of format kFormat (with minimums: kAsymmetric), down rows of kDownFormat (kDownAsymmetric)
+template <int kFormat, bool kAsymmetric, int kDownFormat, bool kDownAsymmetric>
 void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&w)[3], const int32_t* mask,
                   const float* thresholds, int activation, float act_threshold, float* y, uint8_t* active_out) {
   using namespace edge;
-  constexpr int kV = quant::Format<kFormat>::kPieceValues;
+  constexpr int kV = quant::Format<kDownFormat>::kPieceValues;
   constexpr int kTileColumns = kLanes * kV;
   const int n_chunks = ceil_div(D, kRowsPerChunk);
   for (int t = 0; t < tokens; ++t) {
@@ -124,7 +125,7 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
           for (int lane = 0; lane < kLanes; ++lane) {
             float acc[kV] = {};
             const int column = tile_start + lane * kV;
-            if (column < d) quant::lane_down<kFormat, kAsymmetric>(w[2], column, h, neuron, acc);
+            if (column < d) quant::lane_down<kDownFormat, kDownAsymmetric>(w[2], column, h, neuron, acc);
             for (int e = 0; e < kV; ++e) warp_sums[static_cast<size_t>(warp) * kTileColumns + lane * kV + e] = acc[e];
           }
         }
@@ -248,26 +249,37 @@ bool valid(int quant_format, int group_size, int cols, const uint16_t* mins) {
 
 }  // namespace
 
-// edge_sparse_ffn_q on host memory, fp32 x [tokens, d]; the mins all NULL or all non-NULL, as the launcher takes
-// them; returns 0, or 1 for invalid arguments.
+// edge_sparse_ffn_q on host memory, fp32 x [tokens, d], with the launcher's checks of the formats and minimums: the
+// down rows in quant_format (the mins all NULL or all non-NULL) or int8 under int4 gate and up rows (down_mins NULL);
+// returns 0, or 1 for invalid arguments.
 extern "C" __attribute__((visibility("default"))) int edge_emulate_sparse_ffn_q(
     const float* x, int tokens, int d, int D, const void* w_gate, const uint16_t* gate_scales,
     const uint16_t* gate_mins, const void* w_up, const uint16_t* up_scales, const uint16_t* up_mins,
-    const void* w_down_t, const uint16_t* down_scales, const uint16_t* down_mins, int quant_format, int group_size,
-    const int32_t* mask, const float* thresholds, int activation, float act_threshold, float* y,
+    const void* w_down_t, const uint16_t* down_scales, const uint16_t* down_mins, int quant_format, int down_format,
+    int group_size, const int32_t* mask, const float* thresholds, int activation, float act_threshold, float* y,
     uint8_t* active_out) {
   const bool asymmetric = gate_mins != nullptr;
+  const bool int8_down = down_format == EDGE_Q8 && quant_format == EDGE_Q4;
+  const bool down_asymmetric = asymmetric && !int8_down;
   if (!valid(quant_format, group_size, d, gate_mins) || tokens <= 0 || D <= 0 || (up_mins != nullptr) != asymmetric ||
-      (down_mins != nullptr) != asymmetric) {
+      (down_format != quant_format && !int8_down) || (down_mins != nullptr) != down_asymmetric) {
     return 1;
   }
   const QuantMatrix w[3] = {{static_cast<const uint8_t*>(w_gate), gate_scales, gate_mins, d, group_size, true},
                             {static_cast<const uint8_t*>(w_up), up_scales, up_mins, d, group_size, true},
                             {static_cast<const uint8_t*>(w_down_t), down_scales, down_mins, d, group_size, true}};
+  // the launcher's choice of kernels (sparse_ffn_q.cu)
   edge::quant::dispatch_rows(quant_format, asymmetric, [&](auto kind) {
     using Kind = decltype(kind);
-    sparse_ffn_q<Kind::kFormat, Kind::kAsymmetric>(x, tokens, d, D, w, mask, thresholds, activation, act_threshold, y,
-                                                   active_out);
+    auto run = [&](auto down) {
+      using Down = decltype(down);
+      sparse_ffn_q<Kind::kFormat, Kind::kAsymmetric, Down::kFormat, Down::kAsymmetric>(
+          x, tokens, d, D, w, mask, thresholds, activation, act_threshold, y, active_out);
+    };
+    if constexpr (Kind::kFormat == EDGE_Q4) {
+      if (int8_down) return run(edge::quant::RowsKind<EDGE_Q8, false>{});
+    }
+    return run(kind);
   });
   return 0;
 }

@@ -3,7 +3,8 @@
 No GPU is needed: the emulation runs every block, warp, lane and thread of edge_sparse_ffn_q and edge_matvec_q on the
 host through the kernels' own __host__ __device__ functions (plugins/kernels/quant_rows.cuh,
 sparse_ffn_pipeline.cuh), so its results check the kernels' indexing and summation orders against the reference.
-Asymmetric int4 matrices (QuantizedMatrix.mins) pass their minimums as the launchers take them.
+Asymmetric int4 matrices (QuantizedMatrix.mins) pass their minimums as the launchers take them; the down rows' format
+is w_down_t's own (int8 down rows under int4 gate and up rows: edge_sparse_ffn_q's down_format).
 nvcc compiles it once per process into a temporary directory (a few seconds).
 """
 
@@ -60,8 +61,9 @@ def load() -> ctypes.CDLL:
         _int,
         _int,
         *[_ptr] * 9,  # codes, scales and mins of w_gate, w_up, w_down_t
-        _int,
-        _int,
+        _int,  # quant_format
+        _int,  # down_format
+        _int,  # group_size
         _ptr,
         _ptr,
         _int,
@@ -93,14 +95,15 @@ def _arrays(w: quant.QuantizedMatrix) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 def sparse_ffn_q(
     x: np.ndarray,  # [T, d] float32
-    weights: tuple[quant.QuantizedMatrix, quant.QuantizedMatrix, quant.QuantizedMatrix],  # [D, d] each
+    # [D, d] each; w_down_t int8 under int4 w_gate and w_up, or all three of one format
+    weights: tuple[quant.QuantizedMatrix, quant.QuantizedMatrix, quant.QuantizedMatrix],
     mask: np.ndarray | None,  # [T, D] int32, nonzero = predicted active
     thresholds: np.ndarray | None,  # [D] float32
     activation: str,
     act_threshold: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(y [T, d] float32, active [T, D] bool) as edge_sparse_ffn_q computes them (asymmetric int4 weights with their
-    minimums)."""
+    minimums; down_format w_down_t's format)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     tokens, d = x.shape
     n_neurons = weights[0].shape[0]
@@ -116,6 +119,7 @@ def sparse_ffn_q(
         n_neurons,
         *map(_address, matrices),
         QUANT_FORMATS[weights[0].format],
+        QUANT_FORMATS[weights[2].format],
         weights[0].group_size,
         _address(mask),
         _address(thresholds),

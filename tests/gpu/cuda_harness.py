@@ -107,7 +107,8 @@ def load_kernels() -> ctypes.CDLL:
             _ptr,  # w_down_t
             _ptr,  # down_scales
             _ptr,  # down_mins
-            _int,  # quant_format
+            _int,  # quant_format (w_gate, w_up)
+            _int,  # down_format (w_down_t: quant_format, or int8 under int4)
             _int,  # group_size
             _ptr,  # mask
             _ptr,  # thresholds
@@ -158,8 +159,9 @@ def load_kernels() -> ctypes.CDLL:
 def has_matvec_workspace(library: ctypes.CDLL) -> bool:
     """Whether edge_matvec_q takes a workspace (since 6948183). A library built from an older revision, loaded as the
     baseline of a side-by-side benchmark (scripts/gpu_check.sh GPU_CHECK_BASELINE), has the other launchers alone.
-    (A library from before the asymmetric int4 minimums takes its quantized launchers' arguments in another order,
-    which no symbol tells: this harness's quantized calls fail on it with cudaErrorInvalidValue.)"""
+    (A library from before the asymmetric int4 minimums, or from before edge_sparse_ffn_q's down_format, takes its
+    quantized launchers' arguments in another order, which no symbol tells: this harness's quantized calls fail on it
+    with cudaErrorInvalidValue; an older edge_sparse_ffn_q reads the down format, 2 or 3, as its group size.)"""
     return hasattr(library, "edge_matvec_q_workspace_size")
 
 
@@ -364,7 +366,8 @@ class Kernels:
     def sparse_ffn_q(
         self,
         x: DeviceTensor,  # [T, d]
-        # w_gate, w_up, w_down_t: [D, d], each with minimums (asymmetric int4) or none
+        # w_gate, w_up, w_down_t: [D, d], each with minimums (asymmetric int4) or none; w_down_t int8 under int4 w_gate
+        # and w_up (down_format), or all three of one format
         weights: tuple[DeviceQuantized, DeviceQuantized, DeviceQuantized],
         mask: DeviceTensor | None,  # [T, D] int32, nonzero = predicted active
         thresholds: DeviceTensor | None,  # [D] fp32
@@ -378,7 +381,7 @@ class Kernels:
         w_gate = weights[0]
         shapes = (x.pointer, DTYPES[x.dtype], tokens, d, w_gate.codes.shape[0])
         matrices = tuple(p for w in weights for p in (w.codes.pointer, w.scales.pointer, _address(w.mins)))
-        layout = (QUANT_FORMATS[w_gate.format], w_gate.group_size)
+        layout = (QUANT_FORMATS[w_gate.format], QUANT_FORMATS[weights[2].format], w_gate.group_size)
         rest = (_address(mask), _address(thresholds), ACTIVATIONS[activation], act_threshold, y.pointer, workspace)
         stream = self.device.stream
         status = self.cuda.edge_sparse_ffn_q(stream, *shapes, *matrices, *layout, *rest, _address(active_out))

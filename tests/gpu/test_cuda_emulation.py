@@ -7,7 +7,9 @@ Needs nvcc, not a GPU. The quantized SparseFFN's cases are rows of the op table 
 GEMM beyond) with partial tiles, and that the reading of the codes is the format's and no other. Asymmetric int4 rows
 (group minimums) on all three launchers: within the bounds edge_cuda_kernels.h declares for them, on rows where every
 wrong reading of the minimums (asymmetric_rows.py) misses the reference by far, and with mids of zero the symmetric
-kernels' values exactly.
+kernels' values exactly. int8 down rows under int4 gate and up rows (edge_sparse_ffn_q's down_format, OPS.md's
+down_weight_format "int8"), symmetric and asymmetric: within the bounds, far from wrong readings of the down rows, and,
+where the int8 codes are an int4 matrix's, the all-int4 launch's values to the bit.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ..asymmetric_rows import (
     wrong_dequantizations,
 )
 from . import cuda_emulation
+from .down_rows import int8_copy, mixed_ffn_case, wrong_int8_down_readings
 
 UNAVAILABLE = cuda_emulation.unavailable_reason()
 pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))
@@ -267,3 +270,90 @@ def test_emulation_refuses_minimums_where_the_launchers_do():
     for weights in ((asymmetric, symmetric, symmetric), (asymmetric, asymmetric, symmetric)):
         with pytest.raises(ValueError, match="refused"):
             cuda_emulation.sparse_ffn_q(np.zeros((1, 64), np.float32), weights, None, None, "relu", 0.0)
+
+
+# ---- int8 down rows under int4 gate and up rows (edge_sparse_ffn_q: down_format EDGE_Q8, quant_format EDGE_Q4) ---
+
+
+# tokens 1 and 3; d 1152: two whole 512-column tiles of the int8 down kernel and a partial one (and a whole 1024-column
+# int4 tile and a partial one for the gate and up rows' format); D 301: chunks of 64 rows and a partial one
+@pytest.mark.parametrize("asymmetric", [False, True], ids=["int4", "int4_asymmetric"])
+@pytest.mark.parametrize("activation", ["relu", "silu"])
+@pytest.mark.parametrize("group_size", [32, 128])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_int8_down_rows_under_int4_gate_and_up_match_the_reference(tokens, group_size, activation, asymmetric):
+    """Masked and dense: the reference on the dequantized rows (int4 gate and up, int8 down) and
+    quantized_activations(x), the same active neurons, within OPS.md's bound and the products' one edge_cuda_kernels.h
+    declares, and far from a reading of the down rows as int4, unsigned or with another group's scale, or (asymmetric)
+    of the gate and up rows without their minimums."""
+    act = ACTIVATIONS[activation]
+    x, matrices, random_mask = mixed_ffn_case(tokens, 1152, 301, group_size, asymmetric, seed=tokens + group_size)
+    rows = [quant.dequantize(m).astype(np.float64) for m in matrices]
+    x_used = quantized_activations(torch.from_numpy(x)).numpy().astype(np.float64)
+    bound = error_bound("QuantizedSparseFFN", "int4_asymmetric" if asymmetric else "int4")
+    for mask in (random_mask, None):
+        reference_mask = np.ones_like(random_mask) if mask is None else mask
+        y, active = cuda_emulation.sparse_ffn_q(x, matrices, mask, None, activation, act.threshold)
+        expected, expected_active, products_bound = ffn_reference(x_used, rows, reference_mask, act)
+        assert np.array_equal(active, expected_active)
+        assert expected_active.sum() >= 10 * tokens  # down rows are summed
+        assert relative_error(y, expected) <= bound
+        error = np.abs(y.astype(np.float64) - expected)
+        assert (error <= products_bound).all(), f"worst error / bound {(error / products_bound).max():.3g}"
+        wrongs = {
+            f"{what} in w_down_t": (rows[0], rows[1], wrong)
+            for what, wrong in wrong_int8_down_readings(matrices[2]).items()
+        }
+        for k in range(2 if asymmetric else 0):
+            for what, wrong in wrong_dequantizations(matrices[k]).items():
+                wrongs[f"{what} in matrix {k}"] = tuple(wrong if j == k else rows[j] for j in range(3))
+        for what, wrong_rows in wrongs.items():
+            miss = relative_error(ffn_reference(x_used, wrong_rows, reference_mask, act)[0], expected)
+            assert miss > DISCRIMINATION * bound, f"a kernel that {what}"
+
+
+@pytest.mark.parametrize("tokens", [1, 3])
+@pytest.mark.parametrize("group_size", [32, 128])
+@pytest.mark.parametrize("activation", ["relu", "silu"])
+def test_int8_down_rows_of_int4_codes_give_the_all_int4_results_to_the_bit(tokens, group_size, activation):
+    """int8 down rows holding an int4 matrix's codes with its scales: per column the int8 down kernel adds the same
+    fmaf(h_i * scale, code) in the same row order as the int4 one, and the gate and up rows are the int4 kernels', so y
+    is the all-int4 launch's to the bit; with asymmetric gate and up rows, the all-asymmetric launch's whose down rows
+    have mids of zero (with_zero_mids: their correction adds exactly 0)."""
+    rng = np.random.default_rng(tokens * 7 + group_size)
+    d = 1152
+    symmetric = tuple(quant.quantize(rng.standard_normal((301, d)) / d**0.5, "int4", group_size) for _ in range(3))
+    x = rng.standard_normal((tokens, d)).astype(np.float32)
+    mask = rng.random((tokens, 301)) < 0.5
+    down = int8_copy(symmetric[2])
+    assert np.array_equal(quant.dequantize(down), quant.dequantize(symmetric[2]))
+    asymmetric = tuple(asymmetric_matrix(301, d, group_size, seed=tokens + k) for k in range(2))
+    for gate_up, all_int4 in (
+        (symmetric[:2], symmetric),
+        (asymmetric, (*asymmetric, with_zero_mids(symmetric[2]))),
+    ):
+        y, active = cuda_emulation.sparse_ffn_q(x, (*gate_up, down), mask, None, activation, 0.0)
+        y_int4, active_int4 = cuda_emulation.sparse_ffn_q(x, all_int4, mask, None, activation, 0.0)
+        assert active.sum() >= 10 * tokens and np.array_equal(active, active_int4)
+        assert np.array_equal(y.view(np.int32), y_int4.view(np.int32))
+
+
+def test_emulation_refuses_the_format_pairs_the_launcher_refuses():
+    """Down rows in the gate and up rows' format, or int8 under int4 (symmetric, or asymmetric without down minimums);
+    an int8 gate with int4 down rows, minimums for int8 down rows, or gate minimums without up ones: refused."""
+    rng = np.random.default_rng(2)
+    int4 = quant.quantize(rng.standard_normal((8, 64)), "int4", 32)
+    int8 = quant.quantize(rng.standard_normal((8, 64)), "int8", 32)
+    asymmetric = asymmetric_matrix(8, 64, 32, seed=2)
+    x = np.zeros((1, 64), np.float32)
+    for weights in ((int4, int4, int8), (asymmetric, asymmetric, int8)):
+        cuda_emulation.sparse_ffn_q(x, weights, None, None, "relu", 0.0)  # accepted
+    int8_with_mins = dataclasses.replace(int8, mins=asymmetric.mins)
+    for weights in (
+        (int8, int8, int4),
+        (asymmetric, asymmetric, int8_with_mins),
+        (asymmetric, int4, int8),
+        (int4, asymmetric, int8),
+    ):
+        with pytest.raises(ValueError, match="refused"):
+            cuda_emulation.sparse_ffn_q(x, weights, None, None, "relu", 0.0)

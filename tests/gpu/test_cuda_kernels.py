@@ -21,7 +21,7 @@ from edge_sdk.sparsity.ffn import sparse_ffn
 from edge_sdk.sparsity.signbit import pack_sign_bits, signbit_mask
 
 from .. import asymmetric_rows
-from . import cuda_emulation
+from . import cuda_emulation, down_rows
 from .cuda_harness import Device, Kernels, gpu_unavailable_reason, upload_quantized
 
 UNAVAILABLE = gpu_unavailable_reason()
@@ -583,3 +583,66 @@ def test_asymmetric_rows_of_mid_zero_give_the_symmetric_kernels_results(device, 
     )
     assert active.any() and torch.equal(active, active_symmetric)
     assert torch.equal(y, y_symmetric)
+
+
+# ---------------------------------------------- int8 down rows under int4 gate and up rows (down_format EDGE_Q8)
+# An int4 bundle exported with --down-dtype int8 (down_rows.py; test_cuda_emulation.py shows that a reading of the down
+# rows as int4, unsigned or with another group's scale misses these references by far).
+
+
+@pytest.mark.parametrize("asymmetric", [False, True], ids=["int4", "int4_asymmetric"])
+@pytest.mark.parametrize("name", ["relu", "silu"])
+@pytest.mark.parametrize("group_size", [32, 128])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_int8_down_rows_under_int4_gate_and_up_match_reference(device, tokens, group_size, name, asymmetric):
+    """d 1152: whole 512-column tiles of the int8 down kernel and a partial one; D 301: chunks of 64 rows and a partial
+    one. Masked and dense: the same active neurons as the float64 reference on the dequantized rows, within OPS.md's
+    bound and the products' one, repeated runs and codes 4 bytes past a 16-byte boundary bit-identical, and the
+    emulation within the bound."""
+    act = asymmetric_rows.ACTIVATIONS[name]
+    x, matrices, random_mask = down_rows.mixed_ffn_case(tokens, 1152, 301, group_size, asymmetric, seed=tokens)
+    rows = [quant.dequantize(m).astype(np.float64) for m in matrices]
+    x_used = quantized_activations(torch.from_numpy(x)).numpy().astype(np.float64)
+    weights = tuple(upload_quantized(device, m) for m in matrices)
+    shifted = tuple(upload_quantized(device, m, byte_offset=4) for m in matrices)
+    bound = QUANT_RTOL["int4"]
+    for mask in (torch.from_numpy(random_mask), None):
+        runs = [run_ffn_q(device, torch.from_numpy(x), matrices, mask, act, weights=w) for w in (weights, weights)]
+        runs.append(run_ffn_q(device, torch.from_numpy(x), matrices, mask, act, weights=shifted))
+        for y_run, _ in runs[1:]:
+            assert torch.equal(runs[0][0].view(torch.int32), y_run.view(torch.int32))
+        y, active = runs[0][0].numpy(), runs[0][1].numpy()
+        reference_mask = np.ones((tokens, 301), bool) if mask is None else random_mask
+        expected, expected_active, products_bound = asymmetric_rows.ffn_reference(x_used, rows, reference_mask, act)
+        assert np.array_equal(active, expected_active) and expected_active.sum() >= 10 * tokens
+        error = np.abs(y.astype(np.float64) - expected)
+        assert error.max() <= bound * np.abs(expected).max()
+        assert (error <= products_bound).all()
+        if cuda_emulation.unavailable_reason() is None:
+            emulated, emulated_active = cuda_emulation.sparse_ffn_q(
+                x, matrices, None if mask is None else random_mask, None, name, act.threshold
+            )
+            assert np.array_equal(emulated_active, active)
+            assert np.abs(emulated - y).max() <= bound * np.abs(emulated).max()
+
+
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_int8_down_rows_of_int4_codes_give_the_all_int4_results_to_the_bit(device, tokens):
+    """int8 down rows holding an int4 matrix's codes and scales: the int8 down kernel adds, per column, the int4 one's
+    fmaf(h_i * scale, code) in the same order, so y is the all-int4 launch's to the bit (asymmetric gate and up: the
+    all-asymmetric launch's with down mids of zero)."""
+    rng = np.random.default_rng(tokens)
+    symmetric = tuple(quant.quantize(rng.standard_normal((300, 1152)) / 34, "int4", 64) for _ in range(3))
+    asymmetric = tuple(asymmetric_rows.asymmetric_matrix(300, 1152, 64, seed=tokens + k) for k in range(2))
+    down = down_rows.int8_copy(symmetric[2])
+    x = torch.from_numpy(rng.standard_normal((tokens, 1152)).astype(np.float32))
+    mask = torch.from_numpy(rng.random((tokens, 300)) < 0.5)
+    relu = ACTIVATIONS["relu"]
+    for gate_up, all_int4 in (
+        (symmetric[:2], symmetric),
+        (asymmetric, (*asymmetric, asymmetric_rows.with_zero_mids(symmetric[2]))),
+    ):
+        y, active = run_ffn_q(device, x, (*gate_up, down), mask, relu)
+        y_int4, active_int4 = run_ffn_q(device, x, all_int4, mask, relu)
+        assert active.any() and torch.equal(active, active_int4)
+        assert torch.equal(y.view(torch.int32), y_int4.view(torch.int32))

@@ -12,7 +12,13 @@ import subprocess
 
 import pytest
 
-from .cuda_harness import CUDA_ERROR_INVALID_VALUE, LAUNCHERS, kernel_library_path, load_kernels
+from .cuda_harness import (
+    CUDA_ERROR_INVALID_VALUE,
+    LAUNCHERS,
+    gpu_unavailable_reason,
+    kernel_library_path,
+    load_kernels,
+)
 
 LIBRARY = kernel_library_path()
 pytestmark = pytest.mark.skipif(LIBRARY is None, reason="libedge_cuda_kernels.so was not built (no nvcc at build time)")
@@ -93,6 +99,7 @@ FFN_Q_ARGUMENTS = {
     "down_scales": UNUSED,
     "down_mins": None,
     "quant_format": 3,
+    "down_format": 3,
     "group_size": 32,
     "mask": None,
     "thresholds": None,
@@ -119,6 +126,9 @@ FFN_Q_ARGUMENTS = {
         ("tokens", 65536),
         ("quant_format", 1),  # EDGE_F16 is no quantized format
         ("quant_format", 4),
+        ("down_format", 1),
+        ("down_format", 4),
+        ("down_format", -1),
         ("group_size", 16),
         ("group_size", 256),
         ("x_dtype", 3),
@@ -143,6 +153,39 @@ def test_sparse_ffn_q_rejects_invalid_arguments(field, value):
 def test_sparse_ffn_q_takes_minimums_for_all_three_int4_matrices_or_for_none(changes):
     arguments = FFN_Q_ARGUMENTS | changes
     assert load_kernels().edge_sparse_ffn_q(None, *arguments.values()) == CUDA_ERROR_INVALID_VALUE
+
+
+INT8_DOWN = {"quant_format": 3, "down_format": 2}  # int4 gate and up rows, int8 down rows
+ASYMMETRIC_GATE_UP = {"gate_mins": UNUSED, "up_mins": UNUSED}
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"quant_format": 2, "down_format": 3},  # int8 gate and up rows with int4 down rows
+        {"quant_format": 2, "down_format": 3} | ASYMMETRIC_GATE_UP,
+        INT8_DOWN | ASYMMETRIC_GATE_UP | {"down_mins": UNUSED},  # int8 down rows have no minimums
+        INT8_DOWN | {"down_mins": UNUSED},
+        INT8_DOWN | {"gate_mins": UNUSED},  # gate and up minimums both or neither
+        INT8_DOWN | {"up_mins": UNUSED},
+        INT8_DOWN | {"w_down_t": UNUSED + 2},  # int8 down codes are read in 4-byte words too
+        INT8_DOWN | {"down_scales": None},
+        INT8_DOWN | {"d": 48},  # not a multiple of the group size
+    ],
+)
+def test_sparse_ffn_q_refuses_other_format_pairs_and_minimums_of_int8_down_rows(changes):
+    arguments = FFN_Q_ARGUMENTS | changes
+    assert load_kernels().edge_sparse_ffn_q(None, *arguments.values()) == CUDA_ERROR_INVALID_VALUE
+
+
+@pytest.mark.parametrize("changes", [INT8_DOWN, INT8_DOWN | ASYMMETRIC_GATE_UP, {"quant_format": 2, "down_format": 2}])
+def test_sparse_ffn_q_takes_int8_down_rows_under_int4_gate_and_up_rows(changes):
+    """Past the argument checks: without a device, the launch itself fails, with another error than
+    cudaErrorInvalidValue (on a GPU these fake addresses are not launched; test_cuda_kernels.py runs the real ones)."""
+    if gpu_unavailable_reason() is None:
+        pytest.skip("a CUDA device is present: the fake addresses would be read")
+    arguments = FFN_Q_ARGUMENTS | changes
+    assert load_kernels().edge_sparse_ffn_q(None, *arguments.values()) != CUDA_ERROR_INVALID_VALUE
 
 
 # Arguments of a valid edge_matvec_q call (after the stream): int8 rows in groups of 64.

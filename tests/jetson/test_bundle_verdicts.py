@@ -24,7 +24,7 @@ from onnx import TensorProto, helper
 import edge_sdk
 from edge_sdk.bundle import Bundle, manifest_digest
 from edge_sdk.bundle.check import check_bundle
-from edge_sdk.bundle.format import MANIFEST_DIGEST_FIELD
+from edge_sdk.bundle.format import FORMAT_VERSION, MANIFEST_DIGEST_FIELD
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.formats.files import sha256_of
 
@@ -381,7 +381,7 @@ def manifest_field_cases() -> list[Case]:
     refused = {
         "format other": setting("format", "other-bundle"),
         "format missing": setting("format", DELETE),
-        "format_version 7": setting("format_version", 7),
+        "format_version newer": setting("format_version", FORMAT_VERSION + 1),
         "format_version 0": setting("format_version", 0),
         "format_version -1": setting("format_version", -1),
         "format_version string": setting("format_version", "1"),

@@ -23,6 +23,7 @@ from edge_sdk.backends.tensorrt.profiles import ENGINE_GRAPH
 from edge_sdk import quant
 from edge_sdk.bundle import Bundle, BundleError
 from edge_sdk.bundle.check import check_bundle
+from edge_sdk.bundle.format import FORMAT_VERSION
 from edge_sdk.bundle.graph_ops import DOMAIN
 from edge_sdk.bundle.layout import MINS_SUFFIX, SCALES_SUFFIX
 from edge_sdk.cli import main
@@ -137,7 +138,11 @@ def test_export_refuses_the_asymmetric_scheme_without_int4(tiny_model_dir, tmp_p
         ("svd-int4-asym", lambda m: m.update(format_version=5), r"tensor '.*\.mins' belongs to no part of this model"),
         ("svd-int4-asym", lambda m: m.pop("int4_scheme"), r"tensor '.*\.mins' belongs to no part of this model"),
         ("svd-int4-asym", lambda m: m.update(int4_scheme="q4_1"), r"field 'int4_scheme' must be one of symmetric"),
-        ("svd-int4-asym", lambda m: m.update(format_version=7), r"format version 7 is newer than this edge-sdk"),
+        (
+            "svd-int4-asym",
+            lambda m: m.update(format_version=FORMAT_VERSION + 1),
+            rf"format version {FORMAT_VERSION + 1} is newer than this edge-sdk",
+        ),
         ("svd-int4", lambda m: m.update(format_version=6, int4_scheme="asymmetric"), r"'.*\.mins' is missing"),
         ("svd-int8", lambda m: m.update(format_version=6, int4_scheme="asymmetric"), r"null or absent for dtype int8"),
     ],

@@ -15,7 +15,7 @@ from edge_sdk.backends.cpu.backend import ENGINE_ENV
 
 import edge_sdk
 from edge_sdk.bundle import manifest_digest
-from edge_sdk.bundle.format import MANIFEST_DIGEST_FIELD
+from edge_sdk.bundle.format import FORMAT_VERSION, MANIFEST_DIGEST_FIELD
 from edge_sdk.cli import main
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.export.exporter import ExportSettings, export_bundle
@@ -245,11 +245,11 @@ def test_run_bad_bundles(bundles, tmp_path):
     assert missing.exit_code == 2 and "bundle directory not found" in missing.stderr
     copy = tmp_path / "copy"
     shutil.copytree(bundles["svd-fp32"].path, copy)
-    manifest = json.loads((copy / "manifest.json").read_text()) | {"format_version": 7}
+    manifest = json.loads((copy / "manifest.json").read_text()) | {"format_version": FORMAT_VERSION + 1}
     manifest[MANIFEST_DIGEST_FIELD] = manifest_digest(manifest)
     (copy / "manifest.json").write_text(json.dumps(manifest))
     newer = CliRunner().invoke(main, ["run", str(copy), "--prompt", "x"])
-    assert newer.exit_code == 2 and "format version 7 is newer" in newer.stderr
+    assert newer.exit_code == 2 and f"format version {FORMAT_VERSION + 1} is newer" in newer.stderr
     shutil.rmtree(copy)
     shutil.copytree(bundles["svd-fp32"].path, copy)
     weights = copy / "weights.safetensors"

@@ -15,7 +15,7 @@ from edge_sdk.backends.c_runtime import RuntimeEngine
 from edge_sdk.backends.tensorrt import compatibility
 
 from edge_sdk.bundle import Bundle, BundleError, manifest_digest
-from edge_sdk.bundle.format import MANIFEST_DIGEST_FIELD
+from edge_sdk.bundle.format import FORMAT_VERSION, MANIFEST_DIGEST_FIELD
 from edge_sdk.bundle.layout import is_predictor_tensor
 from edge_sdk.cli import main
 from edge_sdk.eval.evaluate import evaluate_bundle
@@ -163,7 +163,10 @@ def restamped_copy(source, directory, change) -> None:
         (lambda m: m.pop("head_dtype"), r"tensor '.*' is declared I8 .*, the model config needs U8"),
         (lambda m: m.update(head_dtype="int4"), r"field 'head_dtype' must be one of int8, found 'int4'"),
         (lambda m: m.update(head_dtype="fp16"), r"field 'head_dtype' must be one of int8, found 'fp16'"),
-        (lambda m: m.update(format_version=7), r"format version 7 is newer than this edge-sdk supports \(6\)"),
+        (
+            lambda m: m.update(format_version=FORMAT_VERSION + 1),
+            rf"format version {FORMAT_VERSION + 1} is newer than this edge-sdk supports \({FORMAT_VERSION}\)",
+        ),
     ],
 )
 def test_a_head_dtype_bundle_with_another_version_or_head_dtype_is_refused(bundle_matrix, tmp_path, change, message):

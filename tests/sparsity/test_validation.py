@@ -162,13 +162,17 @@ def test_a_quantized_model_s_choice_reports_what_quantization_cost(tiny_model_di
     costly = report | {"quantization": {"format": "int4", "group_size": 32, "method": "rtn"}}
     costly["default_level_choice"] = choice | {"quantization_change_percent": QUANTIZATION_NOTE_PERCENT + 1}
     assert _quantization_text(costly).endswith(
-        "; --dtype int8 or --head-dtype int8 or --int4-scheme asymmetric or --quant-method awq lose less "
+        "; --dtype int8 or --head-dtype int8 or --down-dtype int8 or --int4-scheme asymmetric or --quant-method awq "
+        "lose less "
         "(benchmarks/README.md section 9)"
     )
     # what the export already took is not suggested again
     taken = {"format": "int4", "group_size": 32, "method": "awq", "int4_scheme": "asymmetric", "head_format": "int8"}
+    taken_text = _quantization_text(costly | {"quantization": taken | {"down_format": "int8"}})
+    assert taken_text.startswith("quantization int4 asymmetric, LM head int8, FFN down int8 (groups of 32, awq): ")
+    assert taken_text.endswith("; --dtype int8 lose less (benchmarks/README.md section 9)")
     assert _quantization_text(costly | {"quantization": taken}).endswith(
-        "; --dtype int8 lose less (benchmarks/README.md section 9)"
+        "; --dtype int8 or --down-dtype int8 lose less (benchmarks/README.md section 9)"
     )
     asymmetric = report | {
         "quantization": {"format": "int4", "group_size": 32, "method": "rtn", "int4_scheme": "asymmetric"}

@@ -5,6 +5,9 @@
 // test_plugin_library.py against the TensorRT headers; prints one line per failed check, exits 1 if any failed.
 // Given a nodes file, it also makes the plugin of every custom node of an exported graph as TensorRT's ONNX parser
 // would, and checks that it takes the node's inputs and gives the type the graph declares (checkGraphNode).
+// QuantizedSparseFFN's enqueue is checked against edge_sparse_ffn_q interposed here (the program is linked with
+// -rdynamic, so the plugin library's reference binds to this program's definition): the arguments it passes, nothing
+// launched.
 //
 //   plugin_host_check <libedge_trt_plugins.so> <libedge_cuda_kernels.so> [nodes file]
 #include <NvInferRuntime.h>
@@ -21,7 +24,42 @@
 
 using namespace nvinfer1;
 
+// enqueue's call of edge_sparse_ffn_q (plugins/kernels/edge_cuda_kernels.h), recorded by the definition below.
+struct SparseFfnQCall {
+  int calls;
+  void const* codes[3];  // w_gate, w_up, w_down_t
+  uint16_t const* scales[3];
+  uint16_t const* mins[3];
+  int quantFormat;
+  int downFormat;
+  int groupSize;
+  int32_t const* mask;
+  float const* thresholds;
+};
+SparseFfnQCall gSparseFfnQCall{};
+
+extern "C" __attribute__((visibility("default"))) cudaError_t edge_sparse_ffn_q(
+    cudaStream_t, void const*, int, int, int, int, void const* w_gate, uint16_t const* gate_scales,
+    uint16_t const* gate_mins, void const* w_up, uint16_t const* up_scales, uint16_t const* up_mins,
+    void const* w_down_t, uint16_t const* down_scales, uint16_t const* down_mins, int quant_format, int down_format,
+    int group_size, int32_t const* mask, float const* thresholds, int, float, float*, void*, uint8_t*) {
+  gSparseFfnQCall = {gSparseFfnQCall.calls + 1,
+                     {w_gate, w_up, w_down_t},
+                     {gate_scales, up_scales, down_scales},
+                     {gate_mins, up_mins, down_mins},
+                     quant_format,
+                     down_format,
+                     group_size,
+                     mask,
+                     thresholds};
+  return cudaSuccess;
+}
+
 namespace {
+
+// enum edge_quant_format (kernels/cpu/edge_cpu_kernels.h)
+constexpr int kQ8 = 2;
+constexpr int kQ4 = 3;
 
 int gFailures = 0;
 
@@ -297,7 +335,7 @@ void checkQuantizedSparseFfn(IPluginCreatorV3One* creator, RecordingLogger& logg
                  "attribute 'activation': expected one of relu, fatrelu, drelu, silu, found 'gelu'");
   expectRejected(creator, withLayout({stringField("activation", "relu"), stringField("alpha", "1")}), logger,
                  "unknown attribute 'alpha'; expected only activation, activation_threshold, weight_format, "
-                 "group_size");
+                 "group_size, down_weight_format");
   expectLayoutValidated(creator, logger, {stringField("activation", "relu")});
 
   IPluginV3* plugin = create(creator, withLayout({stringField("activation", "drelu")}), TensorRTPhase::kBUILD);
@@ -457,6 +495,214 @@ void checkQuantizedSparseFfn(IPluginCreatorV3One* creator, RecordingLogger& logg
          "QuantizedSparseFFN int4_asymmetric: the symmetric workspace");
   expectRoundTrip(creator, asymmetric);
   delete asymmetric;
+}
+
+// The serialized fields of `plugin` by name (strings without their NUL).
+std::map<std::string, std::string> serializedStrings(IPluginV3* plugin, int32_t* nbFields) {
+  PluginFieldCollection const* serialized = runtime(plugin)->getFieldsToSerialize();
+  std::map<std::string, std::string> strings;
+  *nbFields = serialized == nullptr ? -1 : serialized->nbFields;
+  for (int32_t i = 0; serialized != nullptr && i < serialized->nbFields; ++i) {
+    PluginField const& field = serialized->fields[i];
+    if (field.type == PluginFieldType::kCHAR) {
+      char const* text = static_cast<char const*>(field.data);
+      strings[field.name] = std::string(text, strnlen(text, static_cast<size_t>(field.length)));
+    }
+  }
+  return strings;
+}
+
+// configurePlugin with `io` (nbInputs inputs, then y), then enqueue on distinct fake addresses: edge_sparse_ffn_q (the
+// interposed recorder) gets the codes and scales of inputs 1..6, the formats, mask = input 7, thresholds = input 8 when
+// the node has it, and mins[m] = input minsInputs[m] (-1: NULL).
+void expectEnqueued(IPluginV3* plugin, std::vector<DynamicPluginTensorDesc> const& io, int32_t nbInputs,
+                    int quantFormat, int downFormat, std::vector<int> const& minsInputs, std::string const& what) {
+  expect(build(plugin)->configurePlugin(io.data(), nbInputs, io.data() + nbInputs, 1) == 0, what + ": configures");
+  alignas(16) static char buffers[16][64];
+  std::vector<void const*> inputs;
+  std::vector<PluginTensorDesc> descs;
+  for (int32_t i = 0; i < nbInputs; ++i) {
+    inputs.push_back(buffers[i]);
+    descs.push_back(io[i].desc);
+  }
+  void* outputs[1] = {buffers[15]};
+  gSparseFfnQCall = {};
+  int32_t const status =
+      runtime(plugin)->enqueue(descs.data(), &io[nbInputs].desc, inputs.data(), outputs, buffers[14], nullptr);
+  SparseFfnQCall const& call = gSparseFfnQCall;
+  expect(status == 0 && call.calls == 1, what + ": enqueue calls edge_sparse_ffn_q once (found " +
+                                             std::to_string(call.calls) + " calls; linked with -rdynamic?)");
+  if (call.calls != 1) return;
+  bool matrices = true;
+  for (int m = 0; m < 3; ++m) {
+    matrices = matrices && call.codes[m] == inputs[1 + 2 * m] &&
+               static_cast<void const*>(call.scales[m]) == inputs[2 + 2 * m];
+    void const* mins = minsInputs[m] < 0 ? nullptr : inputs[minsInputs[m]];
+    expect(static_cast<void const*>(call.mins[m]) == mins,
+           what + ": minimums of matrix " + std::to_string(m) + " are " +
+               (minsInputs[m] < 0 ? std::string("NULL") : "input " + std::to_string(minsInputs[m])));
+  }
+  expect(matrices, what + ": codes and scales are inputs 1 to 6");
+  expect(call.quantFormat == quantFormat && call.downFormat == downFormat,
+         what + ": quant_format " + std::to_string(call.quantFormat) + " and down_format " +
+             std::to_string(call.downFormat) + ", expected " + std::to_string(quantFormat) + " and " +
+             std::to_string(downFormat));
+  expect(call.groupSize == 32 && static_cast<void const*>(call.mask) == inputs[7], what + ": group size and mask");
+  void const* thresholds = nbInputs > 8 ? inputs[8] : nullptr;
+  expect(static_cast<void const*>(call.thresholds) == thresholds, what + ": thresholds are input 8 when given");
+}
+
+// QuantizedSparseFFN with down_weight_format "int8" (OPS.md): int4 or int4_asymmetric gate and up rows, int8 down rows
+// ([D, d / 4] INT32 words, no minimums: an int4_asymmetric node has 11 inputs); edge_sparse_ffn_q's down_format.
+// Without the attribute (today's nodes, an engine built before it existed) the down rows are in weight_format.
+void checkQuantizedSparseFfnInt8Down(IPluginCreatorV3One* creator, RecordingLogger& logger,
+                                     size_t (*workspaceSize)(int, int, int)) {
+  int32_t const groupOf32 = 32;
+  auto fields = [&](char const* activation, char const* format, std::vector<PluginField> extra) {
+    std::vector<PluginField> all = {stringField("activation", activation), stringField("weight_format", format),
+                                    intField("group_size", &groupOf32)};
+    all.insert(all.end(), extra.begin(), extra.end());
+    return all;
+  };
+  for (char const* wrong : {"int4", "fp16", "int4_asymmetric", ""}) {
+    expectRejected(creator, fields("relu", "int4", {stringField("down_weight_format", wrong)}), logger,
+                   std::string("attribute 'down_weight_format': expected int8 (or no attribute: the down rows in "
+                               "weight_format), found '") +
+                       wrong + "'");
+  }
+  expectRejected(creator, fields("relu", "int8", {stringField("down_weight_format", "int8")}), logger,
+                 "attribute 'down_weight_format': int8 down rows need weight_format int4 or int4_asymmetric, found "
+                 "weight_format 'int8'");
+  expectRejected(creator, fields("relu", "int4", {intField("down_weight_format", &groupOf32)}), logger,
+                 "attribute 'down_weight_format': expected type string, found int32");
+
+  int64_t const T = 2, d = 192, D = 768, G = d / 32;
+  std::vector<DynamicPluginTensorDesc> io = {
+      tensor(DataType::kFLOAT, {T, d}),     tensor(DataType::kINT32, {D, d / 8}), tensor(DataType::kHALF, {D, G}),
+      tensor(DataType::kINT32, {D, d / 8}), tensor(DataType::kHALF, {D, G}),      tensor(DataType::kINT32, {D, d / 4}),
+      tensor(DataType::kHALF, {D, G}),      tensor(DataType::kINT32, {T, D}),     tensor(DataType::kFLOAT, {T, d})};
+  auto withThresholds = io;
+  withThresholds.insert(withThresholds.begin() + 8, tensor(DataType::kFLOAT, {D}));
+  auto asymmetricIo = withThresholds;  // then the minimums of w_gate and w_up
+  asymmetricIo.insert(asymmetricIo.begin() + 9, 2, tensor(DataType::kHALF, {D, G}));
+  auto withDownMins = asymmetricIo;
+  withDownMins.insert(withDownMins.begin() + 11, tensor(DataType::kHALF, {D, G}));
+  // a shape change in input `input` of `io` that configurePlugin refuses with `message`
+  auto expectRefusedShape = [&](IPluginV3* plugin, std::vector<DynamicPluginTensorDesc> io, int32_t nbInputs,
+                                int input, int axis, int64_t value, std::string const& message) {
+    io[input].desc.dims.d[axis] = value;
+    logger.last.clear();
+    expect(build(plugin)->configurePlugin(io.data(), nbInputs, &io[nbInputs], 1) != 0 &&
+               logger.last.find(message) != std::string::npos,
+           "int8 down rows: input " + std::to_string(input) + " refused with '" + message + "', logged '" +
+               logger.last + "'");
+  };
+  std::string const downWords = "input 'w_down_t codes' INT32 words per row (int8: columns / 4): expected 48, found 24";
+
+  // int4 gate and up rows: 8 or 9 inputs, as a symmetric node
+  IPluginV3* plugin = create(creator, fields("relu", "int4", {stringField("down_weight_format", "int8")}),
+                             TensorRTPhase::kBUILD);
+  expect(plugin != nullptr, "QuantizedSparseFFN int4 with int8 down rows is created");
+  if (plugin == nullptr) return;
+  expect(supports(plugin, io, 8), "int4 + int8 down: codes int32, scales fp16");
+  expect(supports(plugin, withThresholds, 9), "int4 + int8 down: fp32 thresholds");
+  expect(!supports(plugin, asymmetricIo, 11), "int4 + int8 down: minimums are refused");
+  expect(build(plugin)->configurePlugin(withThresholds.data(), 9, &withThresholds[9], 1) == 0,
+         "int4 + int8 down: consistent shapes with thresholds");
+  expectRefusedShape(plugin, io, 8, 5, 1, d / 8, downWords);
+  expectRefusedShape(plugin, io, 8, 1, 1, d / 4,
+                     "input 'w_gate codes' INT32 words per row (int4: columns / 8): expected 24, found 48");
+  expectRefusedShape(plugin, io, 8, 6, 1, d / 64,
+                     "input 'w_down_t scales' per row (columns / group_size): expected 6, found 3");
+  expectRefusedShape(plugin, io, 8, 5, 0, D - 1, "input 'w_down_t codes' rows: expected 768, found 767");
+  logger.last.clear();
+  expect(build(plugin)->configurePlugin(asymmetricIo.data(), 11, &asymmetricIo[11], 1) != 0 &&
+             logger.last.find("expected 8 inputs (x, w_gate, w_gate_scales, w_up, w_up_scales, w_down_t, "
+                              "w_down_t_scales, mask) or 9 (and thresholds), found 11") != std::string::npos,
+         "int4 + int8 down: 11 inputs are refused, logged '" + logger.last + "'");
+  expect(build(plugin)->getWorkspaceSize(io.data(), 8, &io[8], 1) == workspaceSize(192, 768, 2),
+         "int4 + int8 down: the single format's workspace");
+  int32_t nbFields = 0;
+  std::map<std::string, std::string> strings = serializedStrings(plugin, &nbFields);
+  expect(nbFields == 5 && strings["down_weight_format"] == "int8" && strings["weight_format"] == "int4",
+         "int4 + int8 down: serializes down_weight_format int8 beside its other 4 fields");
+  expectRoundTrip(creator, plugin);
+  expectEnqueued(plugin, io, 8, kQ4, kQ8, {-1, -1, -1}, "int4 + int8 down, 8 inputs");
+  expectEnqueued(plugin, withThresholds, 9, kQ4, kQ8, {-1, -1, -1}, "int4 + int8 down, 9 inputs");
+  delete plugin;
+
+  // int4_asymmetric gate and up rows: 11 inputs, the minimums of w_gate and w_up only
+  IPluginV3* asymmetric = create(
+      creator, fields("silu", "int4_asymmetric", {stringField("down_weight_format", "int8")}), TensorRTPhase::kBUILD);
+  expect(asymmetric != nullptr, "QuantizedSparseFFN int4_asymmetric with int8 down rows is created");
+  if (asymmetric == nullptr) return;
+  expect(supports(asymmetric, asymmetricIo, 11), "int4_asymmetric + int8 down: fp32 thresholds, fp16 mins");
+  expect(!supports(asymmetric, withDownMins, 12), "int4_asymmetric + int8 down: a twelfth input is refused");
+  for (int m = 9; m < 11; ++m) {
+    auto floatMins = asymmetricIo;
+    floatMins[m].desc.type = DataType::kFLOAT;
+    expect(!supports(asymmetric, floatMins, 11),
+           "int4_asymmetric + int8 down: fp32 mins of input " + std::to_string(m) + " are refused");
+  }
+  DataType types[11] = {DataType::kFLOAT, DataType::kINT32, DataType::kHALF, DataType::kINT32,
+                        DataType::kHALF,  DataType::kINT32, DataType::kHALF, DataType::kINT32,
+                        DataType::kFLOAT, DataType::kHALF,  DataType::kHALF};
+  DataType outputType = DataType::kINT8;
+  expect(build(asymmetric)->getOutputDataTypes(&outputType, 1, types, 11) == 0 && outputType == DataType::kFLOAT,
+         "int4_asymmetric + int8 down: y is fp32 from 11 inputs");
+  std::string const elevenInputs =
+      "expected 11 inputs (x, w_gate, w_gate_scales, w_up, w_up_scales, w_down_t, w_down_t_scales, mask, thresholds, "
+      "w_gate_mins, w_up_mins), found ";
+  for (auto const& [candidate, count] : {std::pair{withDownMins, 12}, std::pair{withThresholds, 9}}) {
+    logger.last.clear();
+    expect(build(asymmetric)->configurePlugin(candidate.data(), count, &candidate[count], 1) != 0 &&
+               logger.last.find(elevenInputs + std::to_string(count)) != std::string::npos,
+           "int4_asymmetric + int8 down: " + std::to_string(count) + " inputs are refused, logged '" + logger.last +
+               "'");
+  }
+  expectRefusedShape(asymmetric, asymmetricIo, 11, 5, 1, d / 8, downWords);
+  expectRefusedShape(asymmetric, asymmetricIo, 11, 10, 1, d / 64,
+                     "input 'w_up mins' dimension 1 (as its scales'): expected 6, found 3");
+  expect(build(asymmetric)->getWorkspaceSize(asymmetricIo.data(), 11, &asymmetricIo[11], 1) ==
+             workspaceSize(192, 768, 2),
+         "int4_asymmetric + int8 down: the symmetric workspace");
+  expectRoundTrip(creator, asymmetric);
+  expectEnqueued(asymmetric, asymmetricIo, 11, kQ4, kQ8, {9, 10, -1}, "int4_asymmetric + int8 down");
+
+  // an engine built before down_weight_format: the same fields without it mean int4_asymmetric down rows (12 inputs)
+  PluginFieldCollection const* serialized = runtime(asymmetric)->getFieldsToSerialize();
+  std::vector<PluginField> older;
+  for (int32_t i = 0; serialized != nullptr && i < serialized->nbFields; ++i) {
+    if (std::strcmp(serialized->fields[i].name, "down_weight_format") != 0) older.push_back(serialized->fields[i]);
+  }
+  expect(older.size() == 4, "int4_asymmetric + int8 down: 4 fields besides down_weight_format");
+  IPluginV3* restored = create(creator, older, TensorRTPhase::kRUNTIME);
+  expect(restored != nullptr, "fields without down_weight_format restore a plugin");
+  if (restored != nullptr) {
+    auto int4Down = withDownMins;
+    int4Down[5].desc.dims.d[1] = d / 8;
+    expect(build(restored)->configurePlugin(asymmetricIo.data(), 11, &asymmetricIo[11], 1) != 0,
+           "without down_weight_format: 11 inputs are refused");
+    expectEnqueued(restored, int4Down, 12, kQ4, kQ4, {9, 10, 11}, "without down_weight_format, int4_asymmetric");
+    expect(serializedStrings(restored, &nbFields).count("down_weight_format") == 0 && nbFields == 4,
+           "without down_weight_format: serializes the 4 fields of before");
+    delete restored;
+  }
+  delete asymmetric;
+
+  // today's nodes pass down_format = quant_format
+  for (char const* format : {"int8", "int4"}) {
+    IPluginV3* single = create(creator, fields("relu", format, {}), TensorRTPhase::kBUILD);
+    expect(single != nullptr, std::string("QuantizedSparseFFN ") + format + " is created");
+    if (single == nullptr) continue;
+    auto singleIo = io;
+    int64_t const words = std::strcmp(format, "int8") == 0 ? d / 4 : d / 8;
+    singleIo[1].desc.dims.d[1] = singleIo[3].desc.dims.d[1] = singleIo[5].desc.dims.d[1] = words;
+    int const value = std::strcmp(format, "int8") == 0 ? kQ8 : kQ4;
+    expectEnqueued(single, singleIo, 8, value, value, {-1, -1, -1},
+                   std::string(format) + " without down_weight_format");
+    delete single;
+  }
 }
 
 void checkQuantizedMatMul(IPluginCreatorV3One* creator, RecordingLogger& logger,
@@ -822,7 +1068,10 @@ int main(int argc, char** argv) {
     if (name == "SparseFFN") checkSparseFfn(creator, logger, workspaceSize);
     if (name == "SignBitPredictor") checkSignBit(creator, logger);
     if (name == "SvdPredictor") checkSvd(creator, logger);
-    if (name == "QuantizedSparseFFN") checkQuantizedSparseFfn(creator, logger, workspaceSize);
+    if (name == "QuantizedSparseFFN") {
+      checkQuantizedSparseFfn(creator, logger, workspaceSize);
+      checkQuantizedSparseFfnInt8Down(creator, logger, workspaceSize);
+    }
     if (name == "QuantizedMatMul") checkQuantizedMatMul(creator, logger, matvecWorkspaceSize);
   }
   expect(names == std::vector<std::string>{"SvdPredictor", "SignBitPredictor", "SparseFFN", "QuantizedSparseFFN",

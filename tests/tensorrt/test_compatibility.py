@@ -101,11 +101,14 @@ def test_empty_optional_plugin_input_is_refused():
     assert "input 5" in violations[0].message and "left off" in violations[0].message
 
 
-def _quantized_ffn_graph(inputs: list[str], types: dict[str, int], weight_format: str) -> onnx.ModelProto:
-    """One QuantizedSparseFFN node on graph inputs of the given element types (the rules read types, not shapes)."""
+def _quantized_ffn_graph(
+    inputs: list[str], types: dict[str, int], weight_format: str, **attributes: str
+) -> onnx.ModelProto:
+    """One QuantizedSparseFFN node on graph inputs of the given element types (the rules read types, not shapes), with
+    further attributes (down_weight_format)."""
     node = helper.make_node(
         "QuantizedSparseFFN", inputs, ["y"], name="ffn", domain=ops.DOMAIN, activation="relu", activation_threshold=0.0,
-        weight_format=weight_format, group_size=32, plugin_version="1", plugin_namespace="edge_sdk",
+        weight_format=weight_format, group_size=32, plugin_version="1", plugin_namespace="edge_sdk", **attributes,
     )  # fmt: skip
     values = [_value(name, types[name], None) for name in inputs]
     return _model([node], values, [_value("y", TensorProto.FLOAT, None)])
@@ -130,6 +133,22 @@ def test_plugin_inputs_rule_takes_an_asymmetric_node_with_every_input():
     assert _rules(_quantized_ffn_graph([*_SYMMETRIC_FFN, "thresholds", *_MINS], _FFN_TYPES, "int4_asymmetric")) == []
     assert _rules(_quantized_ffn_graph(_SYMMETRIC_FFN, _FFN_TYPES, "int4")) == []
     assert _rules(_quantized_ffn_graph([*_SYMMETRIC_FFN, "thresholds"], _FFN_TYPES, "int8")) == []
+
+
+def test_plugin_inputs_rule_takes_int8_down_rows_without_their_minimums():
+    """down_weight_format "int8" (an int4 bundle with int8 down rows): no w_down_t_mins, so an int4_asymmetric node has
+    11 inputs and a symmetric one 8 or 9, as the plugin's signature; 12 inputs, or 11 without the attribute, are
+    refused."""
+    gate_up_mins = _MINS[:2]
+    int8_down = {"down_weight_format": "int8"}
+    asymmetric = [*_SYMMETRIC_FFN, "thresholds", *gate_up_mins]
+    assert _rules(_quantized_ffn_graph(asymmetric, _FFN_TYPES, "int4_asymmetric", **int8_down)) == []
+    assert _rules(_quantized_ffn_graph(_SYMMETRIC_FFN, _FFN_TYPES, "int4", **int8_down)) == []
+    assert _rules(_quantized_ffn_graph([*_SYMMETRIC_FFN, "thresholds"], _FFN_TYPES, "int4", **int8_down)) == []
+    for inputs, attributes in (([*_SYMMETRIC_FFN, "thresholds", *_MINS], int8_down), (asymmetric, {})):
+        graph = _quantized_ffn_graph(inputs, _FFN_TYPES, "int4_asymmetric", **attributes)
+        violations = compatibility.check_graph(graph, "tiny.onnx")
+        assert [(v.rule, v.node) for v in violations] == [("plugin-inputs", "ffn")], (len(inputs), attributes)
 
 
 @pytest.mark.parametrize(

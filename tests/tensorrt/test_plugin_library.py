@@ -114,7 +114,9 @@ def host_check(headers_and_kernels, tmp_path_factory) -> Path:
     program = tmp_path_factory.mktemp("host-check") / "plugin_host_check"
     source = Path(__file__).with_name("plugin_host_check.cpp")
     includes = ["-isystem", str(trt_include), "-isystem", str(cuda_include)]
-    subprocess.run([cxx, "-std=c++17", *WARNINGS, *includes, str(source), "-ldl", "-o", str(program)], check=True)
+    # -rdynamic: the program's edge_sparse_ffn_q (the recorder of enqueue's arguments) takes the plugins' calls
+    command = [cxx, "-std=c++17", *WARNINGS, *includes, str(source), "-rdynamic", "-ldl", "-o", str(program)]
+    subprocess.run(command, check=True)
     return program
 
 
@@ -166,7 +168,8 @@ def plugin_nodes(graph: onnx.ModelProto) -> list[str]:
 
 # every plugin and both SparseFFN input counts: SVD and sign-bit predictors, CHESS thresholds, and the quantized ops,
 # symmetric and asymmetric int4 (12 QuantizedSparseFFN inputs; tied: the head reads the embedding's minimums; with an
-# int8 head among int4_asymmetric nodes)
+# int8 head among int4_asymmetric nodes), and int4 bundles with int8 down rows (down_weight_format "int8": 8 or 9
+# inputs, 11 when asymmetric; the prompt's down products int8 QuantizedMatMul nodes)
 GRAPH_BUNDLES = (
     "svd-fp16",
     "signbit-fp32",
@@ -176,6 +179,8 @@ GRAPH_BUNDLES = (
     "svd-int4-asym",
     "tied-svd-int4-asym",
     "tied-svd-int4-asym-head-int8",
+    "svd-int4-down-int8",
+    "tied-svd-int4-asym-head-int8-down-int8",
 )
 
 
@@ -198,10 +203,12 @@ def test_every_plugin_node_of_an_exported_graph_makes_its_plugin(
         matmuls = [line for line in lines if line.startswith("attribute transposed")]
         assert {line.split()[-1] for line in matmuls} == {"0", "1"}  # projections and the prompt's down rows
         formats = {line.split()[-1] for line in lines if line.startswith("attribute weight_format")}
-        if bundle.manifest.asymmetric:  # every int4 matrix with its minimums; an int8 head has none
-            assert formats == ({"int4_asymmetric", "int8"} if name.endswith("head-int8") else {"int4_asymmetric"})
-        else:
-            assert formats == {bundle.manifest.dtype}
+        # every int4 matrix with its minimums if asymmetric; an int8 head or int8 down rows have none
+        wider = {"int8"} if "-head-int8" in name or name.endswith("-down-int8") else set()
+        assert formats == {"int4_asymmetric" if bundle.manifest.asymmetric else bundle.manifest.dtype} | wider
+        down_formats = [line.split()[-1] for line in lines if line.startswith("attribute down_weight_format")]
+        ffn_nodes = [line for line in lines if line.startswith("node ") and line.endswith(" QuantizedSparseFFN")]
+        assert down_formats == (["int8"] * len(ffn_nodes) if name.endswith("-down-int8") else [])
     else:
         expected |= {"SparseFFN"}
     assert expected <= ops

@@ -31,7 +31,9 @@ def signature(op: str, opset: int | None = None) -> str:
         opset = QUANTIZED_OPSET_VERSION if op in QUANTIZED_OPS else STANDARD_OPSET_VERSION
     attributes = []
     for attribute in schema.attributes:
-        if attribute.default is None:
+        if attribute.optional:  # absent from the node: the empty string
+            attributes.append(f'{attribute.name}: {attribute.type} = ""')
+        elif attribute.default is None:
             attributes.append(attribute.name)
         elif attribute.type == "string":
             attributes.append(f'{attribute.name}: string = "{attribute.default}"')
@@ -185,9 +187,9 @@ _FORMAT_CONSTANTS = """
 """
 
 
-def _dequantized(codes: str, matrix: str) -> str:
+def _dequantized(codes: str, matrix: str, int4: str = "is_int4", asymmetric: str = "is_asymmetric") -> str:
     """Body lines making `matrix` [R, C] float32 from the inputs `codes` [R, C / v] INT32, `codes`_scales and, for
-    int4_asymmetric, `codes`_mins."""
+    int4_asymmetric, `codes`_mins; int4, asymmetric: the body's booleans saying the matrix's format."""
     p = codes
     return f"""
     # {codes} [R, C / v] INT32 words -> {matrix} [R, C] float32
@@ -196,7 +198,7 @@ def _dequantized(codes: str, matrix: str) -> str:
     {p}_shifted = Div ({p}_masked, byte_units)              # exact: bytes 0..2 as 0..255, byte 3 as -128..127
     {p}_lifted = Add ({p}_shifted, int_256)
     {p}_bytes = Mod ({p}_lifted, int_256)                   # [R, C / v, 4]: the bytes, 0..255
-    {p}_codes = If (is_int4) <
+    {p}_codes = If ({int4}) <
         then_branch = {p}_nibbles () => (int8[?, ?] {p}_int4) {{
             {p}_low = Mod ({p}_bytes, int_16)
             {p}_high = Div ({p}_bytes, int_16)
@@ -228,7 +230,7 @@ def _dequantized(codes: str, matrix: str) -> str:
     {p}_zeros16 = ConstantOfShape <value = float16[1] {{0}}> ({p}_group_shape)
     {p}_negative_zeros16 = ConstantOfShape <value = float16[1] {{32768}}> ({p}_group_shape)  # bits 0x8000: -0.0
     {p}_min16 = LayerNormalization <axis = 0> ({p}_zeros16, {p}_negative_zeros16, {codes}_mins)  # [R, C / G]
-    {matrix} = If (is_asymmetric) <
+    {matrix} = If ({asymmetric}) <
         then_branch = {p}_with_minimums () => (float[?, ?] {p}_asymmetric) {{
             {p}_offset = ConstantOfShape <value = int8[1] {{-8}}> ({p}_group_shape)  # zero point -8: code + 8
             {p}_steps = DequantizeLinear <axis = 1, block_size: int = @group_size> ({p}_codes, {p}_scale32, {p}_offset)
@@ -245,16 +247,28 @@ def _dequantized(codes: str, matrix: str) -> str:
 """
 
 
+# down_weight_format (absent: the empty string, weight_format's) "int8": the down projection's int8 codes, no minimums
+_DOWN_FORMAT_CONSTANTS = """
+    down_kind = Constant <value_string: string = @down_weight_format> ()
+    int8_name = Constant <value_string = "int8"> ()
+    down_is_int8 = Equal (down_kind, int8_name)
+    down_as_weights = Not (down_is_int8)
+    down_is_int4 = And (is_int4, down_as_weights)
+    down_is_asymmetric = And (is_asymmetric, down_as_weights)
+"""
+
+
 def _quantized_sparse_ffn_body() -> str:
     """SparseFFN's body on the three dequantized matrices in place of its Casts of float weights."""
     lines = FUNCTION_BODIES["SparseFFN"].strip().removeprefix("{").removesuffix("}").splitlines()
     casts = ("gate_w = Cast", "up_w = Cast", "down_w = Cast")
     kept = "\n".join(line for line in lines if not line.strip().startswith(casts))
-    dequantized = "".join(
-        _dequantized(codes, matrix)
-        for codes, matrix in (("w_gate", "gate_w"), ("w_up", "up_w"), ("w_down_t", "down_w"))
+    dequantized = (
+        _dequantized("w_gate", "gate_w")
+        + _dequantized("w_up", "up_w")
+        + _dequantized("w_down_t", "down_w", "down_is_int4", "down_is_asymmetric")
     )
-    return "{" + _FORMAT_CONSTANTS + dequantized + kept + "\n}"
+    return "{" + _FORMAT_CONSTANTS + _DOWN_FORMAT_CONSTANTS + dequantized + kept + "\n}"
 
 
 FUNCTION_BODIES["QuantizedSparseFFN"] = _quantized_sparse_ffn_body()

@@ -28,7 +28,8 @@ def _presence(spec: TensorSpec) -> str:
     """How an input is marked in the tables: optional, or present exactly with an attribute value."""
     if spec.present_when is not None:
         attribute, value = spec.present_when
-        return f' (exactly when {attribute} = "{value}")'
+        unless = f' and {spec.absent_when[0]} is not "{spec.absent_when[1]}"' if spec.absent_when else ""
+        return f' (exactly when {attribute} = "{value}"{unless})'
     return " (optional)" if spec.optional else ""
 
 
@@ -52,7 +53,9 @@ def _attribute_row(spec: AttributeSpec) -> tuple[str, ...]:
         allowed = f"{'>=' if spec.minimum_inclusive else '>'} {spec.minimum}, finite"
     else:
         allowed = "any"
-    if spec.default is None:
+    if spec.optional:
+        default = "absent"
+    elif spec.default is None:
         default = "required"
     else:
         default = f'"{spec.default}"' if spec.type == "string" else repr(spec.default)

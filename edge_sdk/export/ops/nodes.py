@@ -12,7 +12,14 @@ import onnx
 from onnx import helper
 
 from edge_sdk.bundle.graph_ops import DOMAIN
-from edge_sdk.export.ops.schemas import PLUGIN_ATTRIBUTES, SCHEMAS, AttributeSpec, OpSchema
+from edge_sdk.export.ops.schemas import (
+    DOWN_WEIGHT_FORMATS,
+    PLUGIN_ATTRIBUTES,
+    SCHEMAS,
+    AttributeSpec,
+    OpSchema,
+    TensorSpec,
+)
 
 _ATTRIBUTE_TYPES = {
     "string": onnx.AttributeProto.STRING,
@@ -83,30 +90,48 @@ def _check_input_count(node: onnx.NodeProto, schema: OpSchema) -> None:
         )
 
 
+def _is_wanted(spec: TensorSpec, values: Mapping[str, object]) -> bool:
+    """Whether the node's attribute values call for a conditional input (TensorSpec.present_when, absent_when)."""
+    attribute, value = spec.present_when
+    if values.get(attribute) != value:
+        return False
+    return spec.absent_when is None or values.get(spec.absent_when[0]) != spec.absent_when[1]
+
+
+def _condition_text(spec: TensorSpec, values: Mapping[str, object]) -> str:
+    """The attribute values that decide whether a conditional input is there, as a message states them."""
+    attribute, value = spec.present_when
+    text = f"{attribute} {value!r}"
+    if spec.absent_when is not None:
+        text += f" without {spec.absent_when[0]} {spec.absent_when[1]!r}"
+    found = f"{attribute} {values.get(attribute)!r}"
+    if spec.absent_when is not None and spec.absent_when[0] in values:
+        found += f" and {spec.absent_when[0]} {values[spec.absent_when[0]]!r}"
+    return f"{text}, found it with {found}"
+
+
 def _check_conditional_inputs(node: onnx.NodeProto, schema: OpSchema, values: Mapping[str, object]) -> None:
     """The inputs present exactly when an attribute has a value (TensorSpec.present_when: int4_asymmetric's
-    minimums). Inputs are left off only at the end, so the optional inputs before them are given too."""
+    minimums, but for an int8 down projection's). Inputs are left off only at the end, so the optional inputs before
+    them are given too."""
     for index, spec in enumerate(schema.inputs):
         if spec.present_when is None:
             continue
-        attribute, value = spec.present_when
-        wanted, present = values.get(attribute) == value, index < len(node.input)
+        wanted, present = _is_wanted(spec, values), index < len(node.input)
         if wanted and not present:
-            conditional = [s.name for s in schema.inputs if s.present_when == spec.present_when]
-            expected = max(i for i, s in enumerate(schema.inputs) if s.present_when == spec.present_when) + 1
+            attribute, value = spec.present_when
+            conditional = [s for s in schema.inputs if s.present_when is not None and _is_wanted(s, values)]
+            expected = max(schema.inputs.index(s) for s in conditional) + 1
             before = [s.name for s in schema.inputs[:index] if s.optional and s.present_when is None]
             given_too = f"; the optional {', '.join(before)} before them given too" if before else ""
             raise _error(
                 node,
-                f"{attribute} {value!r}: expected {expected} inputs, {', '.join(conditional)} last{given_too} "
-                f"(an omitted input in the middle would be an empty name), found {len(node.input)}",
+                f"{attribute} {value!r}: expected {expected} inputs, {', '.join(s.name for s in conditional)} last"
+                f"{given_too} (an omitted input in the middle would be an empty name), found {len(node.input)}",
             )
         if present and not wanted:
-            raise _error(
-                node,
-                f"input {spec.name!r} (input {index}): expected only with {attribute} {value!r}, found it with "
-                f"{attribute} {values.get(attribute)!r}",
-            )
+            condition = _condition_text(spec, values)
+            raise _error(node, f"input {spec.name!r} (input {index}): expected only with {condition}")
 
 
 def _check_input_types(node: onnx.NodeProto, schema: OpSchema, types: Mapping[str, str]) -> None:
@@ -175,7 +200,7 @@ def validate_node(node: onnx.NodeProto, types: Mapping[str, str] | None = None) 
         values[spec.name] = value.decode() if isinstance(value, bytes) else value
         _check_attribute_value(node, spec, values[spec.name])
     for spec in schema.attributes:
-        required = spec.default is None or spec in PLUGIN_ATTRIBUTES
+        required = (spec.default is None and not spec.optional) or spec in PLUGIN_ATTRIBUTES
         if required and spec.name not in values:
             raise _error(node, f"attribute {spec.name!r} is required, found none")
     if "activation" in values and values["activation"] != "fatrelu" and values.get("activation_threshold", 0.0):
@@ -183,6 +208,16 @@ def validate_node(node: onnx.NodeProto, types: Mapping[str, str] | None = None) 
             node,
             f"attribute 'activation_threshold': expected 0.0 for activation {values['activation']!r} "
             f"(only fatrelu has a threshold), found {values['activation_threshold']!r}",
+        )
+    down_format = values.get("down_weight_format")
+    if down_format is not None and down_format not in DOWN_WEIGHT_FORMATS.get(values.get("weight_format"), ()):
+        allowed = ", ".join(
+            f"{down!r} with weight_format {base!r}" for base, wider in DOWN_WEIGHT_FORMATS.items() for down in wider
+        )
+        raise _error(
+            node,
+            f"attribute 'down_weight_format': expected it absent, or {allowed}; found {down_format!r} with "
+            f"weight_format {values.get('weight_format')!r}",
         )
     _check_conditional_inputs(node, schema, values)
     if types is not None:

@@ -31,6 +31,8 @@ class TensorSpec:
     empty input name into a null ITensor and hands it to addPluginV3 (onnx-tensorrt ModelImporter.cpp).
     present_when (attribute, value): an optional input the node has exactly when that attribute has that value (the
     group minimums, with weight_format "int4_asymmetric"); every input before it is then present too.
+    absent_when (attribute, value): an exception to present_when, the input left off when that attribute has that
+    value (the down projection's minimums with down_weight_format "int8": int8 rows have none).
     """
 
     name: str
@@ -40,16 +42,19 @@ class TensorSpec:
     type_var: str = ""
     optional: bool = False
     present_when: tuple[str, str] | None = None
+    absent_when: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
 class AttributeSpec:
     """One attribute of an op: its ONNX type ("string", "float" or "int") and the values it may take.
 
-    default None means required. allowed, when non-empty, lists every accepted value. A float is checked
-    after rounding to float32 (what the node stores) and must be finite and above minimum (or equal to it
-    when minimum_inclusive). round_up: make_node rounds the value up to float32 rather than to nearest, for
-    a bound whose calibrated value must not shrink (alpha: a smaller one predicts fewer neurons active).
+    default None means required, unless optional: an optional attribute may be left off the node, and its absence
+    means what its doc says (the reference function sees the empty string). allowed, when non-empty, lists every
+    accepted value. A float is checked after rounding to float32 (what the node stores) and must be finite and
+    above minimum (or equal to it when minimum_inclusive). round_up: make_node rounds the value up to float32 rather
+    than to nearest, for a bound whose calibrated value must not shrink (alpha: a smaller one predicts fewer neurons
+    active).
     """
 
     name: str
@@ -60,6 +65,7 @@ class AttributeSpec:
     minimum: float | None = None
     minimum_inclusive: bool = True
     round_up: bool = False
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,16 @@ _QUANT_ATTRIBUTES = (
     ),
     AttributeSpec("group_size", "int", "Values per fp16 scale along each row of a matrix.", allowed=GROUP_SIZES),
 )
+# The down projection may be stored wider than gate and up (manifest down_dtype: int8 rows in an int4 bundle).
+DOWN_WEIGHT_FORMATS = {"int4": ("int8",), ASYMMETRIC_WEIGHT_FORMAT: ("int8",)}
+_DOWN_WEIGHT_FORMAT = AttributeSpec(
+    "down_weight_format",
+    "string",
+    "How w_down_t's codes are stored where they differ from weight_format: int8 with weight_format int4 or "
+    "int4_asymmetric (symmetric int8 rows, so no w_down_t_mins). Absent: weight_format.",
+    allowed=tuple(sorted({value for values in DOWN_WEIGHT_FORMATS.values() for value in values})),
+    optional=True,
+)
 _THRESHOLDS = TensorSpec(
     "thresholds",
     ("D",),
@@ -154,15 +170,17 @@ _SPARSE_FFN_DOC = (
 )
 
 
-def _quantized(name: str, shape: tuple[str, str], what: str) -> tuple[TensorSpec, TensorSpec]:
+def _quantized(
+    name: str, shape: tuple[str, str], what: str, fmt: str = "weight_format"
+) -> tuple[TensorSpec, TensorSpec]:
     """The two inputs of a quantized matrix [rows, cols] (shape: the symbols of rows and cols): its codes and its
-    scales."""
+    scales; fmt: the attribute naming their format."""
     rows, cols = shape
     codes = TensorSpec(
         name,
         (rows, f"{cols} / v"),
         ("int32",),
-        f"{what}: the codes of weight_format, v = 4 (int8) or 8 (int4, int4_asymmetric) per INT32 word, "
+        f"{what}: the codes of {fmt}, v = 4 (int8) or 8 (int4, int4_asymmetric) per INT32 word, "
         "little-endian: the bundle's bytes of the codes as they are stored.",
     )
     scales = TensorSpec(
@@ -175,8 +193,9 @@ def _quantized(name: str, shape: tuple[str, str], what: str) -> tuple[TensorSpec
     return codes, scales
 
 
-def _minimums(name: str, shape: tuple[str, str]) -> TensorSpec:
-    """The group minimums of the quantized matrix `name` [rows, cols], an int4_asymmetric node's input."""
+def _minimums(name: str, shape: tuple[str, str], absent_when: tuple[str, str] | None = None) -> TensorSpec:
+    """The group minimums of the quantized matrix `name` [rows, cols], an int4_asymmetric node's input (left off
+    where absent_when holds)."""
     rows, cols = shape
     return TensorSpec(
         f"{name}_mins",
@@ -187,6 +206,7 @@ def _minimums(name: str, shape: tuple[str, str]) -> TensorSpec:
         "(edge_sdk.quant.dequantize).",
         optional=True,
         present_when=("weight_format", ASYMMETRIC_WEIGHT_FORMAT),
+        absent_when=absent_when,
     )
 
 
@@ -282,13 +302,19 @@ SCHEMAS: dict[str, OpSchema] = {
                 _X,
                 *_quantized("w_gate", ("D", "d"), "Gate projection, neuron-major"),
                 *_quantized("w_up", ("D", "d"), "Up projection, neuron-major"),
-                *_quantized("w_down_t", ("D", "d"), "Down projection transposed: row i is neuron i's"),
+                *_quantized(
+                    "w_down_t",
+                    ("D", "d"),
+                    "Down projection transposed: row i is neuron i's",
+                    "down_weight_format (absent: weight_format)",
+                ),
                 _MASK,
                 _QUANTIZED_THRESHOLDS,
-                *(_minimums(name, ("D", "d")) for name in ("w_gate", "w_up", "w_down_t")),
+                *(_minimums(name, ("D", "d")) for name in ("w_gate", "w_up")),
+                _minimums("w_down_t", ("D", "d"), absent_when=("down_weight_format", "int8")),
             ),
             outputs=(TensorSpec("y", ("T", "d"), ("float32",), "FFN output."),),
-            attributes=(*_ACTIVATION_ATTRIBUTES, *_QUANT_ATTRIBUTES, *PLUGIN_ATTRIBUTES),
+            attributes=(*_ACTIVATION_ATTRIBUTES, *_QUANT_ATTRIBUTES, _DOWN_WEIGHT_FORMAT, *PLUGIN_ATTRIBUTES),
             doc=(
                 "SparseFFN over group-wise quantized rows (int8 / int4 bundles): each matrix is its codes and fp16 "
                 "scales (and fp16 group minimums for int4_asymmetric), and the op is SparseFFN on the float32 "
