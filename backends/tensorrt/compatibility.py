@@ -137,6 +137,8 @@ SOURCES = {
     "plugin-attributes": "onnx-tensorrt FallbackPluginImporter (10.x): plugin_version / plugin_namespace",
     "plugin-empty-input": "onnx-tensorrt ModelImporter.cpp (10.x): empty input name -> null ITensor to addPluginV3",
     "plugin-inputs": "edge_sdk/export/OPS.md: each plugin's inputs, their number and element types",
+    "plugin-attribute-values": "edge_sdk/export/OPS.md: each op's attributes and their allowed values, which its "
+    "plugin checks when it is created",
     "asymmetric-int4-graph": "edge_sdk/export/OPS.md, Quantized matrices: an asymmetric int4 decode graph gives its "
     "matrices to the quantized ops (older exports dequantized them in standard ops)",
     "fp32-weight-copy": "onnx-tensorrt Cast importer + builder constant folding: an fp32 copy in the engine",
@@ -273,10 +275,12 @@ def _custom_node_violations(
     reports alone."""
     name = _node_name(node)
     attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    plugin_attributes_found = True
     for attribute, expected in (("plugin_version", PLUGIN_VERSION), ("plugin_namespace", PLUGIN_NAMESPACE)):
         value = attributes.get(attribute)
         found = value.decode() if isinstance(value, bytes) else value
         if found != expected:
+            plugin_attributes_found = False
             yield Violation(
                 "plugin-attributes",
                 graph,
@@ -303,6 +307,11 @@ def _custom_node_violations(
                     f"{node.op_type} {role} {tensor!r}: expected a type a plugin can take (FLOAT, FLOAT16, BFLOAT16, "
                     f"INT32, INT64), found {found}",
                 )
+    if plugin_attributes_found:  # the creator is found: it checks the other attributes' values
+        try:
+            ops.check_attributes(node)
+        except ValueError as error:
+            yield Violation("plugin-attribute-values", graph, name, str(error))
     try:
         ops.check_inputs(node, plugin_types)
     except ValueError as error:

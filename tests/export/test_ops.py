@@ -598,8 +598,11 @@ def test_schema_markdown_documents_every_input_output_and_attribute() -> None:
         if name in ops.QUANTIZED_OPS:
             assert '"int8", "int4", "int4_asymmetric"' in section
             assert section.count('(exactly when weight_format = "int4_asymmetric")') == (
-                3 if name == "QuantizedSparseFFN" else 1
+                2 if name == "QuantizedSparseFFN" else 1
             )
+        if name == "QuantizedSparseFFN":  # the down projection's minimums, but for int8 down rows
+            unless = '(exactly when weight_format = "int4_asymmetric" and down_weight_format is not "int8")'
+            assert section.count(unless) == 1 and "| `down_weight_format` | string | absent |" in section
         assert "Reference decomposition:" in section
 
 

@@ -552,3 +552,30 @@ def test_verify_files_only_still_passes_without_a_target(trt_bundles):
     result = CliRunner().invoke(main, ["verify", str(trt_bundles["svd"].path), "--files-only"])
     assert result.exit_code == 0, result.output
     assert result.output.rstrip().endswith("OK")
+
+
+@pytest.mark.parametrize(
+    ("weight_format", "attributes", "message"),
+    [
+        (
+            "int4",
+            {"down_weight_format": "int4"},
+            "attribute 'down_weight_format': expected one of 'int8', found 'int4'",
+        ),
+        ("int8", {"down_weight_format": "int8"}, "found 'int8' with weight_format 'int8'"),
+        ("int5", {}, "attribute 'weight_format': expected one of 'int8', 'int4', 'int4_asymmetric', found 'int5'"),
+        ("int4", {"group_size": 48}, "attribute 'group_size': expected one of 32, 64, 128, found 48"),
+    ],
+)
+def test_plugin_attribute_values_rule_refuses_what_the_plugin_creator_refuses(weight_format, attributes, message):
+    """A value outside an attribute's allowed set (OPS.md) would fail when TensorRT creates the plugin, after the
+    static check said nothing: one violation of its own, beside a correct input count."""
+    node_attributes = {"activation": "relu", "weight_format": weight_format, "group_size": 32} | attributes
+    node = helper.make_node(
+        "QuantizedSparseFFN", _SYMMETRIC_FFN, ["y"], name="ffn", domain=ops.DOMAIN, plugin_version="1",
+        plugin_namespace="edge_sdk", **node_attributes,
+    )  # fmt: skip
+    values = [_value(name, _FFN_TYPES[name], None) for name in _SYMMETRIC_FFN]
+    violations = compatibility.check_graph(_model([node], values, [_value("y", TensorProto.FLOAT, None)]), "tiny.onnx")
+    assert [(v.rule, v.node) for v in violations] == [("plugin-attribute-values", "ffn")]
+    assert message in violations[0].message

@@ -25,7 +25,7 @@ from edge_sdk.export.ops.functions import (
     reference_functions,
 )
 from edge_sdk.export.ops.markdown import schema_markdown
-from edge_sdk.export.ops.nodes import check_inputs, make_node, validate_node
+from edge_sdk.export.ops.nodes import check_attributes, check_inputs, make_node, validate_node
 from edge_sdk.export.ops.schemas import (
     ACTIVATIONS,
     ASYMMETRIC_WEIGHT_FORMAT,
@@ -55,6 +55,7 @@ __all__ = [
     "AttributeSpec",
     "OpSchema",
     "TensorSpec",
+    "check_attributes",
     "check_inputs",
     "error_bound",
     "function_opset_imports",

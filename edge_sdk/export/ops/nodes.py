@@ -180,13 +180,27 @@ def check_inputs(node: onnx.NodeProto, types: Mapping[str, str] | None = None) -
 
 def validate_node(node: onnx.NodeProto, types: Mapping[str, str] | None = None) -> None:
     """Check a custom node against its schema: domain, op type, inputs (check_inputs: their count, the inputs an
-    attribute value calls for, and the types `types` gives), outputs and every attribute.
+    attribute value calls for, and the types `types` gives), outputs and every attribute (check_attributes).
 
     Raises ValueError naming the op, the node, the attribute and the expected and found values. The plugin
     attributes must be present (TensorRT needs them on the node, not just as function defaults).
     """
     schema = _schema_of(node)
     _check_io(node, schema)
+    values = check_attributes(node)
+    _check_conditional_inputs(node, schema, values)
+    if types is not None:
+        _check_input_types(node, schema, types)
+
+
+def check_attributes(node: onnx.NodeProto) -> dict[str, str | float | int]:
+    """Check a custom node's attributes against its schema: each known, of its type and allowed value, the required
+    ones present, and the values that go together (activation_threshold with fatrelu, down_weight_format with
+    weight_format); returns them by name.
+
+    Raises ValueError naming the op, the node, the attribute and the expected and found values.
+    """
+    schema = _schema_of(node)
     specs = {spec.name: spec for spec in schema.attributes}
     values: dict[str, str | float | int] = {}
     for attribute in node.attribute:
@@ -219,9 +233,7 @@ def validate_node(node: onnx.NodeProto, types: Mapping[str, str] | None = None) 
             f"attribute 'down_weight_format': expected it absent, or {allowed}; found {down_format!r} with "
             f"weight_format {values.get('weight_format')!r}",
         )
-    _check_conditional_inputs(node, schema, values)
-    if types is not None:
-        _check_input_types(node, schema, types)
+    return values
 
 
 def make_node(
