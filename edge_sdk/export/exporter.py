@@ -159,25 +159,25 @@ def check_output(
     return outputs.check_target(out_dir, outputs.BUNDLE, replace=force, inputs=sources)
 
 
+def _check_wider_dtype(
+    option: str, value: str | None, dtype: str, wider: dict[str, tuple[str, ...]], what: str
+) -> None:
+    """value (an option storing some matrices in their own dtype) must be None, dtype, or one of wider[dtype]."""
+    if value not in (None, dtype, *wider.get(dtype, ())):
+        allowed = ", ".join(f"{choice} with --dtype {base}" for base, choices in wider.items() for choice in choices)
+        raise ExportError(
+            f"{option} {value} is not allowed with --dtype {dtype}: {what} may be stored wider than the other "
+            f"matrices only as {allowed} (or in the bundle's own dtype)"
+        )
+
+
 def _validate(checkpoint: Checkpoint | GgufCheckpoint, settings: ExportSettings) -> int:
     if settings.predictor not in predictors.KINDS:
         raise ExportError(f"predictor {settings.predictor!r} is not one of {', '.join(predictors.KINDS)}")
-    if settings.head_dtype not in (None, settings.dtype, *WIDER_HEAD_DTYPES.get(settings.dtype, ())):
-        allowed = ", ".join(
-            f"{head} with --dtype {base}" for base, wider in WIDER_HEAD_DTYPES.items() for head in wider
-        )
-        raise ExportError(
-            f"--head-dtype {settings.head_dtype} is not allowed with --dtype {settings.dtype}: the LM head may be "
-            f"stored wider than the other matrices only as {allowed} (or in the bundle's own dtype)"
-        )
-    if settings.down_dtype not in (None, settings.dtype, *WIDER_DOWN_DTYPES.get(settings.dtype, ())):
-        allowed = ", ".join(
-            f"{down} with --dtype {base}" for base, wider in WIDER_DOWN_DTYPES.items() for down in wider
-        )
-        raise ExportError(
-            f"--down-dtype {settings.down_dtype} is not allowed with --dtype {settings.dtype}: the FFN down "
-            f"projections may be stored wider than the other matrices only as {allowed} (or in the bundle's own dtype)"
-        )
+    _check_wider_dtype("--head-dtype", settings.head_dtype, settings.dtype, WIDER_HEAD_DTYPES, "the LM head")
+    _check_wider_dtype(
+        "--down-dtype", settings.down_dtype, settings.dtype, WIDER_DOWN_DTYPES, "the FFN down projections"
+    )
     if settings.int4_scheme not in quant.INT4_SCHEMES:
         schemes = ", ".join(quant.INT4_SCHEMES)
         raise ExportError(f"--int4-scheme must be one of {schemes}, found {settings.int4_scheme!r}")

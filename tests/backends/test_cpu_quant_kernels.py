@@ -530,6 +530,23 @@ def asymmetric_ffn_bound(x, dequantized, mask, activation):
     return delta_h @ w_down.abs() + ASYMMETRIC_RTOL * (h.abs() @ w_down.abs())
 
 
+def masked_and_dense_runs(x, weights, dequantized, act, kernel_x):
+    """The quantized FFN kernel (2 threads) and the reference on the dequantized rows, with a random half of the
+    neurons masked and with no mask: yields (the reference's mask, the kernel's y, the reference) once both activate
+    the same neurons, at least 5 of them (so that down rows are summed)."""
+    n_neurons, d = dequantized[0].shape
+    random_mask = torch.rand(n_neurons, generator=torch.Generator().manual_seed(7)) < 0.5
+    kernel = SparseFFNKernel(d, n_neurons, threads=2)
+    for mask in (random_mask, None):
+        reference_mask = torch.ones(n_neurons, dtype=torch.bool) if mask is None else mask
+        active = torch.zeros(n_neurons, dtype=torch.bool)
+        found = kernel.quantized(x, *weights, act, mask=mask, active_out=active)
+        reference = sparse_ffn(kernel_x(x), *dequantized, reference_mask, act)
+        assert torch.equal(active, reference.active)
+        assert reference.active.sum() >= 5
+        yield reference_mask, found, reference
+
+
 # SmolLM2's width (576, no multiple of 128) and LLaMA-2-7B's, each with the group sizes that divide it
 ASYMMETRIC_FFN_SHAPES = [(576, 300, 32), (576, 300, 64), *((4096, 96, group_size) for group_size in GROUP_SIZES)]
 
@@ -543,15 +560,7 @@ def test_asymmetric_sparse_ffn_is_within_its_bound(d, n_neurons, activation, gro
     x, matrices, dequantized = asymmetric_ffn(d, n_neurons, group_size, seed=d + group_size)
     weights = [QuantizedWeight.from_matrix(m) for m in matrices]
     act = ACTIVATIONS[activation]
-    random_mask = torch.rand(n_neurons, generator=torch.Generator().manual_seed(7)) < 0.5
-    kernel = SparseFFNKernel(d, n_neurons, threads=2)
-    for mask in (random_mask, None):
-        reference_mask = torch.ones(n_neurons, dtype=torch.bool) if mask is None else mask
-        active = torch.zeros(n_neurons, dtype=torch.bool)
-        found = kernel.quantized(x, *weights, act, mask=mask, active_out=active)
-        reference = sparse_ffn(kernel_x(x), *dequantized, reference_mask, act)
-        assert torch.equal(active, reference.active)
-        assert reference.active.sum() >= 5  # neurons fire: down rows are summed
+    for reference_mask, found, reference in masked_and_dense_runs(x, weights, dequantized, act, kernel_x):
         bound = asymmetric_ffn_bound(kernel_x(x), dequantized, reference_mask, act)
         error = (found.double() - reference.output.double()).abs()
         assert torch.all(error <= bound), f"worst error / bound {float((error / bound).max()):.3g}"
@@ -684,15 +693,7 @@ def test_int8_down_rows_under_int4_gate_and_up_are_within_the_bound(
     assert [w.format for w in weights] == ["int4", "int4", "int8"] and weights[2].mins is None
     act = ACTIVATIONS[activation]
     int4_down = quant.dequantize(quant.quantize(dequantized[2].numpy(), "int4", group_size))
-    random_mask = torch.rand(n_neurons, generator=torch.Generator().manual_seed(7)) < 0.5
-    kernel = SparseFFNKernel(d, n_neurons, threads=2)
-    for mask in (random_mask, None):
-        reference_mask = torch.ones(n_neurons, dtype=torch.bool) if mask is None else mask
-        active = torch.zeros(n_neurons, dtype=torch.bool)
-        found = kernel.quantized(x, *weights, act, mask=mask, active_out=active)
-        reference = sparse_ffn(kernel_x(x), *dequantized, reference_mask, act)
-        assert torch.equal(active, reference.active)
-        assert reference.active.sum() >= 5  # neurons fire: down rows are summed
+    for reference_mask, found, reference in masked_and_dense_runs(x, weights, dequantized, act, kernel_x):
         error = (found.double() - reference.output.double()).abs()
         if asymmetric:
             bound = asymmetric_ffn_bound(kernel_x(x), dequantized, reference_mask, act)

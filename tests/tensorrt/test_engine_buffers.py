@@ -71,11 +71,21 @@ def test_engine_steps_reproduce_onnx_runtime(fake_trt, trt_bundles, kind):
 
 
 @pytest.mark.parametrize(
-    "name", ["svd-int8", "svd-int4", "tied-svd-int4", "svd-int4-asym", "tied-svd-int4-asym-head-int8"]
+    "name",
+    [
+        "svd-int8",
+        "svd-int4",
+        "tied-svd-int4",
+        "svd-int4-asym",
+        "tied-svd-int4-asym-head-int8",
+        "svd-int4-down-int8",
+        "tied-svd-int4-asym-head-int8-down-int8",
+    ],
 )
 def test_quantized_engine_steps_reproduce_onnx_runtime(fake_trt, bundle_matrix, name):
     """An int8 / int4 bundle's engine (decode.onnx: every quantized product a QuantizedMatMul / QuantizedSparseFFN
-    node, run here by the ops' reference functions; an asymmetric int4 bundle's with the group minimums) goes through
+    node, run here by the ops' reference functions; an asymmetric int4 bundle's with the group minimums, and int8 down
+    rows under int4 gate and up rows) goes through
     libedge_sdk's TensorRT engine as a float one does: prompt and decode steps give OrtBundleSession's logits
     (prefill.onnx's DequantizeLinear -> Gemm for the prompt) exactly, so the greedy ids are the same."""
     bundle = bundle_matrix[name]
