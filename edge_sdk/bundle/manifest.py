@@ -442,27 +442,18 @@ def _group_size(fields: Fields, dtype: str, config: ModelConfig) -> int | None:
     return group_size
 
 
-def _head_dtype(fields: Fields, dtype: str, version: int) -> str | None:
-    """head_dtype (format version 4 on; older versions do not read it): absent or null, the LM head is stored in the
-    bundle's dtype; else a quantized dtype wider than dtype (WIDER_HEAD_DTYPES: int8 in an int4 bundle)."""
-    if version < bundle_format.HEAD_DTYPE_FORMAT_VERSION or not fields.has("head_dtype"):
+def _wider_dtype(
+    fields: Fields, dtype: str, version: int, since: int, name: str, wider: dict[str, tuple[str, ...]]
+) -> str | None:
+    """head_dtype (format version 4 on) or down_dtype (7 on), `name`, read from version `since` on (older versions do
+    not read it): absent or null, the LM head / the FFN down projections are stored in the bundle's dtype; else a
+    quantized dtype wider than dtype (`wider`, WIDER_HEAD_DTYPES or WIDER_DOWN_DTYPES: int8 in an int4 bundle)."""
+    if version < since or not fields.has(name):
         return None
-    allowed = WIDER_HEAD_DTYPES.get(dtype, ())
+    allowed = wider.get(dtype, ())
     if not allowed:
-        raise fields._fail("head_dtype", f"null or absent for dtype {dtype} (a head dtype of its own needs int4)")
-    return fields.string("head_dtype", allowed)
-
-
-def _down_dtype(fields: Fields, dtype: str, version: int) -> str | None:
-    """down_dtype (format version 7 on; older versions do not read it): absent or null, the FFN down projections are
-    stored in the bundle's dtype; else a quantized dtype wider than dtype (WIDER_DOWN_DTYPES: int8 in an int4
-    bundle)."""
-    if version < bundle_format.DOWN_DTYPE_FORMAT_VERSION or not fields.has("down_dtype"):
-        return None
-    allowed = WIDER_DOWN_DTYPES.get(dtype, ())
-    if not allowed:
-        raise fields._fail("down_dtype", f"null or absent for dtype {dtype} (a down dtype of its own needs int4)")
-    return fields.string("down_dtype", allowed)
+        raise fields._fail(name, f"null or absent for dtype {dtype} (a {name} of its own needs int4)")
+    return fields.string(name, allowed)
 
 
 def _int4_scheme(fields: Fields, dtype: str, version: int) -> str | None:
@@ -530,9 +521,13 @@ def validate(raw: Any, where: str) -> Manifest:
             f"{tied_layout}); re-export the bundle"
         )
     group_size = _group_size(fields, dtype, config)
-    head_dtype = _head_dtype(fields, dtype, version)
+    head_dtype = _wider_dtype(
+        fields, dtype, version, bundle_format.HEAD_DTYPE_FORMAT_VERSION, "head_dtype", WIDER_HEAD_DTYPES
+    )
     int4_scheme = _int4_scheme(fields, dtype, version)
-    down_dtype = _down_dtype(fields, dtype, version)
+    down_dtype = _wider_dtype(
+        fields, dtype, version, bundle_format.DOWN_DTYPE_FORMAT_VERSION, "down_dtype", WIDER_DOWN_DTYPES
+    )
     max_seq_len = fields.integer("max_seq_len", 2, config.max_position_embeddings)
     sparsity = _sparsity(fields.object("sparsity"), config.num_layers)
     graphs = _graphs(fields.object("graphs"))

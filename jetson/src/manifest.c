@@ -150,35 +150,21 @@ static edge_status read_group_size(const cJSON *manifest, const char *where, str
   return EDGE_OK;
 }
 
-/* head_dtype (format version 4 on; older versions do not read it): null or absent, the LM head is stored in the
- * bundle's dtype; otherwise a quantized dtype wider than it: int8 (I8 codes) in an int4 bundle. */
-static edge_status read_head_dtype(const cJSON *manifest, const char *where, int64_t version, struct manifest *out) {
+/* head_dtype (format version 4 on) or down_dtype (7 on), `name`, read from version `since` on (older versions do not
+ * read it): null or absent, the LM head / the FFN down projections are stored in the bundle's dtype; otherwise a
+ * quantized dtype wider than it: int8 (I8 codes, symmetric) in an int4 bundle. */
+static edge_status read_wider_dtype(const cJSON *manifest, const char *where, int64_t version, int64_t since,
+                                    const char *name, const struct manifest *bundle, enum tensor_dtype *out) {
   static const char *const wider_than_int4[] = {"int8"};
-  const cJSON *field = cJSON_GetObjectItemCaseSensitive(manifest, "head_dtype");
-  out->head_dtype = out->weight_dtype;
-  if (version < BUNDLE_HEAD_DTYPE_FORMAT_VERSION || field == NULL || cJSON_IsNull(field)) return EDGE_OK;
-  if (out->quant_format != EDGE_Q4) {
-    return json_field_fail(manifest, "head_dtype", where, "null or absent for a dtype other than int4");
+  const cJSON *field = cJSON_GetObjectItemCaseSensitive(manifest, name);
+  *out = bundle->weight_dtype;
+  if (version < since || field == NULL || cJSON_IsNull(field)) return EDGE_OK;
+  if (bundle->quant_format != EDGE_Q4) {
+    return json_field_fail(manifest, name, where, "null or absent for a dtype other than int4");
   }
   int choice;
-  edge_status status = json_choice_field(manifest, "head_dtype", where, wider_than_int4, 1, &choice);
-  if (status == EDGE_OK) out->head_dtype = DTYPE_I8;
-  return status;
-}
-
-/* down_dtype (format version 7 on; older versions do not read it): null or absent, the FFN down projections are
- * stored in the bundle's dtype; otherwise int8 (I8 codes, symmetric) in an int4 bundle, as head_dtype. */
-static edge_status read_down_dtype(const cJSON *manifest, const char *where, int64_t version, struct manifest *out) {
-  static const char *const wider_than_int4[] = {"int8"};
-  const cJSON *field = cJSON_GetObjectItemCaseSensitive(manifest, "down_dtype");
-  out->down_dtype = out->weight_dtype;
-  if (version < BUNDLE_DOWN_DTYPE_FORMAT_VERSION || field == NULL || cJSON_IsNull(field)) return EDGE_OK;
-  if (out->quant_format != EDGE_Q4) {
-    return json_field_fail(manifest, "down_dtype", where, "null or absent for a dtype other than int4");
-  }
-  int choice;
-  edge_status status = json_choice_field(manifest, "down_dtype", where, wider_than_int4, 1, &choice);
-  if (status == EDGE_OK) out->down_dtype = DTYPE_I8;
+  edge_status status = json_choice_field(manifest, name, where, wider_than_int4, 1, &choice);
+  if (status == EDGE_OK) *out = DTYPE_I8;
   return status;
 }
 
@@ -198,7 +184,8 @@ static edge_status read_int4_scheme(const cJSON *manifest, const char *where, in
   return status;
 }
 
-/* model, dtype (group_size, head_dtype, down_dtype and int4_scheme) and max_seq_len; version: the manifest's format_version. */
+/* model, dtype (group_size, head_dtype, down_dtype and int4_scheme) and max_seq_len; version: the manifest's
+ * format_version. */
 static edge_status read_model(const cJSON *manifest, const char *where, int64_t version, struct manifest *out) {
   static const char *const dtypes[] = {"fp32", "fp16", "bf16", "int8", "int4"};
   static const enum tensor_dtype weight_dtypes[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_I8, DTYPE_U8};
@@ -227,8 +214,14 @@ static edge_status read_model(const cJSON *manifest, const char *where, int64_t 
     out->weight_dtype = weight_dtypes[dtype];
     status = read_group_size(manifest, where, out);
   }
-  if (status == EDGE_OK) status = read_head_dtype(manifest, where, version, out);
-  if (status == EDGE_OK) status = read_down_dtype(manifest, where, version, out);
+  if (status == EDGE_OK) {
+    status = read_wider_dtype(manifest, where, version, BUNDLE_HEAD_DTYPE_FORMAT_VERSION, "head_dtype", out,
+                              &out->head_dtype);
+  }
+  if (status == EDGE_OK) {
+    status = read_wider_dtype(manifest, where, version, BUNDLE_DOWN_DTYPE_FORMAT_VERSION, "down_dtype", out,
+                              &out->down_dtype);
+  }
   if (status == EDGE_OK) status = read_int4_scheme(manifest, where, version, out);
   if (status == EDGE_OK) {
     status = json_int_field(manifest, "max_seq_len", where, 2, out->model.max_position_embeddings, &value);
@@ -270,8 +263,8 @@ edge_status manifest_validate(const cJSON *manifest, const char *text, size_t si
       (status = read_graphs(manifest, where, out)) != EDGE_OK ||
       (status = section(manifest, "tensors", where, &tensors, inner, sizeof inner)) != EDGE_OK ||
       (status = layout_check_tensors(tensors, &out->model, out->weight_dtype, out->head_dtype, out->down_dtype,
-                                     out->group_size, out->asymmetric, out->max_seq_len, &out->sparsity, out->factor_dtype,
-                                     out->factor_rule, inner)) != EDGE_OK) {
+                                     out->group_size, out->asymmetric, out->max_seq_len, &out->sparsity,
+                                     out->factor_dtype, out->factor_rule, inner)) != EDGE_OK) {
     return status;
   }
   return check_files(manifest, where, out);
