@@ -730,11 +730,17 @@ def _check_report_paths(*paths: str | None) -> None:
     show_default=True,
     help="--dtype int4: symmetric rows (Q4_0's grid), or asymmetric ones with a minimum per group (Q4_1's).",
 )
+@click.option(
+    "--down-dtype",
+    type=click.Choice(["int8"]),
+    default=None,
+    help="--dtype int4: the down rows int8, as in a bundle exported with --down-dtype int8 [default: --dtype].",
+)
 @_threads_option
 @click.option("--repeats", type=click.IntRange(1, 10000), default=20, show_default=True)
 @click.option("--json", "json_path", default=None, help="Also write the rows as JSON (with the machine description).")
 def bench_ffn_command(
-    shape, sparsities, backend, mode, dtype, group_size, int4_scheme, threads, repeats, json_path
+    shape, sparsities, backend, mode, dtype, group_size, int4_scheme, down_dtype, threads, repeats, json_path
 ) -> None:
     """Time one decode FFN: torch dense matmul vs our dense and sparse kernels (int8 / int4: quantized vs fp16)."""
     _needs_export("`edge-sdk bench ffn`")
@@ -745,11 +751,15 @@ def bench_ffn_command(
     devices = {"cann": "npu", "torch-cpu": "cpu", "torch-cuda": "cuda"}
     if int4_scheme != "symmetric" and dtype != "int4":
         raise click.BadParameter(f"--int4-scheme {int4_scheme} needs --dtype int4, found --dtype {dtype}")
+    if down_dtype is not None and dtype != "int4":
+        raise click.BadParameter(f"--down-dtype {down_dtype} needs --dtype int4, found --dtype {dtype}")
     if dtype in QUANTIZED_DTYPES:
         if backend != "cpu":
             raise click.BadParameter(f"--dtype {dtype} runs on the cpu backend only, found --backend {backend}")
         asymmetric = int4_scheme == "asymmetric"
-        _bench_quantized_ffn(shape, sparsities, dtype, int(group_size), threads, repeats, json_path, asymmetric)
+        _bench_quantized_ffn(
+            shape, sparsities, dtype, int(group_size), threads, repeats, json_path, asymmetric, down_dtype
+        )
         return
     try:
         d, n_neurons = parse_shape(shape)
@@ -781,7 +791,9 @@ def bench_ffn_command(
     _write_json(json_path, {"benchmark": "ffn", "shape": shape, "backend": backend, "mode": mode, "rows": rows})
 
 
-def _bench_quantized_ffn(shape, sparsities, dtype, group_size, threads, repeats, json_path, asymmetric) -> None:
+def _bench_quantized_ffn(
+    shape, sparsities, dtype, group_size, threads, repeats, json_path, asymmetric, down_dtype
+) -> None:
     """`bench ffn --dtype int8|int4`: the sparse kernel over quantized rows against fp16, interleaved."""
     from edge_sdk.bench.ffn import QUANTIZED_COLUMNS, bench_quantized_ffn, format_table, parse_shape
 
@@ -797,12 +809,13 @@ def _bench_quantized_ffn(shape, sparsities, dtype, group_size, threads, repeats,
             threads=threads,
             repeats=repeats,
             asymmetric=asymmetric,
+            down_dtype=down_dtype,
         )
     except ValueError as error:
         raise click.BadParameter(str(error)) from None
-    scheme = " asymmetric" if asymmetric else ""
+    scheme = (" asymmetric" if asymmetric else "") + (f", {down_dtype} down rows" if down_dtype else "")
     click.echo(
-        f"FFN d={d} D={n_neurons} {dtype}{scheme} group size {group_size} backend=cpu threads={rows[0]['threads']}: "
+        f"FFN d={d} D={n_neurons} {dtype}{scheme}, group size {group_size}, backend=cpu threads={rows[0]['threads']}: "
         f"sparse kernel ({dtype} rows, integer dot products; fp32_x: x in fp32) vs fp16 rows, and a streaming "
         "read of 256 MiB (read_gb_per_s; read_fraction = sparse_gb_per_s / read_gb_per_s)"
     )

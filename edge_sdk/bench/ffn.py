@@ -42,6 +42,7 @@ from edge_sdk.backends.cpu.kernels import (
     signbit_predictor,
     svd_predictor,
 )
+from edge_sdk.bundle.layout import WIDER_DOWN_DTYPES
 from edge_sdk.model.activation import Activation
 from edge_sdk.sparsity.signbit import words_for
 from edge_sdk.sparsity.svd import default_rank
@@ -282,16 +283,18 @@ def bench_quantized_ffn(
     warmup: int = 3,
     seed: int = 0,
     asymmetric: bool = False,
+    down_dtype: str | None = None,
 ) -> list[dict]:
     """Time the native sparse FFN over `dtype` ("int8" or "int4"; asymmetric: int4 with group minimums) rows against
     the same step over the fp16 rows they were quantized from, interleaved, one row per sparsity (relu, mask = the
-    active set as in bench_ffn).
+    active set as in bench_ffn). down_dtype "int8" with dtype "int4": the down rows int8 (symmetric), as in a bundle
+    exported with --down-dtype int8.
 
-    Row fields: the setup (d, D, dtype, int4_scheme, group_size, threads), sparsity, realized_sparsity (measured by the
-    quantized kernel), fp16_sparse_ms, fp32_x_sparse_ms (the quantized kernel with x in fp32, ACTIVATIONS_ENV
-    "fp32"), sparse_ms (the quantized kernel's default, integer dot products), speedup_vs_fp16,
-    speedup_vs_fp32_x, sparse_mb_read (codes and scales of the gate, up and down rows of the active neurons),
-    sparse_gb_per_s and fp16_gb_per_s (bytes each step must read per second), read_gb_per_s (a streaming read
+    Row fields: the setup (d, D, dtype, int4_scheme, down_dtype, group_size, threads), sparsity, realized_sparsity
+    (measured by the quantized kernel), fp16_sparse_ms, fp32_x_sparse_ms (the quantized kernel with x in fp32,
+    ACTIVATIONS_ENV "fp32"), sparse_ms (the quantized kernel's default, integer dot products), speedup_vs_fp16,
+    speedup_vs_fp32_x, sparse_mb_read (codes, scales and minimums of the gate, up and down rows of the active
+    neurons), sparse_gb_per_s and fp16_gb_per_s (bytes each step must read per second), read_gb_per_s (a streaming read
     of a 256 MiB buffer on the same threads, timed in the same loop) and read_fraction (sparse_gb_per_s /
     read_gb_per_s).
     """
@@ -306,14 +309,16 @@ def bench_quantized_ffn(
     weights = _FFNWeights(d, n_neurons, torch.float16, generator)
     if asymmetric and dtype != "int4":
         raise ValueError(f"asymmetric: only int4 has group minimums, found dtype {dtype!r}")
+    down_dtype = down_dtype or dtype
+    if down_dtype not in (dtype, *WIDER_DOWN_DTYPES.get(dtype, ())):
+        raise ValueError(f"down_dtype: expected {dtype} or int8 with dtype int4, found {down_dtype!r} with {dtype!r}")
+    formats = (dtype, dtype, down_dtype)
     quantized = [
-        QuantizedWeight.from_matrix(quant.quantize(w.numpy(), dtype, group_size, asymmetric))
-        for w in (weights.w_gate, weights.w_up, weights.w_down_t)
+        QuantizedWeight.from_matrix(quant.quantize(w.numpy(), fmt, group_size, asymmetric and fmt == "int4"))
+        for w, fmt in zip((weights.w_gate, weights.w_up, weights.w_down_t), formats, strict=True)
     ]
     gate_scales, gate_mins = quantized[0].scales, quantized[0].mins
-    quantized_row_bytes = quantized[0].data[0].nbytes + gate_scales[0].nbytes
-    if asymmetric:
-        quantized_row_bytes += gate_mins[0].nbytes
+    row_bytes = [sum(part[0].nbytes for part in (w.data, w.scales, w.mins) if part is not None) for w in quantized]
     kernel = SparseFFNKernel(d, n_neurons, threads)
     relu = Activation("relu")
     out = torch.empty(d, dtype=torch.float32)
@@ -364,7 +369,7 @@ def bench_quantized_ffn(
                 repeats,
                 warmup,
             )
-            read_bytes = 3 * n_active * quantized_row_bytes
+            read_bytes = n_active * sum(row_bytes)
             sparse_gb_per_s = read_bytes / timings["sparse_ms"] / 1e6
             read_gb_per_s = stream.nbytes / timings["read_ms"] / 1e6
             rows.append(
@@ -373,6 +378,7 @@ def bench_quantized_ffn(
                     "D": n_neurons,
                     "dtype": dtype,
                     "int4_scheme": ("asymmetric" if asymmetric else "symmetric") if dtype == "int4" else None,
+                    "down_dtype": down_dtype,
                     "group_size": group_size,
                     "threads": threads if threads > 0 else max_threads(),
                     "sparsity": sparsity,

@@ -59,7 +59,7 @@ def test_quantized_bench_rows_realize_the_sparsity_and_count_the_bytes(dtype, as
     scheme = ("asymmetric" if asymmetric else "symmetric") if dtype == "int4" else None
     for row, n_active in zip(rows, (256, 64), strict=True):
         assert set(QUANTIZED_COLUMNS) <= set(row) and row["dtype"] == dtype and row["group_size"] == 32
-        assert row["int4_scheme"] == scheme
+        assert row["int4_scheme"] == scheme and row["down_dtype"] == dtype
         assert row["sparse_mb_read"] == pytest.approx(3 * n_active * row_bytes / 1e6)  # codes, scales (and mins)
         assert row["sparse_ms"] > 0 and row["fp16_sparse_ms"] > 0 and row["fp32_x_sparse_ms"] > 0
         assert row["read_gb_per_s"] > 0
@@ -79,3 +79,29 @@ def test_bench_ffn_takes_an_int4_scheme_with_int4_only(dtype):
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert f"--int4-scheme asymmetric needs --dtype int4, found --dtype {dtype}" in result.output
+
+
+@pytest.mark.parametrize("asymmetric", [False, True], ids=["symmetric", "asymmetric"])
+def test_quantized_bench_takes_int8_down_rows_under_int4(asymmetric):
+    """--down-dtype int8: gate and up int4 (with minimums when asymmetric), down int8 without: their bytes counted
+    apart (d 128, groups of 32: int4 64 + 8 (+ 8) bytes a row, int8 128 + 8)."""
+    rows = bench_quantized_ffn(128, 512, sparsities=(0.875,), dtype="int4", group_size=32, threads=1, repeats=1,
+                               warmup=0, asymmetric=asymmetric, down_dtype="int8")  # fmt: skip
+    (row,) = rows
+    gate_up_bytes = 64 + 8 + (8 if asymmetric else 0)
+    assert row["realized_sparsity"] == 0.875 and row["down_dtype"] == "int8"
+    assert row["sparse_mb_read"] == pytest.approx(64 * (2 * gate_up_bytes + 128 + 8) / 1e6)
+    with pytest.raises(ValueError, match=r"down_dtype: expected int8 .*, found 'int4' with 'int8'"):
+        bench_quantized_ffn(128, 512, dtype="int8", down_dtype="int4")
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp16"])
+def test_bench_ffn_takes_a_down_dtype_with_int4_only(dtype):
+    from click.testing import CliRunner
+
+    from edge_sdk.cli import main
+
+    args = ["bench", "ffn", "--shape", "128x512", "--dtype", dtype, "--down-dtype", "int8", "--repeats", "1"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert f"--down-dtype int8 needs --dtype int4, found --dtype {dtype}" in result.output
