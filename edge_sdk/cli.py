@@ -749,10 +749,12 @@ def bench_ffn_command(
     from edge_sdk.bench.gather import bench_gather_ffn
 
     devices = {"cann": "npu", "torch-cpu": "cpu", "torch-cuda": "cuda"}
-    if int4_scheme != "symmetric" and dtype != "int4":
-        raise click.BadParameter(f"--int4-scheme {int4_scheme} needs --dtype int4, found --dtype {dtype}")
-    if down_dtype is not None and dtype != "int4":
-        raise click.BadParameter(f"--down-dtype {down_dtype} needs --dtype int4, found --dtype {dtype}")
+    for option, value, given in (
+        ("--int4-scheme", int4_scheme, int4_scheme != "symmetric"),
+        ("--down-dtype", down_dtype, down_dtype is not None),
+    ):
+        if given and dtype != "int4":
+            raise click.BadParameter(f"{option} {value} needs --dtype int4, found --dtype {dtype}")
     if dtype in QUANTIZED_DTYPES:
         if backend != "cpu":
             raise click.BadParameter(f"--dtype {dtype} runs on the cpu backend only, found --backend {backend}")

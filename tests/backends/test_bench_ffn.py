@@ -69,16 +69,17 @@ def test_quantized_bench_rows_realize_the_sparsity_and_count_the_bytes(dtype, as
         bench_quantized_ffn(96, 64, dtype=dtype, group_size=64)
 
 
+@pytest.mark.parametrize("option", [("--int4-scheme", "asymmetric"), ("--down-dtype", "int8")])
 @pytest.mark.parametrize("dtype", ["int8", "fp16"])
-def test_bench_ffn_takes_an_int4_scheme_with_int4_only(dtype):
+def test_bench_ffn_takes_an_int4_scheme_and_a_down_dtype_with_int4_only(dtype, option):
     from click.testing import CliRunner
 
     from edge_sdk.cli import main
 
-    args = ["bench", "ffn", "--shape", "128x512", "--dtype", dtype, "--int4-scheme", "asymmetric", "--repeats", "1"]
+    args = ["bench", "ffn", "--shape", "128x512", "--dtype", dtype, *option, "--repeats", "1"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
-    assert f"--int4-scheme asymmetric needs --dtype int4, found --dtype {dtype}" in result.output
+    assert f"{' '.join(option)} needs --dtype int4, found --dtype {dtype}" in result.output
 
 
 @pytest.mark.parametrize("asymmetric", [False, True], ids=["symmetric", "asymmetric"])
@@ -93,15 +94,3 @@ def test_quantized_bench_takes_int8_down_rows_under_int4(asymmetric):
     assert row["sparse_mb_read"] == pytest.approx(64 * (2 * gate_up_bytes + 128 + 8) / 1e6)
     with pytest.raises(ValueError, match=r"down_dtype: expected int8 .*, found 'int4' with 'int8'"):
         bench_quantized_ffn(128, 512, dtype="int8", down_dtype="int4")
-
-
-@pytest.mark.parametrize("dtype", ["int8", "fp16"])
-def test_bench_ffn_takes_a_down_dtype_with_int4_only(dtype):
-    from click.testing import CliRunner
-
-    from edge_sdk.cli import main
-
-    args = ["bench", "ffn", "--shape", "128x512", "--dtype", dtype, "--down-dtype", "int8", "--repeats", "1"]
-    result = CliRunner().invoke(main, args)
-    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
-    assert f"--down-dtype int8 needs --dtype int4, found --dtype {dtype}" in result.output

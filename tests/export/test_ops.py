@@ -480,6 +480,33 @@ ASYMMETRIC_FFN_INPUTS = ["x", "g", "gs", "u", "us", "d", "ds", "m", "t", "gm", "
             "input 'w_gate_mins' (input 9): expected only with weight_format 'int4_asymmetric', found it with "
             "weight_format 'int4'",
         ),
+        # int8 down rows (down_weight_format): no w_down_t_mins, and only under int4 gate and up rows
+        (
+            "QuantizedSparseFFN",
+            ASYMMETRIC_FFN_INPUTS,
+            {"activation": "relu", "weight_format": "int4_asymmetric", "group_size": 32, "down_weight_format": "int8"},
+            "input 'w_down_t_mins' (input 11): expected only with weight_format 'int4_asymmetric' without "
+            "down_weight_format 'int8', found it with weight_format 'int4_asymmetric' and down_weight_format 'int8'",
+        ),
+        (
+            "QuantizedSparseFFN",
+            ASYMMETRIC_FFN_INPUTS[:10],
+            {"activation": "relu", "weight_format": "int4_asymmetric", "group_size": 32, "down_weight_format": "int8"},
+            "weight_format 'int4_asymmetric': expected 11 inputs, w_gate_mins, w_up_mins last",
+        ),
+        (
+            "QuantizedSparseFFN",
+            ASYMMETRIC_FFN_INPUTS[:8],
+            {"activation": "relu", "weight_format": "int8", "group_size": 32, "down_weight_format": "int8"},
+            "attribute 'down_weight_format': expected it absent, or 'int8' with weight_format 'int4', 'int8' with "
+            "weight_format 'int4_asymmetric'; found 'int8' with weight_format 'int8'",
+        ),
+        (
+            "QuantizedSparseFFN",
+            ASYMMETRIC_FFN_INPUTS[:8],
+            {"activation": "relu", "weight_format": "int4", "group_size": 32, "down_weight_format": "int4"},
+            "attribute 'down_weight_format': expected one of 'int8', found 'int4'",
+        ),
     ],
 )
 def test_make_node_rejects_bad_nodes(op_type: str, inputs: list[str], attributes: dict, message: str) -> None:
@@ -497,13 +524,25 @@ def test_make_node_rejects_bad_nodes(op_type: str, inputs: list[str], attributes
         ("QuantizedSparseFFN", ASYMMETRIC_FFN_INPUTS[:8], {"weight_format": "int8", "activation": "relu"}),
         ("QuantizedSparseFFN", ASYMMETRIC_FFN_INPUTS[:9], {"weight_format": "int4", "activation": "relu"}),
         ("QuantizedSparseFFN", ASYMMETRIC_FFN_INPUTS, {"weight_format": "int4_asymmetric", "activation": "silu"}),
+        (
+            "QuantizedSparseFFN",
+            ASYMMETRIC_FFN_INPUTS[:8],
+            {"weight_format": "int4", "activation": "relu", "down_weight_format": "int8"},
+        ),
+        (
+            "QuantizedSparseFFN",
+            ASYMMETRIC_FFN_INPUTS[:11],
+            {"weight_format": "int4_asymmetric", "activation": "relu", "down_weight_format": "int8"},
+        ),
     ],
 )
 def test_make_node_takes_the_inputs_of_each_weight_format(op_type, inputs, attributes) -> None:
     """3 inputs for a symmetric QuantizedMatMul, 4 for an asymmetric one; 8 or 9 for a symmetric QuantizedSparseFFN,
-    12 for an asymmetric one."""
+    12 for an asymmetric one, 11 with int8 down rows (no w_down_t_mins); an absent down_weight_format stays absent."""
     node = ops.make_node(op_type, inputs, ["y"], group_size=32, **attributes)
     assert list(node.input) == inputs
+    written = {attribute.name for attribute in node.attribute}
+    assert ("down_weight_format" in written) == ("down_weight_format" in attributes)
     ops.validate_node(node)
     ops.check_inputs(node)
 
