@@ -11,8 +11,8 @@
 # 3. runs the tests marked `tensorrt` (where TensorRT is installed: `edge-sdk build` and libedge_sdk's TensorRT engine
 #    on fixture bundles, fp16, int8 and int4, against ONNX Runtime; the op table's TensorRT column: each op's one-node
 #    graph through the plugins; they skip, saying why, without TensorRT);
-# 4. runs benchmarks/cuda_ffn.py at LLaMA-2-7B shapes (d 4096, D 11008) for fp16, int8, int4 and asymmetric int4
-#    weights (groups of 32);
+# 4. runs benchmarks/cuda_ffn.py at LLaMA-2-7B shapes (d 4096, D 11008) for fp16, int8, int4, asymmetric int4
+#    and asymmetric int4 with int8 down rows (groups of 32);
 # 5. runs tests/gpu again under compute-sanitizer, once per tool: memcheck, racecheck, synccheck (last: the slowest
 #    steps, so that a check cut short by a time limit still has its tests and figures);
 # 6. writes everything (commit, GPU, driver, CUDA, each step's status, time and figures) to
@@ -100,8 +100,9 @@ skip_step() {
 }
 
 SANITIZER_TOOLS=(memcheck racecheck synccheck)
-# benchmarks/cuda_ffn.py's weight types, one step each: --dtype, and int4-asymmetric for --dtype int4 --asymmetric
-BENCHMARK_DTYPES=(fp16 int8 int4 int4-asymmetric)
+# benchmarks/cuda_ffn.py's weight types, one step each: --dtype, then -asymmetric adds --asymmetric and -down-int8
+# --down-dtype int8 (an int4 bundle exported with --int4-scheme asymmetric --down-dtype int8)
+BENCHMARK_DTYPES=(fp16 int8 int4 int4-asymmetric int4-asymmetric-down-int8)
 SANITIZER=$(command -v compute-sanitizer || true)
 if [ -z "$SANITIZER" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
     SANITIZER=/usr/local/cuda/bin/compute-sanitizer
@@ -127,8 +128,9 @@ if run_step build "$PYTHON" -m pip install --no-deps -e . \
     run_step tensorrt-tests "$PYTHON" -m pytest -q -rs -m tensorrt tests/tensorrt tests/ops \
         --junitxml="$LOGS/tensorrt-tests.xml"
     for dtype in "${BENCHMARK_DTYPES[@]}"; do
-        weights=(--dtype "${dtype%-asymmetric}")
-        [ "$dtype" = "${dtype%-asymmetric}" ] || weights+=(--asymmetric)
+        weights=(--dtype "${dtype%%-*}")
+        [[ $dtype != *-asymmetric* ]] || weights+=(--asymmetric)
+        [[ $dtype != *-down-int8 ]] || weights+=(--down-dtype int8)
         if [ -n "$BASELINE_LIBRARY" ]; then
             run_step "baseline-$dtype" env EDGE_SDK_CUDA_KERNELS="$BASELINE_LIBRARY" "$PYTHON" benchmarks/cuda_ffn.py \
                 --d 4096 --D 11008 "${weights[@]}" --json "$LOGS/baseline-$dtype.json"
