@@ -154,7 +154,7 @@ def time_matvec(harness, device, kernels, cublas, args, generator) -> list[dict]
     half = [device.upload(weight.half()) for _ in range(args.layers)]
     cycle = itertools.count()
     rows = []
-    print(f"QuantizedMatMul {d}x{d} ({quantized_format(args)}, groups of {args.group_size}) against cuBLAS fp16:")
+    print(f"QuantizedMatMul {d}x{d} ({row_format(args)}, groups of {args.group_size}) against cuBLAS fp16:")
     for tokens in (1, PROMPT_TOKENS):
         x = device.upload(torch.rand(tokens, d, generator=generator))
         x_half = device.upload(torch.rand(tokens, d, generator=generator).half())
@@ -188,10 +188,15 @@ def time_matvec(harness, device, kernels, cublas, args, generator) -> list[dict]
     return rows
 
 
+def row_format(args: argparse.Namespace) -> str:
+    """The quantized rows' format in words (a projection's, and the FFN's gate and up rows): int8, int4 or int4
+    asymmetric."""
+    return f"{args.dtype} asymmetric" if args.asymmetric else args.dtype
+
+
 def quantized_format(args: argparse.Namespace) -> str:
-    """The quantized weights' format in words: int8, int4 or int4 asymmetric (with int8 down rows)."""
-    words = f"{args.dtype} asymmetric" if args.asymmetric else args.dtype
-    return f"{words} with {args.down_dtype} down rows" if args.down_dtype else words
+    """The FFN's quantized weights in words: the row format, with int8 down rows where --down-dtype says so."""
+    return f"{row_format(args)} with {args.down_dtype} down rows" if args.down_dtype else row_format(args)
 
 
 def device_name() -> str:
