@@ -76,19 +76,23 @@ SAME_PRECISION = {
     "int4-asym-down8": "Q4_1",
     "int4-asym-head8-down8": "Q4_1",
 }
-# the export options of each bundle name: int4 is symmetric (Q4_0's grid) even where --int4-scheme auto would pick
-# asymmetric (a Q4_1 source), int4-asym asymmetric (Q4_1's grid), -down8 with int8 FFN down rows and -head8 an int8
-# LM head (a Q4_1 file's ffn_down groups run along the neurons, which int4 rows along d cannot keep)
+# the export options of each bundle name, every int4 choice explicit, so that a name means the same bundle whatever
+# the auto defaults pick for the source (a Q4_1 file's: asymmetric, int8 head and down rows): int4 is symmetric (Q4_0's
+# grid), int4-asym asymmetric (Q4_1's grid), -down8 with int8 FFN down rows and -head8 an int8 LM head (a Q4_1 file's
+# ffn_down groups run along the neurons, which int4 rows along d cannot keep)
+INT4_HEAD, INT4_DOWN, INT8_HEAD, INT8_DOWN = (
+    ("--head-dtype", "int4"),
+    ("--down-dtype", "int4"),
+    ("--head-dtype", "int8"),
+    ("--down-dtype", "int8"),
+)
 EXPORT_DTYPES = {
     "fp16": ["--dtype", "fp16"],
     "int8": ["--dtype", "int8"],
-    "int4": ["--dtype", "int4", "--int4-scheme", "symmetric"],
-    "int4-asym": ["--dtype", "int4", "--int4-scheme", "asymmetric"],
-    "int4-asym-down8": ["--dtype", "int4", "--int4-scheme", "asymmetric", "--down-dtype", "int8"],
-    "int4-asym-head8-down8": [
-        *("--dtype", "int4", "--int4-scheme", "asymmetric"),
-        *("--head-dtype", "int8", "--down-dtype", "int8"),
-    ],
+    "int4": ["--dtype", "int4", "--int4-scheme", "symmetric", *INT4_HEAD, *INT4_DOWN],
+    "int4-asym": ["--dtype", "int4", "--int4-scheme", "asymmetric", *INT4_HEAD, *INT4_DOWN],
+    "int4-asym-down8": ["--dtype", "int4", "--int4-scheme", "asymmetric", *INT4_HEAD, *INT8_DOWN],
+    "int4-asym-head8-down8": ["--dtype", "int4", "--int4-scheme", "asymmetric", *INT8_HEAD, *INT8_DOWN],
 }
 # the reader's GGUF -> Hugging Face tables (edge_sdk/model/gguf_checkpoint.py), turned around
 HF_TO_GGUF = {hf: gguf_name for gguf_name, hf in (GLOBAL_TENSORS | LAYER_TENSORS).items()}

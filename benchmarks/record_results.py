@@ -243,12 +243,13 @@ def record_tied_head(rec: Recording) -> list[Path]:
     held_out_code = real_model.write_texts(rec.work / "smollm2-texts")[0]["held_out_code"]
     work = rec.fresh("tied-head")
     bundles = {}
-    # int4 symmetric: the study measures Q4_0's grid, which --int4-scheme auto would not pick for a Q4_1 source
-    symmetric = ["--int4-scheme", "symmetric"]
+    # int4 symmetric with int4 down rows: the study measures Q4_0's grid and the head alone, which the auto defaults
+    # would not pick for a Q4_1 source (asymmetric, int8 head and down rows)
+    symmetric = ["--int4-scheme", "symmetric", "--down-dtype", "int4"]
     for dtype, extra in (
         ("fp16", []),
         ("int8", []),
-        ("int4", symmetric),
+        ("int4", ["--head-dtype", "int4", *symmetric]),
         ("int4-head-int8", ["--head-dtype", "int8", *symmetric]),
     ):
         bundles[dtype] = work / f"smollm2-{dtype}"

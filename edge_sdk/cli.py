@@ -418,21 +418,25 @@ def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **
 )
 @click.option(
     "--head-dtype",
-    type=click.Choice(["int8", "int4"]),
-    default=None,
-    help="Storage of the LM head matrix (a tied model's embedding, which is its head) [default: --dtype]. int8 with "
-    "--dtype int4 keeps the head at int8 (codes + fp16 scales of --group-size), as llama.cpp's Q4_0 keeps its "
-    "output matrix wider: SmolLM2-135M's tied int4 head alone costs +7.4% held-out perplexity (QUANT.md, 'In a "
-    "bundle'). Only with --dtype int4; the bundle is format version 4.",
+    type=click.Choice(["auto", "int8", "int4"]),
+    default="auto",
+    show_default=True,
+    help="Storage of the LM head matrix (a tied model's embedding, which is its head). int8 with --dtype int4 keeps "
+    "the head at int8 (codes + fp16 scales of --group-size; bundle format version 4), as llama.cpp's 4-bit files "
+    "keep their output matrix wider: SmolLM2-135M's tied int4 head alone costs +7.4% held-out perplexity (QUANT.md, "
+    "'In a bundle'). 'auto' is int8 for --dtype int4 of a 4-bit GGUF (Q4_0, Q4_1, Q4_K FFN rows) whose head is "
+    "stored wider than 4 bits, --dtype otherwise.",
 )
 @click.option(
     "--down-dtype",
-    type=click.Choice(["int8", "int4"]),
-    default=None,
-    help="Storage of the FFN down projections [default: --dtype]. int8 with --dtype int4 keeps them at int8 (codes + "
-    "fp16 scales of --group-size, still one row per neuron), as llama.cpp's Q4_K_M keeps ffn_down wider: from "
-    "SmolLM2-135M's Q4_1 file, int4 down rows cost +7.1% held-out perplexity and int8 ones +0.7%, for 12% more "
-    "bytes (benchmarks/README.md section 9). Only with --dtype int4; the bundle is format version 7.",
+    type=click.Choice(["auto", "int8", "int4"]),
+    default="auto",
+    show_default=True,
+    help="Storage of the FFN down projections. int8 with --dtype int4 keeps them at int8 (codes + fp16 scales of "
+    "--group-size, still one row per neuron; bundle format version 7), as llama.cpp's Q4_K_M keeps ffn_down wider: "
+    "from SmolLM2-135M's Q4_1 file, int4 down rows cost +7.1% held-out perplexity and int8 ones +0.7%, for 12% "
+    "more bytes (benchmarks/README.md section 9). 'auto' is int8 for --dtype int4 of a 4-bit GGUF (which groups "
+    "ffn_down along the neurons, so int4 rows would round its values again), --dtype otherwise.",
 )
 @_group_size_option
 @click.option(
@@ -478,7 +482,14 @@ def export(
     _runs_torch_pipeline("`edge-sdk export`")
     from tqdm import tqdm
 
-    from edge_sdk.export.exporter import ExportSettings, check_output, default_int4_scheme, export_bundle
+    from edge_sdk.export.exporter import (
+        ExportSettings,
+        check_output,
+        default_down_dtype,
+        default_head_dtype,
+        default_int4_scheme,
+        export_bundle,
+    )
     from edge_sdk.model.checkpoint import open_checkpoint
 
     check_output(out_dir, force, model_dir, (*calibration_files, *evaluation_files))
@@ -486,6 +497,22 @@ def export(
     config = checkpoint.config
     if int4_scheme == "auto":
         int4_scheme = default_int4_scheme(checkpoint) if dtype == "int4" else "symmetric"
+    wider = {}  # the options 'auto' resolved wider than --dtype, with why
+    if head_dtype == "auto":
+        head_dtype = default_head_dtype(checkpoint, dtype)
+        if head_dtype != dtype:
+            wider["--head-dtype"] = (head_dtype, f"its LM head is {checkpoint.head_type.name}")
+    if down_dtype == "auto":
+        down_dtype = default_down_dtype(checkpoint, dtype)
+        if down_dtype != dtype:
+            wider["--down-dtype"] = (down_dtype, "it groups ffn_down along the neurons")
+    if wider:
+        reasons = ", ".join(f"{option} {value} ({why})" for option, (value, why) in wider.items())
+        smaller = " ".join(f"{option} {dtype}" for option in wider)
+        click.echo(
+            f"--dtype {dtype} of a 4-bit GGUF keeps what int4 rows would round again: {reasons}; {smaller} makes the "
+            "smaller bundle"
+        )
     settings = ExportSettings(
         dtype=dtype,
         head_dtype=head_dtype,

@@ -9,10 +9,13 @@ token-by-token decoding on a loaded machine. "fp16 head" is the same bundle with
 checkpoint's matrix rounded to fp16, which is exactly what a format version 2 bundle held (every other matrix is
 quantized the same way in both versions).
 
-    edge-sdk export MODEL -o B-int4 --dtype int4 --predictor none [--max-seq-len 512]
+    edge-sdk export MODEL -o B-int4 --dtype int4 --head-dtype int4 --predictor none [--max-seq-len 512]
     edge-sdk export MODEL -o B-int4-head-int8 --dtype int4 --head-dtype int8 --predictor none [--max-seq-len 512]
     .venv/bin/python benchmarks/studies/tied_head_quality.py MODEL B-fp16 B-int8 B-int4 B-int4-head-int8 \
         --text TEXT --tokens 2048
+
+(benchmarks/record_results.py adds `--int4-scheme symmetric --down-dtype int4` to both int4 exports of SmolLM2's
+Q4_1 file, whose auto defaults are asymmetric with int8 down rows.)
 """
 
 from __future__ import annotations

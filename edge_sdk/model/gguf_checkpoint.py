@@ -48,6 +48,9 @@ STORED_DTYPES = {Q.F16: torch.float16, Q.BF16: torch.bfloat16}
 # the types whose blocks carry a minimum besides their scale (value = scale * q + min): an asymmetric grid, which
 # asymmetric int4 (edge_sdk/quant.py) keeps and symmetric int4 loses (QUANT.md, "Asymmetric INT4")
 ASYMMETRIC_TYPES = (Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q5_K)
+# the types with 4-bit codes: a file whose FFN rows are one of them is what `export --dtype int4` re-stores at its
+# own precision (default_head_dtype / default_down_dtype in edge_sdk/export/exporter.py)
+FOUR_BIT_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K)
 DEQUANTIZE_CALL_BYTES = 4 << 20
 GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -300,6 +303,32 @@ class GgufCheckpoint:
     def asymmetric_grid(self) -> bool:
         """Whether the FFN weights are stored on an asymmetric grid (ASYMMETRIC_TYPES, e.g. Q4_1)."""
         return self.entries["model.layers.0.mlp.gate_proj.weight"].tensor_type in ASYMMETRIC_TYPES
+
+    @property
+    def four_bit_ffn(self) -> bool:
+        """Whether the FFN gate rows are stored with 4-bit codes (FOUR_BIT_TYPES: Q4_0, Q4_1, Q4_K; a Q4_K_M file's
+        too, whose ffn_gate is Q4_K)."""
+        return self.entries["model.layers.0.mlp.gate_proj.weight"].tensor_type in FOUR_BIT_TYPES
+
+    @property
+    def head_type(self) -> Q:
+        """The LM head's stored type: output.weight's, or token_embd.weight's for a tied model (its head)."""
+        head = "model.embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"
+        return self.entries[head].tensor_type
+
+    @property
+    def int4_head_dtype(self) -> str:
+        """The LM head's storage in an int4 bundle of this file (`export --dtype int4 --head-dtype auto`): int8 where
+        the file's FFN rows are 4-bit and its head is wider (Q8_0 at groups of 32 is int8 to the bit; Q6_K, Q5_K and
+        float heads lose far less at int8 than at int4), int4 otherwise."""
+        return "int8" if self.four_bit_ffn and self.head_type not in FOUR_BIT_TYPES else "int4"
+
+    @property
+    def int4_down_dtype(self) -> str:
+        """The FFN down projections' storage in an int4 bundle of this file (`--down-dtype auto`): int8 where the
+        file's FFN rows are 4-bit, int4 otherwise. The file groups ffn_down's codes along the neurons, a bundle's
+        neuron-major down rows along d, so int4 rows would round the file's values again."""
+        return "int8" if self.four_bit_ffn else "int4"
 
     def tensor_types(self) -> dict[str, int]:
         """How many of the model's tensors are stored in each GGUF type (what `edge-sdk info` shows)."""

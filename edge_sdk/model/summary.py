@@ -45,6 +45,8 @@ def describe_checkpoint(model_dir: str | Path) -> dict[str, Any]:
         summary["tokenizer"] = bool(checkpoint.tokenizer_files())
         # quantized types are dequantized on export: `dtype` above is what they are read into
         summary["gguf_tensor_types"] = checkpoint.tensor_types()
-        # the int4 grid `export --dtype int4` keeps by default (--int4-scheme auto)
+        # what `export --dtype int4` makes of the file by default (--int4-scheme, --head-dtype, --down-dtype auto)
         summary["int4_scheme"] = "asymmetric" if checkpoint.asymmetric_grid else "symmetric"
+        summary["int4_head_dtype"] = checkpoint.int4_head_dtype
+        summary["int4_down_dtype"] = checkpoint.int4_down_dtype
     return summary

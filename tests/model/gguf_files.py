@@ -74,12 +74,15 @@ def write_gguf(
     extra_tensors: dict[str, np.ndarray] | None = None,
     skip_keys: tuple[str, ...] = (),
     architecture: str | None = None,
+    tensor_types: dict[str, gguf.GGMLQuantizationType] | None = None,
 ) -> dict[str, np.ndarray]:
     """Write model_dir (config.json + model.safetensors) as a GGUF at path; returns the Hugging Face tensors the
     GGUF holds, dequantized (for K-quants: the random weights written, which replace the checkpoint's).
 
     extra_keys: more metadata keys as {key: (kind, value)}, such as tokenizer_keys(); they replace written ones.
-    hidden_act: state config.json's activation under {arch}.hidden_act. skip_keys: metadata keys to leave out."""
+    hidden_act: state config.json's activation under {arch}.hidden_act. skip_keys: metadata keys to leave out.
+    tensor_types: {Hugging Face name: type} for 2-D weights stored in another type than tensor_type (a 4-bit file's
+    Q8_0 head, say)."""
     config = json.loads((model_dir / "config.json").read_text())
     arch = architecture or ("qwen2" if config["model_type"] == "qwen2" else "llama")
     heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
@@ -122,7 +125,7 @@ def write_gguf(
     with safe_open(str(model_dir / "model.safetensors"), framework="pt") as handle:
         for index, hf_name in enumerate(handle.keys()):
             values = handle.get_tensor(hf_name).to(torch.float32).numpy()
-            kind = tensor_type if values.ndim == 2 else Q.F32
+            kind = (tensor_types or {}).get(hf_name, tensor_type) if values.ndim == 2 else Q.F32
             if kind == Q.F32:
                 data = values
             elif kind == Q.F16:

@@ -224,6 +224,8 @@ def test_cli_info_and_export(tmp_path):
     assert (summary["layers"], summary["hidden_size"], summary["vocab_size"]) == (4, 192, 2048)
     assert summary["gguf_tensor_types"] == {"F16": 30, "F32": 9}
     assert summary["int4_scheme"] == "symmetric"
+    # an fp16 file: int4 is a choice of size, no matrix kept wider
+    assert (summary["int4_head_dtype"], summary["int4_down_dtype"]) == ("int4", "int4")
     assert summary["tokenizer"] is True
 
     out = tmp_path / "bundle"
@@ -355,17 +357,29 @@ def test_a_q4_1_file_exports_as_asymmetric_int4_and_keeps_its_values(tmp_path):
     """Q4_1 is asymmetric int4 at group size 32 (fp16 minimum and scale (max - min) / 15 per block): `--dtype int4`
     of a Q4_1 file picks the asymmetric scheme by itself (--int4-scheme auto) and carries every matrix whose groups
     run along the GGUF's rows over to the bit, codes, scales and minimums; the neuron-major down projection alone is
-    quantized again. `--int4-scheme symmetric` re-rounds them all."""
+    quantized again, at int8 (--down-dtype auto: the file groups ffn_down along the neurons), the Q4_1 head kept at
+    int4. `--int4-scheme symmetric` re-rounds them all."""
     path = fixture_gguf(tmp_path / "tiny.gguf", Q.Q4_1)
     assert GgufCheckpoint(path).asymmetric_grid
     info = edge_sdk("info", str(path), "--json")
-    assert info.returncode == 0 and json.loads(info.stdout)["int4_scheme"] == "asymmetric", info.stderr
+    assert info.returncode == 0, info.stderr
+    summary = json.loads(info.stdout)
+    assert (summary["int4_scheme"], summary["int4_head_dtype"], summary["int4_down_dtype"]) == (
+        "asymmetric",
+        "int4",
+        "int8",
+    )
     assert not GgufCheckpoint(fixture_gguf(tmp_path / "f16.gguf")).asymmetric_grid
     out = tmp_path / "bundle"
     export = edge_sdk("export", str(path), "-o", str(out), "--predictor", "none", "--dtype", "int4")
     assert export.returncode == 0, export.stderr
+    assert (
+        "--dtype int4 of a 4-bit GGUF keeps what int4 rows would round again: --down-dtype int8 (it groups ffn_down "
+        "along the neurons); --down-dtype int4 makes the smaller bundle" in export.stdout
+    ), export.stdout
     bundle = Bundle.open(out)
-    assert bundle.manifest.asymmetric and bundle.manifest.format_version == 6
+    assert bundle.manifest.asymmetric and bundle.manifest.format_version == 7
+    assert (bundle.manifest.lm_head_dtype, bundle.manifest.ffn_down_dtype) == ("int4", "int8")
     source = open_checkpoint(path)
     assert_carried_over_exactly(bundle, source, Q.Q4_1)
     symmetric = tmp_path / "symmetric"
@@ -387,3 +401,83 @@ def test_a_q4_1_file_exports_as_asymmetric_int4_and_keeps_its_values(tmp_path):
     gate = "layers.0.mlp.gate_proj.weight"
     expected = source.tensor(f"model.{gate}", torch.float32).numpy()
     assert not np.array_equal(quant.dequantize(quantized_matrix(plain, gate)), expected)
+
+
+@pytest.mark.parametrize(
+    ("tensor_type", "head_type", "head_dtype", "down_dtype"),
+    [
+        (Q.F16, None, "int4", "int4"),  # a float file: int4 is a choice of size
+        (Q.Q8_0, None, "int4", "int4"),  # an 8-bit file: likewise
+        (Q.Q4_0, None, "int4", "int8"),  # the Q4_0 head as stored; ffn_down's blocks run along the neurons
+        (Q.Q4_1, Q.Q8_0, "int8", "int8"),  # SmolLM2-135M's file: Q4_1 with a Q8_0 head
+        (Q.Q4_0, Q.F16, "int8", "int8"),
+        (Q.Q5_0, Q.Q8_0, "int4", "int4"),  # 5-bit FFN rows: not a 4-bit file
+    ],
+    ids=["F16", "Q8_0", "Q4_0", "Q4_1-head-Q8_0", "Q4_0-head-F16", "Q5_0-head-Q8_0"],
+)
+def test_an_int4_bundle_keeps_a_4_bit_files_wider_matrices_wider(
+    tensor_type, head_type, head_dtype, down_dtype, tmp_path
+):
+    """--head-dtype / --down-dtype auto (exporter.default_head_dtype / default_down_dtype): int8 for --dtype int4 of a
+    4-bit GGUF where int4 rows would round the file's values again (a head stored wider, ffn_down grouped along the
+    neurons), the bundle's dtype for any other dtype or source."""
+    from edge_sdk.export.exporter import default_down_dtype, default_head_dtype
+
+    types = {} if head_type is None else {"lm_head.weight": head_type}
+    path = tmp_path / "model.gguf"
+    write_gguf(FIXTURE, path, tensor_type, extra_keys=tokenizer_keys(FIXTURE, "gpt2"), tensor_types=types)
+    checkpoint = GgufCheckpoint(path)
+    assert checkpoint.head_type == (head_type or tensor_type)
+    assert (default_head_dtype(checkpoint, "int4"), default_down_dtype(checkpoint, "int4")) == (head_dtype, down_dtype)
+    for dtype in ("fp16", "int8"):
+        assert (default_head_dtype(checkpoint, dtype), default_down_dtype(checkpoint, dtype)) == (dtype, dtype)
+    safetensors = Checkpoint(FIXTURE)
+    assert (default_head_dtype(safetensors, "int4"), default_down_dtype(safetensors, "int4")) == ("int4", "int4")
+
+
+def test_a_tied_models_head_is_its_embedding(tmp_path):
+    """A tied model's head is token_embd.weight: its type decides --head-dtype auto."""
+    model = tmp_path / "tied"
+    save_hf_model(family_configs()["qwen2-bias-tied"], model)
+    path = tmp_path / "tied.gguf"
+    write_gguf(model, path, Q.Q4_0, tensor_types={"model.embed_tokens.weight": Q.Q8_0})
+    checkpoint = GgufCheckpoint(path)
+    assert checkpoint.config.tie_word_embeddings and checkpoint.head_type == Q.Q8_0
+    assert checkpoint.int4_head_dtype == "int8"
+
+
+@pytest.mark.slow
+def test_a_q4_1_file_with_a_q8_0_head_keeps_the_head_to_the_bit(tmp_path):
+    """SmolLM2-135M's layout: Q4_1 rows, a Q8_0 head. `--dtype int4` keeps the head int8, every value as the file
+    has it (Q8_0 is int8 at groups of 32), and the down rows int8; --head-dtype int4 --down-dtype int4 make the
+    smaller bundle the earlier default made (format version 6, both int4)."""
+    path = tmp_path / "tiny.gguf"
+    write_gguf(
+        FIXTURE,
+        path,
+        Q.Q4_1,
+        extra_keys=tokenizer_keys(FIXTURE, "gpt2"),
+        tensor_types={"lm_head.weight": Q.Q8_0},
+    )
+    out = tmp_path / "bundle"
+    export = edge_sdk("export", str(path), "-o", str(out), "--predictor", "none", "--dtype", "int4")
+    assert export.returncode == 0, export.stderr
+    assert (
+        "--head-dtype int8 (its LM head is Q8_0), --down-dtype int8 (it groups ffn_down along the neurons); "
+        "--head-dtype int4 --down-dtype int4 makes the smaller bundle" in export.stdout
+    ), export.stdout
+    bundle = Bundle.open(out)
+    assert (bundle.manifest.lm_head_dtype, bundle.manifest.ffn_down_dtype) == ("int8", "int8")
+    source = open_checkpoint(path)
+    head = quant.dequantize(quantized_matrix(bundle, "lm_head.weight"))
+    assert np.array_equal(head, source.tensor("lm_head.weight", torch.float32).numpy())
+
+    smaller = tmp_path / "smaller"
+    args = ["--predictor", "none", "--dtype", "int4", "--head-dtype", "int4", "--down-dtype", "int4"]
+    export = edge_sdk("export", str(path), "-o", str(smaller), *args)
+    assert export.returncode == 0, export.stderr
+    assert "4-bit GGUF" not in export.stdout
+    plain = Bundle.open(smaller)
+    assert plain.manifest.format_version == 6
+    assert (plain.manifest.lm_head_dtype, plain.manifest.ffn_down_dtype) == ("int4", "int4")
+    assert plain.manifest.asymmetric
