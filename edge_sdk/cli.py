@@ -424,8 +424,8 @@ def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **
     help="Storage of the LM head matrix (a tied model's embedding, which is its head). int8 with --dtype int4 keeps "
     "the head at int8 (codes + fp16 scales of --group-size; bundle format version 4), as llama.cpp's 4-bit files "
     "keep their output matrix wider: SmolLM2-135M's tied int4 head alone costs +7.4% held-out perplexity (QUANT.md, "
-    "'In a bundle'). 'auto' is int8 for --dtype int4 of a 4-bit GGUF (Q4_0, Q4_1, Q4_K FFN rows) whose head is "
-    "stored wider than 4 bits, --dtype otherwise.",
+    "'In a bundle'). 'auto' is int8 for --dtype int4 of a GGUF whose FFN rows have 4 bits or fewer (Q4_0, Q4_1, "
+    "Q4_K, IQ4_NL, IQ4_XS, Q3_K, Q2_K) and whose head has more, --dtype otherwise.",
 )
 @click.option(
     "--down-dtype",
@@ -435,8 +435,9 @@ def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **
     help="Storage of the FFN down projections. int8 with --dtype int4 keeps them at int8 (codes + fp16 scales of "
     "--group-size, still one row per neuron; bundle format version 7), as llama.cpp's Q4_K_M keeps ffn_down wider: "
     "from SmolLM2-135M's Q4_1 file, int4 down rows cost +7.1% held-out perplexity and int8 ones +0.7%, for 12% "
-    "more bytes (benchmarks/README.md section 9). 'auto' is int8 for --dtype int4 of a 4-bit GGUF (which groups "
-    "ffn_down along the neurons, so int4 rows would round its values again), --dtype otherwise.",
+    "more bytes (benchmarks/README.md section 9). 'auto' is int8 for --dtype int4 of a GGUF whose FFN rows have 4 "
+    "bits or fewer (it groups ffn_down along the neurons, so int4 rows would round its values again), --dtype "
+    "otherwise.",
 )
 @_group_size_option
 @click.option(
@@ -446,7 +447,8 @@ def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **
     show_default=True,
     help="int4's grid: 'symmetric', code * scale per group (llama.cpp's Q4_0), or 'asymmetric', (code + 8) * scale + "
     "min per group (Q4_1's grid, 11% more bytes, bundle format version 6). 'auto' is asymmetric for a GGUF whose "
-    "weights are stored with block minimums (Q4_1, Q4_K, ...), which it then keeps exactly, and symmetric otherwise.",
+    "weights are stored with block minimums (Q4_1, Q4_K, Q2_K, ...), whose grid it then keeps (Q4_1's exactly), and "
+    "symmetric otherwise.",
 )
 @click.option(
     "--quant-method",
@@ -510,8 +512,8 @@ def export(
         reasons = ", ".join(f"{option} {value} ({why})" for option, (value, why) in wider.items())
         smaller = " ".join(f"{option} {dtype}" for option in wider)
         click.echo(
-            f"--dtype {dtype} of a 4-bit GGUF keeps what int4 rows would round again: {reasons}; {smaller} makes the "
-            "smaller bundle"
+            f"--dtype {dtype} of a GGUF whose FFN rows have 4 bits or fewer keeps what int4 rows would round again: "
+            f"{reasons}; {smaller} makes the smaller bundle"
         )
     settings = ExportSettings(
         dtype=dtype,

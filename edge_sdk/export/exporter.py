@@ -100,19 +100,20 @@ def default_int4_scheme(checkpoint: Checkpoint | GgufCheckpoint) -> str:
 
 
 def default_head_dtype(checkpoint: Checkpoint | GgufCheckpoint, dtype: str) -> str:
-    """The LM head's storage for --head-dtype auto: int8 in an int4 bundle of a 4-bit GGUF that keeps its head wider
-    than 4 bits, --dtype otherwise (an int4 bundle of a float checkpoint is a choice of size, not a copy of a file).
-    SmolLM2-135M's Q4_1 file has a Q8_0 embedding, which int8 at groups of 32 keeps to the bit; with int8 down rows
-    its int4 bundle is +6.2% over the fp16 bundle's held-out perplexity on code with an int4 head, +0.7% with this
-    one (benchmarks/README.md section 9)."""
+    """The LM head's storage for --head-dtype auto (GgufCheckpoint.int4_head_dtype): int8 in an int4 bundle of a GGUF
+    whose FFN rows have 4 bits or fewer and its head more, --dtype otherwise (an int4 bundle of a float checkpoint is a
+    choice of size, not a copy of a file). SmolLM2-135M's Q4_1 file has a Q8_0 embedding, which int8 at groups of 32
+    keeps to the bit; with int8 down rows its int4 bundle is +6.2% over the fp16 bundle's held-out perplexity on code
+    with an int4 head, +0.7% with this one (benchmarks/README.md section 9)."""
     return checkpoint.int4_head_dtype if dtype == "int4" and isinstance(checkpoint, GgufCheckpoint) else dtype
 
 
 def default_down_dtype(checkpoint: Checkpoint | GgufCheckpoint, dtype: str) -> str:
-    """The FFN down projections' storage for --down-dtype auto: int8 in an int4 bundle of a 4-bit GGUF, --dtype
-    otherwise. Such a file groups ffn_down's 4-bit codes along the neurons, a bundle's neuron-major down rows along
-    d, so int4 rows would round the file's values again (SmolLM2-135M's Q4_1 file, with the int8 head: +7.1% over
-    the fp16 bundle's held-out perplexity on code with int4 down rows, +0.7% with int8 rows)."""
+    """The FFN down projections' storage for --down-dtype auto (GgufCheckpoint.int4_down_dtype): int8 in an int4
+    bundle of a GGUF whose FFN rows have 4 bits or fewer, --dtype otherwise. Such a file groups ffn_down's codes along
+    the neurons, a bundle's neuron-major down rows along d, so int4 rows would round the file's values again
+    (SmolLM2-135M's Q4_1 file, with the int8 head: +7.1% over the fp16 bundle's held-out perplexity on code with int4
+    down rows, +0.7% with int8 rows)."""
     return checkpoint.int4_down_dtype if dtype == "int4" and isinstance(checkpoint, GgufCheckpoint) else dtype
 
 

@@ -42,15 +42,19 @@ from edge_sdk.model.tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, Toke
 GGUF_SUFFIX = ".gguf"
 ARCHITECTURES = ("llama", "qwen2")
 Q = gguf.GGMLQuantizationType
-TENSOR_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+TENSOR_TYPES = (
+    *(Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1),
+    *(Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS),
+)
 # the dtype a tensor of each type is read into when the caller names none: float types as stored, the rest fp32
 STORED_DTYPES = {Q.F16: torch.float16, Q.BF16: torch.bfloat16}
 # the types whose blocks carry a minimum besides their scale (value = scale * q + min): an asymmetric grid, which
 # asymmetric int4 (edge_sdk/quant.py) keeps and symmetric int4 loses (QUANT.md, "Asymmetric INT4")
-ASYMMETRIC_TYPES = (Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q5_K)
-# the types with 4-bit codes: a file whose FFN rows are one of them is what `export --dtype int4` re-stores at its
-# own precision (default_head_dtype / default_down_dtype in edge_sdk/export/exporter.py)
-FOUR_BIT_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K)
+ASYMMETRIC_TYPES = (Q.Q4_1, Q.Q5_1, Q.Q2_K, Q.Q4_K, Q.Q5_K)
+# the types with codes of 4 bits or fewer (IQ4_NL / IQ4_XS: 4-bit indices into a non-uniform table): a file whose FFN
+# rows are one of them is one that `export --dtype int4` re-stores at its own precision or wider (int4_head_dtype,
+# int4_down_dtype below)
+LOW_BIT_TYPES = (Q.Q2_K, Q.Q3_K, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.IQ4_NL, Q.IQ4_XS)
 DEQUANTIZE_CALL_BYTES = 4 << 20
 GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -305,10 +309,10 @@ class GgufCheckpoint:
         return self.entries["model.layers.0.mlp.gate_proj.weight"].tensor_type in ASYMMETRIC_TYPES
 
     @property
-    def four_bit_ffn(self) -> bool:
-        """Whether the FFN gate rows are stored with 4-bit codes (FOUR_BIT_TYPES: Q4_0, Q4_1, Q4_K; a Q4_K_M file's
-        too, whose ffn_gate is Q4_K)."""
-        return self.entries["model.layers.0.mlp.gate_proj.weight"].tensor_type in FOUR_BIT_TYPES
+    def low_bit_ffn(self) -> bool:
+        """Whether the FFN gate rows are stored with codes of 4 bits or fewer (LOW_BIT_TYPES: Q4_0, Q4_1, Q4_K, the
+        IQ4s, Q3_K, Q2_K; a Q4_K_M or Q3_K_M file's too, whose ffn_gate is Q4_K or Q3_K)."""
+        return self.entries["model.layers.0.mlp.gate_proj.weight"].tensor_type in LOW_BIT_TYPES
 
     @property
     def head_type(self) -> Q:
@@ -319,16 +323,16 @@ class GgufCheckpoint:
     @property
     def int4_head_dtype(self) -> str:
         """The LM head's storage in an int4 bundle of this file (`export --dtype int4 --head-dtype auto`): int8 where
-        the file's FFN rows are 4-bit and its head is wider (Q8_0 at groups of 32 is int8 to the bit; Q6_K, Q5_K and
-        float heads lose far less at int8 than at int4), int4 otherwise."""
-        return "int8" if self.four_bit_ffn and self.head_type not in FOUR_BIT_TYPES else "int4"
+        the file's FFN rows have 4 bits or fewer and its head more (Q8_0 at groups of 32 is int8 to the bit; Q6_K,
+        Q5_K and float heads lose far less at int8 than at int4), int4 otherwise."""
+        return "int8" if self.low_bit_ffn and self.head_type not in LOW_BIT_TYPES else "int4"
 
     @property
     def int4_down_dtype(self) -> str:
         """The FFN down projections' storage in an int4 bundle of this file (`--down-dtype auto`): int8 where the
-        file's FFN rows are 4-bit, int4 otherwise. The file groups ffn_down's codes along the neurons, a bundle's
-        neuron-major down rows along d, so int4 rows would round the file's values again."""
-        return "int8" if self.four_bit_ffn else "int4"
+        file's FFN rows have 4 bits or fewer, int4 otherwise. The file groups ffn_down's codes along the neurons, a
+        bundle's neuron-major down rows along d, so int4 rows would round the file's values again."""
+        return "int8" if self.low_bit_ffn else "int4"
 
     def tensor_types(self) -> dict[str, int]:
         """How many of the model's tensors are stored in each GGUF type (what `edge-sdk info` shows)."""

@@ -1,7 +1,7 @@
 """GGUF files written by the tests from Hugging Face checkpoints, the way llama.cpp's convert_hf_to_gguf.py writes
 them: llama.cpp's metadata keys and tensor names, llama q/k rows permuted (LlamaModel.permute), norms and biases F32,
-the 2-D weights in the requested type (quantized with gguf.quants.quantize, or random blocks for the K-quants,
-which the gguf package cannot quantize: see QUANTIZED_BLOCK_SOURCES in test_gguf.py)."""
+the 2-D weights in the requested type (quantized with gguf.quants.quantize, or random blocks for the K-quants and the
+IQ types, which the gguf package cannot quantize: RANDOM_BLOCK_SCALES)."""
 
 from __future__ import annotations
 
@@ -33,8 +33,19 @@ HF_LAYER_TO_GGUF = {
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
-# byte offsets of the fp16 scale fields in one K-quant block (ggml-common.h block_q4_K / q5_K / q6_K)
-K_QUANT_SCALE_OFFSETS = {Q.Q2_K: (80, 82), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+# The types the gguf package cannot quantize, written as random blocks: the byte offsets of the fp16 scale fields in
+# one block (ggml-common.h block_q2_K ... block_iq4_xs) and the scale written there, small enough that the weights'
+# magnitudes are like a trained model's whatever the codes and sub-block scales (IQ4_XS's reach 32 x 127 x d).
+RANDOM_BLOCK_SCALES = {
+    Q.Q2_K: ((80, 82), 0.001),
+    Q.Q3_K: ((108,), 0.001),
+    Q.Q4_K: ((0, 2), 0.001),
+    Q.Q5_K: ((0, 2), 0.001),
+    Q.Q6_K: ((208,), 0.0004),
+    Q.IQ4_NL: ((0,), 0.001),
+    Q.IQ4_XS: ((0,), 0.0001),
+    Q.IQ2_XXS: ((0,), 0.001),
+}
 
 
 def gguf_name(hf_name: str) -> str:
@@ -53,13 +64,14 @@ def llama_permute(weights: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
-def random_k_quant_blocks(rows: int, columns: int, kind: gguf.GGMLQuantizationType, seed: int) -> np.ndarray:
-    """Random K-quant bytes [rows, bytes per row] with small finite fp16 scales, so the weights they dequantize to
-    have magnitudes like a trained model's."""
+def random_blocks(rows: int, columns: int, kind: gguf.GGMLQuantizationType, seed: int) -> np.ndarray:
+    """Random blocks of `kind` (RANDOM_BLOCK_SCALES) [rows, bytes per row] with small finite fp16 scales, so the
+    weights they dequantize to have magnitudes like a trained model's."""
     block_size, type_size = gguf.GGML_QUANT_SIZES[kind]
     blocks = np.random.default_rng(seed).integers(0, 256, (rows, columns // block_size, type_size), dtype=np.uint8)
-    scale = np.float16(0.0004 if kind == Q.Q6_K else 0.001)
-    for offset in K_QUANT_SCALE_OFFSETS[kind]:
+    offsets, value = RANDOM_BLOCK_SCALES[kind]
+    scale = np.float16(value)
+    for offset in offsets:
         blocks[..., offset : offset + 2] = np.frombuffer(scale.tobytes(), dtype=np.uint8)
     return blocks.reshape(rows, -1)
 
@@ -77,7 +89,7 @@ def write_gguf(
     tensor_types: dict[str, gguf.GGMLQuantizationType] | None = None,
 ) -> dict[str, np.ndarray]:
     """Write model_dir (config.json + model.safetensors) as a GGUF at path; returns the Hugging Face tensors the
-    GGUF holds, dequantized (for K-quants: the random weights written, which replace the checkpoint's).
+    GGUF holds, dequantized (for RANDOM_BLOCK_SCALES types: the random weights written, which replace the checkpoint's).
 
     extra_keys: more metadata keys as {key: (kind, value)}, such as tokenizer_keys(); they replace written ones.
     hidden_act: state config.json's activation under {arch}.hidden_act. skip_keys: metadata keys to leave out.
@@ -130,8 +142,8 @@ def write_gguf(
                 data = values
             elif kind == Q.F16:
                 data = values.astype(np.float16)
-            elif kind in K_QUANT_SCALE_OFFSETS:
-                data = random_k_quant_blocks(values.shape[0], values.shape[1], kind, seed=index)
+            elif kind in RANDOM_BLOCK_SCALES:
+                data = random_blocks(values.shape[0], values.shape[1], kind, seed=index)
             else:
                 data = gguf.quants.quantize(values, kind)
             written[hf_name] = gguf.quants.dequantize(data, kind) if kind != Q.F32 else values

@@ -28,7 +28,7 @@ from edge_sdk.model.loader import load_decoder
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.sparsity.bundle_model import quantized_matrix
 
-from .gguf_files import K_QUANT_SCALE_OFFSETS, Q, tokenizer_keys, write_gguf
+from .gguf_files import RANDOM_BLOCK_SCALES, Q, tokenizer_keys, write_gguf
 from .hf_models import VOCAB, family_configs, save_hf_model
 from .tokenizer_files import save_llama2_style
 
@@ -36,8 +36,8 @@ FIXTURE = Path(__file__).parent.parent / "fixtures" / "tiny-relu-llama"
 IDS = torch.tensor([list(range(5, 1900, 47))])  # 41 tokens spread over the fixture's vocabulary
 # Each supported tensor type with the bound on max |logit - source logit| / max |source logit| on the fixture's
 # 41 tokens. Every type must also give exactly the logits of a checkpoint holding the weights it dequantizes to.
-# F32 / F16 are exact (the fixture is fp16); the K-quants are written as random blocks (the gguf package cannot
-# quantize them), so their source is what the blocks dequantize to and the bound is 0 too.
+# F32 / F16 are exact (the fixture is fp16); the K-quants and IQ4s are written as random blocks (the gguf package
+# cannot quantize them), so their source is what the blocks dequantize to and the bound is 0 too.
 TENSOR_TYPE_BOUNDS = {
     Q.F32: 0.0,
     Q.F16: 0.0,
@@ -47,9 +47,13 @@ TENSOR_TYPE_BOUNDS = {
     Q.Q5_1: 0.15,  # measured 0.072
     Q.Q4_0: 0.3,  # measured 0.143
     Q.Q4_1: 0.3,  # measured 0.155
+    Q.Q2_K: 0.0,
+    Q.Q3_K: 0.0,
     Q.Q4_K: 0.0,
     Q.Q5_K: 0.0,
     Q.Q6_K: 0.0,
+    Q.IQ4_NL: 0.0,
+    Q.IQ4_XS: 0.0,
 }
 TEXTS = [
     "def main(argv=None):\n    return 0\n",
@@ -58,12 +62,12 @@ TEXTS = [
 ]
 
 
-def k_quant_model(directory: Path) -> Path:
-    """A transformers tiny Llama whose rows are whole 256-value K-quant blocks."""
+def block_256_model(directory: Path, vocab_size: int = VOCAB) -> Path:
+    """A transformers tiny Llama whose rows are whole 256-value blocks (K-quants, IQ4_XS)."""
     from transformers import LlamaConfig
 
     config = LlamaConfig(
-        vocab_size=VOCAB,
+        vocab_size=vocab_size,
         hidden_size=256,
         intermediate_size=512,
         num_hidden_layers=2,
@@ -125,7 +129,7 @@ def test_silu_is_the_default_activation(tmp_path):
 
 @pytest.mark.parametrize("tensor_type", list(TENSOR_TYPE_BOUNDS), ids=lambda kind: kind.name)
 def test_logits_match_safetensors_within_the_type_bound(tensor_type, tmp_path):
-    source = k_quant_model(tmp_path / "hf") if tensor_type in K_QUANT_SCALE_OFFSETS else FIXTURE
+    source = block_256_model(tmp_path / "hf") if tensor_type in RANDOM_BLOCK_SCALES else FIXTURE
     ids = IDS % open_checkpoint(source).config.vocab_size
     path = tmp_path / f"model-{tensor_type.name}.gguf"
     written = write_gguf(source, path, tensor_type)
@@ -135,7 +139,7 @@ def test_logits_match_safetensors_within_the_type_bound(tensor_type, tmp_path):
 
     dequantized = load_decoder(dequantized_checkpoint(source, written, tmp_path / "dequantized"))(ids)
     assert torch.equal(logits, dequantized)
-    if tensor_type in K_QUANT_SCALE_OFFSETS:
+    if tensor_type in RANDOM_BLOCK_SCALES:
         return  # their source is the dequantized checkpoint itself
     reference = load_decoder(source)(ids)
     relative = ((logits - reference).abs().max() / reference.abs().max()).item()
@@ -249,7 +253,7 @@ def test_cli_info_and_export(tmp_path):
 
 
 def _unsupported_type_gguf(path: Path) -> None:
-    write_gguf(k_quant_model(path.parent / "hf"), path, Q.Q2_K)
+    write_gguf(block_256_model(path.parent / "hf"), path, Q.IQ2_XXS)
 
 
 REFUSED_FILES = [  # (case, write the file, the message)
@@ -270,7 +274,7 @@ REFUSED_FILES = [  # (case, write the file, the message)
         lambda path: write_gguf(FIXTURE, path, Q.F16, extra_tensors={"rope_freqs.weight": np.ones(16, np.float32)}),
         "tensor 'rope_freqs.weight' holds per-dimension RoPE frequency factors",
     ),
-    ("unsupported tensor type", _unsupported_type_gguf, "tensor 'token_embd.weight' has type Q2_K, expected one of"),
+    ("unsupported tensor type", _unsupported_type_gguf, "tensor 'token_embd.weight' has type IQ2_XXS, expected one of"),
     (
         "missing metadata key",
         lambda path: write_gguf(FIXTURE, path, Q.F16, skip_keys=("llama.attention.head_count",)),
@@ -300,7 +304,7 @@ def test_refused_files_exit_2_with_one_line(case, make, message, tmp_path):
         assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("tensor_type", [Q.BF16, Q.Q8_0, Q.Q4_1, Q.Q6_K], ids=lambda kind: kind.name)
+@pytest.mark.parametrize("tensor_type", [Q.BF16, Q.Q8_0, Q.Q4_1, Q.Q6_K, Q.IQ4_XS], ids=lambda kind: kind.name)
 def test_row_blocks_dequantize_exactly_as_one_call(tensor_type, tmp_path, monkeypatch):
     """Large tensors are dequantized a block of rows per gguf call (memory); one row per call here, so a block
     boundary falls between every two rows, and the values must equal one call over the whole tensor."""
@@ -308,7 +312,7 @@ def test_row_blocks_dequantize_exactly_as_one_call(tensor_type, tmp_path, monkey
 
     import edge_sdk.model.gguf_checkpoint as gguf_checkpoint
 
-    source = k_quant_model(tmp_path / "hf") if tensor_type in K_QUANT_SCALE_OFFSETS else FIXTURE
+    source = block_256_model(tmp_path / "hf") if tensor_type in RANDOM_BLOCK_SCALES else FIXTURE
     write_gguf(source, tmp_path / "model.gguf", tensor_type)
     checkpoint = open_checkpoint(tmp_path / "model.gguf")
     monkeypatch.setattr(gguf_checkpoint, "DEQUANTIZE_CALL_BYTES", 1)
@@ -374,7 +378,8 @@ def test_a_q4_1_file_exports_as_asymmetric_int4_and_keeps_its_values(tmp_path):
     export = edge_sdk("export", str(path), "-o", str(out), "--predictor", "none", "--dtype", "int4")
     assert export.returncode == 0, export.stderr
     assert (
-        "--dtype int4 of a 4-bit GGUF keeps what int4 rows would round again: --down-dtype int8 (it groups ffn_down "
+        "--dtype int4 of a GGUF whose FFN rows have 4 bits or fewer keeps what int4 rows would round again: "
+        "--down-dtype int8 (it groups ffn_down "
         "along the neurons); --down-dtype int4 makes the smaller bundle" in export.stdout
     ), export.stdout
     bundle = Bundle.open(out)
@@ -411,21 +416,35 @@ def test_a_q4_1_file_exports_as_asymmetric_int4_and_keeps_its_values(tmp_path):
         (Q.Q4_0, None, "int4", "int8"),  # the Q4_0 head as stored; ffn_down's blocks run along the neurons
         (Q.Q4_1, Q.Q8_0, "int8", "int8"),  # SmolLM2-135M's file: Q4_1 with a Q8_0 head
         (Q.Q4_0, Q.F16, "int8", "int8"),
-        (Q.Q5_0, Q.Q8_0, "int4", "int4"),  # 5-bit FFN rows: not a 4-bit file
+        (Q.Q5_0, Q.Q8_0, "int4", "int4"),  # 5-bit FFN rows: not a low-bit file
+        (Q.Q3_K, Q.Q6_K, "int8", "int8"),  # a Q3_K_M file's gate rows and head
+        (Q.IQ4_XS, Q.IQ4_XS, "int4", "int8"),
+        (Q.Q6_K, Q.Q6_K, "int4", "int4"),
     ],
-    ids=["F16", "Q8_0", "Q4_0", "Q4_1-head-Q8_0", "Q4_0-head-F16", "Q5_0-head-Q8_0"],
+    ids=[
+        "F16",
+        "Q8_0",
+        "Q4_0",
+        "Q4_1-head-Q8_0",
+        "Q4_0-head-F16",
+        "Q5_0-head-Q8_0",
+        "Q3_K-head-Q6_K",
+        "IQ4_XS",
+        "Q6_K",
+    ],
 )
-def test_an_int4_bundle_keeps_a_4_bit_files_wider_matrices_wider(
+def test_an_int4_bundle_keeps_a_low_bit_files_wider_matrices_wider(
     tensor_type, head_type, head_dtype, down_dtype, tmp_path
 ):
     """--head-dtype / --down-dtype auto (exporter.default_head_dtype / default_down_dtype): int8 for --dtype int4 of a
-    4-bit GGUF where int4 rows would round the file's values again (a head stored wider, ffn_down grouped along the
-    neurons), the bundle's dtype for any other dtype or source."""
+    GGUF whose FFN rows have 4 bits or fewer, where int4 rows would round the file's values again (a head stored
+    wider, ffn_down grouped along the neurons), the bundle's dtype for any other dtype or source."""
     from edge_sdk.export.exporter import default_down_dtype, default_head_dtype
 
     types = {} if head_type is None else {"lm_head.weight": head_type}
+    source = block_256_model(tmp_path / "hf") if tensor_type in RANDOM_BLOCK_SCALES else FIXTURE
     path = tmp_path / "model.gguf"
-    write_gguf(FIXTURE, path, tensor_type, extra_keys=tokenizer_keys(FIXTURE, "gpt2"), tensor_types=types)
+    write_gguf(source, path, tensor_type, tensor_types=types)
     checkpoint = GgufCheckpoint(path)
     assert checkpoint.head_type == (head_type or tensor_type)
     assert (default_head_dtype(checkpoint, "int4"), default_down_dtype(checkpoint, "int4")) == (head_dtype, down_dtype)
@@ -476,8 +495,32 @@ def test_a_q4_1_file_with_a_q8_0_head_keeps_the_head_to_the_bit(tmp_path):
     args = ["--predictor", "none", "--dtype", "int4", "--head-dtype", "int4", "--down-dtype", "int4"]
     export = edge_sdk("export", str(path), "-o", str(smaller), *args)
     assert export.returncode == 0, export.stderr
-    assert "4-bit GGUF" not in export.stdout
+    assert "4 bits or fewer" not in export.stdout
     plain = Bundle.open(smaller)
     assert plain.manifest.format_version == 6
     assert (plain.manifest.lm_head_dtype, plain.manifest.ffn_down_dtype) == ("int4", "int4")
     assert plain.manifest.asymmetric
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("tensor_type", "asymmetric"), [(Q.Q3_K, False), (Q.Q2_K, True), (Q.IQ4_XS, False)], ids=lambda v: str(v)
+)
+def test_a_low_bit_file_exports_to_int4(tensor_type, asymmetric, tmp_path):
+    """Q3_K (a Q3_K_M file's FFN rows), Q2_K (block minimums: the asymmetric scheme) and IQ4_XS (4-bit indices into a
+    non-uniform table) have no int4 counterpart: `--dtype int4` rounds the values the file dequantizes to (the gate
+    rows hold exactly the codes round-to-nearest gives them) and keeps the down rows int8."""
+    path = tmp_path / "model.gguf"
+    model = block_256_model(tmp_path / "hf", vocab_size=Tokenizer.from_dir(FIXTURE).vocab_size)
+    write_gguf(model, path, tensor_type, extra_keys=tokenizer_keys(FIXTURE, "gpt2"))
+    out = tmp_path / "bundle"
+    export = edge_sdk("export", str(path), "-o", str(out), "--predictor", "none", "--dtype", "int4")
+    assert export.returncode == 0, export.stderr
+    bundle = Bundle.open(out)
+    assert bundle.manifest.asymmetric == asymmetric
+    assert (bundle.manifest.lm_head_dtype, bundle.manifest.ffn_down_dtype) == ("int4", "int8")
+    gate = "layers.1.mlp.gate_proj.weight"
+    values = open_checkpoint(path).tensor(f"model.{gate}", torch.float32).numpy()
+    expected = quant.quantize(values, "int4", quant.DEFAULT_GROUP_SIZE, asymmetric)
+    stored = quantized_matrix(bundle, gate)
+    assert np.array_equal(stored.data, expected.data) and np.array_equal(stored.scales, expected.scales)
