@@ -9,15 +9,19 @@
 //   evict-first hint and dotted with each token's planes in dp4a (exact in int32), as the SparseFFN's gate rows;
 //   each token's sum in a fixed lane order, then a warp butterfly;
 // - more tokens (a prompt): tiles of 64 rows x 32 tokens per block, stepping 32 columns at a time through shared
-//   memory (each weight piece dequantized once per step, code * scale exact in fp32, and x staged as the planes'
-//   values, x_hat), every output summed by one thread in column order.
+//   memory: the codes as int8 and x's two planes, multiplied on the matrix units (wmma, int8 operands, exact int32
+//   sums; quant_rows.cuh, "integer GEMM"), each output then summing its steps' sums times their factors in column
+//   order, one thread per output.
 // Either way y is that of the reference on x_hat (quantized_activations), and each output's order of summation
 // depends only on the shapes, so y is bit-identical run to run.
 // edge_matvec_q_t takes W transposed, [in, out] quantized along its rows: the down projection of a prompt's dense FFN
 // over the neuron-major rows SparseFFN reads (one copy of the weights serves both); always the tiled GEMM (a prompt),
 // with x in fp32 (its `in` need not be a multiple of 32).
-// Asymmetric int4 rows (group minimums) get their own instantiation of each kernel: the GEMV adds each block's mid
-// times x's block sum after its integer dot, the GEMMs stage (code + 8) * scale + min (quant_rows.cuh).
+// Asymmetric int4 rows (group minimums) get their own instantiation of each kernel: the GEMV and the integer GEMM add
+// each block's mid times x's block sum after its integer dot, edge_matvec_q_t's GEMM stages (code + 8) * scale + min
+// (quant_rows.cuh).
+#include <mma.h>
+
 #include "edge_cuda_common.cuh"
 #include "quant_rows.cuh"
 #include "quant_x.cuh"
@@ -51,21 +55,53 @@ __global__ void __launch_bounds__(kGemvWarps * kWarpSize)
   }
 }
 
+// Warp `warp` of an integer GEMM block: rows (warp % 4) * 16.. and tokens (warp / 4) * 16.. of the step's tiles,
+// tiles.sums = 256 (codes . high) + (codes . low) over the step's 32 columns, two k halves of 16 each. Both
+// accumulators have one type, so element i of each is the same output, whatever the fragments' layout.
+__device__ void warp_step_sums(quant::IntGemmTiles& tiles, int warp) {
+  using namespace nvcuda;
+  constexpr int kK = quant::kMmaK;
+  static_assert(quant::kGemmThreads / kWarpSize == (quant::kTileRows / kK) * (quant::kTileTokens / kK),
+                "one 16 x 16 piece of the tile per warp");
+  const int rows = (warp % (quant::kTileRows / kK)) * kK;
+  const int tokens = (warp / (quant::kTileRows / kK)) * kK;
+  wmma::fragment<wmma::accumulator, kK, kK, kK, int> high;
+  wmma::fragment<wmma::accumulator, kK, kK, kK, int> low;
+  wmma::fill_fragment(high, 0);
+  wmma::fill_fragment(low, 0);
+#pragma unroll
+  for (int half = 0; half < quant::kTileK / kK; ++half) {
+    // codes [16 rows][16 k] row-major and a plane [16 tokens][16 k], which is k x tokens column-major
+    wmma::fragment<wmma::matrix_a, kK, kK, kK, signed char, wmma::row_major> codes;
+    wmma::fragment<wmma::matrix_b, kK, kK, kK, signed char, wmma::col_major> plane;
+    wmma::load_matrix_sync(codes, &tiles.w[half][rows][0], kK);
+    wmma::load_matrix_sync(plane, &tiles.x[0][half][tokens][0], kK);
+    wmma::mma_sync(high, codes, plane, high);
+    wmma::load_matrix_sync(plane, &tiles.x[1][half][tokens][0], kK);
+    wmma::mma_sync(low, codes, plane, low);
+  }
+#pragma unroll
+  for (int i = 0; i < high.num_elements; ++i) high.x[i] = 256 * high.x[i] + low.x[i];
+  // rows x tokens, column-major: element (row r, token t) at sums[tokens + t][rows + r]
+  wmma::store_matrix_sync(&tiles.sums[tokens][rows], high, quant::kSumsStride, wmma::mem_col_major);
+}
+
 template <int kFormat, bool kAsymmetric>
 __global__ void __launch_bounds__(quant::kGemmThreads)
-    gemm_kernel(quant::XPlanesLayout x, int tokens, quant::QuantMatrix w, int n_rows, const float* __restrict__ bias,
-                float* __restrict__ y) {
-  __shared__ quant::GemmTiles tiles;
+    int_gemm_kernel(quant::XPlanesLayout x, int tokens, quant::QuantMatrix w, int n_rows,
+                    const float* __restrict__ bias, float* __restrict__ y) {
+  __shared__ quant::IntGemmTiles tiles;
   const int row0 = blockIdx.x * quant::kTileRows;
   const int token0 = blockIdx.y * quant::kTileTokens;
   const int thread = threadIdx.x;
   float acc[quant::kThreadTokens][quant::kThreadRows] = {};
   for (int k0 = 0; k0 < w.cols; k0 += quant::kTileK) {
-    quant::gemm_stage_weights<kFormat, kAsymmetric>(w, n_rows, row0, k0, thread, tiles);
-    quant::gemm_stage_x(quant::PlanesX{x}, tokens, w.cols, token0, k0, thread, tiles);
+    quant::int_gemm_stage_codes<kFormat>(w, n_rows, row0, k0, thread, tiles);
+    quant::int_gemm_stage_planes(x, tokens, token0, k0, thread, tiles);
+    __syncthreads();  // also: every thread has added the last step's sums, which this step overwrites
+    warp_step_sums(tiles, thread / kWarpSize);
     __syncthreads();
-    quant::gemm_accumulate(tiles, thread, acc);
-    __syncthreads();  // the next step overwrites the tiles
+    quant::int_gemm_accumulate<kFormat, kAsymmetric>(tiles, w, n_rows, x, tokens, row0, token0, k0, thread, acc);
   }
   quant::gemm_store(acc, thread, token0, row0, tokens, n_rows, bias, y);
 }
@@ -98,7 +134,7 @@ cudaError_t launch_matvec_q(cudaStream_t stream, const quant::XPlanesLayout& x, 
         x, tokens, w, n_rows, bias, y);
   } else {
     const dim3 grid(ceil_div(n_rows, quant::kTileRows), ceil_div(tokens, quant::kTileTokens));
-    gemm_kernel<kFormat, kAsymmetric><<<grid, quant::kGemmThreads, 0, stream>>>(x, tokens, w, n_rows, bias, y);
+    int_gemm_kernel<kFormat, kAsymmetric><<<grid, quant::kGemmThreads, 0, stream>>>(x, tokens, w, n_rows, bias, y);
   }
   return cudaGetLastError();
 }

@@ -4,8 +4,8 @@
 // Everything here is __host__ __device__: the kernels call these functions for their lanes and threads, and the
 // host emulation of the kernels (tests/gpu/cuda_emulation.cu) calls the very same functions for every lane and
 // thread of every block, in the kernels' order, so the indexing and the summation orders are checked on a machine
-// without a GPU. A kernel keeps only what cannot run on the host: thread and block indices, warp shuffles, shared
-// memory and barriers.
+// without a GPU. A kernel keeps only what cannot run on the host: thread and block indices, warp shuffles, the
+// matrix units (wmma), shared memory and barriers.
 //
 // Layout of a quantized [rows, cols] matrix (cols a multiple of the group size G, G in {32, 64, 128}):
 // - codes, row-major, row r at byte r * row_bytes: EDGE_Q8 one int8 per value (row_bytes = cols); EDGE_Q4 one signed
@@ -35,8 +35,9 @@
 // code sum over the block (exact in int32) times the block's factor, one rounding: the sum of its x_hat values, already
 // in the planes (XPlanesLayout::code_sum), so no workspace grows. A down row (y += h_i row_i) adds the symmetric
 // (h_i * scale) * code per value, and a lane, whose piece lies in one group, sums fmaf(h_i, mid_i, c) over its rows
-// once and adds c to each of its columns after the last row. The tiled GEMMs stage each value dequantized as the
-// reference does, (code + 8) * scale + min (exact product, one rounding): the very values of edge_sdk/quant.py.
+// once and adds c to each of its columns after the last row. edge_matvec_q's integer GEMM adds the mid times x's block
+// sum per step as the GEMV does; edge_matvec_q_t's fp32 GEMM stages each value dequantized as the reference does,
+// (code + 8) * scale + min (exact product, one rounding): the very values of edge_sdk/quant.py.
 // The kernels take kAsymmetric as a template parameter: their symmetric instantiations hold no trace of the minimums
 // and keep the symmetric arithmetic, in its order, to the bit.
 #ifndef EDGE_QUANT_ROWS_CUH
@@ -76,6 +77,8 @@ template <>
 struct Format<EDGE_Q8> {
   static constexpr int kPieceValues = 16;
   EDGE_HD static size_t row_bytes(int cols) { return static_cast<size_t>(cols); }
+  // The piece's codes as int8 in column order: the bytes as they are.
+  EDGE_HD static void unpack_codes(uint4 raw, uint4 (&codes)[kPieceValues / 16]) { codes[0] = raw; }
   // values[e] = int8 byte e of the piece (little-endian words).
   EDGE_HD static void unpack(uint4 raw, float (&values)[kPieceValues]) {
     const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -94,6 +97,26 @@ template <>
 struct Format<EDGE_Q4> {
   static constexpr int kPieceValues = 32;
   EDGE_HD static size_t row_bytes(int cols) { return static_cast<size_t>(cols) / 2; }
+  // The piece's codes as int8 in column order: codes[0] the low nibbles of bytes 0..15 (columns 0..15), codes[1] their
+  // high nibbles (columns 16..31), each sign-extended.
+  EDGE_HD static void unpack_codes(uint4 raw, uint4 (&codes)[kPieceValues / 16]) {
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+    uint32_t low[4];
+    uint32_t high[4];
+EDGE_UNROLL
+    for (int q = 0; q < 4; ++q) {
+      low[q] = 0;
+      high[q] = 0;
+EDGE_UNROLL
+      for (int b = 0; b < 4; ++b) {
+        const uint32_t byte = (words[q] >> (8 * b)) & 0xFFu;
+        low[q] |= static_cast<uint32_t>(static_cast<uint8_t>(((byte & 0xF) ^ 0x8) - 0x8)) << (8 * b);
+        high[q] |= static_cast<uint32_t>(static_cast<uint8_t>(((byte >> 4) ^ 0x8) - 0x8)) << (8 * b);
+      }
+    }
+    codes[0] = make_uint4(low[0], low[1], low[2], low[3]);
+    codes[1] = make_uint4(high[0], high[1], high[2], high[3]);
+  }
   // values[k] = low nibble of byte k, values[16 + k] = its high nibble (Q4_0 order), each a signed 4-bit code.
   EDGE_HD static void unpack(uint4 raw, float (&values)[kPieceValues]) {
     const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -497,18 +520,21 @@ EDGE_UNROLL
   }
 }
 
-// ------------------------------------------------------------------------ tiled GEMM (edge_matvec_q, _q_t)
-// A block computes kTileRows outputs x kTileTokens tokens, stepping through the inputs kTileK at a time: its threads
-// stage the step's x values and dequantized weights in shared memory (tiles.x[k][token], tiles.w[k][output]), then
-// each thread adds the step to its kThreadTokens x kThreadRows outputs, k in increasing order. edge_matvec_q's
-// outputs are weight rows (W [out, in], y = W x); edge_matvec_q_t's are weight columns (W [in, out], y = W^T x).
+// ------------------------------------------------------------------------ tiled GEMMs (edge_matvec_q, _q_t)
+// A block computes kTileRows outputs x kTileTokens tokens, stepping through the inputs kTileK at a time, each thread
+// adding the steps to its kThreadTokens x kThreadRows outputs in increasing order of k. edge_matvec_q's outputs are
+// weight rows (W [out, in], y = W x): its GEMM multiplies the codes with x's int8 planes on the matrix units (the
+// integer GEMM below); edge_matvec_q_t's are weight columns (W [in, out], y = W^T x, x in fp32): its threads stage the
+// step's x values and dequantized weights in shared memory (tiles.x[k][token], tiles.w[k][output]) and add them with
+// fmaf (gemm_accumulate).
 constexpr int kGemmThreads = 256;
 constexpr int kTileRows = 64;
 constexpr int kTileTokens = 32;
-constexpr int kTileK = 32;  // one int4 block, two int8 pieces; within one group
+constexpr int kTileK = 32;  // one int4 block, two int8 pieces, one block of x's planes; within one group
 constexpr int kThreadRows = 4;
 constexpr int kThreadTokens = 2;
 static_assert((kTileRows / kThreadRows) * (kTileTokens / kThreadTokens) == kGemmThreads, "one output block per thread");
+static_assert(kTileK == kXBlock, "a step is one block of x's planes");
 
 struct GemmTiles {
   float x[kTileK][kTileTokens];
@@ -540,23 +566,6 @@ EDGE_UNROLL
   for (int e = 0; e < kV; ++e) values[e] = kAsymmetric ? fmaf(codes[e] + 8.0f, scale, min) : codes[e] * scale;
 }
 
-// Thread `thread`'s part of staging weight rows row0.. row0 + kTileRows - 1, columns k0.. k0 + kTileK - 1: one piece
-// (int8: row thread / 2, piece thread % 2 of the step; int4: row `thread`), dequantized (dequantize_piece), or zeros
-// past the last row.
-template <int kFormat, bool kAsymmetric>
-EDGE_HD void gemm_stage_weights(const QuantMatrix& m, int n_rows, int row0, int k0, int thread, GemmTiles& tiles) {
-  constexpr int kV = Format<kFormat>::kPieceValues;
-  constexpr int kPiecesPerStep = kTileK / kV;
-  if (thread >= kTileRows * kPiecesPerStep) return;
-  const int local_row = thread / kPiecesPerStep;
-  const int first = (thread % kPiecesPerStep) * kV;  // the piece's first column within the step
-  const int row = row0 + local_row;
-  float values[kV];
-  dequantize_piece<kFormat, kAsymmetric>(m, row, k0 + first, row < n_rows, values);
-EDGE_UNROLL
-  for (int e = 0; e < kV; ++e) tiles.w[first + e][local_row] = values[e];
-}
-
 // Transposed layout (edge_matvec_q_t): the step covers rows k0.. k0 + kTileK - 1 of a matrix [n_in, n_out] stored
 // row-major and quantized along its rows (m.cols = n_out), and output columns col0.. col0 + kTileRows - 1, so
 // tiles.w[k][n] = W[k0 + k, col0 + n]. Thread `thread` stages one piece: row thread / (kTileRows / kPieceValues), the
@@ -578,18 +587,12 @@ EDGE_UNROLL
   for (int e = 0; e < kV; ++e) tiles.w[k][first + e] = values[e];
 }
 
-// The x values a GEMM stages: DenseX reads x [tokens, cols] of TX (edge_matvec_q_t), PlanesX computes x_hat from the
-// planes of the integer dot products (edge_matvec_q: the values they compute with).
+// The x values edge_matvec_q_t's GEMM stages: x [tokens, cols] of TX.
 template <typename TX>
 struct DenseX {
   const TX* x;
   int cols;
   EDGE_HD float operator()(int t, int column) const { return load_value(x + static_cast<size_t>(t) * cols + column); }
-};
-
-struct PlanesX {
-  XPlanesLayout planes;
-  EDGE_HD float operator()(int t, int column) const { return x_hat(planes.token(t), column); }
 };
 
 // Thread `thread`'s part of staging x: the values idx = thread + kGemmThreads q, token idx / kTileK, column
@@ -639,6 +642,110 @@ EDGE_UNROLL
       if (t < tokens && row < n_rows) {
         y[static_cast<size_t>(t) * n_rows + row] = bias != nullptr ? acc[i][j] + bias[row] : acc[i][j];
       }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------ integer GEMM (edge_matvec_q, a prompt)
+// Each step (kTileK = 32 columns: one block of x's planes, within one group) the block stages its tile of weight codes
+// as int8 (int4 codes sign-extended) and its tokens' two planes in shared memory; each warp multiplies one 16-row x
+// 16-token piece of the tile on the matrix units (wmma m16n16k16, int8 operands, int32 sums: exact) with the high and
+// with the low plane and stores 256 high + low, the step's integer dot of row and token (matvec_q.cu); each thread then
+// adds, for each of its outputs, that sum converted to fp32 times the factor (the x block's factor * the group's
+// scale, in that order, as add_piece_dot) with one fmaf, and for asymmetric rows the group's mid times the block's
+// x_hat sum with a second. So y is the reference's on x_hat, as the GEMV's, with an int8 row's two pieces summed
+// exactly before the conversion; a thread does one or two fmaf per output and step where the fp32 tiles took 32.
+constexpr int kMmaK = 16;                      // wmma's k (and m and n) for int8 operands
+constexpr int kSumsStride = kTileRows + 4;     // int32 per token of the sums: a multiple of 4, as wmma stores them
+// 16 bytes to shared memory, `to` 16-byte aligned: one vector store on the GPU.
+EDGE_HD void store16(int8_t* to, uint4 bytes) {
+#ifdef __CUDA_ARCH__
+  *reinterpret_cast<uint4*>(to) = bytes;
+#else
+  std::memcpy(to, &bytes, sizeof(bytes));
+#endif
+}
+
+struct IntGemmTiles {
+  alignas(32) int8_t w[kTileK / kMmaK][kTileRows][kMmaK];          // codes: [k / 16][row][k % 16]
+  alignas(32) int8_t x[2][kTileK / kMmaK][kTileTokens][kMmaK];     // planes (high, low): [k / 16][token][k % 16]
+  alignas(32) int32_t sums[kTileTokens][kSumsStride];              // 256 high + low: [token][row]
+};
+
+// Thread `thread`'s part of staging the codes of rows row0.. row0 + kTileRows - 1, columns k0.. k0 + kTileK - 1: one
+// piece (int8: row thread / 2, piece thread % 2 of the step, which is one k half; int4: row `thread`, its low nibbles
+// the first k half and its high nibbles the second), or zeros past the last row.
+template <int kFormat>
+EDGE_HD void int_gemm_stage_codes(const QuantMatrix& m, int n_rows, int row0, int k0, int thread,
+                                  IntGemmTiles& tiles) {
+  constexpr int kV = Format<kFormat>::kPieceValues;
+  constexpr int kPiecesPerStep = kTileK / kV;
+  constexpr int kHalves = kV / kMmaK;  // k halves per piece
+  if (thread >= kTileRows * kPiecesPerStep) return;
+  const int local_row = thread / kPiecesPerStep;
+  const int piece = thread % kPiecesPerStep;
+  const int row = row0 + local_row;
+  uint4 codes[kHalves];
+  if (row < n_rows) {
+    const size_t offset = static_cast<size_t>(k0 / kV + piece) * kPieceBytes;
+    Format<kFormat>::unpack_codes(load_piece(m.row_codes(row, kFormat), offset, m.aligned16), codes);
+  } else {
+EDGE_UNROLL
+    for (int h = 0; h < kHalves; ++h) codes[h] = make_uint4(0, 0, 0, 0);
+  }
+EDGE_UNROLL
+  for (int h = 0; h < kHalves; ++h) {
+    store16(&tiles.w[piece * kHalves + h][local_row][0], codes[h]);
+  }
+}
+
+// Thread `thread`'s part of staging the planes of tokens token0.. token0 + kTileTokens - 1 for the step at k0: 16 bytes
+// (token thread / 4, plane (thread / 2) % 2, k half thread % 2), or zeros past the last token.
+EDGE_HD void int_gemm_stage_planes(const XPlanesLayout& x, int tokens, int token0, int k0, int thread,
+                                   IntGemmTiles& tiles) {
+  constexpr int kPieces = 2 * (kTileK / kMmaK);  // 16-byte pieces per token: two planes of two halves
+  if (thread >= kTileTokens * kPieces) return;
+  const int token = thread / kPieces;
+  const int plane = (thread / 2) % 2;
+  const int half = thread % 2;
+  const int t = token0 + token;
+  uint4 bytes = make_uint4(0, 0, 0, 0);
+  if (t < tokens) bytes = load_plane(plane == 0 ? x.high(t) : x.low(t), static_cast<size_t>(k0 + kMmaK * half));
+  store16(&tiles.x[plane][half][token][0], bytes);
+}
+
+// Adds the step at k0 (tiles.sums written) to thread `thread`'s outputs: for output (t, r), fmaf(sum, factor of x's
+// block * scale of r's group, acc), then for asymmetric rows fmaf(mid of r's group, x_hat sum of t's block, acc).
+// Outputs past the last row or token are left alone (gemm_store skips them).
+template <int kFormat, bool kAsymmetric>
+EDGE_HD void int_gemm_accumulate(const IntGemmTiles& tiles, const QuantMatrix& m, int n_rows, const XPlanesLayout& x,
+                                 int tokens, int row0, int token0, int k0, int thread,
+                                 float (&acc)[kThreadTokens][kThreadRows]) {
+  static_assert(!kAsymmetric || kFormat == EDGE_Q4, "only int4 has group minimums");
+  const int token = gemm_thread_token(thread);
+  const int row = gemm_thread_row(thread);
+  const int group = k0 / m.group_size;
+  const int block = k0 / kXBlock;
+  float scale[kThreadRows];
+  float mid[kThreadRows];
+EDGE_UNROLL
+  for (int j = 0; j < kThreadRows; ++j) {
+    const int r = row0 + row + j;
+    scale[j] = r < n_rows ? load_scale(m.row_scales(r), group) : 0.0f;
+    mid[j] = kAsymmetric && r < n_rows ? group_mid(scale[j], load_scale(m.row_mins(r), group)) : 0.0f;
+  }
+EDGE_UNROLL
+  for (int i = 0; i < kThreadTokens; ++i) {
+    const int t = token0 + token + i;
+    if (t >= tokens) continue;
+    const QuantX xt = x.token(t);
+    const float x_factor = load_scalar(xt.factor + block);
+    const float block_sum = kAsymmetric ? x_block_sum(xt, block) : 0.0f;
+EDGE_UNROLL
+    for (int j = 0; j < kThreadRows; ++j) {
+      const float factor = x_factor * scale[j];
+      acc[i][j] = fmaf(static_cast<float>(tiles.sums[token + i][row + j]), factor, acc[i][j]);
+      if (kAsymmetric) acc[i][j] = fmaf(mid[j], block_sum, acc[i][j]);
     }
   }
 }

@@ -6,6 +6,8 @@
 // comment naming the kernel line it mirrors; tests/gpu/test_cuda_emulation.py and the op table (tests/ops) check the
 // results against the reference on the dequantized weights. Compiled by the tests with nvcc into a shared library.
 //
+// The matrix units' products of edge_matvec_q's integer GEMM (warp_step_sums) are emulated from the operands' layouts as
+// the kernel hands them to wmma; their int32 sums are exact, so the order does not matter.
 // The compaction and reduction kernels are the float pipeline's, emulated from their definitions (the neurons with
 // h != 0 in increasing order; per column, lane group g sums chunks g, g + 8, ..., then the groups in order).
 // Asymmetric int4 rows (mins non-NULL) run the kernels' kAsymmetric instantiations, chosen as the launchers choose
@@ -154,6 +156,37 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
   }
 }
 
+// warp_step_sums (matvec_q.cu): warp `warp`'s 16 x 16 piece of the step, rows (warp % 4) * 16.. and tokens
+// (warp / 4) * 16.., read as the kernel hands the tiles to wmma: the codes [row][k] row-major with leading dimension
+// 16, each plane [token][k] (k x tokens column-major, leading dimension 16), the result stored column-major with
+// leading dimension kSumsStride. The matrix units' int32 sums are exact, so any order gives the same.
+void warp_step_sums(edge::quant::IntGemmTiles& tiles, int warp) {
+  using namespace edge;
+  constexpr int kK = quant::kMmaK;
+  const int rows = (warp % (quant::kTileRows / kK)) * kK;
+  const int tokens = (warp / (quant::kTileRows / kK)) * kK;
+  const int8_t* codes = &tiles.w[0][0][0];
+  const int8_t* planes[2] = {&tiles.x[0][0][0][0], &tiles.x[1][0][0][0]};
+  const size_t half_codes = sizeof(tiles.w[0]);  // bytes from one k half of the codes to the next
+  const size_t half_plane = sizeof(tiles.x[0][0]);
+  int32_t* sums = &tiles.sums[0][0];
+  for (int r = 0; r < kK; ++r) {
+    for (int t = 0; t < kK; ++t) {
+      int32_t high = 0;
+      int32_t low = 0;
+      for (int half = 0; half < quant::kTileK / kK; ++half) {
+        for (int k = 0; k < kK; ++k) {
+          const int32_t code = codes[half * half_codes + static_cast<size_t>(rows + r) * kK + k];
+          const size_t at = half * half_plane + static_cast<size_t>(tokens + t) * kK + k;
+          high += code * planes[0][at];
+          low += code * planes[1][at];
+        }
+      }
+      sums[static_cast<size_t>(tokens + t) * quant::kSumsStride + rows + r] = 256 * high + low;
+    }
+  }
+}
+
 template <int kFormat, bool kAsymmetric>
 void matvec_q(const float* x, int tokens, int out, const QuantMatrix& w, const float* bias, float* y) {
   using namespace edge;
@@ -180,24 +213,27 @@ void matvec_q(const float* x, int tokens, int out, const QuantMatrix& w, const f
     }
     return;
   }
-  // gemm_kernel: block (blockIdx.x, blockIdx.y), its threads staging then accumulating each step between barriers
+  // int_gemm_kernel: block (blockIdx.x, blockIdx.y), its threads staging, its warps multiplying (warp_step_sums) and its
+  // threads accumulating each step between barriers
   std::vector<float> acc(static_cast<size_t>(quant::kGemmThreads) * quant::kThreadTokens * quant::kThreadRows);
-  quant::GemmTiles tiles;
+  quant::IntGemmTiles tiles;
   for (int block_y = 0; block_y < ceil_div(tokens, quant::kTileTokens); ++block_y) {
     for (int block_x = 0; block_x < ceil_div(out, quant::kTileRows); ++block_x) {
       const int row0 = block_x * quant::kTileRows;
       const int token0 = block_y * quant::kTileTokens;
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int k0 = 0; k0 < in; k0 += quant::kTileK) {
-        std::memset(&tiles, 0xFF, sizeof(tiles));  // NaNs: an element no thread stages poisons the result
+        std::memset(&tiles, 0x7F, sizeof(tiles));  // an element no thread stages or no warp stores poisons the result
         for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
-          quant::gemm_stage_weights<kFormat, kAsymmetric>(w, out, row0, k0, thread, tiles);
-          quant::gemm_stage_x(quant::PlanesX{planes.layout}, tokens, in, token0, k0, thread, tiles);
+          quant::int_gemm_stage_codes<kFormat>(w, out, row0, k0, thread, tiles);
+          quant::int_gemm_stage_planes(planes.layout, tokens, token0, k0, thread, tiles);
         }
+        for (int warp = 0; warp < quant::kGemmThreads / kLanes; ++warp) warp_step_sums(tiles, warp);
         for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
           auto& mine = *reinterpret_cast<float(*)[quant::kThreadTokens][quant::kThreadRows]>(
               acc.data() + static_cast<size_t>(thread) * quant::kThreadTokens * quant::kThreadRows);
-          quant::gemm_accumulate(tiles, thread, mine);
+          quant::int_gemm_accumulate<kFormat, kAsymmetric>(tiles, w, out, planes.layout, tokens, row0, token0, k0,
+                                                            thread, mine);
         }
       }
       for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
