@@ -425,7 +425,7 @@ def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **
     "the head at int8 (codes + fp16 scales of --group-size; bundle format version 4), as llama.cpp's 4-bit files "
     "keep their output matrix wider: SmolLM2-135M's tied int4 head alone costs +7.4% held-out perplexity (QUANT.md, "
     "'In a bundle'). 'auto' is int8 for --dtype int4 of a GGUF whose FFN rows have 4 bits or fewer (Q4_0, Q4_1, "
-    "Q4_K, IQ4_NL, IQ4_XS, Q3_K, Q2_K) and whose head has more, --dtype otherwise.",
+    "Q4_K, Q3_K, Q2_K, the IQ types) and whose head has more, --dtype otherwise.",
 )
 @click.option(
     "--down-dtype",

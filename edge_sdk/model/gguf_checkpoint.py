@@ -44,17 +44,21 @@ ARCHITECTURES = ("llama", "qwen2")
 Q = gguf.GGMLQuantizationType
 TENSOR_TYPES = (
     *(Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1),
-    *(Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS),
+    *(Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K),
+    *(Q.IQ1_S, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ4_NL, Q.IQ4_XS),
 )
 # the dtype a tensor of each type is read into when the caller names none: float types as stored, the rest fp32
 STORED_DTYPES = {Q.F16: torch.float16, Q.BF16: torch.bfloat16}
 # the types whose blocks carry a minimum besides their scale (value = scale * q + min): an asymmetric grid, which
 # asymmetric int4 (edge_sdk/quant.py) keeps and symmetric int4 loses (QUANT.md, "Asymmetric INT4")
 ASYMMETRIC_TYPES = (Q.Q4_1, Q.Q5_1, Q.Q2_K, Q.Q4_K, Q.Q5_K)
-# the types with codes of 4 bits or fewer (IQ4_NL / IQ4_XS: 4-bit indices into a non-uniform table): a file whose FFN
-# rows are one of them is one that `export --dtype int4` re-stores at its own precision or wider (int4_head_dtype,
-# int4_down_dtype below)
-LOW_BIT_TYPES = (Q.Q2_K, Q.Q3_K, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.IQ4_NL, Q.IQ4_XS)
+# the types with codes of 4 bits or fewer (the IQ types: indices into non-uniform grids): a file whose FFN rows are one
+# of them is one that `export --dtype int4` re-stores at its own precision or wider (int4_head_dtype, int4_down_dtype
+# below; from a 1- to 3-bit file, a bundle larger than the file)
+LOW_BIT_TYPES = (
+    *(Q.Q2_K, Q.Q3_K, Q.Q4_0, Q.Q4_1, Q.Q4_K),
+    *(Q.IQ1_S, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ4_NL, Q.IQ4_XS),
+)
 DEQUANTIZE_CALL_BYTES = 4 << 20
 GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -310,8 +314,8 @@ class GgufCheckpoint:
 
     @property
     def low_bit_ffn(self) -> bool:
-        """Whether the FFN gate rows are stored with codes of 4 bits or fewer (LOW_BIT_TYPES: Q4_0, Q4_1, Q4_K, the
-        IQ4s, Q3_K, Q2_K; a Q4_K_M or Q3_K_M file's too, whose ffn_gate is Q4_K or Q3_K)."""
+        """Whether the FFN gate rows are stored with codes of 4 bits or fewer (LOW_BIT_TYPES: Q4_0, Q4_1, Q4_K, Q3_K,
+        Q2_K and the IQ types; a Q4_K_M or Q3_K_M file's too, whose ffn_gate is Q4_K or Q3_K)."""
         return self.entries["model.layers.0.mlp.gate_proj.weight"].tensor_type in LOW_BIT_TYPES
 
     @property

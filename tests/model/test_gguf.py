@@ -52,6 +52,12 @@ TENSOR_TYPE_BOUNDS = {
     Q.Q4_K: 0.0,
     Q.Q5_K: 0.0,
     Q.Q6_K: 0.0,
+    Q.IQ1_S: 0.0,
+    Q.IQ2_XXS: 0.0,
+    Q.IQ2_XS: 0.0,
+    Q.IQ2_S: 0.0,
+    Q.IQ3_XXS: 0.0,
+    Q.IQ3_S: 0.0,
     Q.IQ4_NL: 0.0,
     Q.IQ4_XS: 0.0,
 }
@@ -253,7 +259,7 @@ def test_cli_info_and_export(tmp_path):
 
 
 def _unsupported_type_gguf(path: Path) -> None:
-    write_gguf(block_256_model(path.parent / "hf"), path, Q.IQ2_XXS)
+    write_gguf(block_256_model(path.parent / "hf"), path, Q.TQ2_0)
 
 
 REFUSED_FILES = [  # (case, write the file, the message)
@@ -274,7 +280,7 @@ REFUSED_FILES = [  # (case, write the file, the message)
         lambda path: write_gguf(FIXTURE, path, Q.F16, extra_tensors={"rope_freqs.weight": np.ones(16, np.float32)}),
         "tensor 'rope_freqs.weight' holds per-dimension RoPE frequency factors",
     ),
-    ("unsupported tensor type", _unsupported_type_gguf, "tensor 'token_embd.weight' has type IQ2_XXS, expected one of"),
+    ("unsupported tensor type", _unsupported_type_gguf, "tensor 'token_embd.weight' has type TQ2_0, expected one of"),
     (
         "missing metadata key",
         lambda path: write_gguf(FIXTURE, path, Q.F16, skip_keys=("llama.attention.head_count",)),
@@ -504,11 +510,13 @@ def test_a_q4_1_file_with_a_q8_0_head_keeps_the_head_to_the_bit(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("tensor_type", "asymmetric"), [(Q.Q3_K, False), (Q.Q2_K, True), (Q.IQ4_XS, False)], ids=lambda v: str(v)
+    ("tensor_type", "asymmetric"),
+    [(Q.Q3_K, False), (Q.Q2_K, True), (Q.IQ4_XS, False), (Q.IQ2_XXS, False)],
+    ids=["Q3_K", "Q2_K", "IQ4_XS", "IQ2_XXS"],
 )
 def test_a_low_bit_file_exports_to_int4(tensor_type, asymmetric, tmp_path):
-    """Q3_K (a Q3_K_M file's FFN rows), Q2_K (block minimums: the asymmetric scheme) and IQ4_XS (4-bit indices into a
-    non-uniform table) have no int4 counterpart: `--dtype int4` rounds the values the file dequantizes to (the gate
+    """Q3_K (a Q3_K_M file's FFN rows), Q2_K (block minimums: the asymmetric scheme), IQ4_XS and IQ2_XXS (indices into
+    non-uniform grids) have no int4 counterpart: `--dtype int4` rounds the values the file dequantizes to (the gate
     rows hold exactly the codes round-to-nearest gives them) and keeps the down rows int8."""
     path = tmp_path / "model.gguf"
     model = block_256_model(tmp_path / "hf", vocab_size=Tokenizer.from_dir(FIXTURE).vocab_size)
