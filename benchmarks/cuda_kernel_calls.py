@@ -1,8 +1,9 @@
 """One call of each quantized CUDA kernel path at LLaMA-2-7B shapes, for a profiler to look at kernel by kernel.
 
 The int4 QuantizedMatMul at one token (4096 x 4096), then the int8 and int4 SparseFFN (d 4096, D 11008, groups of 32)
-dense and at 90% sparsity, then the same QuantizedMatMul and SparseFFN for asymmetric int4 (group minimums): one
-launch sequence each, nothing timed here. benchmarks/README.md section 8 quotes what Nsight Compute said of them:
+dense and at 90% sparsity, then the same QuantizedMatMul and SparseFFN for asymmetric int4 (group minimums), then the
+int8 and int4 QuantizedMatMul of a 128-token prompt (the integer GEMM): one launch sequence each, nothing timed here.
+benchmarks/README.md section 8 quotes what Nsight Compute said of them:
 
     ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
         --section Occupancy -o report .venv/bin/python benchmarks/cuda_kernel_calls.py
@@ -20,6 +21,7 @@ from cuda_ffn import load_harness
 from edge_sdk import quant
 
 D_MODEL, NEURONS, GROUP_SIZE = 4096, 11008, 32
+PROMPT_TOKENS = 128
 
 
 def main() -> int:
@@ -56,6 +58,13 @@ def main() -> int:
         asymmetric = quant.quantize(projection, "int4", GROUP_SIZE, asymmetric=True)
         kernels.matvec_q(x, harness.upload_quantized(device, asymmetric), None, y)
         sparse_ffn_calls("int4", asymmetric=True)
+        # a prompt's QuantizedMatMul (the integer GEMM on the matrix units), last for the same reason
+        prompt = device.upload(torch.rand(PROMPT_TOKENS, D_MODEL, generator=generator) - 0.5)
+        prompt_y = device.empty((PROMPT_TOKENS, D_MODEL), torch.float32)
+        for fmt in quant.FORMATS:
+            kernels.matvec_q(
+                prompt, harness.upload_quantized(device, quant.quantize(projection, fmt, GROUP_SIZE)), None, prompt_y
+            )
         device.synchronize()
     finally:
         device.close()
