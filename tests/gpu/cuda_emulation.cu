@@ -6,8 +6,8 @@
 // comment naming the kernel line it mirrors; tests/gpu/test_cuda_emulation.py and the op table (tests/ops) check the
 // results against the reference on the dequantized weights. Compiled by the tests with nvcc into a shared library.
 //
-// The matrix units' products of edge_matvec_q's integer GEMM (warp_step_sums) are emulated from the operands' layouts as
-// the kernel hands them to wmma; their int32 sums are exact, so the order does not matter.
+// The matrix units' products of edge_matvec_q's integer GEMM (warp_step_sums) are emulated from the operands' layouts
+// as the kernel hands them to wmma; their int32 sums are exact, so the order does not matter.
 // The compaction and reduction kernels are the float pipeline's, emulated from their definitions (the neurons with
 // h != 0 in increasing order; per column, lane group g sums chunks g, g + 8, ..., then the groups in order).
 // Asymmetric int4 rows (mins non-NULL) run the kernels' kAsymmetric instantiations, chosen as the launchers choose
@@ -213,8 +213,8 @@ void matvec_q(const float* x, int tokens, int out, const QuantMatrix& w, const f
     }
     return;
   }
-  // int_gemm_kernel: block (blockIdx.x, blockIdx.y), its threads staging, its warps multiplying (warp_step_sums) and its
-  // threads accumulating each step between barriers
+  // int_gemm_kernel: block (blockIdx.x, blockIdx.y), its threads staging, its warps multiplying (warp_step_sums) and
+  // its threads accumulating each step between barriers
   std::vector<float> acc(static_cast<size_t>(quant::kGemmThreads) * quant::kThreadTokens * quant::kThreadRows);
   quant::IntGemmTiles tiles;
   for (int block_y = 0; block_y < ceil_div(tokens, quant::kTileTokens); ++block_y) {
