@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from edge_sdk import quant
 from edge_sdk.bundle.layout import EMBEDDING, LM_HEAD, is_quantized_matrix
+from edge_sdk.errors import CheckpointError
 from edge_sdk.model.checkpoint import Checkpoint
 from edge_sdk.model.config import ModelConfig
 from edge_sdk.model.decoder import rope_tables
@@ -135,7 +136,13 @@ class QuantizedCheckpoint:
         if neuron_major:
             weight = weight.T.contiguous()
         format = self.matrix_format(hf_name)
-        return quant.quantize(weight.numpy(), format, self.group_size, self.asymmetric and format == "int4")
+        try:
+            return quant.quantize(weight.numpy(), format, self.group_size, self.asymmetric and format == "int4")
+        except ValueError as error:  # a finite weight too large for the format's fp16 scales
+            raise CheckpointError(
+                f"{self.checkpoint.model_dir}: tensor '{hf_name}' cannot be stored as {format}: "
+                f"{str(error).removeprefix('weight: ')}; export --dtype fp32 or bf16 keeps it"
+            ) from None
 
     def matrix_format(self, hf_name: str) -> str:
         """The format a quantized matrix is stored in: the head's or the down projections' own, if they have one,

@@ -35,6 +35,8 @@ from edge_sdk.model.tokenizer import Tokenizer, read_tokenizer_files
 if TYPE_CHECKING:
     from edge_sdk.model.gguf_checkpoint import GgufCheckpoint
 
+# elements checked for finiteness at a time, so that the check never holds a mask as large as a big tensor
+FINITE_CHECK_ELEMENTS = 1 << 22
 SINGLE_FILE = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
 # An index lists one line per tensor: a 400B-parameter model's is under 1 MiB.
@@ -173,9 +175,10 @@ class Checkpoint:
             raise CheckpointError(f"{self.model_dir}: tensor '{name}' is missing from the weight files")
         # A handle per read: a tensor keeps only its own pages mapped, so pages of tensors a caller has
         # dropped leave memory at once (a cached handle would keep every page ever touched mapped).
+        where = f"{entry.file}: tensor '{name}'"
         with safe_open(str(entry.file), framework="pt") as handle:
-            tensor = handle.get_tensor(name)
-        return tensor if dtype is None or tensor.dtype == dtype else tensor.to(dtype)
+            tensor = require_finite(handle.get_tensor(name), where)
+        return cast_weights(tensor, dtype, where)
 
     def layer_tensors(self, layer: int, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """(name without the layer prefix, tensor) for every tensor of one decoder layer."""
@@ -190,6 +193,34 @@ class Checkpoint:
 
     def tokenizer(self) -> Tokenizer:
         return Tokenizer.from_dir(self.model_dir, self.config.eos_token_ids)
+
+
+def require_finite(values: torch.Tensor, where: str) -> torch.Tensor:
+    """values, unless one of them is NaN or infinite: a corrupted or overflowed checkpoint, whose model would compute
+    NaN (an int8 / int4 export could not even quantize it). `where` names the tensor for the message."""
+    flat = values.reshape(-1)
+    for start in range(0, flat.numel(), FINITE_CHECK_ELEMENTS):
+        if not bool(torch.isfinite(flat[start : start + FINITE_CHECK_ELEMENTS]).all()):
+            raise CheckpointError(f"{where} holds NaN or infinite values; a model's weights must all be finite")
+    return values
+
+
+def cast_weights(values: torch.Tensor, dtype: torch.dtype | None, where: str) -> torch.Tensor:
+    """values (finite) in dtype when given, unless a value overflows it (a float32 weight beyond fp16's 65504 read
+    as fp16): that names the tensor and the dtypes that hold it, where a silent cast would store infinities."""
+    if dtype is None or values.dtype == dtype:
+        return values
+    cast = values.to(dtype)
+    if cast.is_floating_point() and torch.finfo(cast.dtype).max < torch.finfo(values.dtype).max:
+        try:
+            require_finite(cast, where)
+        except CheckpointError:
+            largest = float(values.abs().max())
+            raise CheckpointError(
+                f"{where} holds values beyond {str(dtype).removeprefix('torch.')}'s range (max |w| = {largest:g}); "
+                "export --dtype fp32 or bf16 keeps them"
+            ) from None
+    return cast
 
 
 def open_checkpoint(path: str | Path) -> Checkpoint | GgufCheckpoint:

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from edge_sdk.errors import CheckpointError
+from edge_sdk.model.checkpoint import cast_weights, require_finite
 from edge_sdk.model.config import hf_tensor_shapes, parse_config
 from edge_sdk.model.gguf_metadata import GgufMetadata, open_reader
 from edge_sdk.model.gguf_tokenizer import gguf_tokenizer_files
@@ -350,11 +351,13 @@ class GgufCheckpoint:
         array = _dequantize(entry).reshape(entry.shape)
         # F32 comes back as a view of the read-only memory map: the caller gets its own copy
         values = torch.from_numpy(array if array.flags.writeable else array.copy())
+        where = f"{self.model_dir}: tensor '{entry.gguf_name}' ({name})"
+        require_finite(values, where)
         if self.architecture == "llama" and ".self_attn.q_proj." in name:
             values = _reverse_permute(values, self.config.num_heads)
         elif self.architecture == "llama" and ".self_attn.k_proj." in name:
             values = _reverse_permute(values, self.config.num_kv_heads)
-        return values.to(dtype or STORED_DTYPES.get(entry.tensor_type, torch.float32)).contiguous()
+        return cast_weights(values, dtype or STORED_DTYPES.get(entry.tensor_type, torch.float32), where).contiguous()
 
     def layer_tensors(self, layer: int, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """(name without the layer prefix, tensor) for every tensor of one decoder layer."""

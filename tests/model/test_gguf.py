@@ -532,3 +532,25 @@ def test_a_low_bit_file_exports_to_int4(tensor_type, asymmetric, tmp_path):
     expected = quant.quantize(values, "int4", quant.DEFAULT_GROUP_SIZE, asymmetric)
     stored = quantized_matrix(bundle, gate)
     assert np.array_equal(stored.data, expected.data) and np.array_equal(stored.scales, expected.scales)
+
+
+def test_a_gguf_weight_that_is_not_finite_is_refused_naming_its_tensor(tmp_path):
+    """A NaN in a GGUF's tensor: one line naming the GGUF tensor and its Hugging Face name, exit 2, nothing written."""
+    from safetensors.torch import load_file
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for path in FIXTURE.glob("*.json"):
+        shutil.copy(path, model)
+    tensors = {name: tensor.float() for name, tensor in load_file(FIXTURE / "model.safetensors").items()}
+    tensors["model.layers.1.mlp.up_proj.weight"][3, 4] = float("nan")
+    save_file(tensors, model / "model.safetensors")
+    path = tmp_path / "nan.gguf"
+    write_gguf(model, path, Q.F32, extra_keys=tokenizer_keys(FIXTURE, "gpt2"))
+    out = tmp_path / "bundle"
+    result = edge_sdk("export", str(path), "-o", str(out), "--predictor", "none", "--dtype", "int4")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "tensor 'blk.1.ffn_up.weight' (model.layers.1.mlp.up_proj.weight) holds NaN or infinite values" in lines[0]
+    assert not out.exists()

@@ -294,3 +294,50 @@ def test_a_real_process_reports_the_size(tmp_path):
     )
     summary = json.loads(result.stdout)
     assert summary["weight_bytes"] == summary["parameters"] * 2 and summary["weight_files"] == 2
+
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "tiny-relu-llama"
+POISONED = "model.layers.1.mlp.up_proj.weight"
+
+
+def fixture_holding(value: float, directory: Path) -> Path:
+    """The fixture in float32 with one weight of POISONED set to value."""
+    from safetensors.torch import load_file
+
+    directory.mkdir()
+    for path in FIXTURE.glob("*.json"):
+        shutil.copy(path, directory)
+    tensors = {name: tensor.float() for name, tensor in load_file(FIXTURE / "model.safetensors").items()}
+    tensors[POISONED][5, 7] = value
+    save_file(tensors, str(directory / "model.safetensors"))
+    return directory
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("value", "dtype", "message"),
+    [
+        (float("nan"), "fp16", "holds NaN or infinite values; a model's weights must all be finite"),
+        (float("-inf"), "int4", "holds NaN or infinite values; a model's weights must all be finite"),
+        (1e30, "fp16", "holds values beyond float16's range (max |w| = 1e+30); export --dtype fp32 or bf16 keeps them"),
+        (1e30, "int8", "cannot be stored as int8: a group's scale exceeds fp16's range (65504.0)"),
+        (1e30, "int4", "cannot be stored as int4: a group's scale exceeds fp16's range (65504.0)"),
+    ],
+    ids=["nan-fp16", "inf-int4", "huge-fp16", "huge-int8", "huge-int4"],
+)
+def test_a_weight_the_bundle_cannot_hold_is_refused_naming_its_tensor(value, dtype, message, tmp_path):
+    """A NaN or an infinity (a corrupted checkpoint), or a finite float32 weight beyond what the bundle's dtype holds
+    (fp16's 65504, or the fp16 scales of int8 / int4 groups): one line naming the tensor, exit 2, nothing written,
+    where the fp16 export stored infinities and the quantized ones ended in a traceback. bf16 holds the huge value."""
+    model = fixture_holding(value, tmp_path / "model")
+    out = tmp_path / "bundle"
+    command = [sys.executable, "-m", "edge_sdk", "export", str(model), "-o", str(out), "--predictor", "none"]
+    result = subprocess.run([*command, "--dtype", dtype], capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("edge-sdk: error: "), result.stderr
+    assert f"tensor '{POISONED}'" in lines[0] and message in lines[0], lines[0]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["model"]
+    if value == 1e30 and dtype == "fp16":
+        kept = subprocess.run([*command, "--dtype", "bf16"], capture_output=True, text=True)
+        assert kept.returncode == 0, kept.stderr
