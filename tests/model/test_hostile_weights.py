@@ -328,16 +328,42 @@ def fixture_holding(value: float, directory: Path) -> Path:
 def test_a_weight_the_bundle_cannot_hold_is_refused_naming_its_tensor(value, dtype, message, tmp_path):
     """A NaN or an infinity (a corrupted checkpoint), or a finite float32 weight beyond what the bundle's dtype holds
     (fp16's 65504, or the fp16 scales of int8 / int4 groups): one line naming the tensor, exit 2, nothing written,
-    where the fp16 export stored infinities and the quantized ones ended in a traceback. bf16 holds the huge value."""
+    where the fp16 export stored infinities and the quantized ones ended in a traceback."""
     model = fixture_holding(value, tmp_path / "model")
     out = tmp_path / "bundle"
-    command = [sys.executable, "-m", "edge_sdk", "export", str(model), "-o", str(out), "--predictor", "none"]
-    result = subprocess.run([*command, "--dtype", dtype], capture_output=True, text=True)
+    result = subprocess.run(export_command(model, out, dtype), capture_output=True, text=True)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("edge-sdk: error: "), result.stderr
     assert f"tensor '{POISONED}'" in lines[0] and message in lines[0], lines[0]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["model"]
-    if value == 1e30 and dtype == "fp16":
-        kept = subprocess.run([*command, "--dtype", "bf16"], capture_output=True, text=True)
-        assert kept.returncode == 0, kept.stderr
+
+
+@pytest.mark.slow
+def test_bf16_keeps_a_weight_beyond_fp16s_range(tmp_path):
+    """What the refusals above advise: bf16 stores the 1e30 weight that fp16 cannot."""
+    out = tmp_path / "bundle"
+    result = subprocess.run(
+        export_command(fixture_holding(1e30, tmp_path / "model"), out, "bf16"), capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    from safetensors import safe_open
+
+    with safe_open(str(out / "weights.safetensors"), framework="pt") as weights:
+        assert weights.get_tensor("layers.1.mlp.up_proj.weight")[5, 7].item() == pytest.approx(1e30, rel=1e-2)
+
+
+def export_command(model: Path, out: Path, dtype: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "edge_sdk",
+        "export",
+        str(model),
+        "-o",
+        str(out),
+        "--predictor",
+        "none",
+        "--dtype",
+        dtype,
+    ]
