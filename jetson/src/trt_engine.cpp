@@ -487,7 +487,9 @@ std::string engine_info_json(const cJSON *manifest, const std::string &bundle, c
 
 /* ---- Model ---------------------------------------------------------------------------------------------------- */
 
-const char *type_name(DataType type) {
+/* A default, not every enumerator: later TensorRT versions add types (kFP4 in 10.8, kE8M0 in 10.12), and a switch that names
+ * each of 10.3's fails -Wswitch against their headers. */
+std::string type_name(DataType type) {
   switch (type) {
     case DataType::kFLOAT: return "float32";
     case DataType::kHALF: return "float16";
@@ -499,8 +501,8 @@ const char *type_name(DataType type) {
     case DataType::kBF16: return "bfloat16";
     case DataType::kINT64: return "int64";
     case DataType::kINT4: return "int4";
+    default: return "TensorRT data type " + std::to_string(static_cast<int>(type));
   }
-  return "an unknown type";
 }
 
 size_t type_size(DataType type) {
@@ -525,7 +527,7 @@ struct Graph {
     if (found == tensors.end()) fail(EDGE_ERROR_BUNDLE, path + ": the engine has no tensor '" + name + "'");
     if (std::find(allowed.begin(), allowed.end(), found->second) == allowed.end()) {
       std::string expected;
-      for (DataType type : allowed) expected += std::string(expected.empty() ? "" : " or ") + type_name(type);
+      for (DataType type : allowed) expected += (expected.empty() ? "" : " or ") + type_name(type);
       fail(EDGE_ERROR_UNSUPPORTED, path + ": the engine gives '" + name + "' as " + type_name(found->second) +
                                        ", expected " + expected);
     }
