@@ -13,11 +13,18 @@ extension; --march armv8-a for a build without it) and the driver benchmarks/aar
 passes a variable to the kernels, e.g. EDGE_SDK_QUANT_ACTIVATIONS=fp32. Needs gcc-aarch64-linux-gnu,
 libc6-arm64-cross and qemu-user. A count is not a time: an out-of-order core overlaps instructions and waits on
 memory; use it to compare builds of the same loop.
+
+    .venv/bin/python benchmarks/aarch64_instruction_count.py --command [--env NAME=VALUE] -- BINARY [ARG ...]
+
+counts a whole run of an aarch64 program instead (an `edge_generate` of a cross-built libedge_sdk, say), on qemu's
+`-cpu max` with the cross toolchain's libraries, its log streamed through a FIFO (a run of a few billion instructions
+would log tens of GB). Two runs that differ in the tokens they generate give the instructions per token.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -42,24 +49,29 @@ def build(source: Path, binary: Path, march: str) -> None:
 
 def count(log: Path) -> tuple[int, int]:
     """(executed instructions, executed q-register stores) of a qemu in_asm,exec,nochain log."""
+    with log.open(errors="replace") as lines:
+        return count_lines(lines)
+
+
+def count_lines(lines) -> tuple[int, int]:
+    """count() of the log's lines, read once, in order."""
     blocks: dict[int, list[int]] = {}
     executions: dict[int, int] = {}
     start = None
-    with log.open(errors="replace") as lines:
-        for line in lines:
-            found = INSTRUCTION.match(line)
-            if found:
-                if start is None:
-                    start = int(found.group(1), 16)
-                    blocks[start] = [0, 0]
-                blocks[start][0] += 1
-                blocks[start][1] += bool(Q_STORE.search(found.group(2)))
-                continue
-            start = None
-            executed = EXECUTION.search(line)
-            if executed:
-                pc = int(executed.group(1), 16)
-                executions[pc] = executions.get(pc, 0) + 1
+    for line in lines:
+        found = INSTRUCTION.match(line)
+        if found:
+            if start is None:
+                start = int(found.group(1), 16)
+                blocks[start] = [0, 0]
+            blocks[start][0] += 1
+            blocks[start][1] += bool(Q_STORE.search(found.group(2)))
+            continue
+        start = None
+        executed = EXECUTION.search(line)
+        if executed:
+            pc = int(executed.group(1), 16)
+            executions[pc] = executions.get(pc, 0) + 1
     totals = [0, 0]
     for pc, times in executions.items():
         for k, per_block in enumerate(blocks.get(pc, (0, 0))):
@@ -80,13 +92,34 @@ def per_call(binary: Path, kind: str, env: list[str], work: Path) -> tuple[int, 
     return tuple((runs[3][k] - runs[1][k]) // 2 for k in range(2))
 
 
+def count_command(command: list[str], env: list[str]) -> tuple[int, int, int]:
+    """(instructions, q-register stores, exit status) of one run of an aarch64 command under qemu."""
+    environment = [option for pair in env for option in ("-E", pair)]
+    with tempfile.TemporaryDirectory() as work_dir:
+        fifo = Path(work_dir) / "log"
+        os.mkfifo(fifo)
+        qemu = subprocess.Popen(["qemu-aarch64", "-cpu", "max", "-L", str(SYSROOT), "-E",
+                                 f"LD_LIBRARY_PATH={SYSROOT / 'lib'}", *environment, "-d", "in_asm,exec,nochain",
+                                 "-D", str(fifo), *command], stdout=subprocess.DEVNULL)  # fmt: skip
+        with fifo.open(errors="replace") as lines:
+            instructions, stores = count_lines(lines)
+        return instructions, stores, qemu.wait()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("sources", nargs="+", type=Path, help="kernel source directories (copies of kernels/cpu)")
+    sources_help = "kernel source directories (copies of kernels/cpu); with --command, the command"
+    parser.add_argument("sources", nargs="+", help=sources_help)
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the kernels (repeatable)")
     parser.add_argument("--march", default="armv8.2-a+dotprod", help="the build's -march (armv8-a: without sdot)")
+    parser.add_argument("--command", action="store_true", help="count one run of the command given after --")
     args = parser.parse_args()
+    if args.command:
+        instructions, stores, status = count_command(args.sources, args.env)
+        print(f"{'instructions':>18} {'q stores':>14}  command (exit status {status})")
+        print(f"{instructions:18d} {stores:14d}  {' '.join(args.sources)}")
+        return status
     kinds = args.kinds.split(",")
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
@@ -94,7 +127,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as work_dir:
         work = Path(work_dir)
         print(f"{'kernels':40} {'kind':9} {'instructions/call':>18} {'q stores/call':>14}")
-        for index, source in enumerate(args.sources):
+        for index, source in enumerate(map(Path, args.sources)):
             binary = work / f"driver{index}"
             build(source, binary, args.march)
             for kind in kinds:

@@ -521,6 +521,15 @@ static inline __m256 codes_as_floats(codes16 codes, int half) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(half == 0 ? codes : _mm_unpackhi_epi64(codes, codes)));
 }
 #elif defined(__ARM_NEON)
+/* Table indices that move bytes 4q..4q + 3 of a vector to the top bytes of 32-bit lanes 0..3 (255: out of range,
+ * a zero byte). */
+static const uint8_t EDGE_TOP_BYTES[4][16] = {
+    {255, 255, 255, 0, 255, 255, 255, 1, 255, 255, 255, 2, 255, 255, 255, 3},
+    {255, 255, 255, 4, 255, 255, 255, 5, 255, 255, 255, 6, 255, 255, 255, 7},
+    {255, 255, 255, 8, 255, 255, 255, 9, 255, 255, 255, 10, 255, 255, 255, 11},
+    {255, 255, 255, 12, 255, 255, 255, 13, 255, 255, 255, 14, 255, 255, 255, 15},
+};
+
 /* The 16 codes as fp32, four per q register. */
 EDGE_ALWAYS_INLINE void codes_as_floats(codes16 codes, float32x4_t out[4]) {
   int16x8_t low = vmovl_s8(vget_low_s8(codes)), high = vmovl_high_s8(codes);
@@ -528,6 +537,17 @@ EDGE_ALWAYS_INLINE void codes_as_floats(codes16 codes, float32x4_t out[4]) {
   out[1] = vcvtq_f32_s32(vmovl_high_s16(low));
   out[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(high)));
   out[3] = vcvtq_f32_s32(vmovl_high_s16(high));
+}
+
+/* codes_as_floats in fewer instructions, for the down rows: each code moved to the top byte of a 32-bit lane
+ * (code * 2^24) by one table lookup and converted as a fixed-point number with 24 fraction bits, exactly: two
+ * instructions per four codes instead of two and a half. The lookups' four index registers spill in loops that keep
+ * more live (the fp32-x row dot), so codes_as_floats stays there. */
+EDGE_ALWAYS_INLINE void codes_as_floats_by_table(codes16 codes, float32x4_t out[4]) {
+  for (int q = 0; q < 4; q++) {
+    uint8x16_t top = vqtbl1q_u8(vreinterpretq_u8_s8(codes), vld1q_u8(EDGE_TOP_BYTES[q]));
+    out[q] = vcvtq_n_f32_s32(vreinterpretq_s32_u8(top), 24);
+  }
 }
 
 /* The 16 lanes of q[0..3] (q[i] lanes 4i..4i + 3) added as sum_lanes adds a vec16's. */
@@ -761,7 +781,8 @@ EDGE_ALWAYS_INLINE __m512 block_mids16(const uint16_t *scales, const uint16_t *m
 
 /* corrections[b] = fmaf(h, mid of block b's group, corrections[b]) for blocks [first, first + n) of one asymmetric row
  * (its scales and mins from group 0). AVX-512: 16 blocks per FMA, their mids from the 16 groups from the first block's
- * on (permuted to the blocks as int_dot_step does); elsewhere a block at a time: the same roundings. */
+ * on (permuted to the blocks as int_dot_step does); AVX2 8; aarch64 4 at group size 32; elsewhere a block at a time:
+ * the same roundings. */
 EDGE_ALWAYS_INLINE void add_row_corrections(float *corrections, int first, int n, const uint16_t *scales,
                                             const uint16_t *mins, int group_size, float h) {
   int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2;
@@ -788,7 +809,18 @@ EDGE_ALWAYS_INLINE void add_row_corrections(float *corrections, int first, int n
     _mm256_maskstore_ps(corrections + block, in_piece, _mm256_fmadd_ps(_mm256_set1_ps(h), mids, sums));
   }
 #else
-  for (int b = first; b < first + n; b++) {
+  int b = first;
+#if defined(__aarch64__)
+  if (group_log == 0) { /* a group per block (Q4_1's grid): four blocks' mids per vector, as block_corrections */
+    for (; b + 4 <= first + n; b += 4) {
+      float32x4_t s = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(scales + b)));
+      float32x4_t m = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(mins + b)));
+      float32x4_t mids = vaddq_f32(vmulq_n_f32(s, 8.0f), m);
+      vst1q_f32(corrections + b, vfmaq_f32(vld1q_f32(corrections + b), vdupq_n_f32(h), mids));
+    }
+  }
+#endif
+  for (; b < first + n; b++) {
     corrections[b] = fmaf(h, group_mid(scales, mins, (size_t)(b >> group_log)), corrections[b]);
   }
 #endif
@@ -876,8 +908,8 @@ EDGE_ALWAYS_INLINE void add_quant_rows(float *y, int c0, int n, const char *code
         codes16 first, second;
         block_codes(codes + rows[r] * row_bytes + offset, dtype, &first, &second);
         float32x4_t values[8];
-        codes_as_floats(first, values);
-        codes_as_floats(second, values + 4);
+        codes_as_floats_by_table(first, values);
+        codes_as_floats_by_table(second, values + 4);
         for (int i = 0; i < 8; i++) acc[i] = vaddq_f32(acc[i], vmulq_n_f32(values[i], factors[r][g]));
       }
       for (int i = 0; i < 8; i++) vst1q_f32(y + column + 4 * i, acc[i]);
@@ -1413,34 +1445,78 @@ static inline void zero_accumulator(unit_accumulator *acc) {
   for (int q = 0; q < 4; q++) acc->quarter[q] = vdupq_n_f32(0);
 }
 
-/* acc += unit `unit`'s lanes (n_blocks of its blocks present; the others add 0 * 0) times their factors, lane scale
- * times row scale, quarter by quarter: the portable path's unit_lanes, unit_factors and fused_multiply_add16. */
+/* Halves p[0] and p[1] as one 32-bit word (p need not be 4-byte aligned). */
+static inline uint32_t two_halves(const uint16_t *p) {
+  uint32_t word;
+  memcpy(&word, p, sizeof word);
+  return word;
+}
+
+/* The group scales of the 4 blocks of a whole INT4 unit from first_block (lane b: block first_block + b), widened
+ * from fp16: one load and one conversion per unit instead of a group index, a scalar load and a conversion per block
+ * (and the spills their registers caused: benchmarks/README.md, section 3, the NEON build). */
+EDGE_ALWAYS_INLINE float32x4_t int4_unit_scales(const uint16_t *scales, int group_log, int first_block) {
+  if (group_log == 0) return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(scales + first_block)));
+  if (group_log == 1) { /* groups g, g + 1 to lanes 0, 1 and 2, 3 */
+    float32x4_t two = vcvt_f32_f16(vreinterpret_f16_u32(vdup_n_u32(two_halves(scales + (first_block >> 1)))));
+    return vzip1q_f32(two, two);
+  }
+  return vdupq_n_f32(scale_at(scales, (size_t)(first_block >> 2)));
+}
+
+/* The group scales of the 2 blocks of a whole INT8 unit from first_block (lane b: block first_block + b). */
+EDGE_ALWAYS_INLINE float32x2_t int8_unit_scales(const uint16_t *scales, int group_log, int first_block) {
+  if (group_log == 0) {
+    return vget_low_f32(vcvt_f32_f16(vreinterpret_f16_u32(vdup_n_u32(two_halves(scales + first_block)))));
+  }
+  return vdup_n_f32(scale_at(scales, (size_t)(first_block >> group_log)));
+}
+
+/* acc += unit `unit`'s lanes (n_blocks of its blocks present; the others add 0 * 0) times their factors, quarter by
+ * quarter: the portable path's unit_lanes, unit_factors and fused_multiply_add16. A block's factor is x's block scale
+ * times the row's group scale (the product every build's lanes take: x's lane scales are its block's), one vector
+ * product per whole unit, each quarter's fused multiply-add taking its block's lane. */
 EDGE_ALWAYS_INLINE void int_dot_unit(const char *row, const uint16_t *scales, int dtype, int group_log,
                                      const struct quantized_activations *xa, int unit, int n_blocks,
                                      unit_accumulator *acc) {
   const char *codes = row + (size_t)unit * 64;
-  const float *lane_scales = xa->lane_scales + (size_t)unit * EDGE_UNIT_LANES;
   int first_block = unit * unit_blocks(dtype);
+  const float *x_scales = xa->block_scales + first_block;
   int32x4_t products[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
-  float32x4_t factors[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
   if (dtype == EDGE_Q4) {
     size_t first = (size_t)unit * EDGE_MAX_UNIT_VALUES;
     for (int b = 0; b < n_blocks; b++) {
       products[b] = int4_block_products(codes + 16 * b, xa->high + first + 16 * b, xa->low + first + 16 * b);
-      float scale = scale_at(scales, (size_t)((first_block + b) >> group_log));
-      factors[b] = vmulq_n_f32(vld1q_f32(lane_scales + 4 * b), scale);
     }
+    float32x4_t factors;
+    if (n_blocks == 4) {
+      factors = vmulq_f32(vld1q_f32(x_scales), int4_unit_scales(scales, group_log, first_block));
+    } else { /* a row's last, partial unit: its missing blocks' factors 0 */
+      float partial[4] = {0};
+      for (int b = 0; b < n_blocks; b++) {
+        partial[b] = x_scales[b] * scale_at(scales, (size_t)((first_block + b) >> group_log));
+      }
+      factors = vld1q_f32(partial);
+    }
+    acc->quarter[0] = vfmaq_laneq_f32(acc->quarter[0], vcvtq_f32_s32(products[0]), factors, 0);
+    acc->quarter[1] = vfmaq_laneq_f32(acc->quarter[1], vcvtq_f32_s32(products[1]), factors, 1);
+    acc->quarter[2] = vfmaq_laneq_f32(acc->quarter[2], vcvtq_f32_s32(products[2]), factors, 2);
+    acc->quarter[3] = vfmaq_laneq_f32(acc->quarter[3], vcvtq_f32_s32(products[3]), factors, 3);
   } else {
     for (int b = 0; b < n_blocks; b++) {
       size_t at = (size_t)unit * 64 + (size_t)b * EDGE_QUANT_BLOCK;
       int8_block_products(codes + 32 * b, xa->high + at, xa->low + at, products + 2 * b);
-      float scale = scale_at(scales, (size_t)((first_block + b) >> group_log));
-      factors[2 * b] = vmulq_n_f32(vld1q_f32(lane_scales + 8 * b), scale);
-      factors[2 * b + 1] = vmulq_n_f32(vld1q_f32(lane_scales + 8 * b + 4), scale);
     }
-  }
-  for (int q = 0; q < 4; q++) {
-    acc->quarter[q] = vfmaq_f32(acc->quarter[q], vcvtq_f32_s32(products[q]), factors[q]);
+    float32x2_t factors;
+    if (n_blocks == 2) {
+      factors = vmul_f32(vld1_f32(x_scales), int8_unit_scales(scales, group_log, first_block));
+    } else {
+      factors = vset_lane_f32(x_scales[0] * scale_at(scales, (size_t)(first_block >> group_log)), vdup_n_f32(0), 0);
+    }
+    acc->quarter[0] = vfmaq_lane_f32(acc->quarter[0], vcvtq_f32_s32(products[0]), factors, 0);
+    acc->quarter[1] = vfmaq_lane_f32(acc->quarter[1], vcvtq_f32_s32(products[1]), factors, 0);
+    acc->quarter[2] = vfmaq_lane_f32(acc->quarter[2], vcvtq_f32_s32(products[2]), factors, 1);
+    acc->quarter[3] = vfmaq_lane_f32(acc->quarter[3], vcvtq_f32_s32(products[3]), factors, 1);
   }
 }
 
@@ -2854,8 +2930,8 @@ EDGE_ALWAYS_INLINE void int4_block_values(const char *row, int block, float valu
   codes16 first, second;
   block_codes(row + (size_t)block * block_bytes(EDGE_Q4), EDGE_Q4, &first, &second);
   float32x4_t quarters[8];
-  codes_as_floats(first, quarters);
-  codes_as_floats(second, quarters + 4);
+  codes_as_floats_by_table(first, quarters);
+  codes_as_floats_by_table(second, quarters + 4);
   for (int i = 0; i < 8; i++) vst1q_f32(values + 4 * i, quarters[i]);
 #else
   vec16 low, high;

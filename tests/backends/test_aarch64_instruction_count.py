@@ -52,12 +52,15 @@ def test_count_weighs_each_block_by_its_executions(tmp_path):
     assert q_stores == 2 * 1 + 5 * 1  # the d-register store is not a q store
 
 
-@pytest.mark.skipif(
+AARCH64_TOOLS = pytest.mark.skipif(
     shutil.which("aarch64-linux-gnu-gcc") is None
     or shutil.which("qemu-aarch64") is None
     or not Path("/usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1").exists(),
     reason="needs gcc-aarch64-linux-gnu, libc6-arm64-cross and qemu-user",
 )
+
+
+@AARCH64_TOOLS
 def test_the_tool_counts_a_kernel_call(tmp_path):
     run = subprocess.run([sys.executable, str(TOOL), "--kinds", "ffn8", str(ROOT / "kernels" / "cpu")],
                          capture_output=True, text=True, timeout=600)  # fmt: skip
@@ -69,6 +72,32 @@ def test_the_tool_counts_a_kernel_call(tmp_path):
     # codes, at the least one instruction per 16 codes; the setup (the same in both runs) cancels out
     assert 300 * 1024 // 16 < instructions < 10_000_000
     assert 0 <= q_stores < instructions
+
+
+# N volatile additions, then the exit status argc: the count of a run grows by the loop's instructions per addition
+LOOP_PROGRAM = """
+#include <stdlib.h>
+int main(int argc, char **argv) {
+  volatile long sum = 0;
+  for (long i = atol(argv[1]); i > 0; i--) sum += i;
+  return argc;
+}
+"""
+
+
+@AARCH64_TOOLS
+def test_the_tool_counts_a_whole_command(tmp_path):
+    source, binary = tmp_path / "loop.c", tmp_path / "loop"
+    source.write_text(LOOP_PROGRAM)
+    subprocess.run(["aarch64-linux-gnu-gcc", "-O1", "-o", str(binary), str(source)], check=True)
+    counts = {}
+    for n in (0, 100_000):
+        run = subprocess.run([sys.executable, str(TOOL), "--command", "--", str(binary), str(n), "extra argument"],
+                             capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert run.returncode == 3, run.stderr  # the program's exit status: its argc
+        counts[n] = int(run.stdout.strip().splitlines()[-1].split()[0])
+    # a volatile load, add and store, the counter's decrement and the branch: 5 or so per addition
+    assert 3 * 100_000 <= counts[100_000] - counts[0] <= 10 * 100_000
 
 
 def test_an_unknown_kind_is_refused():

@@ -187,6 +187,8 @@ HARNESS_CASES = [
     HarnessCase(576, "int4", 32, Activation("silu"), down_format="int8"),
     HarnessCase(384, "int4", 128, Activation("relu"), asymmetric=True, down_format="int8"),
     HarnessCase(448, "int4", 64, Activation("drelu"), asymmetric=True, down_format="int8"),
+    HarnessCase(448, "int8", 64, Activation("silu")),
+    HarnessCase(384, "int8", 128, Activation("relu")),
 ]
 HARNESS_NEURONS = 301
 AARCH64_TOOLS = pytest.mark.skipif(
