@@ -194,15 +194,21 @@ class Checkpoint:
         return Tokenizer.from_dir(self.model_dir, self.config.eos_token_ids)
 
 
+def _all_finite(values: torch.Tensor) -> bool:
+    """Whether no value is NaN or infinite. A reduction, no mask: temporaries as large as a tensor, freed between the
+    tensors a load keeps, would stay in the allocator's heap (the minimum and maximum are NaN when a value is,
+    infinite when one is)."""
+    if values.numel() == 0:
+        return True
+    smallest, largest = torch.aminmax(values.reshape(-1))
+    return math.isfinite(float(smallest)) and math.isfinite(float(largest))
+
+
 def require_finite(values: torch.Tensor, where: str) -> torch.Tensor:
     """values, unless one of them is NaN or infinite: a corrupted or overflowed checkpoint, whose model would compute
     NaN (an int8 / int4 export could not even quantize it). `where` names the tensor for the message."""
-    if values.numel() > 0:
-        # a reduction, no mask: temporaries as large as a tensor, freed between the tensors a load keeps, would stay
-        # in the allocator's heap (the minimum and maximum are NaN when a value is, infinite when one is)
-        smallest, largest = torch.aminmax(values.reshape(-1))
-        if not (math.isfinite(float(smallest)) and math.isfinite(float(largest))):
-            raise CheckpointError(f"{where} holds NaN or infinite values; a model's weights must all be finite")
+    if not _all_finite(values):
+        raise CheckpointError(f"{where} holds NaN or infinite values; a model's weights must all be finite")
     return values
 
 
@@ -212,15 +218,13 @@ def cast_weights(values: torch.Tensor, dtype: torch.dtype | None, where: str) ->
     if dtype is None or values.dtype == dtype:
         return values
     cast = values.to(dtype)
-    if cast.is_floating_point() and torch.finfo(cast.dtype).max < torch.finfo(values.dtype).max:
-        try:
-            require_finite(cast, where)
-        except CheckpointError:
-            largest = float(values.abs().max())
-            raise CheckpointError(
-                f"{where} holds values beyond {str(dtype).removeprefix('torch.')}'s range (max |w| = {largest:g}); "
-                "export --dtype fp32 or bf16 keeps them"
-            ) from None
+    narrower = cast.is_floating_point() and torch.finfo(cast.dtype).max < torch.finfo(values.dtype).max
+    if narrower and not _all_finite(cast):
+        largest = float(values.abs().max())
+        raise CheckpointError(
+            f"{where} holds values beyond {str(dtype).removeprefix('torch.')}'s range (max |w| = {largest:g}); "
+            "export --dtype fp32 or bf16 keeps them"
+        )
     return cast
 
 

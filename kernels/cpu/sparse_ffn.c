@@ -963,14 +963,13 @@ static inline int block_lanes(int dtype) { return EDGE_UNIT_LANES / unit_blocks(
 /* x quantized for the integer dot products (d a multiple of 32, the arrays padded with zeros to whole units):
  * high and low codes, int8: for INT8 rows value j at j; for INT4 rows in the order of a unit's nibbles, value
  * 128 u + 32 b + k (k < 16) at 128 u + 16 b + k and value 128 u + 32 b + 16 + k at 128 u + 64 + 16 b + k, so that
- * each 64 bytes of a plane meet a unit's low or high nibbles as loaded. lane_scales: per lane, its block's scale
- * over 256 (the weight of a low code); block_scales: the same per block. code_offset_sums: on x86, per lane, minus
+ * each 64 bytes of a plane meet a unit's low or high nibbles as loaded. block_scales: per block, its scale over 256
+ * (the weight of a low code; every lane of the block takes it). code_offset_sums: on x86, per lane, minus
  * the codes' offset times 256 high + low summed over the lane's values (NULL elsewhere). block_sums: per block, the
  * sum of its values x_hat, for asymmetric rows: the exact int32 sum of 256 high + low times block_scales (one
  * rounding). */
 struct quantized_activations {
   const int8_t *high, *low;
-  const float *lane_scales;
   const int32_t *code_offset_sums;
   const float *block_scales;
   const float *block_sums;
@@ -981,16 +980,16 @@ static size_t padded_values(int d) {
   return ((size_t)d + EDGE_MAX_UNIT_VALUES - 1) / EDGE_MAX_UNIT_VALUES * EDGE_MAX_UNIT_VALUES;
 }
 
-/* Bytes quantize_activations needs for d values (any d, so a workspace can hold them whatever the rows' type): five
+/* Bytes quantize_activations needs for d values (any d, so a workspace can hold them whatever the rows' type): four
  * arrays of at most padded_values(d) bytes, each on a cache line (block_scales and block_sums, d / 8 bytes each,
  * share the last one). */
-static size_t activation_bytes(int d) { return 5 * padded_values(d) + EDGE_CACHE_LINE; }
+static size_t activation_bytes(int d) { return 4 * padded_values(d) + EDGE_CACHE_LINE; }
 
 /* Where the block sums of x live in a buffer of activation_bytes(d) bytes (any alignment): in the second half of the
  * last array, with x quantized or (x in fp32) alone. */
 static float *block_sums_at(void *buffer, int d) {
   uintptr_t base = ((uintptr_t)buffer + EDGE_CACHE_LINE - 1) / EDGE_CACHE_LINE * EDGE_CACHE_LINE;
-  return (float *)(base + 4 * padded_values(d) + padded_values(d) / 2);
+  return (float *)(base + 3 * padded_values(d) + padded_values(d) / 2);
 }
 
 /* For asymmetric rows with x in fp32: sums[b] = x's values of block b added in a fixed order (the two halves lane by
@@ -1050,19 +1049,18 @@ static struct quantized_activations quantize_activations(const float *x, int d, 
   uintptr_t base = ((uintptr_t)buffer + EDGE_CACHE_LINE - 1) / EDGE_CACHE_LINE * EDGE_CACHE_LINE;
   size_t stride = padded_values(d);
   int8_t *high = (int8_t *)base, *low = (int8_t *)(base + stride);
-  float *lane_scales = (float *)(base + 2 * stride), *block_scales = (float *)(base + 4 * stride);
-  float *block_sums = block_sums_at(buffer, d);
-  int32_t *offset_sums = (int32_t *)(base + 3 * stride);
-  int blocks = d / EDGE_QUANT_BLOCK, lanes = block_lanes(dtype);
+  int32_t *offset_sums = (int32_t *)(base + 2 * stride);
+  float *block_scales = (float *)(base + 3 * stride), *block_sums = block_sums_at(buffer, d);
+  int blocks = d / EDGE_QUANT_BLOCK;
   /* a last partial unit's missing blocks: zero codes, scales and sums, so its lanes add exact zeros */
   size_t unit_values = (size_t)unit_blocks(dtype) * EDGE_QUANT_BLOCK;
   size_t tail = (size_t)blocks * EDGE_QUANT_BLOCK / unit_values * unit_values;
   memset(high + tail, 0, stride - tail);
   memset(low + tail, 0, stride - tail);
-  memset(lane_scales, 0, stride);
   memset(offset_sums, 0, stride);
 #if EDGE_ROWS_AVX512 || EDGE_ROWS_AVX2
   int32_t offset = code_offset(dtype);
+  int lanes = block_lanes(dtype);
 #endif
   for (int block = 0; block < blocks; block++) {
     const float *values = x + block * EDGE_QUANT_BLOCK;
@@ -1090,7 +1088,6 @@ static struct quantized_activations quantize_activations(const float *x, int d, 
       memcpy(low + plane_position(dtype, block, 16 * half), block_low + 16 * half, 16);
     }
     block_scales[block] = scale / 256.0f;
-    for (int lane = 0; lane < lanes; lane++) lane_scales[block * lanes + lane] = scale / 256.0f;
     int32_t combined[EDGE_QUANT_BLOCK], block_sum = 0;
     for (int j = 0; j < EDGE_QUANT_BLOCK; j++) combined[j] = 256 * block_high[j] + block_low[j];
     for (int j = 0; j < EDGE_QUANT_BLOCK; j++) block_sum += combined[j];
@@ -1104,9 +1101,9 @@ static struct quantized_activations quantize_activations(const float *x, int d, 
 #endif
   }
 #if EDGE_ROWS_AVX512 || EDGE_ROWS_AVX2
-  struct quantized_activations quantized = {high, low, lane_scales, offset_sums, block_scales, block_sums};
+  struct quantized_activations quantized = {high, low, offset_sums, block_scales, block_sums};
 #else
-  struct quantized_activations quantized = {high, low, lane_scales, NULL, block_scales, block_sums};
+  struct quantized_activations quantized = {high, low, NULL, block_scales, block_sums};
 #endif
   return quantized;
 }
@@ -1131,10 +1128,6 @@ static struct quantized_activations quantize_activations(const float *x, int d, 
 #define EDGE_ROWS_AT_ONCE EDGE_LIST_ROWS_AT_ONCE
 
 typedef int32_t ivec16 __attribute__((vector_size(64)));
-typedef float unaligned_vec8 __attribute__((vector_size(32), aligned(4), may_alias));
-typedef float unaligned_vec4 __attribute__((vector_size(16), aligned(4), may_alias));
-#define VEC8_AT(p) (*(unaligned_vec8 *)(p))
-#define VEC4_AT(p) (*(unaligned_vec4 *)(p))
 
 #if EDGE_ROWS_AVX512
 
@@ -1344,9 +1337,9 @@ EDGE_ALWAYS_INLINE void add_unit_products(int n, const char *const *row, int dty
 
 /* The AVX2 form of the integer dot step: blocks [first_block, first_block + step_blocks) of rows row[t < n] into
  * their even and odd units' accumulators (step_lanes), step_blocks at most 8 and first_block a multiple of 8 (so the
- * step starts at an even unit: 2 INT4 or 4 INT8 units). As AVX-512's int_dot_step, the step's factors are one vector product of the rows' and x's block scales,
- * spread over each half unit's lanes by one permutation: the products of the portable path's lane scales and row
- * scales, so the same bits. Everything stays in ymm registers: the vec16 code that served AVX2 before went through
+ * step starts at an even unit: 2 INT4 or 4 INT8 units). As AVX-512's int_dot_step, the step's factors are one vector
+ * product of the rows' and x's block scales, spread over each half unit's lanes by one permutation: the products the
+ * portable path puts in each lane, so the same bits. Everything stays in ymm registers: the vec16 code that served AVX2 before went through
  * the stack (benchmarks/README.md, section 3, "The AVX2 build"). A missing block's lanes add 0 * 0, as elsewhere;
  * asymmetric rows' corrections go to lanes first_block % 16 + 0..7, block by block as block_corrections does. */
 EDGE_ALWAYS_INLINE void int_dot_step(int n, const char *const *row, const uint16_t *const *scales, int dtype,
@@ -1474,7 +1467,7 @@ EDGE_ALWAYS_INLINE float32x2_t int8_unit_scales(const uint16_t *scales, int grou
 
 /* acc += unit `unit`'s lanes (n_blocks of its blocks present; the others add 0 * 0) times their factors, quarter by
  * quarter: the portable path's unit_lanes, unit_factors and fused_multiply_add16. A block's factor is x's block scale
- * times the row's group scale (the product every build's lanes take: x's lane scales are its block's), one vector
+ * times the row's group scale (the product every build's lanes take), one vector
  * product per whole unit, each quarter's fused multiply-add taking its block's lane. */
 EDGE_ALWAYS_INLINE void int_dot_unit(const char *row, const uint16_t *scales, int dtype, int group_log,
                                      const struct quantized_activations *xa, int unit, int n_blocks,
@@ -1636,8 +1629,8 @@ static inline float unit_accumulators_sum(const vec16 *even, const vec16 *odd, c
 
 EDGE_ALWAYS_INLINE void unit_factors(const struct quantized_activations *xa, const uint16_t *scales, int dtype,
                                      int group_log, int unit, int n_blocks, vec16 *out) {
-  const float *lanes = xa->lane_scales + (size_t)unit * EDGE_UNIT_LANES;
   int first_block = unit * unit_blocks(dtype);
+  const float *x_scales = xa->block_scales + first_block;
   union {
     vec16 all;
     vec8 half[2];
@@ -1645,11 +1638,13 @@ EDGE_ALWAYS_INLINE void unit_factors(const struct quantized_activations *xa, con
   } f = {{0}};
   if (dtype == EDGE_Q4) {
     for (int b = 0; b < n_blocks; b++) {
-      f.quarter[b] = VEC4_AT(lanes + 4 * b) * scale_at(scales, (size_t)((first_block + b) >> group_log));
+      float scale = scale_at(scales, (size_t)((first_block + b) >> group_log));
+      f.quarter[b] = (vec4){1, 1, 1, 1} * x_scales[b] * scale; /* x's block scale in each lane, times the row's */
     }
   } else {
     for (int b = 0; b < n_blocks; b++) {
-      f.half[b] = VEC8_AT(lanes + 8 * b) * scale_at(scales, (size_t)((first_block + b) >> group_log));
+      float scale = scale_at(scales, (size_t)((first_block + b) >> group_log));
+      f.half[b] = (vec8){1, 1, 1, 1, 1, 1, 1, 1} * x_scales[b] * scale;
     }
   }
   *out = f.all;
@@ -2661,7 +2656,7 @@ static void run_matmuls(const struct token_input *inputs, int tokens, int in, co
   matmuls_rows(inputs, tokens, in, matrices, n, total, 1, 0);
 }
 
-/* x's quantized planes live on the stack for rows of up to this many values (20 KiB, a 7B model's hidden size:
+/* x's quantized planes live on the stack for rows of up to this many values (16 KiB, a 7B model's hidden size:
  * the frame is reserved for fp rows too), on the heap beyond. */
 #define EDGE_MATVEC_STACK_VALUES 4096
 
@@ -2670,7 +2665,7 @@ int edge_cpu_matvecs(const float *x, int in, const struct edge_cpu_matrix *matri
   if (x == NULL || check_matrices(in, matrices, n, &total, &asymmetric) != EDGE_CPU_OK) {
     return EDGE_CPU_INVALID_ARGUMENT;
   }
-  unsigned char stack_buffer[5 * EDGE_MATVEC_STACK_VALUES + EDGE_CACHE_LINE];
+  unsigned char stack_buffer[4 * EDGE_MATVEC_STACK_VALUES + EDGE_CACHE_LINE];
   void *heap_buffer = NULL;
   if ((integer_dot_products(matrices[0].dtype) || asymmetric) && in > EDGE_MATVEC_STACK_VALUES &&
       (heap_buffer = malloc(activation_bytes(in))) == NULL) {
