@@ -27,6 +27,8 @@
 # GPU_CHECK_PROFILE=1 runs Nsight Compute (ncu, clocks left as they are) over benchmarks/cuda_kernel_calls.py and
 # records each kernel's duration, throughputs, registers, occupancy and ncu's main stall finding (step profile; skipped
 # without ncu).
+# GPU_CHECK_DTYPES="int8 int4 ..." runs step 4 for these of its weight types only (a short lease: the kernels a change
+# touched).
 # GPU_CHECK_STEP_SECONDS=N stops any step after N seconds (recorded as failed, "timed_out": true), so that a check on
 # a machine lent for a few minutes still writes its record; GPU_CHECK_COMMIT names the commit the tree holds where its
 # git metadata is not the tree's own (a copied work tree): it is recorded as given, without the git status check.
@@ -103,6 +105,9 @@ SANITIZER_TOOLS=(memcheck racecheck synccheck)
 # benchmarks/cuda_ffn.py's weight types, one step each: --dtype, then -asymmetric adds --asymmetric and -down-int8
 # --down-dtype int8 (an int4 bundle exported with --int4-scheme asymmetric --down-dtype int8)
 BENCHMARK_DTYPES=(fp16 int8 int4 int4-asymmetric int4-asymmetric-down-int8)
+if [ -n "${GPU_CHECK_DTYPES:-}" ]; then
+    read -r -a BENCHMARK_DTYPES <<<"$GPU_CHECK_DTYPES"
+fi
 SANITIZER=$(command -v compute-sanitizer || true)
 if [ -z "$SANITIZER" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
     SANITIZER=/usr/local/cuda/bin/compute-sanitizer

@@ -9,9 +9,10 @@
 //   evict-first hint and dotted with each token's planes in dp4a (exact in int32), as the SparseFFN's gate rows;
 //   each token's sum in a fixed lane order, then a warp butterfly;
 // - more tokens (a prompt): tiles of 64 rows x 32 tokens per block, stepping 32 columns at a time through shared
-//   memory: the codes as int8 and x's two planes, multiplied on the matrix units (wmma, int8 operands, exact int32
-//   sums; quant_rows.cuh, "integer GEMM"), each output then summing its steps' sums times their factors in column
-//   order, one thread per output.
+//   memory, four steps per stage, the next stage loaded while the current one is multiplied: the codes and x's two
+//   planes on the matrix units (mma m16n8k32, int8 operands, exact int32 sums; quant_rows.cuh, "integer GEMM"),
+//   each output then summing its steps' sums times their factors in column order, in the lane whose product
+//   fragment holds it.
 // Either way y is that of the reference on x_hat (quantized_activations), and each output's order of summation
 // depends only on the shapes, so y is bit-identical run to run.
 // edge_matvec_q_t takes W transposed, [in, out] quantized along its rows: the down projection of a prompt's dense FFN
@@ -20,8 +21,6 @@
 // Asymmetric int4 rows (group minimums) get their own instantiation of each kernel: the GEMV and the integer GEMM add
 // each block's mid times x's block sum after its integer dot, edge_matvec_q_t's GEMM stages (code + 8) * scale + min
 // (quant_rows.cuh).
-#include <mma.h>
-
 #include "edge_cuda_common.cuh"
 #include "quant_rows.cuh"
 #include "quant_x.cuh"
@@ -55,55 +54,75 @@ __global__ void __launch_bounds__(kGemvWarps * kWarpSize)
   }
 }
 
-// Warp `warp` of an integer GEMM block: rows (warp % 4) * 16.. and tokens (warp / 4) * 16.. of the step's tiles,
-// tiles.sums = 256 (codes . high) + (codes . low) over the step's 32 columns, two k halves of 16 each. Both
-// accumulators have one type, so element i of each is the same output, whatever the fragments' layout.
-__device__ void warp_step_sums(quant::IntGemmTiles& tiles, int warp) {
-  using namespace nvcuda;
-  constexpr int kK = quant::kMmaK;
-  static_assert(quant::kGemmThreads / kWarpSize == (quant::kTileRows / kK) * (quant::kTileTokens / kK),
-                "one 16 x 16 piece of the tile per warp");
-  const int rows = (warp % (quant::kTileRows / kK)) * kK;
-  const int tokens = (warp / (quant::kTileRows / kK)) * kK;
-  wmma::fragment<wmma::accumulator, kK, kK, kK, int> high;
-  wmma::fragment<wmma::accumulator, kK, kK, kK, int> low;
-  wmma::fill_fragment(high, 0);
-  wmma::fill_fragment(low, 0);
-#pragma unroll
-  for (int half = 0; half < quant::kTileK / kK; ++half) {
-    // codes [16 rows][16 k] row-major and a plane [16 tokens][16 k], which is k x tokens column-major
-    wmma::fragment<wmma::matrix_a, kK, kK, kK, signed char, wmma::row_major> codes;
-    wmma::fragment<wmma::matrix_b, kK, kK, kK, signed char, wmma::col_major> plane;
-    wmma::load_matrix_sync(codes, &tiles.w[half][rows][0], kK);
-    wmma::load_matrix_sync(plane, &tiles.x[0][half][tokens][0], kK);
-    wmma::mma_sync(high, codes, plane, high);
-    wmma::load_matrix_sync(plane, &tiles.x[1][half][tokens][0], kK);
-    wmma::mma_sync(low, codes, plane, low);
-  }
-#pragma unroll
-  for (int i = 0; i < high.num_elements; ++i) high.x[i] = 256 * high.x[i] + low.x[i];
-  // rows x tokens, column-major: element (row r, token t) at sums[tokens + t][rows + r]
-  wmma::store_matrix_sync(&tiles.sums[tokens][rows], high, quant::kSumsStride, wmma::mem_col_major);
+// sums = A B over one step (zero initial sums), A a warp's 16 x 32 int8 codes and B 32 x 8 int8 plane values, in the
+// fragment layouts of quant_rows.cuh ("integer GEMM"); exact in int32.
+__device__ __forceinline__ void mma_step(const uint32_t (&a)[4], const uint32_t (&b)[2], int32_t (&sums)[4]) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %10, %10, %10};"
+      : "=r"(sums[0]), "=r"(sums[1]), "=r"(sums[2]), "=r"(sums[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0));
 }
+
+// One step of a warp's 16 rows x 16 tokens: the rows' codes times each token tile's high and low planes, added to
+// the lane's outputs.
+template <int kFormat, bool kAsymmetric>
+__device__ __forceinline__ void warp_step(const quant::IntGemmStage<kFormat>& stage, int step, int rows, int tokens,
+                                          int lane, float (&acc)[quant::kWarpTokenTiles][quant::kLaneOutputs]) {
+  uint32_t a[4];
+  quant::int_gemm_lane_codes<kFormat>(stage, step, rows, lane, a);
+  int32_t high[quant::kWarpTokenTiles][quant::kLaneOutputs];
+  int32_t low[quant::kWarpTokenTiles][quant::kLaneOutputs];
+#pragma unroll
+  for (int n = 0; n < quant::kWarpTokenTiles; ++n) {
+    uint32_t b[2];
+    quant::int_gemm_lane_plane<kFormat>(stage, 0, step, tokens + quant::kMmaTokens * n, lane, b);
+    mma_step(a, b, high[n]);
+    quant::int_gemm_lane_plane<kFormat>(stage, 1, step, tokens + quant::kMmaTokens * n, lane, b);
+    mma_step(a, b, low[n]);
+  }
+  quant::int_gemm_lane_accumulate<kAsymmetric>(stage, step, rows, tokens, lane, high, low, acc);
+}
+
+// mma.m16n8k32 on int8 exists from sm_80 on (Orin's sm_87, the H100's sm_90, Thor's sm_110).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "edge_matvec_q's integer GEMM needs sm_80 or later (mma.m16n8k32 on int8)"
+#endif
 
 template <int kFormat, bool kAsymmetric>
 __global__ void __launch_bounds__(quant::kGemmThreads)
     int_gemm_kernel(quant::XPlanesLayout x, int tokens, quant::QuantMatrix w, int n_rows,
                     const float* __restrict__ bias, float* __restrict__ y) {
-  __shared__ quant::IntGemmTiles tiles;
+  __shared__ quant::IntGemmStage<kFormat> stages[2];
   const int row0 = blockIdx.x * quant::kTileRows;
   const int token0 = blockIdx.y * quant::kTileTokens;
   const int thread = threadIdx.x;
-  float acc[quant::kThreadTokens][quant::kThreadRows] = {};
-  for (int k0 = 0; k0 < w.cols; k0 += quant::kTileK) {
-    quant::int_gemm_stage_codes<kFormat>(w, n_rows, row0, k0, thread, tiles);
-    quant::int_gemm_stage_planes(x, tokens, token0, k0, thread, tiles);
-    __syncthreads();  // also: every thread has added the last step's sums, which this step overwrites
-    warp_step_sums(tiles, thread / kWarpSize);
+  const int lane = thread % kWarpSize;
+  const int rows = quant::int_gemm_warp_rows(thread / kWarpSize);
+  const int warp_tokens = quant::int_gemm_warp_tokens(thread / kWarpSize);
+  float acc[quant::kWarpTokenTiles][quant::kLaneOutputs] = {};
+  quant::IntGemmStaged<kFormat> staged;
+  quant::int_gemm_load_stage<kFormat, kAsymmetric>(w, n_rows, x, tokens, row0, token0, 0, thread, staged);
+  quant::int_gemm_store_stage(staged, thread, stages[0]);
+  __syncthreads();
+  const int n_stages = ceil_div(w.cols, quant::kStageColumns);
+  for (int s = 0; s < n_stages; ++s) {
+    const int k0 = s * quant::kStageColumns;
+    const bool more = s + 1 < n_stages;
+    // the next stage's loads are in flight while the warps multiply this one
+    if (more) {
+      quant::int_gemm_load_stage<kFormat, kAsymmetric>(w, n_rows, x, tokens, row0, token0, k0 + quant::kStageColumns,
+                                                       thread, staged);
+    }
+    const int steps = quant::stage_steps(w.cols, k0);
+#pragma unroll
+    for (int step = 0; step < quant::kStageSteps; ++step) {
+      if (step < steps) warp_step<kFormat, kAsymmetric>(stages[s % 2], step, rows, warp_tokens, lane, acc);
+    }
+    // the other buffer was last read in the previous stage, before the barrier that ended it
+    if (more) quant::int_gemm_store_stage(staged, thread, stages[(s + 1) % 2]);
     __syncthreads();
-    quant::int_gemm_accumulate<kFormat, kAsymmetric>(tiles, w, n_rows, x, tokens, row0, token0, k0, thread, acc);
   }
-  quant::gemm_store(acc, thread, token0, row0, tokens, n_rows, bias, y);
+  quant::int_gemm_lane_store(acc, row0 + rows, token0 + warp_tokens, lane, n_rows, tokens, bias, y);
 }
 
 // edge_matvec_q_t: the same tiles over W [in, out], quantized along its rows (out), so output n of y is column n.

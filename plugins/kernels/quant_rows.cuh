@@ -77,8 +77,6 @@ template <>
 struct Format<EDGE_Q8> {
   static constexpr int kPieceValues = 16;
   EDGE_HD static size_t row_bytes(int cols) { return static_cast<size_t>(cols); }
-  // The piece's codes as int8 in column order: the bytes as they are.
-  EDGE_HD static void unpack_codes(uint4 raw, uint4 (&codes)[kPieceValues / 16]) { codes[0] = raw; }
   // values[e] = int8 byte e of the piece (little-endian words).
   EDGE_HD static void unpack(uint4 raw, float (&values)[kPieceValues]) {
     const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -97,26 +95,6 @@ template <>
 struct Format<EDGE_Q4> {
   static constexpr int kPieceValues = 32;
   EDGE_HD static size_t row_bytes(int cols) { return static_cast<size_t>(cols) / 2; }
-  // The piece's codes as int8 in column order: codes[0] the low nibbles of bytes 0..15 (columns 0..15), codes[1] their
-  // high nibbles (columns 16..31), each sign-extended.
-  EDGE_HD static void unpack_codes(uint4 raw, uint4 (&codes)[kPieceValues / 16]) {
-    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-    uint32_t low[4];
-    uint32_t high[4];
-EDGE_UNROLL
-    for (int q = 0; q < 4; ++q) {
-      low[q] = 0;
-      high[q] = 0;
-EDGE_UNROLL
-      for (int b = 0; b < 4; ++b) {
-        const uint32_t byte = (words[q] >> (8 * b)) & 0xFFu;
-        low[q] |= static_cast<uint32_t>(static_cast<uint8_t>(((byte & 0xF) ^ 0x8) - 0x8)) << (8 * b);
-        high[q] |= static_cast<uint32_t>(static_cast<uint8_t>(((byte >> 4) ^ 0x8) - 0x8)) << (8 * b);
-      }
-    }
-    codes[0] = make_uint4(low[0], low[1], low[2], low[3]);
-    codes[1] = make_uint4(high[0], high[1], high[2], high[3]);
-  }
   // values[k] = low nibble of byte k, values[16 + k] = its high nibble (Q4_0 order), each a signed 4-bit code.
   EDGE_HD static void unpack(uint4 raw, float (&values)[kPieceValues]) {
     const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -647,16 +625,137 @@ EDGE_UNROLL
 }
 
 // ------------------------------------------------------------------------ integer GEMM (edge_matvec_q, a prompt)
-// Each step (kTileK = 32 columns: one block of x's planes, within one group) the block stages its tile of weight codes
-// as int8 (int4 codes sign-extended) and its tokens' two planes in shared memory; each warp multiplies one 16-row x
-// 16-token piece of the tile on the matrix units (wmma m16n16k16, int8 operands, int32 sums: exact) with the high and
-// with the low plane and stores 256 high + low, the step's integer dot of row and token (matvec_q.cu); each thread then
-// adds, for each of its outputs, that sum converted to fp32 times the factor (the x block's factor * the group's
-// scale, in that order, as add_piece_dot) with one fmaf, and for asymmetric rows the group's mid times the block's
-// x_hat sum with a second. So y is the reference's on x_hat, as the GEMV's, with an int8 row's two pieces summed
-// exactly before the conversion; a thread does one or two fmaf per output and step where the fp32 tiles took 32.
-constexpr int kMmaK = 16;                      // wmma's k (and m and n) for int8 operands
-constexpr int kSumsStride = kTileRows + 4;     // int32 per token of the sums: a multiple of 4, as wmma stores them
+// A block computes kTileRows rows x kTileTokens tokens in steps of kTileK = 32 columns (one block of x's planes,
+// within one group). The block stages kStageSteps steps at a time in shared memory: the rows' codes as stored (int4
+// packed), x's two planes, and per step the rows' group scales (and mids) and the tokens' block factors (and x_hat
+// sums), converted to fp32; each thread loads the next stage from global memory into registers while the warps work
+// on the current one (two stage buffers, one barrier per stage). Warp w takes rows (w % 4) * 16.. and tokens
+// (w / 4) * 16..: per step it multiplies its rows' codes with the high and with the low plane of each group of 8
+// tokens on the matrix units (mma m16n8k32, int8 operands, int32 sums: exact), and each lane adds, for each of the
+// 8 outputs its product fragments hold, 256 high + low converted to fp32 times the factor (the x block's factor * the
+// group's scale, in that order, as add_piece_dot) with one fmaf, and for asymmetric rows the group's mid times the
+// block's x_hat sum with a second. So y is the reference's on x_hat, as the GEMV's, with one rounding per step and
+// output, each output's steps added in column order (bit-identical run to run).
+// The fragments follow the PTX ISA's layout for mma.m16n8k32 with .s8 operands: lane l, g = l / 4, q = l % 4, holds
+// A (16 rows x 32 columns, row-major) as a0 = A[g][4q..4q+3], a1 = A[g+8][4q..], a2 = A[g][16+4q..], a3 = A[g+8][16+4q..]
+// (four int8 per register, the lowest byte first), B (32 columns x 8 tokens) as b0 = B[4q..4q+3][g], b1 = B[16+4q..][g],
+// and the sums C (16 x 8) as c0 = C[g][2q], c1 = C[g][2q+1], c2 = C[g+8][2q], c3 = C[g+8][2q+1]. A column of the
+// step may stand in any k slot as long as the codes and the planes put it in the same one (the integer sum is the
+// same): int4 rows keep the natural order (byte 4q.. of a block holds columns 4q.. and 16+4q..: a0 and a2 come from
+// one word), int8 rows put columns 8q..8q+7 in slots 4q.. and 16+4q.. (one 8-byte load for a0 and a2, the same for b0
+// and b1).
+constexpr int kStageSteps = 4;
+constexpr int kStageColumns = kStageSteps * kTileK;
+constexpr int kMmaRows = 16;     // mma.m16n8k32: rows, tokens and columns of one product
+constexpr int kMmaTokens = 8;
+constexpr int kMmaK = 32;
+constexpr int kWarpRows = kMmaRows;  // a warp's outputs: 16 rows x 16 tokens, two products per plane and step
+constexpr int kWarpTokenTiles = 2;
+constexpr int kWarpTokens = kWarpTokenTiles * kMmaTokens;
+constexpr int kLaneOutputs = 4;  // outputs of one product fragment per lane
+static_assert(kMmaK == kTileK, "a step is one product");
+static_assert((kTileRows / kWarpRows) * (kTileTokens / kWarpTokens) * kWarpLanes == kGemmThreads, "one piece per warp");
+static_assert(kStageSteps * kTileRows == kGemmThreads, "one row's scale of one step per thread");
+
+// Byte counts of a stage. A row's codes and a token's plane are padded by one step's bytes, so that the lanes of a
+// fragment load (8 rows or tokens apart by the padded stride) fall in distinct shared-memory banks.
+template <int kFormat>
+struct IntGemmShape {
+  static constexpr int kStepBytes = kFormat == EDGE_Q4 ? kTileK / 2 : kTileK;  // one row's codes of one step
+  static constexpr int kCodeStride = (kStageSteps + 1) * kStepBytes;
+  static constexpr int kPlaneStride = kStageColumns + kStepBytes;
+  static constexpr int kRowPieces = kStageSteps * kStepBytes / kPieceBytes;  // 16-byte pieces of a row per stage
+  static constexpr int kTokenPieces = kStageColumns / kPieceBytes;           // of a token's plane per stage
+  static constexpr int kCodePieces = kTileRows * kRowPieces / kGemmThreads;  // per thread
+  static constexpr int kPlanePieces = 2 * kTileTokens * kTokenPieces / kGemmThreads;
+  static_assert(kCodePieces * kGemmThreads == kTileRows * kRowPieces, "the codes split evenly");
+  static_assert(kPlanePieces * kGemmThreads == 2 * kTileTokens * kTokenPieces, "the planes split evenly");
+};
+
+template <int kFormat>
+struct IntGemmStage {
+  using Shape = IntGemmShape<kFormat>;
+  alignas(16) int8_t codes[kTileRows][Shape::kCodeStride];          // row r: its stage's bytes as stored
+  alignas(16) int8_t planes[2][kTileTokens][Shape::kPlaneStride];   // high, low: token t's stage columns
+  float scale[kStageSteps][kTileRows];
+  float mid[kStageSteps][kTileRows];             // asymmetric rows: the group's 8 * scale + min
+  float x_factor[kStageSteps][kTileTokens];
+  float block_sum[kStageSteps][kTileTokens];     // asymmetric rows: the block's x_hat sum
+};
+
+// What one thread carries from global memory into a stage buffer.
+template <int kFormat>
+struct IntGemmStaged {
+  uint4 codes[IntGemmShape<kFormat>::kCodePieces];
+  uint4 planes[IntGemmShape<kFormat>::kPlanePieces];
+  float scale;
+  float mid;
+  float x_factor;
+  float block_sum;
+};
+
+// The steps of the stage starting at column k0 (cols a multiple of kTileK).
+EDGE_HD int stage_steps(int cols, int k0) {
+  const int left = (cols - k0) / kTileK;
+  return left < kStageSteps ? left : kStageSteps;
+}
+
+// Thread `thread`'s share of the stage at k0, from global memory: code pieces p = thread + kGemmThreads i (row
+// p / kRowPieces, piece p % kRowPieces of the row's stage), plane pieces p (token p / (2 kTokenPieces), plane
+// (p / kTokenPieces) % 2, piece p % kTokenPieces), the scale (and mid) of row thread % kTileRows at step
+// thread / kTileRows, and for threads below kStageSteps * kTileTokens the factor (and x_hat sum) of token
+// thread % kTileTokens at step thread / kTileTokens; zeros past the last row, token or step.
+template <int kFormat, bool kAsymmetric>
+EDGE_HD void int_gemm_load_stage(const QuantMatrix& m, int n_rows, const XPlanesLayout& x, int tokens, int row0,
+                                 int token0, int k0, int thread, IntGemmStaged<kFormat>& staged) {
+  static_assert(!kAsymmetric || kFormat == EDGE_Q4, "only int4 has group minimums");
+  using Shape = IntGemmShape<kFormat>;
+  constexpr int kV = Format<kFormat>::kPieceValues;
+  const int steps = stage_steps(m.cols, k0);
+EDGE_UNROLL
+  for (int i = 0; i < Shape::kCodePieces; ++i) {
+    const int p = thread + kGemmThreads * i;
+    const int row = row0 + p / Shape::kRowPieces;
+    const int piece = p % Shape::kRowPieces;
+    staged.codes[i] = make_uint4(0, 0, 0, 0);
+    if (row < n_rows && piece * kV < steps * kTileK) {
+      const size_t offset = static_cast<size_t>(k0 / kV + piece) * kPieceBytes;
+      staged.codes[i] = load_piece(m.row_codes(row, kFormat), offset, m.aligned16);
+    }
+  }
+EDGE_UNROLL
+  for (int i = 0; i < Shape::kPlanePieces; ++i) {
+    const int p = thread + kGemmThreads * i;
+    const int t = token0 + p / (2 * Shape::kTokenPieces);
+    const int plane = (p / Shape::kTokenPieces) % 2;
+    const int piece = p % Shape::kTokenPieces;
+    staged.planes[i] = make_uint4(0, 0, 0, 0);
+    if (t < tokens && piece * kPieceBytes < steps * kTileK) {
+      staged.planes[i] = load_plane(plane == 0 ? x.high(t) : x.low(t), static_cast<size_t>(k0 + piece * kPieceBytes));
+    }
+  }
+  {
+    const int row = row0 + thread % kTileRows;
+    const int step = thread / kTileRows;
+    const bool inside = row < n_rows && step < steps;
+    const int group = (k0 + step * kTileK) / m.group_size;
+    staged.scale = inside ? load_scale(m.row_scales(row), group) : 0.0f;
+    staged.mid = kAsymmetric && inside ? group_mid(staged.scale, load_scale(m.row_mins(row), group)) : 0.0f;
+  }
+  staged.x_factor = 0.0f;
+  staged.block_sum = 0.0f;
+  if (thread < kStageSteps * kTileTokens) {
+    const int t = token0 + thread % kTileTokens;
+    const int step = thread / kTileTokens;
+    if (t < tokens && step < steps) {
+      const QuantX xt = x.token(t);
+      const int block = (k0 + step * kTileK) / kXBlock;
+      staged.x_factor = load_scalar(xt.factor + block);
+      if (kAsymmetric) staged.block_sum = x_block_sum(xt, block);
+    }
+  }
+}
+
 // 16 bytes to shared memory, `to` 16-byte aligned: one vector store on the GPU.
 EDGE_HD void store16(int8_t* to, uint4 bytes) {
 #ifdef __CUDA_ARCH__
@@ -666,86 +765,134 @@ EDGE_HD void store16(int8_t* to, uint4 bytes) {
 #endif
 }
 
-struct IntGemmTiles {
-  alignas(32) int8_t w[kTileK / kMmaK][kTileRows][kMmaK];          // codes: [k / 16][row][k % 16]
-  alignas(32) int8_t x[2][kTileK / kMmaK][kTileTokens][kMmaK];     // planes (high, low): [k / 16][token][k % 16]
-  alignas(32) int32_t sums[kTileTokens][kSumsStride];              // 256 high + low: [token][row]
-};
-
-// Thread `thread`'s part of staging the codes of rows row0.. row0 + kTileRows - 1, columns k0.. k0 + kTileK - 1: one
-// piece (int8: row thread / 2, piece thread % 2 of the step, which is one k half; int4: row `thread`, its low nibbles
-// the first k half and its high nibbles the second), or zeros past the last row.
+// Thread `thread`'s share loaded by int_gemm_load_stage, into a stage buffer (the same indices).
 template <int kFormat>
-EDGE_HD void int_gemm_stage_codes(const QuantMatrix& m, int n_rows, int row0, int k0, int thread,
-                                  IntGemmTiles& tiles) {
-  constexpr int kV = Format<kFormat>::kPieceValues;
-  constexpr int kPiecesPerStep = kTileK / kV;
-  constexpr int kHalves = kV / kMmaK;  // k halves per piece
-  if (thread >= kTileRows * kPiecesPerStep) return;
-  const int local_row = thread / kPiecesPerStep;
-  const int piece = thread % kPiecesPerStep;
-  const int row = row0 + local_row;
-  uint4 codes[kHalves];
-  if (row < n_rows) {
-    const size_t offset = static_cast<size_t>(k0 / kV + piece) * kPieceBytes;
-    Format<kFormat>::unpack_codes(load_piece(m.row_codes(row, kFormat), offset, m.aligned16), codes);
+EDGE_HD void int_gemm_store_stage(const IntGemmStaged<kFormat>& staged, int thread, IntGemmStage<kFormat>& stage) {
+  using Shape = IntGemmShape<kFormat>;
+EDGE_UNROLL
+  for (int i = 0; i < Shape::kCodePieces; ++i) {
+    const int p = thread + kGemmThreads * i;
+    store16(&stage.codes[p / Shape::kRowPieces][(p % Shape::kRowPieces) * kPieceBytes], staged.codes[i]);
+  }
+EDGE_UNROLL
+  for (int i = 0; i < Shape::kPlanePieces; ++i) {
+    const int p = thread + kGemmThreads * i;
+    const int token = p / (2 * Shape::kTokenPieces);
+    const int plane = (p / Shape::kTokenPieces) % 2;
+    store16(&stage.planes[plane][token][(p % Shape::kTokenPieces) * kPieceBytes], staged.planes[i]);
+  }
+  stage.scale[thread / kTileRows][thread % kTileRows] = staged.scale;
+  stage.mid[thread / kTileRows][thread % kTileRows] = staged.mid;
+  if (thread < kStageSteps * kTileTokens) {
+    stage.x_factor[thread / kTileTokens][thread % kTileTokens] = staged.x_factor;
+    stage.block_sum[thread / kTileTokens][thread % kTileTokens] = staged.block_sum;
+  }
+}
+
+// The 4 (8) bytes at `from` in shared memory, 4- (8-) byte aligned, as one load on the GPU.
+EDGE_HD uint32_t load_u32(const int8_t* from) {
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const uint32_t*>(from);
+#else
+  uint32_t word;
+  std::memcpy(&word, from, sizeof(word));
+  return word;
+#endif
+}
+EDGE_HD uint2 load_u64(const int8_t* from) {
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const uint2*>(from);
+#else
+  uint2 words;
+  std::memcpy(&words, from, sizeof(words));
+  return words;
+#endif
+}
+
+// Four 4-bit two's complement codes, one in the low nibble of each byte (the high nibbles zero), as four int8: per
+// byte (n ^ 8) + 0x78 stays below 0x100 (no carry into the next byte) and ^ 0x80 makes it n ^ 8 - 8.
+EDGE_HD uint32_t nibbles_as_int8(uint32_t nibbles) { return ((nibbles ^ 0x08080808u) + 0x78787878u) ^ 0x80808080u; }
+
+// The warp's rows and tokens within the block's tile.
+EDGE_HD int int_gemm_warp_rows(int warp) { return (warp % (kTileRows / kWarpRows)) * kWarpRows; }
+EDGE_HD int int_gemm_warp_tokens(int warp) { return (warp / (kTileRows / kWarpRows)) * kWarpTokens; }
+
+// Lane `lane`'s A fragment of step `step`: the codes of the stage's rows rows.. rows + 15.
+template <int kFormat>
+EDGE_HD void int_gemm_lane_codes(const IntGemmStage<kFormat>& stage, int step, int rows, int lane, uint32_t (&a)[4]) {
+  constexpr int kStepBytes = IntGemmShape<kFormat>::kStepBytes;
+  const int g = lane / 4;
+  const int q = lane % 4;
+EDGE_UNROLL
+  for (int half = 0; half < 2; ++half) {  // rows g (a0, a2) and g + 8 (a1, a3)
+    const int8_t* row = &stage.codes[rows + g + 8 * half][step * kStepBytes];
+    if (kFormat == EDGE_Q4) {
+      const uint32_t word = load_u32(row + 4 * q);  // columns 4q.. (low nibbles) and 16 + 4q.. (high nibbles)
+      a[half] = nibbles_as_int8(word & 0x0F0F0F0Fu);
+      a[2 + half] = nibbles_as_int8((word >> 4) & 0x0F0F0F0Fu);
+    } else {
+      const uint2 words = load_u64(row + 8 * q);  // columns 8q.. in slots 4q.. and 16 + 4q..
+      a[half] = words.x;
+      a[2 + half] = words.y;
+    }
+  }
+}
+
+// Lane `lane`'s B fragment of step `step`: plane `plane` of the stage's tokens tokens.. tokens + 7, its columns in
+// the k slots of int_gemm_lane_codes.
+template <int kFormat>
+EDGE_HD void int_gemm_lane_plane(const IntGemmStage<kFormat>& stage, int plane, int step, int tokens, int lane,
+                                 uint32_t (&b)[2]) {
+  const int8_t* token = &stage.planes[plane][tokens + lane / 4][step * kTileK];
+  const int q = lane % 4;
+  if (kFormat == EDGE_Q4) {
+    b[0] = load_u32(token + 4 * q);
+    b[1] = load_u32(token + 16 + 4 * q);
   } else {
-EDGE_UNROLL
-    for (int h = 0; h < kHalves; ++h) codes[h] = make_uint4(0, 0, 0, 0);
-  }
-EDGE_UNROLL
-  for (int h = 0; h < kHalves; ++h) {
-    store16(&tiles.w[piece * kHalves + h][local_row][0], codes[h]);
+    const uint2 words = load_u64(token + 8 * q);
+    b[0] = words.x;
+    b[1] = words.y;
   }
 }
 
-// Thread `thread`'s part of staging the planes of tokens token0.. token0 + kTileTokens - 1 for the step at k0: 16 bytes
-// (token thread / 4, plane (thread / 2) % 2, k half thread % 2), or zeros past the last token.
-EDGE_HD void int_gemm_stage_planes(const XPlanesLayout& x, int tokens, int token0, int k0, int thread,
-                                   IntGemmTiles& tiles) {
-  constexpr int kPieces = 2 * (kTileK / kMmaK);  // 16-byte pieces per token: two planes of two halves
-  if (thread >= kTileTokens * kPieces) return;
-  const int token = thread / kPieces;
-  const int plane = (thread / 2) % 2;
-  const int half = thread % 2;
-  const int t = token0 + token;
-  uint4 bytes = make_uint4(0, 0, 0, 0);
-  if (t < tokens) bytes = load_plane(plane == 0 ? x.high(t) : x.low(t), static_cast<size_t>(k0 + kMmaK * half));
-  store16(&tiles.x[plane][half][token][0], bytes);
+// Output e of lane `lane`'s fragment of a product: row rows + g + 8 (e / 2), token tokens + 2 q + e % 2.
+EDGE_HD int int_gemm_lane_row(int lane, int e) { return lane / 4 + 8 * (e / 2); }
+EDGE_HD int int_gemm_lane_token(int lane, int e) { return 2 * (lane % 4) + e % 2; }
+
+// Adds step `step` to lane `lane`'s outputs, high[n] and low[n] the products of its token tile n (tokens
+// tokens + 8 n ..): fmaf(256 high + low, factor of x's block * scale of the row's group, acc), then for asymmetric
+// rows fmaf(mid of the row's group, x_hat sum of the token's block, acc).
+template <bool kAsymmetric, int kFormat>
+EDGE_HD void int_gemm_lane_accumulate(const IntGemmStage<kFormat>& stage, int step, int rows, int tokens, int lane,
+                                      const int32_t (&high)[kWarpTokenTiles][kLaneOutputs],
+                                      const int32_t (&low)[kWarpTokenTiles][kLaneOutputs],
+                                      float (&acc)[kWarpTokenTiles][kLaneOutputs]) {
+EDGE_UNROLL
+  for (int n = 0; n < kWarpTokenTiles; ++n) {
+EDGE_UNROLL
+    for (int e = 0; e < kLaneOutputs; ++e) {
+      const int row = rows + int_gemm_lane_row(lane, e);
+      const int token = tokens + kMmaTokens * n + int_gemm_lane_token(lane, e);
+      const float factor = stage.x_factor[step][token] * stage.scale[step][row];
+      acc[n][e] = fmaf(static_cast<float>(256 * high[n][e] + low[n][e]), factor, acc[n][e]);
+      if (kAsymmetric) acc[n][e] = fmaf(stage.mid[step][row], stage.block_sum[step][token], acc[n][e]);
+    }
+  }
 }
 
-// Adds the step at k0 (tiles.sums written) to thread `thread`'s outputs: for output (t, r), fmaf(sum, factor of x's
-// block * scale of r's group, acc), then for asymmetric rows fmaf(mid of r's group, x_hat sum of t's block, acc).
-// Outputs past the last row or token are left alone (gemm_store skips them).
-template <int kFormat, bool kAsymmetric>
-EDGE_HD void int_gemm_accumulate(const IntGemmTiles& tiles, const QuantMatrix& m, int n_rows, const XPlanesLayout& x,
-                                 int tokens, int row0, int token0, int k0, int thread,
-                                 float (&acc)[kThreadTokens][kThreadRows]) {
-  static_assert(!kAsymmetric || kFormat == EDGE_Q4, "only int4 has group minimums");
-  const int token = gemm_thread_token(thread);
-  const int row = gemm_thread_row(thread);
-  const int group = k0 / m.group_size;
-  const int block = k0 / kXBlock;
-  float scale[kThreadRows];
-  float mid[kThreadRows];
+// y[t, row] = acc (+ bias[row]) for lane `lane`'s outputs inside the matrix; rows and tokens: the warp's first
+// within the whole matrix.
+EDGE_HD void int_gemm_lane_store(const float (&acc)[kWarpTokenTiles][kLaneOutputs], int rows, int tokens, int lane,
+                                 int n_rows, int n_tokens, const float* bias, float* y) {
 EDGE_UNROLL
-  for (int j = 0; j < kThreadRows; ++j) {
-    const int r = row0 + row + j;
-    scale[j] = r < n_rows ? load_scale(m.row_scales(r), group) : 0.0f;
-    mid[j] = kAsymmetric && r < n_rows ? group_mid(scale[j], load_scale(m.row_mins(r), group)) : 0.0f;
-  }
+  for (int n = 0; n < kWarpTokenTiles; ++n) {
 EDGE_UNROLL
-  for (int i = 0; i < kThreadTokens; ++i) {
-    const int t = token0 + token + i;
-    if (t >= tokens) continue;
-    const QuantX xt = x.token(t);
-    const float x_factor = load_scalar(xt.factor + block);
-    const float block_sum = kAsymmetric ? x_block_sum(xt, block) : 0.0f;
-EDGE_UNROLL
-    for (int j = 0; j < kThreadRows; ++j) {
-      const float factor = x_factor * scale[j];
-      acc[i][j] = fmaf(static_cast<float>(tiles.sums[token + i][row + j]), factor, acc[i][j]);
-      if (kAsymmetric) acc[i][j] = fmaf(mid[j], block_sum, acc[i][j]);
+    for (int e = 0; e < kLaneOutputs; ++e) {
+      const int row = rows + int_gemm_lane_row(lane, e);
+      const int t = tokens + kMmaTokens * n + int_gemm_lane_token(lane, e);
+      if (t < n_tokens && row < n_rows) {
+        y[static_cast<size_t>(t) * n_rows + row] = bias != nullptr ? acc[n][e] + bias[row] : acc[n][e];
+      }
     }
   }
 }

@@ -6,8 +6,8 @@
 // comment naming the kernel line it mirrors; tests/gpu/test_cuda_emulation.py and the op table (tests/ops) check the
 // results against the reference on the dequantized weights. Compiled by the tests with nvcc into a shared library.
 //
-// The matrix units' products of edge_matvec_q's integer GEMM (warp_step_sums) are emulated from the operands' layouts
-// as the kernel hands them to wmma; their int32 sums are exact, so the order does not matter.
+// The matrix units' products of edge_matvec_q's integer GEMM (mma_step) are emulated from the fragments as the lanes
+// hand them over, in the PTX ISA's layout; their int32 sums are exact, so the order does not matter.
 // The compaction and reduction kernels are the float pipeline's, emulated from their definitions (the neurons with
 // h != 0 in increasing order; per column, lane group g sums chunks g, g + 8, ..., then the groups in order).
 // Asymmetric int4 rows (mins non-NULL) run the kernels' kAsymmetric instantiations, chosen as the launchers choose
@@ -156,34 +156,75 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
   }
 }
 
-// warp_step_sums (matvec_q.cu): warp `warp`'s 16 x 16 piece of the step, rows (warp % 4) * 16.. and tokens
-// (warp / 4) * 16.., read as the kernel hands the tiles to wmma: the codes [row][k] row-major with leading dimension
-// 16, each plane [token][k] (k x tokens column-major, leading dimension 16), the result stored column-major with
-// leading dimension kSumsStride. The matrix units' int32 sums are exact, so any order gives the same.
-void warp_step_sums(edge::quant::IntGemmTiles& tiles, int warp) {
-  using namespace edge;
-  constexpr int kK = quant::kMmaK;
-  const int rows = (warp % (quant::kTileRows / kK)) * kK;
-  const int tokens = (warp / (quant::kTileRows / kK)) * kK;
-  const int8_t* codes = &tiles.w[0][0][0];
-  const int8_t* planes[2] = {&tiles.x[0][0][0][0], &tiles.x[1][0][0][0]};
-  const size_t half_codes = sizeof(tiles.w[0]);  // bytes from one k half of the codes to the next
-  const size_t half_plane = sizeof(tiles.x[0][0]);
-  int32_t* sums = &tiles.sums[0][0];
-  for (int r = 0; r < kK; ++r) {
-    for (int t = 0; t < kK; ++t) {
-      int32_t high = 0;
-      int32_t low = 0;
-      for (int half = 0; half < quant::kTileK / kK; ++half) {
-        for (int k = 0; k < kK; ++k) {
-          const int32_t code = codes[half * half_codes + static_cast<size_t>(rows + r) * kK + k];
-          const size_t at = half * half_plane + static_cast<size_t>(tokens + t) * kK + k;
-          high += code * planes[0][at];
-          low += code * planes[1][at];
-        }
-      }
-      sums[static_cast<size_t>(tokens + t) * quant::kSumsStride + rows + r] = 256 * high + low;
+// mma_step (matvec_q.cu), mma.sync.m16n8k32.row.col.s32.s8.s8.s32 with zero initial sums, over a warp's fragments in
+// the PTX ISA's layout (quant_rows.cuh, "integer GEMM"): lane l, g = l / 4, q = l % 4, holds A[g][4q..] in a0,
+// A[g+8][4q..] in a1, A[g][16+4q..] in a2, A[g+8][16+4q..] in a3, B[4q..][g] in b0, B[16+4q..][g] in b1, and gets
+// C[g][2q], C[g][2q+1], C[g+8][2q], C[g+8][2q+1]. The int32 sums are exact, so the order does not matter.
+void mma_step(const uint32_t (&a)[kLanes][4], const uint32_t (&b)[kLanes][2], int32_t (&sums)[kLanes][4]) {
+  using edge::quant::kMmaK;
+  using edge::quant::kMmaRows;
+  using edge::quant::kMmaTokens;
+  int32_t A[kMmaRows][kMmaK];
+  int32_t B[kMmaK][kMmaTokens];
+  const auto byte = [](uint32_t word, int i) { return static_cast<int32_t>(static_cast<int8_t>(word >> (8 * i))); };
+  for (int lane = 0; lane < kLanes; ++lane) {
+    const int g = lane / 4;
+    const int q = lane % 4;
+    for (int i = 0; i < 4; ++i) {
+      A[g][4 * q + i] = byte(a[lane][0], i);
+      A[g + 8][4 * q + i] = byte(a[lane][1], i);
+      A[g][16 + 4 * q + i] = byte(a[lane][2], i);
+      A[g + 8][16 + 4 * q + i] = byte(a[lane][3], i);
+      B[4 * q + i][g] = byte(b[lane][0], i);
+      B[16 + 4 * q + i][g] = byte(b[lane][1], i);
     }
+  }
+  const auto product = [&](int row, int token) {
+    int32_t sum = 0;
+    for (int k = 0; k < kMmaK; ++k) sum += A[row][k] * B[k][token];
+    return sum;
+  };
+  for (int lane = 0; lane < kLanes; ++lane) {
+    const int g = lane / 4;
+    const int q = lane % 4;
+    sums[lane][0] = product(g, 2 * q);
+    sums[lane][1] = product(g, 2 * q + 1);
+    sums[lane][2] = product(g + 8, 2 * q);
+    sums[lane][3] = product(g + 8, 2 * q + 1);
+  }
+}
+
+// warp_step (matvec_q.cu): the lanes' fragments of warp `warp`'s rows and tokens, their products, then each lane's
+// accumulation.
+template <int kFormat, bool kAsymmetric>
+void warp_step(const edge::quant::IntGemmStage<kFormat>& stage, int step, int warp,
+               float (&acc)[kLanes][edge::quant::kWarpTokenTiles][edge::quant::kLaneOutputs]) {
+  using namespace edge;
+  const int rows = quant::int_gemm_warp_rows(warp);
+  const int tokens = quant::int_gemm_warp_tokens(warp);
+  uint32_t a[kLanes][4];
+  for (int lane = 0; lane < kLanes; ++lane) quant::int_gemm_lane_codes<kFormat>(stage, step, rows, lane, a[lane]);
+  int32_t high[quant::kWarpTokenTiles][kLanes][quant::kLaneOutputs];
+  int32_t low[quant::kWarpTokenTiles][kLanes][quant::kLaneOutputs];
+  for (int n = 0; n < quant::kWarpTokenTiles; ++n) {
+    uint32_t b[kLanes][2];
+    for (int lane = 0; lane < kLanes; ++lane) {
+      quant::int_gemm_lane_plane<kFormat>(stage, 0, step, tokens + quant::kMmaTokens * n, lane, b[lane]);
+    }
+    mma_step(a, b, high[n]);
+    for (int lane = 0; lane < kLanes; ++lane) {
+      quant::int_gemm_lane_plane<kFormat>(stage, 1, step, tokens + quant::kMmaTokens * n, lane, b[lane]);
+    }
+    mma_step(a, b, low[n]);
+  }
+  for (int lane = 0; lane < kLanes; ++lane) {
+    int32_t lane_high[quant::kWarpTokenTiles][quant::kLaneOutputs];
+    int32_t lane_low[quant::kWarpTokenTiles][quant::kLaneOutputs];
+    for (int n = 0; n < quant::kWarpTokenTiles; ++n) {
+      std::memcpy(lane_high[n], high[n][lane], sizeof(lane_high[n]));
+      std::memcpy(lane_low[n], low[n][lane], sizeof(lane_low[n]));
+    }
+    quant::int_gemm_lane_accumulate<kAsymmetric>(stage, step, rows, tokens, lane, lane_high, lane_low, acc[lane]);
   }
 }
 
@@ -213,33 +254,37 @@ void matvec_q(const float* x, int tokens, int out, const QuantMatrix& w, const f
     }
     return;
   }
-  // int_gemm_kernel: block (blockIdx.x, blockIdx.y), its threads staging, its warps multiplying (warp_step_sums) and
-  // its threads accumulating each step between barriers
-  std::vector<float> acc(static_cast<size_t>(quant::kGemmThreads) * quant::kThreadTokens * quant::kThreadRows);
-  quant::IntGemmTiles tiles;
+  // int_gemm_kernel: block (blockIdx.x, blockIdx.y), its threads staging each stage (the kernel loads a stage while
+  // the warps multiply the one before; either way every thread has stored it before a warp reads it), its warps
+  // multiplying and accumulating the stage's steps (warp_step)
+  constexpr int kWarps = quant::kGemmThreads / kLanes;
+  struct WarpAccumulators {
+    float lanes[kLanes][quant::kWarpTokenTiles][quant::kLaneOutputs];
+  };
+  std::vector<WarpAccumulators> acc(kWarps);
+  quant::IntGemmStage<kFormat> stage;
   for (int block_y = 0; block_y < ceil_div(tokens, quant::kTileTokens); ++block_y) {
     for (int block_x = 0; block_x < ceil_div(out, quant::kTileRows); ++block_x) {
       const int row0 = block_x * quant::kTileRows;
       const int token0 = block_y * quant::kTileTokens;
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int k0 = 0; k0 < in; k0 += quant::kTileK) {
-        std::memset(&tiles, 0x7F, sizeof(tiles));  // an element no thread stages or no warp stores poisons the result
+      std::fill(acc.begin(), acc.end(), WarpAccumulators{});
+      for (int k0 = 0; k0 < in; k0 += quant::kStageColumns) {
+        std::memset(&stage, 0x7F, sizeof(stage));  // an element no thread stages poisons the result
         for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
-          quant::int_gemm_stage_codes<kFormat>(w, out, row0, k0, thread, tiles);
-          quant::int_gemm_stage_planes(planes.layout, tokens, token0, k0, thread, tiles);
+          quant::IntGemmStaged<kFormat> staged;
+          quant::int_gemm_load_stage<kFormat, kAsymmetric>(w, out, planes.layout, tokens, row0, token0, k0, thread,
+                                                           staged);
+          quant::int_gemm_store_stage(staged, thread, stage);
         }
-        for (int warp = 0; warp < quant::kGemmThreads / kLanes; ++warp) warp_step_sums(tiles, warp);
-        for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
-          auto& mine = *reinterpret_cast<float(*)[quant::kThreadTokens][quant::kThreadRows]>(
-              acc.data() + static_cast<size_t>(thread) * quant::kThreadTokens * quant::kThreadRows);
-          quant::int_gemm_accumulate<kFormat, kAsymmetric>(tiles, w, out, planes.layout, tokens, row0, token0, k0,
-                                                            thread, mine);
+        for (int step = 0; step < quant::stage_steps(in, k0); ++step) {
+          for (int warp = 0; warp < kWarps; ++warp) warp_step<kFormat, kAsymmetric>(stage, step, warp, acc[warp].lanes);
         }
       }
-      for (int thread = 0; thread < quant::kGemmThreads; ++thread) {
-        const auto& mine = *reinterpret_cast<const float(*)[quant::kThreadTokens][quant::kThreadRows]>(
-            acc.data() + static_cast<size_t>(thread) * quant::kThreadTokens * quant::kThreadRows);
-        quant::gemm_store(mine, thread, token0, row0, tokens, out, bias, y);
+      for (int warp = 0; warp < kWarps; ++warp) {
+        for (int lane = 0; lane < kLanes; ++lane) {
+          quant::int_gemm_lane_store(acc[warp].lanes[lane], row0 + quant::int_gemm_warp_rows(warp),
+                                     token0 + quant::int_gemm_warp_tokens(warp), lane, out, tokens, bias, y);
+        }
       }
     }
   }

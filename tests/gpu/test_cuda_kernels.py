@@ -467,6 +467,28 @@ def test_quantized_matvec_equals_its_emulation_and_repeats_bit_for_bit(device, t
         assert (first - emulated).abs().max() <= MATMUL_RTOL["int8"] * emulated.abs().max()
 
 
+# The integer GEMM (more than quant::kGemvTokens tokens) against its emulation, to the bit: the emulation hands the
+# lanes' fragments to the matrix units in the PTX ISA's layout (quant_rows.cuh, "integer GEMM") and sums each output
+# as the kernel does, so any difference is a fragment, a stage or a step the kernel reads otherwise. n_in: 416 = three
+# stages of 128 columns and one step, 320 = two stages and two steps, 384 = three whole stages; 70 rows and 37 tokens:
+# partial row and token tiles.
+@pytest.mark.parametrize("kind", ["int8", "int4", "int4-asymmetric"])
+@pytest.mark.parametrize(("n_in", "group_size"), [(416, 32), (320, 64), (384, 128)])
+def test_integer_gemm_equals_its_emulation_to_the_bit(device, kind, n_in, group_size):
+    if cuda_emulation.unavailable_reason() is not None:
+        pytest.skip(cuda_emulation.unavailable_reason())
+    rng = np.random.default_rng(n_in + group_size)
+    if kind == "int4-asymmetric":
+        matrix = asymmetric_rows.asymmetric_matrix(70, n_in, group_size, seed=n_in)
+    else:
+        matrix = quant.quantize(rng.standard_normal((70, n_in)), kind, group_size)
+    x = rng.standard_normal((37, n_in)).astype(np.float32)
+    bias = rng.standard_normal(70).astype(np.float32)
+    y = run_matvec_q(device, torch.from_numpy(x), matrix, torch.from_numpy(bias)).numpy()
+    emulated = cuda_emulation.matvec_q(x, matrix, bias)
+    assert np.array_equal(y.view(np.int32), emulated.view(np.int32)), np.abs(y - emulated).max()
+
+
 # edge_matvec_q_t over W [in, out] (the neuron-major down projection of a prompt's dense FFN): in (the rows) not a
 # multiple of the 32-row step, out a partial 64-column tile
 @pytest.mark.parametrize("tokens", [1, 37])
