@@ -2,9 +2,10 @@
  * on fixed pseudo-random data (no timing: qemu counts the instructions). d = D = 1024, group size 32, one thread.
  *
  *   aarch64_instruction_count KIND CALLS
- *   KIND: matvec4 | matvec8 | ffn4 | ffn8, with a trailing "a" for asymmetric int4 rows (matvec4a, ffn4a), or
- *   matvec16 | ffn16 for fp16 rows; ffn: the sparse FFN (SiLU, a mask of about 10% of the neurons), matvec:
- *   edge_cpu_matvec_q (edge_cpu_matvec for fp16); or svd16: the SVD predictor with fp16 factors of rank 64. */
+ *   KIND: matvec4 | matvec8 | ffn4 | ffn8 | matmul4 | matmul8, with a trailing "a" for asymmetric int4 rows
+ *   (matvec4a, ffn4a, matmul4a), or matvec16 | ffn16 for fp16 rows; ffn: the sparse FFN (SiLU, a mask of about 10% of
+ *   the neurons), matvec: edge_cpu_matvec_q (edge_cpu_matvec for fp16), matmul: edge_cpu_matmuls on a block of
+ *   TOKENS tokens (a prompt's projection); or svd16: the SVD predictor with fp16 factors of rank 64. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,7 +13,7 @@
 
 #include "edge_cpu_kernels.h"
 
-enum { D_MODEL = 1024, NEURONS = 1024, GROUP = 32, RANK = 64 };
+enum { D_MODEL = 1024, NEURONS = 1024, GROUP = 32, RANK = 64, TOKENS = 8 };
 
 static uint32_t state = 1;
 static uint32_t next_random(void) { /* xorshift32: cheap, so the setup adds few instructions to the count */
@@ -24,13 +25,14 @@ static uint32_t next_random(void) { /* xorshift32: cheap, so the setup adds few 
 
 int main(int argc, char **argv) {
   if (argc != 3) {
-    fprintf(stderr, "usage: %s matvec4|matvec8|ffn4|ffn8[a]|matvec16|ffn16|svd16 CALLS\n", argv[0]);
+    fprintf(stderr, "usage: %s matvec4|matvec8|ffn4|ffn8|matmul4|matmul8[a]|matvec16|ffn16|svd16 CALLS\n", argv[0]);
     return 2;
   }
   const char *kind = argv[1];
   int calls = atoi(argv[2]);
   int fp16 = strstr(kind, "16") != NULL, int4 = !fp16 && strchr(kind, '4') != NULL;
   int asymmetric = kind[strlen(kind) - 1] == 'a', ffn = strncmp(kind, "ffn", 3) == 0;
+  int matmul = strncmp(kind, "matmul", 6) == 0;
   size_t row_bytes = fp16 ? 2 * D_MODEL : int4 ? D_MODEL / 2 : D_MODEL, groups = (size_t)NEURONS * D_MODEL / GROUP;
   uint8_t *codes[3];
   uint16_t *scales[3], *mins[3];
@@ -47,9 +49,9 @@ int main(int argc, char **argv) {
       mins[m][i] = (uint16_t)(0xa000 + next_random() % 0x400);   /* small negative ones */
     }
   }
-  float *x = malloc(D_MODEL * sizeof(float)), *y = malloc(NEURONS * sizeof(float));
+  float *x = malloc(TOKENS * D_MODEL * sizeof(float)), *y = malloc(TOKENS * NEURONS * sizeof(float));
   uint8_t *mask = malloc(NEURONS);
-  for (int i = 0; i < D_MODEL; i++) x[i] = (float)((int)(next_random() % 2001) - 1000) / 1000.0f;
+  for (int i = 0; i < TOKENS * D_MODEL; i++) x[i] = (float)((int)(next_random() % 2001) - 1000) / 1000.0f;
   for (int i = 0; i < NEURONS; i++) mask[i] = next_random() % 10 == 0;
   void *workspace = malloc(edge_cpu_sparse_ffn_workspace_size(D_MODEL, NEURONS, 1));
   int format = int4 ? EDGE_Q4 : EDGE_Q8;
@@ -63,6 +65,9 @@ int main(int argc, char **argv) {
       status = ffn ? edge_cpu_sparse_ffn(x, D_MODEL, NEURONS, codes[0], codes[1], codes[2], EDGE_F16, mask, NULL,
                                          EDGE_ACT_SILU, 0.0f, y, workspace, 1, NULL)
                    : edge_cpu_matvec(x, D_MODEL, NEURONS, codes[0], EDGE_F16, NULL, y, 1);
+    } else if (matmul) {
+      struct edge_cpu_matrix matrix = {codes[0], scales[0], MINS(0), format, GROUP, NEURONS, NULL, y};
+      status = edge_cpu_matmuls(x, TOKENS, D_MODEL, &matrix, 1, 1);
     } else {
       status = ffn ? edge_cpu_sparse_ffn_q(x, D_MODEL, NEURONS, codes[0], scales[0], MINS(0), codes[1], scales[1],
                                            MINS(1), codes[2], scales[2], MINS(2), format, format, GROUP, mask, NULL,

@@ -34,7 +34,20 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "aarch64_instruction_count.c"
 SYSROOT = Path("/usr/aarch64-linux-gnu")
-KINDS = ("matvec4", "matvec4a", "matvec8", "ffn4", "ffn4a", "ffn8", "matvec16", "ffn16", "svd16")
+KINDS = (
+    "matvec4",
+    "matvec4a",
+    "matvec8",
+    "ffn4",
+    "ffn4a",
+    "ffn8",
+    "matmul4",
+    "matmul4a",
+    "matmul8",
+    "matvec16",
+    "ffn16",
+    "svd16",
+)
 INSTRUCTION = re.compile(r"^0x([0-9a-f]+):\s+[0-9a-f]{8}\s+(.*)$")
 EXECUTION = re.compile(r"Trace \d+: 0x[0-9a-f]+ \[[0-9a-f]+/([0-9a-f]+)/")
 Q_STORE = re.compile(r"\b(str|stp|stur)\s+q\d+")

@@ -567,29 +567,47 @@ static inline float group_mid(const uint16_t *scales, const uint16_t *mins, size
   return 8.0f * scale_at(scales, g) + scale_at(mins, g);
 }
 
-/* lanes[b % 16] = the sum over blocks b, b + 16, ... (< blocks) of mid of the block's group * block_sums[b], one
- * fused multiply-add per block in increasing b, from +0. */
-EDGE_ALWAYS_INLINE void block_corrections(const uint16_t *scales, const uint16_t *mins, int group_log,
-                                          const float *block_sums, int blocks, float lanes[16]) {
-  memset(lanes, 0, 16 * sizeof(float));
+/* Tokens whose corrections block_corrections_tokens computes in one pass, at most. */
+#define EDGE_CORRECTION_TOKENS 4
+
+/* For each of n tokens (n <= EDGE_CORRECTION_TOKENS): lanes[t][b % 16] = the sum over blocks b, b + 16, ... (< blocks)
+ * of mid of the block's group * block_sums[t][b], one fused multiply-add per block in increasing b, from +0; each
+ * block's mids computed once for all n tokens. */
+EDGE_ALWAYS_INLINE void block_corrections_tokens(int n, const uint16_t *scales, const uint16_t *mins, int group_log,
+                                                 const float *const *block_sums, int blocks, float (*lanes)[16]) {
+  for (int t = 0; t < n; t++) memset(lanes[t], 0, 16 * sizeof(float));
   int b = 0;
 #if defined(__aarch64__)
   if (group_log == 0) { /* a group per block: four blocks' mids per vector, into their quarter of the 16 lanes */
-    float32x4_t quarters[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+    float32x4_t quarters[EDGE_CORRECTION_TOKENS][4];
+    for (int t = 0; t < n; t++) {
+      for (int q = 0; q < 4; q++) quarters[t][q] = vdupq_n_f32(0);
+    }
     for (; b + 16 <= blocks; b += 16) {
       for (int q = 0; q < 4; q++) {
         float32x4_t s = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(scales + b + 4 * q)));
         float32x4_t m = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(mins + b + 4 * q)));
         float32x4_t mids = vaddq_f32(vmulq_n_f32(s, 8.0f), m);
-        quarters[q] = vfmaq_f32(quarters[q], mids, vld1q_f32(block_sums + b + 4 * q));
+        for (int t = 0; t < n; t++) {
+          quarters[t][q] = vfmaq_f32(quarters[t][q], mids, vld1q_f32(block_sums[t] + b + 4 * q));
+        }
       }
     }
-    for (int q = 0; q < 4; q++) vst1q_f32(lanes + 4 * q, quarters[q]);
+    for (int t = 0; t < n; t++) {
+      for (int q = 0; q < 4; q++) vst1q_f32(lanes[t] + 4 * q, quarters[t][q]);
+    }
   }
 #endif
   for (; b < blocks; b++) {
-    lanes[b % 16] = fmaf(group_mid(scales, mins, (size_t)(b >> group_log)), block_sums[b], lanes[b % 16]);
+    float mid = group_mid(scales, mins, (size_t)(b >> group_log));
+    for (int t = 0; t < n; t++) lanes[t][b % 16] = fmaf(mid, block_sums[t][b], lanes[t][b % 16]);
   }
+}
+
+/* block_corrections_tokens for one token's block_sums. */
+EDGE_ALWAYS_INLINE void block_corrections(const uint16_t *scales, const uint16_t *mins, int group_log,
+                                          const float *block_sums, int blocks, float lanes[16]) {
+  block_corrections_tokens(1, scales, mins, group_log, &block_sums, blocks, (float (*)[16])lanes);
 }
 
 /* The fp32-x dot product of a quantized row (EDGE_SDK_QUANT_ACTIVATIONS=fp32). struct lane_sums holds 16 lanes for
@@ -1419,12 +1437,16 @@ static inline int32x4_t nibble_lane_products(int32x4_t start, int8x16_t low_code
 
 /* The 4 lanes of one INT4 block whose x codes start at high, low (its low nibbles' values) and + 64 (its high
  * nibbles' values): the high plane's sums, shifted, start the low plane's. */
-static inline int32x4_t int4_block_products(const char *codes, const int8_t *high, const int8_t *low) {
-  codes16 bytes = load_codes16(codes);
-  int8x16_t low_codes = low_nibbles(bytes), high_codes = high_nibbles(bytes);
+static inline int32x4_t int4_split_block_products(int8x16_t low_codes, int8x16_t high_codes, const int8_t *high,
+                                                  const int8_t *low) {
   int32x4_t high_sums = nibble_lane_products(vdupq_n_s32(0), low_codes, high_codes, vld1q_s8(high),
                                              vld1q_s8(high + 64));
   return nibble_lane_products(vshlq_n_s32(high_sums, 8), low_codes, high_codes, vld1q_s8(low), vld1q_s8(low + 64));
+}
+
+static inline int32x4_t int4_block_products(const char *codes, const int8_t *high, const int8_t *low) {
+  codes16 bytes = load_codes16(codes);
+  return int4_split_block_products(low_nibbles(bytes), high_nibbles(bytes), high, low);
 }
 
 /* A unit's 16 accumulator lanes as four q registers (quarter q: lanes 4q..4q + 3). The portable path's vec16 went
@@ -1465,10 +1487,38 @@ EDGE_ALWAYS_INLINE float32x2_t int8_unit_scales(const uint16_t *scales, int grou
   return vdup_n_f32(scale_at(scales, (size_t)(first_block >> group_log)));
 }
 
+/* The factors of a unit's blocks (lane b: block first_block + b; the blocks past n_blocks 0): x's block scale times
+ * the row's group scale (the product every build's lanes take), one vector product per whole unit. INT4: 4 blocks. */
+EDGE_ALWAYS_INLINE float32x4_t int4_unit_factors(const float *x_scales, const uint16_t *scales, int group_log,
+                                                 int first_block, int n_blocks) {
+  float32x4_t factors;
+  if (n_blocks == 4) {
+    factors = vmulq_f32(vld1q_f32(x_scales), int4_unit_scales(scales, group_log, first_block));
+  } else { /* a row's last, partial unit */
+    float partial[4] = {0};
+    for (int b = 0; b < n_blocks; b++) {
+      partial[b] = x_scales[b] * scale_at(scales, (size_t)((first_block + b) >> group_log));
+    }
+    factors = vld1q_f32(partial);
+  }
+  return factors;
+}
+
+/* INT8: 2 blocks. */
+EDGE_ALWAYS_INLINE float32x2_t int8_unit_factors(const float *x_scales, const uint16_t *scales, int group_log,
+                                                 int first_block, int n_blocks) {
+  float32x2_t factors;
+  if (n_blocks == 2) {
+    factors = vmul_f32(vld1_f32(x_scales), int8_unit_scales(scales, group_log, first_block));
+  } else {
+    factors = vset_lane_f32(x_scales[0] * scale_at(scales, (size_t)(first_block >> group_log)), vdup_n_f32(0), 0);
+  }
+  return factors;
+}
+
 /* acc += unit `unit`'s lanes (n_blocks of its blocks present; the others add 0 * 0) times their factors, quarter by
- * quarter: the portable path's unit_lanes, unit_factors and fused_multiply_add16. A block's factor is x's block scale
- * times the row's group scale (the product every build's lanes take), one vector
- * product per whole unit, each quarter's fused multiply-add taking its block's lane. */
+ * quarter: the portable path's unit_lanes, unit_factors and fused_multiply_add16, each quarter's fused
+ * multiply-add taking its block's lane of the unit's factors. */
 EDGE_ALWAYS_INLINE void int_dot_unit(const char *row, const uint16_t *scales, int dtype, int group_log,
                                      const struct quantized_activations *xa, int unit, int n_blocks,
                                      unit_accumulator *acc) {
@@ -1481,16 +1531,7 @@ EDGE_ALWAYS_INLINE void int_dot_unit(const char *row, const uint16_t *scales, in
     for (int b = 0; b < n_blocks; b++) {
       products[b] = int4_block_products(codes + 16 * b, xa->high + first + 16 * b, xa->low + first + 16 * b);
     }
-    float32x4_t factors;
-    if (n_blocks == 4) {
-      factors = vmulq_f32(vld1q_f32(x_scales), int4_unit_scales(scales, group_log, first_block));
-    } else { /* a row's last, partial unit: its missing blocks' factors 0 */
-      float partial[4] = {0};
-      for (int b = 0; b < n_blocks; b++) {
-        partial[b] = x_scales[b] * scale_at(scales, (size_t)((first_block + b) >> group_log));
-      }
-      factors = vld1q_f32(partial);
-    }
+    float32x4_t factors = int4_unit_factors(x_scales, scales, group_log, first_block, n_blocks);
     acc->quarter[0] = vfmaq_laneq_f32(acc->quarter[0], vcvtq_f32_s32(products[0]), factors, 0);
     acc->quarter[1] = vfmaq_laneq_f32(acc->quarter[1], vcvtq_f32_s32(products[1]), factors, 1);
     acc->quarter[2] = vfmaq_laneq_f32(acc->quarter[2], vcvtq_f32_s32(products[2]), factors, 2);
@@ -1500,16 +1541,76 @@ EDGE_ALWAYS_INLINE void int_dot_unit(const char *row, const uint16_t *scales, in
       size_t at = (size_t)unit * 64 + (size_t)b * EDGE_QUANT_BLOCK;
       int8_block_products(codes + 32 * b, xa->high + at, xa->low + at, products + 2 * b);
     }
-    float32x2_t factors;
-    if (n_blocks == 2) {
-      factors = vmul_f32(vld1_f32(x_scales), int8_unit_scales(scales, group_log, first_block));
-    } else {
-      factors = vset_lane_f32(x_scales[0] * scale_at(scales, (size_t)(first_block >> group_log)), vdup_n_f32(0), 0);
-    }
+    float32x2_t factors = int8_unit_factors(x_scales, scales, group_log, first_block, n_blocks);
     acc->quarter[0] = vfmaq_lane_f32(acc->quarter[0], vcvtq_f32_s32(products[0]), factors, 0);
     acc->quarter[1] = vfmaq_lane_f32(acc->quarter[1], vcvtq_f32_s32(products[1]), factors, 0);
     acc->quarter[2] = vfmaq_lane_f32(acc->quarter[2], vcvtq_f32_s32(products[2]), factors, 1);
     acc->quarter[3] = vfmaq_lane_f32(acc->quarter[3], vcvtq_f32_s32(products[3]), factors, 1);
+  }
+}
+
+/* Tokens of a block whose x one row meets at once (int_dot_tokens): each token's 8 accumulator registers (even and odd
+ * units) and its unit's factors; 2 tokens leave the codes, x and products their registers of the 32. */
+#define EDGE_TOKENS_AT_ONCE 2
+_Static_assert(EDGE_TOKENS_AT_ONCE <= EDGE_CORRECTION_TOKENS, "one pass of corrections per row");
+
+/* acc + products * lane `lane` of factors (one rounding), the lane a constant once inlined. */
+EDGE_ALWAYS_INLINE float32x4_t fma_by_lane(float32x4_t acc, int32x4_t products, float32x4_t factors, int lane) {
+  float32x4_t values = vcvtq_f32_s32(products);
+  switch (lane) {
+    case 0: return vfmaq_laneq_f32(acc, values, factors, 0);
+    case 1: return vfmaq_laneq_f32(acc, values, factors, 1);
+    case 2: return vfmaq_laneq_f32(acc, values, factors, 2);
+    default: return vfmaq_laneq_f32(acc, values, factors, 3);
+  }
+}
+
+/* int_dot_unit for one row and the x of n tokens (xa[t], t < n): the unit's factors per token, then block by block
+ * the codes loaded (and INT4's split into nibbles) once and each token's products added to its quarters at once, so
+ * that no token's products wait in registers. Each fused multiply-add is int_dot_unit's for that row and that x
+ * (those of the blocks past n_blocks too, with zero products), so each token's bits are those of int_dot_unit. */
+EDGE_ALWAYS_INLINE void int_dot_unit_tokens(int n, const char *row, const uint16_t *scales, int dtype, int group_log,
+                                            const struct quantized_activations *const *xa, int unit, int n_blocks,
+                                            unit_accumulator *acc) {
+  const char *codes = row + (size_t)unit * 64;
+  int first_block = unit * unit_blocks(dtype);
+  if (dtype == EDGE_Q4) {
+    size_t first = (size_t)unit * EDGE_MAX_UNIT_VALUES;
+    float32x4_t factors[EDGE_TOKENS_AT_ONCE];
+    for (int t = 0; t < n; t++) {
+      factors[t] = int4_unit_factors(xa[t]->block_scales + first_block, scales, group_log, first_block, n_blocks);
+    }
+    for (int b = 0; b < 4; b++) {
+      codes16 bytes = load_codes16(codes + 16 * (b < n_blocks ? b : 0));
+      int8x16_t low_codes = low_nibbles(bytes), high_codes = high_nibbles(bytes);
+      for (int t = 0; t < n; t++) {
+        size_t at = first + 16 * (size_t)b;
+        int32x4_t products = b < n_blocks ? int4_split_block_products(low_codes, high_codes, xa[t]->high + at,
+                                                                      xa[t]->low + at)
+                                          : vdupq_n_s32(0);
+        acc[t].quarter[b] = fma_by_lane(acc[t].quarter[b], products, factors[t], b);
+      }
+    }
+  } else {
+    float32x2_t factors[EDGE_TOKENS_AT_ONCE];
+    for (int t = 0; t < n; t++) {
+      factors[t] = int8_unit_factors(xa[t]->block_scales + first_block, scales, group_log, first_block, n_blocks);
+    }
+    for (int b = 0; b < 2; b++) {
+      codes16 first_half = load_codes16(codes + 32 * (b < n_blocks ? b : 0));
+      codes16 second_half = load_codes16(codes + 32 * (b < n_blocks ? b : 0) + 16);
+      size_t at = (size_t)unit * 64 + (size_t)b * EDGE_QUANT_BLOCK;
+      for (int t = 0; t < n; t++) {
+        int32x4_t first_products = vdupq_n_s32(0), second_products = vdupq_n_s32(0);
+        if (b < n_blocks) {
+          first_products = two_plane_products(first_half, xa[t]->high + at, xa[t]->low + at);
+          second_products = two_plane_products(second_half, xa[t]->high + at + 16, xa[t]->low + at + 16);
+        }
+        float32x4_t lane_factors = vcombine_f32(factors[t], factors[t]); /* lane b of the pair: lanes b and 2 + b */
+        acc[t].quarter[2 * b] = fma_by_lane(acc[t].quarter[2 * b], first_products, lane_factors, b);
+        acc[t].quarter[2 * b + 1] = fma_by_lane(acc[t].quarter[2 * b + 1], second_products, lane_factors, b);
+      }
+    }
   }
 }
 
@@ -1522,6 +1623,54 @@ static inline float unit_accumulators_sum(const unit_accumulator *even, const un
     if (corrections != NULL) q[i] = vaddq_f32(q[i], vld1q_f32(corrections + 4 * i));
   }
   return sum_quarters(q);
+}
+
+/* out[t] = row . x_t through the quantized planes xa[t] of n tokens (1 or EDGE_TOKENS_AT_ONCE, a constant once
+ * inlined), prefetching the row `next`: the units in int_dot_rows' order (even and odd accumulators, a last partial
+ * unit), each unit's codes loaded once for all n tokens (int_dot_unit_tokens), so each token's value is the bits
+ * int_dot_rows gives that row and that x. */
+EDGE_ALWAYS_INLINE void int_dot_tokens(int n, const char *row, const uint16_t *scales, const uint16_t *mins, int dtype,
+                                       int group_size, const struct quantized_activations *const *xa, int d,
+                                       const char *next, const uint16_t *next_scales, const uint16_t *next_mins,
+                                       int asymmetric, float *out) {
+  int blocks = d / EDGE_QUANT_BLOCK;
+  int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2;
+  unit_accumulator even[EDGE_TOKENS_AT_ONCE], odd[EDGE_TOKENS_AT_ONCE];
+  for (int t = 0; t < n; t++) {
+    zero_accumulator(&even[t]);
+    zero_accumulator(&odd[t]);
+  }
+  int per_unit = unit_blocks(dtype), unit = 0, full_units = blocks / per_unit, partial_blocks = blocks % per_unit;
+  for (; unit + 2 <= full_units; unit += 2) {
+    EDGE_PREFETCH(next, (size_t)unit * 64);
+    EDGE_PREFETCH(next, (size_t)(unit + 1) * 64);
+    if (((unit * per_unit) & ((32 << group_log) - 1)) < 2 * per_unit) {
+      EDGE_PREFETCH(next_scales, (size_t)((unit * per_unit) >> group_log) * sizeof(uint16_t));
+      if (asymmetric) EDGE_PREFETCH(next_mins, (size_t)((unit * per_unit) >> group_log) * sizeof(uint16_t));
+    }
+    int_dot_unit_tokens(n, row, scales, dtype, group_log, xa, unit, per_unit, even);
+    int_dot_unit_tokens(n, row, scales, dtype, group_log, xa, unit + 1, per_unit, odd);
+  }
+  if (unit < full_units) {
+    EDGE_PREFETCH(next, (size_t)unit * 64);
+    int_dot_unit_tokens(n, row, scales, dtype, group_log, xa, unit, per_unit, even);
+    unit++;
+  }
+  if (partial_blocks != 0) {
+    EDGE_PREFETCH(next, (size_t)unit * 64);
+    if (unit % 2 == 0) {
+      int_dot_unit_tokens(n, row, scales, dtype, group_log, xa, unit, partial_blocks, even);
+    } else {
+      int_dot_unit_tokens(n, row, scales, dtype, group_log, xa, unit, partial_blocks, odd);
+    }
+  }
+  float corrections[EDGE_TOKENS_AT_ONCE][16];
+  if (asymmetric) {
+    const float *block_sums[EDGE_TOKENS_AT_ONCE];
+    for (int t = 0; t < n; t++) block_sums[t] = xa[t]->block_sums;
+    block_corrections_tokens(n, scales, mins, group_log, block_sums, blocks, corrections);
+  }
+  for (int t = 0; t < n; t++) out[t] = unit_accumulators_sum(&even[t], &odd[t], asymmetric ? corrections[t] : NULL);
 }
 
 #else /* portable C */
@@ -2180,7 +2329,7 @@ static void prepare_token(const float *x, int in, int dtype, int asymmetric, voi
   }
 }
 
-#if EDGE_ROWS_AVX512
+#if EDGE_ROWS_AVX512 || defined(__ARM_NEON)
 /* Bytes of a run's rows that the block's groups of tokens go through before the next rows: a quarter of a 32 KiB L1,
  * so that each group after the first finds them there beside its x (with the whole 32 KiB run per group, rows and
  * x came from L2; 4, 8 and 16 KiB measured, benchmarks/README.md, section 11). */
@@ -2244,19 +2393,35 @@ static void int_dot_run_tokens(const struct row_list *rows, const struct row_lis
 }
 #endif
 
+#if EDGE_ROWS_AVX512 || defined(__ARM_NEON)
+/* Whether rows of `dtype` take fewer instructions dotted with EDGE_TOKENS_AT_ONCE tokens at once than token by token.
+ * Not INT4 on NEON without the dot product extension: its widening products need the registers the second token's
+ * accumulators take, and the pair spilled (counted under qemu: 4.5% more instructions than token by token,
+ * benchmarks/README.md section 3); INT8 gains there too. */
+static inline int tokens_at_once_pay(int dtype) {
+#if defined(__ARM_NEON) && !defined(__ARM_FEATURE_DOTPROD)
+  return dtype != EDGE_Q4;
+#else
+  (void)dtype;
+  return 1;
+#endif
+}
+#endif
+
 /* Bytes of x's planes (about 2.5 per value: the two int8 planes, the lanes' offset sums) that EDGE_TOKENS_AT_ONCE
  * tokens may take for a row to be dotted with them at once: half of a 32 KiB L1. Beyond, each row would read them
  * from L2 (LLaMA-2-7B's 4096 values: 40 KiB, and its prefill 0.80x of token by token over the cached run). */
 #define EDGE_TOKEN_PLANES_BYTES 16384
 
 /* out[t * out_stride + k] = row k of the run `rows` . token t's x for every token: int_dot_run_tokens where it
- * applies (AVX-512, quantized rows with x quantized, rows short enough for EDGE_TOKEN_PLANES_BYTES), rows_dot token by
- * token otherwise (the rows then come from the core's cache for every token after the first). */
+ * applies (AVX-512 and NEON, quantized rows with x quantized, rows short enough for EDGE_TOKEN_PLANES_BYTES), rows_dot
+ * token by token otherwise (the rows then come from the core's cache for every token after the first). */
 static void rows_dot_tokens(const struct row_list *rows, const struct row_list *then, const struct token_input *inputs,
                             int tokens, int d, int cold, float *out, size_t out_stride) {
-#if EDGE_ROWS_AVX512
+#if EDGE_ROWS_AVX512 || defined(__ARM_NEON)
   int planes_fit = (size_t)d * EDGE_TOKENS_AT_ONCE * 5 / 2 <= EDGE_TOKEN_PLANES_BYTES;
-  if (tokens > 1 && planes_fit && inputs[0].xa != NULL && is_quantized(rows->w->dtype)) {
+  if (tokens > 1 && planes_fit && inputs[0].xa != NULL && is_quantized(rows->w->dtype) &&
+      tokens_at_once_pay(rows->w->dtype)) {
     int_dot_run_tokens(rows, then, inputs, tokens, d, cold, out, out_stride);
     return;
   }

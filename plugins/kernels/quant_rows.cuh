@@ -5,7 +5,7 @@
 // host emulation of the kernels (tests/gpu/cuda_emulation.cu) calls the very same functions for every lane and
 // thread of every block, in the kernels' order, so the indexing and the summation orders are checked on a machine
 // without a GPU. A kernel keeps only what cannot run on the host: thread and block indices, warp shuffles, the
-// matrix units (wmma), shared memory and barriers.
+// matrix units (mma), shared memory and barriers.
 //
 // Layout of a quantized [rows, cols] matrix (cols a multiple of the group size G, G in {32, 64, 128}):
 // - codes, row-major, row r at byte r * row_bytes: EDGE_Q8 one int8 per value (row_bytes = cols); EDGE_Q4 one signed
@@ -636,14 +636,14 @@ EDGE_UNROLL
 // group's scale, in that order, as add_piece_dot) with one fmaf, and for asymmetric rows the group's mid times the
 // block's x_hat sum with a second. So y is the reference's on x_hat, as the GEMV's, with one rounding per step and
 // output, each output's steps added in column order (bit-identical run to run).
-// The fragments follow the PTX ISA's layout for mma.m16n8k32 with .s8 operands: lane l, g = l / 4, q = l % 4, holds
-// A (16 rows x 32 columns, row-major) as a0 = A[g][4q..4q+3], a1 = A[g+8][4q..], a2 = A[g][16+4q..], a3 = A[g+8][16+4q..]
-// (four int8 per register, the lowest byte first), B (32 columns x 8 tokens) as b0 = B[4q..4q+3][g], b1 = B[16+4q..][g],
-// and the sums C (16 x 8) as c0 = C[g][2q], c1 = C[g][2q+1], c2 = C[g+8][2q], c3 = C[g+8][2q+1]. A column of the
-// step may stand in any k slot as long as the codes and the planes put it in the same one (the integer sum is the
-// same): int4 rows keep the natural order (byte 4q.. of a block holds columns 4q.. and 16+4q..: a0 and a2 come from
-// one word), int8 rows put columns 8q..8q+7 in slots 4q.. and 16+4q.. (one 8-byte load for a0 and a2, the same for b0
-// and b1).
+// The fragments follow the PTX ISA's layout for mma.m16n8k32 with .s8 operands: lane l, g = l / 4, q = l % 4,
+// holds A (16 rows x 32 columns, row-major) as a0 = A[g][4q..4q+3], a1 = A[g+8][4q..], a2 = A[g][16+4q..],
+// a3 = A[g+8][16+4q..] (four int8 per register, the lowest byte first), B (32 columns x 8 tokens) as
+// b0 = B[4q..4q+3][g], b1 = B[16+4q..][g], and the sums C (16 x 8) as c0 = C[g][2q], c1 = C[g][2q+1],
+// c2 = C[g+8][2q], c3 = C[g+8][2q+1]. A column of the step may stand in any k slot as long as the codes and the
+// planes put it in the same one (the integer sum is the same): int4 rows keep the natural order (byte 4q.. of a block
+// holds columns 4q.. and 16+4q..: a0 and a2 come from one word), int8 rows put columns 8q..8q+7 in slots 4q.. and
+// 16+4q.. (one 8-byte load for a0 and a2, the same for b0 and b1).
 constexpr int kStageSteps = 4;
 constexpr int kStageColumns = kStageSteps * kTileK;
 constexpr int kMmaRows = 16;     // mma.m16n8k32: rows, tokens and columns of one product

@@ -9,7 +9,12 @@
  * output: for threads 1, 2, 4: float y[d] of edge_cpu_sparse_ffn_q (edge_cpu_sparse_ffn), uint8 active[D];
  *         for threads 1, 4: float gate_x[D] of edge_cpu_matvec_q (edge_cpu_matvec) on the gate matrix;
  *         format EDGE_F16 only: float z[SVD_RANK] = x B^T and uint8 mask[D] of edge_cpu_svd_predictor_f16, with the
- *         gate matrix's first SVD_RANK * D halves as A^T [SVD_RANK, D] and up's first SVD_RANK rows as B
+ *         gate matrix's first SVD_RANK * D halves as A^T [SVD_RANK, D] and up's first SVD_RANK rows as B;
+ *         quantized formats only, for a block of TOKEN_BLOCK tokens (token t's x: x rotated by 7 t values, times
+ *         (-1/2)^t): float y[TOKEN_BLOCK, d] of edge_cpu_ffn_tokens (2 threads), then each token's y[d] of
+ *         edge_cpu_sparse_ffn_q without a mask (1 thread), float y[TOKEN_BLOCK, D] of edge_cpu_matmuls on the gate
+ *         matrix (2 threads), then each token's y[D] of edge_cpu_matvec_q (1 thread): a block's kernels and the
+ *         one-token kernels, which must give the same bytes
  * stdout: the instruction set the kernels ran (edge_cpu_isa); with EDGE_SDK_CPU_ISA naming kernels the library or the
  *         CPU does not have, the reason on stderr and exit status 4, before anything runs
  *
@@ -26,6 +31,53 @@
 
 /* Not a multiple of the predictor's 4 or 8 factor rows per step: its remainder loops run too. */
 #define SVD_RANK 37
+/* Tokens of the block kernels' check: AVX-512 dots a row with 4 tokens at once, NEON with 2, then one at a time. */
+#define TOKEN_BLOCK 5
+
+/* The block kernels on TOKEN_BLOCK tokens derived from x, then the one-token kernels on each (see the top). */
+static int check_token_block(FILE *output, const float *x, int d, int D, void *const *codes, uint16_t *const *scales,
+                             uint16_t *const *mins, int format, int down_format, int group_size, int activation,
+                             float act_threshold, void *workspace) {
+  int width = d > D ? d : D;
+  float *xs = malloc((size_t)TOKEN_BLOCK * (size_t)d * sizeof(float));
+  float *ys = malloc((size_t)TOKEN_BLOCK * (size_t)width * sizeof(float));
+  uint8_t *active = malloc((size_t)D);
+  void *block_workspace = malloc(edge_cpu_ffn_tokens_workspace_size(d, D, TOKEN_BLOCK));
+  if (xs == NULL || ys == NULL || active == NULL || block_workspace == NULL) return 3;
+  float factor = 1.0f;
+  for (int t = 0; t < TOKEN_BLOCK; t++, factor *= -0.5f) {
+    for (int j = 0; j < d; j++) xs[(size_t)t * (size_t)d + (size_t)j] = x[(j + 7 * t) % d] * factor;
+  }
+  if (edge_cpu_ffn_tokens(xs, TOKEN_BLOCK, d, D, codes[0], scales[0], mins[0], codes[1], scales[1], mins[1], codes[2],
+                          scales[2], mins[2], format, down_format, group_size, activation, act_threshold, ys,
+                          block_workspace, 2) != EDGE_CPU_OK) {
+    return 3;
+  }
+  fwrite(ys, sizeof(float), (size_t)TOKEN_BLOCK * (size_t)d, output);
+  for (int t = 0; t < TOKEN_BLOCK; t++) {
+    if (edge_cpu_sparse_ffn_q(xs + (size_t)t * (size_t)d, d, D, codes[0], scales[0], mins[0], codes[1], scales[1],
+                              mins[1], codes[2], scales[2], mins[2], format, down_format, group_size, NULL, NULL,
+                              activation, act_threshold, ys, workspace, 1, active) != EDGE_CPU_OK) {
+      return 3;
+    }
+    fwrite(ys, sizeof(float), (size_t)d, output);
+  }
+  struct edge_cpu_matrix gate = {codes[0], scales[0], mins[0], format, group_size, D, NULL, ys};
+  if (edge_cpu_matmuls(xs, TOKEN_BLOCK, d, &gate, 1, 2) != EDGE_CPU_OK) return 3;
+  fwrite(ys, sizeof(float), (size_t)TOKEN_BLOCK * (size_t)D, output);
+  for (int t = 0; t < TOKEN_BLOCK; t++) {
+    if (edge_cpu_matvec_q(xs + (size_t)t * (size_t)d, d, D, codes[0], scales[0], mins[0], format, group_size, NULL,
+                          ys, 1) != EDGE_CPU_OK) {
+      return 3;
+    }
+    fwrite(ys, sizeof(float), (size_t)D, output);
+  }
+  free(xs);
+  free(ys);
+  free(active);
+  free(block_workspace);
+  return 0;
+}
 
 static void *read_array(FILE *file, size_t bytes) {
   void *data = malloc(bytes);
@@ -146,6 +198,11 @@ int main(int argc, char **argv) {
                                           matvec_threads[t]);
     if (status != EDGE_CPU_OK) return 3;
     fwrite(y, sizeof(float), (size_t)D, output);
+  }
+  if (!fp16) {
+    int status = check_token_block(output, x, d, D, codes, scales, mins, format, down_format, group_size, activation,
+                                   *act_threshold, workspace);
+    if (status != 0) return status;
   }
   if (fp16) {
     float z[SVD_RANK];

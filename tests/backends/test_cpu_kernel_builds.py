@@ -191,6 +191,7 @@ HARNESS_CASES = [
     HarnessCase(384, "int8", 128, Activation("relu")),
 ]
 HARNESS_NEURONS = 301
+TOKEN_BLOCK = 5  # quant_kernels_check.c's: AVX-512 dots a row with 4 tokens at once, NEON with 2
 AARCH64_TOOLS = pytest.mark.skipif(
     shutil.which("aarch64-linux-gnu-gcc") is None
     or shutil.which("qemu-aarch64") is None
@@ -266,11 +267,20 @@ def check_harness_outputs(tmp_path: Path, outputs: list[bytes], integer: bool) -
         reference = sparse_ffn(x, *dequantized, mask, activation)
         assert torch.equal(active, reference.active)
         assert (y - reference.output).abs().max() <= KERNEL_RTOL * reference.output.abs().max()
-        matvecs = raw[3 * ffn_bytes :]
+        matvecs = raw[3 * ffn_bytes : 3 * ffn_bytes + 2 * n_neurons * 4]
         assert len(matvecs) == 2 * n_neurons * 4 and matvecs[: n_neurons * 4] == matvecs[n_neurons * 4 :]
         gate_x = torch.from_numpy(np.frombuffer(matvecs[: n_neurons * 4], dtype="<f4").copy()).double()
         expected = dequantized[0].double() @ x.double()
         assert (gate_x - expected).abs().max() <= KERNEL_RTOL * expected.abs().max()
+        # a block of tokens (edge_cpu_ffn_tokens, edge_cpu_matmuls) gives each token the one-token kernels' bytes
+        block = raw[3 * ffn_bytes + 2 * n_neurons * 4 :]
+        ffn_block, matmul_block = TOKEN_BLOCK * d * 4, TOKEN_BLOCK * n_neurons * 4
+        assert len(block) == 2 * ffn_block + 2 * matmul_block
+        assert block[:ffn_block] == block[ffn_block : 2 * ffn_block]
+        matmuls = block[2 * ffn_block :]
+        assert matmuls[:matmul_block] == matmuls[matmul_block:]
+        first_token = np.frombuffer(matmuls[: n_neurons * 4], dtype="<f4")
+        assert first_token.tobytes() == gate_x.numpy().astype("<f4").tobytes()  # token 0 is x itself
 
 
 def run_attention(
