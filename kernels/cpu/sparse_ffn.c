@@ -1580,7 +1580,7 @@ EDGE_ALWAYS_INLINE void int_dot_unit_tokens(int n, const char *row, const uint16
     for (int t = 0; t < n; t++) {
       factors[t] = int4_unit_factors(xa[t]->block_scales + first_block, scales, group_log, first_block, n_blocks);
     }
-    for (int b = 0; b < 4; b++) {
+    for (int b = 0; b < 4; b++) { /* a partial unit's missing blocks load block 0 again: never past the row */
       codes16 bytes = load_codes16(codes + 16 * (b < n_blocks ? b : 0));
       int8x16_t low_codes = low_nibbles(bytes), high_codes = high_nibbles(bytes);
       for (int t = 0; t < n; t++) {
@@ -1596,7 +1596,7 @@ EDGE_ALWAYS_INLINE void int_dot_unit_tokens(int n, const char *row, const uint16
     for (int t = 0; t < n; t++) {
       factors[t] = int8_unit_factors(xa[t]->block_scales + first_block, scales, group_log, first_block, n_blocks);
     }
-    for (int b = 0; b < 2; b++) {
+    for (int b = 0; b < 2; b++) { /* as INT4's */
       codes16 first_half = load_codes16(codes + 32 * (b < n_blocks ? b : 0));
       codes16 second_half = load_codes16(codes + 32 * (b < n_blocks ? b : 0) + 16);
       size_t at = (size_t)unit * 64 + (size_t)b * EDGE_QUANT_BLOCK;
