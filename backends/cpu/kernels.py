@@ -116,6 +116,8 @@ def _library() -> ctypes.CDLL:
         function.restype = ctypes.c_int
     library.edge_cpu_sparse_ffn_workspace_size.argtypes = [_int, _int, _int]
     library.edge_cpu_sparse_ffn_workspace_size.restype = ctypes.c_size_t
+    library.edge_cpu_sparse_ffn_call_ns.argtypes = [_ptr, _int, _int]
+    library.edge_cpu_sparse_ffn_call_ns.restype = ctypes.c_int64
     return library
 
 
@@ -428,6 +430,11 @@ class SparseFFNKernel:
         self.threads = threads
         size = _library().edge_cpu_sparse_ffn_workspace_size(d, D, threads)
         self._workspace = torch.empty(size, dtype=torch.uint8)
+
+    def last_call_seconds(self) -> float:
+        """Seconds the last successful call (of any kind) took inside the library, from its entry to its return:
+        the kernel alone, without the cost of reaching it from Python (edge_cpu_sparse_ffn_call_ns)."""
+        return _library().edge_cpu_sparse_ffn_call_ns(self._workspace.data_ptr(), self.d, self.n_neurons) * 1e-9
 
     def _check_ffn_inputs(self, x, w_gate, w_up, w_down_t, activation) -> None:
         d, n_neurons = self.d, self.n_neurons

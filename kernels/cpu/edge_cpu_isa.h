@@ -26,6 +26,7 @@
 #define edge_cpu_svd_predictor_f16 EDGE_CPU_ISA_NAME(edge_cpu_svd_predictor_f16)
 #define edge_cpu_signbit_predictor EDGE_CPU_ISA_NAME(edge_cpu_signbit_predictor)
 #define edge_cpu_sparse_ffn_workspace_size EDGE_CPU_ISA_NAME(edge_cpu_sparse_ffn_workspace_size)
+#define edge_cpu_sparse_ffn_call_ns EDGE_CPU_ISA_NAME(edge_cpu_sparse_ffn_call_ns)
 #define edge_cpu_sparse_ffn EDGE_CPU_ISA_NAME(edge_cpu_sparse_ffn)
 #define edge_cpu_dense_ffn EDGE_CPU_ISA_NAME(edge_cpu_dense_ffn)
 #define edge_cpu_matvec EDGE_CPU_ISA_NAME(edge_cpu_matvec)

@@ -96,10 +96,17 @@ int edge_cpu_svd_predictor_f16(const float *x, int d, int D, int rank, const uin
 int edge_cpu_signbit_predictor(const float *x, int d, int D, const int32_t *packed, float alpha, uint8_t *mask);
 
 /* Bytes of workspace edge_cpu_sparse_ffn needs for d x D with `threads` threads (O(D + d): the neuron lists,
- * x quantized for the integer dot products of edge_cpu_sparse_ffn_q and asymmetric rows' down corrections; threads is part of the contract so the layout
+ * x quantized for the integer dot products of edge_cpu_sparse_ffn_q, asymmetric rows' down corrections and the last
+ * call's duration, edge_cpu_sparse_ffn_call_ns; threads is part of the contract so the layout
  * may use it without an API change).
  * Returns 0 when d <= 0 or D <= 0. */
 size_t edge_cpu_sparse_ffn_workspace_size(int d, int D, int threads);
+
+/* Nanoseconds the last successful edge_cpu_sparse_ffn, edge_cpu_sparse_ffn_q or edge_cpu_dense_ffn call with this
+ * workspace (and this d, D) took, from its entry to its return on a monotonic clock: a benchmark's measure of the
+ * kernel alone, without its caller's cost of making the call (through ctypes from a cold Python interpreter, 50-100
+ * us; benchmarks/README.md). Undefined before the workspace's first call; -1 when workspace is NULL or d, D <= 0. */
+int64_t edge_cpu_sparse_ffn_call_ns(const void *workspace, int d, int D);
 
 /* Sequential SparseFFN for one decode token (DESIGN 3.1, edge_sdk/sparsity/ffn.py sparse_ffn):
  *   for i in mask:   g_i = w_gate_i . x ; a_i = act(g_i)

@@ -112,6 +112,7 @@ EDGE_CPU_MAYBE_UNUSED static int runs_neon_dotprod(void) {
   __typeof__(edge_cpu_svd_predictor_f16) edge_cpu_svd_predictor_f16_##build;   \
   __typeof__(edge_cpu_signbit_predictor) edge_cpu_signbit_predictor_##build;   \
   __typeof__(edge_cpu_sparse_ffn_workspace_size) edge_cpu_sparse_ffn_workspace_size_##build; \
+  __typeof__(edge_cpu_sparse_ffn_call_ns) edge_cpu_sparse_ffn_call_ns_##build;           \
   __typeof__(edge_cpu_sparse_ffn) edge_cpu_sparse_ffn_##build;                 \
   __typeof__(edge_cpu_dense_ffn) edge_cpu_dense_ffn_##build;                   \
   __typeof__(edge_cpu_matvec) edge_cpu_matvec_##build;                         \
@@ -130,6 +131,7 @@ struct isa_build {
   __typeof__(edge_cpu_svd_predictor_f16) *svd_predictor_f16;
   __typeof__(edge_cpu_signbit_predictor) *signbit_predictor;
   __typeof__(edge_cpu_sparse_ffn_workspace_size) *sparse_ffn_workspace_size;
+  __typeof__(edge_cpu_sparse_ffn_call_ns) *sparse_ffn_call_ns;
   __typeof__(edge_cpu_sparse_ffn) *sparse_ffn;
   __typeof__(edge_cpu_dense_ffn) *dense_ffn;
   __typeof__(edge_cpu_matvec) *matvec;
@@ -145,7 +147,8 @@ struct isa_build {
   {edge_cpu_build_isa_##build,         runs_here,                                                                \
    edge_cpu_attention_##build,         edge_cpu_svd_predictor_##build,                                           \
    edge_cpu_svd_predictor_f16_##build, edge_cpu_signbit_predictor_##build,                                       \
-   edge_cpu_sparse_ffn_workspace_size_##build, edge_cpu_sparse_ffn_##build,                                      \
+   edge_cpu_sparse_ffn_workspace_size_##build, edge_cpu_sparse_ffn_call_ns_##build,                              \
+   edge_cpu_sparse_ffn_##build,                                                                                  \
    edge_cpu_dense_ffn_##build,         edge_cpu_matvec_##build,                                                  \
    edge_cpu_sparse_ffn_q_##build,      edge_cpu_matvec_q_##build,                                                \
    edge_cpu_matvecs_##build,           edge_cpu_matmuls_##build,                                                 \
@@ -292,6 +295,10 @@ int edge_cpu_signbit_predictor(const float *x, int d, int D, const int32_t *pack
 
 size_t edge_cpu_sparse_ffn_workspace_size(int d, int D, int threads) {
   return kernels()->sparse_ffn_workspace_size(d, D, threads);
+}
+
+int64_t edge_cpu_sparse_ffn_call_ns(const void *workspace, int d, int D) {
+  return kernels()->sparse_ffn_call_ns(workspace, d, D);
 }
 
 int edge_cpu_sparse_ffn(const float *x, int d, int D, const void *w_gate, const void *w_up, const void *w_down_t,

@@ -26,11 +26,15 @@
  * The row primitives below (dot products and row accumulation, fp32 and fp16 storage, fp32 arithmetic)
  * have three builds: AVX-512 and AVX2 intrinsics on x86-64, because GCC does not vectorise the fp16 -> fp32
  * conversion on its own, and a portable C path that GCC vectorises for any target. */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, for the workspace's record of a call's duration */
+#endif
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "edge_cpu_isa.h" /* first: the kernels under this build's names */
 #include "edge_cpu_kernels.h"
@@ -2073,6 +2077,7 @@ struct ffn_workspace {
   int32_t *segment_count; /* [ceil(D / EDGE_GATE_CHUNK)] active neurons per segment */
   float *corrections;     /* [ceil(d / 32)] asymmetric down rows: per block of 32 columns, sum of h_i * mid_i */
   void *activations;      /* activation_bytes(d): x quantized for the integer dot products (or x's block sums) */
+  int64_t *call_ns;       /* [1] the last successful call's duration (edge_cpu_sparse_ffn_call_ns) */
 };
 
 static size_t round_up(size_t bytes) { return (bytes + EDGE_CACHE_LINE - 1) / EDGE_CACHE_LINE * EDGE_CACHE_LINE; }
@@ -2082,7 +2087,8 @@ size_t edge_cpu_sparse_ffn_workspace_size(int d, int D, int threads) {
   if (d <= 0 || D <= 0) return 0;
   /* The extra line lets the layout align a workspace pointer of any alignment. */
   return 4 * round_up((size_t)D * 4) + round_up((size_t)ceil_div(D, EDGE_GATE_CHUNK) * 4) +
-         round_up((size_t)ceil_div(d, EDGE_QUANT_BLOCK) * 4) + activation_bytes(d) + EDGE_CACHE_LINE;
+         round_up((size_t)ceil_div(d, EDGE_QUANT_BLOCK) * 4) + round_up(activation_bytes(d)) +
+         round_up(sizeof(int64_t)) + EDGE_CACHE_LINE;
 }
 
 static struct ffn_workspace layout_workspace(void *workspace, int d, int D) {
@@ -2098,7 +2104,19 @@ static struct ffn_workspace layout_workspace(void *workspace, int d, int D) {
       .activations = (void *)(base + 4 * stride + round_up((size_t)ceil_div(D, EDGE_GATE_CHUNK) * 4) +
                               round_up((size_t)ceil_div(d, EDGE_QUANT_BLOCK) * 4)),
   };
+  ws.call_ns = (int64_t *)((char *)ws.activations + round_up(activation_bytes(d)));
   return ws;
+}
+
+int64_t edge_cpu_sparse_ffn_call_ns(const void *workspace, int d, int D) {
+  if (workspace == NULL || d <= 0 || D <= 0) return -1;
+  return *layout_workspace((void *)workspace, d, D).call_ns;
+}
+
+static int64_t monotonic_ns(void) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
 }
 
 /* A weight matrix of d-element rows as stored: fp32 or fp16 values, or INT8 / INT4 codes with their fp16 group
@@ -2648,6 +2666,7 @@ static void down_block(const struct ffn_job *job, int b) {
 static int run_ffn(const float *x, int d, int D, struct weight_rows gate, struct weight_rows up,
                    struct weight_rows down, const uint8_t *mask, const float *thresholds, int activation,
                    float act_threshold, float *y, void *workspace, int threads, uint8_t *active_out, int skip_zeros) {
+  int64_t start_ns = monotonic_ns();
   int status = check_ffn_arguments(x, d, D, &gate, &up, &down, activation, act_threshold, y, workspace);
   if (status != EDGE_CPU_OK) return status;
   struct ffn_job job = {x, NULL, NULL, d, gate, up, down, thresholds, activation, act_threshold, y, active_out,
@@ -2677,8 +2696,10 @@ static int run_ffn(const float *x, int d, int D, struct weight_rows gate, struct
   job.column_unit = is_quantized(down.dtype) ? EDGE_QUANT_BLOCK : EDGE_COLUMN_UNIT;
   job.n_units = ceil_div(d, job.column_unit);
   job.n_column_blocks = threads < job.n_units ? threads : job.n_units;
+  int one_thread = 1;
 #ifdef _OPENMP
   if (threads > 1) {
+    one_thread = 0;
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(dynamic, 1)
@@ -2687,13 +2708,15 @@ static int run_ffn(const float *x, int d, int D, struct weight_rows gate, struct
 #pragma omp for schedule(dynamic, 1)
       for (int b = 0; b < job.n_column_blocks; b++) down_block(&job, b);
     }
-    return EDGE_CPU_OK;
   }
 #endif
   /* One thread without OpenMP: a parallel region of one thread and its dynamic loops cost several us per
    * call, as much as a whole FFN of a small model. */
-  for (int s = 0; s < job.n_segments; s++) gate_up_segment(&job, s);
-  for (int b = 0; b < job.n_column_blocks; b++) down_block(&job, b);
+  if (one_thread) {
+    for (int s = 0; s < job.n_segments; s++) gate_up_segment(&job, s);
+    for (int b = 0; b < job.n_column_blocks; b++) down_block(&job, b);
+  }
+  *job.ws.call_ns = monotonic_ns() - start_ns;
   return EDGE_CPU_OK;
 }
 

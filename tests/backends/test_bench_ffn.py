@@ -9,6 +9,7 @@ from edge_sdk.bench.ffn import (
     bench_ffn,
     bench_quantized_ffn,
     random_active,
+    time_interleaved,
     torch_threads,
 )
 
@@ -31,6 +32,20 @@ def test_torch_threads_sets_and_restores():
     assert torch.get_num_threads() == before
     with torch_threads(0):
         assert torch.get_num_threads() == before
+
+
+def test_time_interleaved_takes_a_variants_own_clock_where_it_has_one():
+    calls = []
+    own_seconds = iter([0.004, 0.001, 0.002, 0.003, 0.005])  # the warm-up call's, then the four timed ones'
+    timings = time_interleaved(
+        {"own": lambda: calls.append("own"), "wall": lambda: calls.append("wall")},
+        repeats=4,
+        warmup=1,
+        own_clocks={"own": lambda: next(own_seconds)},
+    )
+    assert calls == ["own", "wall"] * 5  # interleaved, warm-up included
+    assert timings["own"] == pytest.approx(3.0)  # the median (upper middle) of 1, 2, 3, 5 ms: not the wall time
+    assert 0 < timings["wall"] < 1.0  # an empty Python call
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
@@ -62,6 +77,7 @@ def test_quantized_bench_rows_realize_the_sparsity_and_count_the_bytes(dtype, as
         assert row["int4_scheme"] == scheme and row["down_dtype"] == dtype
         assert row["sparse_mb_read"] == pytest.approx(3 * n_active * row_bytes / 1e6)  # codes, scales (and mins)
         assert row["sparse_ms"] > 0 and row["fp16_sparse_ms"] > 0 and row["fp32_x_sparse_ms"] > 0
+        assert row["sparse_call_ms"] > 0
         assert row["read_gb_per_s"] > 0
         assert row["read_fraction"] == pytest.approx(row["sparse_gb_per_s"] / row["read_gb_per_s"])
         assert row["speedup_vs_fp32_x"] == pytest.approx(row["fp32_x_sparse_ms"] / row["sparse_ms"])

@@ -3,6 +3,7 @@ sparse paths bit for bit, thread counts, fp16 subnormals, a hand-computed case, 
 
 import ctypes
 import re
+import time
 
 import pytest
 import torch
@@ -286,6 +287,36 @@ def test_c_kernels_return_an_error_status_for_invalid_arguments():
         arguments = list(signbit)
         arguments[position] = value
         assert library.edge_cpu_signbit_predictor(*arguments) != 0, f"argument {position} = {value}"
+
+
+def test_the_workspace_records_the_duration_of_each_successful_call():
+    """edge_cpu_sparse_ffn_call_ns: the kernel's own time of the last call on the workspace, within the wall time
+    around that call; a failed call leaves it; bad arguments give -1."""
+    library = kernels._library()
+    d, n_neurons = 1024, 4096
+    x, *weights = random_ffn(d, n_neurons)  # 48 MB of fp32 rows: milliseconds of work, dense
+    kernel = SparseFFNKernel(d, n_neurons, 1)
+    relu = ACTIVATIONS["relu"]
+
+    def timed(run) -> tuple[float, float]:
+        start = time.perf_counter()  # CLOCK_MONOTONIC, the library's clock
+        run()
+        return kernel.last_call_seconds(), time.perf_counter() - start
+
+    dense, dense_wall = timed(lambda: kernel.dense(x, *weights, relu))
+    assert 0 < dense <= dense_wall
+    # an empty mask reads no row: microseconds, so the dense call's record (milliseconds) must have been replaced
+    empty, empty_wall = timed(lambda: kernel(x, *weights, relu, mask=torch.zeros(n_neurons, dtype=torch.bool)))
+    assert 0 < empty <= empty_wall < dense
+    workspace = kernel._workspace.data_ptr()
+    recorded = library.edge_cpu_sparse_ffn_call_ns(workspace, d, n_neurons)
+    assert recorded == round(empty * 1e9)
+    y = torch.empty(d)
+    failing = [x.data_ptr(), d, n_neurons, *(w.data_ptr() for w in weights), 0, None, None, 9, 0.0, y.data_ptr()]
+    assert library.edge_cpu_sparse_ffn(*failing, workspace, 1, None) != 0  # activation 9: invalid
+    assert library.edge_cpu_sparse_ffn_call_ns(workspace, d, n_neurons) == recorded
+    for arguments in ((None, d, n_neurons), (workspace, 0, n_neurons), (workspace, d, -1)):
+        assert library.edge_cpu_sparse_ffn_call_ns(*arguments) == -1
 
 
 def kernel_scores(x: torch.Tensor, a_t: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
