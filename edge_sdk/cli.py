@@ -646,7 +646,9 @@ _threads_option = click.option(
 @click.option("--prompt", default=None, help="Prompt text (default: read standard input).")
 @click.option("--backend", default="auto", show_default=True, help="auto, tensorrt, cann or cpu ($EDGE_SDK_BACKEND).")
 @click.option("--max-new-tokens", type=click.IntRange(min=0), default=128, show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 = greedy.")
+@click.option(
+    "--temperature", type=click.FloatRange(0, sys.float_info.max), default=0.0, show_default=True, help="0 = greedy."
+)
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
 @click.option("--seed", type=click.IntRange(0, MAX_SEED), default=None, help="Sampling seed, 0 to 2^64-1.")
@@ -698,13 +700,13 @@ def bench() -> None:
     """Benchmarks: the sparse FFN kernel, and end-to-end decoding."""
 
 
-def _write_json(path: str | None, payload: dict) -> None:
+def _write_json(path: str | None, payload: dict, inputs: tuple[tuple[str, str], ...] = ()) -> None:
     from edge_sdk import outputs
     from edge_sdk.bench.record import with_machine_info
 
     if path:
         record = with_machine_info(payload)
-        outputs.write_report(path, lambda staging: staging.write_text(json.dumps(record, indent=2) + "\n"))
+        outputs.write_report(path, lambda staging: staging.write_text(json.dumps(record, indent=2) + "\n"), inputs)
         click.echo(f"wrote {path}", err=True)
 
 
@@ -718,12 +720,11 @@ def _read_prompt_file(path: str) -> str:
         raise EdgeSdkError(f"{path}: expected a readable UTF-8 text file ({error.__class__.__name__})") from None
 
 
-def _check_report_paths(*paths: str | None) -> None:
+def _check_report_paths(*paths: str | None, inputs: tuple[tuple[str, str], ...] = ()) -> None:
+    """The command's report locations (None: not asked for): distinct, and none of its inputs or inside one."""
     from edge_sdk import outputs
 
-    for path in paths:
-        if path:
-            outputs.check_report(path)
+    outputs.check_reports(paths, inputs)
 
 
 @bench.command("ffn")
@@ -871,7 +872,8 @@ def bench_e2e_command(
     bundle_dir, backend, sparsity, tokens, repeats, threads, prompt_file, prompt_tokens, json_path
 ) -> None:
     """Decode tokens/s of a bundle, dense vs sparse on the same backend, and the prompt's prefill tokens/s."""
-    _check_report_paths(json_path)
+    report_inputs = (("bundle", bundle_dir),) + ((("prompt file", prompt_file),) if prompt_file else ())
+    _check_report_paths(json_path, inputs=report_inputs)
     from edge_sdk.bench.e2e import DEFAULT_PROMPT, bench_e2e
 
     prompt = DEFAULT_PROMPT if prompt_file is None else _read_prompt_file(prompt_file)
@@ -893,7 +895,7 @@ def bench_e2e_command(
         f"{result['speedup']:.2f}x; prefill {result['prefill_tokens_per_second']:.1f} tok/s "
         f"({result['prompt_tokens']} prompt tokens)"
     )
-    _write_json(json_path, {"benchmark": "e2e", **result})
+    _write_json(json_path, {"benchmark": "e2e", **result}, report_inputs)
 
 
 @main.command()
@@ -1039,8 +1041,10 @@ def sweep_command(
     from edge_sdk import outputs
     from edge_sdk.eval import SWEEP_KINDS, format_sweep_markdown
     from edge_sdk.eval import sweep as run_sweep
+    from edge_sdk.eval.sweep import sweep_inputs as run_sweep_inputs
 
-    _check_report_paths(markdown_path)
+    report_inputs = run_sweep_inputs(model_dir, calibration_files, text_files)
+    _check_report_paths(markdown_path, inputs=report_inputs)
     kinds = tuple(k for k in (predictors or ",".join(SWEEP_KINDS)).split(",") if k)
     chosen = {
         name: _parse_levels(value)
@@ -1074,7 +1078,7 @@ def sweep_command(
         )
     markdown = format_sweep_markdown(result, command="edge-sdk " + " ".join(sys.argv[1:]))
     if markdown_path:
-        outputs.write_report(markdown_path, lambda path: path.write_text(markdown))
+        outputs.write_report(markdown_path, lambda path: path.write_text(markdown), report_inputs)
     click.echo(markdown)
 
 

@@ -11,7 +11,8 @@ Every command that writes (export, calibrate, unpack, pack, eval and bench repor
 - `staged_output` builds the result in a hidden sibling (`.NAME.edge-sdk-staging-...`), held under a lock for
   the writer's lifetime, and publishes it by one rename. Publishing is exclusive: if the target changed since
   `check_target` looked (another writer got there first), this writer's result is discarded with a clear error and
-  nothing is replaced. A writer that dies (even by SIGKILL) leaves only its hidden staging entry, whose lock the
+  nothing is replaced. A writer that fails or is interrupted removes its staging entry and the directories it
+  created for the output; one that dies (even by SIGKILL) leaves only its hidden staging entry, whose lock the
   kernel releases; the next command writing into that directory removes it.
 """
 
@@ -22,11 +23,12 @@ import ctypes
 import errno
 import fcntl
 import os
+import re
 import secrets
 import shutil
 import stat
 import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +36,9 @@ from edge_sdk import __version__
 from edge_sdk.errors import EdgeSdkError
 
 STAGING_MARK = ".edge-sdk-staging-"
+# A staging entry's whole name, as staged_output makes it: ".NAME" + STAGING_MARK + "PID-" + 8 hex digits. Only
+# names of this form are ever swept, so a user's file that merely contains the mark is left alone.
+_STAGING_NAME = re.compile(r"\..+" + re.escape(STAGING_MARK) + r"[0-9]+-[0-9a-f]{8}")
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
 _AT_FDCWD = -100
 MAX_MARK_BYTES = 64 << 20  # the most of a file read to recognise it as ours
@@ -156,7 +161,7 @@ def sweep_stale_staging(directory: Path) -> list[Path]:
     The caller holds the directory lock, so no writer is between creating its entry and locking it."""
     removed = []
     try:
-        names = [name for name in os.listdir(directory) if name.startswith(".") and STAGING_MARK in name]
+        names = [name for name in os.listdir(directory) if _STAGING_NAME.fullmatch(name)]
     except OSError:
         return removed
     for name in names:
@@ -256,9 +261,11 @@ def staged_output(target: Target) -> Iterator[Path]:
     block succeeds it becomes the target (see the module docstring). On any exception, or an interrupt, the
     staging entry is removed and the target is left as it was."""
     parent = target.path.absolute().parent
+    created = [ancestor for ancestor in (parent, *parent.parents) if not ancestor.exists()]  # deepest first
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as problem:
+        _remove_created(created)
         raise OutputError(f"{target.path}: cannot create its directory {parent} ({problem.strerror})") from None
     staging = parent / f".{target.path.name}{STAGING_MARK}{os.getpid()}-{secrets.token_hex(4)}"
     try:
@@ -272,6 +279,7 @@ def staged_output(target: Target) -> Iterator[Path]:
             fcntl.flock(lock, fcntl.LOCK_EX)
     except OSError as problem:
         _remove(staging)
+        _remove_created(created)
         raise OutputError(f"{target.path}: cannot write in {parent} ({problem.strerror})") from None
     try:
         yield staging
@@ -279,19 +287,46 @@ def staged_output(target: Target) -> Iterator[Path]:
             _publish(staging, target)
     except BaseException:
         _remove(staging)
+        _remove_created(created)
         raise
     finally:
         os.close(lock)
 
 
-def check_report(path: str | Path) -> Target:
-    """A report file's location (--json, --plot, --markdown): new, or a report edge-sdk wrote there before."""
-    return check_target(path, REPORT, replace=True)
+def _remove_created(directories: list[Path]) -> None:
+    """Remove the directories staged_output created for an output that failed, deepest first, each only while it
+    is empty: whatever another process put there meanwhile stays."""
+    for directory in directories:
+        try:
+            directory.rmdir()
+        except OSError:
+            return
 
 
-def write_report(path: str | Path, write: Callable[[Path], object]) -> Path:
+def check_report(path: str | Path, inputs: tuple[tuple[str, str | Path], ...] = ()) -> Target:
+    """A report file's location (--json, --plot, --markdown): new, or a report edge-sdk wrote there before; never
+    one of the command's inputs (noun, path) or inside one (a report written into a bundle would break its manifest)."""
+    return check_target(path, REPORT, replace=True, inputs=inputs)
+
+
+def check_reports(paths: Iterable[str | Path | None], inputs: tuple[tuple[str, str | Path], ...] = ()) -> None:
+    """check_report for each of a command's report locations (None: not asked for), which must be distinct files."""
+    seen: dict[Path, Path] = {}
+    for path in paths:
+        if path is None or path == "":
+            continue
+        check_report(path, inputs)
+        real = _real(Path(path))
+        if real in seen:
+            raise OutputError(f"{path}: is also the location of another report ({seen[real]}); give each its own path")
+        seen[real] = Path(path)
+
+
+def write_report(
+    path: str | Path, write: Callable[[Path], object], inputs: tuple[tuple[str, str | Path], ...] = ()
+) -> Path:
     """Check path as a report location, let write(staging_path) write the file, then publish it."""
-    target = check_report(path)
+    target = check_report(path, inputs)
     with staged_output(target) as staging:
         write(staging)
     return target.path
@@ -356,13 +391,22 @@ def archive_is_ours(path: Path) -> str | None:
 
     try:
         with tarfile.open(path, mode="r:") as archive:
+            members = archive.getmembers()
             member = archive.getmember(bundle_format.MANIFEST_FILE)
             handle = archive.extractfile(member) if member.isreg() and member.size <= MAX_MARK_BYTES else None
             manifest = strict_json.parse(handle.read(), str(path)) if handle is not None else None
     except (tarfile.TarError, KeyError, OSError, EdgeSdkError):
         manifest = None
-    if not isinstance(manifest, dict) or manifest.get("format") != bundle_format.FORMAT:
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("format") != bundle_format.FORMAT
+        or not isinstance(manifest.get("files"), dict)
+    ):
         return "is not an edge-sdk bundle archive"
+    allowed = {bundle_format.MANIFEST_FILE, *manifest["files"]}
+    foreign = [member.name for member in members if member.name not in allowed or not member.isreg()]
+    if foreign:
+        return f"holds {foreign[0]!r}, which is not part of the bundle ({len(foreign)} such)"
     return None
 
 

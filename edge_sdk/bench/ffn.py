@@ -32,7 +32,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from edge_sdk import quant
+from edge_sdk import memory, quant
 from edge_sdk.backends.cpu.kernels import (
     ACTIVATIONS_ENV,
     QuantizedWeight,
@@ -167,6 +167,7 @@ def bench_ffn(
     """
     n_neurons = D
     check_arguments(d, n_neurons, sparsities, dtype, repeats, warmup)
+    require_memory(d, n_neurons, dtype)
 
     generator = torch.Generator().manual_seed(seed)
     weights = _FFNWeights(d, n_neurons, DTYPES[dtype], generator)
@@ -236,11 +237,32 @@ def check_arguments(d: int, n_neurons: int, sparsities, dtype: str, repeats: int
         raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
     if d < 1 or n_neurons < 1:
         raise ValueError(f"d, D: expected sizes >= 1, found d={d}, D={n_neurons}")
+    if not sparsities:
+        raise ValueError("sparsities: expected one or more levels such as 0.5,0.9, found none")
     for sparsity in sparsities:
         if not 0.0 <= sparsity < 1.0:
             raise ValueError(f"sparsities: expected values in [0, 1), found {sparsity}")
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats, warmup: expected >= 1 and >= 0, found {repeats}, {warmup}")
+
+
+def require_memory(d: int, n_neurons: int, dtype: str) -> None:
+    """Refuse, with the figure, a shape whose weights would not fit this machine's available memory: the three
+    matrices and torch's W_down in `dtype` (fp16 for the quantized benchmark, plus its float32 working copy while
+    quantizing and the codes), the gate matrix in fp32 while arranging the active set, and the 256 MiB flush buffer
+    and streaming read."""
+    values = d * n_neurons
+    if dtype in QUANTIZED_DTYPES:
+        needed, parts = values * (4 * 2 + 2 * 4 + 3), "four fp16 matrices, two fp32 working copies, the codes"
+    else:
+        element = torch.empty(0, dtype=DTYPES[dtype]).element_size()
+        needed, parts = values * (4 * element + 4), f"four {dtype} matrices and an fp32 copy"
+    memory.require(
+        f"bench ffn at d={d}, D={n_neurons}",
+        needed + 2 * _FLUSH_BYTES,
+        f"{parts}, 512 MiB of flush and read buffers",
+        "give a smaller --shape",
+    )
 
 
 def timing_columns(timings: dict, fixed: dict, n_active: int, row_bytes: int) -> dict:
@@ -318,6 +340,7 @@ def bench_quantized_ffn(
         raise ValueError(f"dtype: expected one of {', '.join(QUANTIZED_DTYPES)}, found {dtype!r}")
     if group_size not in quant.GROUP_SIZES or d % group_size != 0:
         raise ValueError(f"group_size: expected one of {quant.GROUP_SIZES} dividing d={d}, found {group_size}")
+    require_memory(d, n_neurons, dtype)
 
     generator = torch.Generator().manual_seed(seed)
     weights = _FFNWeights(d, n_neurons, torch.float16, generator)

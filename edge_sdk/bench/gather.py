@@ -58,6 +58,7 @@ def _check_arguments(d, n_neurons, sparsities, dtype, device, mode, repeats, war
         raise ValueError(f"device: expected one of {', '.join(DEVICES)}, found {device!r}")
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {', '.join(MODES)}, found {mode!r}")
+    ffn_bench.require_memory(d, n_neurons, dtype)
 
 
 def bench_gather_ffn(

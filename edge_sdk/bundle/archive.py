@@ -109,14 +109,19 @@ def unpack_bundle(tar_path: str | Path, out_dir: str | Path, *, force: bool = Fa
     tar_path = Path(tar_path)
     target = outputs.check_target(out_dir, outputs.BUNDLE, replace=force, inputs=(("archive", tar_path),))
     if not tar_path.is_file():
-        raise ArchiveError(f"{tar_path}: archive not found")
+        found = "is a directory, not an archive file" if tar_path.is_dir() else "archive not found"
+        raise ArchiveError(f"{tar_path}: {found}")
     with outputs.staged_output(target) as staging:
         try:
             with tarfile.open(tar_path, mode="r:*") as tar:
                 names = _extract(tar, tar_path, staging)
         except (tarfile.TarError, EOFError) as error:
             raise ArchiveError(f"{tar_path}: not a readable tar archive ({error})") from None
-        bundle = Bundle.open(staging, verify_checksums=True)
+        try:
+            bundle = Bundle.open(staging, verify_checksums=True)
+        except BundleError as error:  # named by the archive and its member: the staging path means nothing to a user
+            message = str(error).replace(f"{staging}{os.sep}", f"{tar_path}: member ").replace(str(staging), "it")
+            raise BundleError(message) from None
         unlisted = sorted(names - {bundle_format.MANIFEST_FILE, *bundle.manifest.files})
         if unlisted:
             raise ArchiveError(f"{tar_path}: member {unlisted[0]!r} is not a file the bundle's manifest lists")

@@ -7,7 +7,8 @@ What the reader guarantees once a bundle opened:
 - weights.safetensors holds exactly the manifest's tensors, tiling its data section, each aligned to its element
   size, with exactly the shapes and dtypes the model config and predictor need;
 - each graph is a well-formed ONNX model whose external data all points at exactly the bytes of the tensor of its
-  name in weights.safetensors (formats/onnx_wire.py).
+  name in weights.safetensors (formats/onnx_wire.py), and whose inputs and outputs are those the exporter declares
+  for its phase, prefill or decode (bundle/graph_io.py).
 Readers of the bundle's other files (the tokenizer) go through read_file, which serves listed files only.
 """
 
@@ -23,6 +24,7 @@ import numpy as np
 
 from edge_sdk import predictors
 from edge_sdk.bundle import format as bundle_format
+from edge_sdk.bundle import graph_io
 from edge_sdk.bundle.manifest import BundleError, Manifest, SparsityConfig, validate
 from edge_sdk.formats import onnx_wire, safetensors, strict_json
 from edge_sdk.formats.files import file_size, open_regular, read_bounded, sha256_of
@@ -81,7 +83,8 @@ class Bundle:
     def open(cls, path: str | Path, verify_checksums: bool = True) -> Bundle:
         root = Path(path)
         if not root.is_dir():
-            raise BundleError(f"{root}: bundle directory not found")
+            found = "is a file, not a bundle directory" if root.exists() else "bundle directory not found"
+            raise BundleError(f"{root}: {found}")
         manifest_path = root / bundle_format.MANIFEST_FILE
         if not manifest_path.exists() and not manifest_path.is_symlink():
             raise BundleError(f"{manifest_path}: manifest.json is missing (is {root} an edge-sdk bundle?)")
@@ -91,8 +94,11 @@ class Bundle:
         header = safetensors.read_header(root / bundle_format.WEIGHTS_FILE, follow_symlinks=False, error=BundleError)
         bundle = cls(root, manifest, header)
         bundle._check_weights()
-        for phase in bundle_format.GRAPH_PHASES:
-            bundle._check_graph(manifest.graphs[phase])
+        interfaces = {phase: bundle._check_graph(phase) for phase in bundle_format.GRAPH_PHASES}
+        problem = graph_io.prompt_outputs_problem(interfaces["prefill"], interfaces["decode"], manifest.config)
+        if problem is not None:
+            phase, message = problem
+            raise BundleError(f"{root / manifest.graphs[phase]}: {message}")
         return bundle
 
     def _check_weights(self) -> None:
@@ -132,8 +138,10 @@ class Bundle:
                         if not math.isfinite(value):
                             raise BundleError(f"{path}: tensor '{name}' is {value}, expected a finite number")
 
-    def _check_graph(self, name: str) -> None:
-        path = self.root / name
+    def _check_graph(self, phase: str) -> graph_io.GraphInterface:
+        """The graph of `phase` is a well-formed ONNX model with the exporter's inputs and outputs for its phase and
+        external data exactly of weights.safetensors; its inputs and outputs."""
+        path = self.root / self.manifest.graphs[phase]
         data = read_bounded(path, MAX_GRAPH_BYTES, follow_symlinks=False, error=BundleError)
         try:
             summary = onnx_wire.summarize(data)
@@ -144,8 +152,29 @@ class Bundle:
                 f"{path}: not an ONNX model (ir_version {summary.ir_version}, {summary.opset_imports} opset imports, "
                 f"{summary.graphs} graphs; expected an ir_version >= 1, an opset import and one graph)"
             )
+        interface = self._check_interface(path, phase, data)
         for tensor in summary.external_tensors:
             self._check_external(path, tensor)
+        return interface
+
+    def _check_interface(self, path: Path, phase: str, data: bytes) -> graph_io.GraphInterface:
+        """The graph's inputs and outputs are the exporter's for `phase` (names, element types, ranks and sizes), so
+        a runtime never feeds a graph of the other phase, or one that lost an input."""
+        try:
+            found = graph_io.read_interface(data)
+        except onnx_wire.WireError as problem:
+            raise BundleError(f"{path}: not an ONNX model ({problem})") from None
+        kind_inputs = predictors.kind(self.sparsity.predictor).fixed_at_prefill
+        problem = graph_io.interface_problem(found, self.config, phase, kind_inputs)
+        if problem is None:
+            return found
+        other = next(other for other in bundle_format.GRAPH_PHASES if other != phase)
+        if graph_io.interface_problem(found, self.config, other, kind_inputs) is None:
+            problem += (
+                f"; it has the {other} graph's inputs and outputs (are {self.manifest.graphs['prefill']} and "
+                f"{self.manifest.graphs['decode']} swapped?)"
+            )
+        raise BundleError(f"{path}: {problem}")
 
     def _check_external(self, path: Path, tensor: onnx_wire.ExternalTensor) -> None:
         where = f"{path}: tensor '{tensor.name[:200]}' stored outside the graph"

@@ -31,6 +31,7 @@ from edge_sdk import outputs
 from edge_sdk.bench.record import with_machine_info
 from edge_sdk.bundle import Bundle
 from edge_sdk.errors import EdgeSdkError
+from edge_sdk.formats.files import read_utf8_text
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import EngineOptions, select_backend
 from edge_sdk.runtime.engine import Engine
@@ -68,8 +69,9 @@ def read_texts(files: Sequence[str | Path]) -> list[str]:
     texts = []
     for file in map(Path, files):
         if not file.is_file():
-            raise EvalError(f"{file}: held-out text file not found")
-        text = file.read_text(encoding="utf-8", errors="replace")
+            found = "is not a regular file" if file.exists() else "not found"
+            raise EvalError(f"{file}: held-out text file {found}")
+        text = read_utf8_text(file, "held-out text file", EvalError)
         if not text.strip():
             raise EvalError(f"{file}: held-out text file is empty")
         texts.append(text)
@@ -295,9 +297,8 @@ def evaluate_bundle(
     total): called after each window of each phase. Returns the result dict (also written to json_path, and
     drawn to plot_path, when given).
     """
-    for path in (json_path, plot_path):
-        if path is not None:
-            outputs.check_report(path)
+    report_inputs = (("bundle", bundle_path), *(("text file", text) for text in text_files))
+    outputs.check_reports((json_path, plot_path), report_inputs)
     bundle = Bundle.open(bundle_path)
     texts = read_texts(text_files)
     choice = bundle.sparsity.resolve(sparsity)  # raises, naming the calibrated levels, before any work
@@ -340,9 +341,11 @@ def evaluate_bundle(
         result["layer_means"] = layer_means(layers)
     result = with_machine_info(result)
     if json_path is not None:
-        outputs.write_report(json_path, lambda path: path.write_text(json.dumps(result, indent=2) + "\n"))
+        outputs.write_report(
+            json_path, lambda path: path.write_text(json.dumps(result, indent=2) + "\n"), report_inputs
+        )
     if plot_path is not None:
         from edge_sdk.eval.plots import plot_evaluation
 
-        outputs.write_report(plot_path, lambda path: plot_evaluation(result, path))
+        outputs.write_report(plot_path, lambda path: plot_evaluation(result, path), report_inputs)
     return result

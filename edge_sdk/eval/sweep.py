@@ -183,6 +183,17 @@ def _validate(predictors, levels, recall_targets, core_betas, speed_repeats: int
                 raise EvalError(f"sweep {setting.replace('_', ' ')}: expected a number in (0, 1], found {value!r}")
 
 
+def sweep_inputs(
+    model_dir: str | Path, calibration_files: Sequence[str | Path], text_files: Sequence[str | Path]
+) -> tuple[tuple[str, str | Path], ...]:
+    """A sweep's inputs, (noun, path), which none of its outputs may be or lie inside."""
+    return (
+        ("model", model_dir),
+        *(("calibration file", path) for path in calibration_files),
+        *(("text file", path) for path in text_files),
+    )
+
+
 def sweep(
     model_dir: str | Path,
     calibration_files: Sequence[str | Path],
@@ -225,8 +236,8 @@ def sweep(
     out_dir = Path(out_dir)
     json_path = out_dir / "sweep.json" if json_path is None else Path(json_path)
     plot_path = out_dir / "sweep.png" if plot_path is None else Path(plot_path)
-    for path in (json_path, plot_path):
-        outputs.check_report(path)
+    report_inputs = sweep_inputs(model_dir, calibration_files, text_files)
+    outputs.check_reports((json_path, plot_path), report_inputs)
     checkpoint = open_checkpoint(model_dir)
     read_calibration_texts(calibration_files)
     texts = read_texts(text_files)
@@ -323,8 +334,8 @@ def sweep(
     )
     from edge_sdk.eval.plots import plot_frontier
 
-    outputs.write_report(json_path, lambda path: path.write_text(json.dumps(result, indent=2) + "\n"))
-    outputs.write_report(plot_path, lambda path: plot_frontier(result, path))
+    outputs.write_report(json_path, lambda path: path.write_text(json.dumps(result, indent=2) + "\n"), report_inputs)
+    outputs.write_report(plot_path, lambda path: plot_frontier(result, path), report_inputs)
     return result
 
 

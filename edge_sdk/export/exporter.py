@@ -221,6 +221,11 @@ def _validate(checkpoint: Checkpoint | GgufCheckpoint, settings: ExportSettings)
                 )
     else:
         parse_dtype(settings.dtype)
+        if settings.quant_method != "rtn":
+            raise ExportError(
+                f"--quant-method {settings.quant_method} chooses how int8 / int4 weights are rounded; --dtype "
+                f"{settings.dtype} keeps them unquantized: give --dtype int8 or int4, or drop --quant-method"
+            )
     if settings.calibration.kind.calibrated:
         validate_settings(checkpoint.config, settings.calibration)
     limit = checkpoint.config.max_position_embeddings

@@ -7,7 +7,7 @@ row, otherwise the predictor and SparseFFN (`_step_ffn`); the branch not taken g
 engine from it with a prompt profile and a decode profile, so the engine holds the weights once
 (plugins/tensorrt/JETSON.md). ONNX Runtime and the C runtime run prefill.onnx for prompts.
 
-Inputs of both graphs:
+Inputs of both graphs (bundle/graph_io.py declares them and the outputs; Bundle.open checks every graph against it):
   input_ids [batch, seq] int64, position_ids [batch, seq] int64 (= past_seq + 0..seq-1),
   past_key_values.{i}.key / .value [batch, kv_heads, past_seq, head_dim] float32
 Outputs: logits [batch, seq, vocab] float32, present.{i}.key / .value [batch, kv_heads, past_seq + seq, head_dim].
@@ -71,6 +71,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from edge_sdk import predictors, quant
+from edge_sdk.bundle import graph_io
 from edge_sdk.bundle.layout import MINS_SUFFIX, SCALES_SUFFIX, quantized_format
 from edge_sdk.export import ops
 from edge_sdk.model.config import ModelConfig
@@ -82,6 +83,8 @@ ONNX_DTYPES = {
     "I32": TensorProto.INT32,
     "I8": TensorProto.INT8,
     "INT4": TensorProto.INT4,  # packed int4 codes, U8 in weights.safetensors (_int4_initializer)
+    "I64": TensorProto.INT64,  # the graphs' token, position and level inputs (bundle/graph_io.py)
+    "BOOL": TensorProto.BOOL,
 }
 INT4_BLOCK = 32
 NEGATIVE_INFINITY = float("-inf")
@@ -579,22 +582,18 @@ def _embedding(g: GraphBuilder, config: ModelConfig) -> str:
 
 
 def _io(config: ModelConfig, decode: bool, kind: predictors.PredictorKind) -> tuple[list, list]:
-    kv_shape = ["batch", config.num_kv_heads, "past_seq", config.head_dim]
-    present_shape = ["batch", config.num_kv_heads, "total_seq", config.head_dim]
-    inputs = [
-        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
-        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "seq"]),
-    ]
-    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", config.vocab_size])]
-    for layer in range(config.num_layers):
-        for part in ("key", "value"):
-            inputs.append(helper.make_tensor_value_info(f"past_key_values.{layer}.{part}", TensorProto.FLOAT, kv_shape))
-            outputs.append(helper.make_tensor_value_info(f"present.{layer}.{part}", TensorProto.FLOAT, present_shape))
+    """The graph's value infos: the interface bundle/graph_io.py defines for its phase (which Bundle.open checks),
+    then the decode inputs the predictor kind adds; the kind's prompt outputs are added as its FFNs are built."""
+    interface = graph_io.graph_interface(config, "decode" if decode else "prefill")
+    inputs = [_value_info(value) for value in interface.inputs]
+    outputs = [_value_info(value) for value in interface.outputs]
     if decode:
-        inputs.append(helper.make_tensor_value_info("sparsity_level", TensorProto.INT64, []))
-        inputs.append(helper.make_tensor_value_info("dense", TensorProto.BOOL, []))
         inputs += kind.decode_inputs(config)
     return inputs, outputs
+
+
+def _value_info(value: graph_io.GraphValue) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(value.name, ONNX_DTYPES[value.dtype], list(value.shape))
 
 
 def build_graph(spec: GraphSpec, decode: bool) -> onnx.ModelProto:

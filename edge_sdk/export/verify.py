@@ -2,17 +2,21 @@
 
 Every calibrated level is checked (and dense decoding): prefill plus greedy decode steps, logits within
 LOGITS_TOLERANCE and the same greedy tokens, except at a step where ONNX Runtime rounded a near-tie mask decision
-the other way, which the reference then reproduces (see _compare). The files were checked first (bundle/check.py).
+the other way, which the reference then reproduces (see _compare). The files were checked first (bundle/check.py),
+the graphs' inputs and outputs included; whatever ONNX Runtime still refuses in a graph is a VerificationError naming
+the graph (_in_onnx_runtime), never a traceback.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from edge_sdk.bundle import Bundle
+from edge_sdk.bundle.format import GRAPH_PHASES
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.export.ort_session import OrtBundleSession
 from edge_sdk.model.tokenizer import Tokenizer
@@ -25,6 +29,8 @@ LOGITS_TOLERANCE = 1e-4  # both sides compute in fp32 on the same stored weights
 # 6e-8 while no decision above 3e-7 flipped in 24 steps (benchmarks/README.md, section 10).
 TIE_TOLERANCE = 1e-6
 MAX_TIES_TRIED = 16
+MAX_MESSAGE_SHOWN = 400  # characters of ONNX Runtime's message kept (it may list every input of a graph)
+Result = TypeVar("Result")
 
 
 class VerificationError(EdgeSdkError):
@@ -45,9 +51,9 @@ def _compare(bundle: Bundle, ids: list[int], level: float | None, dense: bool, s
     configure(reference, bundle.sparsity.resolve(level, dense))
     for ffn in reference.ffns:
         ffn.tie_tolerance = TIE_TOLERANCE
-    session = OrtBundleSession(bundle, level=level, dense=dense)
+    session = _in_onnx_runtime(bundle, None, OrtBundleSession, bundle, level=level, dense=dense)
     expected = reference.prefill(torch.tensor([ids]))[0, -1]
-    found = torch.from_numpy(session.prefill(np.array([ids]))[0, -1])
+    found = torch.from_numpy(_in_onnx_runtime(bundle, "prefill", session.prefill, np.array([ids]))[0, -1])
     max_diff = (expected - found).abs().max().item()
     reference_tokens, ort_tokens, explained = [], [], []
     for step in range(steps):
@@ -55,7 +61,7 @@ def _compare(bundle: Bundle, ids: list[int], level: float | None, dense: bool, s
         reference_tokens.append(token)
         ort_tokens.append(int(found.argmax()))
         expected = reference.decode(torch.tensor([[token]]))[0, -1]
-        found = torch.from_numpy(session.decode(np.array([[token]]))[0, -1])
+        found = torch.from_numpy(_in_onnx_runtime(bundle, "decode", session.decode, np.array([[token]]))[0, -1])
         diff = (expected - found).abs().max().item()
         if diff > LOGITS_TOLERANCE:
             tie = explain_by_a_near_tie(reference, token, found)
@@ -64,6 +70,34 @@ def _compare(bundle: Bundle, ids: list[int], level: float | None, dense: bool, s
                 explained.append(f"step {step}: layer {layer} neuron {neuron} (relative margin {margin:.2g})")
         max_diff = max(max_diff, diff)
     return {"max_diff": max_diff, "reference": reference_tokens, "ort": ort_tokens, "near_ties": explained}
+
+
+def _onnxruntime_errors() -> tuple[type[Exception], ...]:
+    """What ONNX Runtime raises for a graph it cannot load or run: its native errors (the exception classes of
+    onnxruntime_pybind11_state, Fail, InvalidArgument, InvalidGraph...) and the ValueError / RuntimeError of its
+    Python side (an input the feed lacks, a value of the wrong type)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    native = (value for value in vars(state).values() if isinstance(value, type) and issubclass(value, Exception))
+    return (*native, ValueError, RuntimeError)
+
+
+def _in_onnx_runtime(bundle: Bundle, phase: str | None, call: Callable[..., Result], *args, **kwargs) -> Result:
+    """call(*args, **kwargs): ONNX Runtime loading the graphs (phase None) or running the graph of phase, its errors
+    raised as a VerificationError naming the graph (on loading: the one its message names, else both)."""
+    try:
+        return call(*args, **kwargs)
+    except _onnxruntime_errors() as problem:
+        text = " ".join(str(problem).split())
+        phases = [phase] if phase is not None else [p for p in GRAPH_PHASES if str(bundle.graph_path(p)) in text]
+        files = " / ".join(str(bundle.graph_path(p)) for p in phases or GRAPH_PHASES)
+        if len(text) > MAX_MESSAGE_SHOWN:
+            text = text[:MAX_MESSAGE_SHOWN] + "..."
+        action = "load" if phase is None else "run"
+        raise VerificationError(
+            f"{files}: ONNX Runtime could not {action} the graph ({type(problem).__name__}: {text}); expected the "
+            f"graph edge-sdk export writes"
+        ) from None
 
 
 def explain_by_a_near_tie(

@@ -46,6 +46,18 @@ def file_size(path: Path, *, follow_symlinks: bool, error: type[EdgeSdkError] = 
         os.close(descriptor)
 
 
+def read_utf8_text(path: Path, what: str, error: type[EdgeSdkError] = EdgeSdkError) -> str:
+    """A text file's content, which must be UTF-8: otherwise error naming the file, what it is, the first byte that
+    is not and its offset (a stray byte in a corpus would otherwise become U+FFFD tokens without a word)."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as problem:
+        raise error(
+            f"{path}: the {what} is not UTF-8 text (byte 0x{data[problem.start]:02x} at offset {problem.start})"
+        ) from None
+
+
 def read_bounded(
     path: Path, max_bytes: int, *, follow_symlinks: bool, error: type[EdgeSdkError] = EdgeSdkError
 ) -> bytes:

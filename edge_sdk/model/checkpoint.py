@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -119,6 +120,10 @@ def _sharded_tensors(model_dir: Path, index_path: Path) -> dict[str, TensorEntry
     return {name: headers[shards[0]][name] for name, shards in holders.items()}
 
 
+# A decoder layer's tensor, and its layer number.
+_LAYER_TENSOR = re.compile(r"model\.layers\.([0-9]+)\.")
+
+
 class Checkpoint:
     """A validated Hugging Face checkpoint directory whose tensors are read lazily, one at a time."""
 
@@ -141,6 +146,13 @@ class Checkpoint:
         )
 
     def _check_tensors(self) -> None:
+        for name, entry in self.entries.items():
+            match = _LAYER_TENSOR.match(name)
+            if match is not None and int(match[1]) >= self.config.num_layers:
+                raise CheckpointError(
+                    f"{entry.file}: tensor '{name}' belongs to layer {match[1]}, but config.json's num_hidden_layers "
+                    f"is {self.config.num_layers}: the config and the weights describe different models"
+                )
         for name, shape in self.expected_shapes.items():
             entry = self.entries.get(name)
             if entry is None:

@@ -55,6 +55,8 @@ class EngineOptions:
             isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0 <= sparsity <= 1
         ):
             raise EdgeSdkError(f"sparsity: expected a calibrated level in [0, 1] or None, found {sparsity!r}")
+        if dense and sparsity is not None:
+            raise EdgeSdkError(f"dense and sparsity {sparsity}: the dense model has no sparsity level; give either")
         return cls(bundle.sparsity.resolve(sparsity, dense), threads)
 
     @property

@@ -3,6 +3,7 @@ token ids or text pieces with stop conditions (eos, stop strings, max_new_tokens
 
 from __future__ import annotations
 
+import math
 import time
 from collections import abc
 from collections.abc import Iterator
@@ -41,7 +42,7 @@ class SamplingSettings:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
             raise EdgeSdkError(f"max_new_tokens: expected an integer >= 0, found {self.max_new_tokens}")
-        if not self.temperature >= 0:
+        if not 0 <= self.temperature < math.inf:
             raise EdgeSdkError(f"temperature: expected a number >= 0 (0 = greedy), found {self.temperature}")
         if self.top_k < 0:
             raise EdgeSdkError(f"top_k: expected an integer >= 0 (0 = off), found {self.top_k}")

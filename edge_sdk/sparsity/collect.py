@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from edge_sdk.errors import CalibrationError
+from edge_sdk.formats.files import read_utf8_text
 from edge_sdk.model.checkpoint import Checkpoint
 from edge_sdk.model.decoder import TransformerBlock, rope_tables
 from edge_sdk.model.loader import load_layer
@@ -33,8 +34,9 @@ def read_calibration_texts(files: Sequence[str | Path]) -> list[str]:
     texts: list[str] = []
     for file in map(Path, files):
         if not file.is_file():
-            raise CalibrationError(f"{file}: calibration file not found")
-        content = file.read_text(encoding="utf-8", errors="replace")
+            found = "is not a regular file" if file.exists() else "not found"
+            raise CalibrationError(f"{file}: calibration file {found}")
+        content = read_utf8_text(file, "calibration file", CalibrationError)
         if file.suffix in JSON_LINES_SUFFIXES:
             documents = []
             for number, line in enumerate(content.splitlines(), start=1):

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from edge_sdk import memory, predictors
+from edge_sdk.bundle.manifest import MAX_LEVELS
 from edge_sdk.errors import CalibrationError
 from edge_sdk.model.config import ModelConfig
 from edge_sdk.predictors.core import CoreSettings
@@ -119,6 +120,11 @@ def validate_settings(config: ModelConfig, settings: CalibrationSettings) -> Non
         )
     for level in settings.levels:
         check_fraction("sparsity level", level)
+    if len(settings.all_levels) > MAX_LEVELS:
+        raise CalibrationError(
+            f"{len(settings.all_levels)} distinct sparsity levels (--levels with --sparsity) are too many: a bundle "
+            f"holds at most {MAX_LEVELS}"
+        )
     for kind in predictors.KINDS.values():  # every kind's knobs are recorded, so every kind checks its own
         kind.check_settings(settings, config)
     if settings.max_tokens < MIN_CALIBRATION_TOKENS:

@@ -110,3 +110,17 @@ def test_quantized_bench_takes_int8_down_rows_under_int4(asymmetric):
     assert row["sparse_mb_read"] == pytest.approx(64 * (2 * gate_up_bytes + 128 + 8) / 1e6)
     with pytest.raises(ValueError, match=r"down_dtype: expected int8 .*, found 'int4' with 'int8'"):
         bench_quantized_ffn(128, 512, dtype="int8", down_dtype="int4")
+
+
+@pytest.mark.parametrize(
+    "options", [["--dtype", "fp32"], ["--dtype", "int4"], ["--backend", "torch-cpu", "--dtype", "fp16"]], ids=str
+)
+def test_bench_ffn_refuses_a_shape_beyond_the_machines_memory_before_allocating(options):
+    from click.testing import CliRunner
+
+    from edge_sdk.cli import main
+
+    result = CliRunner().invoke(main, ["bench", "ffn", "--shape", "1000000x1000000", *options, "--repeats", "1"])
+    assert result.exit_code == 2, result.output
+    assert "bench ffn at d=1000000, D=1000000 needs about" in result.output
+    assert "give a smaller --shape" in result.output and "Traceback" not in result.output

@@ -6,6 +6,7 @@ next writer, and operating-system errors (a full disk, a read-only file system) 
 from __future__ import annotations
 
 import fcntl
+import io
 import os
 import shutil
 import signal
@@ -298,6 +299,8 @@ def test_a_full_disk_and_a_read_only_file_system_are_one_line(workspace, tmp_pat
         (["--threads", "5000"], "'--threads': 5000 is not in the range"),
         (["--max-new-tokens", "-3"], "'--max-new-tokens': -3 is not in the range"),
         (["--prompt", b"\xff\xfeabc".decode("utf-8", "surrogateescape")], "--prompt: not UTF-8 text"),
+        (["--dense", "--sparsity", "0.5"], "dense and sparsity 0.5: the dense model has no sparsity level"),
+        (["--temperature", "inf"], "'--temperature': inf is not in the range 0<=x<="),
     ],
 )
 def test_run_refuses_bad_arguments_in_one_line(archive, args, fragment):
@@ -356,3 +359,67 @@ def test_report_files_replace_only_edge_sdk_reports(workspace, archive):
         )
         assert result.returncode == 0, result.stderr
     assert staging_left(workspace) == []
+
+
+def test_reports_are_never_written_into_the_commands_inputs_nor_two_on_one_path(workspace, archive):
+    bundle = archive.parent / "bundle"
+    held_out = Path(__file__).parents[1] / "fixtures" / "tiny-relu-llama" / "held_out.txt"
+    bundle_before, before = snapshot(bundle), snapshot(workspace)
+    e2e = ["bench", "e2e", bundle, "--tokens", "2", "--repeats", "1"]
+    assert_refused(edge_sdk(*e2e, "--json", bundle / "e2e.json", cwd=workspace), "is inside the bundle")
+    evaluate = ["eval", bundle, "--text", held_out, "--tokens", "64", "--threads", "1", "--no-layer-stats"]
+    assert_refused(edge_sdk(*evaluate, "--plot", bundle / "plot.png", cwd=workspace), "is inside the bundle")
+    assert_refused(edge_sdk(*evaluate, "--json", held_out, cwd=workspace), "is the text file")
+    result = edge_sdk(*evaluate, "--json", "eval.json", "--plot", "./eval.json", cwd=workspace)
+    assert_refused(result, "./eval.json: is also the location of another report (eval.json)")
+    assert snapshot(bundle) == bundle_before and snapshot(workspace) == before
+
+
+def test_pack_force_refuses_an_archive_holding_a_member_edge_sdk_did_not_write(workspace, archive):
+    mixed = workspace / "mixed.tar"
+    shutil.copy(archive, mixed)
+    with tarfile.open(mixed, "a") as tar:
+        tar.add(workspace / "notes.txt", arcname="notes.txt")
+    before = snapshot(workspace)
+    result = edge_sdk("pack", archive.parent / "bundle", mixed, "--force", cwd=workspace)
+    assert_refused(result, "mixed.tar: holds 'notes.txt', which is not part of the bundle")
+    assert snapshot(workspace) == before
+
+
+def test_a_failed_unpack_removes_the_directories_it_created_for_its_output(workspace, archive):
+    corrupt = workspace / "corrupt.tar"
+    with tarfile.open(archive) as source, tarfile.open(corrupt, "w") as tar:
+        for member in source:
+            data = source.extractfile(member).read()
+            if member.name == "weights.safetensors":
+                data = data[:-1] + bytes([data[-1] ^ 1])
+            tar.addfile(member, io.BytesIO(data))
+    before = snapshot(workspace)
+    assert_refused(edge_sdk("unpack", corrupt, "new/deeper/bundle", cwd=workspace), "weights.safetensors")
+    assert snapshot(workspace) == before  # neither new/ nor new/deeper/ is left
+    (workspace / "data" / "new").mkdir()  # a directory that existed before the command stays
+    before = snapshot(workspace)
+    assert_refused(edge_sdk("unpack", corrupt, "data/new/bundle", cwd=workspace), "weights.safetensors")
+    assert snapshot(workspace).keys() == before.keys()  # (data/new's time moved: the staging came and went)
+
+
+def test_the_sweep_of_stale_staging_removes_only_names_edge_sdk_makes(workspace, archive):
+    kept = [f".notes{STAGING_MARK}keep", f".notes{STAGING_MARK}12-0123abcd.bak", f"notes{STAGING_MARK}12-0123abcd"]
+    for name in kept:
+        (workspace / name).write_text("the user's\n")
+    stale = workspace / f".old{STAGING_MARK}12-0123abcd"  # its writer is gone: no lock held
+    stale.write_text("half-written\n")
+    assert edge_sdk("unpack", archive, "bundle", cwd=workspace).returncode == 0
+    assert all((workspace / name).read_text() == "the user's\n" for name in kept)
+    assert not stale.exists()
+
+
+def test_a_file_given_for_a_directory_or_a_directory_for_a_file_is_named_so(workspace, archive):
+    bundle = archive.parent / "bundle"
+    assert_refused(edge_sdk("unpack", "data", "out", cwd=workspace), "data: is a directory, not an archive file")
+    result = edge_sdk("pack", "notes.txt", "out.tar", cwd=workspace)
+    assert_refused(result, "notes.txt: is a file, not a bundle directory")
+    result = edge_sdk("calibrate", "model", "--calib", "data", "-o", "predictors", cwd=workspace)
+    assert_refused(result, "data: calibration file is not a regular file")
+    held_out = ["--text", "data", "--tokens", "64"]
+    assert_refused(edge_sdk("eval", bundle, *held_out, cwd=workspace), "data: held-out text file is not a regular file")

@@ -335,3 +335,11 @@ def test_eval_and_bench_e2e_show_each_phase_on_stderr(svd_bundle, held_out):
     result = CliRunner().invoke(main, [*bench, "--threads", "1"])
     assert result.exit_code == 0, result.output
     assert re.search(r"decode runs: 100%\|[^|]*\| 4/4", result.stderr)
+
+
+def test_held_out_text_that_is_not_utf8_is_refused_naming_the_byte(tmp_path):
+    path = tmp_path / "held.txt"
+    path.write_bytes(b"def f():\n    return '\xc3('\n")
+    message = r"held\.txt: the held-out text file is not UTF-8 text \(byte 0xc3 at offset 21\)"
+    with pytest.raises(EvalError, match=message):
+        read_texts([path])

@@ -80,6 +80,16 @@ def test_shape_disagrees_with_config(checkpoint):
     assert "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [160, 64], expected [128, 64]" in output
 
 
+def test_weights_of_more_layers_than_the_config_says(checkpoint):
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["num_hidden_layers"] = 1  # the weights hold layers 0 and 1
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    code, output = run_info(checkpoint)
+    assert code == 2
+    assert "model.safetensors: tensor 'model.layers.1." in output
+    assert "belongs to layer 1, but config.json's num_hidden_layers is 1" in output
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [

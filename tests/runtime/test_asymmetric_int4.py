@@ -220,3 +220,12 @@ def test_the_ascend_path_dequantizes_asymmetric_rows_on_every_chip(bundle_matrix
     rows = torch.tensor([5, 0, 700])
     expected = quant.dequantize(matrix)[rows.numpy()]
     assert torch.equal(device.rows(rows), torch.from_numpy(expected))
+
+
+def test_export_refuses_a_quantization_method_for_unquantized_weights(tiny_model_dir, tmp_path):
+    out = tmp_path / "bundle"
+    args = ["export", str(tiny_model_dir), "-o", str(out), "--predictor", "none", "--dtype", "fp16"]
+    result = CliRunner().invoke(main, [*args, "--quant-method", "awq"])
+    assert result.exit_code == 2, result.output
+    assert "--quant-method awq chooses how int8 / int4 weights are rounded; --dtype fp16 keeps them" in result.output
+    assert "Traceback" not in result.output and not out.exists()

@@ -88,3 +88,13 @@ def test_streamed_ffn_inputs_equal_the_full_model_forward(tiny_model_dir):
         previous_block = weakref.ref(capture.block)
         del capture
     assert len(expected) == checkpoint.config.num_layers
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".jsonl"])
+def test_calibration_text_that_is_not_utf8_is_refused_naming_the_byte(tmp_path, suffix):
+    path = tmp_path / f"c{suffix}"
+    path.write_bytes(b'{"text": "caf\xe9"}\n' if suffix == ".jsonl" else b"good start \xff then more\n")
+    offset, byte = (13, "0xe9") if suffix == ".jsonl" else (11, "0xff")
+    message = rf"c\{suffix}: the calibration file is not UTF-8 text \(byte {byte} at offset {offset}\)"
+    with pytest.raises(CalibrationError, match=message):
+        read_calibration_texts([path])

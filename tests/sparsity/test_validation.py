@@ -203,6 +203,10 @@ def test_a_given_level_skips_validation_and_short_text_falls_back(tiny_model_dir
         ({"ppl_budget": math.nan}, "perplexity budget must be a percentage >= 0, found nan"),
         ({"validation_tokens": 100}, "validation tokens 100 is too few: at least 128 are needed"),
         ({"levels": ()}, "no sparsity levels to choose the default level from"),
+        (
+            {"levels": tuple(i / 100 for i in range(1, 65)), "sparsity": 0.995},
+            r"65 distinct sparsity levels \(--levels with --sparsity\) are too many: a bundle holds at most 64",
+        ),
     ],
 )
 def test_bad_choice_settings_are_refused(tiny_model_dir, settings, message):
