@@ -7,7 +7,10 @@ config.parse_config like any checkpoint's:
 - context_length, embedding_length, block_count, feed_forward_length, attention.head_count and
   attention.layer_norm_rms_epsilon are required; attention.head_count_kv (default: head_count),
   attention.key_length (default: embedding_length / head_count), rope.freq_base (default 10000) and linear rope
-  scaling (rope.scaling.type + rope.scaling.factor) are read when present;
+  scaling (rope.scaling.type + rope.scaling.factor) are read when present; each integer is checked under its GGUF
+  key against config.json's limits (config.py: head counts >= 1, head_count_kv dividing head_count, head_count
+  dividing embedding_length when key_length is absent), and `{arch}.vocab_size`, when present, must equal the rows
+  of token_embd.weight, which give the vocabulary size;
 - llama.cpp stores no sliding window for Mistral and attends over the whole context; so does the loaded model;
 - GGUF has no activation key: edge-sdk reads `{arch}.hidden_act` (config.json's hidden_act values, with
   `{arch}.hidden_act_param` for fatrelu) when a file states it, and otherwise uses silu, as llama.cpp does;
@@ -35,7 +38,16 @@ import torch
 
 from edge_sdk.errors import CheckpointError
 from edge_sdk.model.checkpoint import cast_weights, require_finite
-from edge_sdk.model.config import hf_tensor_shapes, parse_config
+from edge_sdk.model.config import (
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_HIDDEN_SIZE,
+    MAX_LAYERS,
+    MAX_POSITIONS,
+    MAX_VOCAB_SIZE,
+    hf_tensor_shapes,
+    parse_config,
+)
 from edge_sdk.model.gguf_metadata import GgufMetadata, open_reader
 from edge_sdk.model.gguf_tokenizer import gguf_tokenizer_files
 from edge_sdk.model.tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, Tokenizer
@@ -208,27 +220,47 @@ class GgufCheckpoint:
         return {"rope_type": "linear", "factor": meta.number(self._key("rope.scaling.factor"))}
 
     def _hf_config(self, meta: GgufMetadata) -> dict[str, Any]:
-        """The config.json dict this file's metadata states (see the module docstring)."""
+        """The config.json dict this file's metadata states (see the module docstring). The integer keys are checked
+        here, under their GGUF names, with config.json's limits (config.py), before anything divides by them."""
         key = self._key
-        embedding = self._tensors["token_embd.weight"]
-        heads = meta.integer(key("attention.head_count"))
-        key_length = meta.integer(key("attention.key_length"), default=None)
-        value_length = meta.integer(key("attention.value_length"), default=key_length)
+        heads = meta.integer(key("attention.head_count"), low=1, high=MAX_HEADS)
+        kv_heads = meta.integer(key("attention.head_count_kv"), default=heads, low=1, high=MAX_HEADS)
+        if heads % kv_heads:
+            raise CheckpointError(
+                f"{self.model_dir}: metadata key '{key('attention.head_count_kv')}' must divide "
+                f"{key('attention.head_count')} ({heads}), found {kv_heads}"
+            )
+        hidden_size = meta.integer(key("embedding_length"), low=1, high=MAX_HIDDEN_SIZE)
+        key_length = meta.integer(key("attention.key_length"), default=None, low=1, high=MAX_HEAD_DIM)
+        value_length = meta.integer(key("attention.value_length"), default=key_length, low=1, high=MAX_HEAD_DIM)
         if value_length != key_length:
             raise CheckpointError(
                 f"{self.model_dir}: metadata key '{key('attention.value_length')}' must equal "
                 f"{key('attention.key_length')} ({key_length}), found {value_length}"
             )
+        if key_length is None and hidden_size % heads:
+            raise CheckpointError(
+                f"{self.model_dir}: metadata key '{key('attention.head_count')}' must divide "
+                f"{key('embedding_length')} ({hidden_size}) when {key('attention.key_length')} is not given, "
+                f"found {heads}"
+            )
+        head_dim = key_length or hidden_size // heads
         rope_dimensions = meta.integer(key("rope.dimension_count"), default=None)
-        config: dict[str, Any] = {
+        if rope_dimensions is not None and rope_dimensions != head_dim:
+            raise CheckpointError(
+                f"{self.model_dir}: metadata key '{key('rope.dimension_count')}' must equal the head dimension "
+                f"({head_dim}: RoPE over part of each head is not supported), found {rope_dimensions}"
+            )
+        vocab_size = self._vocab_size(meta)
+        return {
             "model_type": self.architecture,
-            "vocab_size": int(embedding.shape[1]),  # GGUF shapes list the fastest-varying dimension first
-            "max_position_embeddings": meta.integer(key("context_length")),
-            "hidden_size": meta.integer(key("embedding_length")),
-            "num_hidden_layers": meta.integer(key("block_count")),
-            "intermediate_size": meta.integer(key("feed_forward_length")),
+            "vocab_size": vocab_size,
+            "max_position_embeddings": meta.integer(key("context_length"), low=2, high=MAX_POSITIONS),
+            "hidden_size": hidden_size,
+            "num_hidden_layers": meta.integer(key("block_count"), low=1, high=MAX_LAYERS),
+            "intermediate_size": meta.integer(key("feed_forward_length"), low=1, high=MAX_HIDDEN_SIZE),
             "num_attention_heads": heads,
-            "num_key_value_heads": meta.integer(key("attention.head_count_kv"), default=heads),
+            "num_key_value_heads": kv_heads,
             "head_dim": key_length,
             "rms_norm_eps": meta.number(key("attention.layer_norm_rms_epsilon")),
             "rope_theta": meta.number(key("rope.freq_base"), default=10000.0),
@@ -238,17 +270,25 @@ class GgufCheckpoint:
             "tie_word_embeddings": "output.weight" not in self._tensors,
             "attention_bias": self.architecture == "llama" and "blk.0.attn_q.bias" in self._tensors,
             "torch_dtype": self._stored_dtype_name(),
+            "bos_token_id": meta.token_id("tokenizer.ggml.bos_token_id", vocab_size),
+            "eos_token_id": meta.token_id("tokenizer.ggml.eos_token_id", vocab_size),
         }
-        vocab_size = config["vocab_size"]
-        config["bos_token_id"] = meta.token_id("tokenizer.ggml.bos_token_id", vocab_size)
-        config["eos_token_id"] = meta.token_id("tokenizer.ggml.eos_token_id", vocab_size)
-        head_dim = key_length or config["hidden_size"] // heads
-        if rope_dimensions is not None and rope_dimensions != head_dim:
+
+    def _vocab_size(self, meta: GgufMetadata) -> int:
+        """The vocabulary size: token_embd.weight's rows, which `{arch}.vocab_size` must equal where it is given."""
+        shape = [int(size) for size in self._tensors["token_embd.weight"].shape]  # fastest-varying dimension first
+        if len(shape) != 2 or not 1 <= shape[1] <= MAX_VOCAB_SIZE:
             raise CheckpointError(
-                f"{self.model_dir}: metadata key '{key('rope.dimension_count')}' must equal the head dimension "
-                f"({head_dim}: RoPE over part of each head is not supported), found {rope_dimensions}"
+                f"{self.model_dir}: tensor 'token_embd.weight' has shape {shape[::-1]} (rows first), expected "
+                f"[vocabulary size in [1, {MAX_VOCAB_SIZE}], {self._key('embedding_length')}]"
             )
-        return config
+        stated = meta.integer(self._key("vocab_size"), default=None, low=1, high=MAX_VOCAB_SIZE)
+        if stated is not None and stated != shape[1]:
+            raise CheckpointError(
+                f"{self.model_dir}: metadata key '{self._key('vocab_size')}' must equal the rows of tensor "
+                f"'token_embd.weight' ({shape[1]}), found {stated}"
+            )
+        return shape[1]
 
     def _stored_dtype_name(self) -> str:
         """config.json's torch_dtype for this file: that of its FFN weights (quantized ones read as fp32)."""

@@ -69,7 +69,9 @@ def _byte_alphabet() -> dict[int, str]:
     return spelling
 
 
-def _merges(metadata: GgufMetadata) -> list[tuple[str, str]] | None:
+def _merges(metadata: GgufMetadata, vocab: dict[str, int]) -> list[tuple[str, str]] | None:
+    """The file's merges, each two tokens of `vocab` that make a third (what tokenizers' BPE requires, which it
+    reports naming neither the key nor the entry)."""
     merges = metadata.strings("tokenizer.ggml.merges", default=None)
     if merges is None:
         return None
@@ -81,6 +83,12 @@ def _merges(metadata: GgufMetadata) -> list[tuple[str, str]] | None:
                 f"{metadata.path}: metadata key 'tokenizer.ggml.merges' entry {index} must be two tokens separated "
                 f"by one space, found {merge[:60]!r}"
             )
+        for token in (left, right, left + right):
+            if token not in vocab:
+                raise CheckpointError(
+                    f"{metadata.path}: metadata key 'tokenizer.ggml.merges' entry {index} ({merge[:60]!r}) needs the "
+                    f"token {token[:60]!r}, which is not in 'tokenizer.ggml.tokens'"
+                )
         pairs.append((left, right))
     return pairs
 
@@ -106,11 +114,6 @@ def _byte_level(metadata: GgufMetadata, tokens: list[str]) -> HFTokenizer:
             f"{metadata.path}: metadata key 'tokenizer.ggml.pre' must be one of {', '.join(PRE_TOKENIZER_SPLITS)} "
             f"(the pre-tokenizers edge-sdk rebuilds), found {pre!r}"
         )
-    merges = _merges(metadata)
-    if merges is None:
-        raise CheckpointError(
-            f"{metadata.path}: metadata key 'tokenizer.ggml.merges' is missing; a gpt2 tokenizer needs its merges"
-        )
     spelling = _byte_alphabet()
     alphabet = set(spelling.values())
     # a token outside the byte alphabet (a llama.cpp mislabel) is respelled in it, as transformers does
@@ -118,6 +121,11 @@ def _byte_level(metadata: GgufMetadata, tokens: list[str]) -> HFTokenizer:
         token if set(token) <= alphabet else "".join(spelling[byte] for byte in token.encode("utf-8")): index
         for index, token in enumerate(tokens)
     }
+    merges = _merges(metadata, vocab)
+    if merges is None:
+        raise CheckpointError(
+            f"{metadata.path}: metadata key 'tokenizer.ggml.merges' is missing; a gpt2 tokenizer needs its merges"
+        )
     backend = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
     split, nfc = PRE_TOKENIZER_SPLITS[pre]
     if split == _GPT2_SPLIT:
@@ -143,7 +151,8 @@ def _byte_level(metadata: GgufMetadata, tokens: list[str]) -> HFTokenizer:
 
 
 def _sentencepiece(metadata: GgufMetadata, tokens: list[str], unknown: str | None) -> HFTokenizer:
-    merges = _merges(metadata)
+    vocab = {token: index for index, token in enumerate(tokens)}
+    merges = _merges(metadata, vocab)
     if merges is None:
         scores = metadata.numbers("tokenizer.ggml.scores")
         if len(scores) != len(tokens):
@@ -152,7 +161,6 @@ def _sentencepiece(metadata: GgufMetadata, tokens: list[str], unknown: str | Non
                 f"({len(tokens)}), found {len(scores)}"
             )
         merges = _merges_from_scores(tokens, [float(score) for score in scores])
-    vocab = {token: index for index, token in enumerate(tokens)}
     backend = HFTokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unknown, fuse_unk=True, byte_fallback=True))
     prefix = metadata.boolean("tokenizer.ggml.add_space_prefix", default=True)
     backend.pre_tokenizer = pre_tokenizers.Metaspace(

@@ -6,6 +6,8 @@ IQ types, which the gguf package cannot quantize: RANDOM_BLOCK_SCALES)."""
 from __future__ import annotations
 
 import json
+import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -206,3 +208,54 @@ def tokenizer_keys(model_dir: Path, kind: str) -> dict[str, tuple[str, object]]:
     keys["tokenizer.ggml.token_type"] = ("array", types)
     keys["tokenizer.ggml.unknown_token_id"] = ("uint32", vocab[unknown])
     return keys
+
+
+@dataclass(frozen=True)
+class GgufLayout:
+    """Where the parts of an intact GGUF file lie (byte offsets), for tests that corrupt them."""
+
+    size: int
+    kv_count: int
+    tensor_count: int
+    keys: dict[str, int]  # where each key/value starts (its key's length)
+    values: dict[str, int]  # where each value starts (after its type)
+    tensor_infos: dict[str, int]  # where each tensor info starts (its name's length)
+    n_dims: dict[str, int]
+    data_start: int  # where the tensor data section starts (tensor offsets count from here)
+    tensor_data: dict[str, tuple[int, int]]  # each tensor's data: (byte offset, bytes)
+
+    def value_type(self, key: str) -> int:
+        return self.values[key] - 4
+
+    def tensor_type(self, name: str) -> int:
+        return self.tensor_infos[name] + 8 + len(name.encode()) + 4 + 8 * self.n_dims[name]
+
+    def tensor_offset(self, name: str) -> int:
+        return self.tensor_type(name) + 4
+
+
+def gguf_layout(path: Path) -> GgufLayout:
+    reader = gguf.GGUFReader(path)
+    fields = {key: field for key, field in reader.fields.items() if not key.startswith("GGUF.")}
+    return GgufLayout(
+        size=path.stat().st_size,
+        kv_count=len(fields),
+        tensor_count=len(reader.tensors),
+        keys={key: field.offset for key, field in fields.items()},
+        values={key: field.offset + 8 + len(key.encode()) + 4 for key, field in fields.items()},
+        tensor_infos={tensor.name: tensor.field.offset for tensor in reader.tensors},
+        n_dims={tensor.name: len(tensor.shape) for tensor in reader.tensors},
+        data_start=reader.data_offset,
+        tensor_data={tensor.name: (tensor.data_offset, int(tensor.n_bytes)) for tensor in reader.tensors},
+    )
+
+
+def patch_gguf(path: Path, offset: int, fmt: str, value: int) -> None:
+    """Overwrite the little-endian struct `fmt` (e.g. '<Q') at offset with value."""
+    data = bytearray(path.read_bytes())
+    data[offset : offset + struct.calcsize(fmt)] = struct.pack(fmt, value)
+    path.write_bytes(bytes(data))
+
+
+def truncate_gguf(path: Path, size: int) -> None:
+    path.write_bytes(path.read_bytes()[:size])

@@ -28,7 +28,7 @@ from edge_sdk.model.loader import load_decoder
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.sparsity.bundle_model import quantized_matrix
 
-from .gguf_files import RANDOM_BLOCK_SCALES, Q, tokenizer_keys, write_gguf
+from .gguf_files import RANDOM_BLOCK_SCALES, Q, gguf_layout, patch_gguf, tokenizer_keys, truncate_gguf, write_gguf
 from .hf_models import VOCAB, family_configs, save_hf_model
 from .tokenizer_files import save_llama2_style
 
@@ -289,7 +289,7 @@ REFUSED_FILES = [  # (case, write the file, the message)
     (
         "mistyped metadata key",
         lambda path: write_gguf(FIXTURE, path, Q.F16, extra_keys={"llama.context_length": ("string", "1024")}),
-        "metadata key 'llama.context_length' must be an integer, found a value of type STRING",
+        "metadata key 'llama.context_length' must be an integer in [2, 16777216], found a value of type STRING",
     ),
     ("not a GGUF file", lambda path: path.write_bytes(b"GGML" + bytes(60)), "not a readable GGUF file"),
 ]
@@ -554,3 +554,341 @@ def test_a_gguf_weight_that_is_not_finite_is_refused_naming_its_tensor(tmp_path)
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert "tensor 'blk.1.ffn_up.weight' (model.layers.1.mlp.up_proj.weight) holds NaN or infinite values" in lines[0]
     assert not out.exists()
+
+
+# Hostile metadata: every integer hyperparameter is type- and range-checked under its GGUF key before it is used
+# (a head count of 0 divided the hidden size, a negative one was reported as a RoPE dimension mismatch).
+BAD_METADATA = [  # (case, extra_keys, skip_keys, the message after "PATH: ")
+    (
+        "head_count 0",
+        {"llama.attention.head_count": ("uint32", 0)},
+        (),
+        "metadata key 'llama.attention.head_count' must be an integer in [1, 4096], found 0",
+    ),
+    (
+        "head_count negative",
+        {"llama.attention.head_count": ("int32", -6)},
+        (),
+        "metadata key 'llama.attention.head_count' must be an integer in [1, 4096], found -6",
+    ),
+    (
+        "head_count bool",
+        {"llama.attention.head_count": ("bool", True)},
+        (),
+        "metadata key 'llama.attention.head_count' must be an integer in [1, 4096], found a value of type BOOL",
+    ),
+    (
+        "head_count not dividing embedding_length",
+        {"llama.attention.head_count": ("uint32", 10)},  # 192 / 10; head_count_kv 2 divides 10
+        ("llama.attention.key_length", "llama.attention.value_length", "llama.rope.dimension_count"),
+        "metadata key 'llama.attention.head_count' must divide llama.embedding_length (192) when "
+        "llama.attention.key_length is not given, found 10",
+    ),
+    (
+        "head_count_kv 0",
+        {"llama.attention.head_count_kv": ("uint32", 0)},
+        (),
+        "metadata key 'llama.attention.head_count_kv' must be an integer in [1, 4096], found 0",
+    ),
+    (
+        "head_count_kv not dividing head_count",
+        {"llama.attention.head_count_kv": ("uint32", 4)},
+        (),
+        "metadata key 'llama.attention.head_count_kv' must divide llama.attention.head_count (6), found 4",
+    ),
+    (
+        "embedding_length 0",
+        {"llama.embedding_length": ("uint32", 0)},
+        (),
+        "metadata key 'llama.embedding_length' must be an integer in [1, 1048576], found 0",
+    ),
+    (
+        "feed_forward_length negative",
+        {"llama.feed_forward_length": ("int32", -768)},
+        (),
+        "metadata key 'llama.feed_forward_length' must be an integer in [1, 1048576], found -768",
+    ),
+    (
+        "block_count huge",
+        {"llama.block_count": ("uint64", 1 << 40)},
+        (),
+        "metadata key 'llama.block_count' must be an integer in [1, 1024], found 1099511627776",
+    ),
+    (
+        "context_length 0",
+        {"llama.context_length": ("uint32", 0)},
+        (),
+        "metadata key 'llama.context_length' must be an integer in [2, 16777216], found 0",
+    ),
+    (
+        "key_length 0",
+        {"llama.attention.key_length": ("uint32", 0)},
+        (),
+        "metadata key 'llama.attention.key_length' must be an integer in [1, 16384], found 0",
+    ),
+    (
+        "vocab_size other than the embedding's rows",
+        {"llama.vocab_size": ("uint32", 2047)},
+        (),
+        "metadata key 'llama.vocab_size' must equal the rows of tensor 'token_embd.weight' (2048), found 2047",
+    ),
+    (
+        "vocab_size float",
+        {"llama.vocab_size": ("float32", 2048.0)},
+        (),
+        "metadata key 'llama.vocab_size' must be an integer in [1, 16777216], found a value of type FLOAT32",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "extra_keys", "skip_keys", "message"), BAD_METADATA, ids=[case for case, *_ in BAD_METADATA]
+)
+def test_bad_integer_metadata_is_refused_naming_its_key(case, extra_keys, skip_keys, message, tmp_path):
+    path = tmp_path / "model.gguf"
+    write_gguf(FIXTURE, path, Q.F16, extra_keys=extra_keys, skip_keys=skip_keys)
+    with pytest.raises(CheckpointError) as refused:
+        GgufCheckpoint(path)
+    assert str(refused.value) == f"{path}: {message}"
+
+
+def test_valid_integer_metadata_still_reads(tmp_path):
+    """The checks accept what a real file states: any integer type, vocab_size equal to the embedding's rows."""
+    path = tmp_path / "model.gguf"
+    keys = {"llama.attention.head_count": ("int64", 6), "llama.vocab_size": ("uint32", 2048)}
+    write_gguf(FIXTURE, path, Q.F16, extra_keys=keys)
+    config = GgufCheckpoint(path).config
+    assert (config.num_heads, config.num_kv_heads, config.head_dim, config.vocab_size) == (6, 2, 32, 2048)
+
+
+def _corrupt_files() -> list[tuple[str, object]]:
+    """(case, corrupt(path, layout) -> the message after "PATH: ") for a copy of the fixture's GGUF (F16 weights,
+    gpt2 tokenizer keys: 25 key/values, 39 tensors), each naming what a file whose header, key/values, tensor infos
+    or tensor data run past its end or declare impossible counts has wrong."""
+    tokens, last_key = "tokenizer.ggml.tokens", "tokenizer.ggml.token_type"
+
+    def truncated_after_header(path, layout):
+        truncate_gguf(path, 24)
+        needed = 24 + 13 * layout.kv_count + 24 * layout.tensor_count
+        return (
+            f"truncated at byte 24 (the {layout.kv_count} key/values and {layout.tensor_count} tensor infos the "
+            f"header declares need at least {needed} bytes)"
+        )
+
+    def truncated_in_token_list(path, layout):
+        start = layout.values[tokens] + 12  # after the element type and count
+        truncate_gguf(path, start + 2000)
+        # each of the 2048 strings takes at least its 8-byte length
+        return f"truncated at byte {start + 2000} (the key/value section needs at least {start + 8 * 2048} bytes)"
+
+    def truncated_in_a_key(path, layout):
+        cut = layout.keys[last_key] + 8 + 4
+        truncate_gguf(path, cut)
+        needed = layout.keys[last_key] + 8 + len(last_key)
+        return f"truncated at byte {cut} (the key/value section needs at least {needed} bytes)"
+
+    def truncated_in_tensor_infos(path, layout):
+        second = sorted(layout.tensor_infos.values())[1]
+        truncate_gguf(path, second + 3)  # inside its name's length
+        return f"truncated at byte {second + 3} (the tensor-info section needs at least {second + 8} bytes)"
+
+    def truncated_by_one_byte(path, layout):
+        assert layout.size == max(begin + size for begin, size in layout.tensor_data.values())
+        name, (begin, size) = max(layout.tensor_data.items(), key=lambda item: item[1][0])
+        truncate_gguf(path, layout.size - 1)
+        return (
+            f"tensor '{name}' data at offset {begin} + {size} bytes lies past the end of the file "
+            f"({layout.size - 1} bytes)"
+        )
+
+    def count(field_offset, value, what, least):
+        def corrupt(path, layout):
+            patch_gguf(path, field_offset, "<Q", value)
+            return (
+                f"{what} {value} (header byte {field_offset}) exceeds what a file of {layout.size} bytes can hold "
+                f"(each takes at least {least} bytes)"
+            )
+
+        return corrupt
+
+    def kv_count_one_short(path, layout):
+        patch_gguf(path, 16, "<Q", layout.kv_count - 1)
+        # the last key/value is read as a tensor info: its key as the name, its type (9, ARRAY) as n_dims
+        return (
+            f"corrupt tensor-info section: tensor '{last_key}' (tensor info at byte {layout.keys[last_key]}) has 9 "
+            f"dimensions, expected at most 4"
+        )
+
+    def key_length_huge(path, layout):
+        patch_gguf(path, 24, "<Q", 1 << 62)
+        return (
+            f"corrupt key/value section: a string of {1 << 62} bytes at byte 32 runs past the end of the file "
+            f"({layout.size} bytes)"
+        )
+
+    def array_count_huge(path, layout):
+        patch_gguf(path, layout.values[tokens] + 4, "<Q", 1 << 40)
+        return (
+            f"corrupt key/value section: the array at byte {layout.values[tokens]} declares {1 << 40} elements of "
+            f"at least 8 bytes, past the end of the file ({layout.size} bytes)"
+        )
+
+    def value_type_unknown(path, layout):
+        patch_gguf(path, layout.value_type("llama.block_count"), "<I", 99)
+        return (
+            f"corrupt key/value section: value type 99 at byte {layout.value_type('llama.block_count')} is not a "
+            f"GGUF value type"
+        )
+
+    def n_dims_huge(path, layout):
+        name = "token_embd.weight"
+        patch_gguf(path, layout.tensor_infos[name] + 8 + len(name), "<I", 1 << 31)
+        return (
+            f"corrupt tensor-info section: tensor '{name}' (tensor info at byte {layout.tensor_infos[name]}) has "
+            f"{1 << 31} dimensions, expected at most 4"
+        )
+
+    def tensor_type_unknown(path, layout):
+        patch_gguf(path, layout.tensor_type("token_embd.weight"), "<I", 99)
+        return "tensor 'token_embd.weight' has type 99, which is not a GGML tensor type"
+
+    def tensor_offset_past_end(path, layout):
+        name = "token_embd.weight"
+        patch_gguf(path, layout.tensor_offset(name), "<Q", layout.size)
+        return (
+            f"tensor '{name}' data at offset {layout.data_start + layout.size} + {layout.tensor_data[name][1]} bytes "
+            f"lies past the end of the file ({layout.size} bytes)"
+        )
+
+    def key_not_utf8(path, layout):
+        patch_gguf(path, layout.keys["llama.block_count"] + 8, "<B", 0xFF)
+        return "corrupt key/value section: a key or tensor name is not UTF-8 (invalid start byte)"
+
+    def string_value_not_utf8(path, layout):
+        patch_gguf(path, layout.values["tokenizer.ggml.pre"] + 8, "<B", 0xFF)  # after the string's length
+        return (
+            "metadata key 'tokenizer.ggml.pre' must be a string in UTF-8, found bytes that are not UTF-8 "
+            "(invalid start byte)"
+        )
+
+    def empty(path, layout):
+        truncate_gguf(path, 0)
+        return "the file is empty (expected a GGUF file)"
+
+    return [
+        ("truncated after the header", truncated_after_header),
+        ("truncated in the token list", truncated_in_token_list),
+        ("truncated in a key", truncated_in_a_key),
+        ("truncated in the tensor infos", truncated_in_tensor_infos),
+        ("truncated by one byte", truncated_by_one_byte),
+        ("tensor count 2^63", count(8, 1 << 63, "tensor count", 24)),
+        ("tensor count 2^60", count(8, 1 << 60, "tensor count", 24)),
+        ("key/value count 2^63", count(16, 1 << 63, "key/value count", 13)),
+        ("key/value count 2^60", count(16, 1 << 60, "key/value count", 13)),
+        ("key/value count one short", kv_count_one_short),
+        ("key length 2^62", key_length_huge),
+        ("array count 2^40", array_count_huge),
+        ("unknown value type", value_type_unknown),
+        ("n_dims 2^31", n_dims_huge),
+        ("unknown tensor type", tensor_type_unknown),
+        ("tensor offset past the end", tensor_offset_past_end),
+        ("key not UTF-8", key_not_utf8),
+        ("string value not UTF-8", string_value_not_utf8),
+        ("empty file", empty),
+    ]
+
+
+CORRUPT_FILES = _corrupt_files()
+
+
+@pytest.fixture(scope="module")
+def intact_gguf(tmp_path_factory) -> Path:
+    return fixture_gguf(tmp_path_factory.mktemp("intact") / "tiny.gguf")
+
+
+@pytest.mark.parametrize(("case", "corrupt"), CORRUPT_FILES, ids=[case for case, _ in CORRUPT_FILES])
+def test_a_corrupt_gguf_is_refused_saying_what_is_wrong(case, corrupt, intact_gguf, tmp_path):
+    path = tmp_path / "model.gguf"
+    shutil.copy(intact_gguf, path)
+    message = corrupt(path, gguf_layout(intact_gguf))
+    with pytest.raises(CheckpointError) as refused:
+        GgufCheckpoint(path)
+    assert str(refused.value) == f"{path}: {message}"
+
+
+def test_a_merge_of_tokens_outside_the_vocabulary_is_refused_naming_the_entry(tmp_path):
+    """tokenizers' BPE refuses it with a bare Exception naming neither the key nor the entry."""
+    keys = tokenizer_keys(FIXTURE, "gpt2")
+    merges = list(keys["tokenizer.ggml.merges"][1])
+    merges[5] = "Ġthe zzq"
+    path = tmp_path / "model.gguf"
+    write_gguf(FIXTURE, path, Q.F16, extra_keys=keys | {"tokenizer.ggml.merges": ("array", merges)})
+    with pytest.raises(CheckpointError) as refused:
+        GgufCheckpoint(path)
+    assert str(refused.value) == (
+        f"{path}: metadata key 'tokenizer.ggml.merges' entry 5 ('Ġthe zzq') needs the token 'zzq', which is not in "
+        f"'tokenizer.ggml.tokens'"
+    )
+
+
+def test_arrays_nested_too_deep_are_refused(tmp_path):
+    """llama.cpp reads no arrays of arrays; a deeply nested one (a hostile file's thousands of levels) must not reach
+    Python's recursion limit."""
+    nested: list = [1]
+    for _ in range(20):
+        nested = [nested]
+    path = tmp_path / "model.gguf"
+    write_gguf(FIXTURE, path, Q.F16, extra_keys={"general.nested": ("array", nested)})
+    offset = path.read_bytes().index(b"general.nested") + len("general.nested") + 4  # after the key and its type
+    with pytest.raises(CheckpointError) as refused:
+        GgufCheckpoint(path)
+    depth = 8 * (4 + 8)  # the 9th array's element type and count
+    assert str(refused.value) == (
+        f"{path}: the array at byte {offset + depth} of the key/value section nests arrays more than 8 deep "
+        f"(llama.cpp reads no arrays of arrays)"
+    )
+
+
+def test_the_cli_refuses_hostile_ggufs_with_exit_2_and_no_traceback(intact_gguf, tmp_path):
+    """info, export and calibrate of a GGUF whose head count is 0 (a ZeroDivisionError before), info of corrupt
+    ones (numpy's messages before): one line, exit 2."""
+    from click.testing import CliRunner
+
+    from edge_sdk.cli import main
+
+    zero_heads = tmp_path / "zero-heads.gguf"
+    write_gguf(FIXTURE, zero_heads, Q.F16, extra_keys={"llama.attention.head_count": ("uint32", 0)})
+    calib = tmp_path / "calib.txt"
+    calib.write_text("some calibration text\n")
+    heads = "metadata key 'llama.attention.head_count' must be an integer in [1, 4096], found 0"
+    runs = [
+        (["info", str(zero_heads)], heads),
+        (["export", str(zero_heads), "-o", str(tmp_path / "out"), "--predictor", "none"], heads),
+        (["calibrate", str(zero_heads), "-o", str(tmp_path / "out"), "--calib", str(calib)], heads),
+    ]
+    layout = gguf_layout(intact_gguf)
+    truncated = tmp_path / "truncated.gguf"
+    shutil.copy(intact_gguf, truncated)
+    truncate_gguf(truncated, layout.size - 1)
+    runs.append((["info", str(truncated)], f"lies past the end of the file ({layout.size - 1} bytes)"))
+    huge = tmp_path / "huge-count.gguf"
+    shutil.copy(intact_gguf, huge)
+    patch_gguf(huge, 8, "<Q", 1 << 63)
+    runs.append((["info", str(huge)], f"tensor count {1 << 63} (header byte 8) exceeds what a file of"))
+    for args, message in runs:
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert isinstance(result.exception, SystemExit), (args, result.exception)
+        assert "Traceback" not in result.output
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("edge-sdk: error: "), result.output
+        assert message in lines[0], lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_checked_reads_match_the_installed_gguf_package():
+    """open_reader checks what the gguf package reads only while the package's read steps are those it overrides;
+    an upgrade that changes them would silently drop the checks above, so this says so first."""
+    from edge_sdk.model import gguf_metadata
+
+    assert gguf_metadata.CHECKED_READS
