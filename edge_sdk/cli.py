@@ -627,13 +627,18 @@ def _prompt_text(prompt: str | None) -> str:
             raise EdgeSdkError(
                 f"standard input: the prompt is not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start})"
             ) from None
+    _check_utf8_option("--prompt", prompt)
+    return prompt
+
+
+def _check_utf8_option(option: str, text: str) -> None:
+    """An option's text must be UTF-8: the shell hands undecodable bytes over as surrogates, which no text matches."""
     try:
-        prompt.encode("utf-8")
+        text.encode("utf-8")
     except UnicodeEncodeError as error:
         raise EdgeSdkError(
-            f"--prompt: not UTF-8 text (an undecodable byte at character {error.start}); give UTF-8 text"
+            f"{option}: not UTF-8 text (an undecodable byte at character {error.start}); give UTF-8 text"
         ) from None
-    return prompt
 
 
 _threads_option = click.option(
@@ -664,6 +669,8 @@ def run(
     import edge_sdk
 
     prompt = _prompt_text(prompt)
+    for text in stop:
+        _check_utf8_option("--stop", text)
     session = edge_sdk.load(
         bundle_dir,
         backend,

@@ -13,8 +13,8 @@ kind has decode inputs) and prompt outputs that differ between the two graphs.
 A value matches when its name, element type and rank are the exporter's, and so is every dimension the exporter
 writes as a size (a symbol such as batch matches any dimension). The check reads the graphs' value infos only, never
 their weights, so swapped graphs (decode.onnx holding the prefill graph) or a graph that lost an input are refused
-when a bundle opens instead of failing inside a runtime. (The C runtime, jetson/src, does not check them yet: its CPU
-engine never runs the graphs.)
+when a bundle opens instead of failing inside a runtime. The C runtime checks the same rules with the same messages
+(jetson/src/bundle.c, onnx_wire.c; tests/jetson/test_bundle_verdicts.py compares the verdicts).
 """
 
 from __future__ import annotations

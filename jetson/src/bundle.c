@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -283,13 +284,18 @@ static int decimal(const struct wire_text *text, uint64_t *value) {
   return 1;
 }
 
-static const char *shown_text(const struct wire_text *text, char *out, size_t size) {
-  if (!text->present) return "nothing";
-  char *copy = json_string_from_bytes((const char *)text->data, text->length);
+/* bytes[0:length] shown on one line for a message ("?" when out of memory). */
+static const char *shown_bytes(const char *bytes, size_t length, char *out, size_t size) {
+  char *copy = json_string_from_bytes(bytes, length);
   if (copy == NULL) return "?";
   json_shown(copy, out, size);
   free(copy);
   return out;
+}
+
+static const char *shown_text(const struct wire_text *text, char *out, size_t size) {
+  if (!text->present) return "nothing";
+  return shown_bytes((const char *)text->data, text->length, out, size);
 }
 
 static int same_dims(const struct onnx_summary *summary, const struct onnx_external_tensor *external,
@@ -363,6 +369,398 @@ static edge_status check_external(const struct bundle *bundle, const char *path,
   return EDGE_OK;
 }
 
+/* ---- Graph inputs and outputs (edge_sdk/bundle/graph_io.py) -------------------------------------------------- */
+
+/* Both graphs take input_ids and position_ids [batch, seq] int64 and the KV cache past_key_values.{i}.key / .value
+ * [batch, kv_heads, past_seq, head_dim] float32, and give logits [batch, seq, vocab] float32 and present.{i}.key /
+ * .value [batch, kv_heads, total_seq, head_dim] float32; the decode graph also takes sparsity_level (int64 scalar)
+ * and dense (bool scalar). A found value matches an expected one with the same element type and rank, and the
+ * expected size wherever the exporter writes a size (a symbol matches any dimension). No name is declared twice;
+ * inputs beyond these only in the decode graph of a kind fixed at prefill; the outputs beyond these (the
+ * predictor's prompt outputs) the same in both graphs. */
+
+#define ONNX_FLOAT 1
+#define ONNX_INT64 7
+#define ONNX_BOOL 9
+#define EXPECTED_MAX_RANK 4
+#define DESCRIBED_BYTES 320
+#define PROBLEM_BYTES 900
+
+enum graph_phase { PHASE_PREFILL, PHASE_DECODE }; /* the order of manifest graphs */
+enum value_role { ROLE_INPUT, ROLE_OUTPUT };
+static const char *const phase_names[BUNDLE_GRAPH_PHASES] = {"prefill", "decode"};
+static const char *const role_names[] = {"input", "output"};
+
+/* A value the exporter declares: dimension i is symbols[i] when that is not NULL, else sizes[i]. */
+struct expected_value {
+  char name[64];
+  uint64_t elem_type;
+  int rank;
+  int64_t sizes[EXPECTED_MAX_RANK];
+  const char *symbols[EXPECTED_MAX_RANK];
+};
+
+static size_t expected_count(const struct model_config *config, enum graph_phase phase, enum value_role role) {
+  size_t cache = 2 * (size_t)config->num_layers;
+  return role == ROLE_INPUT ? 2 + cache + (phase == PHASE_DECODE ? 2 : 0) : 1 + cache;
+}
+
+/* The index-th value of graph_interface(config, phase)'s inputs or outputs, in the exporter's order (the decode
+ * graph's own inputs come last: expected_count says whether the phase has them). */
+static void expected_value(const struct model_config *config, enum value_role role, size_t index,
+                           struct expected_value *out) {
+  memset(out, 0, sizeof *out);
+  size_t cache = 2 * (size_t)config->num_layers, first_cache = role == ROLE_INPUT ? 2 : 1;
+  if (index >= first_cache && index < first_cache + cache) {
+    size_t layer = (index - first_cache) / 2;
+    const char *part = (index - first_cache) % 2 ? "value" : "key";
+    *out = (struct expected_value){.elem_type = ONNX_FLOAT, .rank = 4,
+                                   .sizes = {0, config->num_kv_heads, 0, config->head_dim},
+                                   .symbols = {"batch", NULL, role == ROLE_INPUT ? "past_seq" : "total_seq", NULL}};
+    snprintf(out->name, sizeof out->name, "%s.%zu.%s", role == ROLE_INPUT ? "past_key_values" : "present", layer,
+             part);
+    return;
+  }
+  if (role == ROLE_OUTPUT) {
+    *out = (struct expected_value){"logits", ONNX_FLOAT, 3, {0, 0, config->vocab_size}, {"batch", "seq", NULL}};
+  } else if (index < first_cache) {
+    *out = (struct expected_value){"input_ids", ONNX_INT64, 2, {0}, {"batch", "seq"}};
+    if (index == 1) snprintf(out->name, sizeof out->name, "position_ids");
+  } else if (index == first_cache + cache) {
+    *out = (struct expected_value){"sparsity_level", ONNX_INT64, 0, {0}, {NULL}};
+  } else {
+    *out = (struct expected_value){"dense", ONNX_BOOL, 0, {0}, {NULL}};
+  }
+}
+
+/* Appends to a message buffer, cut to fit. */
+struct message {
+  char *text;
+  size_t size, used; /* used < size */
+};
+
+static void append(struct message *m, const char *format, ...) EDGE_PRINTF(2, 3);
+
+static void append(struct message *m, const char *format, ...) {
+  va_list args;
+  va_start(args, format);
+  int n = vsnprintf(m->text + m->used, m->size - m->used, format, args);
+  va_end(args);
+  if (n > 0) m->used = (size_t)n < m->size - m->used ? m->used + (size_t)n : m->size - 1;
+}
+
+static void append_dtype(struct message *m, uint64_t elem_type) {
+  const char *dtype = onnx_safetensors_dtype(elem_type);
+  if (dtype != NULL) {
+    append(m, "%s", dtype);
+  } else {
+    append(m, "ONNX type %llu", (unsigned long long)elem_type);
+  }
+}
+
+/* GraphValue.describe of a found value. */
+static const char *describe_found(const struct onnx_interface *found, const struct onnx_value *value, char *out,
+                                  size_t size) {
+  struct message m = {out, size, 0};
+  out[0] = '\0';
+  if (!value->tensor) {
+    append(&m, "not a tensor");
+    return out;
+  }
+  append_dtype(&m, value->elem_type);
+  if (!value->has_shape) {
+    append(&m, " without a shape");
+    return out;
+  }
+  append(&m, " [");
+  for (size_t i = 0; i < value->rank && m.used + 1 < m.size; i++) {
+    const struct onnx_dim *dim = &found->dims[value->first_dim + i];
+    char shown[SHOWN_NAME_BYTES];
+    if (dim->is_symbol) {
+      const char *symbol = shown_bytes(found->text + dim->symbol, dim->symbol_length, shown, sizeof shown);
+      append(&m, "%s%s", i ? ", " : "", symbol);
+    } else {
+      append(&m, "%s%lld", i ? ", " : "", (long long)dim->size);
+    }
+  }
+  append(&m, "] (rank %zu)", value->rank);
+  return out;
+}
+
+/* GraphValue.describe of an expected value. */
+static const char *describe_expected(const struct expected_value *value, char *out, size_t size) {
+  struct message m = {out, size, 0};
+  out[0] = '\0';
+  append_dtype(&m, value->elem_type);
+  append(&m, " [");
+  for (int i = 0; i < value->rank; i++) {
+    if (value->symbols[i] != NULL) {
+      append(&m, "%s%s", i ? ", " : "", value->symbols[i]);
+    } else {
+      append(&m, "%s%lld", i ? ", " : "", (long long)value->sizes[i]);
+    }
+  }
+  append(&m, "] (rank %d)", value->rank);
+  return out;
+}
+
+/* GraphValue.matches: the element type and rank of the expected value, and its sizes where it has sizes. */
+static int value_matches(const struct onnx_interface *found, const struct onnx_value *value,
+                         const struct expected_value *expected) {
+  if (!value->tensor || !value->has_shape || value->elem_type != expected->elem_type ||
+      value->rank != (size_t)expected->rank) {
+    return 0;
+  }
+  for (int i = 0; i < expected->rank; i++) {
+    const struct onnx_dim *dim = &found->dims[value->first_dim + (size_t)i];
+    if (expected->symbols[i] == NULL && (dim->is_symbol || dim->size != expected->sizes[i])) return 0;
+  }
+  return 1;
+}
+
+/* Two found values are the same (GraphValue ==): name, element type and every dimension. */
+static int same_value(const struct onnx_interface *a, const struct onnx_value *x, const struct onnx_interface *b,
+                      const struct onnx_value *y) {
+  if (x->name_length != y->name_length || memcmp(a->text + x->name, b->text + y->name, x->name_length) != 0) return 0;
+  if (x->tensor != y->tensor) return 0;
+  if (!x->tensor) return 1;
+  if (x->elem_type != y->elem_type || x->has_shape != y->has_shape || x->rank != y->rank) return 0;
+  for (size_t i = 0; x->has_shape && i < x->rank; i++) {
+    const struct onnx_dim *p = &a->dims[x->first_dim + i], *q = &b->dims[y->first_dim + i];
+    if (p->is_symbol != q->is_symbol) return 0;
+    if (!p->is_symbol && p->size != q->size) return 0;
+    if (p->is_symbol && (p->symbol_length != q->symbol_length ||
+                         memcmp(a->text + p->symbol, b->text + q->symbol, p->symbol_length) != 0)) {
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* The found values of one role sorted by name (then file order), for lookups; expected[i]: value i of the file
+ * bears the name of a value the exporter declares. */
+struct named_value {
+  const char *name;
+  size_t length, index;
+};
+
+struct value_index {
+  struct named_value *sorted;
+  unsigned char *expected;
+  size_t n;
+};
+
+static int compare_named_values(const void *a, const void *b) {
+  const struct named_value *x = a, *y = b;
+  size_t common = x->length < y->length ? x->length : y->length;
+  int order = common ? memcmp(x->name, y->name, common) : 0;
+  if (order != 0) return order;
+  if (x->length != y->length) return x->length < y->length ? -1 : 1;
+  return (x->index > y->index) - (x->index < y->index);
+}
+
+static void value_index_free(struct value_index *index) {
+  free(index->sorted);
+  free(index->expected);
+  memset(index, 0, sizeof *index);
+}
+
+/* The first value named name[0:length] (in file order), or NULL. */
+static const struct named_value *lookup(const struct value_index *index, const char *name, size_t length) {
+  struct named_value key = {name, length, 0};
+  size_t low = 0, high = index->n;
+  while (low < high) { /* the first entry not before key (index 0 sorts before every other of its name) */
+    size_t middle = low + (high - low) / 2;
+    if (compare_named_values(&index->sorted[middle], &key) < 0) {
+      low = middle + 1;
+    } else {
+      high = middle;
+    }
+  }
+  if (low == index->n) return NULL;
+  const struct named_value *hit = &index->sorted[low];
+  return hit->length == length && (length == 0 || memcmp(hit->name, name, length) == 0) ? hit : NULL;
+}
+
+/* Sorts the values and marks those named as the exporter's (0: out of memory). */
+static int index_values(const struct onnx_interface *found, const struct onnx_values *values,
+                        const struct model_config *config, enum graph_phase phase, enum value_role role,
+                        struct value_index *index) {
+  memset(index, 0, sizeof *index);
+  index->sorted = malloc((values->n ? values->n : 1) * sizeof *index->sorted);
+  index->expected = calloc(values->n ? values->n : 1, 1);
+  if (index->sorted == NULL || index->expected == NULL) {
+    value_index_free(index);
+    return 0;
+  }
+  index->n = values->n;
+  for (size_t i = 0; i < values->n; i++) {
+    index->sorted[i] = (struct named_value){found->text + values->items[i].name, values->items[i].name_length, i};
+  }
+  qsort(index->sorted, index->n, sizeof *index->sorted, compare_named_values);
+  size_t count = expected_count(config, phase, role);
+  for (size_t i = 0; i < count; i++) {
+    struct expected_value expected;
+    expected_value(config, role, i, &expected);
+    const struct named_value *hit = lookup(index, expected.name, strlen(expected.name));
+    if (hit != NULL) index->expected[hit->index] = 1;
+  }
+  return 1;
+}
+
+/* graph_io._listing of the expected values' names: their count and names (at most 3, "...", and the last 2). */
+static void append_listing(struct message *m, const struct model_config *config, enum graph_phase phase,
+                           enum value_role role) {
+  size_t count = expected_count(config, phase, role);
+  append(m, "%zu: ", count);
+  for (size_t i = 0; i < count; i++) {
+    if (count > 6 && i >= 3 && i < count - 2) {
+      if (i == 3) append(m, ", ...");
+      continue;
+    }
+    struct expected_value expected;
+    expected_value(config, role, i, &expected);
+    append(m, "%s%s", i ? ", " : "", expected.name);
+  }
+}
+
+/* The first way one role's found values differ from the exporter's (graph_io.interface_problem, one role):
+ * 1 with the message in problem, 0 when they match, -1 when out of memory. */
+static int role_problem(const struct onnx_interface *found, const struct model_config *config, enum graph_phase phase,
+                        enum value_role role, int kind_inputs, struct message *problem) {
+  const struct onnx_values *values = role == ROLE_INPUT ? &found->inputs : &found->outputs;
+  const char *role_name = role_names[role], *phase_name = phase_names[phase];
+  struct value_index index;
+  if (!index_values(found, values, config, phase, role, &index)) return -1;
+  char shown[SHOWN_NAME_BYTES], have[DESCRIBED_BYTES], want[DESCRIBED_BYTES];
+  int result = 0;
+  /* the first value (in file order) whose name an earlier one has: of the entries sorted after one of their name,
+   * the one earliest in the file */
+  size_t twice = SIZE_MAX;
+  for (size_t i = 1; i < index.n; i++) {
+    const struct named_value *before = &index.sorted[i - 1], *here = &index.sorted[i];
+    int same = before->length == here->length &&
+               (here->length == 0 || memcmp(before->name, here->name, here->length) == 0);
+    if (same && here->index < twice) twice = here->index;
+  }
+  if (twice != SIZE_MAX) {
+    const struct onnx_value *value = &values->items[twice];
+    append(problem, "%s '%s' is declared twice", role_name,
+           shown_bytes(found->text + value->name, value->name_length, shown, sizeof shown));
+    result = 1;
+  }
+  size_t count = expected_count(config, phase, role);
+  for (size_t i = 0; result == 0 && i < count; i++) {
+    struct expected_value expected;
+    expected_value(config, role, i, &expected);
+    const struct named_value *hit = lookup(&index, expected.name, strlen(expected.name));
+    if (hit == NULL) {
+      append(problem, "the %s graph's %s '%s' is missing: expected %s", phase_name, role_name,
+             shown_bytes(expected.name, strlen(expected.name), shown, sizeof shown),
+             describe_expected(&expected, want, sizeof want));
+      result = 1;
+    } else if (!value_matches(found, &values->items[hit->index], &expected)) {
+      append(problem, "%s '%s' is %s, expected %s as the %s graph's", role_name,
+             shown_bytes(expected.name, strlen(expected.name), shown, sizeof shown),
+             describe_found(found, &values->items[hit->index], have, sizeof have),
+             describe_expected(&expected, want, sizeof want), phase_name);
+      result = 1;
+    }
+  }
+  if (result == 0 && role == ROLE_INPUT && (phase == PHASE_PREFILL || !kind_inputs)) {
+    for (size_t i = 0; i < values->n; i++) {
+      if (index.expected[i]) continue;
+      const struct onnx_value *value = &values->items[i];
+      append(problem, "input '%s' is not an input of the %s graph%s (expected its inputs, ",
+             shown_bytes(found->text + value->name, value->name_length, shown, sizeof shown), phase_name,
+             phase == PHASE_PREFILL ? "" : " of a bundle whose predictor takes no decode inputs");
+      append_listing(problem, config, phase, role);
+      append(problem, ")");
+      result = 1;
+      break;
+    }
+  }
+  value_index_free(&index);
+  return result;
+}
+
+static int interface_problem(const struct onnx_interface *found, const struct model_config *config,
+                             enum graph_phase phase, int kind_inputs, char *out, size_t size) {
+  struct message problem = {out, size, 0};
+  out[0] = '\0';
+  int result = role_problem(found, config, phase, ROLE_INPUT, kind_inputs, &problem);
+  return result != 0 ? result : role_problem(found, config, phase, ROLE_OUTPUT, kind_inputs, &problem);
+}
+
+/* The graph's inputs and outputs are the exporter's for its phase, so that a runtime never feeds a graph of the
+ * other phase, or one that lost an input (reader.py _check_interface, with its hint for swapped graphs). */
+static edge_status check_interface(const struct bundle *bundle, const char *path, enum graph_phase phase,
+                                   const struct onnx_interface *found) {
+  const struct model_config *config = &bundle->info.model;
+  int kind_inputs = predictor_fixed_at_prefill(bundle->info.sparsity.predictor);
+  char problem[PROBLEM_BYTES], other_problem[PROBLEM_BYTES];
+  int result = interface_problem(found, config, phase, kind_inputs, problem, sizeof problem);
+  if (result == 0) return EDGE_OK;
+  enum graph_phase other = phase == PHASE_PREFILL ? PHASE_DECODE : PHASE_PREFILL;
+  int swapped =
+      result < 0 ? -1 : interface_problem(found, config, other, kind_inputs, other_problem, sizeof other_problem);
+  if (swapped < 0) return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "%s: out of memory", path);
+  if (swapped == 0) {
+    return edge_fail(EDGE_ERROR_BUNDLE, "%s: %s; it has the %s graph's inputs and outputs (are %s and %s swapped?)",
+                     path, problem, phase_names[other], bundle->info.graphs[PHASE_PREFILL],
+                     bundle->info.graphs[PHASE_DECODE]);
+  }
+  return edge_fail(EDGE_ERROR_BUNDLE, "%s: %s", path, problem);
+}
+
+/* The outputs beyond the exporter's (the predictor's prompt outputs) are the same in both graphs
+ * (graph_io.prompt_outputs_problem): each graph's, in file order, is in the other graph, and alike. */
+static edge_status check_prompt_outputs(const struct bundle *bundle, const struct onnx_interface *found) {
+  const struct model_config *config = &bundle->info.model;
+  struct value_index indexes[BUNDLE_GRAPH_PHASES];
+  memset(indexes, 0, sizeof indexes);
+  edge_status status = EDGE_OK;
+  for (int phase = 0; status == EDGE_OK && phase < BUNDLE_GRAPH_PHASES; phase++) {
+    if (!index_values(&found[phase], &found[phase].outputs, config, (enum graph_phase)phase, ROLE_OUTPUT,
+                      &indexes[phase])) {
+      status = edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "%s: out of memory", bundle->root);
+    }
+  }
+  /* the decode graph has the prefill graph's, then the prefill graph the decode graph's */
+  static const enum graph_phase order[][2] = {{PHASE_DECODE, PHASE_PREFILL}, {PHASE_PREFILL, PHASE_DECODE}};
+  for (size_t pass = 0; status == EDGE_OK && pass < 2; pass++) {
+    enum graph_phase phase = order[pass][0], other = order[pass][1];
+    const struct onnx_values *wanted = &found[other].outputs;
+    for (size_t i = 0; status == EDGE_OK && i < wanted->n; i++) {
+      if (indexes[other].expected[i]) continue;
+      const struct onnx_value *want = &wanted->items[i];
+      const char *name = found[other].text + want->name;
+      const struct named_value *hit = lookup(&indexes[phase], name, want->name_length);
+      const struct onnx_value *have = hit != NULL ? &found[phase].outputs.items[hit->index] : NULL;
+      if (have != NULL && same_value(&found[phase], have, &found[other], want)) continue;
+      char *path = join_path(bundle->root, bundle->info.graphs[phase]);
+      char shown[SHOWN_NAME_BYTES], described[DESCRIBED_BYTES], expected[DESCRIBED_BYTES];
+      if (path == NULL) {
+        status = edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "%s: out of memory", bundle->root);
+      } else if (have == NULL) {
+        status = edge_fail(EDGE_ERROR_BUNDLE, "%s: the %s graph's output '%s' is missing: expected %s, as the %s "
+                           "graph has it (the predictor's outputs are the same in both graphs)", path,
+                           phase_names[phase], shown_bytes(name, want->name_length, shown, sizeof shown),
+                           describe_found(&found[other], want, expected, sizeof expected), phase_names[other]);
+      } else {
+        status = edge_fail(EDGE_ERROR_BUNDLE, "%s: output '%s' is %s, expected %s as the %s graph's (the "
+                           "predictor's outputs are the same in both graphs)", path,
+                           shown_bytes(name, want->name_length, shown, sizeof shown),
+                           describe_found(&found[phase], have, described, sizeof described),
+                           describe_found(&found[other], want, expected, sizeof expected), phase_names[other]);
+      }
+      free(path);
+    }
+  }
+  for (int phase = 0; phase < BUNDLE_GRAPH_PHASES; phase++) value_index_free(&indexes[phase]);
+  return status;
+}
+
 static edge_status check_graph_structure(const struct onnx_summary *summary, const char *path) {
   if (summary->ir_version >= 1 && summary->opset_imports >= 1 && summary->graphs == 1) return EDGE_OK;
   return edge_fail(EDGE_ERROR_BUNDLE, "%s: not an ONNX model (ir_version %llu, %llu opset imports, %llu graphs; "
@@ -371,8 +769,10 @@ static edge_status check_graph_structure(const struct onnx_summary *summary, con
                    (unsigned long long)summary->graphs);
 }
 
-static edge_status check_graph(const struct bundle *bundle, const char *name) {
-  char *path = join_path(bundle->root, name), *data = NULL;
+/* The graph of phase: a well-formed ONNX model with the exporter's inputs and outputs for its phase (into *found,
+ * which the caller frees, on failure too) and external data exactly of weights.safetensors. */
+static edge_status check_graph(const struct bundle *bundle, enum graph_phase phase, struct onnx_interface *found) {
+  char *path = join_path(bundle->root, bundle->info.graphs[phase]), *data = NULL;
   if (path == NULL) return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "%s: out of memory", bundle->root);
   size_t size = 0;
   struct onnx_summary summary;
@@ -380,6 +780,8 @@ static edge_status check_graph(const struct bundle *bundle, const char *name) {
   edge_status status = read_regular_file(path, MAX_GRAPH_BYTES, &data, &size);
   if (status == EDGE_OK) status = onnx_wire_summarize((const uint8_t *)data, size, path, &summary);
   if (status == EDGE_OK) status = check_graph_structure(&summary, path);
+  if (status == EDGE_OK) status = onnx_wire_interface((const uint8_t *)data, size, path, found);
+  if (status == EDGE_OK) status = check_interface(bundle, path, phase, found);
   for (size_t i = 0; status == EDGE_OK && i < summary.n_tensors; i++) {
     status = check_external(bundle, path, &summary, &summary.tensors[i]);
   }
@@ -406,9 +808,13 @@ edge_status bundle_open(const char *root, int verify_checksums, struct bundle *b
   if (status == EDGE_OK) status = check_files(bundle, verify_checksums);
   if (status == EDGE_OK) status = map_weights(bundle, weights_path);
   if (status == EDGE_OK) status = check_weights(bundle, weights_path);
+  struct onnx_interface interfaces[BUNDLE_GRAPH_PHASES];
+  memset(interfaces, 0, sizeof interfaces);
   for (int phase = 0; status == EDGE_OK && phase < BUNDLE_GRAPH_PHASES; phase++) {
-    status = check_graph(bundle, bundle->info.graphs[phase]);
+    status = check_graph(bundle, (enum graph_phase)phase, &interfaces[phase]);
   }
+  if (status == EDGE_OK) status = check_prompt_outputs(bundle, interfaces);
+  for (int phase = 0; phase < BUNDLE_GRAPH_PHASES; phase++) onnx_interface_free(&interfaces[phase]);
   free(manifest_path);
   free(weights_path);
   if (status != EDGE_OK) bundle_close(bundle);

@@ -6,7 +6,9 @@
  * - weights.safetensors (mapped read-only) holds exactly the manifest's tensors with its dtypes and shapes,
  *   tiling its data section (safetensors.h), each aligned to its element size, every signbit alpha finite;
  * - each graph is a well-formed ONNX model whose external data all points at exactly the bytes of the tensor of
- *   its name in weights.safetensors (onnx_wire.h). */
+ *   its name in weights.safetensors (onnx_wire.h), and whose inputs and outputs are those the exporter declares for
+ *   its phase, prefill or decode (names, element types, ranks and sizes; the predictor's prompt outputs the same in
+ *   both graphs: edge_sdk/bundle/graph_io.py, bundle.c). */
 #ifndef EDGE_BUNDLE_H
 #define EDGE_BUNDLE_H
 

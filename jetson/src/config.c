@@ -20,6 +20,8 @@ int predictor_has_levels(enum predictor_kind kind) {
   return (unsigned)kind < PREDICTOR_KINDS && predictor_kind_specs[kind].has_levels;
 }
 
+int predictor_fixed_at_prefill(enum predictor_kind kind) { return kind == PREDICTOR_CORE; }
+
 /* ---- Typed reads ------------------------------------------------------------------------------------------ */
 
 static edge_status read_int(const cJSON *object, const char *field, const char *where, int64_t min, int64_t max,

@@ -59,6 +59,10 @@ struct sparsity_settings {
 const char *predictor_name(enum predictor_kind kind);
 /* Calibrated at several model-wide sparsity levels (svd, threshold). */
 int predictor_has_levels(enum predictor_kind kind);
+/* The mask is chosen from the prompt and held for the whole decode (PredictorKind.fixed_at_prefill: core), so the
+ * kind's decode graph takes inputs of its own (edge_sdk/bundle/graph_io.py). Written here by hand: the generated
+ * table (predictor_kinds.h) does not carry the flag; tests/jetson/test_bundle_verdicts.py checks that it agrees. */
+int predictor_fixed_at_prefill(enum predictor_kind kind);
 
 /* manifest "model" (where: "BUNDLE/manifest.json: model"); bundle_max_seq_len and max_seq_len are left 0. */
 edge_status config_read_model(const cJSON *model, const char *where, struct model_config *config);

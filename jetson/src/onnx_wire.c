@@ -1,4 +1,5 @@
-/* The protobuf wire walk of formats/onnx_wire.py (onnx_wire.h), without a protobuf library. */
+/* The protobuf wire walk of formats/onnx_wire.py and of bundle/graph_io.py read_interface (onnx_wire.h), without a
+ * protobuf library. */
 #include "onnx_wire.h"
 
 #include <stdarg.h>
@@ -45,6 +46,17 @@ static const struct {
 /* StringStringEntryProto fields */
 #define ENTRY_KEY 1
 #define ENTRY_VALUE 2
+/* GraphProto, ValueInfoProto, TypeProto, TypeProto.Tensor, TensorShapeProto and its Dimension fields */
+#define GRAPH_INPUT 11
+#define GRAPH_OUTPUT 12
+#define VALUE_NAME 1
+#define VALUE_TYPE 2
+#define TYPE_TENSOR 1
+#define TENSOR_TYPE_ELEM_TYPE 1
+#define TENSOR_TYPE_SHAPE 2
+#define SHAPE_DIM 1
+#define DIM_VALUE 1
+#define DIM_PARAM 2
 
 static const char *const safetensors_dtypes[] = {
     [1] = "F32", [2] = "U8",   [3] = "I8",  [4] = "U16",  [5] = "I16",  [6] = "I32", [7] = "I64",
@@ -57,8 +69,9 @@ const char *onnx_safetensors_dtype(uint64_t data_type) {
 
 struct walker {
   const uint8_t *data;
-  struct onnx_summary *summary;
-  char problem[160]; /* set on the first failure */
+  struct onnx_summary *summary;     /* onnx_wire_summarize */
+  struct onnx_interface *interface; /* onnx_wire_interface */
+  char problem[160];                /* set on the first failure */
 };
 
 /* One field of a message: number, wire type, and the varint value or the payload's byte range. */
@@ -147,6 +160,11 @@ static int text_is(const struct wire_text *text, const char *expected) {
   return text->length == strlen(expected) && memcmp(text->data, expected, text->length) == 0;
 }
 
+/* A varint as protobuf's int64 (two's complement). */
+static int64_t as_int64(uint64_t value) {
+  return value >= (UINT64_C(1) << 63) ? -(int64_t)(~value) - 1 : (int64_t)value;
+}
+
 static int push_dim(struct walker *w, uint64_t value) {
   struct onnx_summary *s = w->summary;
   if (s->n_dims == s->dims_capacity) {
@@ -155,8 +173,7 @@ static int push_dim(struct walker *w, uint64_t value) {
     if (grown == NULL) return out_of_memory(w);
     s->dims = grown, s->dims_capacity = capacity;
   }
-  /* int64 two's complement */
-  s->dims[s->n_dims++] = value >= (UINT64_C(1) << 63) ? -(int64_t)(~value) - 1 : (int64_t)value;
+  s->dims[s->n_dims++] = as_int64(value);
   return 1;
 }
 
@@ -281,7 +298,7 @@ static int walk_model(struct walker *w, size_t size) {
 
 edge_status onnx_wire_summarize(const uint8_t *data, size_t size, const char *where, struct onnx_summary *summary) {
   memset(summary, 0, sizeof *summary);
-  struct walker w = {data, summary, ""};
+  struct walker w = {data, summary, NULL, ""};
   if (walk_model(&w, size)) return EDGE_OK;
   edge_status status = strcmp(w.problem, "out of memory") == 0 ? EDGE_ERROR_OUT_OF_MEMORY : EDGE_ERROR_BUNDLE;
   return edge_fail(status, "%s: not an ONNX model (%s)", where, w.problem);
@@ -291,4 +308,156 @@ void onnx_summary_free(struct onnx_summary *summary) {
   free(summary->tensors);
   free(summary->dims);
   memset(summary, 0, sizeof *summary);
+}
+
+/* ---- Graph inputs and outputs (graph_io.py read_interface) ------------------------------------------------- */
+
+/* Room for `more` items of `size` bytes in *items (holding n of capacity). */
+static int reserve(struct walker *w, void **items, size_t *capacity, size_t n, size_t more, size_t size,
+                   size_t first) {
+  if (more <= *capacity - n) return 1;
+  size_t grown_capacity = *capacity ? *capacity : first;
+  while (more > grown_capacity - n) {
+    if (grown_capacity > SIZE_MAX / 2 / size) return out_of_memory(w);
+    grown_capacity *= 2;
+  }
+  void *grown = realloc(*items, grown_capacity * size);
+  if (grown == NULL) return out_of_memory(w);
+  *items = grown, *capacity = grown_capacity;
+  return 1;
+}
+
+/* A copy of text into the interface's strings, at *offset (room for one byte more: the strings of an interface
+ * that keeps a value are never NULL, even when every one is empty). */
+static int keep_text(struct walker *w, const struct wire_text *text, size_t *offset) {
+  struct onnx_interface *f = w->interface;
+  void *strings = f->text;
+  if (text->length == SIZE_MAX) return out_of_memory(w);
+  if (!reserve(w, &strings, &f->text_capacity, f->text_length, text->length + 1, 1, 256)) return 0;
+  f->text = strings;
+  if (text->length > 0) memcpy(f->text + f->text_length, text->data, text->length);
+  *offset = f->text_length;
+  f->text_length += text->length;
+  return 1;
+}
+
+/* The bytes of the first `characters` characters of UTF-8 text. */
+static size_t character_prefix(const struct wire_text *text, size_t characters) {
+  size_t at = 0;
+  for (size_t seen = 0; at < text->length; at++) {
+    if ((text->data[at] & 0xc0) != 0x80 && seen++ == characters) break;
+  }
+  return at;
+}
+
+/* One TensorShapeProto.Dimension: the last dim_value or dim_param, "?" when it has neither. */
+static int walk_dimension(struct walker *w, size_t start, size_t end) {
+  static const uint8_t unknown[] = "?";
+  struct wire_text symbol = {unknown, 1, 1};
+  struct onnx_dim dim = {.is_symbol = 1};
+  struct wire_field field;
+  for (size_t at = start; at < end;) {
+    if (!next_field(w, &at, end, &field)) return 0;
+    if (field.number == DIM_VALUE && field.wire_type == WIRE_VARINT) {
+      dim.is_symbol = 0, dim.size = as_int64(field.value);
+    } else if (field.number == DIM_PARAM && field.wire_type == WIRE_LENGTH) {
+      if (!read_text(w, &field, &symbol)) return 0;
+      dim.is_symbol = 1;
+    }
+  }
+  struct onnx_interface *f = w->interface;
+  if (dim.is_symbol) {
+    symbol.length = character_prefix(&symbol, ONNX_MAX_SYMBOL_CHARACTERS);
+    if (!keep_text(w, &symbol, &dim.symbol)) return 0;
+    dim.symbol_length = symbol.length;
+  }
+  void *dims = f->dims;
+  if (!reserve(w, &dims, &f->dims_capacity, f->n_dims, 1, sizeof *f->dims, 64)) return 0;
+  f->dims = dims;
+  f->dims[f->n_dims++] = dim;
+  return 1;
+}
+
+/* One TypeProto.Tensor into value (whose dims start at value->first_dim): its last elem_type (0 when absent) and
+ * its last shape. */
+static int walk_tensor_type(struct walker *w, size_t start, size_t end, struct onnx_value *value) {
+  struct wire_field field, dim;
+  value->tensor = 1, value->elem_type = 0, value->has_shape = 0;
+  w->interface->n_dims = value->first_dim;
+  for (size_t at = start; at < end;) {
+    if (!next_field(w, &at, end, &field)) return 0;
+    if (field.number == TENSOR_TYPE_ELEM_TYPE && field.wire_type == WIRE_VARINT) {
+      value->elem_type = field.value;
+    } else if (field.number == TENSOR_TYPE_SHAPE && field.wire_type == WIRE_LENGTH) {
+      value->has_shape = 1;
+      w->interface->n_dims = value->first_dim;
+      for (size_t in = field.start; in < field.end;) {
+        if (!next_field(w, &in, field.end, &dim)) return 0;
+        if (dim.number == SHAPE_DIM && dim.wire_type == WIRE_LENGTH && !walk_dimension(w, dim.start, dim.end)) return 0;
+      }
+    }
+  }
+  return 1;
+}
+
+/* One ValueInfoProto, appended to values: its last name ("" when absent) and the tensor type of its last type. */
+static int walk_value_info(struct walker *w, size_t start, size_t end, struct onnx_values *values) {
+  struct onnx_interface *f = w->interface;
+  struct onnx_value value = {.first_dim = f->n_dims};
+  struct wire_text name = {w->data, 0, 1};
+  struct wire_field field, kind;
+  for (size_t at = start; at < end;) {
+    if (!next_field(w, &at, end, &field)) return 0;
+    if (field.number == VALUE_NAME && field.wire_type == WIRE_LENGTH) {
+      if (!read_text(w, &field, &name)) return 0;
+    } else if (field.number == VALUE_TYPE && field.wire_type == WIRE_LENGTH) {
+      value.tensor = 0, value.elem_type = 0, value.has_shape = 0;
+      f->n_dims = value.first_dim;
+      for (size_t in = field.start; in < field.end;) {
+        if (!next_field(w, &in, field.end, &kind)) return 0;
+        if (kind.number != TYPE_TENSOR || kind.wire_type != WIRE_LENGTH) continue;
+        if (!walk_tensor_type(w, kind.start, kind.end, &value)) return 0;
+      }
+    }
+  }
+  if (!value.has_shape) f->n_dims = value.first_dim;
+  value.rank = f->n_dims - value.first_dim;
+  if (!keep_text(w, &name, &value.name)) return 0;
+  value.name_length = name.length;
+  void *items = values->items;
+  if (!reserve(w, &items, &values->capacity, values->n, 1, sizeof *values->items, 16)) return 0;
+  values->items = items;
+  values->items[values->n++] = value;
+  return 1;
+}
+
+static int walk_interface(struct walker *w, size_t size) {
+  struct wire_field field, member;
+  for (size_t at = 0; at < size;) {
+    if (!next_field(w, &at, size, &field)) return 0;
+    if (field.number != MODEL_GRAPH || field.wire_type != WIRE_LENGTH) continue;
+    for (size_t in = field.start; in < field.end;) {
+      if (!next_field(w, &in, field.end, &member)) return 0;
+      if (member.wire_type != WIRE_LENGTH || (member.number != GRAPH_INPUT && member.number != GRAPH_OUTPUT)) continue;
+      struct onnx_values *values = member.number == GRAPH_INPUT ? &w->interface->inputs : &w->interface->outputs;
+      if (!walk_value_info(w, member.start, member.end, values)) return 0;
+    }
+  }
+  return 1;
+}
+
+edge_status onnx_wire_interface(const uint8_t *data, size_t size, const char *where, struct onnx_interface *interface) {
+  memset(interface, 0, sizeof *interface);
+  struct walker w = {data, NULL, interface, ""};
+  if (walk_interface(&w, size)) return EDGE_OK;
+  edge_status status = strcmp(w.problem, "out of memory") == 0 ? EDGE_ERROR_OUT_OF_MEMORY : EDGE_ERROR_BUNDLE;
+  return edge_fail(status, "%s: not an ONNX model (%s)", where, w.problem);
+}
+
+void onnx_interface_free(struct onnx_interface *interface) {
+  free(interface->inputs.items);
+  free(interface->outputs.items);
+  free(interface->dims);
+  free(interface->text);
+  memset(interface, 0, sizeof *interface);
 }

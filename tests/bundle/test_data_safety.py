@@ -299,6 +299,7 @@ def test_a_full_disk_and_a_read_only_file_system_are_one_line(workspace, tmp_pat
         (["--threads", "5000"], "'--threads': 5000 is not in the range"),
         (["--max-new-tokens", "-3"], "'--max-new-tokens': -3 is not in the range"),
         (["--prompt", b"\xff\xfeabc".decode("utf-8", "surrogateescape")], "--prompt: not UTF-8 text"),
+        (["--stop", b"ok\xff".decode("utf-8", "surrogateescape")], "--stop: not UTF-8 text"),
         (["--dense", "--sparsity", "0.5"], "dense and sparsity 0.5: the dense model has no sparsity level"),
         (["--temperature", "inf"], "'--temperature': inf is not in the range 0<=x<="),
     ],

@@ -22,6 +22,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import edge_sdk
+from edge_sdk import predictors
 from edge_sdk.bundle import Bundle, manifest_digest
 from edge_sdk.bundle.check import check_bundle
 from edge_sdk.bundle.format import FORMAT_VERSION, MANIFEST_DIGEST_FIELD
@@ -33,6 +34,9 @@ from .support import Build, c_verdicts, sanitizer_env
 ACCEPT, REFUSE = "accept", "refuse"
 OLD_INT4 = "int4 format_version 1 (codes stored as code + 8)"
 OLD_TIED = "tied int4 format_version 2 (embedding stored F16)"
+SWAPPED = "prefill and decode graphs swapped"
+NO_DENSE = "decode graph without its dense input"
+DENSE_INT64 = "decode input dense of element type INT64"
 HALF_FACTORS_AS_OLD = "fp16 format_version 3 (its svd factors F16, which version 3 stores F32)"
 INT8_HEAD = "tied-svd-int4-head-int8"  # an int4 bundle whose head (its tied embedding) is int8 (format version 5)
 ASYMMETRIC = "tied-svd-int4-asym"  # an asymmetric int4 bundle: every int4 matrix with its .mins (format version 6)
@@ -245,6 +249,36 @@ def constant_reading_outside(model: onnx.ModelProto) -> None:
         entry = tensor.external_data.add()
         entry.key, entry.value = key, value
     model.graph.node.append(helper.make_node("Constant", [], ["stolen_value"], value=tensor, name="steal"))
+
+
+def swap_graphs(directory: Path) -> None:
+    """prefill.onnx and decode.onnx trade bytes, both re-listed: each file is a well-formed graph of the other phase
+    (the manifest still names prefill.onnx as the prefill graph)."""
+    prefill, decode = (directory / "prefill.onnx").read_bytes(), (directory / "decode.onnx").read_bytes()
+    (directory / "prefill.onnx").write_bytes(decode)
+    (directory / "decode.onnx").write_bytes(prefill)
+    relist(directory, "prefill.onnx", "decode.onnx")
+
+
+def drop_input(name: str) -> Callable[[onnx.ModelProto], None]:
+    def change(model: onnx.ModelProto) -> None:
+        kept = [value for value in model.graph.input if value.name != name]
+        assert len(kept) == len(model.graph.input) - 1, name
+        del model.graph.input[:]
+        model.graph.input.extend(kept)
+
+    return change
+
+
+def input_element_type(name: str, element_type: int) -> Callable[[onnx.ModelProto], None]:
+    def change(model: onnx.ModelProto) -> None:
+        next(value for value in model.graph.input if value.name == name).type.tensor_type.elem_type = element_type
+
+    return change
+
+
+def one_more_input(model: onnx.ModelProto) -> None:
+    model.graph.input.append(helper.make_tensor_value_info("extra_mask", TensorProto.INT32, ["batch", 8]))
 
 
 def append_bytes(extra: bytes) -> Callable[[bytes], bytes]:
@@ -791,6 +825,49 @@ def graph_cases() -> list[Case]:
         ),
     }
     made = [Case("graphs", name, "svd-fp16", mutate) for name, mutate in cases.items()]
+    # the inputs and outputs of each graph are those of its phase (edge_sdk/bundle/graph_io.py)
+    made += [
+        Case("graph interface", SWAPPED, "svd-fp16", swap_graphs),
+        Case("graph interface", "core graphs swapped", "core-fp16", swap_graphs),
+        Case("graph interface", NO_DENSE, "svd-fp16", edit_graph(drop_input("dense"))),
+        Case(
+            "graph interface",
+            "prefill graph without position_ids",
+            "svd-fp16",
+            edit_graph(drop_input("position_ids"), "prefill.onnx"),
+        ),
+        Case("graph interface", DENSE_INT64, "svd-fp16", edit_graph(input_element_type("dense", TensorProto.INT64))),
+        Case(
+            "graph interface",
+            "prefill input_ids of element type INT32",
+            "svd-fp16",
+            edit_graph(input_element_type("input_ids", TensorProto.INT32), "prefill.onnx"),
+        ),
+        Case(
+            "graph interface",
+            "prefill graph with one more input",
+            "core-fp16",
+            edit_graph(one_more_input, "prefill.onnx"),
+        ),
+        Case(
+            "graph interface",
+            "a prompt output only in the decode graph",
+            "svd-fp16",
+            edit_graph(lambda m: m.graph.output.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]))),
+        ),
+    ]
+    # a decode graph may take inputs of its own only when the kind's mask is fixed at prefill (core): one more input
+    # is refused for the other kinds, so the C runtime's copy of PredictorKind.fixed_at_prefill is checked per kind
+    made += [
+        Case(
+            "graph interface",
+            f"{base} decode graph with one more input",
+            base,
+            edit_graph(one_more_input),
+            ACCEPT if predictors.kind(base.split("-")[0]).fixed_at_prefill else REFUSE,
+        )
+        for base in ("svd-fp16", "signbit-fp32", "core-fp16", "threshold-fp32")
+    ]
     # prefill.onnx holds the int4 codes as INT4 (decode.onnx as the quantized ops' INT32 words)
     made.append(Case("graphs", "int4 codes read as UINT4", "svd-int4", edit_graph(int4_codes_unsigned, "prefill.onnx")))
     # the quantized ops' INT32 words must cover exactly the codes' bytes, rows and width
@@ -992,6 +1069,34 @@ def test_svd_factors_of_the_wrong_dtype_for_the_version_are_refused_naming_the_r
     for message in (python_verify(path), python_run(path), c_message):
         assert "tensor 'layers.0.svd.a' is declared F16, expected F32" in message, message
         assert "format version 3 stores predictor factors in F32 (F16 since version 5)" in message, message
+
+
+@pytest.mark.parametrize(
+    ("case_id", "fragments"),
+    [
+        (
+            SWAPPED,
+            [
+                "prefill.onnx: input 'sparsity_level' is not an input of the prefill graph (expected its inputs, 10: ",
+                "; it has the decode graph's inputs and outputs (are prefill.onnx and decode.onnx swapped?)",
+            ],
+        ),
+        (NO_DENSE, ["decode.onnx: the decode graph's input 'dense' is missing: expected BOOL [] (rank 0)"]),
+        (
+            DENSE_INT64,
+            ["decode.onnx: input 'dense' is I64 [] (rank 0), expected BOOL [] (rank 0) as the decode graph's"],
+        ),
+    ],
+)
+def test_graph_interface_refusals_say_the_same(x86_build: Build, corpus_dirs, case_id, fragments):
+    """A graph of the wrong phase or inputs: every reader names the graph, the value and what the exporter writes, alike
+    (the Python reader's words, edge_sdk/bundle/graph_io.py, and the C reader's, jetson/src/bundle.c)."""
+    path = corpus_dirs[f"graph interface: {case_id}"][1]
+    (c_message,) = c_verdicts(x86_build, [path])
+    for message in (python_verify(path), python_run(path), c_message):
+        assert message is not None, case_id
+        for fragment in fragments:
+            assert fragment in message, message
 
 
 def test_python_messages_name_the_bundle(corpus_dirs):

@@ -252,6 +252,154 @@ def edit_graph(change: Callable[[onnx.ModelProto], object]) -> Callable[[Path], 
     return mutate
 
 
+# ---- graphs: inputs and outputs written by hand (ValueInfoProto, TypeProto, TensorShapeProto) ------------------------
+
+
+def dim_value(size: int) -> bytes:
+    """A TensorShapeProto.Dimension of a size (negative ones as int64 two's complement)."""
+    return varint_field(1, size % (1 << 64))
+
+
+def dim_param(symbol: bytes) -> bytes:
+    return field(2, symbol)
+
+
+def tensor_type(element_type: int, dims: list[bytes] | None, extra: bytes = b"") -> bytes:
+    """A TypeProto whose tensor_type has the element type and (dims None: no) shape of these Dimensions."""
+    shape = b"" if dims is None else field(2, b"".join(field(1, dim) for dim in dims))
+    return field(1, varint_field(1, element_type) + shape + extra)
+
+
+def value_info(name: bytes, *types: bytes, extra: bytes = b"") -> bytes:
+    """A ValueInfoProto named name with these TypeProtos (the last wins), then extra bytes."""
+    return field(1, name) + b"".join(field(2, kind) for kind in types) + extra
+
+
+def graph_values(
+    inputs: bytes = b"", outputs: bytes = b"", drop: tuple[str, ...] = (), graph: str = "decode.onnx"
+) -> Callable[[Path], None]:
+    """The graph without its inputs named in drop, then with raw ValueInfoProtos (ready fields) appended."""
+
+    def mutate(directory: Path) -> None:
+        model = onnx.load(str(directory / graph), load_external_data=False)
+        kept = [value for value in model.graph.input if value.name not in drop]
+        assert len(kept) == len(model.graph.input) - len(drop), drop
+        del model.graph.input[:]
+        model.graph.input.extend(kept)
+        serialized = model.graph.SerializeToString() + inputs + outputs
+        model.ClearField("graph")
+        (directory / graph).write_bytes(model.SerializeToString() + field(7, serialized))
+        relist(directory, graph)
+
+    return mutate
+
+
+def both_graphs(prefill: bytes, decode: bytes | None = None) -> Callable[[Path], None]:
+    """Raw outputs appended to each graph (the same unless decode is given)."""
+    first = graph_values(outputs=prefill, graph="prefill.onnx")
+    second = graph_values(outputs=prefill if decode is None else decode)
+    return lambda directory: (first(directory), second(directory))
+
+
+def dense(*types: bytes, extra: bytes = b"") -> Callable[[Path], None]:
+    """The decode graph's input dense written by hand."""
+    return graph_values(inputs=field(11, value_info(b"dense", *types, extra=extra)), drop=("dense",))
+
+
+def past_key(dims: list[bytes], element_type: int = 1) -> Callable[[Path], None]:
+    """The decode graph's input past_key_values.0.key written by hand (the fixtures: 2 KV heads of 32)."""
+    return graph_values(
+        inputs=field(11, value_info(b"past_key_values.0.key", tensor_type(element_type, dims))),
+        drop=("past_key_values.0.key",),
+    )
+
+
+def interface_cases() -> list[Case]:
+    batch, past = dim_param(b"batch"), dim_param(b"past_seq")
+    scalar_bool = tensor_type(9, [])
+    prompt_output = field(12, value_info(b"scores", tensor_type(1, [batch, dim_value(8)])))
+    accepted = {
+        "dense's type given twice, the last right": dense(tensor_type(7, []), scalar_bool),
+        "dense's shape given twice, the last right": dense(
+            field(1, varint_field(1, 9) + field(2, field(1, dim_value(1))) + field(2, b""))
+        ),
+        "dense's tensor_type given twice, the last right": dense(field(1, varint_field(1, 1)) + scalar_bool),
+        "unknown fields in a value, its type and its tensor type": dense(
+            tensor_type(9, [], extra=varint_field(9, 1)) + field(6, b"denotation"),
+            extra=field(3, field(1, b"key") + field(2, b"value")) + varint(100 << 3 | 5) + b"\0" * 4,
+        ),
+        "a size where the exporter writes a symbol": past_key(
+            [dim_value(1), dim_value(2), dim_value(5), dim_value(32)]
+        ),
+        "a dimension whose last field is its size": past_key(
+            [batch, dim_param(b"h") + dim_value(2), past, dim_value(32)]
+        ),
+        "a prompt output in both graphs": both_graphs(prompt_output),
+        "prompt outputs whose symbols differ after 200 characters": both_graphs(
+            field(12, value_info(b"scores", tensor_type(1, [dim_param("\u00e9".encode() * 200 + b"a")]))),
+            field(12, value_info(b"scores", tensor_type(1, [dim_param("\u00e9".encode() * 200 + b"b")]))),
+        ),
+        "prompt outputs, a dimension with neither beside a symbol '?'": both_graphs(
+            field(12, value_info(b"scores", tensor_type(1, [b""]))),
+            field(12, value_info(b"scores", tensor_type(1, [dim_param(b"?")]))),
+        ),
+        "prompt outputs that are not tensors in both graphs": both_graphs(field(12, value_info(b"scores"))),
+    }
+    refused = {
+        "dense's type given twice, the last wrong": dense(scalar_bool, tensor_type(7, [])),
+        "dense's tensor_type given twice, the last without a shape": dense(scalar_bool + field(1, varint_field(1, 9))),
+        "dense without a type": dense(),
+        "dense without a shape": dense(field(1, varint_field(1, 9))),
+        "dense of rank 1": dense(tensor_type(9, [dim_value(1)])),
+        "dense with an element type beyond 64 bits": dense(field(1, varint_field(1, b"\xff" * 9 + b"\x02"))),
+        "a negative KV head count": past_key([batch, dim_value(-2), past, dim_value(32)]),
+        "a KV head count with neither size nor symbol": past_key([batch, b"", past, dim_value(32)]),
+        "a KV head count as a symbol": past_key([batch, dim_param(b"2"), past, dim_value(32)]),
+        "a KV cache of rank 5": past_key([batch, dim_value(2), past, dim_value(32), dim_value(1)]),
+        "a KV cache of float16": past_key([batch, dim_value(2), past, dim_value(32)], element_type=10),
+        "an input declared twice": graph_values(inputs=field(11, value_info(b"dense", scalar_bool))),
+        "two outputs without a name": graph_values(outputs=field(12, b"") * 2),
+        "an input named with U+0000": graph_values(inputs=field(11, value_info(b"dense\0", scalar_bool))),
+        "an input name that is not UTF-8": graph_values(inputs=field(11, value_info(b"\xff", scalar_bool))),
+        "a dim_param that is not UTF-8": graph_values(
+            outputs=field(12, value_info(b"x", tensor_type(1, [dim_param(b"\xed\xa0\x80")])))
+        ),
+        "a value info cut short": graph_values(inputs=field(11, b"\x0a\x05ab")),
+        "a dimension cut short": graph_values(outputs=field(12, value_info(b"x", tensor_type(1, [b"\x08"])))),
+        "a shape with a group field": graph_values(outputs=field(12, value_info(b"x", field(1, field(2, b"\x0b"))))),
+        "a prompt output only in the decode graph": graph_values(outputs=prompt_output),
+        "a prompt output only in the prefill graph": graph_values(outputs=prompt_output, graph="prefill.onnx"),
+        "prompt outputs of other element types": both_graphs(
+            prompt_output, field(12, value_info(b"scores", tensor_type(10, [batch, dim_value(8)])))
+        ),
+        "prompt outputs, one without a shape": both_graphs(
+            prompt_output, field(12, value_info(b"scores", tensor_type(1, None)))
+        ),
+        "prompt outputs, one not a tensor": both_graphs(prompt_output, field(12, value_info(b"scores"))),
+        "prompt outputs whose symbols differ": both_graphs(
+            field(12, value_info(b"scores", tensor_type(1, [dim_param(b"a")]))),
+            field(12, value_info(b"scores", tensor_type(1, [dim_param(b"b")]))),
+        ),
+    }
+    cases = [Case(f"graph interface: {name}", mutate, ACCEPT) for name, mutate in accepted.items()]
+    cases += [Case(f"graph interface: {name}", mutate, REFUSE) for name, mutate in refused.items()]
+    # a decode graph may take inputs of its own in a bundle whose predictor's mask is fixed at prefill (core), and
+    # only the decode graph
+    core_input = field(11, value_info(b"core_mask.9", tensor_type(6, [batch, dim_value(768)])))
+    cases.append(
+        Case("graph interface: one more core decode input", graph_values(inputs=core_input), ACCEPT, "core-fp16")
+    )
+    cases.append(
+        Case(
+            "graph interface: one more core prefill input",
+            graph_values(inputs=core_input, graph="prefill.onnx"),
+            REFUSE,
+            "core-fp16",
+        )
+    )
+    return cases
+
+
 # ---- the cases -----------------------------------------------------------------------------------------------------
 
 
@@ -282,10 +430,11 @@ def manifest_cases() -> list[Case]:
         "core_alpha 1": setting("sparsity", "core_alpha", 1),
         "settings null": setting("sparsity", "settings", None),
         "layer entries with more keys": lambda m: m["sparsity"]["layers"][1].update(note=[1]),
-        "prefill graph is the decode graph": setting("graphs", "prefill", "decode.onnx"),
         "files listed in another order": lambda m: m.update(files=dict(reversed(list(m["files"].items())))),
     }
     refused = {
+        # the decode graph's inputs are not the prefill graph's (edge_sdk/bundle/graph_io.py)
+        "prefill graph is the decode graph": setting("graphs", "prefill", "decode.onnx"),
         "dtype with U+0000": setting("dtype", "fp16\u0000"),
         "file name with U+0000": lambda m: m["files"].update({"weights.safetensors\u0000": m["files"]["report.png"]}),
         "exporter null": setting("exporter", None),
@@ -622,7 +771,14 @@ def signbit_alpha(value: float) -> Callable[[Path], None]:
 
 
 def corpus() -> list[Case]:
-    return [*manifest_cases(), *safetensors_cases(), *graph_cases(), *tokenizer_cases(), *file_cases()]
+    return [
+        *manifest_cases(),
+        *safetensors_cases(),
+        *graph_cases(),
+        *interface_cases(),
+        *tokenizer_cases(),
+        *file_cases(),
+    ]
 
 
 # ---- the readers -----------------------------------------------------------------------------------------------------
