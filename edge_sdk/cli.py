@@ -299,6 +299,33 @@ def _predictor_fit_options(*, output_help: str, calib_required: bool, with_none:
     )
 
 
+# The options of _predictor_fit_options that only fitting a predictor reads (--calib and --tokens also feed AWQ).
+PREDICTOR_FIT_OPTIONS = (
+    "evaluation_files",
+    "rank",
+    "sparsity",
+    "ppl_budget",
+    "validation_tokens",
+    "levels",
+    "level_allocation",
+    "no_whiten",
+    "no_bias_calibration",
+    "recall_target",
+)
+
+
+def _refuse_given_options(names: tuple[str, ...], why: str) -> None:
+    """A usage error naming the first of these options the user gave on the command line (or through the
+    environment): an option the command would silently ignore."""
+    context = click.get_current_context()
+    for parameter in context.command.params:
+        if parameter.name in names and context.get_parameter_source(parameter.name) in (
+            click.core.ParameterSource.COMMANDLINE,
+            click.core.ParameterSource.ENVIRONMENT,
+        ):
+            raise click.UsageError(f"{parameter.opts[0]}: {why}")
+
+
 def _calibration_settings(fit: dict[str, Any]) -> CalibrationSettings:
     """CalibrationSettings from the predictor options of _predictor_fit_options."""
     return CalibrationSettings(
@@ -482,6 +509,8 @@ def export(
 ) -> None:
     """Export a checkpoint and its predictors to a bundle (ONNX + weights + tokenizer + manifest)."""
     _runs_torch_pipeline("`edge-sdk export`")
+    if fit["predictor"] == predictors.NO_PREDICTOR:
+        _refuse_given_options(PREDICTOR_FIT_OPTIONS, "only a calibrated predictor uses it; --predictor none fits none")
     from tqdm import tqdm
 
     from edge_sdk.export.exporter import (

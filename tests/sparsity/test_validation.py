@@ -293,3 +293,16 @@ def _greedy_logits(model, prompt: torch.Tensor, steps: int) -> torch.Tensor:
         logits = model.decode(logits.argmax(-1, keepdim=True))[:, -1]
         steps_logits.append(logits[0])
     return torch.stack(steps_logits)
+
+
+@pytest.mark.parametrize(
+    "option", [["--levels", "0.5"], ["--rank", "8"], ["--sparsity", "0.5"], ["--no-whiten"], ["--eval", "x.txt"]]
+)
+def test_export_without_a_predictor_refuses_the_options_only_a_predictor_uses(tiny_model_dir, tmp_path, option):
+    out = tmp_path / "bundle"
+    result = CliRunner().invoke(main, ["export", str(tiny_model_dir), "-o", str(out), "--predictor", "none", *option])
+    assert result.exit_code == 2, result.output
+    assert f"{option[0]}: only a calibrated predictor uses it; --predictor none fits none" in result.output
+    assert not out.exists()
+    quick = ["--predictor", "none", "--max-seq-len", "32", "--tokens", "512"]  # --tokens also feeds AWQ: not refused
+    assert CliRunner().invoke(main, ["export", str(tiny_model_dir), "-o", str(out), *quick]).exit_code == 0
