@@ -1081,12 +1081,23 @@ def sweep_command(
 
     report_inputs = run_sweep_inputs(model_dir, calibration_files, text_files)
     _check_report_paths(markdown_path, inputs=report_inputs)
-    kinds = tuple(k for k in (predictors or ",".join(SWEEP_KINDS)).split(",") if k)
-    chosen = {
-        name: _parse_levels(value)
-        for name, value in (("levels", levels), ("recall_targets", recall_targets), ("core_betas", core_betas))
-        if value
-    }
+    kinds = tuple(k for k in (",".join(SWEEP_KINDS) if predictors is None else predictors).split(",") if k)
+    if predictors is not None and not kinds:
+        raise click.BadParameter(
+            f"expected a comma-separated list of predictor kinds, found {predictors!r}", param_hint="--predictors"
+        )
+    repeated = sorted({kind for kind in kinds if kinds.count(kind) > 1})
+    if repeated:
+        raise click.BadParameter(
+            f"{repeated[0]!r} is listed twice in {predictors!r}; each kind is swept once", param_hint="--predictors"
+        )
+    chosen = {}
+    for name, value in (("levels", levels), ("recall_targets", recall_targets), ("core_betas", core_betas)):
+        if value is not None:
+            chosen[name] = _parse_levels(value)
+            if not chosen[name]:
+                expected = f"expected a comma-separated list of numbers, found {value!r}"
+                raise click.BadParameter(expected, param_hint="--" + name.replace("_", "-"))
     with _phase_progress() as on_progress:
         result = run_sweep(
             model_dir,

@@ -12,6 +12,9 @@ from edge_sdk.errors import EdgeSdkError
 
 CPU_KERNELS_LIBRARY = "libedge_cpu_kernels.so"
 CPU_KERNELS_ENV = "EDGE_SDK_CPU_KERNELS"
+# How the quantized kernels dot rows with x (kernels/cpu/QUANT.md; the kernels read it): unset, x is quantized per
+# token to two int8 planes for integer dot products; "fp32" keeps x in fp32.
+ACTIVATIONS_ENV = "EDGE_SDK_QUANT_ACTIVATIONS"
 
 
 class NativeLibraryError(EdgeSdkError):
@@ -75,7 +78,13 @@ def _candidate_paths(library: str, env_var: str) -> list[Path]:
 
 
 def find_library(library: str = CPU_KERNELS_LIBRARY, env_var: str = CPU_KERNELS_ENV) -> Path | None:
-    """Path of a built native library, or None when the package build did not produce it."""
+    """Path of a built native library, or None when the package build did not produce it. A path env_var names
+    must be a file: NativeLibraryError otherwise (an override that silently fell back to the packaged library, or
+    to a slower engine, would measure or run something else than asked)."""
+    override = os.environ.get(env_var)
+    if override and not Path(override).is_file():
+        found = "is a directory" if Path(override).is_dir() else "does not exist"
+        raise NativeLibraryError(f"${env_var}={override}: {found}; expected the path of {library}, or unset it")
     return next((path for path in _candidate_paths(library, env_var) if path.is_file()), None)
 
 

@@ -12,8 +12,8 @@ import os
 
 from edge_sdk.bundle import Bundle
 from edge_sdk.errors import EdgeSdkError
-from edge_sdk.native import NativeLibraryError, load_cpu_kernels
-from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions
+from edge_sdk.native import ACTIVATIONS_ENV, RUNTIME_ENV, NativeLibraryError, load_cpu_kernels
+from edge_sdk.runtime.backends import MAX_THREADS, BackendUnavailable, EngineOptions
 from edge_sdk.runtime.extras import import_from_extra
 
 from ..c_runtime import RuntimeEngine, RuntimeUnsupported, runtime_version
@@ -36,6 +36,9 @@ def _runtime_available() -> tuple[bool, str]:
         return False, str(error)
 
 
+OPENMP_THREADS_ENV = "OMP_NUM_THREADS"
+
+
 class CpuBackend:
     name = "cpu"
 
@@ -44,10 +47,20 @@ class CpuBackend:
             library = load_cpu_kernels()
         except (NativeLibraryError, OSError) as error:
             return False, str(error)
-        kernels_text = (
-            f"native kernels {library.edge_cpu_version().decode()} ({library.edge_cpu_isa().decode()}), "
-            f"{library.edge_cpu_max_threads()} threads"
-        )
+        activations = os.environ.get(ACTIVATIONS_ENV)
+        if activations is not None and activations != "fp32":  # the kernels read it: anything else quantizes x
+            return False, (
+                f"${ACTIVATIONS_ENV}={activations!r}: expected fp32 (quantized rows dotted with x in fp32), or unset "
+                f"(x quantized to int8 for integer dot products, the default)"
+            )
+        threads = library.edge_cpu_max_threads()
+        if not 1 <= threads <= MAX_THREADS:  # OpenMP's maximum, from $OMP_NUM_THREADS (libgomp wraps huge values)
+            return False, (
+                f"OpenMP allows {threads} threads (${OPENMP_THREADS_ENV}={os.environ.get(OPENMP_THREADS_ENV)!r}); "
+                f"expected 1 to {MAX_THREADS}: set {OPENMP_THREADS_ENV} to at most the cores to use, or unset it"
+            )
+        version, isa = library.edge_cpu_version().decode(), library.edge_cpu_isa().decode()
+        kernels_text = f"native kernels {version} ({isa}), {threads} threads"
         choice = _engine_choice()
         runtime, runtime_text = _runtime_available()
         if choice == "torch":
@@ -56,6 +69,8 @@ class CpuBackend:
             return True, f"{kernels_text}; decode in the {runtime_text}"
         if choice == "runtime":
             return False, f"${ENGINE_ENV}=runtime, but {runtime_text}"
+        if os.environ.get(RUNTIME_ENV):  # a library named on purpose that does not load is not silently replaced
+            return False, f"${RUNTIME_ENV} names the C runtime to use, but {runtime_text}"
         return True, f"{kernels_text}; decode in torch + kernels ({runtime_text})"
 
     def load(self, bundle: Bundle, options: EngineOptions):

@@ -25,9 +25,6 @@ ACTIVATIONS = {"relu": 0, "fatrelu": 1, "drelu": 2, "silu": 3}
 # enum edge_quant_format: the formats of edge_sdk.quant.
 QUANT_FORMATS = {"int8": 2, "int4": 3}
 _STATUS_OUT_OF_MEMORY = 2
-# How the quantized kernels dot rows with x (kernels/cpu/QUANT.md): unset, x is quantized per token to two
-# int8 planes for integer dot products (quantized_activations gives the values they use); "fp32" keeps x in fp32.
-ACTIVATIONS_ENV = "EDGE_SDK_QUANT_ACTIVATIONS"
 ACTIVATION_BLOCK = 32  # values per activation scale
 
 _ptr = ctypes.c_void_p

@@ -34,7 +34,6 @@ import torch.nn.functional as F
 
 from edge_sdk import memory, quant
 from edge_sdk.backends.cpu.kernels import (
-    ACTIVATIONS_ENV,
     QuantizedWeight,
     SparseFFNKernel,
     matvec_quantized,
@@ -44,6 +43,7 @@ from edge_sdk.backends.cpu.kernels import (
 )
 from edge_sdk.bundle.layout import WIDER_DOWN_DTYPES
 from edge_sdk.model.activation import Activation
+from edge_sdk.native import ACTIVATIONS_ENV
 from edge_sdk.sparsity.signbit import words_for
 from edge_sdk.sparsity.svd import default_rank
 

@@ -4,6 +4,7 @@ token ids or text pieces with stop conditions (eos, stop strings, max_new_tokens
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections import abc
 from collections.abc import Iterator
@@ -20,6 +21,14 @@ REPLACEMENT_CHARACTER = "\ufffd"
 # decoder (from_utf8_lossy), one per byte with a byte-fallback decoder, and a UTF-8 character has at most 4 bytes.
 MAX_INCOMPLETE_CHARACTER_REPLACEMENTS = 3
 MAX_SEED = 2**64 - 1  # the seeds numpy's PCG64 and the C sampler both take
+
+
+def _is_integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -40,20 +49,24 @@ class SamplingSettings:
     stop_on_eos: bool = True
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 0:
-            raise EdgeSdkError(f"max_new_tokens: expected an integer >= 0, found {self.max_new_tokens}")
-        if not 0 <= self.temperature < math.inf:
-            raise EdgeSdkError(f"temperature: expected a number >= 0 (0 = greedy), found {self.temperature}")
-        if self.top_k < 0:
-            raise EdgeSdkError(f"top_k: expected an integer >= 0 (0 = off), found {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise EdgeSdkError(f"top_p: expected a number in (0, 1] (1 = off), found {self.top_p}")
+        if not _is_integer(self.max_new_tokens) or self.max_new_tokens < 0:
+            raise EdgeSdkError(f"max_new_tokens: expected an integer >= 0, found {self.max_new_tokens!r}")
+        if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
+            raise EdgeSdkError(f"temperature: expected a number >= 0 (0 = greedy), found {self.temperature!r}")
+        if not _is_integer(self.top_k) or self.top_k < 0:
+            raise EdgeSdkError(f"top_k: expected an integer >= 0 (0 = off), found {self.top_k!r}")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise EdgeSdkError(f"top_p: expected a number in (0, 1] (1 = off), found {self.top_p!r}")
+        if not isinstance(self.stop_on_eos, bool):
+            raise EdgeSdkError(f"stop_on_eos: expected True or False, found {self.stop_on_eos!r}")
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED
         ):
             raise EdgeSdkError(f"seed: expected an integer in [0, 2^64 - 1] or None, found {self.seed!r}")
         if isinstance(self.stop, str):
             raise EdgeSdkError(f"stop: expected a tuple of strings, found the string {self.stop!r}")
+        if not isinstance(self.stop, (tuple, list)):
+            raise EdgeSdkError(f"stop: expected a tuple of strings, found {self.stop!r}")
         stop = tuple(self.stop)  # accept a list; the dataclass is frozen, so it must hold a hashable tuple
         for text in stop:
             if not isinstance(text, str) or not text:
@@ -207,6 +220,9 @@ class Generator:
         self.engine = engine
         self.tokenizer = tokenizer
         self.last_stats: GenerationStats | None = None
+        # held by the generation running on the engine (its sequence, KV cache): a second one, from another thread
+        # or interleaved in one, would feed the same cache and corrupt both
+        self._running = threading.Lock()
 
     def generate_ids(self, prompt_ids: list[int], settings: SamplingSettings) -> Iterator[int]:
         """Yield each new token id (an eos that stops generation is not yielded).
@@ -227,7 +243,12 @@ class Generator:
 
         A text prompt is encoded with tokenizer.encode(prompt, add_bos); a list of ids is used as is.
         """
-        prompt_ids = self.tokenizer.encode(prompt, add_bos=add_bos) if isinstance(prompt, str) else list(prompt)
+        if isinstance(prompt, str):
+            prompt_ids = self.tokenizer.encode(prompt, add_bos=add_bos)
+        elif isinstance(prompt, (list, tuple)):
+            prompt_ids = list(prompt)
+        else:
+            raise EdgeSdkError(f"prompt: expected a string or a list of token ids, found {type(prompt).__name__}")
         self._check_prompt(prompt_ids)
         self.last_stats = None
         stats = self._new_stats(prompt_ids)
@@ -262,13 +283,28 @@ class Generator:
     def _sample(
         self, prompt_ids: list[int], settings: SamplingSettings, stats: GenerationStats
     ) -> abc.Generator[int, None, None]:
-        """The decoding loop: prefill, then sample and decode one token at a time until a stop condition.
-
-        The last token is never fed to the engine, so the sequence (prompt + new tokens) fills at most max_seq_len.
-        """
+        """The decoding loop (_decode_loop) while holding the engine: EdgeSdkError at the first next() when another
+        generation holds it."""
         if settings.max_new_tokens == 0:
             stats.stop_reason = "max_new_tokens"
             return
+        if not self._running.acquire(blocking=False):
+            raise EdgeSdkError(
+                "session busy: another generation on this session has not finished (one sequence at a time: "
+                "finish or close the other's iterator first, or load a session per thread)"
+            )
+        try:
+            yield from self._decode_loop(prompt_ids, settings, stats)
+        finally:
+            self._running.release()
+
+    def _decode_loop(
+        self, prompt_ids: list[int], settings: SamplingSettings, stats: GenerationStats
+    ) -> abc.Generator[int, None, None]:
+        """Prefill, then sample and decode one token at a time until a stop condition.
+
+        The last token is never fed to the engine, so the sequence (prompt + new tokens) fills at most max_seq_len.
+        """
         sampler = Sampler(settings)
         eos_ids = set(self.tokenizer.eos_token_ids) if settings.stop_on_eos else set()
         start = time.perf_counter()
@@ -295,6 +331,9 @@ class Generator:
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:
             raise EdgeSdkError("prompt: expected at least one token, found an empty prompt")
+        not_ids = [token for token in prompt_ids if not _is_integer(token)]
+        if not_ids:
+            raise EdgeSdkError(f"prompt: expected integer token ids, found {not_ids[0]!r}")
         outside = [token for token in prompt_ids if not 0 <= token < self.engine.vocab_size]
         if outside:
             raise EdgeSdkError(f"prompt: expected token ids in [0, {self.engine.vocab_size}), found {outside[:5]}")

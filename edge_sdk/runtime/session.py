@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -9,6 +11,7 @@ from typing import Any
 from edge_sdk import memory
 from edge_sdk.bundle import Bundle
 from edge_sdk.bundle.format import WEIGHTS_FILE
+from edge_sdk.errors import EdgeSdkError
 from edge_sdk.memory import GIB
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import EngineOptions, Selection, select_backend
@@ -80,6 +83,12 @@ class Session:
     def generate(self, prompt: str, *, chat: bool = False, **sampling: Any) -> Iterator[str]:
         """Stream the generated text (not the prompt). sampling: SamplingSettings fields (max_new_tokens,
         temperature, top_k, top_p, seed, stop, stop_on_eos). chat: wrap the prompt in the chat template."""
+        unknown = sorted(set(sampling) - {field.name for field in dataclasses.fields(SamplingSettings)})
+        if unknown:
+            names = ", ".join(field.name for field in dataclasses.fields(SamplingSettings))
+            raise EdgeSdkError(f"{unknown[0]}: not a sampling setting; expected one of {names}")
+        if not isinstance(chat, bool):
+            raise EdgeSdkError(f"chat: expected True or False, found {chat!r}")
         settings = SamplingSettings(**sampling)
         if chat:
             ids = chat_prompt_ids(self.tokenizer, [{"role": "user", "content": prompt}])
@@ -105,6 +114,13 @@ def load(
     """Open and verify a bundle, pick a backend (auto: tensorrt > cann > cpu) and load it.
 
     log receives the selection report: why each earlier backend was skipped and which one was chosen."""
+    if not isinstance(bundle, (str, os.PathLike)):
+        raise EdgeSdkError(f"bundle: expected the path of a bundle directory, found {type(bundle).__name__}")
+    for name, flag in (("dense", dense), ("verify_checksums", verify_checksums)):
+        if not isinstance(flag, bool):
+            raise EdgeSdkError(f"{name}: expected True or False, found {flag!r}")
+    if log is not None and not callable(log):
+        raise EdgeSdkError(f"log: expected a function taking a line of text, or None, found {type(log).__name__}")
     opened = Bundle.open(bundle, verify_checksums=verify_checksums)
     check_memory(opened)
     options = EngineOptions.of(opened, sparsity, dense, threads)  # the level resolved, once, for every backend

@@ -24,7 +24,9 @@ except (NativeLibraryError, OSError) as error:  # the package build must have co
     pytest.skip(f"CPU kernel library not loadable: {error}", allow_module_level=True)
 
 from edge_sdk.backends.cpu import kernels
-from edge_sdk.backends.cpu.kernels import ACTIVATIONS_ENV, QuantizedWeight, SparseFFNKernel, quantized_activations
+from edge_sdk.backends.cpu.kernels import QuantizedWeight, SparseFFNKernel, quantized_activations
+
+from edge_sdk.native import ACTIVATIONS_ENV
 
 from ..asymmetric_rows import ACTIVATIONS, ASYMMETRIC_RTOL, SILU_SLOPE, asymmetric_matrix, wrong_dequantizations
 

@@ -22,7 +22,9 @@ except (NativeLibraryError, OSError) as error:  # the package build must have co
     pytest.skip(f"CPU kernel library not loadable: {error}", allow_module_level=True)
 
 from edge_sdk.backends.cpu import kernels
-from edge_sdk.backends.cpu.kernels import ACTIVATIONS_ENV, QuantizedWeight, SparseFFNKernel
+from edge_sdk.backends.cpu.kernels import QuantizedWeight, SparseFFNKernel
+
+from edge_sdk.native import ACTIVATIONS_ENV
 
 _ptr, _int = ctypes.c_void_p, ctypes.c_int
 STORAGES = ["fp32", "fp16", "int8", "int4", "int4-asymmetric"]

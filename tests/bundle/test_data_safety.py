@@ -424,3 +424,24 @@ def test_a_file_given_for_a_directory_or_a_directory_for_a_file_is_named_so(work
     assert_refused(result, "data: calibration file is not a regular file")
     held_out = ["--text", "data", "--tokens", "64"]
     assert_refused(edge_sdk("eval", bundle, *held_out, cwd=workspace), "data: held-out text file is not a regular file")
+
+
+def test_a_runtime_library_named_on_purpose_that_does_not_load_is_refused_not_replaced(archive, tmp_path):
+    broken = tmp_path / "libedge_sdk.so"
+    broken.write_text("not a library\n")
+    for named, found in ((broken, "file too short"), (tmp_path / "missing.so", "does not exist")):
+        env = {**os.environ, "EDGE_SDK_RUNTIME_LIBRARY": str(named)}
+        result = edge_sdk("run", archive.parent / "bundle", "--prompt", "x", "--backend", "cpu", env=env)
+        assert_refused(result, "$EDGE_SDK_RUNTIME_LIBRARY names the C runtime to use, but", found)
+
+
+def test_an_openmp_thread_count_beyond_the_bound_is_refused_naming_the_variable(archive):
+    env = {**os.environ, "OMP_NUM_THREADS": "5000"}
+    result = edge_sdk("run", archive.parent / "bundle", "--prompt", "x", "--backend", "cpu", env=env)
+    assert_refused(result, "OpenMP allows 5000 threads ($OMP_NUM_THREADS='5000'); expected 1 to 4096")
+
+
+def test_a_quantized_activation_setting_the_kernels_do_not_know_is_refused(archive):
+    env = {**os.environ, "EDGE_SDK_QUANT_ACTIVATIONS": "FP32"}
+    result = edge_sdk("run", archive.parent / "bundle", "--prompt", "x", "--backend", "cpu", env=env)
+    assert_refused(result, "$EDGE_SDK_QUANT_ACTIVATIONS='FP32': expected fp32")

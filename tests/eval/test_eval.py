@@ -343,3 +343,18 @@ def test_held_out_text_that_is_not_utf8_is_refused_naming_the_byte(tmp_path):
     message = r"held\.txt: the held-out text file is not UTF-8 text \(byte 0xc3 at offset 21\)"
     with pytest.raises(EvalError, match=message):
         read_texts([path])
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--predictors", ""], "Invalid value for --predictors: expected a comma-separated list of predictor kinds"),
+        (["--predictors", "svd,svd"], "'svd' is listed twice in 'svd,svd'; each kind is swept once"),
+        (["--levels", ""], "Invalid value for --levels: expected a comma-separated list of numbers, found ''"),
+    ],
+)
+def test_sweep_refuses_empty_and_repeated_lists_before_any_work(tiny_model_dir, tmp_path, option, message):
+    args = ["sweep", str(tiny_model_dir), "--calib", str(tiny_model_dir / "calibration.txt"), "-o", str(tmp_path / "s")]
+    result = CliRunner().invoke(main, [*args, "--text", str(tiny_model_dir / "held_out.txt"), *option])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not (tmp_path / "s").exists()

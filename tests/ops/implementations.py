@@ -258,7 +258,7 @@ class CKernels:
         return None
 
     def run(self, case):
-        from edge_sdk.backends.cpu.kernels import ACTIVATIONS_ENV
+        from edge_sdk.native import ACTIVATIONS_ENV
 
         previous = os.environ.pop(ACTIVATIONS_ENV, None)
         if self.activations == "fp32":

@@ -208,6 +208,42 @@ def test_python_api_generates_and_reports(bundles):
     assert greedy_again == text
 
 
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"bundle": 123}, "bundle: expected the path of a bundle directory, found int"),
+        ({"dense": "no"}, "dense: expected True or False, found 'no'"),
+        ({"verify_checksums": "no"}, "verify_checksums: expected True or False, found 'no'"),
+        ({"log": 5}, "log: expected a function taking a line of text, or None, found int"),
+    ],
+)
+def test_python_api_load_refuses_arguments_of_the_wrong_type(bundles, arguments, message):
+    bundle = arguments.pop("bundle", bundles["svd-fp32"].path)
+    with pytest.raises(EdgeSdkError, match=message):
+        edge_sdk.load(bundle, "cpu", **arguments)
+
+
+def test_python_api_generate_refuses_an_unknown_setting(bundles):
+    session = edge_sdk.load(bundles["svd-fp32"].path, "cpu")
+    with pytest.raises(EdgeSdkError, match="max_tokens: not a sampling setting; expected one of max_new_tokens"):
+        session.generate("x", max_tokens=3)
+    with pytest.raises(EdgeSdkError, match="chat: expected True or False, found 'yes'"):
+        session.generate("x", chat="yes")
+
+
+def test_a_library_override_that_names_nothing_is_an_error_not_a_fallback(monkeypatch, tmp_path):
+    from edge_sdk.native import CPU_KERNELS_ENV, RUNTIME_ENV, find_library
+
+    for variable, library in ((CPU_KERNELS_ENV, "libedge_cpu_kernels.so"), (RUNTIME_ENV, "libedge_sdk.so")):
+        monkeypatch.setenv(variable, str(tmp_path / "missing.so"))
+        with pytest.raises(NativeLibraryError, match=rf"\${variable}=.*missing\.so: does not exist; expected the path"):
+            find_library(library, variable)
+        monkeypatch.setenv(variable, str(tmp_path))
+        with pytest.raises(NativeLibraryError, match=rf"\${variable}=.*: is a directory"):
+            find_library(library, variable)
+        monkeypatch.delenv(variable)
+
+
 def test_run_streams_the_continuation_and_reports_speed(bundles):
     prompt = "def main():\n    "
     result = CliRunner().invoke(

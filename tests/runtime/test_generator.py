@@ -159,6 +159,15 @@ def test_temperature_scales_the_logits():
         ("top_p", 1.5),
         ("stop", "###"),
         ("stop", ("ok", "")),
+        ("stop", None),
+        ("max_new_tokens", 2.5),  # a float never equals the count: it would switch the limit off
+        ("max_new_tokens", float("inf")),
+        ("max_new_tokens", float("nan")),
+        ("max_new_tokens", True),
+        ("top_k", 2.5),
+        ("temperature", "1"),
+        ("top_p", None),
+        ("stop_on_eos", "no"),
     ],
 )
 def test_invalid_settings_name_the_field(field, value):
@@ -302,3 +311,28 @@ def test_seeded_generation_is_reproducible(tokenizer):
 
     assert run(11) == run(11)
     assert run(11) != run(12)
+
+
+def test_a_prompt_must_be_text_or_integer_token_ids(tokenizer):
+    generator, _ = scripted(tokenizer, [40])
+    with pytest.raises(EdgeSdkError, match="prompt: expected a string or a list of token ids, found bytes"):
+        generator.stream(b"hello", SamplingSettings())  # not read as the ids 104, 101, ...
+    with pytest.raises(EdgeSdkError, match=r"prompt: expected integer token ids, found 4\.0"):
+        generator.generate_ids([5, 4.0], SamplingSettings())
+
+
+def test_a_second_generation_while_one_runs_is_refused_and_the_first_goes_on(tokenizer):
+    generator, engine = scripted(tokenizer, [40, 41, 42, 43])
+    first = generator.generate_ids(PROMPT, SamplingSettings(max_new_tokens=3))
+    assert next(first) == 40
+    second = generator.generate_ids(PROMPT, SamplingSettings(max_new_tokens=3))
+    with pytest.raises(EdgeSdkError, match="session busy: another generation on this session has not finished"):
+        next(second)
+    assert list(first) == [41, 42] and engine.sequence == [*PROMPT, 40, 41]  # its cache untouched
+    engine.reset()
+    engine.script = [50, 51]
+    for token in generator.generate_ids(PROMPT, SamplingSettings()):  # leaving a loop early frees the engine
+        assert token == 50
+        break
+    engine.reset()
+    assert list(generator.generate_ids(PROMPT, SamplingSettings(max_new_tokens=2))) == [50, 51]
