@@ -35,8 +35,6 @@ _TYPE_TENSOR = 1
 _TENSOR_ELEM_TYPE, _TENSOR_SHAPE = 1, 2
 _SHAPE_DIM = 1
 _DIM_VALUE, _DIM_PARAM = 1, 2
-_VARINT, _LENGTH = 0, 2
-_MODEL_GRAPH = 7
 MAX_NAME_SHOWN = 200
 
 
@@ -96,31 +94,24 @@ def read_interface(data: bytes) -> GraphInterface:
     inputs: list[GraphValue] = []
     outputs: list[GraphValue] = []
     for number, wire_type, first, second in onnx_wire.fields(data, 0, len(data)):
-        if number != _MODEL_GRAPH or wire_type != _LENGTH:
+        if number != onnx_wire.MODEL_GRAPH or wire_type != onnx_wire.LENGTH:
             continue
         for graph_number, graph_type, value_first, value_second in onnx_wire.fields(data, first, second):
-            if graph_type == _LENGTH and graph_number in (_GRAPH_INPUT, _GRAPH_OUTPUT):
+            if graph_type == onnx_wire.LENGTH and graph_number in (_GRAPH_INPUT, _GRAPH_OUTPUT):
                 found = inputs if graph_number == _GRAPH_INPUT else outputs
                 found.append(_value_info(data, value_first, value_second))
     return GraphInterface(tuple(inputs), tuple(outputs))
 
 
-def _text(data: bytes, first: int, second: int) -> str:
-    try:
-        return data[first:second].decode("utf-8")
-    except UnicodeDecodeError:
-        raise onnx_wire.WireError(f"a string field is not UTF-8 (byte {first})") from None
-
-
 def _value_info(data: bytes, first: int, second: int) -> GraphValue:
     name, dtype, shape = "", None, None
     for number, wire_type, value_first, value_second in onnx_wire.fields(data, first, second):
-        if number == _VALUE_NAME and wire_type == _LENGTH:
-            name = _text(data, value_first, value_second)
-        elif number == _VALUE_TYPE and wire_type == _LENGTH:
+        if number == _VALUE_NAME and wire_type == onnx_wire.LENGTH:
+            name = onnx_wire.utf8_text(data, value_first, value_second)
+        elif number == _VALUE_TYPE and wire_type == onnx_wire.LENGTH:
             dtype, shape = None, None
             for kind, kind_wire, tensor_first, tensor_second in onnx_wire.fields(data, value_first, value_second):
-                if kind == _TYPE_TENSOR and kind_wire == _LENGTH:
+                if kind == _TYPE_TENSOR and kind_wire == onnx_wire.LENGTH:
                     dtype, shape = _tensor_type(data, tensor_first, tensor_second)
     return GraphValue(name, dtype, shape)
 
@@ -128,12 +119,12 @@ def _value_info(data: bytes, first: int, second: int) -> GraphValue:
 def _tensor_type(data: bytes, first: int, second: int) -> tuple[str, tuple[int | str, ...] | None]:
     element, shape = 0, None
     for number, wire_type, value_first, value_second in onnx_wire.fields(data, first, second):
-        if number == _TENSOR_ELEM_TYPE and wire_type == _VARINT:
+        if number == _TENSOR_ELEM_TYPE and wire_type == onnx_wire.VARINT:
             element = value_first
-        elif number == _TENSOR_SHAPE and wire_type == _LENGTH:
+        elif number == _TENSOR_SHAPE and wire_type == onnx_wire.LENGTH:
             shape = []
             for dim_number, dim_wire, dim_first, dim_second in onnx_wire.fields(data, value_first, value_second):
-                if dim_number == _SHAPE_DIM and dim_wire == _LENGTH:
+                if dim_number == _SHAPE_DIM and dim_wire == onnx_wire.LENGTH:
                     shape.append(_dimension(data, dim_first, dim_second))
     dtype = onnx_wire.ONNX_TO_SAFETENSORS.get(element, f"ONNX type {element}")
     return dtype, None if shape is None else tuple(shape)
@@ -142,10 +133,10 @@ def _tensor_type(data: bytes, first: int, second: int) -> tuple[str, tuple[int |
 def _dimension(data: bytes, first: int, second: int) -> int | str:
     found: int | str = "?"
     for number, wire_type, value_first, value_second in onnx_wire.fields(data, first, second):
-        if number == _DIM_VALUE and wire_type == _VARINT:
+        if number == _DIM_VALUE and wire_type == onnx_wire.VARINT:
             found = value_first - (1 << 64) if value_first >= 1 << 63 else value_first
-        elif number == _DIM_PARAM and wire_type == _LENGTH:
-            found = _text(data, value_first, value_second)[:MAX_NAME_SHOWN]
+        elif number == _DIM_PARAM and wire_type == onnx_wire.LENGTH:
+            found = onnx_wire.utf8_text(data, value_first, value_second)[:MAX_NAME_SHOWN]
     return found
 
 

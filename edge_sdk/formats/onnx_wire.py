@@ -42,7 +42,7 @@ ONNX_TO_SAFETENSORS = {
 }
 
 # field numbers (onnx.proto3), by message
-_MODEL_IR_VERSION, _MODEL_OPSET_IMPORT, _MODEL_GRAPH, _MODEL_TRAINING_INFO, _MODEL_FUNCTIONS = 1, 8, 7, 20, 25
+_MODEL_IR_VERSION, _MODEL_OPSET_IMPORT, MODEL_GRAPH, _MODEL_TRAINING_INFO, _MODEL_FUNCTIONS = 1, 8, 7, 20, 25
 _GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_SPARSE_INITIALIZER = 1, 5, 15
 _NODE_OP_TYPE, _NODE_ATTRIBUTE, _NODE_DOMAIN = 4, 5, 7
 _ATTRIBUTE_T, _ATTRIBUTE_G, _ATTRIBUTE_TENSORS, _ATTRIBUTE_GRAPHS = 5, 6, 10, 11
@@ -53,7 +53,7 @@ _SPARSE_VALUES, _SPARSE_INDICES = 1, 2
 _TENSOR_DIMS, _TENSOR_DATA_TYPE, _TENSOR_NAME, _TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION = 1, 2, 8, 13, 14
 _ENTRY_KEY, _ENTRY_VALUE = 1, 2
 
-_VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
+VARINT, _FIXED64, LENGTH, _FIXED32 = 0, 1, 2, 5
 
 
 class WireError(EdgeSdkError):
@@ -113,7 +113,7 @@ def _fields_with_offsets(data: bytes, start: int, end: int) -> Iterator[tuple[in
         number, wire_type = key >> 3, key & 7
         if number == 0:
             raise WireError(f"field number 0 at byte {at}")
-        if wire_type == _VARINT:
+        if wire_type == VARINT:
             value, at = _varint(data, at, end)
             yield number, wire_type, range(field_start, at), value, 0
         elif wire_type in (_FIXED64, _FIXED32):
@@ -122,7 +122,7 @@ def _fields_with_offsets(data: bytes, start: int, end: int) -> Iterator[tuple[in
                 raise WireError(f"a fixed-width field runs past the end of its message (byte {at})")
             yield number, wire_type, range(field_start, at + width), at, at + width
             at += width
-        elif wire_type == _LENGTH:
+        elif wire_type == LENGTH:
             length, at = _varint(data, at, end)
             if length > end - at:
                 raise WireError(f"a field of {length} bytes runs past the end of its message (byte {at})")
@@ -142,22 +142,22 @@ class _Walker:
             raise WireError(f"messages nested deeper than {MAX_MESSAGE_DEPTH} levels")
         for number, wire_type, first, second in fields(self.data, start, end):
             handler = handlers.get(number)
-            if handler is not None and wire_type == _LENGTH:
+            if handler is not None and wire_type == LENGTH:
                 handler(first, second, depth + 1)
 
     def model(self, start: int, end: int) -> None:
         for number, wire_type, first, _ in fields(self.data, start, end):
-            if number == _MODEL_IR_VERSION and wire_type == _VARINT:
+            if number == _MODEL_IR_VERSION and wire_type == VARINT:
                 self.summary.ir_version = first
-            elif number == _MODEL_OPSET_IMPORT and wire_type == _LENGTH:
+            elif number == _MODEL_OPSET_IMPORT and wire_type == LENGTH:
                 self.summary.opset_imports += 1
-            elif number == _MODEL_GRAPH and wire_type == _LENGTH:
+            elif number == MODEL_GRAPH and wire_type == LENGTH:
                 self.summary.graphs += 1
         self._messages(
             start,
             end,
             0,
-            {_MODEL_GRAPH: self.graph, _MODEL_FUNCTIONS: self.function, _MODEL_TRAINING_INFO: self.training_info},
+            {MODEL_GRAPH: self.graph, _MODEL_FUNCTIONS: self.function, _MODEL_TRAINING_INFO: self.training_info},
         )
 
     def graph(self, start: int, end: int, depth: int) -> None:
@@ -196,35 +196,32 @@ class _Walker:
         self._messages(start, end, depth, {_SPARSE_VALUES: self.tensor, _SPARSE_INDICES: self.tensor})
 
     def _text(self, start: int, end: int) -> str:
-        try:
-            return self.data[start:end].decode("utf-8")
-        except UnicodeDecodeError:
-            raise WireError(f"a string field is not UTF-8 (byte {start})") from None
+        return utf8_text(self.data, start, end)
 
     def tensor(self, start: int, end: int, depth: int) -> None:
         if depth > MAX_MESSAGE_DEPTH:
             raise WireError(f"messages nested deeper than {MAX_MESSAGE_DEPTH} levels")
         name, data_type, location, dims, external = "", 0, 0, [], {}
         for number, wire_type, first, second in fields(self.data, start, end):
-            if number == _TENSOR_NAME and wire_type == _LENGTH:
+            if number == _TENSOR_NAME and wire_type == LENGTH:
                 name = self._text(first, second)
-            elif number == _TENSOR_DATA_TYPE and wire_type == _VARINT:
+            elif number == _TENSOR_DATA_TYPE and wire_type == VARINT:
                 data_type = first
-            elif number == _TENSOR_DATA_LOCATION and wire_type == _VARINT:
+            elif number == _TENSOR_DATA_LOCATION and wire_type == VARINT:
                 location = first
-            elif number == _TENSOR_DIMS and wire_type == _VARINT:
+            elif number == _TENSOR_DIMS and wire_type == VARINT:
                 dims.append(first)
-            elif number == _TENSOR_DIMS and wire_type == _LENGTH:  # packed repeated int64
+            elif number == _TENSOR_DIMS and wire_type == LENGTH:  # packed repeated int64
                 at = first
                 while at < second:
                     value, at = _varint(self.data, at, second)
                     dims.append(value)
-            elif number == _TENSOR_EXTERNAL_DATA and wire_type == _LENGTH:
+            elif number == _TENSOR_EXTERNAL_DATA and wire_type == LENGTH:
                 key = value = ""
                 for entry_number, entry_type, entry_first, entry_second in fields(self.data, first, second):
-                    if entry_type == _LENGTH and entry_number == _ENTRY_KEY:
+                    if entry_type == LENGTH and entry_number == _ENTRY_KEY:
                         key = self._text(entry_first, entry_second)
-                    elif entry_type == _LENGTH and entry_number == _ENTRY_VALUE:
+                    elif entry_type == LENGTH and entry_number == _ENTRY_VALUE:
                         value = self._text(entry_first, entry_second)
                 external[key] = value
         if location == EXTERNAL:
@@ -240,11 +237,19 @@ class _Walker:
             )
 
 
+def utf8_text(data: bytes, start: int, end: int) -> str:
+    """The string field data[start:end]; WireError when it is not UTF-8."""
+    try:
+        return data[start:end].decode("utf-8")
+    except UnicodeDecodeError:
+        raise WireError(f"a string field is not UTF-8 (byte {start})") from None
+
+
 def _strings(data: bytes, first: int, second: int, numbers: tuple[int, ...]) -> list[str]:
     """The string fields `numbers` of the message in data[first:second] (the last of each, "" where absent)."""
     found = dict.fromkeys(numbers, "")
     for number, wire_type, value_first, value_second in fields(data, first, second):
-        if wire_type == _LENGTH and number in found:
+        if wire_type == LENGTH and number in found:
             found[number] = data[value_first:value_second].decode("utf-8", "replace")
     return [found[number] for number in numbers]
 
@@ -255,7 +260,7 @@ def without_functions(data: bytes, domain: str, names: set[str]) -> bytes:
     package to edit them with.)"""
     kept = []
     for number, wire_type, span, first, second in _fields_with_offsets(data, 0, len(data)):
-        if number == _MODEL_FUNCTIONS and wire_type == _LENGTH:
+        if number == _MODEL_FUNCTIONS and wire_type == LENGTH:
             name, function_domain = _strings(data, first, second, (_FUNCTION_NAME, _FUNCTION_DOMAIN))
             if function_domain == domain and name in names:
                 continue
@@ -268,10 +273,10 @@ def graph_op_types(data: bytes) -> set[tuple[str, str]]:
     "" for the standard domain; WireError when the bytes are not a well-formed message."""
     found = set()
     for number, wire_type, first, second in fields(data, 0, len(data)):
-        if number != _MODEL_GRAPH or wire_type != _LENGTH:
+        if number != MODEL_GRAPH or wire_type != LENGTH:
             continue
         for graph_number, graph_type, node_first, node_second in fields(data, first, second):
-            if graph_number == _GRAPH_NODE and graph_type == _LENGTH:
+            if graph_number == _GRAPH_NODE and graph_type == LENGTH:
                 domain, op_type = _strings(data, node_first, node_second, (_NODE_DOMAIN, _NODE_OP_TYPE))
                 found.add((domain, op_type))
     return found
