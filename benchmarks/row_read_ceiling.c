@@ -1,13 +1,23 @@
 /* How fast one core reads the rows a sparse FFN step reads, with no arithmetic: the ceiling for the kernel's
  * "read fraction" (edge-sdk bench ffn) on this machine. Rows of a LLaMA-2-7B INT4 FFN matrix (4096 values: 2048
  * bytes of codes, and 256 bytes of fp16 scales in a second array), a random 8% of its 11008 rows in increasing
- * order (a 92% sparse mask), read ROWS_AT_ONCE rows at a time a cache line each in turn, the rows AHEAD rows later
- * prefetched into L2 (prefetcht1) line by line; and, for comparison, one contiguous read of the same bytes. Caches
- * are flushed (256 MiB read) before every pass; best and mean of 40 passes. HUGE=1 backs the matrices with 2 MiB
- * pages (madvise), as a bundle's mapping is on kernels that map files with large folios.
+ * order (a 92% sparse mask), read ROWS_AT_ONCE rows at a time a cache line each in turn, with the rows AHEAD rows
+ * later prefetched by one of these strategies (the kernel's is the first):
+ *
+ *   lines   every line of the later rows into L2 (prefetcht1), one line per line read: the kernel's pattern
+ *   t0      the same into L1 (prefetcht0)
+ *   nta     the same, non-temporal (prefetchnta)
+ *   first   only the later rows' first two code lines and first scale line, leaving the rest to the hardware
+ *           prefetchers' stream detection
+ *   burst   every line of the later rows at once when a group of rows starts
+ *   none    no software prefetch (ROWS_AT_ONCE demand streams only; AHEAD ignored)
+ *
+ * and, for comparison, one contiguous read of the same bytes. Caches are flushed (256 MiB read) before every pass;
+ * best and mean of 40 passes. HUGE=1 backs the matrices with 2 MiB pages (madvise), as a bundle's mapping is on
+ * kernels that map files with large folios.
  *
  *   gcc -O2 -march=native -o /tmp/row_read_ceiling benchmarks/row_read_ceiling.c
- *   [HUGE=1] /tmp/row_read_ceiling ROWS_AT_ONCE AHEAD
+ *   [HUGE=1] /tmp/row_read_ceiling ROWS_AT_ONCE AHEAD [lines|t0|nta|first|burst|none]
  */
 #define _DEFAULT_SOURCE /* madvise */
 #include <immintrin.h>
@@ -21,6 +31,9 @@
 enum { D_FFN = 11008, CODE_BYTES = 2048, SCALE_BYTES = 256, LINE = 64, PASSES = 40, PERCENT_ACTIVE = 8 };
 #define FLUSH_BYTES ((size_t)256 << 20)
 #define HUGE_PAGE ((size_t)2 << 20)
+
+enum strategy { LINES, T0, NTA, FIRST, BURST, NONE };
+static const char *const STRATEGY_NAMES[] = {"lines", "t0", "nta", "first", "burst", "none"};
 
 static double seconds(void) {
   struct timespec t;
@@ -37,10 +50,41 @@ static uint8_t *allocate(size_t bytes, int huge) {
   return memory;
 }
 
+/* Prefetch `line` of row `row` (its code line, and its scale line while there is one) with a line strategy's hint. */
+static void prefetch_line(const uint8_t *codes, const uint8_t *scales, size_t row, size_t line, enum strategy how) {
+  const char *code = (const char *)codes + row * CODE_BYTES + line;
+  const char *scale = (const char *)scales + row * SCALE_BYTES + line;
+  if (how == T0) {
+    _mm_prefetch(code, _MM_HINT_T0);
+    if (line < SCALE_BYTES) _mm_prefetch(scale, _MM_HINT_T0);
+  } else if (how == NTA) {
+    _mm_prefetch(code, _MM_HINT_NTA);
+    if (line < SCALE_BYTES) _mm_prefetch(scale, _MM_HINT_NTA);
+  } else {
+    _mm_prefetch(code, _MM_HINT_T1);
+    if (line < SCALE_BYTES) _mm_prefetch(scale, _MM_HINT_T1);
+  }
+}
+
+/* Prefetch the first `code_lines` code lines and `scale_lines` scale lines of row `row` into L2 at once. */
+static void prefetch_lines(const uint8_t *codes, const uint8_t *scales, size_t row, size_t code_lines,
+                           size_t scale_lines) {
+  for (size_t line = 0; line < code_lines; line++) {
+    _mm_prefetch((const char *)codes + row * CODE_BYTES + line * LINE, _MM_HINT_T1);
+  }
+  for (size_t line = 0; line < scale_lines; line++) {
+    _mm_prefetch((const char *)scales + row * SCALE_BYTES + line * LINE, _MM_HINT_T1);
+  }
+}
+
 int main(int argc, char **argv) {
-  int at_once = argc == 3 ? atoi(argv[1]) : 0, ahead = argc == 3 ? atoi(argv[2]) : -1;
-  if (at_once < 1 || ahead < 0) {
-    fprintf(stderr, "usage: [HUGE=1] %s ROWS_AT_ONCE AHEAD\n", argv[0]);
+  int at_once = argc >= 3 ? atoi(argv[1]) : 0, ahead = argc >= 3 ? atoi(argv[2]) : -1, how = LINES;
+  if (argc == 4) {
+    how = -1;
+    for (int s = LINES; s <= NONE; s++) how = strcmp(argv[3], STRATEGY_NAMES[s]) == 0 ? s : how;
+  }
+  if (at_once < 1 || ahead < 0 || how < 0 || argc > 4) {
+    fprintf(stderr, "usage: [HUGE=1] %s ROWS_AT_ONCE AHEAD [lines|t0|nta|first|burst|none]\n", argv[0]);
     return 2;
   }
   int huge = getenv("HUGE") != NULL && strcmp(getenv("HUGE"), "1") == 0;
@@ -68,12 +112,17 @@ int main(int argc, char **argv) {
     } else {
       for (int k = 0; k < n; k += at_once) {
         int group = n - k < at_once ? n - k : at_once;
+        for (int t = 0; t < group && (how == FIRST || how == BURST) && k + t + ahead < n && ahead > 0; t++) {
+          if (how == FIRST) {
+            prefetch_lines(codes, scales, (size_t)rows[k + t + ahead], 2, 1);
+          } else {
+            prefetch_lines(codes, scales, (size_t)rows[k + t + ahead], CODE_BYTES / LINE, SCALE_BYTES / LINE);
+          }
+        }
         for (size_t line = 0; line < CODE_BYTES; line += LINE) {
           for (int t = 0; t < group; t++) {
-            if (k + t + ahead < n && ahead > 0) {
-              size_t later = (size_t)rows[k + t + ahead];
-              _mm_prefetch((const char *)codes + later * CODE_BYTES + line, _MM_HINT_T1);
-              if (line < SCALE_BYTES) _mm_prefetch((const char *)scales + later * SCALE_BYTES + line, _MM_HINT_T1);
+            if (how <= NTA && k + t + ahead < n && ahead > 0) {
+              prefetch_line(codes, scales, (size_t)rows[k + t + ahead], line, how);
             }
             size_t row = (size_t)rows[k + t];
             acc = _mm512_add_epi32(acc, _mm512_load_si512(codes + row * CODE_BYTES + line));
@@ -87,8 +136,8 @@ int main(int argc, char **argv) {
     best[contiguous] = elapsed < best[contiguous] ? elapsed : best[contiguous];
     total[contiguous] += elapsed;
   }
-  printf("%d rows of %d (%.1f MB), %d at once, %d ahead, %s pages\n", n, D_FFN, bytes / 1e6, at_once, ahead,
-         huge ? "2 MiB" : "4 KiB");
+  printf("%d rows of %d (%.1f MB), %d at once, %d ahead, prefetch %s, %s pages\n", n, D_FFN, bytes / 1e6, at_once,
+         ahead, STRATEGY_NAMES[how], huge ? "2 MiB" : "4 KiB");
   const char *names[2] = {"scattered rows", "contiguous"};
   for (int c = 0; c < 2; c++) {
     printf("%-15s best %.3f ms %6.2f GB/s, mean %6.2f GB/s\n", names[c], best[c] * 1e3, bytes / best[c] / 1e9,
