@@ -50,6 +50,9 @@ MAX_PLAUSIBLE_COUNT = 1 << 24
 MAX_TENSOR_DIMS = 4  # GGML_MAX_DIMS: llama.cpp refuses more
 # llama.cpp reads no arrays of arrays; the bound keeps a hostile file's nesting off Python's recursion limit
 MAX_ARRAY_NESTING = 8
+# Namespaces of GGUF metadata keys (besides the architecture's own, "llama." ...); no tensor name starts with one, so a
+# tensor info named so is a key/value read as a tensor info: the header's key/value count is short
+KEY_NAMESPACES = ("general.", "tokenizer.", "split.", "quantize.", "adapter.")
 _VALUE_TYPES = frozenset(int(kind) for kind in gguf.GGUFValueType)
 _ARRAY = int(gguf.GGUFValueType.ARRAY)
 _STRING = int(gguf.GGUFValueType.STRING)
@@ -151,6 +154,12 @@ class _CheckedReader(gguf.GGUFReader):
         self._section = "tensor-info section"
         name_length = int(self._get(orig_offs, np.uint64)[0])
         name = bytes(self._get(orig_offs + 8, np.uint8, name_length)).decode("utf-8", "replace")
+        if name.startswith(self._key_namespaces()):
+            kv_count = int(self.fields["GGUF.kv_count"].parts[0][0])
+            raise self._corrupt(
+                f"the tensor info at byte {orig_offs} is named {name[:80]!r}, a metadata key: the header's key/value "
+                f"count ({kv_count}, header byte 16) is lower than the number of key/values the file holds"
+            )
         n_dims = int(self._get(orig_offs + 8 + name_length, np.uint32)[0])
         if n_dims > MAX_TENSOR_DIMS:
             raise self._corrupt(
@@ -158,6 +167,14 @@ class _CheckedReader(gguf.GGUFReader):
                 f"{MAX_TENSOR_DIMS}"
             )
         return super()._get_tensor_info_field(orig_offs)
+
+    def _key_namespaces(self) -> tuple[str, ...]:
+        """KEY_NAMESPACES and the architecture's own ("llama." for general.architecture "llama"), where the key/values
+        read so far name one."""
+        field = self.fields.get("general.architecture")
+        if field is None or field.types != [gguf.GGUFValueType.STRING]:
+            return KEY_NAMESPACES
+        return (*KEY_NAMESPACES, bytes(field.parts[field.data[0]]).decode("utf-8", "replace") + ".")
 
     def _build_tensors(self, start_offs, fields):
         self._section = "tensor data"

@@ -711,13 +711,20 @@ def _corrupt_files() -> list[tuple[str, object]]:
 
         return corrupt
 
-    def kv_count_one_short(path, layout):
-        patch_gguf(path, 16, "<Q", layout.kv_count - 1)
-        # the last key/value is read as a tensor info: its key as the name, its type (9, ARRAY) as n_dims
-        return (
-            f"corrupt tensor-info section: tensor '{last_key}' (tensor info at byte {layout.keys[last_key]}) has 9 "
-            f"dimensions, expected at most 4"
-        )
+    def kv_count_short_from(key):
+        """The header's key/value count short of key and every key/value after it."""
+
+        def corrupt(path, layout):
+            missing = sum(offset >= layout.keys[key] for offset in layout.keys.values())
+            patch_gguf(path, 16, "<Q", layout.kv_count - missing)
+            # the first key/value not counted is read as a tensor info, its key as the tensor's name
+            return (
+                f"corrupt tensor-info section: the tensor info at byte {layout.keys[key]} is named '{key}', a metadata "
+                f"key: the header's key/value count ({layout.kv_count - missing}, header byte 16) is lower than the "
+                f"number of key/values the file holds"
+            )
+
+        return corrupt
 
     def key_length_huge(path, layout):
         patch_gguf(path, 24, "<Q", 1 << 62)
@@ -785,7 +792,9 @@ def _corrupt_files() -> list[tuple[str, object]]:
         ("tensor count 2^60", count(8, 1 << 60, "tensor count", 24)),
         ("key/value count 2^63", count(16, 1 << 63, "key/value count", 13)),
         ("key/value count 2^60", count(16, 1 << 60, "key/value count", 13)),
-        ("key/value count one short", kv_count_one_short),
+        ("key/value count one short", kv_count_short_from(last_key)),
+        ("key/value count short of an architecture key", kv_count_short_from("llama.block_count")),
+        ("key/value count short of a general key", kv_count_short_from("general.architecture")),
         ("key length 2^62", key_length_huge),
         ("array count 2^40", array_count_huge),
         ("unknown value type", value_type_unknown),
