@@ -53,6 +53,8 @@ MAX_ARRAY_NESTING = 8
 # Namespaces of GGUF metadata keys (besides the architecture's own, "llama." ...); no tensor name starts with one, so a
 # tensor info named so is a key/value read as a tensor info: the header's key/value count is short
 KEY_NAMESPACES = ("general.", "tokenizer.", "split.", "quantize.", "adapter.")
+# How llama.cpp's tensor names end (blk.0.attn_q.weight, token_embd.weight, ...); no metadata key ends so
+TENSOR_NAME_ENDINGS = (".weight", ".bias")
 _VALUE_TYPES = frozenset(int(kind) for kind in gguf.GGUFValueType)
 _ARRAY = int(gguf.GGUFValueType.ARRAY)
 _STRING = int(gguf.GGUFValueType.STRING)
@@ -77,6 +79,18 @@ class _CheckedReader(gguf.GGUFReader):
             super().__init__(path)
         except UnicodeDecodeError as error:  # the package decodes key and tensor names as it reads them
             raise self._corrupt(f"a key or tensor name is not UTF-8 ({error.reason})") from None
+        except CheckpointError:
+            # a key/value count higher than the file's reads its first tensor info as a key/value, and what follows
+            # it is garbage wherever it fails: the count is the cause to name
+            misread = next((field for field in self.fields.values() if _tensor_like(field.name)), None)
+            if misread is None:
+                raise
+            kv_count = int(self.fields["GGUF.kv_count"].parts[0][0])
+            raise CheckpointError(
+                f"{path}: corrupt key/value section: the key/value at byte {misread.offset} is named "
+                f"{misread.name[:80]!r}, a tensor's name: the header's key/value count ({kv_count}, header byte 16) is "
+                f"higher than the number of key/values the file holds"
+            ) from None
 
     def _truncated(self, end: int) -> CheckpointError:
         return CheckpointError(
@@ -200,6 +214,11 @@ class _CheckedReader(gguf.GGUFReader):
                     f"file ({self._size} bytes)"
                 )
         return super()._build_tensors(start_offs, fields)
+
+
+def _tensor_like(key: str) -> bool:
+    """Whether a key/value's key is named as a tensor, outside every metadata namespace."""
+    return key.endswith(TENSOR_NAME_ENDINGS) and not key.startswith(("GGUF.", *KEY_NAMESPACES))
 
 
 # The package's read steps _CheckedReader overrides, with their parameters (gguf 0.17-0.19). Another package version

@@ -726,6 +726,21 @@ def _corrupt_files() -> list[tuple[str, object]]:
 
         return corrupt
 
+    def kv_count_over(extra):
+        """The header's key/value count higher than the file's by extra."""
+
+        def corrupt(path, layout):
+            patch_gguf(path, 16, "<Q", layout.kv_count + extra)
+            # the first tensor info is read as a key/value, its name as the key; what follows it fails somewhere
+            first, offset = min(layout.tensor_infos.items(), key=lambda item: item[1])
+            return (
+                f"corrupt key/value section: the key/value at byte {offset} is named '{first}', a tensor's name: the "
+                f"header's key/value count ({layout.kv_count + extra}, header byte 16) is higher than the number of "
+                f"key/values the file holds"
+            )
+
+        return corrupt
+
     def key_length_huge(path, layout):
         patch_gguf(path, 24, "<Q", 1 << 62)
         return (
@@ -795,6 +810,8 @@ def _corrupt_files() -> list[tuple[str, object]]:
         ("key/value count one short", kv_count_short_from(last_key)),
         ("key/value count short of an architecture key", kv_count_short_from("llama.block_count")),
         ("key/value count short of a general key", kv_count_short_from("general.architecture")),
+        ("key/value count one over", kv_count_over(1)),
+        ("key/value count five over", kv_count_over(5)),
         ("key length 2^62", key_length_huge),
         ("array count 2^40", array_count_huge),
         ("unknown value type", value_type_unknown),
