@@ -15,7 +15,6 @@ from edge_sdk.errors import EdgeSdkError
 from edge_sdk.memory import GIB
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import EngineOptions, Selection, select_backend
-from edge_sdk.runtime.chat import chat_prompt_ids
 from edge_sdk.runtime.engine import Engine
 from edge_sdk.runtime.generator import GenerationStats, Generator, SamplingSettings
 
@@ -91,6 +90,8 @@ class Session:
             raise EdgeSdkError(f"chat: expected True or False, found {chat!r}")
         settings = SamplingSettings(**sampling)
         if chat:
+            from edge_sdk.runtime.chat import chat_prompt_ids  # jinja2 loads only for chat prompts, not every run
+
             ids = chat_prompt_ids(self.tokenizer, [{"role": "user", "content": prompt}])
             return self.generator.stream(ids, settings)
         return self.generator.stream(prompt, settings)
