@@ -10,6 +10,7 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #endif
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,21 @@ static int parse_number(const char *flag, const char *text, double min, double m
   return 1;
 }
 
+/* A count or seed: decimal digits only, so "1.5", "-1", "+3", " 7" and "0x10" are refused rather than truncated,
+ * wrapped or read in another base. */
+static int parse_integer(const char *flag, const char *text, uint64_t max, uint64_t *value) {
+  char *end;
+  errno = 0;
+  unsigned long long parsed = strtoull(text, &end, 10);
+  int digits_only = text[0] >= '0' && text[0] <= '9' && *end == '\0';
+  if (!digits_only || errno != 0 || parsed > max) {
+    fprintf(stderr, "edge_generate: %s expects an integer in [0, %" PRIu64 "], found '%s'\n", flag, max, text);
+    return 0;
+  }
+  *value = parsed;
+  return 1;
+}
+
 static int fail(const char *what, edge_status status, const char *message) {
   fprintf(stderr, "edge_generate: %s failed: %s: %s\n", what, edge_status_name(status), message);
   return 1;
@@ -72,7 +88,8 @@ static int fail(const char *what, edge_status status, const char *message) {
 
 int main(int argc, char **argv) {
   const char *bundle = NULL, *prompt = NULL, *backend = "cpu";
-  double max_new_tokens = 64, temperature = 0.0, top_p = 1.0, seed = 0, threads = 0, sparsity = -1.0;
+  double temperature = 0.0, top_p = 1.0, sparsity = -1.0;
+  uint64_t max_new_tokens = 64, seed = 0, threads = 0;
   int dense = 0, verify = 1, print_ids = 0;
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
@@ -82,7 +99,7 @@ int main(int argc, char **argv) {
       usage(stdout);
       return 0;
     } else if (strcmp(arg, "-n") == 0 && has_value) {
-      ok = parse_number(arg, argv[++i], 0, 1 << 24, &max_new_tokens);
+      ok = parse_integer(arg, argv[++i], 1 << 24, &max_new_tokens);
     } else if (strcmp(arg, "--backend") == 0 && has_value) {
       backend = argv[++i];
     } else if (strcmp(arg, "--temperature") == 0 && has_value) {
@@ -90,9 +107,9 @@ int main(int argc, char **argv) {
     } else if (strcmp(arg, "--top-p") == 0 && has_value) {
       ok = parse_number(arg, argv[++i], 1e-9, 1, &top_p);
     } else if (strcmp(arg, "--seed") == 0 && has_value) {
-      ok = parse_number(arg, argv[++i], 0, 9007199254740992.0, &seed);
+      ok = parse_integer(arg, argv[++i], UINT64_MAX, &seed);
     } else if (strcmp(arg, "--threads") == 0 && has_value) {
-      ok = parse_number(arg, argv[++i], 0, 4096, &threads);
+      ok = parse_integer(arg, argv[++i], 4096, &threads);
     } else if (strcmp(arg, "--sparsity") == 0 && has_value) {
       ok = parse_number(arg, argv[++i], 0, 1, &sparsity);
     } else if (strcmp(arg, "--dense") == 0) {
@@ -110,13 +127,21 @@ int main(int argc, char **argv) {
     } else if (prompt == NULL) {
       prompt = arg;
     } else {
+      fprintf(stderr, "edge_generate: unexpected argument '%s' after BUNDLE and PROMPT (quote a prompt of several "
+              "words)\n", arg);
       usage(stderr);
       return 2;
     }
     if (!ok) return 2;
   }
   if (bundle == NULL || prompt == NULL) {
+    fprintf(stderr, "edge_generate: expected BUNDLE and PROMPT, found %s\n", bundle == NULL ? "neither" : "no PROMPT");
     usage(stderr);
+    return 2;
+  }
+  if (dense && sparsity >= 0.0) { /* what `edge-sdk run --dense --sparsity` says */
+    fprintf(stderr, "edge_generate: dense and sparsity %g: the dense model has no sparsity level; give either\n",
+            sparsity);
     return 2;
   }
 
@@ -155,7 +180,7 @@ int main(int argc, char **argv) {
     exit_code = fail("creating a session", status, edge_last_error());
     goto done;
   }
-  if ((status = edge_session_set_sampling(session, (float)temperature, (float)top_p, 0, (uint64_t)seed)) != EDGE_OK) {
+  if ((status = edge_session_set_sampling(session, (float)temperature, (float)top_p, 0, seed)) != EDGE_OK) {
     exit_code = fail("sampling settings", status, edge_session_last_error(session));
     goto done;
   }

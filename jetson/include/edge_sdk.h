@@ -231,7 +231,8 @@ EDGE_API const char *edge_tokenizer_last_error(const edge_tokenizer *tokenizer);
 /** Encodes UTF-8 text (text_len bytes) to ids, exactly as the `tokenizers` library encodes it without
  * special-token templates. add_bos: 1 prepend bos, 0 do not, -1 as the tokenizer says: tokenizer_config.json's
  * add_bos_token, and without it whether tokenizer.json's post-processor puts bos first (transformers' rule).
- * *ids is allocated (free with edge_free; NULL when *n_ids is 0). Invalid UTF-8 is EDGE_ERROR_INVALID_ARGUMENT. */
+ * *ids is allocated (free with edge_free; NULL when *n_ids is 0). Invalid UTF-8 and text_len above INT_MAX
+ * (2^31 - 1) bytes are EDGE_ERROR_INVALID_ARGUMENT. */
 EDGE_API edge_status edge_tokenizer_encode(const edge_tokenizer *tokenizer, const char *text, size_t text_len,
                                            int add_bos, int32_t **ids, size_t *n_ids);
 /** Decodes ids to UTF-8 text as `tokenizers` decode does (invalid byte sequences become U+FFFD).

@@ -342,7 +342,11 @@ edge_status edge_session_decode(edge_session *session, int32_t token) {
 
 edge_status edge_session_logits(const edge_session *session, const float **logits, int32_t *vocab_size) {
   edge_clear_error();
-  if (session == NULL || logits == NULL) return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "edge_session_logits: NULL argument");
+  if (session == NULL) return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "edge_session_logits: session is NULL");
+  if (logits == NULL) {
+    return session_failed((edge_session *)session,
+                          edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "edge_session_logits: logits is NULL"));
+  }
   if (!session->has_logits) {
     return session_failed((edge_session *)session,
                           edge_fail(EDGE_ERROR_STATE, "logits: call edge_session_prefill first"));
@@ -377,7 +381,10 @@ static edge_status sample(edge_session *session, int32_t *token) {
 
 edge_status edge_session_sample(edge_session *session, int32_t *token) {
   edge_clear_error();
-  if (session == NULL || token == NULL) return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "edge_session_sample: NULL argument");
+  if (session == NULL) return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "edge_session_sample: session is NULL");
+  if (token == NULL) {
+    return session_failed(session, edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "edge_session_sample: token is NULL"));
+  }
   edge_status status = sample(session, token);
   return status == EDGE_OK ? EDGE_OK : session_failed(session, status);
 }
@@ -398,6 +405,11 @@ static edge_status generate(edge_session *session, const int32_t *prompt, size_t
   *reason = EDGE_STOP_MAX_TOKENS;
   if (max_new_tokens < 0) {
     return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "max_new_tokens: expected an integer >= 0, found %d", max_new_tokens);
+  }
+  /* named as generate's own argument, in the words of the Python Generator (_check_prompt), not as the prefill */
+  if (n_prompt == 0 || prompt == NULL) {
+    return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "prompt: expected at least one token, found %s",
+                     n_prompt == 0 ? "an empty prompt" : "prompt = NULL");
   }
   if (n_prompt >= (size_t)config->max_seq_len) {
     return edge_fail(EDGE_ERROR_SEQUENCE_FULL, "prompt: %zu tokens, but max_seq_len is %d and must leave room for at "

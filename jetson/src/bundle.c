@@ -796,7 +796,9 @@ static edge_status check_graph(const struct bundle *bundle, enum graph_phase pha
 edge_status bundle_open(const char *root, int verify_checksums, struct bundle *bundle) {
   memset(bundle, 0, sizeof *bundle);
   struct stat info;
-  if (stat(root, &info) != 0 || !S_ISDIR(info.st_mode)) return edge_fail(EDGE_ERROR_IO, "%s: bundle directory not found", root);
+  if (stat(root, &info) != 0) return edge_fail(EDGE_ERROR_IO, "%s: bundle directory not found", root);
+  /* Bundle.open's words: the path is there, so "not found" would send the user looking in the wrong place */
+  if (!S_ISDIR(info.st_mode)) return edge_fail(EDGE_ERROR_IO, "%s: is a file, not a bundle directory", root);
   bundle->root = strdup(root);
   char *manifest_path = join_path(root, BUNDLE_MANIFEST_FILE);
   char *weights_path = join_path(root, BUNDLE_WEIGHTS_FILE);

@@ -11,6 +11,7 @@
  *   U+FFFD per maximal invalid subsequence (Rust's String::from_utf8_lossy).
  * Anything else in tokenizer.json (normalizers, other pre-tokenizers or models, byte fallback, added tokens with
  * lstrip / rstrip / single_word) is refused with EDGE_ERROR_UNSUPPORTED rather than encoded differently. */
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1030,6 +1031,11 @@ edge_status edge_tokenizer_encode(const edge_tokenizer *t, const char *text, siz
   if (add_bos < -1 || add_bos > 1) {
     return tokenizer_failed(t, edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "add_bos: expected -1, 0 or 1, found %d", add_bos));
   }
+  /* BPE numbers the symbols of a word with int (encode_word), and one word may be the whole text */
+  if (text_len > INT_MAX) {
+    return tokenizer_failed(t, edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "text_len: expected at most %d bytes, found %zu",
+                                         INT_MAX, text_len));
+  }
   struct id_list list = {0};
   edge_status status = encode(t, text, text_len, add_bos, &list);
   if (status != EDGE_OK) {
@@ -1104,7 +1110,8 @@ int32_t edge_tokenizer_vocab_size(const edge_tokenizer *t) { return t == NULL ? 
 edge_status edge_tokenizer_special_tokens(const edge_tokenizer *t, int32_t *bos, int32_t *eos, int *adds_bos) {
   edge_clear_error();
   if (t == NULL || bos == NULL || eos == NULL || adds_bos == NULL) {
-    return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "edge_tokenizer_special_tokens: NULL argument");
+    edge_status status = edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "edge_tokenizer_special_tokens: NULL argument");
+    return t == NULL ? status : tokenizer_failed(t, status);
   }
   *bos = t->bos_id;
   *eos = t->eos_id;

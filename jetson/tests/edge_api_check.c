@@ -1,6 +1,7 @@
 /* Test driver for tests/jetson: the public API's contracts, error statuses and messages on a fixture bundle.
  *   edge_api_check SVD_BUNDLE SIGNBIT_BUNDLE
  * Prints one line per failed check and "checks: N passed, M failed"; exit status 1 when any failed. */
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -210,6 +211,11 @@ static void check_session(edge_model *model) {
   CHECK_STATUS(edge_session_prefill(session, bad, 2), EDGE_ERROR_INVALID_ARGUMENT);
   CHECK_STATUS(edge_session_prefill(session, prompt, PROMPT_LENGTH), EDGE_OK);
   CHECK(edge_session_position(session) == PROMPT_LENGTH);
+  /* a NULL out-parameter is this session's failure too: its message replaces the one of the bad prefill above */
+  CHECK_STATUS(edge_session_logits(session, NULL, &vocab), EDGE_ERROR_INVALID_ARGUMENT);
+  CHECK(strcmp(edge_session_last_error(session), "edge_session_logits: logits is NULL") == 0);
+  CHECK_STATUS(edge_session_sample(session, NULL), EDGE_ERROR_INVALID_ARGUMENT);
+  CHECK(strcmp(edge_session_last_error(session), "edge_session_sample: token is NULL") == 0);
   CHECK_STATUS(edge_session_logits(session, &logits, &vocab), EDGE_OK);
   CHECK(vocab == 2048);
   int argmax = 0;
@@ -243,11 +249,33 @@ static void check_session(edge_model *model) {
                EDGE_ERROR_INVALID_ARGUMENT);
   CHECK_STATUS(edge_session_generate(session, prompt, PROMPT_LENGTH, 0, NULL, NULL, &n_generated, &reason), EDGE_OK);
   CHECK(n_generated == 0 && reason == EDGE_STOP_MAX_TOKENS);
+  /* a prompt that encoded to nothing: the message names generate's prompt, as the Python Generator does */
+  CHECK_STATUS(edge_session_generate(session, prompt, 0, STEPS, NULL, NULL, &n_generated, &reason),
+               EDGE_ERROR_INVALID_ARGUMENT);
+  CHECK(strcmp(edge_session_last_error(session), "prompt: expected at least one token, found an empty prompt") == 0);
+  CHECK(n_generated == 0);
+  CHECK_STATUS(edge_session_generate(session, NULL, 3, STEPS, NULL, NULL, NULL, NULL), EDGE_ERROR_INVALID_ARGUMENT);
+  CHECK(strcmp(edge_session_last_error(session), "prompt: expected at least one token, found prompt = NULL") == 0);
+  /* stopped by the callback at the first token: nothing is decoded, so the cache holds the prompt only */
+  struct collected stop_first = {.stop_after = 1};
+  CHECK_STATUS(edge_session_generate(session, prompt, PROMPT_LENGTH, STEPS, collect, &stop_first, &n_generated,
+                                     &reason), EDGE_OK);
+  CHECK(n_generated == 1 && stop_first.count == 1 && reason == EDGE_STOP_CALLBACK && stop_first.tokens[0] == manual[0]);
+  CHECK(edge_session_position(session) == PROMPT_LENGTH);
 
   /* sampling */
   CHECK_STATUS(edge_session_set_sampling(session, -1.0f, 1.0f, 0, 0), EDGE_ERROR_INVALID_ARGUMENT);
   CHECK_STATUS(edge_session_set_sampling(session, 1.0f, 0.0f, 0, 0), EDGE_ERROR_INVALID_ARGUMENT);
   CHECK_STATUS(edge_session_set_sampling(session, 1.0f, 1.0f, -1, 0), EDGE_ERROR_INVALID_ARGUMENT);
+  CHECK_STATUS(edge_session_set_sampling(session, NAN, 1.0f, 0, 0), EDGE_ERROR_INVALID_ARGUMENT);
+  CHECK(strstr(edge_session_last_error(session), "temperature: expected a finite number >= 0") != NULL);
+  CHECK_STATUS(edge_session_set_sampling(session, INFINITY, 1.0f, 0, 0), EDGE_ERROR_INVALID_ARGUMENT);
+  CHECK_STATUS(edge_session_set_sampling(session, 1.0f, NAN, 0, 0), EDGE_ERROR_INVALID_ARGUMENT);
+  CHECK_STATUS(edge_session_set_sampling(session, 1.0f, 1.0001f, 0, 0), EDGE_ERROR_INVALID_ARGUMENT);
+  CHECK(strstr(edge_session_last_error(session), "top_p: expected a number in (0, 1] (1 = off), found 1.0001") != NULL);
+  struct collected wide_k = {0}; /* top-k beyond the vocabulary keeps every token, as top-k off */
+  CHECK_STATUS(edge_session_set_sampling(session, 1.0f, 1.0f, 1 << 30, 7), EDGE_OK);
+  edge_session_generate(session, prompt, PROMPT_LENGTH, STEPS, collect, &wide_k, NULL, NULL);
   struct collected first = {0}, again = {0}, other = {0}, nucleus = {0}, top1 = {0};
   CHECK_STATUS(edge_session_set_sampling(session, 1.0f, 1.0f, 0, 7), EDGE_OK);
   edge_session_generate(session, prompt, PROMPT_LENGTH, STEPS, collect, &first, NULL, NULL);
@@ -256,6 +284,7 @@ static void check_session(edge_model *model) {
   CHECK_STATUS(edge_session_set_sampling(session, 1.0f, 1.0f, 0, 8), EDGE_OK);
   edge_session_generate(session, prompt, PROMPT_LENGTH, STEPS, collect, &other, NULL, NULL);
   CHECK(first.count == again.count && memcmp(first.tokens, again.tokens, (size_t)first.count * sizeof(int32_t)) == 0);
+  CHECK(first.count == wide_k.count && memcmp(first.tokens, wide_k.tokens, (size_t)first.count * sizeof(int32_t)) == 0);
   CHECK(first.count != other.count || memcmp(first.tokens, other.tokens, (size_t)first.count * sizeof(int32_t)) != 0);
   CHECK(first.count != STEPS || memcmp(first.tokens, manual, sizeof manual) != 0); /* sampling is not greedy */
   CHECK_STATUS(edge_session_set_sampling(session, 1.0f, 1e-6f, 0, 3), EDGE_OK); /* top-p keeps only the top token */
@@ -293,6 +322,12 @@ static void check_sequence_full(const char *bundle) {
   CHECK(n_generated == 16 - PROMPT_LENGTH && reason == EDGE_STOP_SEQUENCE_FULL);
   CHECK_STATUS(edge_session_prefill(session, long_prompt, 16), EDGE_OK);
   CHECK_STATUS(edge_session_decode(session, 3), EDGE_ERROR_SEQUENCE_FULL);
+  const float *logits;
+  int32_t token;
+  CHECK_STATUS(edge_session_logits(session, &logits, NULL), EDGE_OK); /* the refused decode kept the full prompt's */
+  CHECK_STATUS(edge_session_sample(session, &token), EDGE_OK);
+  CHECK_STATUS(edge_session_reset(session), EDGE_OK);
+  CHECK_STATUS(edge_session_sample(session, &token), EDGE_ERROR_STATE);
   edge_session_destroy(session);
   edge_model_close(model);
 }
@@ -307,6 +342,9 @@ static void check_tokenizer(edge_model *model) {
   CHECK_STATUS(edge_tokenizer_encode(tokenizer, "a\xff", 2, 0, &ids, &n), EDGE_ERROR_INVALID_ARGUMENT);
   CHECK(strstr(edge_tokenizer_last_error(tokenizer), "not valid UTF-8 at byte 1") != NULL);
   CHECK_STATUS(edge_tokenizer_encode(tokenizer, "x", 1, 2, &ids, &n), EDGE_ERROR_INVALID_ARGUMENT);
+  /* refused before a byte is read: a text of 2^31 bytes and more would overflow the int positions of a word */
+  CHECK_STATUS(edge_tokenizer_encode(tokenizer, "x", (size_t)INT_MAX + 1, 0, &ids, &n), EDGE_ERROR_INVALID_ARGUMENT);
+  CHECK(strcmp(edge_tokenizer_last_error(tokenizer), "text_len: expected at most 2147483647 bytes, found 2147483648") == 0);
   CHECK_STATUS(edge_tokenizer_encode(tokenizer, "", 0, 0, &ids, &n), EDGE_OK);
   CHECK(n == 0);
   edge_free(ids);
@@ -321,6 +359,12 @@ static void check_tokenizer(edge_model *model) {
   CHECK(text != NULL && strcmp(text, "<s>def f():") == 0);
   edge_free(text);
   edge_free(ids);
+  static const char with_nul[] = "a\0b<s>\0"; /* NUL bytes are text when the length says so */
+  CHECK_STATUS(edge_tokenizer_encode(tokenizer, with_nul, sizeof with_nul - 1, 0, &ids, &n), EDGE_OK);
+  CHECK_STATUS(edge_tokenizer_decode(tokenizer, ids, n, 0, &text, &length), EDGE_OK);
+  CHECK(text != NULL && length == sizeof with_nul - 1 && memcmp(text, with_nul, length) == 0);
+  edge_free(text);
+  edge_free(ids);
   int32_t negative = -3;
   CHECK_STATUS(edge_tokenizer_decode(tokenizer, &negative, 1, 0, &text, &length), EDGE_ERROR_INVALID_ARGUMENT);
   const char *bytes;
@@ -333,6 +377,7 @@ static void check_tokenizer(edge_model *model) {
   CHECK(bos == 0 && eos == 1 && adds_bos == 1); /* <s>, </s>, add_bos_token true */
   CHECK(edge_tokenizer_vocab_size(tokenizer) == 2048 && edge_tokenizer_vocab_size(NULL) == 0);
   CHECK_STATUS(edge_tokenizer_special_tokens(tokenizer, &bos, NULL, &adds_bos), EDGE_ERROR_INVALID_ARGUMENT);
+  CHECK(strcmp(edge_tokenizer_last_error(tokenizer), "edge_tokenizer_special_tokens: NULL argument") == 0);
   CHECK_STATUS(edge_tokenizer_special_tokens(NULL, &bos, &eos, &adds_bos), EDGE_ERROR_INVALID_ARGUMENT);
   CHECK(!edge_tokenizer_is_special(tokenizer, 100) && !edge_tokenizer_is_special(tokenizer, -5));
   edge_tokenizer_destroy(tokenizer);

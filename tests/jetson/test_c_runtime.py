@@ -18,6 +18,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from edge_sdk.bundle import Bundle, manifest_digest
 from edge_sdk.bundle.format import MANIFEST_DIGEST_FIELD
+from edge_sdk.errors import EdgeSdkError
 from edge_sdk.export.exporter import ExportSettings, export_bundle
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.sparsity.settings import CalibrationSettings
@@ -343,6 +344,12 @@ def test_bad_bundles_and_backends_are_clear_errors(x86_build: Build, bundles, tm
         x86_build, bundles["svd-fp32"], "--backend", "tensorrt"
     )
     assert "EDGE_ERROR_IO" in open_error(x86_build, tmp_path / "missing")
+    # a file where the bundle should be: the words of Bundle.open, not "not found" (the path is there)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a bundle")
+    with pytest.raises(EdgeSdkError, match="is a file, not a bundle directory"):
+        Bundle.open(notes)
+    assert f"EDGE_ERROR_IO: {notes}: is a file, not a bundle directory" in open_error(x86_build, notes)
     changed = tmp_path / "changed-weights"
     shutil.copytree(bundles["svd-fp32"], changed)
     weights = changed / "weights.safetensors"
@@ -353,6 +360,50 @@ def test_bad_bundles_and_backends_are_clear_errors(x86_build: Build, bundles, tm
     assert f"{weights}: sha256 is" in message and "manifest.json says" in message
     weights.write_bytes(bytes(data[:-4]))
     assert f"{weights}: size is {len(data) - 4} bytes, manifest.json says {len(data)}" in open_error(x86_build, changed)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ([], "expected BUNDLE and PROMPT, found neither"),
+        (["{bundle}"], "expected BUNDLE and PROMPT, found no PROMPT"),
+        (["{bundle}", "x", "y"], "unexpected argument 'y' after BUNDLE and PROMPT (quote a prompt of several words)"),
+        (["{bundle}", "x", "-n"], "unknown option or missing value: -n"),
+        (["{bundle}", "x", "--bogus"], "unknown option or missing value: --bogus"),
+        (["{bundle}", "x", "-n", "1.5"], "-n expects an integer in [0, 16777216], found '1.5'"),
+        (["{bundle}", "x", "-n", "-1"], "-n expects an integer in [0, 16777216], found '-1'"),
+        (["{bundle}", "x", "-n", "0x10"], "-n expects an integer in [0, 16777216], found '0x10'"),
+        (["{bundle}", "x", "-n", "99999999999999999999999"], "-n expects an integer in [0, 16777216], found "),
+        (["{bundle}", "x", "--threads", "2.5"], "--threads expects an integer in [0, 4096], found '2.5'"),
+        (["{bundle}", "x", "--threads", "-1"], "--threads expects an integer in [0, 4096], found '-1'"),
+        (["{bundle}", "x", "--seed", "-1"], "--seed expects an integer in [0, 18446744073709551615], found '-1'"),
+        (["{bundle}", "x", "--top-p", "0"], "--top-p expects a number in [1e-09, 1], found '0'"),
+        (["{bundle}", "x", "--temperature", "nan"], "--temperature expects a number in [0, 1e+06], found 'nan'"),
+        (
+            ["{bundle}", "x", "--dense", "--sparsity", "0.5"],
+            "dense and sparsity 0.5: the dense model has no sparsity level; give either",
+        ),
+    ],
+)
+def test_bad_command_lines_are_one_line_usage_errors(x86_build: Build, bundles, arguments, message):
+    """Exit status 2 and a first line naming the argument and what was expected, before any bundle is read; a
+    number is never truncated (-n 1.5) nor wrapped (--seed -1)."""
+    command = [argument.format(bundle=bundles["svd-fp32"]) for argument in arguments]
+    result = run([x86_build.binary("edge_generate"), *command])
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.splitlines()[0].startswith(f"edge_generate: {message}"), result.stderr
+    assert result.stdout == ""
+
+
+def test_a_prompt_longer_than_max_seq_len_is_refused_with_the_lengths(x86_build: Build, bundles):
+    max_seq_len = Bundle.open(bundles["svd-fp32"]).max_seq_len
+    result = run([x86_build.binary("edge_generate"), bundles["svd-fp32"], "x " * max_seq_len, "-n", "2"])
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.search(
+        rf"EDGE_ERROR_SEQUENCE_FULL: prompt: \d+ tokens, but max_seq_len is {max_seq_len} and must leave room for at "
+        r"least one new token; shorten the prompt",
+        result.stderr,
+    ), result.stderr
 
 
 def test_manifest_digest_is_checked_like_python(x86_build: Build, bundles, tmp_path):
