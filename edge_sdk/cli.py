@@ -2,15 +2,17 @@
 
 Every failure a user can cause ends as one line on stderr and exit status 2, never a traceback: library errors
 (EdgeSdkError), operating-system errors (a full disk, a read-only file system), running out of memory, and input
-that is not UTF-8. An interrupt (Ctrl-C) exits with 130; outputs are published whole or not at all
-(edge_sdk.outputs), so an interrupted command leaves nothing half-written.
+that is not UTF-8. An interrupt (Ctrl-C) exits with 130, SIGTERM and SIGHUP with 128 + the signal's number; outputs
+are published whole or not at all (edge_sdk.outputs), so an interrupted command leaves nothing half-written.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,41 @@ def _one_line(message: str) -> str:
     return " ".join(message.split())
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised in the main thread like Ctrl-C's KeyboardInterrupt, so that the output being
+    written is removed on the way out instead of left for the next command to sweep."""
+
+    def __init__(self, signal_number: int):
+        super().__init__(signal_number)
+        self.signal_number = signal_number
+
+
+TERMINATING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _raise_terminated(signal_number: int, frame) -> None:
+    signal.signal(signal_number, signal.SIG_DFL)  # a second one ends the process at once, even mid-cleanup
+    raise Terminated(signal_number)
+
+
+@contextlib.contextmanager
+def _terminating_signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise Terminated while the command runs; a signal the caller ignores (nohup) stays ignored,
+    and the handlers before are restored after (the command may run inside another program, such as a test)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {number: signal.getsignal(number) for number in TERMINATING_SIGNALS}
+    for number, handler in before.items():
+        if handler is signal.SIG_DFL:
+            signal.signal(number, _raise_terminated)
+    try:
+        yield
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
+
+
 class EdgeSdkGroup(click.Group):
     """Turns every error a user can cause into one line on stderr and a nonzero exit status, never a traceback:
     usage errors (a bad option value) included, which click would otherwise print as a usage block."""
@@ -53,6 +90,10 @@ class EdgeSdkGroup(click.Group):
             message = "out of memory; use a smaller model, fewer tokens or a shorter max sequence length"
         except UnicodeDecodeError as error:
             message = f"not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset {error.start})"
+        except Terminated as terminated:  # here, before click turns it into an Abort like Ctrl-C's
+            name = signal.Signals(terminated.signal_number).name
+            click.echo(f"edge-sdk: stopped by {name}; nothing was written", err=True)
+            ctx.exit(128 + terminated.signal_number)
         click.echo(f"edge-sdk: error: {_one_line(message)}", err=True)
         ctx.exit(USAGE_ERROR)
 
@@ -60,7 +101,8 @@ class EdgeSdkGroup(click.Group):
         if not kwargs.get("standalone_mode", True):
             return super().main(*args, **kwargs)
         try:
-            result = super().main(*args, **{**kwargs, "standalone_mode": False})
+            with _terminating_signals_interrupt():
+                result = super().main(*args, **{**kwargs, "standalone_mode": False})
         except click.UsageError as error:
             hint = f" (see '{error.ctx.command_path} --help')" if error.ctx is not None else ""
             click.echo(f"edge-sdk: error: {_one_line(error.format_message())}{hint}", err=True)
@@ -1074,13 +1116,9 @@ def sweep_command(
 ) -> None:
     """The quality-vs-speed frontier of every predictor kind: export, evaluate and time each setting."""
     _runs_torch_pipeline("`edge-sdk sweep`")
-    from edge_sdk import outputs
     from edge_sdk.eval import SWEEP_KINDS, format_sweep_markdown
     from edge_sdk.eval import sweep as run_sweep
-    from edge_sdk.eval.sweep import sweep_inputs as run_sweep_inputs
 
-    report_inputs = run_sweep_inputs(model_dir, calibration_files, text_files)
-    _check_report_paths(markdown_path, inputs=report_inputs)
     kinds = tuple(k for k in (",".join(SWEEP_KINDS) if predictors is None else predictors).split(",") if k)
     if predictors is not None and not kinds:
         raise click.BadParameter(
@@ -1098,6 +1136,7 @@ def sweep_command(
             if not chosen[name]:
                 expected = f"expected a comma-separated list of numbers, found {value!r}"
                 raise click.BadParameter(expected, param_hint="--" + name.replace("_", "-"))
+    command = "edge-sdk " + " ".join(sys.argv[1:])
     with _phase_progress() as on_progress:
         result = run_sweep(
             model_dir,
@@ -1120,13 +1159,12 @@ def sweep_command(
             force=force,
             json_path=json_path,
             plot_path=plot_path,
+            markdown_path=markdown_path or None,
+            command=command,
             on_point=lambda kind, point: click.echo(f"{kind}: {point}", err=True),
             on_progress=on_progress,
         )
-    markdown = format_sweep_markdown(result, command="edge-sdk " + " ".join(sys.argv[1:]))
-    if markdown_path:
-        outputs.write_report(markdown_path, lambda path: path.write_text(markdown), report_inputs)
-    click.echo(markdown)
+    click.echo(format_sweep_markdown(result, command))
 
 
 @main.command()

@@ -3,16 +3,19 @@
 Every command that writes (export, calibrate, unpack, pack, eval and bench reports) goes through this module:
 
 - `check_target` runs before any work and refuses, in one line naming the path and the reason: a symbolic link;
-  the current directory, one of its parents, the filesystem root or the home directory; an input of the command
-  (the model, the archive), a directory containing one or a path inside one; and, unless the command may replace
-  it (--force for directories and archives), anything that exists. What --force replaces must be an output
-  edge-sdk itself wrote, recognised by its own marks (a bundle's manifest, a predictors directory's header
-  metadata, an archive's manifest, a report's producer field) and holding nothing else.
+  a path ending in '..'; the current directory, one of its parents, the filesystem root or the home directory; an
+  input of the command (the model, the archive), a directory containing one or a path inside one; and, unless the
+  command may replace it (--force for directories and archives), anything that exists. What --force replaces must
+  be an output edge-sdk itself wrote, recognised by its own marks (a bundle's manifest, a predictors directory's
+  header metadata, an archive's manifest, a report's producer field) and holding nothing else: only regular files,
+  under the names edge-sdk writes (a directory or a link there is the user's). It must also be a regular file or a
+  directory (never a FIFO or a device), not a mount point, in a directory edge-sdk can write.
 - `staged_output` builds the result in a hidden sibling (`.NAME.edge-sdk-staging-...`), held under a lock for
   the writer's lifetime, and publishes it by one rename. Publishing is exclusive: if the target changed since
   `check_target` looked (another writer got there first), this writer's result is discarded with a clear error and
-  nothing is replaced. A writer that fails or is interrupted removes its staging entry and the directories it
-  created for the output; one that dies (even by SIGKILL) leaves only its hidden staging entry, whose lock the
+  nothing is replaced. A writer that fails or is interrupted (Ctrl-C; SIGTERM and SIGHUP too, through the CLI)
+  removes its staging entry and the directories it created for the output, and names the output, never the
+  staging entry, in its message; one that dies (even by SIGKILL) leaves only its hidden staging entry, whose lock the
   kernel releases; the next command writing into that directory removes it.
 """
 
@@ -41,6 +44,7 @@ STAGING_MARK = ".edge-sdk-staging-"
 _STAGING_NAME = re.compile(r"\..+" + re.escape(STAGING_MARK) + r"[0-9]+-[0-9a-f]{8}")
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
 _AT_FDCWD = -100
+NAME_MAX = 255  # bytes in one file name, on every file system Linux writes
 MAX_MARK_BYTES = 64 << 20  # the most of a file read to recognise it as ours
 
 
@@ -103,11 +107,21 @@ def check_target(
     """Refuse an output location edge-sdk must not write (see the module docstring); replace: the user allowed
     replacing an earlier edge-sdk output there (--force)."""
     path = Path(path)
+    too_long = len(os.fsencode(_staging_name(path, "-replaced"))) - NAME_MAX
+    if too_long > 0:
+        raise OutputError(
+            f"{path}: the name is {too_long} bytes too long for edge-sdk, which writes the {kind.noun} beside it under "
+            f"a longer hidden name first; use a name of at most {len(os.fsencode(path.name)) - too_long} bytes"
+        )
     if path.is_symlink():
         raise OutputError(f"{path}: is a symbolic link; edge-sdk writes its {kind.noun} only to a real path")
     reason = _protected_reason(path, tuple((noun, Path(source)) for noun, source in inputs))
     if reason is not None:
         raise OutputError(f"{path}: {reason}; edge-sdk never writes its {kind.noun} there")
+    if path.name == "..":
+        # the output would be staged in the directory before '..' and published by renaming '..': neither is the
+        # directory the user named
+        raise OutputError(f"{path}: ends in '..'; name the {kind.noun} itself")
     try:
         info = path.lstat()
     except (FileNotFoundError, NotADirectoryError):
@@ -117,13 +131,31 @@ def check_target(
         raise OutputError(f"{path}: cannot inspect ({problem.strerror})") from None
     if not replace:
         raise OutputError(f"{path}: already exists (use --force to replace an earlier edge-sdk {kind.noun})")
-    if kind.is_directory != stat.S_ISDIR(info.st_mode):
-        found = "a directory" if stat.S_ISDIR(info.st_mode) else "a file"
-        raise OutputError(f"{path}: is {found}, not an edge-sdk {kind.noun}; refusing to replace it")
+    expected_type = stat.S_ISDIR if kind.is_directory else stat.S_ISREG
+    if not expected_type(info.st_mode):  # checked before reading it: a FIFO would block the read forever
+        raise OutputError(f"{path}: is {_file_type(info.st_mode)}, not an edge-sdk {kind.noun}; refusing to replace it")
+    if os.path.ismount(path):
+        raise OutputError(
+            f"{path}: is a mount point; edge-sdk replaces its {kind.noun} by a rename, which cannot move it"
+        )
+    _check_parent(path, kind)  # the new output is staged beside the old one
     why_not = kind.ours(path)
     if why_not is not None:
         raise OutputError(f"{path}: {why_not}; --force replaces only an edge-sdk {kind.noun}")
     return Target(path, kind, (info.st_dev, info.st_ino))
+
+
+def _file_type(mode: int) -> str:
+    for is_type, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISREG, "a file"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if is_type(mode):
+            return name
+    return "a device"
 
 
 def _check_parent(path: Path, kind: OutputKind) -> None:
@@ -186,6 +218,11 @@ def sweep_stale_staging(directory: Path) -> list[Path]:
     return removed
 
 
+def _staging_name(path: Path, suffix: str = "") -> str:
+    """The hidden name path's output is written under before it is published (suffix: the replaced output's)."""
+    return f".{path.name}{STAGING_MARK}{os.getpid()}-{secrets.token_hex(4)}{suffix}"
+
+
 def _renameat2(source: Path, destination: Path, flags: int) -> bool:
     """rename(2) with RENAME_NOREPLACE / RENAME_EXCHANGE; False where the C library or file system lacks it.
     OSError for other failures (EEXIST: RENAME_NOREPLACE found the destination taken)."""
@@ -215,10 +252,13 @@ def _libc() -> ctypes.CDLL | None:
 
 
 def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
+    """Remove a staging entry, never raising: it runs while another error is on its way to the user, which it must
+    not hide (on a read-only file system even unlinking a missing file fails); whatever stays is swept later."""
+    with contextlib.suppress(OSError):
+        if stat.S_ISDIR(path.lstat().st_mode):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink()
 
 
 def _changed_message(target: Target) -> str:
@@ -249,7 +289,7 @@ def _publish(staging: Path, target: Target) -> None:
     if _renameat2(staging, path, _RENAME_EXCHANGE):
         _remove(staging)  # now the replaced output
         return
-    retired = path.with_name(f".{path.name}{STAGING_MARK}{os.getpid()}-{secrets.token_hex(4)}-replaced")
+    retired = path.with_name(_staging_name(path, "-replaced"))
     os.rename(path, retired)
     os.rename(staging, path)
     _remove(retired)
@@ -264,10 +304,12 @@ def staged_output(target: Target) -> Iterator[Path]:
     created = [ancestor for ancestor in (parent, *parent.parents) if not ancestor.exists()]  # deepest first
     try:
         parent.mkdir(parents=True, exist_ok=True)
-    except OSError as problem:
+    except BaseException as problem:  # an interrupt (SIGINT, SIGTERM) too: what was made for the output goes
         _remove_created(created)
-        raise OutputError(f"{target.path}: cannot create its directory {parent} ({problem.strerror})") from None
-    staging = parent / f".{target.path.name}{STAGING_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+        if isinstance(problem, OSError):
+            raise OutputError(f"{target.path}: cannot create its directory {parent} ({problem.strerror})") from None
+        raise
+    staging = parent / _staging_name(target.path)
     try:
         with _directory_lock(parent):
             sweep_stale_staging(parent)
@@ -277,20 +319,48 @@ def staged_output(target: Target) -> Iterator[Path]:
             else:
                 lock = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             fcntl.flock(lock, fcntl.LOCK_EX)
-    except OSError as problem:
+    except BaseException as problem:
         _remove(staging)
         _remove_created(created)
-        raise OutputError(f"{target.path}: cannot write in {parent} ({problem.strerror})") from None
+        if isinstance(problem, OSError):
+            raise OutputError(f"{target.path}: cannot write in {parent} ({problem.strerror})") from None
+        raise
     try:
         yield staging
         with _directory_lock(parent):
-            _publish(staging, target)
-    except BaseException:
+            try:
+                _publish(staging, target)
+            except OSError as problem:
+                raise OutputError(
+                    f"{target.path}: cannot put the new {target.kind.noun} in place ({problem.strerror}); "
+                    f"{_kept(target)}"
+                ) from None
+    except BaseException as problem:
         _remove(staging)
         _remove_created(created)
+        if isinstance(problem, OSError) and _is_write_failure(problem, staging):
+            raise OutputError(
+                f"{target.path}: cannot write the {target.kind.noun} ({problem.strerror}); {_kept(target)}"
+            ) from None
         raise
     finally:
         os.close(lock)
+
+
+# errors only writing causes; reading an input fails otherwise, and names its file
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+
+
+def _is_write_failure(problem: OSError, staging: Path) -> bool:
+    """Whether problem came from writing the staged output (a full disk names no file, or names the staging
+    entry, a hidden name that means nothing to the user)."""
+    if problem.errno in _WRITE_ERRNOS:
+        return True
+    return problem.filename is not None and _is_within(Path(os.fsdecode(problem.filename)), staging)
+
+
+def _kept(target: Target) -> str:
+    return f"the earlier {target.kind.noun} is unchanged" if target.replaces else "nothing was left behind"
 
 
 def _remove_created(directories: list[Path]) -> None:
@@ -332,6 +402,18 @@ def write_report(
     return target.path
 
 
+def write_reports(
+    reports: Iterable[tuple[str | Path | None, Callable[[Path], object]]],
+    inputs: tuple[tuple[str, str | Path], ...] = (),
+) -> None:
+    """write_report for each (path, write) of one command (None: not asked for), all or none: every report is
+    staged first and published only once all were written, so a full disk while drawing the plot leaves no JSON."""
+    with contextlib.ExitStack() as staged:
+        for path, write in reports:
+            if path is not None:
+                write(staged.enter_context(staged_output(check_report(path, inputs))))
+
+
 # ---- recognising edge-sdk's own outputs ------------------------------------------------------------------------
 
 
@@ -347,7 +429,16 @@ def _json_object(path: Path) -> dict | None:
 
 
 def _foreign_entries(directory: Path, allowed: set[str]) -> list[str]:
-    return sorted(name for name in os.listdir(directory) if name not in allowed)
+    """Entries edge-sdk did not write: names it does not write there, and its names held by anything but a regular
+    file (a directory, a link: replacing the output would delete what they hold, or the user's link)."""
+    foreign = []
+    for name in sorted(os.listdir(directory)):
+        mode = (directory / name).lstat().st_mode
+        if name not in allowed:
+            foreign.append(repr(name))
+        elif not stat.S_ISREG(mode):
+            foreign.append(f"{name!r} ({_file_type(mode)})")
+    return foreign
 
 
 def bundle_is_ours(directory: Path) -> str | None:
@@ -362,7 +453,7 @@ def bundle_is_ours(directory: Path) -> str | None:
         return f"has no edge-sdk {bundle_format.MANIFEST_FILE}, so it is not an edge-sdk bundle"
     foreign = _foreign_entries(directory, {bundle_format.MANIFEST_FILE, *manifest["files"]})
     if foreign:
-        return f"holds {foreign[0]!r}, which is not part of the bundle ({len(foreign)} such)"
+        return f"holds {foreign[0]}, which is not part of the bundle ({len(foreign)} such)"
     return None
 
 
@@ -381,7 +472,7 @@ def predictors_dir_is_ours(directory: Path) -> str | None:
         return f"has no edge-sdk {PREDICTORS_FILES[0]}, so it is not an edge-sdk predictors directory"
     foreign = _foreign_entries(directory, set(PREDICTORS_FILES))
     if foreign:
-        return f"holds {foreign[0]!r}, which edge-sdk did not write there ({len(foreign)} such)"
+        return f"holds {foreign[0]}, which edge-sdk did not write there ({len(foreign)} such)"
     return None
 
 
@@ -414,6 +505,7 @@ REPORT_PRODUCER_FIELD = "edge_sdk"
 PNG_SOFTWARE = "edge-sdk"
 PNG_METADATA = {"Software": f"{PNG_SOFTWARE} {__version__}"}  # matplotlib's savefig metadata for our plots
 MARKDOWN_MARK = "<!-- written by edge-sdk"
+MARKDOWN_HEADER = f"{MARKDOWN_MARK} {__version__} -->\n"  # the first line of our markdown reports
 
 
 def report_is_ours(path: Path) -> str | None:

@@ -20,6 +20,7 @@ from edge_sdk import outputs
 from edge_sdk.bundle import format as bundle_format
 from edge_sdk.bundle.manifest import BundleError
 from edge_sdk.bundle.reader import Bundle
+from edge_sdk.formats.files import open_regular
 
 COPY_CHUNK_BYTES = 16 << 20
 FILE_MODE = 0o644
@@ -56,8 +57,10 @@ def pack_bundle(bundle_dir: str | Path, tar_path: str | Path, *, verify: bool = 
         tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar,
     ):
         for name in names:
-            with (bundle_dir / name).open("rb") as source:
-                tar.addfile(_tar_info(name, os.fstat(source.fileno()).st_size), source)
+            # not through a link: one swapped in since the bundle was opened would archive a file outside it
+            descriptor = open_regular(bundle_dir / name, follow_symlinks=False, error=ArchiveError)
+            with os.fdopen(descriptor, "rb") as source:
+                tar.addfile(_tar_info(name, os.fstat(descriptor).st_size), source)
     return target.path
 
 
@@ -89,7 +92,10 @@ def _extract(tar: tarfile.TarFile, tar_path: Path, target: Path) -> set[str]:
     needed = sum(member.size for member in members)
     free = shutil.disk_usage(target).free
     if needed > free:
-        raise ArchiveError(f"{tar_path}: unpacking needs {needed} bytes, the file system of {target} has {free} free")
+        # named by the output's directory: target is the hidden staging entry in it, a name that means nothing to a user
+        raise ArchiveError(
+            f"{tar_path}: unpacking needs {needed} bytes, the file system of {target.parent} has {free} free"
+        )
     for member, name in zip(members, names, strict=True):
         source = tar.extractfile(member)
         if source is None:
@@ -109,7 +115,12 @@ def unpack_bundle(tar_path: str | Path, out_dir: str | Path, *, force: bool = Fa
     tar_path = Path(tar_path)
     target = outputs.check_target(out_dir, outputs.BUNDLE, replace=force, inputs=(("archive", tar_path),))
     if not tar_path.is_file():
-        found = "is a directory, not an archive file" if tar_path.is_dir() else "archive not found"
+        if tar_path.is_dir():
+            found = "is a directory, not an archive file"
+        elif tar_path.exists():  # a FIFO or a device: reading it could wait forever or never end
+            found = "is not a regular file; expected a bundle archive (.tar)"
+        else:
+            found = "archive not found"
         raise ArchiveError(f"{tar_path}: {found}")
     with outputs.staged_output(target) as staging:
         try:

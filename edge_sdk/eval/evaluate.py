@@ -340,12 +340,13 @@ def evaluate_bundle(
         result["layers"] = layers
         result["layer_means"] = layer_means(layers)
     result = with_machine_info(result)
-    if json_path is not None:
-        outputs.write_report(
-            json_path, lambda path: path.write_text(json.dumps(result, indent=2) + "\n"), report_inputs
-        )
-    if plot_path is not None:
-        from edge_sdk.eval.plots import plot_evaluation
+    from edge_sdk.eval.plots import plot_evaluation
 
-        outputs.write_report(plot_path, lambda path: plot_evaluation(result, path), report_inputs)
+    outputs.write_reports(
+        [
+            (json_path, lambda path: path.write_text(json.dumps(result, indent=2) + "\n")),
+            (plot_path, lambda path: plot_evaluation(result, path)),
+        ],
+        report_inputs,
+    )
     return result

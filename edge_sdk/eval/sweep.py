@@ -217,6 +217,8 @@ def sweep(
     force: bool = False,
     json_path: str | Path | None = None,
     plot_path: str | Path | None = None,
+    markdown_path: str | Path | None = None,
+    command: str | None = None,
     on_point: Callable[[str, dict[str, Any]], None] | None = None,
     on_progress: Progress | None = None,
 ) -> dict[str, Any]:
@@ -224,7 +226,8 @@ def sweep(
 
     Bundles go to out_dir/bundles/<kind>[-<setting>] (force replaces existing ones; points name them relative
     to out_dir); the result is written to json_path and its frontier plot to plot_path (default
-    out_dir/sweep.json and out_dir/sweep.png).
+    out_dir/sweep.json and out_dir/sweep.png), and its tables to markdown_path when given (format_sweep_markdown,
+    naming command), all three or none.
     levels: calibrated sparsity levels swept by svd, its ablations and threshold; recall_targets: signbit;
     core_betas: core. calibration_tokens / rank / dtype: export settings (rank None = per-layer automatic);
     max_tokens / context / prompt_tokens: the held-out windows; speed_repeats: decode timing runs per setting
@@ -237,7 +240,7 @@ def sweep(
     json_path = out_dir / "sweep.json" if json_path is None else Path(json_path)
     plot_path = out_dir / "sweep.png" if plot_path is None else Path(plot_path)
     report_inputs = sweep_inputs(model_dir, calibration_files, text_files)
-    outputs.check_reports((json_path, plot_path), report_inputs)
+    outputs.check_reports((json_path, plot_path, markdown_path), report_inputs)
     checkpoint = open_checkpoint(model_dir)
     read_calibration_texts(calibration_files)
     texts = read_texts(text_files)
@@ -334,8 +337,17 @@ def sweep(
     )
     from edge_sdk.eval.plots import plot_frontier
 
-    outputs.write_report(json_path, lambda path: path.write_text(json.dumps(result, indent=2) + "\n"), report_inputs)
-    outputs.write_report(plot_path, lambda path: plot_frontier(result, path), report_inputs)
+    outputs.write_reports(
+        [
+            (json_path, lambda path: path.write_text(json.dumps(result, indent=2) + "\n")),
+            (plot_path, lambda path: plot_frontier(result, path)),
+            (
+                markdown_path,
+                lambda path: path.write_text(outputs.MARKDOWN_HEADER + format_sweep_markdown(result, command)),
+            ),
+        ],
+        report_inputs,
+    )
     return result
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -150,4 +151,37 @@ def test_unpack_refuses_non_archives(tmp_path):
         unpack_bundle(not_tar, tmp_path / "out")
     with pytest.raises(ArchiveError, match="archive not found"):
         unpack_bundle(tmp_path / "missing.tar", tmp_path / "out")
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+def test_pack_refuses_a_file_swapped_for_a_link_after_the_bundle_was_opened(bundle_dir, tmp_path, monkeypatch):
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for path in bundle_dir.iterdir():
+        (copy / path.name).write_bytes(path.read_bytes())
+    outside = tmp_path / "outside.json"
+    outside.write_text("the user's secret\n")
+    opened = Bundle.open
+
+    def open_then_swap(*args, **kwargs):
+        bundle = opened(*args, **kwargs)
+        (copy / "tokenizer.json").unlink()
+        (copy / "tokenizer.json").symlink_to(outside)
+        return bundle
+
+    monkeypatch.setattr("edge_sdk.bundle.archive.Bundle.open", open_then_swap)
+    with pytest.raises(ArchiveError, match=r"tokenizer\.json: is a symbolic link; a bundle holds regular files only"):
+        pack_bundle(copy, tmp_path / "out.tar")
+    assert not (tmp_path / "out.tar").exists() and leftovers(tmp_path) == []
+
+
+def test_unpack_names_the_outputs_directory_not_its_staging_when_the_disk_is_too_small(
+    bundle_dir, tmp_path, monkeypatch
+):
+    archive = pack_bundle(bundle_dir, tmp_path / "bundle.tar")
+    small = shutil.disk_usage(tmp_path)._replace(free=1000)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: small)
+    with pytest.raises(ArchiveError) as refused:
+        unpack_bundle(archive, tmp_path / "out" / "bundle")
+    assert str(refused.value).endswith(f"bytes, the file system of {tmp_path / 'out'} has 1000 free")
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []

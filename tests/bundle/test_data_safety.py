@@ -5,6 +5,7 @@ next writer, and operating-system errors (a full disk, a read-only file system) 
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import io
 import os
@@ -16,9 +17,10 @@ import tarfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from edge_sdk.outputs import STAGING_MARK
+from edge_sdk.outputs import PREDICTORS_FORMAT, STAGING_MARK, OutputError, predictors_dir_is_ours, write_reports
 
 QUICK_EXPORT = ["--predictor", "none", "--max-seq-len", "32"]
 # A calibrated export kept short: a given rank and level, and the model-wide level in every layer (no rank search, no
@@ -445,3 +447,174 @@ def test_a_quantized_activation_setting_the_kernels_do_not_know_is_refused(archi
     env = {**os.environ, "EDGE_SDK_QUANT_ACTIVATIONS": "FP32"}
     result = edge_sdk("run", archive.parent / "bundle", "--prompt", "x", "--backend", "cpu", env=env)
     assert_refused(result, "$EDGE_SDK_QUANT_ACTIVATIONS='FP32': expected fp32")
+
+
+def test_force_refuses_a_bundle_whose_file_names_hold_a_directory_or_a_link(workspace, archive):
+    assert edge_sdk("unpack", archive, "bundle", cwd=workspace).returncode == 0
+    config = workspace / "bundle" / "tokenizer_config.json"
+    config.unlink()
+    config.mkdir()
+    (config / "mine.txt").write_text("the user's\n")
+    before = snapshot(workspace)
+    result = edge_sdk("unpack", archive, "bundle", "--force", cwd=workspace)
+    assert_refused(result, "bundle: holds 'tokenizer_config.json' (a directory), which is not part of the bundle")
+    assert snapshot(workspace) == before
+    shutil.rmtree(config)
+    config.symlink_to(workspace / "notes.txt")
+    before = snapshot(workspace)
+    result = edge_sdk("unpack", archive, "bundle", "--force", cwd=workspace)
+    assert_refused(result, "bundle: holds 'tokenizer_config.json' (a symbolic link)")
+    assert snapshot(workspace) == before and config.is_symlink()
+
+
+def test_a_predictors_directory_holding_a_directory_under_its_names_is_not_ours(tmp_path):
+    from safetensors.numpy import save_file
+
+    save_file({"x": np.zeros(1, np.float32)}, tmp_path / "predictors.safetensors", {"format": PREDICTORS_FORMAT})
+    assert predictors_dir_is_ours(tmp_path) is None
+    (tmp_path / "report.json").mkdir()
+    (tmp_path / "report.json" / "mine.txt").write_text("the user's\n")
+    assert predictors_dir_is_ours(tmp_path) == (
+        "holds 'report.json' (a directory), which edge-sdk did not write there (1 such)"
+    )
+
+
+def test_a_fifo_or_device_is_refused_without_being_read(workspace, archive):
+    bundle = archive.parent / "bundle"
+    os.mkfifo(workspace / "fifo")
+    before = snapshot(workspace)
+    # each would wait forever on the FIFO if it read it (the timeout turns that into a failure)
+    result = edge_sdk("pack", bundle, "fifo", "--force", cwd=workspace, timeout=120)
+    assert_refused(result, "fifo: is a FIFO, not an edge-sdk bundle archive; refusing to replace it")
+    e2e = ["bench", "e2e", bundle, "--tokens", "2", "--repeats", "1"]
+    assert_refused(
+        edge_sdk(*e2e, "--json", "fifo", cwd=workspace, timeout=120), "fifo: is a FIFO, not an edge-sdk report"
+    )
+    result = edge_sdk("unpack", "fifo", "out", cwd=workspace, timeout=120)
+    assert_refused(result, "fifo: is not a regular file; expected a bundle archive (.tar)")
+    assert_refused(edge_sdk("pack", bundle, "/dev/null", "--force", timeout=120), "/dev/null: is a device, not an")
+    assert snapshot(workspace) == before
+
+
+def test_an_output_path_ending_in_dotdot_is_refused(workspace, archive):
+    assert edge_sdk("unpack", archive, "bundle", cwd=workspace).returncode == 0
+    before = snapshot(workspace)
+    for force in ([], ["--force"]):
+        result = edge_sdk("unpack", archive, "bundle/missing/..", *force, cwd=workspace)
+        assert_refused(result, "bundle/missing/..: ends in '..'; name the bundle itself")
+    assert snapshot(workspace) == before
+
+
+def test_sigterm_removes_the_staging_and_the_directories_made_for_it(workspace):
+    calibration = Path(__file__).parents[1] / "fixtures" / "tiny-relu-llama" / "calibration.txt"
+    before = snapshot(workspace)
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "edge_sdk",
+            "export",
+            "model",
+            "-o",
+            "new/deeper/bundle",
+            "--calib",
+            str(calibration),
+            *QUICK_CALIBRATION,
+            "--max-seq-len",
+            "32",
+        ],
+        cwd=workspace,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 600
+    while not staging_left(workspace) and writer.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert staging_left(workspace), f"the export never started writing (exit status {writer.poll()})"
+    writer.send_signal(signal.SIGTERM)
+    _, stderr = writer.communicate(timeout=300)
+    assert writer.returncode == 128 + signal.SIGTERM, stderr
+    assert stderr.splitlines()[-1] == "edge-sdk: stopped by SIGTERM; nothing was written" and "Traceback" not in stderr
+    assert snapshot(workspace) == before  # no staging, and neither new/ nor new/deeper/
+
+
+def test_reports_of_one_command_are_published_all_or_none(tmp_path):
+    def full_disk(path: Path) -> None:
+        path.write_bytes(b"\x89PNG")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    reports = [(tmp_path / "eval.json", lambda path: path.write_text('{"edge_sdk": "0"}\n')), (None, full_disk)]
+    write_reports(reports)  # None: not asked for
+    assert [path.name for path in tmp_path.iterdir()] == ["eval.json"]
+    reports = [(tmp_path / "again.json", reports[0][1]), (tmp_path / "eval.png", full_disk)]
+    with pytest.raises(OutputError) as failed:
+        write_reports(reports)
+    assert (
+        str(failed.value)
+        == f"{tmp_path / 'eval.png'}: cannot write the report (No space left on device); nothing was left behind"
+    )
+    assert [path.name for path in tmp_path.iterdir()] == ["eval.json"]
+
+
+def test_full_and_read_only_file_systems_name_the_output_and_keep_what_was_there(workspace, archive, tmp_path):
+    if not mounts_available(tmp_path):
+        pytest.skip("needs unshare and mount (root with CAP_SYS_ADMIN) to make a small tmpfs and a read-only mount")
+    command = f"cd {workspace} && {sys.executable} -m edge_sdk"
+    bundle, held_out = (
+        archive.parent / "bundle",
+        Path(__file__).parents[1] / "fixtures" / "tiny-relu-llama" / "held_out.txt",
+    )
+
+    def one_error(result: subprocess.CompletedProcess) -> str:
+        assert "rc=2" in result.stdout.split(), result.stdout + result.stderr
+        errors = [line for line in result.stderr.splitlines() if line.startswith("edge-sdk: error:")]
+        assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+        return errors[0]
+
+    read_only = tmp_path / "read-only"
+    assert edge_sdk("unpack", archive, read_only / "bundle").returncode == 0
+    before = snapshot(read_only)
+    error = one_error(
+        in_mount_namespace(
+            f"mount --bind -o ro {read_only} {read_only} && {command} unpack {archive} {read_only}/bundle --force; "
+            f"echo rc=$?"
+        )
+    )
+    assert error.endswith(
+        f"{read_only}/bundle: {read_only} is on a read-only file system, so the bundle cannot be created there"
+    )
+    mounted = tmp_path / "mounted"
+    mounted.mkdir()
+    error = one_error(
+        in_mount_namespace(
+            f"mount -t tmpfs -o size=16m tmpfs {mounted} && cp {bundle}/* {mounted} && "
+            f"{command} unpack {archive} {mounted} --force; echo rc=$?"
+        )
+    )
+    assert error.endswith(
+        f"{mounted}: is a mount point; edge-sdk replaces its bundle by a rename, which cannot move it"
+    )
+    full = tmp_path / "full"
+    full.mkdir()
+    fill = f"mount -t tmpfs -o size=64k tmpfs {full} && (dd if=/dev/zero of={full}/fill bs=4k 2>/dev/null; true)"
+    result = in_mount_namespace(f"{fill} && {command} pack {bundle} {full}/out.tar; echo rc=$?; ls -A {full}")
+    error = one_error(result)
+    assert result.stdout.split() == ["rc=2", "fill"]  # no staging left in the full file system
+    assert error.endswith(
+        f"{full}/out.tar: cannot write the bundle archive (No space left on device); nothing was left behind"
+    )
+    evaluate = f"eval {bundle} --text {held_out} --tokens 64 --prompt-tokens 8 --threads 1 --no-layer-stats"
+    result = in_mount_namespace(f"{fill} && {command} {evaluate} --json eval.json --plot {full}/eval.png; echo rc=$?")
+    assert one_error(result).endswith(
+        f"{full}/eval.png: cannot write the report (No space left on device); nothing was left behind"
+    )
+    assert not (workspace / "eval.json").exists()  # the JSON, which fitted, is not published without the plot
+    assert snapshot(read_only) == before and staging_left(workspace) == []
+
+
+def test_a_name_too_long_for_the_hidden_staging_name_is_refused_before_any_work(workspace, archive):
+    before = snapshot(workspace)
+    result = edge_sdk("unpack", archive, "b" * 250, cwd=workspace)
+    assert_refused(result, "bytes too long for edge-sdk, which writes the bundle beside it under a longer hidden name")
+    assert STAGING_MARK not in result.stderr and snapshot(workspace) == before

@@ -28,6 +28,7 @@ from edge_sdk.eval.evaluate import (
 )
 from edge_sdk.export.exporter import ExportSettings, export_bundle
 from edge_sdk.model.tokenizer import Tokenizer
+from edge_sdk.outputs import MARKDOWN_HEADER, report_is_ours
 from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions, get_backend
 from edge_sdk.sparsity.bundle_model import TorchEngine, bundle_tensor, load_reference_decoder
 from edge_sdk.sparsity.metrics import layer_metrics
@@ -242,10 +243,15 @@ def test_sweep_writes_frontier_json_plot_and_markdown(tiny_model_dir, held_out, 
         rank=16,
         speed_repeats=1,
         timer="cpu",
+        markdown_path=tmp_path / "sweep.md",
+        command="edge-sdk sweep tiny",
         on_point=lambda kind, point: measured.append((kind, point["setting"])),
         **WINDOW,
     )
     written = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    # marked as edge-sdk's, so the next sweep may replace it
+    assert (tmp_path / "sweep.md").read_text() == MARKDOWN_HEADER + format_sweep_markdown(result, "edge-sdk sweep tiny")
+    assert report_is_ours(tmp_path / "sweep.md") is None
     assert (tmp_path / "sweep" / "sweep.png").read_bytes()[:8] == PNG_MAGIC
     assert written["kinds"].keys() == {"svd", "signbit"}
     # mildest setting first: levels ascending, recall targets descending, one signbit bundle per target
@@ -358,3 +364,12 @@ def test_sweep_refuses_empty_and_repeated_lists_before_any_work(tiny_model_dir, 
     result = CliRunner().invoke(main, [*args, "--text", str(tiny_model_dir / "held_out.txt"), *option])
     assert result.exit_code == 2 and message in result.output, result.output
     assert not (tmp_path / "s").exists()
+
+
+def test_sweep_refuses_its_markdown_on_the_path_of_its_json_before_any_work(tiny_model_dir, tmp_path):
+    args = ["sweep", str(tiny_model_dir), "--calib", str(tiny_model_dir / "calibration.txt"), "-o", str(tmp_path / "s")]
+    reports = ["--json", str(tmp_path / "sweep.json"), "--markdown", str(tmp_path / "sweep.json")]
+    result = CliRunner().invoke(main, [*args, "--text", str(tiny_model_dir / "held_out.txt"), *reports])
+    assert result.exit_code == 2, result.output
+    assert f"{tmp_path / 'sweep.json'}: is also the location of another report" in result.output
+    assert list(tmp_path.iterdir()) == []
