@@ -1,6 +1,6 @@
 """Writing results where the user asked, without ever harming what edge-sdk did not write.
 
-Every command that writes (export, calibrate, unpack, pack, eval and bench reports) goes through this module:
+Every command that writes (export, calibrate, unpack, pack, build, eval and bench reports) goes through this module:
 
 - `check_target` runs before any work and refuses, in one line naming the path and the reason: a symbolic link;
   a path ending in '..'; the current directory, one of its parents, the filesystem root or the home directory; an
@@ -476,6 +476,20 @@ def predictors_dir_is_ours(directory: Path) -> str | None:
     return None
 
 
+ENGINE_FILES = ("model.engine", "engine.json")  # libedge_sdk's names for a cached engine and its record
+# the fixed name earlier builds wrote the engine under before renaming it, which a failed one left behind
+OLD_ENGINE_STAGING_FILE = "model.partial"
+
+
+def engine_dir_is_ours(directory: Path) -> str | None:
+    """A TensorRT engine's directory in the engine cache (<cache>/<key digest>, named by libedge_sdk): edge-sdk's
+    files only. Its record may be missing or unreadable (a build that failed before this module wrote engines)."""
+    foreign = _foreign_entries(directory, {*ENGINE_FILES, OLD_ENGINE_STAGING_FILE})
+    if foreign:
+        return f"holds {foreign[0]}, which edge-sdk did not write there ({len(foreign)} such)"
+    return None
+
+
 def archive_is_ours(path: Path) -> str | None:
     from edge_sdk.bundle import format as bundle_format
     from edge_sdk.formats import strict_json
@@ -548,3 +562,4 @@ BUNDLE = OutputKind("bundle", True, bundle_is_ours)
 PREDICTORS = OutputKind("predictors directory", True, predictors_dir_is_ours)
 ARCHIVE = OutputKind("bundle archive", False, archive_is_ours)
 REPORT = OutputKind("report", False, report_is_ours)
+ENGINE = OutputKind("TensorRT engine", True, engine_dir_is_ours)

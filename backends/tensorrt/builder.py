@@ -8,12 +8,12 @@ the plugin lookup exist only there."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from edge_sdk import outputs
 from edge_sdk.bundle import Bundle
 from edge_sdk.bundle.format import WEIGHTS_FILE
 from edge_sdk.bundle.graph_ops import DOMAIN, OP_TYPES, PLUGIN_NAMESPACE, PLUGIN_VERSION
@@ -175,14 +175,14 @@ def build_engine(
         raise EngineBuildError(f"{bundle_path}: no TensorRT engine for this bundle: {error}") from None
     check_plugins_visible(trt, info["backend"])
     check_device_memory(bundle, int(info["device_memory_free"]))
-    directory.mkdir(parents=True, exist_ok=True)
+    # an engine not cached for this key is rebuilt, so what is there may be replaced, but only edge-sdk's engine files
+    target = outputs.check_target(directory, outputs.ENGINE, replace=True)
     logger = trt.Logger(trt.Logger.WARNING)
     if log is not None:
         log(f"building the engine of {bundle_path} (profiles {', '.join(PROFILES)}) for {info['description']}")
     serialized = _build(trt, logger, bundle.graph_path(ENGINE_GRAPH), profiles)
-    target = Path(info["engine_file"])
-    staging = target.with_suffix(".partial")
-    staging.write_bytes(serialized)
-    os.replace(staging, target)
-    Path(info["metadata_file"]).write_text(json.dumps(info["metadata"], indent=2) + "\n")
+    # the engine and its record are published together (libedge_sdk runs an engine only beside a record of its key)
+    with outputs.staged_output(target) as staging:
+        (staging / Path(info["engine_file"]).name).write_bytes(serialized)
+        (staging / Path(info["metadata_file"]).name).write_text(json.dumps(info["metadata"], indent=2) + "\n")
     return directory

@@ -8,12 +8,14 @@ import json
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 from edge_sdk.backends import tensorrt as backend
 from edge_sdk.backends.c_runtime import tensorrt_engine_info
 from edge_sdk.backends.tensorrt import availability, builder
 
+from edge_sdk import outputs
 from edge_sdk.bundle import LevelChoice
 from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions, get_backend
 
@@ -114,6 +116,45 @@ def test_a_cached_engine_is_reused_unless_forced(fake_trt, trt_bundles):
     assert len(trt.builds) == 1 and (directory / "model.engine").stat().st_mtime_ns == stamp
     assert backend.build_engine(bundle, force=True) == directory
     assert len(trt.builds) == 2
+
+
+def test_an_engine_and_its_record_are_published_together_or_not_at_all(fake_trt, trt_bundles, tmp_path, monkeypatch):
+    """Interrupted while writing the record, a build leaves neither an engine without its record nor a staging entry
+    nor the cache directory it created; a rebuild forced over a cached engine replaces both files at once."""
+    bundle, cache = trt_bundles["svd"], tmp_path / "cache"
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(builder.json, "dumps", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            backend.build_engine(bundle, cache_dir=cache)
+    assert not cache.exists()
+    directory = backend.build_engine(bundle, cache_dir=cache)
+    before = {path.name: path.stat().st_ino for path in directory.iterdir()}
+    assert sorted(before) == sorted(outputs.ENGINE_FILES) == ["engine.json", "model.engine"]
+    assert backend.build_engine(bundle, cache_dir=cache, force=True) == directory
+    after = {path.name: path.stat().st_ino for path in directory.iterdir()}
+    assert sorted(after) == sorted(before) and all(after[name] != before[name] for name in before)
+    assert sorted(path.name for path in cache.iterdir()) == [directory.name]  # no staging left beside it
+
+
+def test_a_build_replaces_an_earlier_failed_builds_leftovers_but_never_a_users_file(fake_trt, trt_bundles, tmp_path):
+    bundle = trt_bundles["svd"]
+    directory = Path(tensorrt_engine_info(bundle, tmp_path)["directory"])
+    directory.mkdir()
+    (directory / outputs.OLD_ENGINE_STAGING_FILE).write_bytes(b"half an engine")
+    assert backend.build_engine(bundle, cache_dir=tmp_path) == directory
+    assert sorted(path.name for path in directory.iterdir()) == ["engine.json", "model.engine"]
+    (directory / "notes.txt").write_text("the user's\n")
+    with pytest.raises(outputs.OutputError) as refused:
+        backend.build_engine(bundle, cache_dir=tmp_path, force=True)
+    assert str(refused.value) == (
+        f"{directory}: holds 'notes.txt', which edge-sdk did not write there (1 such); --force replaces only an "
+        "edge-sdk TensorRT engine"
+    )
+    assert (directory / "notes.txt").read_text() == "the user's\n" and len(sys.modules["tensorrt"].builds) == 1
 
 
 def test_build_refuses_with_the_figures_when_memory_is_short(fake_trt, trt_bundles, tmp_path, monkeypatch):
