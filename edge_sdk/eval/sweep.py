@@ -40,7 +40,7 @@ from edge_sdk.eval.evaluate import (
     top1_agreement,
     window_counter,
 )
-from edge_sdk.export.exporter import ExportSettings, export_bundle
+from edge_sdk.export.exporter import ExportSettings, check_output, export_bundle
 from edge_sdk.model.checkpoint import open_checkpoint
 from edge_sdk.runtime.backends import EngineOptions, select_backend
 from edge_sdk.runtime.engine import Engine
@@ -241,6 +241,19 @@ def sweep(
     plot_path = out_dir / "sweep.png" if plot_path is None else Path(plot_path)
     report_inputs = sweep_inputs(model_dir, calibration_files, text_files)
     outputs.check_reports((json_path, plot_path, markdown_path), report_inputs)
+
+    def bundle_values(name: str) -> list[float | None]:
+        kind = SWEEP_KINDS[name]
+        return [None] if kind.setting == "level" else list(_ordered_settings(kind, levels, recall_targets, core_betas))
+
+    def bundle_location(name: str, value: float | None) -> Path:
+        return out_dir / "bundles" / (name if value is None else f"{name}-{value:g}")
+
+    # every bundle's location before the first export: a refusal (not an edge-sdk bundle there) then costs no work
+    for name in predictors:
+        for value in bundle_values(name):
+            check_output(bundle_location(name, value), force, model_dir, calibration_files)
+
     checkpoint = open_checkpoint(model_dir)
     read_calibration_texts(calibration_files)
     texts = read_texts(text_files)
@@ -252,13 +265,12 @@ def sweep(
     for name in predictors:
         kind = SWEEP_KINDS[name]
         settings = _ordered_settings(kind, levels, recall_targets, core_betas)
-        bundle_values: list[float | None] = [None] if kind.setting == "level" else list(settings)
         points = []
         default_level = None
-        for value in bundle_values:
+        for value in bundle_values(name):
             calibration = _calibration(kind, value, levels, calibration_tokens, rank)
             export = ExportSettings(dtype=dtype, max_seq_len=context, calibration=calibration)
-            bundle_dir = out_dir / "bundles" / (name if value is None else f"{name}-{value:g}")
+            bundle_dir = bundle_location(name, value)
             layers = checkpoint.config.num_layers
             calibrated = _layer_counter(on_progress, f"{bundle_dir.name}: calibrating", layers)
             validating = on_progress if calibration.chooses_level else None

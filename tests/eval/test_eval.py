@@ -373,3 +373,18 @@ def test_sweep_refuses_its_markdown_on_the_path_of_its_json_before_any_work(tiny
     assert result.exit_code == 2, result.output
     assert f"{tmp_path / 'sweep.json'}: is also the location of another report" in result.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_sweep_checks_every_bundles_location_before_the_first_export(tiny_model_dir, tmp_path):
+    """A later bundle's location holding the user's directory is refused up front, not after the earlier exports."""
+    out = tmp_path / "s"
+    users = out / "bundles" / "signbit-0.95"
+    users.mkdir(parents=True)
+    (users / "notes.txt").write_text("the user's\n")
+    args = ["sweep", str(tiny_model_dir), "--calib", str(tiny_model_dir / "calibration.txt"), "-o", str(out)]
+    sweep = [*args, "--text", str(tiny_model_dir / "held_out.txt"), "--predictors", "svd,signbit"]
+    result = CliRunner().invoke(main, [*sweep, "--recall-targets", "0.9,0.95", "--force"])
+    assert result.exit_code == 2, result.output
+    assert f"{users}: has no edge-sdk manifest.json, so it is not an edge-sdk bundle" in result.output
+    assert sorted(path.name for path in (out / "bundles").iterdir()) == ["signbit-0.95"]
+    assert (users / "notes.txt").read_text() == "the user's\n"
