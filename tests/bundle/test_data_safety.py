@@ -204,32 +204,27 @@ def test_two_writers_to_one_target_one_wins_the_other_is_told(workspace):
     assert staging_left(workspace) == []
 
 
-def test_a_killed_writer_leaves_only_hidden_staging_which_the_next_writer_sweeps(workspace):
+def export_writing(workspace: Path, output: str, stderr: int = subprocess.DEVNULL) -> subprocess.Popen:
+    """A calibrated export of the workspace's model to output, returned once it has started writing its staging."""
     calibration = Path(__file__).parents[1] / "fixtures" / "tiny-relu-llama" / "calibration.txt"
+    export = ["export", "model", "-o", output, "--calib", str(calibration), *QUICK_CALIBRATION, "--max-seq-len", "32"]
     writer = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "edge_sdk",
-            "export",
-            "model",
-            "-o",
-            "bundle",
-            "--calib",
-            str(calibration),
-            *QUICK_CALIBRATION,
-            "--max-seq-len",
-            "32",
-        ],
+        [sys.executable, "-m", "edge_sdk", *export],
         cwd=workspace,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=stderr,
+        text=True,
     )
     # Calibration comes before the first write: on a busy 2-core machine a default one alone took over two minutes.
     deadline = time.monotonic() + 600
     while not staging_left(workspace) and writer.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert staging_left(workspace), f"the export never started writing (exit status {writer.poll()})"
+    return writer
+
+
+def test_a_killed_writer_leaves_only_hidden_staging_which_the_next_writer_sweeps(workspace):
+    writer = export_writing(workspace, "bundle")
     writer.send_signal(signal.SIGKILL)
     writer.wait()
     left = staging_left(workspace)
@@ -506,32 +501,8 @@ def test_an_output_path_ending_in_dotdot_is_refused(workspace, archive):
 
 
 def test_sigterm_removes_the_staging_and_the_directories_made_for_it(workspace):
-    calibration = Path(__file__).parents[1] / "fixtures" / "tiny-relu-llama" / "calibration.txt"
     before = snapshot(workspace)
-    writer = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "edge_sdk",
-            "export",
-            "model",
-            "-o",
-            "new/deeper/bundle",
-            "--calib",
-            str(calibration),
-            *QUICK_CALIBRATION,
-            "--max-seq-len",
-            "32",
-        ],
-        cwd=workspace,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 600
-    while not staging_left(workspace) and writer.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert staging_left(workspace), f"the export never started writing (exit status {writer.poll()})"
+    writer = export_writing(workspace, "new/deeper/bundle", stderr=subprocess.PIPE)
     writer.send_signal(signal.SIGTERM)
     _, stderr = writer.communicate(timeout=300)
     assert writer.returncode == 128 + signal.SIGTERM, stderr
