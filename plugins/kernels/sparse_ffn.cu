@@ -25,18 +25,17 @@ struct FloatRows {
   }
 };
 
-// partial[t, chunk, c] = sum over the chunk's listed rows k of h_k * w_down_t[index_k, c], for the columns c of
-// this block's tile. Lane l owns kV columns: l * kV + e (vectorized, one 16-byte load per row) or l + 32 e.
-// Warp w takes rows w, w + kDownWarps, ... of the chunk, all loads of a row group in flight at once; the
+// partial[t, chunk, c] = sum over the chunk's neurons k of h_k * w_down_t[k, c], for the columns c of this block's
+// tile. Lane l owns kV columns: l * kV + e (vectorized, one 16-byte load per row) or l + 32 e. Warp w takes neurons
+// w, w + kDownWarps, ... of the chunk (those with h == 0 unread), all loads of a row group in flight at once; the
 // warps' sums are then added in warp order.
 template <typename TW>
 __global__ void __launch_bounds__(kDownWarps * kWarpSize)
-    down_kernel(int d, const TW* __restrict__ w_down_t, Workspace ws, bool vectorized) {
+    down_kernel(int d, int D, const TW* __restrict__ w_down_t, Workspace ws, bool vectorized) {
   constexpr int kV = Vec16<TW>::kElements;
   constexpr int kTileColumns = kWarpSize * kV;
   __shared__ float warp_sums[kDownWarps][kTileColumns];
-  DownBlock block;
-  if (!down_block<kTileColumns>(ws, block)) return;
+  const DownBlock block = down_block<kTileColumns>(ws, D);
   float acc[kV] = {};
   if (vectorized) {
     const int column = block.tile_start + block.lane * kV;
@@ -91,9 +90,8 @@ cudaError_t launch_ffn(cudaStream_t stream, const float* x32, size_t x_stride, i
   const dim3 rows(ceil_div(D, kRowWarps), tokens);
   gate_up_kernel<<<rows, kRowWarps * kWarpSize, 0, stream>>>(D, rows_of(w_gate), rows_of(w_up), mask, thresholds,
                                                              activation, act_threshold, ws, active_out);
-  compact_kernel<<<tokens, kCompactThreads, 0, stream>>>(D, ws);
   const dim3 down_grid(ceil_div(d, kWarpSize * kV), ws.n_chunks, tokens);
-  down_kernel<TW><<<down_grid, kDownWarps * kWarpSize, 0, stream>>>(d, w_down_t, ws,
+  down_kernel<TW><<<down_grid, kDownWarps * kWarpSize, 0, stream>>>(d, D, w_down_t, ws,
                                                                       aligned16(w_down_t) && d % kV == 0);
   reduce_kernel<<<dim3(ceil_div(d, kReduceColumns), tokens), kReduceColumns * kReduceLanes, 0, stream>>>(d, ws, y);
   return cudaGetLastError();

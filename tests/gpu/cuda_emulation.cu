@@ -8,8 +8,8 @@
 //
 // The matrix units' products of edge_matvec_q's integer GEMM (mma_step) are emulated from the fragments as the lanes
 // hand them over, in the PTX ISA's layout; their int32 sums are exact, so the order does not matter.
-// The compaction and reduction kernels are the float pipeline's, emulated from their definitions (the neurons with
-// h != 0 in increasing order; per column, lane group g sums chunks g, g + 8, ..., then the groups in order).
+// The reduction kernel is the float pipeline's, emulated from its definition (per column, lane group g sums chunks
+// g, g + kReduceLanes, ..., then the groups in order).
 // Asymmetric int4 rows (mins non-NULL) run the kernels' kAsymmetric instantiations, chosen as the launchers choose
 // them (quant::dispatch_rows); int8 down rows under int4 gate and up rows (down_format) the int8 down kernel's.
 #include <algorithm>
@@ -85,7 +85,7 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
   using namespace edge;
   constexpr int kV = quant::Format<kDownFormat>::kPieceValues;
   constexpr int kTileColumns = kLanes * kV;
-  const int n_chunks = ceil_div(D, kRowsPerChunk);
+  const int n_chunks = ceil_div(D, kNeuronsPerChunk);
   for (int t = 0; t < tokens; ++t) {
     // quantize_x_kernel
     const Planes planes(x + static_cast<size_t>(t) * d, 1, d);
@@ -101,29 +101,16 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
       }
       if (active_out != nullptr) active_out[static_cast<size_t>(t) * D + i] = a != 0.0f;
     }
-    // compact_kernel
-    std::vector<int32_t> index;
-    std::vector<float> hidden;
-    for (int i = 0; i < D; ++i) {
-      if (neuron_hidden[i] != 0.0f) {
-        index.push_back(i);
-        hidden.push_back(neuron_hidden[i]);
-      }
-    }
-    const int count = static_cast<int>(index.size());
-    // down_kernel_q: block (tile, chunk); warp w's rows (down_rows); lane l's piece of the tile (lane_down); then
+    // down_kernel_q: block (tile, chunk); warp w's neurons (down_rows); lane l's piece of the tile (lane_down); then
     // each column's warp sums in warp order
     std::vector<float> partial(static_cast<size_t>(n_chunks) * d, 0.0f);
     for (int chunk = 0; chunk < n_chunks; ++chunk) {
-      const int first = chunk * kRowsPerChunk;
-      if (first >= count) continue;
-      const int end = first + kRowsPerChunk < count ? first + kRowsPerChunk : count;
       for (int tile_start = 0; tile_start < d; tile_start += kTileColumns) {
         std::vector<float> warp_sums(static_cast<size_t>(kDownWarps) * kTileColumns);
         for (int warp = 0; warp < kDownWarps; ++warp) {
           float h[kRowsPerDownWarp];
           int neuron[kRowsPerDownWarp];
-          down_rows(first, end, warp, hidden.data(), index.data(), h, neuron);
+          down_rows(chunk * kNeuronsPerChunk, D, warp, neuron_hidden.data(), h, neuron);
           for (int lane = 0; lane < kLanes; ++lane) {
             float acc[kV] = {};
             const int column = tile_start + lane * kV;
@@ -143,12 +130,13 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
       }
     }
     // reduce_kernel
-    const int used = ceil_div(count, kRowsPerChunk);
     for (int c = 0; c < d; ++c) {
       float total = 0.0f;
       for (int group = 0; group < kReduceLanes; ++group) {
         float sum = 0.0f;
-        for (int chunk = group; chunk < used; chunk += kReduceLanes) sum += partial[static_cast<size_t>(chunk) * d + c];
+        for (int chunk = group; chunk < n_chunks; chunk += kReduceLanes) {
+          sum += partial[static_cast<size_t>(chunk) * d + c];
+        }
         total += sum;
       }
       y[static_cast<size_t>(t) * d + c] = total;
