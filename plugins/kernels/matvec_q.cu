@@ -31,16 +31,19 @@ namespace {
 constexpr int kGemvWarps = 8;  // rows per block of the GEMV
 constexpr size_t kPlanesAlignment = 256;  // where x's planes start in the workspace
 
-// Up to kGemvTokens tokens: warp `row` of the grid computes row `row` for every token.
-template <int kFormat, bool kAsymmetric>
-__global__ void __launch_bounds__(kGemvWarps * kWarpSize)
+// Up to kGemvTokens tokens: warp `row` of the grid computes row `row` for every token. One token (decode) has its own
+// instantiation, held to 64 registers so that four blocks fit an SM: a 4096-row projection then runs in one wave of
+// blocks on an H200's 132 SMs, where the 76 registers the shared code took allowed three (two waves; benchmarks/README.md
+// section 8.5).
+template <int kFormat, bool kAsymmetric, bool kOneToken>
+__global__ void __launch_bounds__(kGemvWarps * kWarpSize, kOneToken ? 4 : 1)
     gemv_kernel(quant::XPlanesLayout x, int tokens, quant::QuantMatrix w, int n_rows, const float* __restrict__ bias,
                 float* __restrict__ y) {
   const int row = blockIdx.x * kGemvWarps + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (row >= n_rows) return;
   float acc[quant::kGemvTokens];
-  if (tokens == 1) {
+  if (kOneToken) {
     acc[0] = quant::lane_row_dot_planes<kFormat, kAsymmetric>(w, row, x.token(0), lane);
   } else {
     quant::lane_row_dot_tokens_planes<kFormat, kAsymmetric>(w, row, x, tokens, lane, acc);
@@ -148,8 +151,11 @@ __global__ void __launch_bounds__(quant::kGemmThreads)
 template <int kFormat, bool kAsymmetric>
 cudaError_t launch_matvec_q(cudaStream_t stream, const quant::XPlanesLayout& x, int tokens,
                             const quant::QuantMatrix& w, int n_rows, const float* bias, float* y) {
-  if (tokens <= quant::kGemvTokens) {
-    gemv_kernel<kFormat, kAsymmetric><<<ceil_div(n_rows, kGemvWarps), kGemvWarps * kWarpSize, 0, stream>>>(
+  if (tokens == 1) {
+    gemv_kernel<kFormat, kAsymmetric, true><<<ceil_div(n_rows, kGemvWarps), kGemvWarps * kWarpSize, 0, stream>>>(
+        x, tokens, w, n_rows, bias, y);
+  } else if (tokens <= quant::kGemvTokens) {
+    gemv_kernel<kFormat, kAsymmetric, false><<<ceil_div(n_rows, kGemvWarps), kGemvWarps * kWarpSize, 0, stream>>>(
         x, tokens, w, n_rows, bias, y);
   } else {
     const dim3 grid(ceil_div(n_rows, quant::kTileRows), ceil_div(tokens, quant::kTileTokens));
