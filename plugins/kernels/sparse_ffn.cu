@@ -26,15 +26,15 @@ struct FloatRows {
 };
 
 // partial[t, chunk, c] = sum over the chunk's neurons k of h_k * w_down_t[k, c], for the columns c of this block's
-// tile. Lane l owns kV columns: l * kV + e (vectorized, one 16-byte load per row) or l + 32 e. Warp w takes neurons
-// w, w + kDownWarps, ... of the chunk (those with h == 0 unread), all loads of a row group in flight at once; the
-// warps' sums are then added in warp order.
+// tile. Lane l owns kV columns: l * kV + e (vectorized, one 16-byte load per row) or l + 32 e. Warp w takes its
+// entries of the chunk's list of neurons with h != 0 (DownBlock), all loads of a row group in flight at once; the
+// warps' sums are then added in warp order (store_down_partial).
 template <typename TW>
 __global__ void __launch_bounds__(kDownWarps * kWarpSize)
     down_kernel(int d, int D, const TW* __restrict__ w_down_t, Workspace ws, bool vectorized) {
   constexpr int kV = Vec16<TW>::kElements;
   constexpr int kTileColumns = kWarpSize * kV;
-  __shared__ float warp_sums[kDownWarps][kTileColumns];
+  __shared__ DownWarpSums<kTileColumns, kV> warp_sums;
   const DownBlock block = down_block<kTileColumns>(ws, D);
   float acc[kV] = {};
   if (vectorized) {
@@ -70,11 +70,9 @@ __global__ void __launch_bounds__(kDownWarps * kWarpSize)
       }
     }
   }
-#pragma unroll
-  for (int e = 0; e < kV; ++e) {
-    warp_sums[block.warp][vectorized ? block.lane * kV + e : block.lane + e * kWarpSize] = acc[e];
-  }
-  store_down_partial(warp_sums, d, block, ws);
+  const int lane = block.lane;
+  store_down_partial<kTileColumns>(
+      acc, [=](int e) { return vectorized ? lane * kV + e : lane + e * kWarpSize; }, warp_sums, d, block, ws);
 }
 
 template <typename TW>

@@ -12,8 +12,9 @@
 //      failing the thresholds (active_out written here); where a_i != 0 the same warp reads w_up_i: h_i = a_i *
 //      act_up(w_up_i . x), else h_i = 0, so no w_up byte of a predictor's false positive is read;
 //   2. down (per format): a block sums the neurons of one chunk of kNeuronsPerChunk consecutive neurons over one
-//      tile of columns, warp w the neurons w, w + kDownWarps, ... of the chunk (down_rows), then the warps in order,
-//      into partial[chunk]; a neuron with h_i == 0 adds exactly zero and none of its w_down_t bytes is read;
+//      tile of columns: the chunk's neurons with h_i != 0, listed in increasing order by each warp (ballots), warp w
+//      taking kRowsPerDownWarp consecutive entries (DownBlock), then the warps that have rows, in order, into
+//      partial[chunk]; a neuron with h_i == 0 adds exactly zero and none of its w_down_t bytes is read;
 //   3. reduce: y = sum over chunks of partial[chunk], in a fixed order.
 // At 80-95% sparsity the latency of these dependent kernels, not bytes, is most of an FFN's time (benchmarks/README.md
 // section 8.1): gate and up share a kernel since only the up row of a firing gate is read, and the down kernel reads
@@ -102,54 +103,101 @@ EDGE_HD float hidden_value(int activation, float a, float u) {
   return a * u;
 }
 
-// The kRowsPerDownWarp neurons warp `warp` adds in the down kernel's chunk from neuron `first`: first + warp,
-// first + warp + kDownWarps, ...; h of each (neuron_hidden: the token's h by neuron), and its neuron, or -1 when past
-// D or h == 0 (an exact zero: the row is not read; a NaN h is read and propagates).
-EDGE_HD void down_rows(int first, int D, int warp, const float* neuron_hidden, float (&h)[kRowsPerDownWarp],
-                       int (&neuron)[kRowsPerDownWarp]) {
-EDGE_UNROLL
-  for (int r = 0; r < kRowsPerDownWarp; ++r) {
-    const int k = first + warp + r * kDownWarps;
-    h[r] = k < D ? neuron_hidden[k] : 0.0f;
-    neuron[r] = h[r] != 0.0f ? k : -1;
-  }
-}
-
 // A block of a down kernel: token t = blockIdx.z, the chunk blockIdx.y of its neurons, the tile blockIdx.x of
-// kTileColumns columns from tile_start; the calling thread's warp and lane, and the rows its warp adds (down_rows).
+// kTileColumns columns from tile_start; the calling thread's warp and lane; the chunk's neurons with h != 0, listed
+// in increasing order (n_listed of them), of which warp w adds entries kRowsPerDownWarp * w, ... + kRowsPerDownWarp -
+// 1: h of each and its neuron, or -1 past the list. A neuron with h == 0 adds exactly zero and is not read (a NaN h is
+// listed and propagates). Consecutive entries per warp, so that at decode's sparsity one warp holds all of a chunk's
+// rows, their loads in flight at once, and writes the chunk's sums without a barrier (store_down_partial).
 struct DownBlock {
-  int t, chunk, warp, lane, tile_start;
+  int t, chunk, warp, lane, tile_start, n_listed;
   float h[kRowsPerDownWarp];
   int neuron[kRowsPerDownWarp];
 };
 
-// The calling thread's DownBlock in a down kernel over D neurons.
+// Warps of a down block whose entries start inside a list of n_listed.
+EDGE_HD int down_warps_used(int n_listed) { return (n_listed + kRowsPerDownWarp - 1) / kRowsPerDownWarp; }
+
+// The calling thread's DownBlock in a down kernel over D neurons. Each warp lists the chunk itself: lane l looks at
+// neurons l and 32 + l of the chunk, a ballot per half gives the neurons with h != 0, and the owner of each of the
+// warp's entries hands over its h.
 template <int kTileColumns>
 __device__ DownBlock down_block(const Workspace& ws, int D) {
+  static_assert(kNeuronsPerChunk == 2 * kWarpSize, "a lane looks at two neurons of the chunk");
   DownBlock block;
   block.t = blockIdx.z;
   block.chunk = blockIdx.y;
   block.warp = threadIdx.x / kWarpSize;
   block.lane = threadIdx.x % kWarpSize;
   block.tile_start = blockIdx.x * kTileColumns;
-  down_rows(block.chunk * kNeuronsPerChunk, D, block.warp, ws.neuron_hidden + block.t * ws.D_stride, block.h,
-            block.neuron);
+  const int first = block.chunk * kNeuronsPerChunk;
+  const float* neuron_hidden = ws.neuron_hidden + block.t * ws.D_stride;
+  const unsigned lanes_below = (1u << block.lane) - 1u;
+  float h_half[2];
+  unsigned fires[2];
+  int position[2];  // list entry of the lane's neuron in each half
+  int listed = 0;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int k = first + half * kWarpSize + block.lane;
+    h_half[half] = k < D ? neuron_hidden[k] : 0.0f;
+    fires[half] = __ballot_sync(kFullWarp, h_half[half] != 0.0f);
+    position[half] = listed + __popc(fires[half] & lanes_below);
+    listed += __popc(fires[half]);
+  }
+  block.n_listed = listed;
+#pragma unroll
+  for (int r = 0; r < kRowsPerDownWarp; ++r) {
+    const int entry = block.warp * kRowsPerDownWarp + r;
+    block.h[r] = 0.0f;
+    block.neuron[r] = -1;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const bool owns = (fires[half] >> block.lane & 1u) != 0 && position[half] == entry;
+      const unsigned owner = __ballot_sync(kFullWarp, owns);  // the same on every lane
+      if (owner != 0) {
+        const int source = __ffs(owner) - 1;
+        block.h[r] = __shfl_sync(kFullWarp, h_half[half], source);
+        block.neuron[r] = first + half * kWarpSize + source;
+      }
+    }
+  }
   return block;
 }
 
-// The end of a down kernel, once each warp has written its sums of the tile's columns to warp_sums[warp][slot]
-// (column tile_start + slot): after a barrier, partial[t, chunk, column] = the warps' sums added in warp order.
-template <int kTileColumns>
-__device__ void store_down_partial(const float (&warp_sums)[kDownWarps][kTileColumns], int d, const DownBlock& block,
-                                   const Workspace& ws) {
-  __syncthreads();
+// Shared memory of a down kernel for the warps' sums of a tile: one row per warp, a lane's kV consecutive slots padded
+// by one, so that the lanes' stores of one value land in distinct banks.
+template <int kTileColumns, int kV>
+using DownWarpSums = float[kDownWarps][kTileColumns + kTileColumns / kV];
+
+// The end of a down kernel, once the calling lane has summed its warp's rows for its tile slots slot_of(e), e < kV
+// (column tile_start + slot), in acc: partial[t, chunk, column] = the used warps' sums (down_warps_used) added in warp
+// order. With one warp used (or none), warp 0's sums are stored as they are and no barrier is needed.
+template <int kTileColumns, int kV, typename SlotOf>
+__device__ void store_down_partial(const float (&acc)[kV], SlotOf slot_of, DownWarpSums<kTileColumns, kV>& warp_sums,
+                                   int d, const DownBlock& block, const Workspace& ws) {
   float* partial = ws.partial + (static_cast<size_t>(block.t) * ws.n_chunks + block.chunk) * ws.d_stride;
+  const int used = down_warps_used(block.n_listed);  // the same for the whole block
+  if (used <= 1) {
+    if (block.warp != 0) return;
+#pragma unroll
+    for (int e = 0; e < kV; ++e) {
+      const int column = block.tile_start + slot_of(e);
+      if (column < d) partial[column] = acc[e];
+    }
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < kV; ++e) {
+    const int slot = slot_of(e);
+    warp_sums[block.warp][slot + slot / kV] = acc[e];
+  }
+  __syncthreads();
   for (int slot = threadIdx.x; slot < kTileColumns; slot += kDownWarps * kWarpSize) {
     const int column = block.tile_start + slot;
     if (column >= d) continue;
-    float total = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kDownWarps; ++w) total += warp_sums[w][slot];
+    float total = warp_sums[0][slot + slot / kV];
+    for (int w = 1; w < used; ++w) total += warp_sums[w][slot + slot / kV];
     partial[column] = total;
   }
 }

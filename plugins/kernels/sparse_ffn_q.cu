@@ -37,21 +37,20 @@ struct QuantRows {
 };
 
 // partial[t, chunk, c] = sum over the chunk's neurons k of h_k * w_down_t[k, c] for the columns c of this block's tile
-// (kWarpSize pieces); warp w takes neurons w, w + kDownWarps, ... of the chunk (those with h == 0 unread), and the
-// warps' sums are added in warp order.
+// (kWarpSize pieces); warp w takes its entries of the chunk's list of neurons with h != 0 (DownBlock), and the warps'
+// sums are added in warp order (store_down_partial).
 template <int kFormat, bool kAsymmetric>
 __global__ void __launch_bounds__(kDownWarps * kWarpSize)
     down_kernel_q(int D, quant::QuantMatrix w_down_t, Workspace ws) {
   constexpr int kV = quant::Format<kFormat>::kPieceValues;
   constexpr int kTileColumns = kWarpSize * kV;
-  __shared__ float warp_sums[kDownWarps][kTileColumns];
+  __shared__ DownWarpSums<kTileColumns, kV> warp_sums;
   const DownBlock block = down_block<kTileColumns>(ws, D);
   float acc[kV] = {};
   const int column = block.tile_start + block.lane * kV;
   if (column < w_down_t.cols) quant::lane_down<kFormat, kAsymmetric>(w_down_t, column, block.h, block.neuron, acc);
-#pragma unroll
-  for (int e = 0; e < kV; ++e) warp_sums[block.warp][block.lane * kV + e] = acc[e];
-  store_down_partial(warp_sums, w_down_t.cols, block, ws);
+  const int lane = block.lane;
+  store_down_partial<kTileColumns>(acc, [=](int e) { return lane * kV + e; }, warp_sums, w_down_t.cols, block, ws);
 }
 
 // Gate and up rows of kind Rows (quant::RowsKind: format and minimums), down rows of kind Down.

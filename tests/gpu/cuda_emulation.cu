@@ -101,16 +101,26 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
       }
       if (active_out != nullptr) active_out[static_cast<size_t>(t) * D + i] = a != 0.0f;
     }
-    // down_kernel_q: block (tile, chunk); warp w's neurons (down_rows); lane l's piece of the tile (lane_down); then
-    // each column's warp sums in warp order
+    // down_kernel_q: block (tile, chunk); the chunk's neurons with h != 0 in increasing order, warp w taking entries
+    // kRowsPerDownWarp * w, ... (down_block); lane l's piece of the tile (lane_down); then the used warps' sums of each
+    // column in warp order, warp 0's as they are when it is the only one (store_down_partial)
     std::vector<float> partial(static_cast<size_t>(n_chunks) * d, 0.0f);
     for (int chunk = 0; chunk < n_chunks; ++chunk) {
+      std::vector<int> listed;
+      for (int k = chunk * kNeuronsPerChunk; k < D && k < (chunk + 1) * kNeuronsPerChunk; ++k) {
+        if (neuron_hidden[k] != 0.0f) listed.push_back(k);
+      }
+      const int used = down_warps_used(static_cast<int>(listed.size()));
       for (int tile_start = 0; tile_start < d; tile_start += kTileColumns) {
         std::vector<float> warp_sums(static_cast<size_t>(kDownWarps) * kTileColumns);
         for (int warp = 0; warp < kDownWarps; ++warp) {
           float h[kRowsPerDownWarp];
           int neuron[kRowsPerDownWarp];
-          down_rows(chunk * kNeuronsPerChunk, D, warp, neuron_hidden.data(), h, neuron);
+          for (int r = 0; r < kRowsPerDownWarp; ++r) {
+            const size_t entry = static_cast<size_t>(warp) * kRowsPerDownWarp + r;
+            neuron[r] = entry < listed.size() ? listed[entry] : -1;
+            h[r] = neuron[r] >= 0 ? neuron_hidden[neuron[r]] : 0.0f;
+          }
           for (int lane = 0; lane < kLanes; ++lane) {
             float acc[kV] = {};
             const int column = tile_start + lane * kV;
@@ -121,10 +131,8 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
         for (int slot = 0; slot < kTileColumns; ++slot) {
           const int c = tile_start + slot;
           if (c >= d) continue;
-          float total = 0.0f;
-          for (int warp = 0; warp < kDownWarps; ++warp) {
-            total += warp_sums[static_cast<size_t>(warp) * kTileColumns + slot];
-          }
+          float total = warp_sums[slot];
+          for (int warp = 1; warp < used; ++warp) total += warp_sums[static_cast<size_t>(warp) * kTileColumns + slot];
           partial[static_cast<size_t>(chunk) * d + c] = total;
         }
       }
