@@ -65,18 +65,18 @@ EDGE_CUDA_API cudaError_t edge_signbit_predictor(cudaStream_t stream, const void
                                                  int D, const int32_t *packed, float alpha, int32_t *mask);
 
 /* Bytes of workspace edge_sparse_ffn needs for `tokens` tokens of a d x D FFN (including the slack that
- * lets the layout align a workspace pointer of any alignment): 4 * tokens * (D + d * (1 + ceil(D / 64)))
- * bytes with D and d rounded up to multiples of 64, plus 256. The partial sums of the down projection
- * dominate. Returns 0 when a size is <= 0. */
+ * lets the layout align a workspace pointer of any alignment): 4 * tokens * (3 D + d * (1 + ceil(D / 64)))
+ * bytes with D and d rounded up to multiples of 64, plus 4 * tokens rounded up to 256, plus 256. The partial
+ * sums of the down projection dominate. Returns 0 when a size is <= 0. */
 EDGE_CUDA_API size_t edge_sparse_ffn_workspace_size(int d, int D, int tokens);
 
 /* Sequential SparseFFN (DESIGN 3.1, edge_sdk/sparsity/ffn.py sparse_ffn), for each token t:
  *   for i in mask_t:   g_i = w_gate_i . x_t ; a_i = act(g_i)           (one warp per predicted row)
  *   active = { i in mask_t : a_i != 0 [and |a_i| > thresholds_i] }    (predictor false positives dropped)
  *   for i in active:   u_i = w_up_i . x_t [drelu: max(u_i, 0)] ; h_i = a_i * u_i   (the same warp, after g_i)
- *   y_t = sum over active of h_i * w_down_t_i   (rows with h_i == 0 add exactly zero and are not read;
- *                                                 partial sums per block of 64 consecutive neurons, reduced
- *                                                 in a fixed order)
+ *   y_t = sum over active of h_i * w_down_t_i   (the i with h_i != 0 compacted on the device, in order; rows
+ *                                                 with h_i == 0 add exactly zero and are not read; partial
+ *                                                 sums per block of 64 rows, reduced in order)
  * x: [tokens, d] of x_dtype; w_gate, w_up, w_down_t: [D, d] row-major, all of weight_dtype (enum
  * edge_cuda_dtype), w_down_t is W_down transposed so neuron i's down weights are row i. mask: [tokens, D]
  * int32 (nonzero = predicted active; the predictors write 1) or NULL for dense. thresholds: [D] fp32 CHESS thresholds or NULL.

@@ -25,17 +25,18 @@ struct FloatRows {
   }
 };
 
-// partial[t, chunk, c] = sum over the chunk's neurons k of h_k * w_down_t[k, c], for the columns c of this block's
-// tile. Lane l owns kV columns: l * kV + e (vectorized, one 16-byte load per row) or l + 32 e. Warp w takes its
-// entries of the chunk's list of neurons with h != 0 (DownBlock), all loads of a row group in flight at once; the
-// warps' sums are then added in warp order (store_down_partial).
+// partial[t, chunk, c] = sum over the chunk's listed rows k of h_k * w_down_t[index_k, c], for the columns c of
+// this block's tile. Lane l owns kV columns: l * kV + e (vectorized, one 16-byte load per row) or l + 32 e.
+// Warp w takes rows w, w + kDownWarps, ... of the chunk, all loads of a row group in flight at once; the
+// warps' sums are then added in warp order.
 template <typename TW>
 __global__ void __launch_bounds__(kDownWarps * kWarpSize)
-    down_kernel(int d, int D, const TW* __restrict__ w_down_t, Workspace ws, bool vectorized) {
+    down_kernel(int d, const TW* __restrict__ w_down_t, Workspace ws, bool vectorized) {
   constexpr int kV = Vec16<TW>::kElements;
   constexpr int kTileColumns = kWarpSize * kV;
-  __shared__ DownWarpSums<kTileColumns, kV> warp_sums;
-  const DownBlock block = down_block<kTileColumns>(ws, D);
+  __shared__ float warp_sums[kDownWarps][kTileColumns];
+  DownBlock block;
+  if (!down_block<kTileColumns>(ws, block)) return;
   float acc[kV] = {};
   if (vectorized) {
     const int column = block.tile_start + block.lane * kV;
@@ -70,9 +71,11 @@ __global__ void __launch_bounds__(kDownWarps * kWarpSize)
       }
     }
   }
-  const int lane = block.lane;
-  store_down_partial<kTileColumns>(
-      acc, [=](int e) { return vectorized ? lane * kV + e : lane + e * kWarpSize; }, warp_sums, d, block, ws);
+#pragma unroll
+  for (int e = 0; e < kV; ++e) {
+    warp_sums[block.warp][vectorized ? block.lane * kV + e : block.lane + e * kWarpSize] = acc[e];
+  }
+  store_down_partial(warp_sums, d, block, ws);
 }
 
 template <typename TW>
@@ -88,8 +91,9 @@ cudaError_t launch_ffn(cudaStream_t stream, const float* x32, size_t x_stride, i
   const dim3 rows(ceil_div(D, kRowWarps), tokens);
   gate_up_kernel<<<rows, kRowWarps * kWarpSize, 0, stream>>>(D, rows_of(w_gate), rows_of(w_up), mask, thresholds,
                                                              activation, act_threshold, ws, active_out);
+  compact_kernel<<<tokens, kCompactThreads, 0, stream>>>(D, ws);
   const dim3 down_grid(ceil_div(d, kWarpSize * kV), ws.n_chunks, tokens);
-  down_kernel<TW><<<down_grid, kDownWarps * kWarpSize, 0, stream>>>(d, D, w_down_t, ws,
+  down_kernel<TW><<<down_grid, kDownWarps * kWarpSize, 0, stream>>>(d, w_down_t, ws,
                                                                       aligned16(w_down_t) && d % kV == 0);
   reduce_kernel<<<dim3(ceil_div(d, kReduceColumns), tokens), kReduceColumns * kReduceLanes, 0, stream>>>(d, ws, y);
   return cudaGetLastError();

@@ -1,5 +1,5 @@
 // The sequential SparseFFN pipeline shared by the float kernels (sparse_ffn.cu) and the quantized ones
-// (sparse_ffn_q.cu): the workspace layout, x to fp32, the gate-and-up kernel, the down kernels' rows and the final
+// (sparse_ffn_q.cu): the workspace layout, x to fp32, the gate-and-up kernel, the compaction and the final
 // reduction. Only how a weight row is read, and the form x takes, differ, which the gate-and-up kernel takes as a
 // `Rows` type:
 //   struct Rows { __device__ float row_dot(int row, int t) const; };
@@ -11,14 +11,13 @@
 //   1. gate and up: one warp per row i of the mask: a_i = act(w_gate_i . x), zero for rows outside the mask or
 //      failing the thresholds (active_out written here); where a_i != 0 the same warp reads w_up_i: h_i = a_i *
 //      act_up(w_up_i . x), else h_i = 0, so no w_up byte of a predictor's false positive is read;
-//   2. down (per format): a block sums the neurons of one chunk of kNeuronsPerChunk consecutive neurons over one
-//      tile of columns: the chunk's neurons with h_i != 0, listed in increasing order by each warp (ballots), warp w
-//      taking kRowsPerDownWarp consecutive entries (DownBlock), then the warps that have rows, in order, into
-//      partial[chunk]; a neuron with h_i == 0 adds exactly zero and none of its w_down_t bytes is read;
-//   3. reduce: y = sum over chunks of partial[chunk], in a fixed order.
+//   2. compact: one block per token lists the i with h_i != 0 in increasing order, with their h (block-wide prefix
+//      sums); no w_down_t byte of a neuron with h_i == 0 is read;
+//   3. down (per format): the listed rows in chunks of kRowsPerChunk; a block sums one chunk over one tile of
+//      columns (each warp a fixed subset of the chunk's rows, then the warps in order), into partial[chunk];
+//   4. reduce: y = sum over chunks of partial[chunk], in chunk order.
 // At 80-95% sparsity the latency of these dependent kernels, not bytes, is most of an FFN's time (benchmarks/README.md
-// section 8.1): gate and up share a kernel since only the up row of a firing gate is read, and the down kernel reads
-// h by neuron, so no kernel lists the firing neurons first (section 8.5).
+// section 8.1): gate and up share a kernel since only the up row of a firing gate is read.
 #ifndef EDGE_SPARSE_FFN_PIPELINE_CUH
 #define EDGE_SPARSE_FFN_PIPELINE_CUH
 
@@ -28,39 +27,46 @@
 namespace edge {
 namespace {
 
-constexpr int kRowWarps = 8;          // warps (= rows) per block of the gate-and-up kernel
-constexpr int kNeuronsPerChunk = 64;  // consecutive neurons per block of the down kernel
+constexpr int kRowWarps = 8;           // warps (= rows) per block of the gate-and-up kernel
+constexpr int kCompactThreads = 1024;  // one block per token
+constexpr int kCompactPerThread = 4;   // consecutive neurons per thread and tile
+constexpr int kCompactTilesLoaded = 4;  // tiles whose h a thread loads before listing the first of them
+constexpr int kRowsPerChunk = 64;      // listed rows per block of the down kernel
 constexpr int kDownWarps = 8;
-constexpr int kRowsPerDownWarp = kNeuronsPerChunk / kDownWarps;
-// reduce kernel: kReduceColumns columns x kReduceLanes chunk lanes per block; a lane sums every kReduceLanes-th
-// chunk, so that the ceil(D / 64) chunks of a 7B FFN (172) take each thread 6 loads, all in flight at once
-constexpr int kReduceColumns = 8;
-constexpr int kReduceLanes = 32;
+constexpr int kRowsPerDownWarp = kRowsPerChunk / kDownWarps;
+constexpr int kReduceColumns = 32;  // reduce kernel: 32 columns x kReduceLanes chunk lanes per block
+constexpr int kReduceLanes = 8;
 constexpr int kConvertThreads = 256;
 constexpr size_t kAlignment = 256;  // every workspace region starts on this boundary
 
 // Where each buffer lives inside the caller's workspace, per token t at offset t * stride.
 struct Workspace {
-  float* x32;            // [tokens, d_stride] x as fp32
+  float* x32;      // [tokens, d_stride] x as fp32
   float* neuron_hidden;  // [tokens, D_stride] h_i by neuron, 0 for the neurons that do not fire
-  float* partial;        // [tokens, n_chunks, d_stride] down-projection partial sums
+  int32_t* index;        // [tokens, D_stride] the neurons with h_i != 0, increasing
+  float* hidden;         // [tokens, D_stride] their h, in the same order
+  int32_t* count;  // [tokens] how many are listed
+  float* partial;  // [tokens, n_chunks, d_stride] down-projection partial sums
   size_t d_stride, D_stride;
   int n_chunks;
 };
 
 struct WorkspaceSizes {
-  size_t x32, neuron_hidden, partial;
-  size_t total() const { return x32 + neuron_hidden + partial + kAlignment; }
+  size_t x32, neuron_hidden, index, hidden, count, partial;
+  size_t total() const { return x32 + neuron_hidden + index + hidden + count + partial + kAlignment; }
 };
 
 inline WorkspaceSizes workspace_sizes(int d, int D, int tokens, size_t* d_stride, size_t* D_stride, int* n_chunks) {
   *d_stride = round_up(static_cast<size_t>(d), kAlignment / sizeof(float));
   *D_stride = round_up(static_cast<size_t>(D), kAlignment / sizeof(float));
-  *n_chunks = ceil_div(D, kNeuronsPerChunk);
+  *n_chunks = ceil_div(D, kRowsPerChunk);
   const size_t n = static_cast<size_t>(tokens);
   WorkspaceSizes sizes;
   sizes.x32 = n * *d_stride * sizeof(float);
   sizes.neuron_hidden = n * *D_stride * sizeof(float);
+  sizes.index = n * *D_stride * sizeof(int32_t);
+  sizes.hidden = n * *D_stride * sizeof(float);
+  sizes.count = round_up(n * sizeof(int32_t), kAlignment);
   sizes.partial = n * static_cast<size_t>(*n_chunks) * *d_stride * sizeof(float);
   return sizes;
 }
@@ -73,6 +79,12 @@ inline Workspace layout_workspace(void* workspace, int d, int D, int tokens) {
   base += sizes.x32;
   ws.neuron_hidden = reinterpret_cast<float*>(base);
   base += sizes.neuron_hidden;
+  ws.index = reinterpret_cast<int32_t*>(base);
+  base += sizes.index;
+  ws.hidden = reinterpret_cast<float*>(base);
+  base += sizes.hidden;
+  ws.count = reinterpret_cast<int32_t*>(base);
+  base += sizes.count;
   ws.partial = reinterpret_cast<float*>(base);
   return ws;
 }
@@ -103,101 +115,57 @@ EDGE_HD float hidden_value(int activation, float a, float u) {
   return a * u;
 }
 
-// A block of a down kernel: token t = blockIdx.z, the chunk blockIdx.y of its neurons, the tile blockIdx.x of
-// kTileColumns columns from tile_start; the calling thread's warp and lane; the chunk's neurons with h != 0, listed
-// in increasing order (n_listed of them), of which warp w adds entries kRowsPerDownWarp * w, ... + kRowsPerDownWarp -
-// 1: h of each and its neuron, or -1 past the list. A neuron with h == 0 adds exactly zero and is not read (a NaN h is
-// listed and propagates). Consecutive entries per warp, so that at decode's sparsity one warp holds all of a chunk's
-// rows, their loads in flight at once, and writes the chunk's sums without a barrier (store_down_partial).
+// The kRowsPerDownWarp listed rows warp `warp` adds in the down kernel's chunk [first, end): rows first + warp,
+// first + warp + kDownWarps, ...; h of each, and its neuron, or -1 when past the list or h == 0 (an exact zero: the
+// row is not read).
+EDGE_HD void down_rows(int first, int end, int warp, const float* hidden, const int32_t* index,
+                       float (&h)[kRowsPerDownWarp], int (&neuron)[kRowsPerDownWarp]) {
+EDGE_UNROLL
+  for (int r = 0; r < kRowsPerDownWarp; ++r) {
+    const int k = first + warp + r * kDownWarps;
+    h[r] = k < end ? hidden[k] : 0.0f;
+    neuron[r] = h[r] != 0.0f ? index[k] : -1;
+  }
+}
+
+// A block of a down kernel: token t = blockIdx.z, the chunk blockIdx.y of its list, the tile blockIdx.x of
+// kTileColumns columns from tile_start; the calling thread's warp and lane, and the rows its warp adds (down_rows).
 struct DownBlock {
-  int t, chunk, warp, lane, tile_start, n_listed;
+  int t, chunk, warp, lane, tile_start;
   float h[kRowsPerDownWarp];
   int neuron[kRowsPerDownWarp];
 };
 
-// Warps of a down block whose entries start inside a list of n_listed.
-EDGE_HD int down_warps_used(int n_listed) { return (n_listed + kRowsPerDownWarp - 1) / kRowsPerDownWarp; }
-
-// The calling thread's DownBlock in a down kernel over D neurons. Each warp lists the chunk itself: lane l looks at
-// neurons l and 32 + l of the chunk, a ballot per half gives the neurons with h != 0, and the owner of each of the
-// warp's entries hands over its h.
+// Fills `block` for the calling thread; false when the chunk starts past the token's list (nothing to add).
 template <int kTileColumns>
-__device__ DownBlock down_block(const Workspace& ws, int D) {
-  static_assert(kNeuronsPerChunk == 2 * kWarpSize, "a lane looks at two neurons of the chunk");
-  DownBlock block;
+__device__ bool down_block(const Workspace& ws, DownBlock& block) {
   block.t = blockIdx.z;
   block.chunk = blockIdx.y;
+  const int first = block.chunk * kRowsPerChunk;
+  const int n_listed = ws.count[block.t];
+  if (first >= n_listed) return false;
+  const int end = min(first + kRowsPerChunk, n_listed);
   block.warp = threadIdx.x / kWarpSize;
   block.lane = threadIdx.x % kWarpSize;
   block.tile_start = blockIdx.x * kTileColumns;
-  const int first = block.chunk * kNeuronsPerChunk;
-  const float* neuron_hidden = ws.neuron_hidden + block.t * ws.D_stride;
-  const unsigned lanes_below = (1u << block.lane) - 1u;
-  float h_half[2];
-  unsigned fires[2];
-  int position[2];  // list entry of the lane's neuron in each half
-  int listed = 0;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int k = first + half * kWarpSize + block.lane;
-    h_half[half] = k < D ? neuron_hidden[k] : 0.0f;
-    fires[half] = __ballot_sync(kFullWarp, h_half[half] != 0.0f);
-    position[half] = listed + __popc(fires[half] & lanes_below);
-    listed += __popc(fires[half]);
-  }
-  block.n_listed = listed;
-#pragma unroll
-  for (int r = 0; r < kRowsPerDownWarp; ++r) {
-    const int entry = block.warp * kRowsPerDownWarp + r;
-    block.h[r] = 0.0f;
-    block.neuron[r] = -1;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const bool owns = (fires[half] >> block.lane & 1u) != 0 && position[half] == entry;
-      const unsigned owner = __ballot_sync(kFullWarp, owns);  // the same on every lane
-      if (owner != 0) {
-        const int source = __ffs(owner) - 1;
-        block.h[r] = __shfl_sync(kFullWarp, h_half[half], source);
-        block.neuron[r] = first + half * kWarpSize + source;
-      }
-    }
-  }
-  return block;
+  down_rows(first, end, block.warp, ws.hidden + block.t * ws.D_stride, ws.index + block.t * ws.D_stride, block.h,
+            block.neuron);
+  return true;
 }
 
-// Shared memory of a down kernel for the warps' sums of a tile: one row per warp, a lane's kV consecutive slots padded
-// by one, so that the lanes' stores of one value land in distinct banks.
-template <int kTileColumns, int kV>
-using DownWarpSums = float[kDownWarps][kTileColumns + kTileColumns / kV];
-
-// The end of a down kernel, once the calling lane has summed its warp's rows for its tile slots slot_of(e), e < kV
-// (column tile_start + slot), in acc: partial[t, chunk, column] = the used warps' sums (down_warps_used) added in warp
-// order. With one warp used (or none), warp 0's sums are stored as they are and no barrier is needed.
-template <int kTileColumns, int kV, typename SlotOf>
-__device__ void store_down_partial(const float (&acc)[kV], SlotOf slot_of, DownWarpSums<kTileColumns, kV>& warp_sums,
-                                   int d, const DownBlock& block, const Workspace& ws) {
-  float* partial = ws.partial + (static_cast<size_t>(block.t) * ws.n_chunks + block.chunk) * ws.d_stride;
-  const int used = down_warps_used(block.n_listed);  // the same for the whole block
-  if (used <= 1) {
-    if (block.warp != 0) return;
-#pragma unroll
-    for (int e = 0; e < kV; ++e) {
-      const int column = block.tile_start + slot_of(e);
-      if (column < d) partial[column] = acc[e];
-    }
-    return;
-  }
-#pragma unroll
-  for (int e = 0; e < kV; ++e) {
-    const int slot = slot_of(e);
-    warp_sums[block.warp][slot + slot / kV] = acc[e];
-  }
+// The end of a down kernel, once each warp has written its sums of the tile's columns to warp_sums[warp][slot]
+// (column tile_start + slot): after a barrier, partial[t, chunk, column] = the warps' sums added in warp order.
+template <int kTileColumns>
+__device__ void store_down_partial(const float (&warp_sums)[kDownWarps][kTileColumns], int d, const DownBlock& block,
+                                   const Workspace& ws) {
   __syncthreads();
+  float* partial = ws.partial + (static_cast<size_t>(block.t) * ws.n_chunks + block.chunk) * ws.d_stride;
   for (int slot = threadIdx.x; slot < kTileColumns; slot += kDownWarps * kWarpSize) {
     const int column = block.tile_start + slot;
     if (column >= d) continue;
-    float total = warp_sums[0][slot + slot / kV];
-    for (int w = 1; w < used; ++w) total += warp_sums[w][slot + slot / kV];
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDownWarps; ++w) total += warp_sums[w][slot];
     partial[column] = total;
   }
 }
@@ -232,19 +200,90 @@ __global__ void __launch_bounds__(kRowWarps * kWarpSize)
   }
 }
 
-// y[t, c] = sum over the chunks of partial[t, chunk, c]: lane group g of a column sums chunks g, g + kReduceLanes,
-// ..., then the groups are added in order.
+// One block per token: index = the i with h_i != 0, increasing, hidden = their h, count = how many. Each tile
+// covers kCompactThreads * kCompactPerThread neurons, thread k the kCompactPerThread consecutive ones from
+// k * kCompactPerThread, placed with a block-wide exclusive prefix sum of the per-thread counts. A thread loads its
+// h of kCompactTilesLoaded tiles at once, so that the tiles' listing waits for one round of loads, not one per tile.
+__global__ void __launch_bounds__(kCompactThreads) compact_kernel(int D, Workspace ws) {
+  constexpr int kWarps = kCompactThreads / kWarpSize;
+  constexpr int kTile = kCompactThreads * kCompactPerThread;
+  static_assert(kCompactPerThread == 4, "one float4 load per thread and tile");
+  __shared__ int warp_offsets[kWarps];
+  __shared__ int listed;  // neurons listed by the tiles so far
+  const int t = blockIdx.x;
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const float* neuron_hidden = ws.neuron_hidden + t * ws.D_stride;
+  int32_t* index = ws.index + t * ws.D_stride;
+  float* hidden = ws.hidden + t * ws.D_stride;
+  if (threadIdx.x == 0) listed = 0;
+  for (int round = 0; round < D; round += kCompactTilesLoaded * kTile) {
+    float4 loaded[kCompactTilesLoaded];
+#pragma unroll
+    for (int tile = 0; tile < kCompactTilesLoaded; ++tile) {
+      const int first = round + tile * kTile + threadIdx.x * kCompactPerThread;
+      loaded[tile] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      // rows start 256-byte aligned and D_stride is a multiple of 4: the float4 stays inside the row
+      if (first < D) loaded[tile] = *reinterpret_cast<const float4*>(neuron_hidden + first);
+    }
+#pragma unroll
+    for (int tile = 0; tile < kCompactTilesLoaded; ++tile) {
+      const int first = round + tile * kTile + threadIdx.x * kCompactPerThread;
+      if (round + tile * kTile >= D) break;  // the same for every thread of the block
+      const float h[kCompactPerThread] = {loaded[tile].x, loaded[tile].y, loaded[tile].z, loaded[tile].w};
+      bool fires[kCompactPerThread];
+#pragma unroll
+      for (int e = 0; e < kCompactPerThread; ++e) fires[e] = first + e < D && h[e] != 0.0f;
+      const int n = fires[0] + fires[1] + fires[2] + fires[3];
+      int inclusive = n;  // prefix sum over the warp
+#pragma unroll
+      for (int offset = 1; offset < kWarpSize; offset *= 2) {
+        const int before = __shfl_up_sync(kFullWarp, inclusive, offset);
+        if (lane >= offset) inclusive += before;
+      }
+      if (lane == kWarpSize - 1) warp_offsets[warp] = inclusive;
+      __syncthreads();
+      if (warp == 0) {  // exclusive prefix sum of the warp totals
+        const int total = lane < kWarps ? warp_offsets[lane] : 0;
+        int running = total;
+#pragma unroll
+        for (int offset = 1; offset < kWarpSize; offset *= 2) {
+          const int before = __shfl_up_sync(kFullWarp, running, offset);
+          if (lane >= offset) running += before;
+        }
+        if (lane < kWarps) warp_offsets[lane] = running - total;
+      }
+      __syncthreads();
+      int position = listed + warp_offsets[warp] + inclusive - n;
+#pragma unroll
+      for (int e = 0; e < kCompactPerThread; ++e) {
+        if (fires[e]) {
+          index[position] = first + e;
+          hidden[position] = h[e];
+          ++position;
+        }
+      }
+      __syncthreads();  // every thread has read `listed` and warp_offsets
+      if (threadIdx.x == kCompactThreads - 1) listed = position;
+      __syncthreads();
+    }
+  }
+  if (threadIdx.x == 0) ws.count[t] = listed;
+}
+
+// y[t, c] = sum over the used chunks of partial[t, chunk, c]: lane group g of a column sums chunks g, g + 8, ...,
+// then the groups are added in order.
 __global__ void __launch_bounds__(kReduceColumns * kReduceLanes) reduce_kernel(int d, Workspace ws, float* y) {
   __shared__ float group_sums[kReduceLanes][kReduceColumns];
   const int t = blockIdx.y;
   const int slot = threadIdx.x % kReduceColumns;
   const int group = threadIdx.x / kReduceColumns;
   const int column = blockIdx.x * kReduceColumns + slot;
+  const int n_chunks = ceil_div(ws.count[t], kRowsPerChunk);
   const float* partial = ws.partial + static_cast<size_t>(t) * ws.n_chunks * ws.d_stride;
   float sum = 0.0f;
   if (column < d) {
-#pragma unroll 8
-    for (int chunk = group; chunk < ws.n_chunks; chunk += kReduceLanes) sum += partial[chunk * ws.d_stride + column];
+    for (int chunk = group; chunk < n_chunks; chunk += kReduceLanes) sum += partial[chunk * ws.d_stride + column];
   }
   group_sums[group][slot] = sum;
   __syncthreads();
@@ -260,7 +299,7 @@ __global__ void __launch_bounds__(kReduceColumns * kReduceLanes) reduce_kernel(i
 inline bool valid_ffn_arguments(const void* x, int x_dtype, int tokens, int d, int D, int activation,
                                 float act_threshold, const float* y, const void* workspace) {
   return x != nullptr && y != nullptr && workspace != nullptr && d > 0 && D > 0 && tokens > 0 &&
-         tokens <= kMaxGridYZ && ceil_div(D, kNeuronsPerChunk) <= kMaxGridYZ && valid_dtype(x_dtype) &&
+         tokens <= kMaxGridYZ && ceil_div(D, kRowsPerChunk) <= kMaxGridYZ && valid_dtype(x_dtype) &&
          activation >= EDGE_ACT_RELU && activation <= EDGE_ACT_SILU && act_threshold >= 0.0f;
 }
 

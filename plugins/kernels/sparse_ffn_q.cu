@@ -7,7 +7,7 @@
 // the planes are summed exactly in int32 and the sum is scaled by x's block factor and the piece's group scale (the
 // pipeline's gate-and-up kernel over QuantRows). down:
 // a lane owns one piece's columns (16 for int8, a 32-value block for int4) of a tile of 32 pieces and adds
-// (h_r * scale) * code for each of its warp's rows (quant::lane_down); partial sums per chunk of neurons, reduced in
+// (h_r * scale) * code for each of its warp's rows (quant::lane_down); partial sums per chunk of rows, reduced in
 // order as for float rows. Every sum has a fixed order: y is bit-identical run to run. Asymmetric int4 rows (group
 // minimums): each kernel is compiled a third time, adding the mids as quant_rows.cuh describes (per block of a gate or
 // up row one fused multiply-add with x's block sum; per lane of the down kernel one correction over its rows).
@@ -36,21 +36,22 @@ struct QuantRows {
   }
 };
 
-// partial[t, chunk, c] = sum over the chunk's neurons k of h_k * w_down_t[k, c] for the columns c of this block's tile
-// (kWarpSize pieces); warp w takes its entries of the chunk's list of neurons with h != 0 (DownBlock), and the warps'
-// sums are added in warp order (store_down_partial).
+// partial[t, chunk, c] = sum over the chunk's listed rows k of h_k * w_down_t[index_k, c] for the columns c of this
+// block's tile (kWarpSize pieces); warp w takes rows w, w + kDownWarps, ... of the chunk, and the warps' sums are
+// added in warp order.
 template <int kFormat, bool kAsymmetric>
-__global__ void __launch_bounds__(kDownWarps * kWarpSize)
-    down_kernel_q(int D, quant::QuantMatrix w_down_t, Workspace ws) {
+__global__ void __launch_bounds__(kDownWarps * kWarpSize) down_kernel_q(quant::QuantMatrix w_down_t, Workspace ws) {
   constexpr int kV = quant::Format<kFormat>::kPieceValues;
   constexpr int kTileColumns = kWarpSize * kV;
-  __shared__ DownWarpSums<kTileColumns, kV> warp_sums;
-  const DownBlock block = down_block<kTileColumns>(ws, D);
+  __shared__ float warp_sums[kDownWarps][kTileColumns];
+  DownBlock block;
+  if (!down_block<kTileColumns>(ws, block)) return;
   float acc[kV] = {};
   const int column = block.tile_start + block.lane * kV;
   if (column < w_down_t.cols) quant::lane_down<kFormat, kAsymmetric>(w_down_t, column, block.h, block.neuron, acc);
-  const int lane = block.lane;
-  store_down_partial<kTileColumns>(acc, [=](int e) { return lane * kV + e; }, warp_sums, w_down_t.cols, block, ws);
+#pragma unroll
+  for (int e = 0; e < kV; ++e) warp_sums[block.warp][block.lane * kV + e] = acc[e];
+  store_down_partial(warp_sums, w_down_t.cols, block, ws);
 }
 
 // Gate and up rows of kind Rows (quant::RowsKind: format and minimums), down rows of kind Down.
@@ -65,8 +66,9 @@ cudaError_t launch_ffn_q(cudaStream_t stream, int tokens, int d, int D, const qu
   gate_up_kernel<<<rows, kRowWarps * kWarpSize, 0, stream>>>(D, GateUpRows{w_gate, x_planes(ws)},
                                                              GateUpRows{w_up, x_planes(ws)}, mask, thresholds,
                                                              activation, act_threshold, ws, active_out);
+  compact_kernel<<<tokens, kCompactThreads, 0, stream>>>(D, ws);
   const dim3 down_grid(ceil_div(d, kWarpSize * kV), ws.n_chunks, tokens);
-  down_kernel_q<Down::kFormat, Down::kAsymmetric><<<down_grid, kDownWarps * kWarpSize, 0, stream>>>(D, w_down_t, ws);
+  down_kernel_q<Down::kFormat, Down::kAsymmetric><<<down_grid, kDownWarps * kWarpSize, 0, stream>>>(w_down_t, ws);
   reduce_kernel<<<dim3(ceil_div(d, kReduceColumns), tokens), kReduceColumns * kReduceLanes, 0, stream>>>(d, ws, y);
   return cudaGetLastError();
 }

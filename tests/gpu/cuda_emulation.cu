@@ -8,8 +8,8 @@
 //
 // The matrix units' products of edge_matvec_q's integer GEMM (mma_step) are emulated from the fragments as the lanes
 // hand them over, in the PTX ISA's layout; their int32 sums are exact, so the order does not matter.
-// The reduction kernel is the float pipeline's, emulated from its definition (per column, lane group g sums chunks
-// g, g + kReduceLanes, ..., then the groups in order).
+// The compaction and reduction kernels are the float pipeline's, emulated from their definitions (the neurons with
+// h != 0 in increasing order; per column, lane group g sums chunks g, g + 8, ..., then the groups in order).
 // Asymmetric int4 rows (mins non-NULL) run the kernels' kAsymmetric instantiations, chosen as the launchers choose
 // them (quant::dispatch_rows); int8 down rows under int4 gate and up rows (down_format) the int8 down kernel's.
 #include <algorithm>
@@ -85,7 +85,7 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
   using namespace edge;
   constexpr int kV = quant::Format<kDownFormat>::kPieceValues;
   constexpr int kTileColumns = kLanes * kV;
-  const int n_chunks = ceil_div(D, kNeuronsPerChunk);
+  const int n_chunks = ceil_div(D, kRowsPerChunk);
   for (int t = 0; t < tokens; ++t) {
     // quantize_x_kernel
     const Planes planes(x + static_cast<size_t>(t) * d, 1, d);
@@ -101,26 +101,29 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
       }
       if (active_out != nullptr) active_out[static_cast<size_t>(t) * D + i] = a != 0.0f;
     }
-    // down_kernel_q: block (tile, chunk); the chunk's neurons with h != 0 in increasing order, warp w taking entries
-    // kRowsPerDownWarp * w, ... (down_block); lane l's piece of the tile (lane_down); then the used warps' sums of each
-    // column in warp order, warp 0's as they are when it is the only one (store_down_partial)
+    // compact_kernel
+    std::vector<int32_t> index;
+    std::vector<float> hidden;
+    for (int i = 0; i < D; ++i) {
+      if (neuron_hidden[i] != 0.0f) {
+        index.push_back(i);
+        hidden.push_back(neuron_hidden[i]);
+      }
+    }
+    const int count = static_cast<int>(index.size());
+    // down_kernel_q: block (tile, chunk); warp w's rows (down_rows); lane l's piece of the tile (lane_down); then
+    // each column's warp sums in warp order
     std::vector<float> partial(static_cast<size_t>(n_chunks) * d, 0.0f);
     for (int chunk = 0; chunk < n_chunks; ++chunk) {
-      std::vector<int> listed;
-      for (int k = chunk * kNeuronsPerChunk; k < D && k < (chunk + 1) * kNeuronsPerChunk; ++k) {
-        if (neuron_hidden[k] != 0.0f) listed.push_back(k);
-      }
-      const int used = down_warps_used(static_cast<int>(listed.size()));
+      const int first = chunk * kRowsPerChunk;
+      if (first >= count) continue;
+      const int end = first + kRowsPerChunk < count ? first + kRowsPerChunk : count;
       for (int tile_start = 0; tile_start < d; tile_start += kTileColumns) {
         std::vector<float> warp_sums(static_cast<size_t>(kDownWarps) * kTileColumns);
         for (int warp = 0; warp < kDownWarps; ++warp) {
           float h[kRowsPerDownWarp];
           int neuron[kRowsPerDownWarp];
-          for (int r = 0; r < kRowsPerDownWarp; ++r) {
-            const size_t entry = static_cast<size_t>(warp) * kRowsPerDownWarp + r;
-            neuron[r] = entry < listed.size() ? listed[entry] : -1;
-            h[r] = neuron[r] >= 0 ? neuron_hidden[neuron[r]] : 0.0f;
-          }
+          down_rows(first, end, warp, hidden.data(), index.data(), h, neuron);
           for (int lane = 0; lane < kLanes; ++lane) {
             float acc[kV] = {};
             const int column = tile_start + lane * kV;
@@ -131,20 +134,21 @@ void sparse_ffn_q(const float* x, int tokens, int d, int D, const QuantMatrix (&
         for (int slot = 0; slot < kTileColumns; ++slot) {
           const int c = tile_start + slot;
           if (c >= d) continue;
-          float total = warp_sums[slot];
-          for (int warp = 1; warp < used; ++warp) total += warp_sums[static_cast<size_t>(warp) * kTileColumns + slot];
+          float total = 0.0f;
+          for (int warp = 0; warp < kDownWarps; ++warp) {
+            total += warp_sums[static_cast<size_t>(warp) * kTileColumns + slot];
+          }
           partial[static_cast<size_t>(chunk) * d + c] = total;
         }
       }
     }
     // reduce_kernel
+    const int used = ceil_div(count, kRowsPerChunk);
     for (int c = 0; c < d; ++c) {
       float total = 0.0f;
       for (int group = 0; group < kReduceLanes; ++group) {
         float sum = 0.0f;
-        for (int chunk = group; chunk < n_chunks; chunk += kReduceLanes) {
-          sum += partial[static_cast<size_t>(chunk) * d + c];
-        }
+        for (int chunk = group; chunk < used; chunk += kReduceLanes) sum += partial[static_cast<size_t>(chunk) * d + c];
         total += sum;
       }
       y[static_cast<size_t>(t) * d + c] = total;

@@ -35,8 +35,8 @@ DECISION_MARGIN = 1e-4
 # SvdPredictor: scores whose reference value is within this of zero may round either way.
 SVD_SCORE_TOLERANCE = 1e-5
 
-# (d, D): element-wise paths (d not a multiple of 8), 16-byte paths, a last chunk of neurons cut short (D not a
-# multiple of 64) and many down-projection chunks.
+# (d, D): element-wise paths (d not a multiple of 8), 16-byte paths, several compaction passes (D > 4096)
+# and many down-projection chunks.
 SIZES = [(45, 77), (97, 300), (130, 77), (256, 1000), (64, 5000), (4096, 1100)]
 ACTIVATIONS = {
     "relu": Activation("relu"),
