@@ -34,7 +34,7 @@ constexpr size_t kPlanesAlignment = 256;  // where x's planes start in the works
 // Up to kGemvTokens tokens: warp `row` of the grid computes row `row` for every token. One token (decode) has its own
 // instantiation, held to 64 registers so that four blocks fit an SM: a 4096-row projection then runs in one wave of
 // blocks on an H200's 132 SMs, where the 76 registers the shared code took allowed three (two waves; benchmarks/README.md
-// section 8.5).
+// section 8.4).
 template <int kFormat, bool kAsymmetric, bool kOneToken>
 __global__ void __launch_bounds__(kGemvWarps * kWarpSize, kOneToken ? 4 : 1)
     gemv_kernel(quant::XPlanesLayout x, int tokens, quant::QuantMatrix w, int n_rows, const float* __restrict__ bias,
