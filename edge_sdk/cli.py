@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from edge_sdk import __version__, memory, predictors
+from edge_sdk import __version__, memory, outputs, predictors
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.quant import DEFAULT_GROUP_SIZE, GROUP_SIZES, INT4_SCHEMES
 from edge_sdk.runtime.backends import MAX_THREADS
@@ -432,14 +432,21 @@ def doctor(bundle_dir: str | None, as_json: bool) -> None:
 def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **fit) -> None:
     """Build sparsity predictors from calibration text; write predictors.safetensors and a report."""
     _runs_torch_pipeline("`edge-sdk calibrate`")
+    # before torch is imported: a wrong location is refused at once
+    target = outputs.check_model_output(
+        out_dir,
+        outputs.PREDICTORS,
+        replace=force,
+        model_dir=model_dir,
+        input_files=(*calibration_files, *evaluation_files),
+    )
     from tqdm import tqdm
 
     from edge_sdk.model.checkpoint import open_checkpoint
     from edge_sdk.sparsity.pipeline import calibrate_model
-    from edge_sdk.sparsity.predictors_dir import check_output_dir, write_calibration
+    from edge_sdk.sparsity.predictors_dir import write_calibration
     from edge_sdk.sparsity.settings import validate_settings
 
-    target = check_output_dir(out_dir, force, model_dir, (*calibration_files, *evaluation_files))
     checkpoint = open_checkpoint(model_dir)
     settings = _calibration_settings(fit)
     validate_settings(checkpoint.config, settings)
@@ -553,11 +560,14 @@ def export(
     _runs_torch_pipeline("`edge-sdk export`")
     if fit["predictor"] == predictors.NO_PREDICTOR:
         _refuse_given_options(PREDICTOR_FIT_OPTIONS, "only a calibrated predictor uses it; --predictor none fits none")
+    # before torch is imported: a wrong location is refused at once
+    outputs.check_model_output(
+        out_dir, outputs.BUNDLE, replace=force, model_dir=model_dir, input_files=(*calibration_files, *evaluation_files)
+    )
     from tqdm import tqdm
 
     from edge_sdk.export.exporter import (
         ExportSettings,
-        check_output,
         default_down_dtype,
         default_head_dtype,
         default_int4_scheme,
@@ -565,7 +575,6 @@ def export(
     )
     from edge_sdk.model.checkpoint import open_checkpoint
 
-    check_output(out_dir, force, model_dir, (*calibration_files, *evaluation_files))
     checkpoint = open_checkpoint(model_dir)
     config = checkpoint.config
     if int4_scheme == "auto":
@@ -779,7 +788,6 @@ def bench() -> None:
 
 
 def _write_json(path: str | None, payload: dict, inputs: tuple[tuple[str, str], ...] = ()) -> None:
-    from edge_sdk import outputs
     from edge_sdk.bench.record import with_machine_info
 
     if path:
@@ -800,7 +808,6 @@ def _read_prompt_file(path: str) -> str:
 
 def _check_report_paths(*paths: str | None, inputs: tuple[tuple[str, str], ...] = ()) -> None:
     """The command's report locations (None: not asked for): distinct, and none of its inputs or inside one."""
-    from edge_sdk import outputs
 
     outputs.check_reports(paths, inputs)
 

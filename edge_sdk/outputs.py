@@ -145,6 +145,16 @@ def check_target(
     return Target(path, kind, (info.st_dev, info.st_ino))
 
 
+def check_model_output(
+    path: str | Path, kind: OutputKind, *, replace: bool, model_dir: str | Path, input_files: Iterable[str | Path] = ()
+) -> Target:
+    """check_target for a command that reads a model and text files (calibrate, export, sweep) and writes `kind`:
+    none of its inputs may be written over. It imports nothing heavy, so that the command line refuses a wrong
+    location before it loads torch."""
+    inputs = (("input model", model_dir), *(("input file", path) for path in input_files))
+    return check_target(path, kind, replace=replace, inputs=inputs)
+
+
 def _file_type(mode: int) -> str:
     for is_type, name in (
         (stat.S_ISDIR, "a directory"),

@@ -173,8 +173,7 @@ def check_output(
 ) -> outputs.Target:
     """The bundle's output location, checked before any work starts (edge_sdk.outputs: --force replaces only an
     earlier edge-sdk bundle, never the model, the current directory or anything else)."""
-    sources = (("input model", model_dir), *(("input file", path) for path in inputs))
-    return outputs.check_target(out_dir, outputs.BUNDLE, replace=force, inputs=sources)
+    return outputs.check_model_output(out_dir, outputs.BUNDLE, replace=force, model_dir=model_dir, input_files=inputs)
 
 
 def _check_wider_dtype(

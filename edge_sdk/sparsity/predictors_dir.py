@@ -32,8 +32,9 @@ def check_output_dir(
 ) -> outputs.Target:
     """The predictors directory's location, checked before any work starts (edge_sdk.outputs: --force replaces only
     an earlier edge-sdk predictors directory)."""
-    sources = (("input model", model_dir), *(("input file", path) for path in inputs))
-    return outputs.check_target(out_dir, outputs.PREDICTORS, replace=force, inputs=sources)
+    return outputs.check_model_output(
+        out_dir, outputs.PREDICTORS, replace=force, model_dir=model_dir, input_files=inputs
+    )
 
 
 def write_calibration(result: CalibrationResult, target: outputs.Target) -> Path:
