@@ -397,6 +397,9 @@ def main() -> None:
 def info(model_dir: str, as_json: bool) -> None:
     """Validate a Hugging Face checkpoint or a GGUF file and show its architecture."""
     _needs_export("`edge-sdk info`")
+    from edge_sdk.model.location import check_model_path
+
+    check_model_path(model_dir)  # before torch is imported: a wrong path is refused at once
     from edge_sdk.model.summary import describe_checkpoint
 
     summary = describe_checkpoint(model_dir)
@@ -432,7 +435,9 @@ def doctor(bundle_dir: str | None, as_json: bool) -> None:
 def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **fit) -> None:
     """Build sparsity predictors from calibration text; write predictors.safetensors and a report."""
     _runs_torch_pipeline("`edge-sdk calibrate`")
-    # before torch is imported: a wrong location is refused at once
+    # before torch is imported: a wrong location or model path is refused at once
+    from edge_sdk.model.location import check_model_path
+
     target = outputs.check_model_output(
         out_dir,
         outputs.PREDICTORS,
@@ -440,6 +445,7 @@ def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **
         model_dir=model_dir,
         input_files=(*calibration_files, *evaluation_files),
     )
+    check_model_path(model_dir)
     from tqdm import tqdm
 
     from edge_sdk.model.checkpoint import open_checkpoint
@@ -560,10 +566,13 @@ def export(
     _runs_torch_pipeline("`edge-sdk export`")
     if fit["predictor"] == predictors.NO_PREDICTOR:
         _refuse_given_options(PREDICTOR_FIT_OPTIONS, "only a calibrated predictor uses it; --predictor none fits none")
-    # before torch is imported: a wrong location is refused at once
+    # before torch is imported: a wrong location or model path is refused at once
+    from edge_sdk.model.location import check_model_path
+
     outputs.check_model_output(
         out_dir, outputs.BUNDLE, replace=force, model_dir=model_dir, input_files=(*calibration_files, *evaluation_files)
     )
+    check_model_path(model_dir)
     from tqdm import tqdm
 
     from edge_sdk.export.exporter import (

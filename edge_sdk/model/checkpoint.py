@@ -243,7 +243,8 @@ def cast_weights(values: torch.Tensor, dtype: torch.dtype | None, where: str) ->
 def open_checkpoint(path: str | Path) -> Checkpoint | GgufCheckpoint:
     """A Hugging Face checkpoint directory, or a GGUF file (or a directory holding exactly one, without config.json),
     behind the same interface."""
-    from edge_sdk.model.gguf_checkpoint import GgufCheckpoint, gguf_file
+    from edge_sdk.model.gguf_checkpoint import GgufCheckpoint
+    from edge_sdk.model.location import gguf_file
 
     found = gguf_file(path)
     return Checkpoint(path) if found is None else GgufCheckpoint(found)

@@ -52,7 +52,6 @@ from edge_sdk.model.gguf_metadata import GgufMetadata, open_reader
 from edge_sdk.model.gguf_tokenizer import gguf_tokenizer_files
 from edge_sdk.model.tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, Tokenizer
 
-GGUF_SUFFIX = ".gguf"
 ARCHITECTURES = ("llama", "qwen2")
 Q = gguf.GGMLQuantizationType
 TENSOR_TYPES = (
@@ -98,23 +97,6 @@ LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(.+)")
 POWERINFER_TENSOR = re.compile(r"blk\.\d+\.(ffn_down_t|fc1|fc2)\.weight")
 HIDDEN_ACT_KEY = "{arch}.hidden_act"
 HIDDEN_ACT_PARAM_KEY = "{arch}.hidden_act_param"
-
-
-def gguf_file(path: str | Path) -> Path | None:
-    """The GGUF file a model path names: a .gguf file, or a directory without config.json holding exactly one;
-    None for anything else (a Hugging Face checkpoint directory)."""
-    path = Path(path)
-    if path.suffix == GGUF_SUFFIX and not path.is_dir():
-        return path
-    if not path.is_dir() or (path / "config.json").exists():
-        return None
-    found = sorted(child for child in path.iterdir() if child.suffix == GGUF_SUFFIX)
-    if len(found) > 1:
-        names = ", ".join(child.name for child in found[:3])
-        raise CheckpointError(
-            f"{path}: holds {len(found)} GGUF files ({names}{', ...' if len(found) > 3 else ''}); name the one to read"
-        )
-    return found[0] if found else None
 
 
 @dataclass(frozen=True)

@@ -104,23 +104,40 @@ def test_export_force_refuses_what_edge_sdk_did_not_write(workspace, target, rea
     assert snapshot(workspace) == before
 
 
-@pytest.mark.parametrize(
-    ("command", "target", "reason"),
-    [("export", "notes.txt", "is a file, not an edge-sdk bundle"), ("calibrate", "model", "is the input model")],
-)
-def test_a_wrong_location_is_refused_before_torch_is_imported(workspace, tmp_path, command, target, reason):
-    """The location is checked first, so that a mistyped path is answered at once, not after torch has loaded:
-    here a torch that fails when imported stands first on the path."""
+@pytest.fixture
+def torch_that_fails(tmp_path) -> dict:
+    """An environment whose first torch on the path fails when imported."""
     poisoned = tmp_path / "poisoned"
     (poisoned / "torch").mkdir(parents=True)
     (poisoned / "torch" / "__init__.py").write_text("raise ImportError('torch was imported')\n")
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(poisoned), os.environ.get("PYTHONPATH", "")])}
-    options = QUICK_EXPORT if command == "export" else ["--calib", "model/config.json"]
-    result = edge_sdk(command, "model", "-o", target, "--force", *options, cwd=workspace, env=env)
-    assert_refused(result, reason)
-    # the poisoned torch is the one the command would import: the same command with a good location fails on it
-    result = edge_sdk(command, "model", "-o", "fresh", *options, cwd=workspace, env=env)
-    assert result.returncode != 0 and "torch was imported" in result.stderr, result.stderr
+    return os.environ | {"PYTHONPATH": os.pathsep.join([str(poisoned), os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.mark.parametrize(
+    ("command", "reason"),
+    [
+        (["export", "model", "-o", "notes.txt", "--force", *QUICK_EXPORT], "is a file, not an edge-sdk bundle"),
+        (["calibrate", "model", "-o", "model", "--force", "--calib", "notes.txt"], "is the input model"),
+        (["export", "nosuch", "-o", "fresh", *QUICK_EXPORT], "nosuch: model directory not found"),
+        (["calibrate", "data", "-o", "fresh", "--calib", "notes.txt"], "config.json is missing"),
+        (["info", "nosuch"], "nosuch: model directory not found"),
+    ],
+    ids=["export location", "calibrate location", "export model", "calibrate model", "info model"],
+)
+def test_a_wrong_path_is_refused_before_torch_is_imported(workspace, torch_that_fails, command, reason):
+    """The output location and the model path are checked first, so that a mistyped path is answered at once, not
+    after torch has loaded."""
+    assert_refused(edge_sdk(*command, cwd=workspace, env=torch_that_fails), reason)
+
+
+def test_the_commands_import_the_torch_that_fails_once_their_paths_are_right(workspace, torch_that_fails):
+    for command in (
+        ["export", "model", "-o", "fresh", *QUICK_EXPORT],
+        ["calibrate", "model", "-o", "fresh", "--calib", "notes.txt"],
+        ["info", "model"],
+    ):
+        result = edge_sdk(*command, cwd=workspace, env=torch_that_fails)
+        assert result.returncode != 0 and "torch was imported" in result.stderr, (command, result.stderr)
 
 
 def test_export_force_refuses_the_home_directory_and_a_directory_holding_the_model(workspace, tmp_path):
