@@ -151,7 +151,7 @@ def check_model_output(
     """check_target for a command that reads a model and text files (calibrate, export, sweep) and writes `kind`:
     none of its inputs may be written over. It imports nothing heavy, so that the command line refuses a wrong
     location before it loads torch."""
-    inputs = (("input model", model_dir), *(("input file", path) for path in input_files))
+    inputs = (("input model", model_dir), *(("input file", file) for file in input_files))
     return check_target(path, kind, replace=replace, inputs=inputs)
 
 

@@ -4,7 +4,6 @@ metadata), report.json and report.png, published whole or not at all (edge_sdk.o
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +24,6 @@ def predictor_metadata(report: dict[str, Any]) -> dict[str, str]:
         "default_level": json.dumps(report["default_level"]),
         "settings": json.dumps(report["settings"]),
     }
-
-
-def check_output_dir(
-    out_dir: str | Path, force: bool, model_dir: str | Path, inputs: Sequence[str | Path] = ()
-) -> outputs.Target:
-    """The predictors directory's location, checked before any work starts (edge_sdk.outputs: --force replaces only
-    an earlier edge-sdk predictors directory)."""
-    return outputs.check_model_output(
-        out_dir, outputs.PREDICTORS, replace=force, model_dir=model_dir, input_files=inputs
-    )
 
 
 def write_calibration(result: CalibrationResult, target: outputs.Target) -> Path:
