@@ -817,7 +817,6 @@ def _read_prompt_file(path: str) -> str:
 
 def _check_report_paths(*paths: str | None, inputs: tuple[tuple[str, str], ...] = ()) -> None:
     """The command's report locations (None: not asked for): distinct, and none of its inputs or inside one."""
-
     outputs.check_reports(paths, inputs)
 
 

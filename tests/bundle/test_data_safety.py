@@ -110,7 +110,9 @@ def torch_that_fails(tmp_path) -> dict:
     poisoned = tmp_path / "poisoned"
     (poisoned / "torch").mkdir(parents=True)
     (poisoned / "torch" / "__init__.py").write_text("raise ImportError('torch was imported')\n")
-    return os.environ | {"PYTHONPATH": os.pathsep.join([str(poisoned), os.environ.get("PYTHONPATH", "")])}
+    # no empty entry: one would put the current directory on the path
+    path = [str(poisoned), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return os.environ | {"PYTHONPATH": os.pathsep.join(path)}
 
 
 @pytest.mark.parametrize(
