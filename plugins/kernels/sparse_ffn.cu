@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(kDownWarps * kWarpSize)
     down_kernel(int d, const TW* __restrict__ w_down_t, Workspace ws, bool vectorized) {
   constexpr int kV = Vec16<TW>::kElements;
   constexpr int kTileColumns = kWarpSize * kV;
-  __shared__ float warp_sums[kDownWarps][kTileColumns];
+  __shared__ DownWarpSums<kTileColumns, kV> warp_sums;
   DownBlock block;
   if (!down_block<kTileColumns>(ws, block)) return;
   float acc[kV] = {};
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kDownWarps * kWarpSize)
   }
 #pragma unroll
   for (int e = 0; e < kV; ++e) {
-    warp_sums[block.warp][vectorized ? block.lane * kV + e : block.lane + e * kWarpSize] = acc[e];
+    warp_sums.at(block.warp, vectorized ? block.lane * kV + e : block.lane + e * kWarpSize) = acc[e];
   }
   store_down_partial(warp_sums, d, block, ws);
 }

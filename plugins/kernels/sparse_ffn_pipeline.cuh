@@ -153,10 +153,19 @@ __device__ bool down_block(const Workspace& ws, DownBlock& block) {
   return true;
 }
 
-// The end of a down kernel, once each warp has written its sums of the tile's columns to warp_sums[warp][slot]
-// (column tile_start + slot): after a barrier, partial[t, chunk, column] = the warps' sums added in warp order.
-template <int kTileColumns>
-__device__ void store_down_partial(const float (&warp_sums)[kDownWarps][kTileColumns], int d, const DownBlock& block,
+// A down kernel's shared memory for its warps' sums of a tile, one row per warp, slot s (column tile_start + s) at
+// s + s / kV: a lane's kV consecutive slots padded by one, so that the lanes' stores of their e-th value land in 32
+// banks, where unpadded the int4 kernel's lanes (kV = 32) would all hit one.
+template <int kTileColumns, int kV>
+struct DownWarpSums {
+  float values[kDownWarps][kTileColumns + kTileColumns / kV];
+  __device__ float& at(int warp, int slot) { return values[warp][slot + slot / kV]; }
+};
+
+// The end of a down kernel, once each warp has written its sums of the tile's columns to warp_sums.at(warp, slot):
+// after a barrier, partial[t, chunk, column] = the warps' sums added in warp order.
+template <int kTileColumns, int kV>
+__device__ void store_down_partial(DownWarpSums<kTileColumns, kV>& warp_sums, int d, const DownBlock& block,
                                    const Workspace& ws) {
   __syncthreads();
   float* partial = ws.partial + (static_cast<size_t>(block.t) * ws.n_chunks + block.chunk) * ws.d_stride;
@@ -165,7 +174,7 @@ __device__ void store_down_partial(const float (&warp_sums)[kDownWarps][kTileCol
     if (column >= d) continue;
     float total = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kDownWarps; ++w) total += warp_sums[w][slot];
+    for (int w = 0; w < kDownWarps; ++w) total += warp_sums.at(w, slot);
     partial[column] = total;
   }
 }

@@ -43,14 +43,14 @@ template <int kFormat, bool kAsymmetric>
 __global__ void __launch_bounds__(kDownWarps * kWarpSize) down_kernel_q(quant::QuantMatrix w_down_t, Workspace ws) {
   constexpr int kV = quant::Format<kFormat>::kPieceValues;
   constexpr int kTileColumns = kWarpSize * kV;
-  __shared__ float warp_sums[kDownWarps][kTileColumns];
+  __shared__ DownWarpSums<kTileColumns, kV> warp_sums;
   DownBlock block;
   if (!down_block<kTileColumns>(ws, block)) return;
   float acc[kV] = {};
   const int column = block.tile_start + block.lane * kV;
   if (column < w_down_t.cols) quant::lane_down<kFormat, kAsymmetric>(w_down_t, column, block.h, block.neuron, acc);
 #pragma unroll
-  for (int e = 0; e < kV; ++e) warp_sums[block.warp][block.lane * kV + e] = acc[e];
+  for (int e = 0; e < kV; ++e) warp_sums.at(block.warp, block.lane * kV + e) = acc[e];
   store_down_partial(warp_sums, w_down_t.cols, block, ws);
 }
 
