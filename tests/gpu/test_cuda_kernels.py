@@ -467,6 +467,26 @@ def test_quantized_matvec_equals_its_emulation_and_repeats_bit_for_bit(device, t
         assert (first - emulated).abs().max() <= MATMUL_RTOL["int8"] * emulated.abs().max()
 
 
+# One token against the emulation, to the bit, on both of its paths: x's planes in each block's shared memory (512
+# values; 40 rows: a block of 32 rows and one with 24 warps past the last row) and, for an x whose planes outgrow the
+# 48 KB a block gets (22016 values), quantize_x_kernel's planes in the workspace.
+@pytest.mark.parametrize("kind", ["int8", "int4", "int4-asymmetric"])
+@pytest.mark.parametrize(("n_in", "n_out"), [(512, 40), (22016, 9)])
+def test_one_token_matvec_equals_its_emulation_to_the_bit(device, kind, n_in, n_out):
+    if cuda_emulation.unavailable_reason() is not None:
+        pytest.skip(cuda_emulation.unavailable_reason())
+    rng = np.random.default_rng(n_in + n_out)
+    if kind == "int4-asymmetric":
+        matrix = asymmetric_rows.asymmetric_matrix(n_out, n_in, 64, seed=n_in)
+    else:
+        matrix = quant.quantize(rng.standard_normal((n_out, n_in)), kind, 64)
+    x = rng.standard_normal((1, n_in)).astype(np.float32)
+    bias = rng.standard_normal(n_out).astype(np.float32)
+    y = run_matvec_q(device, torch.from_numpy(x), matrix, torch.from_numpy(bias)).numpy()
+    emulated = cuda_emulation.matvec_q(x, matrix, bias)
+    assert np.array_equal(y.view(np.int32), emulated.view(np.int32)), np.abs(y - emulated).max()
+
+
 # The integer GEMM (more than quant::kGemvTokens tokens) against its emulation, to the bit: the emulation hands the
 # lanes' fragments to the matrix units in the PTX ISA's layout (quant_rows.cuh, "integer GEMM") and sums each output
 # as the kernel does, so any difference is a fragment, a stage or a step the kernel reads otherwise. n_in: 416 = three
