@@ -64,24 +64,36 @@ __global__ void __launch_bounds__(kGemvWarps * kWarpSize, kOneToken ? 4 : 1)
 // One token, x's planes in shared memory: a block of kSharedXWarps warps, warp w computing row blockIdx.x *
 // kSharedXWarps + w. Each block reads x (4 bytes a value in fp32, from L2) besides its rows' codes from memory: with
 // 32 int4 rows (16 bytes a value) that is a quarter of the codes' bytes, where gemv_kernel's 8 rows would make it as
-// many. The rows' codes are first asked of L2 (prefetch), so that their trip from memory overlaps the quantization
-// and the barrier; a warp past the last row still quantizes its share of x.
+// many. The rows' codes and scales are first asked of L2 (prefetch), so that their trip from memory overlaps the
+// quantization and the barrier; a warp past the last row still quantizes its share of x.
 constexpr int kSharedXWarps = 32;
 constexpr size_t kSharedXBytes = 48 * 1024;  // dynamic shared memory a block gets without opting in
 
-// prefetch.L2 of the row's codes, lane l the pieces l, l + 32, ... that lane_row_dot_planes will load.
-template <int kFormat>
-__device__ __forceinline__ void prefetch_row(const quant::QuantMatrix& w, int row, int lane) {
-  const uint8_t* codes = w.row_codes(row, kFormat);
-  const size_t code_bytes = quant::row_bytes(kFormat, w.cols);
-  for (size_t offset = static_cast<size_t>(lane) * quant::kPieceBytes; offset < code_bytes;
-       offset += kWarpSize * quant::kPieceBytes) {
-    asm volatile("prefetch.L2 [%0];" ::"l"(codes + offset));
+constexpr int kSharedXThreads = kSharedXWarps * kWarpSize;
+constexpr int kSharedXValuesInFlight = 4;  // x values a thread loads before quantizing any of them
+constexpr int kCacheLineBytes = 128;
+
+// prefetch.L2 of `bytes` bytes from p, the warp's lanes taking its cache lines in turn.
+__device__ __forceinline__ void prefetch_lines(const void* p, size_t bytes, int lane) {
+  const char* first = static_cast<const char*>(p);
+  for (size_t offset = static_cast<size_t>(lane) * kCacheLineBytes; offset < bytes;
+       offset += kWarpSize * kCacheLineBytes) {
+    asm volatile("prefetch.L2 [%0];" ::"l"(first + offset));
   }
 }
 
+// The row's codes, scales and minimums on their way into L2, so that none of lane_row_dot_planes's loads after the
+// barrier waits for memory.
+template <int kFormat, bool kAsymmetric>
+__device__ __forceinline__ void prefetch_row(const quant::QuantMatrix& w, int row, int lane) {
+  const size_t group_bytes = static_cast<size_t>(w.cols / w.group_size) * sizeof(uint16_t);
+  prefetch_lines(w.row_codes(row, kFormat), quant::row_bytes(kFormat, w.cols), lane);
+  prefetch_lines(w.row_scales(row), group_bytes, lane);
+  if (kAsymmetric) prefetch_lines(w.row_mins(row), group_bytes, lane);
+}
+
 template <int kFormat, bool kAsymmetric, typename TX>
-__global__ void __launch_bounds__(kSharedXWarps * kWarpSize, 1)
+__global__ void __launch_bounds__(kSharedXThreads, 1)
     gemv_shared_x_kernel(const TX* __restrict__ x, quant::QuantMatrix w, int n_rows, const float* __restrict__ bias,
                          float* __restrict__ y) {
   extern __shared__ __align__(16) char x_planes[];
@@ -89,9 +101,22 @@ __global__ void __launch_bounds__(kSharedXWarps * kWarpSize, 1)
                                     quant::XPlanesLayout::plane_stride_for(w.cols)};
   const int row = blockIdx.x * kSharedXWarps + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
-  if (row < n_rows) prefetch_row<kFormat>(w, row, lane);
-  // w.cols is a multiple of 32 (of the group size), so each warp's 32 values are one block of x
-  for (int j = threadIdx.x; j < w.cols; j += kSharedXWarps * kWarpSize) quantize_x_lane(to_float(x[j]), j, planes, 0);
+  if (row < n_rows) prefetch_row<kFormat, kAsymmetric>(w, row, lane);
+  // w.cols is a multiple of 32 (of the group size), so each warp's 32 values are one block of x and `j < w.cols` is
+  // the same on all its lanes (the butterflies of quantize_x_lane)
+  for (int first = threadIdx.x; first < w.cols; first += kSharedXValuesInFlight * kSharedXThreads) {
+    float values[kSharedXValuesInFlight];
+#pragma unroll
+    for (int k = 0; k < kSharedXValuesInFlight; ++k) {
+      const int j = first + k * kSharedXThreads;
+      values[k] = j < w.cols ? to_float(x[j]) : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kSharedXValuesInFlight; ++k) {
+      const int j = first + k * kSharedXThreads;
+      if (j < w.cols) quantize_x_lane(values[k], j, planes, 0);
+    }
+  }
   __syncthreads();
   if (row >= n_rows) return;
   const quant::QuantX xq = planes.token(0);
@@ -274,7 +299,7 @@ extern "C" cudaError_t edge_matvec_q(cudaStream_t stream, const void* x, int x_d
       return quant::dispatch_rows(quant_format, mins != nullptr, [&](auto kind) {
         using Kind = decltype(kind);
         gemv_shared_x_kernel<Kind::kFormat, Kind::kAsymmetric, TX>
-            <<<ceil_div(out, kSharedXWarps), kSharedXWarps * kWarpSize, shared_x_bytes, stream>>>(
+            <<<ceil_div(out, kSharedXWarps), kSharedXThreads, shared_x_bytes, stream>>>(
                 static_cast<const TX*>(x), matrix, out, bias, y);
         return cudaGetLastError();
       });
