@@ -3,15 +3,11 @@
 // with positive scales (NvInfer.h, IDequantizeLayer), which the group-wise INT8 and the signed-scale INT4 of the
 // format are not, so the graph gives these products to a plugin (QuantizedMatMul) that calls this launcher.
 //
-// edge_matvec_q quantizes x into the two int8 planes of the integer dot products (quant_x.cuh), then, by the number of
-// tokens:
-// - one token (decode, every projection and the LM head): one kernel, each block quantizing x into its shared memory
-//   while its rows' codes are on their way from memory (x of up to kSharedXBytes of planes; a longer x takes the
-//   next path's two kernels), then one warp per weight row as below;
-// - up to quant::kGemvTokens tokens: x's planes in the caller's workspace (quantize_x_kernel), then one warp per
-//   weight row, the row's 16-byte pieces read once with the evict-first hint and dotted with each token's planes in
-//   dp4a (exact in int32), as the SparseFFN's gate rows; each token's sum in a fixed lane order, then a warp
-//   butterfly;
+// edge_matvec_q first quantizes x into the two int8 planes of the integer dot products (quant_x.cuh, in the caller's
+// workspace), then, by the number of tokens:
+// - up to quant::kGemvTokens tokens (decode): one warp per weight row, the row's 16-byte pieces read once with the
+//   evict-first hint and dotted with each token's planes in dp4a (exact in int32), as the SparseFFN's gate rows;
+//   each token's sum in a fixed lane order, then a warp butterfly;
 // - more tokens (a prompt): tiles of 64 rows x 32 tokens per block, stepping 32 columns at a time through shared
 //   memory, four steps per stage, the next stage loaded while the current one is multiplied: the codes and x's two
 //   planes on the matrix units (mma m16n8k32, int8 operands, exact int32 sums; quant_rows.cuh, "integer GEMM"),
@@ -35,10 +31,10 @@ namespace {
 constexpr int kGemvWarps = 8;  // rows per block of the GEMV
 constexpr size_t kPlanesAlignment = 256;  // where x's planes start in the workspace
 
-// Up to kGemvTokens tokens, x's planes in the workspace: warp `row` of the grid computes row `row` for every token. One
-// token (an x too long for gemv_shared_x_kernel) has its own instantiation, held to 64 registers so that four blocks
-// fit an SM: a 4096-row projection then runs in one wave of blocks on an H200's 132 SMs, where the 76 registers the
-// shared code took allowed three (two waves; benchmarks/README.md section 8.4).
+// Up to kGemvTokens tokens: warp `row` of the grid computes row `row` for every token. One token (decode) has its own
+// instantiation, held to 64 registers so that four blocks fit an SM: a 4096-row projection then runs in one wave of
+// blocks on an H200's 132 SMs, where the 76 registers the shared code took allowed three (two waves; benchmarks/README.md
+// section 8.4).
 template <int kFormat, bool kAsymmetric, bool kOneToken>
 __global__ void __launch_bounds__(kGemvWarps * kWarpSize, kOneToken ? 4 : 1)
     gemv_kernel(quant::XPlanesLayout x, int tokens, quant::QuantMatrix w, int n_rows, const float* __restrict__ bias,
@@ -59,69 +55,6 @@ __global__ void __launch_bounds__(kGemvWarps * kWarpSize, kOneToken ? 4 : 1)
       if (lane == 0) y[static_cast<size_t>(t) * n_rows + row] = bias != nullptr ? sum + bias[row] : sum;
     }
   }
-}
-
-// One token, x's planes in shared memory: a block of kSharedXWarps warps, warp w computing row blockIdx.x *
-// kSharedXWarps + w. Each block reads x (4 bytes a value in fp32, from L2) besides its rows' codes from memory: with
-// 32 int4 rows (16 bytes a value) that is a quarter of the codes' bytes, where gemv_kernel's 8 rows would make it as
-// many. The rows' codes and scales are first asked of L2 (prefetch), so that their trip from memory overlaps the
-// quantization and the barrier; a warp past the last row still quantizes its share of x.
-constexpr int kSharedXWarps = 32;
-constexpr size_t kSharedXBytes = 48 * 1024;  // dynamic shared memory a block gets without opting in
-
-constexpr int kSharedXThreads = kSharedXWarps * kWarpSize;
-constexpr int kSharedXValuesInFlight = 4;  // x values a thread loads before quantizing any of them
-constexpr int kCacheLineBytes = 128;
-
-// prefetch.L2 of `bytes` bytes from p, the warp's lanes taking its cache lines in turn.
-__device__ __forceinline__ void prefetch_lines(const void* p, size_t bytes, int lane) {
-  const char* first = static_cast<const char*>(p);
-  for (size_t offset = static_cast<size_t>(lane) * kCacheLineBytes; offset < bytes;
-       offset += kWarpSize * kCacheLineBytes) {
-    asm volatile("prefetch.L2 [%0];" ::"l"(first + offset));
-  }
-}
-
-// The row's codes, scales and minimums on their way into L2, so that none of lane_row_dot_planes's loads after the
-// barrier waits for memory.
-template <int kFormat, bool kAsymmetric>
-__device__ __forceinline__ void prefetch_row(const quant::QuantMatrix& w, int row, int lane) {
-  const size_t group_bytes = static_cast<size_t>(w.cols / w.group_size) * sizeof(uint16_t);
-  prefetch_lines(w.row_codes(row, kFormat), quant::row_bytes(kFormat, w.cols), lane);
-  prefetch_lines(w.row_scales(row), group_bytes, lane);
-  if (kAsymmetric) prefetch_lines(w.row_mins(row), group_bytes, lane);
-}
-
-template <int kFormat, bool kAsymmetric, typename TX>
-__global__ void __launch_bounds__(kSharedXThreads, 1)
-    gemv_shared_x_kernel(const TX* __restrict__ x, quant::QuantMatrix w, int n_rows, const float* __restrict__ bias,
-                         float* __restrict__ y) {
-  extern __shared__ __align__(16) char x_planes[];
-  const quant::XPlanesLayout planes{x_planes, quant::XPlanesLayout::token_stride_for(w.cols),
-                                    quant::XPlanesLayout::plane_stride_for(w.cols)};
-  const int row = blockIdx.x * kSharedXWarps + threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  if (row < n_rows) prefetch_row<kFormat, kAsymmetric>(w, row, lane);
-  // w.cols is a multiple of 32 (of the group size), so each warp's 32 values are one block of x and `j < w.cols` is
-  // the same on all its lanes (the butterflies of quantize_x_lane)
-  for (int first = threadIdx.x; first < w.cols; first += kSharedXValuesInFlight * kSharedXThreads) {
-    float values[kSharedXValuesInFlight];
-#pragma unroll
-    for (int k = 0; k < kSharedXValuesInFlight; ++k) {
-      const int j = first + k * kSharedXThreads;
-      values[k] = j < w.cols ? to_float(x[j]) : 0.0f;
-    }
-#pragma unroll
-    for (int k = 0; k < kSharedXValuesInFlight; ++k) {
-      const int j = first + k * kSharedXThreads;
-      if (j < w.cols) quantize_x_lane(values[k], j, planes, 0);
-    }
-  }
-  __syncthreads();
-  if (row >= n_rows) return;
-  const quant::QuantX xq = planes.token(0);
-  const float sum = warp_sum(quant::lane_row_dot_planes<kFormat, kAsymmetric, quant::SharedX>(w, row, xq, lane));
-  if (lane == 0) y[row] = bias != nullptr ? sum + bias[row] : sum;
 }
 
 // sums = A B over one step (zero initial sums), A a warp's 16 x 32 int8 codes and B 32 x 8 int8 plane values, in the
@@ -291,19 +224,6 @@ extern "C" cudaError_t edge_matvec_q(cudaStream_t stream, const void* x, int x_d
   if (workspace == nullptr ||
       !matvec_arguments(x, x_dtype, tokens, in, out, w, scales, mins, quant_format, group_size, y, in, &matrix)) {
     return cudaErrorInvalidValue;
-  }
-  const size_t shared_x_bytes = quant::XPlanesLayout::token_stride_for(in);
-  if (tokens == 1 && shared_x_bytes <= kSharedXBytes) {
-    return dispatch_dtype(x_dtype, [&](auto tag) {
-      using TX = decltype(tag);
-      return quant::dispatch_rows(quant_format, mins != nullptr, [&](auto kind) {
-        using Kind = decltype(kind);
-        gemv_shared_x_kernel<Kind::kFormat, Kind::kAsymmetric, TX>
-            <<<ceil_div(out, kSharedXWarps), kSharedXThreads, shared_x_bytes, stream>>>(
-                static_cast<const TX*>(x), matrix, out, bias, y);
-        return cudaGetLastError();
-      });
-    });
   }
   const quant::XPlanesLayout planes = matvec_planes(workspace, in);
   const cudaError_t status = quantize_x(stream, x, x_dtype, tokens, in, planes);

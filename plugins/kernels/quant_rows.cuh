@@ -271,33 +271,6 @@ EDGE_HD T load_scalar(const T* p) {
 #endif
 }
 
-// Where a kernel reads x's planes: GlobalX from global memory through the read-only data path (the planes
-// quantize_x_kernel writes into a workspace), SharedX from the block's shared memory (edge_matvec_q's one-token GEMV
-// quantizes x there itself). On the host both are plain reads.
-struct GlobalX {
-  EDGE_HD static uint4 plane(const int8_t* plane, size_t offset) { return load_plane(plane, offset); }
-  template <typename T>
-  EDGE_HD static T scalar(const T* p) {
-    return load_scalar(p);
-  }
-};
-
-struct SharedX {
-  EDGE_HD static uint4 plane(const int8_t* plane, size_t offset) {
-#ifdef __CUDA_ARCH__
-    return *reinterpret_cast<const uint4*>(plane + offset);
-#else
-    uint4 raw;
-    std::memcpy(&raw, plane + offset, sizeof(raw));
-    return raw;
-#endif
-  }
-  template <typename T>
-  EDGE_HD static T scalar(const T* p) {
-    return *p;
-  }
-};
-
 // x_hat at column j, the value the integer dot products compute with: (256 high + low) * factor (exact integer, one
 // rounding), which equals (high + low / 256) * scale as quantized_activations computes it.
 EDGE_HD float x_hat(const QuantX& x, int j) {
@@ -312,11 +285,10 @@ struct PieceDot;
 template <>
 struct PieceDot<EDGE_Q8> {
   // the piece's 16 values are columns 16 p ..: the codes as loaded against 16 bytes of each plane
-  template <typename XMemory = GlobalX>
   EDGE_HD static int combined(uint4 raw, const QuantX& x, int piece) {
     const size_t offset = static_cast<size_t>(piece) * 16;
-    const uint4 high = XMemory::plane(x.high, offset);
-    const uint4 low = XMemory::plane(x.low, offset);
+    const uint4 high = load_plane(x.high, offset);
+    const uint4 low = load_plane(x.low, offset);
     int h = dot4(raw.x, high.x, 0);
     h = dot4(raw.y, high.y, h);
     h = dot4(raw.z, high.z, h);
@@ -334,11 +306,10 @@ struct PieceDot<EDGE_Q4> {
   // the piece is block p: word k's low nibbles are columns 32 p + 4 k .., its high nibbles 32 p + 16 + 4 k .. (plane
   // words k and 4 + k). The nibbles are taken as code + 8 (sign bit flipped, 0..15), whose products exceed the codes'
   // by 8 times the block's code sum.
-  template <typename XMemory = GlobalX>
   EDGE_HD static int combined(uint4 raw, const QuantX& x, int piece) {
     const size_t offset = static_cast<size_t>(piece) * kXBlock;
-    const uint4 high[2] = {XMemory::plane(x.high, offset), XMemory::plane(x.high, offset + 16)};
-    const uint4 low[2] = {XMemory::plane(x.low, offset), XMemory::plane(x.low, offset + 16)};
+    const uint4 high[2] = {load_plane(x.high, offset), load_plane(x.high, offset + 16)};
+    const uint4 low[2] = {load_plane(x.low, offset), load_plane(x.low, offset + 16)};
     const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
     const uint32_t high_words[8] = {high[0].x, high[0].y, high[0].z, high[0].w,
                                     high[1].x, high[1].y, high[1].z, high[1].w};
@@ -355,7 +326,7 @@ EDGE_UNROLL
       l = dot4(low_nibbles, low_words[k], l);
       l = dot4(high_nibbles, low_words[4 + k], l);
     }
-    return 256 * h + l - 8 * XMemory::scalar(x.code_sum + piece);
+    return 256 * h + l - 8 * load_scalar(x.code_sum + piece);
   }
 };
 
@@ -403,25 +374,22 @@ EDGE_HD float group_mid(float scale, float min) { return fmaf(8.0f, scale, min);
 
 // The sum of x_hat over x's block `block`: its code sum (exact: |sum| < 32 * 32639 < 2^21, so exact in fp32 too)
 // times the block's factor, one rounding.
-template <typename XMemory = GlobalX>
 EDGE_HD float x_block_sum(const QuantX& x, int block) {
-  return mul_rn(static_cast<float>(XMemory::scalar(x.code_sum + block)), XMemory::scalar(x.factor + block));
+  return mul_rn(static_cast<float>(load_scalar(x.code_sum + block)), load_scalar(x.factor + block));
 }
 
 // acc plus piece `piece`'s share of row . x_hat: its integer dot with x's planes, converted to fp32, times the factor
 // (its x block's factor * its group's scale, in that order everywhere); for asymmetric rows (int4: the piece is x's
 // block `piece`), then plus its group's mid times the block's x_hat sum.
-template <int kFormat, bool kAsymmetric, typename XMemory = GlobalX>
+template <int kFormat, bool kAsymmetric>
 EDGE_HD float add_piece_dot(uint4 raw, const QuantX& x, const uint16_t* scales, const uint16_t* mins, int piece,
                             int pieces_per_group, float acc) {
   constexpr int kPiecesPerXBlock = kXBlock / Format<kFormat>::kPieceValues;
   const int group = piece / pieces_per_group;
   const float scale = load_scale(scales, group);
-  const float factor = XMemory::scalar(x.factor + piece / kPiecesPerXBlock) * scale;
-  acc = fmaf(static_cast<float>(PieceDot<kFormat>::template combined<XMemory>(raw, x, piece)), factor, acc);
-  if (kAsymmetric) {
-    acc = fmaf(group_mid(scale, load_scale(mins, group)), x_block_sum<XMemory>(x, piece), acc);
-  }
+  const float factor = load_scalar(x.factor + piece / kPiecesPerXBlock) * scale;
+  acc = fmaf(static_cast<float>(PieceDot<kFormat>::combined(raw, x, piece)), factor, acc);
+  if (kAsymmetric) acc = fmaf(group_mid(scale, load_scale(mins, group)), x_block_sum(x, piece), acc);
   return acc;
 }
 
@@ -429,8 +397,8 @@ EDGE_HD float add_piece_dot(uint4 raw, const QuantX& x, const uint16_t* scales, 
 // one token): the lane takes pieces lane, lane + 32, ..., loading kLanePiecesInFlight of them before using any; a
 // piece adds its share (add_piece_dot) to one of kLanePiecesInFlight accumulators (the u-th piece of a round of loads
 // to accumulator u, the pieces past the last whole round to accumulator 0), which are then added pairwise. The warp
-// sums the lanes' shares with a butterfly (warp_sum). XMemory: where x's planes are (GlobalX, SharedX).
-template <int kFormat, bool kAsymmetric, typename XMemory = GlobalX>
+// sums the lanes' shares with a butterfly (warp_sum).
+template <int kFormat, bool kAsymmetric>
 EDGE_HD float lane_row_dot_planes(const QuantMatrix& m, int row, const QuantX& x, int lane) {
   static_assert(!kAsymmetric || kFormat == EDGE_Q4, "only int4 has group minimums");
   constexpr int kV = Format<kFormat>::kPieceValues;
@@ -450,13 +418,12 @@ EDGE_UNROLL
     }
 EDGE_UNROLL
     for (int u = 0; u < kLanePiecesInFlight; ++u) {
-      acc[u] = add_piece_dot<kFormat, kAsymmetric, XMemory>(raw[u], x, scales, mins, p + u * kStride, pieces_per_group,
-                                                            acc[u]);
+      acc[u] = add_piece_dot<kFormat, kAsymmetric>(raw[u], x, scales, mins, p + u * kStride, pieces_per_group, acc[u]);
     }
   }
   for (; p < n_pieces; p += kStride) {
     const uint4 raw = load_piece(codes, static_cast<size_t>(p) * kPieceBytes, m.aligned16);
-    acc[0] = add_piece_dot<kFormat, kAsymmetric, XMemory>(raw, x, scales, mins, p, pieces_per_group, acc[0]);
+    acc[0] = add_piece_dot<kFormat, kAsymmetric>(raw, x, scales, mins, p, pieces_per_group, acc[0]);
   }
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }

@@ -1,7 +1,6 @@
 // x quantized for the integer dot products (quant_rows.cuh, "x in two int8 planes"), on the device: the kernel that
 // writes the planes of every token, shared by the quantized SparseFFN (sparse_ffn_q.cu) and QuantizedMatMul
-// (matvec_q.cu), and the warp's share of it, which edge_matvec_q's one-token GEMV also runs into shared memory. Each
-// .cu file has its own copy of the kernel (internal linkage).
+// (matvec_q.cu). Each .cu file has its own copy of the kernel (internal linkage).
 #ifndef EDGE_QUANT_X_CUH
 #define EDGE_QUANT_X_CUH
 
@@ -13,10 +12,16 @@ namespace {
 
 constexpr int kQuantizeThreads = 256;
 
-// x's value j of one token, held by a lane of a warp whose 32 lanes hold the 32 values of j's block: the block's
-// largest magnitude by a butterfly over the lanes' bits, the lane's codes into the token's planes at j, and from lane
-// 0 the block's factor and code sum. Every lane of the warp must call it (the butterflies).
-__device__ __forceinline__ void quantize_x_lane(float value, int j, const quant::XPlanesLayout& planes, int t) {
+// One warp per block of 32 values of x [tokens, n] (n a multiple of 32, so a warp is wholly inside or outside a row):
+// the block's largest magnitude by a butterfly over the lanes' bits, each lane's codes, and lane 0 the block's factor
+// and code sum.
+template <typename TX>
+__global__ void __launch_bounds__(kQuantizeThreads)
+    quantize_x_kernel(const TX* __restrict__ x, int n, quant::XPlanesLayout planes) {
+  const int j = blockIdx.x * kQuantizeThreads + threadIdx.x;
+  const int t = blockIdx.y;
+  if (j >= n) return;
+  const float value = to_float(x[static_cast<size_t>(t) * n + j]);
   uint32_t largest_bits = __float_as_uint(value) & 0x7fffffffu;
 #pragma unroll
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
@@ -31,16 +36,6 @@ __device__ __forceinline__ void quantize_x_lane(float value, int j, const quant:
     planes.factor(t)[j / quant::kXBlock] = quant::x_factor(largest_bits);
     planes.code_sum(t)[j / quant::kXBlock] = code_sum;
   }
-}
-
-// One warp per block of 32 values of x [tokens, n] (n a multiple of 32, so a warp is wholly inside or outside a row).
-template <typename TX>
-__global__ void __launch_bounds__(kQuantizeThreads)
-    quantize_x_kernel(const TX* __restrict__ x, int n, quant::XPlanesLayout planes) {
-  const int j = blockIdx.x * kQuantizeThreads + threadIdx.x;
-  const int t = blockIdx.y;
-  if (j >= n) return;
-  quantize_x_lane(to_float(x[static_cast<size_t>(t) * n + j]), j, planes, t);
 }
 
 // Queues quantize_x_kernel for x [tokens, n] of x_dtype; returns its launch status.

@@ -232,10 +232,10 @@ template <int kFormat, bool kAsymmetric>
 void matvec_q(const float* x, int tokens, int out, const QuantMatrix& w, const float* bias, float* y) {
   using namespace edge;
   const int in = w.cols;
-  // quantize_x_kernel (one token: gemv_shared_x_kernel's blocks, each into its shared memory, the same planes)
+  // quantize_x_kernel
   const Planes planes(x, tokens, in);
   if (tokens <= quant::kGemvTokens) {
-    // gemv_shared_x_kernel (one token, x's planes in shared memory) and gemv_kernel: warp `row` of the grid
+    // gemv_kernel: warp `row` of the grid
     for (int row = 0; row < out; ++row) {
       float lanes[quant::kGemvTokens][kLanes];
       for (int lane = 0; lane < kLanes; ++lane) {

@@ -467,9 +467,8 @@ def test_quantized_matvec_equals_its_emulation_and_repeats_bit_for_bit(device, t
         assert (first - emulated).abs().max() <= MATMUL_RTOL["int8"] * emulated.abs().max()
 
 
-# One token against the emulation, to the bit, on both of its paths: x's planes in each block's shared memory (512
-# values; 40 rows: a block of 32 rows and one with 24 warps past the last row) and, for an x whose planes outgrow the
-# 48 KB a block gets (22016 values), quantize_x_kernel's planes in the workspace.
+# One token (decode's GEMV, lane_row_dot_planes and the warp butterfly) against its emulation, to the bit: 40 rows, a
+# partial last block of 8 warps; 22016 values, a long x.
 @pytest.mark.parametrize("kind", ["int8", "int4", "int4-asymmetric"])
 @pytest.mark.parametrize(("n_in", "n_out"), [(512, 40), (22016, 9)])
 def test_one_token_matvec_equals_its_emulation_to_the_bit(device, kind, n_in, n_out):
