@@ -399,10 +399,12 @@ def info(model_dir: str, as_json: bool) -> None:
     _needs_export("`edge-sdk info`")
     from edge_sdk.model.location import check_model_path
 
-    check_model_path(model_dir)  # before torch is imported: a wrong path is refused at once
+    # before torch is imported: a wrong path or a GGUF file the reader refuses is refused at once
+    gguf_checkpoint = check_model_path(model_dir)
+    from edge_sdk.model.checkpoint import open_checkpoint
     from edge_sdk.model.summary import describe_checkpoint
 
-    summary = describe_checkpoint(model_dir)
+    summary = describe_checkpoint(open_checkpoint(model_dir) if gguf_checkpoint is None else gguf_checkpoint)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -435,7 +437,7 @@ def doctor(bundle_dir: str | None, as_json: bool) -> None:
 def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **fit) -> None:
     """Build sparsity predictors from calibration text; write predictors.safetensors and a report."""
     _runs_torch_pipeline("`edge-sdk calibrate`")
-    # before torch is imported: a wrong location or model path is refused at once
+    # before torch is imported: a wrong location or model path, or a GGUF file the reader refuses, is refused at once
     from edge_sdk.model.location import check_model_path
 
     target = outputs.check_model_output(
@@ -445,7 +447,7 @@ def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **
         model_dir=model_dir,
         input_files=(*calibration_files, *evaluation_files),
     )
-    check_model_path(model_dir)
+    gguf_checkpoint = check_model_path(model_dir)
     from tqdm import tqdm
 
     from edge_sdk.model.checkpoint import open_checkpoint
@@ -453,7 +455,7 @@ def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **
     from edge_sdk.sparsity.predictors_dir import write_calibration
     from edge_sdk.sparsity.settings import validate_settings
 
-    checkpoint = open_checkpoint(model_dir)
+    checkpoint = open_checkpoint(model_dir) if gguf_checkpoint is None else gguf_checkpoint
     settings = _calibration_settings(fit)
     validate_settings(checkpoint.config, settings)
     layers = checkpoint.config.num_layers
@@ -566,13 +568,13 @@ def export(
     _runs_torch_pipeline("`edge-sdk export`")
     if fit["predictor"] == predictors.NO_PREDICTOR:
         _refuse_given_options(PREDICTOR_FIT_OPTIONS, "only a calibrated predictor uses it; --predictor none fits none")
-    # before torch is imported: a wrong location or model path is refused at once
+    # before torch is imported: a wrong location or model path, or a GGUF file the reader refuses, is refused at once
     from edge_sdk.model.location import check_model_path
 
     outputs.check_model_output(
         out_dir, outputs.BUNDLE, replace=force, model_dir=model_dir, input_files=(*calibration_files, *evaluation_files)
     )
-    check_model_path(model_dir)
+    gguf_checkpoint = check_model_path(model_dir)
     from tqdm import tqdm
 
     from edge_sdk.export.exporter import (
@@ -584,7 +586,7 @@ def export(
     )
     from edge_sdk.model.checkpoint import open_checkpoint
 
-    checkpoint = open_checkpoint(model_dir)
+    checkpoint = open_checkpoint(model_dir) if gguf_checkpoint is None else gguf_checkpoint
     config = checkpoint.config
     if int4_scheme == "auto":
         int4_scheme = default_int4_scheme(checkpoint) if dtype == "int4" else "symmetric"
@@ -1050,6 +1052,10 @@ def eval_command(
 ) -> None:
     """Held-out perplexity of sparse vs dense decoding (teacher-forced), top-1 agreement and per-layer statistics."""
     _runs_torch_pipeline("`edge-sdk eval`")
+    # before torch is imported: a refused report location is answered at once (evaluate_bundle, which checks the
+    # locations first of all for its other callers, would give the same verdict after the import)
+    report_inputs = (("bundle", bundle_dir), *(("text file", text) for text in text_files))
+    _check_report_paths(json_path, plot_path, inputs=report_inputs)
     from edge_sdk.eval import evaluate_bundle
 
     with _phase_progress() as on_progress:

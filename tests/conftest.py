@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -50,6 +51,18 @@ INT8_DOWN_BUNDLES = {
 }
 MATRIX_LEVELS = (0.5, 0.8)
 MATRIX_MAX_SEQ_LEN = 128
+
+
+@pytest.fixture
+def torch_that_fails(tmp_path) -> dict:
+    """An environment whose first torch on the path fails when imported: a command run in it that answers without
+    the ImportError never imported torch."""
+    poisoned = tmp_path / "poisoned"
+    (poisoned / "torch").mkdir(parents=True)
+    (poisoned / "torch" / "__init__.py").write_text("raise ImportError('torch was imported')\n")
+    # no empty entry: one would put the current directory on the path
+    path = [str(poisoned), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return os.environ | {"PYTHONPATH": os.pathsep.join(path)}
 
 
 @pytest.fixture(scope="session")

@@ -30,14 +30,12 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gguf
 import numpy as np
-import torch
 
 from edge_sdk.errors import CheckpointError
-from edge_sdk.model.checkpoint import cast_weights, require_finite
 from edge_sdk.model.config import (
     MAX_HEAD_DIM,
     MAX_HEADS,
@@ -52,6 +50,9 @@ from edge_sdk.model.gguf_metadata import GgufMetadata, open_reader
 from edge_sdk.model.gguf_tokenizer import gguf_tokenizer_files
 from edge_sdk.model.tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, Tokenizer
 
+if TYPE_CHECKING:
+    import torch
+
 ARCHITECTURES = ("llama", "qwen2")
 Q = gguf.GGMLQuantizationType
 TENSOR_TYPES = (
@@ -59,8 +60,9 @@ TENSOR_TYPES = (
     *(Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K),
     *(Q.IQ1_S, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ4_NL, Q.IQ4_XS),
 )
-# the dtype a tensor of each type is read into when the caller names none: float types as stored, the rest fp32
-STORED_DTYPES = {Q.F16: torch.float16, Q.BF16: torch.bfloat16}
+# the dtype a tensor of each type is read into when the caller names none: float types as stored, the rest fp32.
+# Named, not torch dtypes: opening a file needs no torch, so the command line refuses a bad file before importing it.
+STORED_DTYPES = {Q.F16: "float16", Q.BF16: "bfloat16"}
 # the types whose blocks carry a minimum besides their scale (value = scale * q + min): an asymmetric grid, which
 # asymmetric int4 (edge_sdk/quant.py) keeps and symmetric int4 loses (QUANT.md, "Asymmetric INT4")
 ASYMMETRIC_TYPES = (Q.Q4_1, Q.Q5_1, Q.Q2_K, Q.Q4_K, Q.Q5_K)
@@ -128,6 +130,12 @@ def _dequantize(entry: GgufTensorEntry) -> np.ndarray:
             data[start : start + rows_per_call], entry.tensor_type
         )
     return values
+
+
+def _stored_dtype(tensor_type: gguf.GGMLQuantizationType) -> torch.dtype:
+    import torch
+
+    return getattr(torch, STORED_DTYPES.get(tensor_type, "float32"))
 
 
 def _reverse_permute(rows: torch.Tensor, heads: int) -> torch.Tensor:
@@ -275,8 +283,7 @@ class GgufCheckpoint:
     def _stored_dtype_name(self) -> str:
         """config.json's torch_dtype for this file: that of its FFN weights (quantized ones read as fp32)."""
         gate = self._tensors.get("blk.0.ffn_gate.weight")
-        dtype = torch.float32 if gate is None else STORED_DTYPES.get(gate.tensor_type, torch.float32)
-        return str(dtype).removeprefix("torch.")
+        return "float32" if gate is None else STORED_DTYPES.get(gate.tensor_type, "float32")
 
     def _index_tensors(self) -> dict[str, GgufTensorEntry]:
         hf_to_gguf = {hf: name for name, hf in GLOBAL_TENSORS.items()}
@@ -319,15 +326,14 @@ class GgufCheckpoint:
     @property
     def stored_dtype(self) -> torch.dtype:
         """The dtype the FFN weights are read into: fp16 / bf16 as stored, fp32 for quantized types."""
-        return STORED_DTYPES.get(self.entries["model.layers.0.mlp.gate_proj.weight"].tensor_type, torch.float32)
+        return _stored_dtype(self.entries["model.layers.0.mlp.gate_proj.weight"].tensor_type)
 
     @property
     def weight_bytes(self) -> int:
         """Bytes of the model's tensors once read (dequantized into stored_dtype, norms and biases fp32)."""
         total = 0
         for entry in self.entries.values():
-            dtype = STORED_DTYPES.get(entry.tensor_type, torch.float32)
-            total += int(np.prod(entry.shape)) * dtype.itemsize
+            total += int(np.prod(entry.shape)) * _stored_dtype(entry.tensor_type).itemsize
         return total
 
     @property
@@ -367,6 +373,10 @@ class GgufCheckpoint:
 
     def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         """One tensor, dequantized, with llama's q/k rows back in Hugging Face order, cast to dtype when given."""
+        import torch
+
+        from edge_sdk.model.checkpoint import cast_weights, require_finite
+
         entry = self.entries.get(name)
         if entry is None:
             raise CheckpointError(f"{self.model_dir}: tensor '{name}' is not one the model uses")
@@ -379,7 +389,7 @@ class GgufCheckpoint:
             values = _reverse_permute(values, self.config.num_heads)
         elif self.architecture == "llama" and ".self_attn.k_proj." in name:
             values = _reverse_permute(values, self.config.num_kv_heads)
-        return cast_weights(values, dtype or STORED_DTYPES.get(entry.tensor_type, torch.float32), where).contiguous()
+        return cast_weights(values, dtype or _stored_dtype(entry.tensor_type), where).contiguous()
 
     def layer_tensors(self, layer: int, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """(name without the layer prefix, tensor) for every tensor of one decoder layer."""

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from edge_sdk.model.checkpoint import open_checkpoint
+from edge_sdk.model.checkpoint import Checkpoint
 from edge_sdk.model.gguf_checkpoint import GgufCheckpoint
 from edge_sdk.model.tokenizer import TOKENIZER_FILE
 
 
-def describe_checkpoint(model_dir: str | Path) -> dict[str, Any]:
-    """Validate a checkpoint directory or GGUF file (config, headers, shapes, tokenizer) and summarize it."""
-    checkpoint = open_checkpoint(model_dir)
+def describe_checkpoint(checkpoint: Checkpoint | GgufCheckpoint) -> dict[str, Any]:
+    """Summarize an opened (so validated: config, headers, shapes, tokenizer) checkpoint directory or GGUF file."""
     config = checkpoint.config
     activation = config.activation.kind
     if activation == "fatrelu":

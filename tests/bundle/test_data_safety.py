@@ -104,17 +104,6 @@ def test_export_force_refuses_what_edge_sdk_did_not_write(workspace, target, rea
     assert snapshot(workspace) == before
 
 
-@pytest.fixture
-def torch_that_fails(tmp_path) -> dict:
-    """An environment whose first torch on the path fails when imported."""
-    poisoned = tmp_path / "poisoned"
-    (poisoned / "torch").mkdir(parents=True)
-    (poisoned / "torch" / "__init__.py").write_text("raise ImportError('torch was imported')\n")
-    # no empty entry: one would put the current directory on the path
-    path = [str(poisoned), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    return os.environ | {"PYTHONPATH": os.pathsep.join(path)}
-
-
 @pytest.mark.parametrize(
     ("command", "reason"),
     [
@@ -397,16 +386,19 @@ def test_report_files_replace_only_edge_sdk_reports(workspace, archive):
     assert staging_left(workspace) == []
 
 
-def test_reports_are_never_written_into_the_commands_inputs_nor_two_on_one_path(workspace, archive):
+def test_reports_are_never_written_into_the_commands_inputs_nor_two_on_one_path(workspace, archive, torch_that_fails):
+    """Each refused before torch is imported (the report locations are checked first): at once."""
     bundle = archive.parent / "bundle"
     held_out = Path(__file__).parents[1] / "fixtures" / "tiny-relu-llama" / "held_out.txt"
     bundle_before, before = snapshot(bundle), snapshot(workspace)
     e2e = ["bench", "e2e", bundle, "--tokens", "2", "--repeats", "1"]
-    assert_refused(edge_sdk(*e2e, "--json", bundle / "e2e.json", cwd=workspace), "is inside the bundle")
+    result = edge_sdk(*e2e, "--json", bundle / "e2e.json", cwd=workspace, env=torch_that_fails)
+    assert_refused(result, "is inside the bundle")
     evaluate = ["eval", bundle, "--text", held_out, "--tokens", "64", "--threads", "1", "--no-layer-stats"]
-    assert_refused(edge_sdk(*evaluate, "--plot", bundle / "plot.png", cwd=workspace), "is inside the bundle")
-    assert_refused(edge_sdk(*evaluate, "--json", held_out, cwd=workspace), "is the text file")
-    result = edge_sdk(*evaluate, "--json", "eval.json", "--plot", "./eval.json", cwd=workspace)
+    result = edge_sdk(*evaluate, "--plot", bundle / "plot.png", cwd=workspace, env=torch_that_fails)
+    assert_refused(result, "is inside the bundle")
+    assert_refused(edge_sdk(*evaluate, "--json", held_out, cwd=workspace, env=torch_that_fails), "is the text file")
+    result = edge_sdk(*evaluate, "--json", "eval.json", "--plot", "./eval.json", cwd=workspace, env=torch_that_fails)
     assert_refused(result, "./eval.json: is also the location of another report (eval.json)")
     assert snapshot(bundle) == bundle_before and snapshot(workspace) == before
 

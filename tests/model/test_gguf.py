@@ -220,8 +220,10 @@ def test_a_directory_holding_one_gguf_is_read(tmp_path):
         open_checkpoint(tmp_path)
 
 
-def edge_sdk(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "edge_sdk", *args], capture_output=True, text=True, timeout=300)
+def edge_sdk(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "edge_sdk", *args], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 @pytest.mark.slow
@@ -297,11 +299,12 @@ REFUSED_FILES = [  # (case, write the file, the message)
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("case", "make", "message"), REFUSED_FILES, ids=[case for case, _, _ in REFUSED_FILES])
-def test_refused_files_exit_2_with_one_line(case, make, message, tmp_path):
+def test_refused_files_exit_2_with_one_line(case, make, message, tmp_path, torch_that_fails):
+    """Refused before torch is imported (the GGUF reader needs none): at once, where importing torch takes seconds."""
     path = tmp_path / "model.gguf"
     make(path)
     for command in (["info", str(path)], ["export", str(path), "-o", str(tmp_path / "out"), "--predictor", "none"]):
-        result = edge_sdk(*command)
+        result = edge_sdk(*command, env=torch_that_fails)
         assert result.returncode == 2, (case, result.stderr)
         assert "Traceback" not in result.stderr
         lines = result.stderr.strip().splitlines()

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from edge_sdk.errors import CheckpointError
 from edge_sdk.model import checkpoint as checkpoint_module
-from edge_sdk.model.checkpoint import Checkpoint
+from edge_sdk.model.checkpoint import Checkpoint, open_checkpoint
 from edge_sdk.model.config import hf_tensor_shapes, parse_config
 from edge_sdk.model.summary import describe_checkpoint
 
@@ -79,7 +79,7 @@ def test_weight_bytes_is_the_sum_of_the_model_tensors_as_stored(tmp_path):
     checkpoint = Checkpoint(write_single(tmp_path / "m", tensors))
     parameters = checkpoint.config.parameter_count()
     assert checkpoint.weight_bytes == (parameters - 32) * 2 + 32 * 4
-    assert describe_checkpoint(tmp_path / "m")["weight_bytes"] == checkpoint.weight_bytes
+    assert describe_checkpoint(open_checkpoint(tmp_path / "m"))["weight_bytes"] == checkpoint.weight_bytes
 
 
 def test_weight_bytes_of_a_sharded_checkpoint(tmp_path):
