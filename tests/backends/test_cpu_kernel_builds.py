@@ -50,27 +50,64 @@ x86_64_gcc = pytest.mark.skipif(
 )
 
 
-def compile_and_link(compiler: str, options: list[str], sources: list[Path], output: Path, link: list[str]) -> Path:
-    """output from the sources, each compiled with options side by side (the kernels take 5 to 13 s of compiler time
-    per build), then linked with link."""
-    objects = [output.parent / f"{output.name}-{source.stem}.o" for source in sources]
+def compile_objects(compiler: str, options: list[str], sources: list[Path], prefix: Path) -> list[Path]:
+    """The sources' objects (prefix-<stem>.o), each compiled with options side by side (the kernels take 5 to 13 s of
+    compiler time per build)."""
+    objects = [prefix.parent / f"{prefix.name}-{source.stem}.o" for source in sources]
     compiles = [
         subprocess.Popen([compiler, *options, "-c", str(source), "-o", str(target)], stderr=subprocess.PIPE)
         for source, target in zip(sources, objects, strict=True)
     ]
     errors = [process.communicate()[1].decode() for process in compiles]
     assert all(process.returncode == 0 for process in compiles), "".join(errors)
-    result = subprocess.run([compiler, *link, "-o", str(output), *map(str, objects), "-lm"], capture_output=True,
+    return objects
+
+
+def link(compiler: str, objects: list[Path], output: Path, options: list[str]) -> Path:
+    result = subprocess.run([compiler, *options, "-o", str(output), *map(str, objects), "-lm"], capture_output=True,
                             text=True)  # fmt: skip
     assert result.returncode == 0, result.stderr
     return output
 
 
-def build(tmp_path: Path, march: str) -> Path:
-    options = ["-std=c11", "-O3", f"-march={march}", "-fopenmp", "-fPIC", "-Wall", "-Wextra", "-Werror",
-               f"-I{ROOT / 'kernels' / 'cpu'}"]  # fmt: skip
-    library = tmp_path / f"libedge_cpu_kernels-{march}.so"
-    return compile_and_link("gcc", options, KERNEL_SOURCES, library, ["-fopenmp", "-shared"])
+class KernelBuilds:
+    """The kernel sources compiled once per compiler and flags, position-independent as a shared library needs, and
+    linked from those objects: the kernel library the kernel tests load (gcc) and quant_kernels_check.c's harness.
+    Made on first use and shared by the module's tests: several run the same harness, and a library and a harness of
+    the same flags link the same objects, so each build of the kernels (5 to 13 s of compiler time) is compiled once."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.objects: dict[tuple[str, tuple[str, ...]], list[Path]] = {}
+        self.binaries: dict[tuple[str, tuple[str, ...]], Path] = {}
+
+    def options(self, flags: list[str]) -> list[str]:
+        return ["-std=c11", "-O3", *flags, "-fopenmp", "-fPIC", "-Wall", "-Wextra", "-Werror",
+                f"-I{ROOT / 'kernels' / 'cpu'}"]  # fmt: skip
+
+    def kernel_objects(self, compiler: str, flags: list[str]) -> list[Path]:
+        key = (compiler, tuple(flags))
+        if key not in self.objects:
+            prefix = self.directory / f"kernels-{len(self.objects)}"
+            self.objects[key] = compile_objects(compiler, self.options(flags), KERNEL_SOURCES, prefix)
+        return self.objects[key]
+
+    def library(self, march: str) -> Path:
+        objects = self.kernel_objects("gcc", [f"-march={march}"])
+        return link("gcc", objects, self.directory / f"libedge_cpu_kernels-{march}.so", ["-fopenmp", "-shared"])
+
+    def harness(self, compiler: str, flags: list[str], name: str) -> Path:
+        key = (compiler, tuple(flags))
+        if key not in self.binaries:
+            binary = self.directory / f"quant_kernels_check-{name}-{len(self.binaries)}"
+            check = compile_objects(compiler, self.options(flags), [QUANT_CHECK], binary)
+            self.binaries[key] = link(compiler, check + self.kernel_objects(compiler, flags), binary, ["-fopenmp"])
+        return self.binaries[key]
+
+
+@pytest.fixture(scope="module")
+def kernel_builds(tmp_path_factory) -> KernelBuilds:
+    return KernelBuilds(tmp_path_factory.mktemp("kernel-builds"))
 
 
 def vector_registers(library: Path) -> set[str]:
@@ -84,8 +121,8 @@ def vector_registers(library: Path) -> set[str]:
     [("x86-64-v3", {"xmm", "ymm"}), ("x86-64", {"xmm"})],
     ids=["avx2", "portable"],
 )
-def test_kernel_build_passes_the_kernel_tests(tmp_path, march, registers):
-    library = build(tmp_path, march)
+def test_kernel_build_passes_the_kernel_tests(march, registers, kernel_builds):
+    library = kernel_builds.library(march)
     assert vector_registers(library) == registers  # the build took the intended code path
     env = {**os.environ, "EDGE_SDK_CPU_KERNELS": str(library)}
     found = subprocess.run(
@@ -203,30 +240,6 @@ QEMU_SYSROOT = ["-L", str(AARCH64_SYSROOT), "-E", f"LD_LIBRARY_PATH={AARCH64_SYS
 QEMU = ["qemu-aarch64", "-cpu", "max", *QEMU_SYSROOT]
 
 
-class HarnessBuilds:
-    """quant_kernels_check.c with the kernel sources, one binary per compiler and flags, compiled on first use and
-    shared by the module's tests (several run the same one)."""
-
-    def __init__(self, directory: Path):
-        self.directory = directory
-        self.binaries: dict[tuple[str, tuple[str, ...]], Path] = {}
-
-    def __call__(self, compiler: str, flags: list[str], name: str) -> Path:
-        key = (compiler, tuple(flags))
-        if key not in self.binaries:
-            options = ["-std=c11", "-O3", *flags, "-fopenmp", "-Wall", "-Wextra", "-Werror",
-                       f"-I{ROOT / 'kernels' / 'cpu'}"]  # fmt: skip
-            binary = self.directory / f"quant_kernels_check-{name}-{len(self.binaries)}"
-            self.binaries[key] = compile_and_link(compiler, options, [QUANT_CHECK, *KERNEL_SOURCES], binary,
-                                                  ["-fopenmp"])  # fmt: skip
-        return self.binaries[key]
-
-
-@pytest.fixture(scope="module")
-def build_harness(tmp_path_factory) -> HarnessBuilds:
-    return HarnessBuilds(tmp_path_factory.mktemp("harness-builds"))
-
-
 def run_harness(
     tmp_path: Path,
     command: list[str],
@@ -330,8 +343,8 @@ def check_attention_output(raw: bytes) -> None:
 
 @AARCH64_TOOLS
 @pytest.mark.parametrize(("march", "instruction"), [("armv8-a", "smull"), ("armv8.2-a+dotprod", "sdot")])
-def test_quantized_kernels_aarch64_under_qemu(tmp_path, march, instruction, build_harness):
-    binary = build_harness("aarch64-linux-gnu-gcc", [f"-march={march}"], march)
+def test_quantized_kernels_aarch64_under_qemu(tmp_path, march, instruction, kernel_builds):
+    binary = kernel_builds.harness("aarch64-linux-gnu-gcc", [f"-march={march}"], march)
     code = subprocess.run(["aarch64-linux-gnu-objdump", "-d", str(binary)], capture_output=True, text=True).stdout
     assert f"{instruction}\tv" in code  # the integer products of that path, not a scalar loop
     assert ("sdot\tv" in code) == (instruction == "sdot")
@@ -409,11 +422,11 @@ def check_fp16_harness(tmp_path: Path, command: list[str]) -> list[bytes]:
 @AARCH64_TOOLS
 @x86_64_gcc
 @pytest.mark.parametrize("march", ["armv8-a", "armv8.2-a+dotprod"])
-def test_fp16_kernels_aarch64_under_qemu(tmp_path, march, build_harness):
+def test_fp16_kernels_aarch64_under_qemu(tmp_path, march, kernel_builds):
     """The NEON fp16 rows (fcvtl widening, eight FMA chains) against the reference, under qemu; and the SVD
     predictor's NEON loops, whose x B^T and mask are the portable x86 build's bytes."""
-    binary = build_harness("aarch64-linux-gnu-gcc", [f"-march={march}"], march)
-    portable = build_harness("gcc", ["-march=x86-64"], "portable")
+    binary = kernel_builds.harness("aarch64-linux-gnu-gcc", [f"-march={march}"], march)
+    portable = kernel_builds.harness("gcc", ["-march=x86-64"], "portable")
     assert check_fp16_harness(tmp_path, [*QEMU, str(binary)]) == check_fp16_harness(tmp_path, [str(portable)])
 
 
@@ -434,7 +447,7 @@ X86_BUILDS = {
 
 
 @x86_64_gcc
-def test_integer_dot_products_are_bit_identical_on_every_build(tmp_path, build_harness):
+def test_integer_dot_products_are_bit_identical_on_every_build(tmp_path, kernel_builds):
     """Every build this machine can run writes the same bytes (and aarch64's builds too, under qemu): the integer
     path does not depend on the instruction set. Each build's outputs are also checked against the reference. The
     x86 builds with x in fp32 (EDGE_SDK_QUANT_ACTIVATIONS=fp32) agree with each other as well: each instruction set
@@ -443,7 +456,7 @@ def test_integer_dot_products_are_bit_identical_on_every_build(tmp_path, build_h
     assert "portable" in runnable and len(runnable) >= 2, "nothing to compare on this machine"
     outputs, fp32_outputs, attention = {}, {}, {}
     for name, flags in runnable.items():
-        binary = build_harness("gcc", flags, name)
+        binary = kernel_builds.harness("gcc", flags, name)
         outputs[name] = run_harness(tmp_path, [str(binary)])
         fp32_outputs[name] = run_harness(tmp_path, [str(binary)], {"EDGE_SDK_QUANT_ACTIVATIONS": "fp32"})
         attention[name] = run_attention(tmp_path, [str(binary)])
@@ -455,7 +468,7 @@ def test_integer_dot_products_are_bit_identical_on_every_build(tmp_path, build_h
     aarch64_ready = shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64")
     if aarch64_ready and (AARCH64_SYSROOT / "lib" / "ld-linux-aarch64.so.1").exists():
         for march in ("armv8-a", "armv8.2-a+dotprod"):
-            binary = build_harness("aarch64-linux-gnu-gcc", [f"-march={march}"], march)
+            binary = kernel_builds.harness("aarch64-linux-gnu-gcc", [f"-march={march}"], march)
             outputs[march] = run_harness(tmp_path, [*QEMU, str(binary)])
             attention[march] = run_attention(tmp_path, [*QEMU, str(binary)])
     for name, found in outputs.items():
@@ -465,14 +478,14 @@ def test_integer_dot_products_are_bit_identical_on_every_build(tmp_path, build_h
 
 
 @x86_64_gcc
-def test_the_library_python_loads_writes_the_portable_builds_bytes(tmp_path, build_harness):
+def test_the_library_python_loads_writes_the_portable_builds_bytes(tmp_path, kernel_builds):
     """The kernel library the package build made (CMake: -march=native, the flags a user's install gets) gives the
     portable harness's bytes for every case: the sparse FFN's output and active set, and the gate matvec. A build
     whose compiler fused a multiply and an add the code keeps apart (GCC's default -ffp-contract=fast in GNU C mode,
     on any FMA target) differs in the last bit and fails here."""
     from edge_sdk.backends.cpu import kernels
 
-    portable = build_harness("gcc", ["-march=x86-64"], "portable")
+    portable = kernel_builds.harness("gcc", ["-march=x86-64"], "portable")
     expected = run_harness(tmp_path, [str(portable)])
     for index, case in enumerate(HARNESS_CASES):
         data = harness_case(tmp_path / f"check{index}.bin", case, HARNESS_NEURONS, seed=case.seed(index))
@@ -543,7 +556,7 @@ def refused(tmp_path: Path, command: list[str], isa: str) -> str:
 
 @x86_64_gcc
 @cmake
-def test_a_package_library_holds_every_x86_build_and_runs_the_best_this_cpu_has(tmp_path, build_harness):
+def test_a_package_library_holds_every_x86_build_and_runs_the_best_this_cpu_has(tmp_path, kernel_builds):
     """Each build in the library writes the single portable build's bytes, the automatic choice is the best build
     this CPU runs, EDGE_SDK_CPU_ISA picks any other it runs, and naming one it does not run, or no build at all, is
     refused with the reason."""
@@ -554,7 +567,7 @@ def test_a_package_library_holds_every_x86_build_and_runs_the_best_this_cpu_has(
     kernels.edge_cpu_isas.restype = ctypes.c_char_p
     assert kernels.edge_cpu_isas().decode() == " ".join(X86_DISPATCH)
     harness = link_harness(tmp_path, "gcc", library)
-    portable = build_harness("gcc", ["-march=x86-64"], "portable")
+    portable = kernel_builds.harness("gcc", ["-march=x86-64"], "portable")
     expected = run_harness(tmp_path, [str(portable)], isa="portable", cases=DISPATCH_CASES)
     runnable = [name for name, needed in X86_DISPATCH.items() if needed <= cpu_flags()]
     assert run_harness(tmp_path, [str(harness)], isa=runnable[0], cases=DISPATCH_CASES) == expected
@@ -576,14 +589,14 @@ def test_a_package_library_holds_every_x86_build_and_runs_the_best_this_cpu_has(
 @AARCH64_TOOLS
 @x86_64_gcc
 @cmake
-def test_a_cross_built_aarch64_library_uses_the_dot_product_where_the_cpu_has_it(tmp_path, build_harness):
+def test_a_cross_built_aarch64_library_uses_the_dot_product_where_the_cpu_has_it(tmp_path, kernel_builds):
     """The aarch64 library holds NEON with and without the dot-product instructions: qemu's Cortex-A72 (Armv8.0, no
     dotprod) runs the NEON build and its `max` CPU the dotprod one, both writing the portable x86 build's bytes."""
     library = build_package_library(tmp_path, AARCH64_TOOLCHAIN)
     code = subprocess.run(["aarch64-linux-gnu-objdump", "-d", str(library)], capture_output=True, text=True).stdout
     assert "sdot\tv" in code and "smull\tv" in code
     harness = link_harness(tmp_path, "aarch64-linux-gnu-gcc", library)
-    portable = build_harness("gcc", ["-march=x86-64"], "portable")
+    portable = kernel_builds.harness("gcc", ["-march=x86-64"], "portable")
     expected = run_harness(tmp_path, [str(portable)], cases=DISPATCH_CASES)
     on_a72 = ["qemu-aarch64", "-cpu", "cortex-a72", *QEMU_SYSROOT, str(harness)]
     on_max = [*QEMU, str(harness)]
