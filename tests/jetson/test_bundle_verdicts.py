@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -1014,12 +1015,18 @@ def assert_clean(message: str, reader: str, case_id: str) -> None:
 def test_python_verify_run_and_the_c_library_give_one_verdict(x86_build: Build, asan_build: Build, corpus_dirs):
     ids = list(corpus_dirs)
     paths = [corpus_dirs[case_id][1] for case_id in ids]
-    c_plain = c_verdicts(x86_build, paths)
-    c_sanitized = c_verdicts(asan_build, paths, env=sanitizer_env())
+    # The sanitized build's checks take longest (a debug build under ASan): they run in the background while the
+    # plain build and the Python readers, which leave a core idle, give their verdicts.
+    with ThreadPoolExecutor(max_workers=1) as background:
+        c_sanitizing = background.submit(c_verdicts, asan_build, paths, env=sanitizer_env())
+        c_plain = c_verdicts(x86_build, paths)
+        python_verdicts = [(python_verify(path), python_run(path)) for path in paths]
+        c_sanitized = c_sanitizing.result()
     disagreements, counts = [], Counter()
-    for case_id, path, c_message, c_asan_message in zip(ids, paths, c_plain, c_sanitized, strict=True):
+    readers = zip(ids, python_verdicts, c_plain, c_sanitized, strict=True)
+    for case_id, (verify_message, run_message), c_message, c_asan_message in readers:
         case = corpus_dirs[case_id][0]
-        verdicts = {"verify": python_verify(path), "run": python_run(path), "C": c_message, "C (ASan)": c_asan_message}
+        verdicts = {"verify": verify_message, "run": run_message, "C": c_message, "C (ASan)": c_asan_message}
         for reader, message in verdicts.items():
             if message is not None:
                 assert_clean(message, reader, case_id)
