@@ -50,10 +50,15 @@ class Terminated(KeyboardInterrupt):
 
 
 TERMINATING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+# The terminating signal received while the command runs, if any. A library that calls back into Python can catch
+# the Terminated its handler raised there and raise an error of its own instead (safetensors reading a tensor gave a
+# ValueError); whatever error then ends the command, the signal is what stopped it.
+_received_signal: list[int] = []
 
 
 def _raise_terminated(signal_number: int, frame) -> None:
     signal.signal(signal_number, signal.SIG_DFL)  # a second one ends the process at once, even mid-cleanup
+    _received_signal.append(signal_number)
     raise Terminated(signal_number)
 
 
@@ -65,6 +70,7 @@ def _terminating_signals_interrupt() -> Iterator[None]:
         yield
         return
     before = {number: signal.getsignal(number) for number in TERMINATING_SIGNALS}
+    _received_signal.clear()
     for number, handler in before.items():
         if handler is signal.SIG_DFL:
             signal.signal(number, _raise_terminated)
@@ -75,6 +81,19 @@ def _terminating_signals_interrupt() -> Iterator[None]:
             signal.signal(number, handler)
 
 
+def _user_error_message(error: Exception) -> str | None:
+    """The one-line message of an error a user can cause (a bad input, a full disk, too little memory), else None."""
+    if isinstance(error, EdgeSdkError):
+        return str(error)
+    if isinstance(error, OSError):
+        return _os_error_text(error)
+    if isinstance(error, MemoryError):
+        return "out of memory; use a smaller model, fewer tokens or a shorter max sequence length"
+    if isinstance(error, UnicodeDecodeError):
+        return f"not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset {error.start})"
+    return None
+
+
 class EdgeSdkGroup(click.Group):
     """Turns every error a user can cause into one line on stderr and a nonzero exit status, never a traceback:
     usage errors (a bad option value) included, which click would otherwise print as a usage block."""
@@ -82,20 +101,22 @@ class EdgeSdkGroup(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except EdgeSdkError as error:
-            message = str(error)
-        except OSError as error:
-            message = _os_error_text(error)
-        except MemoryError:
-            message = "out of memory; use a smaller model, fewer tokens or a shorter max sequence length"
-        except UnicodeDecodeError as error:
-            message = f"not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset {error.start})"
         except Terminated as terminated:  # here, before click turns it into an Abort like Ctrl-C's
-            name = signal.Signals(terminated.signal_number).name
-            click.echo(f"edge-sdk: stopped by {name}; nothing was written", err=True)
-            ctx.exit(128 + terminated.signal_number)
+            self._stopped(ctx, terminated.signal_number)
+        except Exception as error:
+            if _received_signal and not isinstance(error, click.exceptions.Exit):
+                self._stopped(ctx, _received_signal[0])
+            message = _user_error_message(error)
+            if message is None:
+                raise
         click.echo(f"edge-sdk: error: {_one_line(message)}", err=True)
         ctx.exit(USAGE_ERROR)
+
+    @staticmethod
+    def _stopped(ctx: click.Context, signal_number: int) -> None:
+        """Ends the command stopped by a terminating signal; what it was writing was removed on the way out."""
+        click.echo(f"edge-sdk: stopped by {signal.Signals(signal_number).name}; nothing was written", err=True)
+        ctx.exit(128 + signal_number)
 
     def main(self, *args, **kwargs):
         if not kwargs.get("standalone_mode", True):

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edge_sdk import cli
 from edge_sdk.outputs import PREDICTORS_FORMAT, STAGING_MARK, OutputError, predictors_dir_is_ours, write_reports
 
 QUICK_EXPORT = ["--predictor", "none", "--max-seq-len", "32"]
@@ -538,6 +539,33 @@ def test_sigterm_removes_the_staging_and_the_directories_made_for_it(workspace):
     assert writer.returncode == 128 + signal.SIGTERM, stderr
     assert stderr.splitlines()[-1] == "edge-sdk: stopped by SIGTERM; nothing was written" and "Traceback" not in stderr
     assert snapshot(workspace) == before  # no staging, and neither new/ nor new/deeper/
+
+
+def test_a_signal_that_a_library_turned_into_its_own_error_still_stops_the_command(capsys):
+    """A library that calls back into Python can catch the Terminated that SIGTERM's handler raises there and raise an
+    error of its own (safetensors reading a tensor raised a ValueError, and the command died with its traceback): the
+    command still ends as stopped by SIGTERM. Without a signal the same error is a bug of ours and keeps its
+    traceback."""
+    group = cli.EdgeSdkGroup()
+
+    @group.command()
+    def read() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)  # the handler runs here
+        except cli.Terminated:
+            raise ValueError("could not determine the shape of object type 'torch.storage.UntypedStorage'") from None
+
+    @group.command()
+    def fail() -> None:
+        raise ValueError("a bug")
+
+    with pytest.raises(SystemExit) as exited:
+        group.main(["read"], prog_name="edge-sdk")
+    assert exited.value.code == 128 + signal.SIGTERM
+    assert capsys.readouterr().err == "edge-sdk: stopped by SIGTERM; nothing was written\n"
+    with pytest.raises(ValueError, match="a bug"):  # the signal of the run before is forgotten
+        group.main(["fail"], prog_name="edge-sdk")
 
 
 def test_reports_of_one_command_are_published_all_or_none(tmp_path):
