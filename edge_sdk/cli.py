@@ -50,9 +50,9 @@ class Terminated(KeyboardInterrupt):
 
 
 TERMINATING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-# The terminating signal received while the command runs, if any. A library that calls back into Python can catch
-# the Terminated its handler raised there and raise an error of its own instead (safetensors reading a tensor gave a
-# ValueError); whatever error then ends the command, the signal is what stopped it.
+# The signal (SIGINT, SIGTERM, SIGHUP) received while the command runs, if any. A library that calls back into Python
+# can catch the exception the signal's handler raised there and raise an error of its own instead (safetensors
+# reading a tensor gave a ValueError); whatever error then ends the command, the signal is what stopped it.
 _received_signal: list[int] = []
 
 
@@ -62,17 +62,25 @@ def _raise_terminated(signal_number: int, frame) -> None:
     raise Terminated(signal_number)
 
 
+def _raise_interrupt(signal_number: int, frame) -> None:
+    _received_signal.append(signal_number)
+    signal.default_int_handler(signal_number, frame)  # KeyboardInterrupt, as Python's own handler
+
+
 @contextlib.contextmanager
 def _terminating_signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise Terminated while the command runs; a signal the caller ignores (nohup) stays ignored,
-    and the handlers before are restored after (the command may run inside another program, such as a test)."""
+    """SIGTERM and SIGHUP raise Terminated while the command runs, SIGINT KeyboardInterrupt as Python's own handler
+    does, each remembered (_received_signal); a signal the caller ignores (nohup) stays ignored, and the handlers
+    before are restored after (the command may run inside another program, such as a test)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = {number: signal.getsignal(number) for number in TERMINATING_SIGNALS}
+    before = {number: signal.getsignal(number) for number in (signal.SIGINT, *TERMINATING_SIGNALS)}
     _received_signal.clear()
-    for number, handler in before.items():
-        if handler is signal.SIG_DFL:
+    if before[signal.SIGINT] is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _raise_interrupt)
+    for number in TERMINATING_SIGNALS:
+        if before[number] is signal.SIG_DFL:
             signal.signal(number, _raise_terminated)
     try:
         yield
@@ -105,6 +113,8 @@ class EdgeSdkGroup(click.Group):
             self._stopped(ctx, terminated.signal_number)
         except Exception as error:
             if _received_signal and not isinstance(error, click.exceptions.Exit):
+                if _received_signal[0] == signal.SIGINT:
+                    raise KeyboardInterrupt from None  # main's "interrupted", as for Ctrl-C anywhere else
                 self._stopped(ctx, _received_signal[0])
             message = _user_error_message(error)
             if message is None:

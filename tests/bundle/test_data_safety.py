@@ -17,6 +17,7 @@ import tarfile
 import time
 from pathlib import Path
 
+import click
 import numpy as np
 import pytest
 
@@ -544,16 +545,17 @@ def test_sigterm_removes_the_staging_and_the_directories_made_for_it(workspace):
 def test_a_signal_that_a_library_turned_into_its_own_error_still_stops_the_command(capsys):
     """A library that calls back into Python can catch the Terminated that SIGTERM's handler raises there and raise an
     error of its own (safetensors reading a tensor raised a ValueError, and the command died with its traceback): the
-    command still ends as stopped by SIGTERM. Without a signal the same error is a bug of ours and keeps its
-    traceback."""
+    command still ends as stopped by SIGTERM, and after Ctrl-C as interrupted. Without a signal the same error is a
+    bug of ours and keeps its traceback."""
     group = cli.EdgeSdkGroup()
 
     @group.command()
-    def read() -> None:
+    @click.argument("name")
+    def read(name: str) -> None:
         try:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.Signals[name])
             time.sleep(10)  # the handler runs here
-        except cli.Terminated:
+        except KeyboardInterrupt:  # Terminated too
             raise ValueError("could not determine the shape of object type 'torch.storage.UntypedStorage'") from None
 
     @group.command()
@@ -561,9 +563,13 @@ def test_a_signal_that_a_library_turned_into_its_own_error_still_stops_the_comma
         raise ValueError("a bug")
 
     with pytest.raises(SystemExit) as exited:
-        group.main(["read"], prog_name="edge-sdk")
+        group.main(["read", "SIGTERM"], prog_name="edge-sdk")
     assert exited.value.code == 128 + signal.SIGTERM
     assert capsys.readouterr().err == "edge-sdk: stopped by SIGTERM; nothing was written\n"
+    with pytest.raises(SystemExit) as exited:  # Ctrl-C, caught as KeyboardInterrupt by the library
+        group.main(["read", "SIGINT"], prog_name="edge-sdk")
+    assert exited.value.code == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "edge-sdk: interrupted; nothing was written"
     with pytest.raises(ValueError, match="a bug"):  # the signal of the run before is forgotten
         group.main(["fail"], prog_name="edge-sdk")
 
