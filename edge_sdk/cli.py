@@ -164,6 +164,16 @@ def _needs_export(purpose: str) -> None:
     require_extra("export", purpose)
 
 
+def _open_model(model_dir: str, gguf_checkpoint):
+    """The model check_model_path passed: the GGUF file it already opened, or else the checkpoint directory, opened
+    now (which imports torch)."""
+    if gguf_checkpoint is not None:
+        return gguf_checkpoint
+    from edge_sdk.model.checkpoint import open_checkpoint
+
+    return open_checkpoint(model_dir)
+
+
 def _runs_torch_pipeline(purpose: str) -> None:
     """For the commands that run models in torch over many tokens: the extra they need, and freed activations given
     back to the system instead of piling up in the heap (memory.map_large_blocks)."""
@@ -432,10 +442,9 @@ def info(model_dir: str, as_json: bool) -> None:
 
     # before torch is imported: a wrong path or a GGUF file the reader refuses is refused at once
     gguf_checkpoint = check_model_path(model_dir)
-    from edge_sdk.model.checkpoint import open_checkpoint
     from edge_sdk.model.summary import describe_checkpoint
 
-    summary = describe_checkpoint(open_checkpoint(model_dir) if gguf_checkpoint is None else gguf_checkpoint)
+    summary = describe_checkpoint(_open_model(model_dir, gguf_checkpoint))
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -481,12 +490,11 @@ def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **
     gguf_checkpoint = check_model_path(model_dir)
     from tqdm import tqdm
 
-    from edge_sdk.model.checkpoint import open_checkpoint
     from edge_sdk.sparsity.pipeline import calibrate_model
     from edge_sdk.sparsity.predictors_dir import write_calibration
     from edge_sdk.sparsity.settings import validate_settings
 
-    checkpoint = open_checkpoint(model_dir) if gguf_checkpoint is None else gguf_checkpoint
+    checkpoint = _open_model(model_dir, gguf_checkpoint)
     settings = _calibration_settings(fit)
     validate_settings(checkpoint.config, settings)
     layers = checkpoint.config.num_layers
@@ -615,9 +623,8 @@ def export(
         default_int4_scheme,
         export_bundle,
     )
-    from edge_sdk.model.checkpoint import open_checkpoint
 
-    checkpoint = open_checkpoint(model_dir) if gguf_checkpoint is None else gguf_checkpoint
+    checkpoint = _open_model(model_dir, gguf_checkpoint)
     config = checkpoint.config
     if int4_scheme == "auto":
         int4_scheme = default_int4_scheme(checkpoint) if dtype == "int4" else "symmetric"
