@@ -15,7 +15,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -25,6 +25,9 @@ from edge_sdk.quant import DEFAULT_GROUP_SIZE, GROUP_SIZES, INT4_SCHEMES
 from edge_sdk.runtime.backends import MAX_THREADS
 from edge_sdk.runtime.generator import MAX_SEED
 from edge_sdk.sparsity.settings import DEFAULT_LEVELS, LEVEL_ALLOCATIONS, CalibrationSettings
+
+if TYPE_CHECKING:
+    from edge_sdk.model.config import ModelConfig
 
 USAGE_ERROR = 2
 INTERRUPTED = 130
@@ -309,7 +312,13 @@ def _scheme_text(quantization: dict) -> str:
 
 
 def _predictor_choices(with_none: bool) -> list[str]:
-    return [name for name in predictors.KINDS if with_none or name != predictors.NO_PREDICTOR]
+    return [predictors.AUTO, *(name for name in predictors.KINDS if with_none or name != predictors.NO_PREDICTOR)]
+
+
+def _chosen_predictor(fit: dict[str, Any], config: ModelConfig) -> None:
+    """--predictor auto made concrete for the opened model (predictors.default_kind)."""
+    if fit["predictor"] == predictors.AUTO:
+        fit["predictor"] = predictors.default_kind(config.activation)
 
 
 # what calibrate and export share: the model and the output, the calibration text, the predictor and its fit, the
@@ -323,8 +332,9 @@ def _predictor_fit_options(*, output_help: str, calib_required: bool, with_none:
         click.option(
             "--predictor",
             type=click.Choice(_predictor_choices(with_none)),
-            default=CalibrationSettings.predictor,
+            default=predictors.AUTO,
             show_default=True,
+            help="auto: svd (SVDP) for a ReLU-family FFN (relu, fatrelu, drelu), threshold (CHESS) for SiLU.",
         ),
         click.option("--eval", "evaluation_files", multiple=True, help="Held-out text for the report. Repeatable."),
         click.option("--rank", type=click.IntRange(min=1), default=None, help=_RANK_HELP),
@@ -495,6 +505,7 @@ def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **
     from edge_sdk.sparsity.settings import validate_settings
 
     checkpoint = _open_model(model_dir, gguf_checkpoint)
+    _chosen_predictor(fit, checkpoint.config)
     settings = _calibration_settings(fit)
     validate_settings(checkpoint.config, settings)
     layers = checkpoint.config.num_layers
@@ -626,6 +637,7 @@ def export(
 
     checkpoint = _open_model(model_dir, gguf_checkpoint)
     config = checkpoint.config
+    _chosen_predictor(fit, config)
     if int4_scheme == "auto":
         int4_scheme = default_int4_scheme(checkpoint) if dtype == "int4" else "symmetric"
     wider = {}  # the options 'auto' resolved wider than --dtype, with why
@@ -1131,7 +1143,11 @@ def eval_command(
 @click.option("-o", "--output", "out_dir", required=True, help="Directory for the bundles and results.")
 @_window_options
 @click.option("--context", type=click.IntRange(min=2), default=256, show_default=True, help="Window length.")
-@click.option("--predictors", default=None, help="Comma-separated kinds (default: all six).")
+@click.option(
+    "--predictors",
+    default=None,
+    help="Comma-separated kinds (default: every kind the model's FFN serves; for SiLU, threshold alone).",
+)
 @click.option("--levels", default=None, help="Sparsity levels of svd, its ablations and threshold.")
 @click.option("--recall-targets", default=None, help="signbit's recall targets (default 0.999,0.99,0.95,0.9).")
 @click.option("--core-betas", default=None, help="core's betas (default 0.5,0.4,0.3,0.2,0.1).")
@@ -1175,15 +1191,15 @@ def sweep_command(
 ) -> None:
     """The quality-vs-speed frontier of every predictor kind: export, evaluate and time each setting."""
     _runs_torch_pipeline("`edge-sdk sweep`")
-    from edge_sdk.eval import SWEEP_KINDS, format_sweep_markdown
+    from edge_sdk.eval import format_sweep_markdown
     from edge_sdk.eval import sweep as run_sweep
 
-    kinds = tuple(k for k in (",".join(SWEEP_KINDS) if predictors is None else predictors).split(",") if k)
-    if predictors is not None and not kinds:
+    kinds = None if predictors is None else tuple(kind for kind in predictors.split(",") if kind)
+    if kinds == ():
         raise click.BadParameter(
             f"expected a comma-separated list of predictor kinds, found {predictors!r}", param_hint="--predictors"
         )
-    repeated = sorted({kind for kind in kinds if kinds.count(kind) > 1})
+    repeated = sorted({kind for kind in kinds or () if kinds.count(kind) > 1})
     if repeated:
         raise click.BadParameter(
             f"{repeated[0]!r} is listed twice in {predictors!r}; each kind is swept once", param_hint="--predictors"

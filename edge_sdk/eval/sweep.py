@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_sdk import outputs
+from edge_sdk import predictors as predictor_kinds
 from edge_sdk.bench.record import with_machine_info
 from edge_sdk.bundle import Bundle
 from edge_sdk.eval.evaluate import (
@@ -41,6 +42,7 @@ from edge_sdk.eval.evaluate import (
     window_counter,
 )
 from edge_sdk.export.exporter import ExportSettings, check_output, export_bundle
+from edge_sdk.model.activation import Activation
 from edge_sdk.model.checkpoint import open_checkpoint
 from edge_sdk.runtime.backends import EngineOptions, select_backend
 from edge_sdk.runtime.engine import Engine
@@ -166,13 +168,14 @@ def _validate(predictors, levels, recall_targets, core_betas, speed_repeats: int
         raise EvalError(f"timer {timer!r} is not one of {', '.join(TIMERS)}")
     if timer == "cpu" and threads != 1:
         raise EvalError(f"timer 'cpu' adds up the CPU time of all threads: it needs threads=1, found {threads}")
-    unknown = [name for name in predictors if name not in SWEEP_KINDS]
-    if unknown or not predictors:
-        raise EvalError(
-            f"sweep predictors {', '.join(map(repr, unknown)) or '(none)'} not known; expected some of "
-            f"{', '.join(SWEEP_KINDS)}"
-        )
-    used = {SWEEP_KINDS[name].setting for name in predictors}
+    if predictors is not None:
+        unknown = [name for name in predictors if name not in SWEEP_KINDS]
+        if unknown or not predictors:
+            raise EvalError(
+                f"sweep predictors {', '.join(map(repr, unknown)) or '(none)'} not known; expected some of "
+                f"{', '.join(SWEEP_KINDS)}"
+            )
+    used = {SWEEP_KINDS[name].setting for name in (SWEEP_KINDS if predictors is None else predictors)}
     for setting, values in (("level", levels), ("recall_target", recall_targets), ("core_beta", core_betas)):
         if setting not in used:
             continue
@@ -181,6 +184,21 @@ def _validate(predictors, levels, recall_targets, core_betas, speed_repeats: int
         for value in values:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
                 raise EvalError(f"sweep {setting.replace('_', ' ')}: expected a number in (0, 1], found {value!r}")
+
+
+def served_kinds(predictors: Sequence[str] | None, activation: Activation) -> tuple[str, ...]:
+    """The sweep's kinds for a model with this FFN activation: those named, each of which must serve it, or (None)
+    every kind that does (svd, its ablations, signbit and core need a ReLU-family FFN's exact zeros)."""
+    if predictors is None:
+        return tuple(name for name, kind in SWEEP_KINDS.items() if predictor_kinds.serves(kind.predictor, activation))
+    refused = [name for name in predictors if not predictor_kinds.serves(SWEEP_KINDS[name].predictor, activation)]
+    if refused:
+        served = served_kinds(None, activation)
+        raise EvalError(
+            f"sweep predictors {', '.join(refused)} need a ReLU-family FFN (relu, fatrelu, drelu) whose inactive "
+            f"neurons are exact zeros; this model's hidden_act is {activation.kind}: it can sweep {', '.join(served)}"
+        )
+    return tuple(predictors)
 
 
 def sweep_inputs(
@@ -199,7 +217,7 @@ def sweep(
     calibration_files: Sequence[str | Path],
     text_files: Sequence[str | Path],
     out_dir: str | Path,
-    predictors: Sequence[str] = tuple(SWEEP_KINDS),
+    predictors: Sequence[str] | None = None,
     levels: Sequence[float] = DEFAULT_LEVELS,
     recall_targets: Sequence[float] = DEFAULT_RECALL_TARGETS,
     core_betas: Sequence[float] = DEFAULT_CORE_BETAS,
@@ -222,7 +240,8 @@ def sweep(
     on_point: Callable[[str, dict[str, Any]], None] | None = None,
     on_progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Export, evaluate and time every predictor kind at every setting; returns the sweep result.
+    """Export, evaluate and time each predictor kind (predictors; None: every kind the model's FFN activation
+    serves, served_kinds) at every setting; returns the sweep result.
 
     Bundles go to out_dir/bundles/<kind>[-<setting>] (force replaces existing ones; points name them relative
     to out_dir); the result is written to json_path and its frontier plot to plot_path (default
@@ -249,12 +268,13 @@ def sweep(
     def bundle_location(name: str, value: float | None) -> Path:
         return out_dir / "bundles" / (name if value is None else f"{name}-{value:g}")
 
+    checkpoint = open_checkpoint(model_dir)
+    predictors = served_kinds(predictors, checkpoint.config.activation)
     # every bundle's location before the first export: a refusal (not an edge-sdk bundle there) then costs no work
     for name in predictors:
         for value in bundle_values(name):
             check_output(bundle_location(name, value), force, model_dir, calibration_files)
 
-    checkpoint = open_checkpoint(model_dir)
     read_calibration_texts(calibration_files)
     texts = read_texts(text_files)
     check_window_settings(context, prompt_tokens, checkpoint.config.max_position_embeddings)

@@ -264,7 +264,10 @@ def export_bundle(
     calibration = settings.calibration
     kind = calibration.kind
     if kind.calibrated and not calibration_files:
-        raise ExportError(f"predictor '{settings.predictor}' needs calibration text: pass --calib FILE")
+        raise ExportError(
+            f"predictor '{settings.predictor}' needs calibration text: pass --calib FILE, or --predictor none for a "
+            "bundle without a predictor (dense decoding only)"
+        )
     quantized = settings.dtype in QUANTIZED_DTYPES
     if quantized and settings.quant_method == "awq" and not calibration_files:
         raise ExportError("--quant-method awq searches its scales on calibration text: pass --calib FILE")

@@ -20,10 +20,16 @@ calibration, the exporter and the torch engines, which have the `export` extra i
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from edge_sdk.predictors import core, none, signbit, svd, threshold
 from edge_sdk.predictors.kind import PredictorKind
 
+if TYPE_CHECKING:
+    from edge_sdk.model.activation import Activation
+
 NO_PREDICTOR = none.KIND.name
+AUTO = "auto"  # the CLI's default --predictor: default_kind of the model's FFN activation
 
 # In this order: the CLI lists them so, and the C enum numbers them so.
 KINDS: dict[str, PredictorKind] = {
@@ -39,6 +45,17 @@ def kind(name: str) -> PredictorKind:
         return KINDS[name]
     except KeyError:
         raise KeyError(f"predictor {name!r} is not one of {', '.join(KINDS)}") from None
+
+
+def serves(name: str, activation: Activation) -> bool:
+    """Whether kind name can predict this FFN activation (a kind needing exact zeros serves only the ReLU family)."""
+    return not kind(name).relu_only or activation.is_relu_family
+
+
+def default_kind(activation: Activation) -> str:
+    """The predictor fitted when none is named: SVDP (svd) where inactive neurons are exact zeros, the ReLU family;
+    CHESS channel-wise thresholds (threshold) for SiLU, whose neurons are never exactly zero."""
+    return svd.KIND.name if activation.is_relu_family else threshold.KIND.name
 
 
 def tensor_name(layer: int, kind_name: str, tensor: str) -> str:

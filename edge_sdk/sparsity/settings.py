@@ -97,7 +97,7 @@ def validate_settings(config: ModelConfig, settings: CalibrationSettings) -> Non
             f"predictor {settings.predictor!r} is not supported; expected one of "
             f"{', '.join(predictors.CALIBRATED_KINDS)}"
         )
-    if settings.kind.relu_only and not config.activation.is_relu_family:
+    if not predictors.serves(settings.predictor, config.activation):
         raise CalibrationError(
             f"predictor '{settings.predictor}' needs a ReLU-family FFN (relu, fatrelu, drelu) whose inactive "
             f"neurons are exact zeros; this model's hidden_act is {config.activation.kind}: use --predictor threshold"

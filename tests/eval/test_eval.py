@@ -4,9 +4,11 @@ computation, the sweep writes its frontier, and bad input fails with clear error
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ from click.testing import CliRunner
 from edge_sdk.bundle import BundleError
 from edge_sdk.cli import main
 from edge_sdk.errors import EdgeSdkError
-from edge_sdk.eval import EvalError, evaluate_bundle, format_sweep_markdown, frontier_crossing, sweep
+from edge_sdk.eval import SWEEP_KINDS, EvalError, evaluate_bundle, format_sweep_markdown, frontier_crossing, sweep
 from edge_sdk.eval.evaluate import (
     DecodeStatisticsRecorder,
     TeacherForcedRun,
@@ -388,3 +390,44 @@ def test_sweep_checks_every_bundles_location_before_the_first_export(tiny_model_
     assert f"{users}: has no edge-sdk manifest.json, so it is not an edge-sdk bundle" in result.output
     assert sorted(path.name for path in (out / "bundles").iterdir()) == ["signbit-0.95"]
     assert (users / "notes.txt").read_text() == "the user's\n"
+
+
+def test_a_sweep_takes_the_kinds_the_models_ffn_serves(tiny_model_dir, held_out, tmp_path, monkeypatch):
+    """By default every kind for a ReLU-family FFN and threshold alone for SiLU, whose neurons are never exactly zero
+    (the default used to start with svd and fail on a SiLU model); a kind named for SiLU that needs exact zeros is
+    refused before anything is written. The bundle locations a sweep checks before its first export are the
+    bundles it would write; it is stopped right after them."""
+    silu = tmp_path / "silu"
+    shutil.copytree(tiny_model_dir, silu)
+    config = json.loads((silu / "config.json").read_text())
+    (silu / "config.json").write_text(json.dumps(config | {"hidden_act": "silu"}))
+    sweep_module = importlib.import_module("edge_sdk.eval.sweep")
+    checked = []
+    monkeypatch.setattr(sweep_module, "check_output", lambda location, *args: checked.append(location.name))
+
+    class Stopped(Exception):
+        pass
+
+    def stop(files):
+        raise Stopped
+
+    monkeypatch.setattr(sweep_module, "read_calibration_texts", stop)
+    calibration, out = [tiny_model_dir / "calibration.txt"], tmp_path / "s"
+    settings = {"levels": (0.5,), "recall_targets": (0.9,), "core_betas": (0.3,)}
+    with pytest.raises(Stopped):
+        sweep(silu, calibration, [held_out], out, **settings)
+    assert checked == ["threshold"]
+    with pytest.raises(Stopped):
+        sweep(tiny_model_dir, calibration, [held_out], out, **settings)
+    expected = ["svd", "svd-no-whiten", "svd-no-bias", "svd-uniform", "signbit-0.9", "core-0.3", "threshold"]
+    assert checked[1:] == expected and len(expected) == len(SWEEP_KINDS)
+    refusal = (
+        "sweep predictors svd, signbit need a ReLU-family FFN (relu, fatrelu, drelu) whose inactive neurons are exact "
+        "zeros; this model's hidden_act is silu: it can sweep threshold"
+    )
+    with pytest.raises(EvalError, match=re.escape(refusal)):
+        sweep(silu, calibration, [held_out], out, predictors=("svd", "signbit", "threshold"))
+    args = ["sweep", str(silu), "--calib", str(calibration[0]), "-o", str(out), "--text", str(held_out)]
+    result = CliRunner().invoke(main, [*args, "--predictors", "svd,signbit,threshold"])
+    assert result.exit_code == 2 and refusal in result.output and "Traceback" not in result.output
+    assert len(checked) == 8 and not out.exists()

@@ -269,6 +269,9 @@ def test_bad_export_input_leaves_nothing_behind(tiny_model_dir, tmp_path):
         main, ["export", str(tiny_model_dir), "-o", str(tmp_path / "b"), "--calib", calib, "--sparsity", "1.5"]
     )
     assert bad_sparsity.exit_code == 2 and "'--sparsity': 1.5 is not in the range 0<=x<=1" in bad_sparsity.output
+    no_text = CliRunner().invoke(main, ["export", str(tiny_model_dir), "-o", str(tmp_path / "b")])
+    expected = "predictor 'svd' needs calibration text: pass --calib FILE, or --predictor none for a bundle without"
+    assert no_text.exit_code == 2 and expected in no_text.output
     broken = tmp_path / "broken"
     shutil.copytree(tiny_model_dir, broken)
     weights = broken / "model.safetensors"

@@ -295,3 +295,17 @@ def test_level_allocation_option(tiny_model_dir, tmp_path, calibrated):
     result = calibrate_cli(tiny_model_dir, tmp_path / "bad", "--level-allocation", "even", *QUICK)
     assert result.exit_code == 2 and "'even' is not one of 'importance', 'uniform'" in result.output
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize(("hidden_act", "chosen"), [("relu", "svd"), ("silu", "threshold")])
+def test_the_default_predictor_is_the_one_the_ffn_activation_needs(tiny_model_dir, tmp_path, hidden_act, chosen):
+    """No --predictor: SVDP where inactive neurons are exact zeros, CHESS thresholds for SiLU (svd, signbit and core
+    refuse a SiLU model, which the user then had to learn from an error)."""
+    model = tmp_path / hidden_act
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"hidden_act": hidden_act}))
+    result = calibrate_cli(model, tmp_path / "out", "--tokens", "1024", "--levels", "0.5", "--sparsity", "0.5")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["settings"]["predictor"] == chosen
