@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import signal
 import sys
 import threading
@@ -41,6 +42,17 @@ def _os_error_text(error: OSError) -> str:
 
 def _one_line(message: str) -> str:
     return " ".join(message.split())
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click.FloatRange that also refuses nan and inf, which pass its comparisons (and a range up to the largest
+    float, the way to refuse inf, printed that float in --help)."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"expected a finite number, found {value!r}", param, ctx)
+        return number
 
 
 class Terminated(KeyboardInterrupt):
@@ -338,10 +350,10 @@ def _predictor_fit_options(*, output_help: str, calib_required: bool, with_none:
         ),
         click.option("--eval", "evaluation_files", multiple=True, help="Held-out text for the report. Repeatable."),
         click.option("--rank", type=click.IntRange(min=1), default=None, help=_RANK_HELP),
-        click.option("--sparsity", type=click.FloatRange(0, 1), default=None, help=_SPARSITY_HELP),
+        click.option("--sparsity", type=FiniteFloatRange(0, 1), default=None, help=_SPARSITY_HELP),
         click.option(
             "--ppl-budget",
-            type=click.FloatRange(min=0),
+            type=FiniteFloatRange(min=0),
             default=CalibrationSettings.ppl_budget,
             show_default=True,
             help="Choosing the default level: allowed perplexity increase over dense, in percent.",
@@ -383,7 +395,7 @@ def _predictor_fit_options(*, output_help: str, calib_required: bool, with_none:
         ),
         click.option(
             "--recall-target",
-            type=click.FloatRange(0, 1),
+            type=FiniteFloatRange(0, 1),
             default=CalibrationSettings.recall_target,
             show_default=True,
             help="signbit: per-layer recall.",
@@ -793,13 +805,13 @@ _threads_option = click.option(
 @click.option("--backend", default="auto", show_default=True, help="auto, tensorrt, cann or cpu ($EDGE_SDK_BACKEND).")
 @click.option("--max-new-tokens", type=click.IntRange(min=0), default=128, show_default=True)
 @click.option(
-    "--temperature", type=click.FloatRange(0, sys.float_info.max), default=0.0, show_default=True, help="0 = greedy."
+    "--temperature", type=FiniteFloatRange(min=0), default=0.0, show_default=True, help="0 = greedy."
 )
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
-@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
+@click.option("--top-p", type=FiniteFloatRange(0, 1, min_open=True), default=1.0, show_default=True)
 @click.option("--seed", type=click.IntRange(0, MAX_SEED), default=None, help="Sampling seed, 0 to 2^64-1.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
-@click.option("--sparsity", type=click.FloatRange(0, 1), default=None, help="One of the bundle's calibrated levels.")
+@click.option("--sparsity", type=FiniteFloatRange(0, 1), default=None, help="One of the bundle's calibrated levels.")
 @click.option("--dense", is_flag=True, help="Decode the dense model: every FFN neuron computed (no sparsity).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the bundle's chat template.")
 @_threads_option
@@ -1005,7 +1017,7 @@ def _bench_quantized_ffn(
 @click.argument("bundle_dir", type=click.Path(path_type=str))
 @click.option("--backend", default="auto", show_default=True)
 @click.option(
-    "--sparsity", type=click.FloatRange(0, 1), default=None, help="A calibrated level (default: the bundle's)."
+    "--sparsity", type=FiniteFloatRange(0, 1), default=None, help="A calibrated level (default: the bundle's)."
 )
 @click.option("--tokens", type=click.IntRange(1, 1 << 20), default=64, show_default=True, help="Decode steps per run.")
 @click.option("--repeats", type=click.IntRange(1, 10000), default=3, show_default=True)
@@ -1082,7 +1094,7 @@ _window_options = _options(
 @click.argument("bundle_dir", type=click.Path(path_type=str))
 @_window_options
 @click.option(
-    "--sparsity", type=click.FloatRange(0, 1), default=None, help="A calibrated level (default: the bundle's)."
+    "--sparsity", type=FiniteFloatRange(0, 1), default=None, help="A calibrated level (default: the bundle's)."
 )
 @click.option(
     "--context", type=click.IntRange(min=2), default=None, help="Window length (default: min(256, max_seq_len))."

@@ -327,7 +327,9 @@ def test_a_full_disk_and_a_read_only_file_system_are_one_line(workspace, tmp_pat
         (["--prompt", b"\xff\xfeabc".decode("utf-8", "surrogateescape")], "--prompt: not UTF-8 text"),
         (["--stop", b"ok\xff".decode("utf-8", "surrogateescape")], "--stop: not UTF-8 text"),
         (["--dense", "--sparsity", "0.5"], "dense and sparsity 0.5: the dense model has no sparsity level"),
-        (["--temperature", "inf"], "'--temperature': inf is not in the range 0<=x<="),
+        (["--temperature", "inf"], "'--temperature': expected a finite number, found 'inf'"),
+        (["--top-p", "nan"], "'--top-p': expected a finite number, found 'nan'"),
+        (["--sparsity", "nan"], "'--sparsity': expected a finite number, found 'nan'"),
     ],
 )
 def test_run_refuses_bad_arguments_in_one_line(archive, args, fragment):
