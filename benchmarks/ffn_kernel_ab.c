@@ -7,14 +7,18 @@
  * is instead the dense matvec (edge_cpu_matvec_q) of the first matrix, D rows of d values, as a decode step's
  * projections and LM head call it (SPARSITY must be 0); with SVD=RANK, the SVD predictor (edge_cpu_svd_predictor) of
  * rank RANK over the shape, fp32 factors (fp16 with SVD_F16=1: edge_cpu_svd_predictor_f16), OMP_NUM_THREADS threads
- * (SPARSITY must be 0). ASYMMETRIC=1 (int4 only) gives the rows random fp16 group minimums too (asymmetric int4,
- * QUANT.md); DOWN_INT8=1 (int4 only) stores the down rows as int8 codes, without minimums (an int4 bundle of
- * down_dtype int8). Prints per library the median and minimum time and the rate
- * at which it reads the active rows' codes and scales (gate, up and down; the matrix's for MATVEC), and says when a
+ * (SPARSITY must be 0). MASK=hot-first | hot-shuffled draws the mask from per-neuron firing rates that fall as a
+ * power law of the neuron's rank (rank^-0.8, capped at 0.9, mean 1 - SPARSITY: make_synthetic_checkpoint.py's),
+ * the same draws for both, the ranks in neuron order (PowerInfer's hot neurons first) or shuffled; without it every
+ * neuron is active with probability 1 - SPARSITY. ASYMMETRIC=1 (int4 only) gives the rows random fp16 group
+ * minimums too (asymmetric int4, QUANT.md); DOWN_INT8=1 (int4 only) stores the down rows as int8 codes, without
+ * minimums (an int4 bundle of down_dtype int8). Prints per library the median and minimum time and the rate at which
+ * it reads the active rows' codes and scales (gate, up and down; the matrix's for MATVEC), and says when a
  * library's output differs in any bit from the first library's.
  *
- *   gcc -O2 -fopenmp -o /tmp/ffn_kernel_ab benchmarks/ffn_kernel_ab.c -ldl
- *   [THREADS=2] [SHAPE=576x1536] [MATVEC=1 | SVD=224 [SVD_F16=1]] [ASYMMETRIC=1] [DOWN_INT8=1] \
+ *   gcc -O2 -fopenmp -o /tmp/ffn_kernel_ab benchmarks/ffn_kernel_ab.c -ldl -lm
+ *   [THREADS=2] [SHAPE=576x1536] [MATVEC=1 | SVD=224 [SVD_F16=1]] [MASK=hot-first|hot-shuffled] \
+ *       [ASYMMETRIC=1] [DOWN_INT8=1] \
  *       /tmp/ffn_kernel_ab int4|int8 \
  *       SPARSITY ROUNDS \
  *       LIB.so [LIB.so ...]
@@ -24,6 +28,7 @@
  * (gcc -std=c11 -O3 -march=native -fopenmp -shared -fPIC ... -lm); those from before edge_cpu_sparse_ffn_q took
  * down_format need this file of their commit (one argument fewer). */
 #include <dlfcn.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +56,38 @@ static double seconds(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+enum { POWER_LAW_ITERATIONS = 100 };
+#define FIRING_RATE_EXPONENT 0.8
+#define MAX_FIRING_RATE 0.9
+
+/* mask[i] for MASK=hot-first (hot_first 1) or hot-shuffled: rank k fires with c (k + 1)^-exponent, capped, c
+ * bisected so that the rates' mean is 1 - sparsity; rank k is neuron k, or neuron order[k] of a shuffle drawn first
+ * in both modes, so that the two masks differ only in where the ranks sit. Returns the active count. */
+static int power_law_mask(int D, double sparsity, int hot_first, uint8_t *mask) {
+  int *order = malloc(sizeof(int) * (size_t)D);
+  for (int k = 0; k < D; k++) order[k] = k;
+  for (int k = D - 1; k > 0; k--) {
+    int j = rand() % (k + 1), swap = order[k];
+    order[k] = order[j];
+    order[j] = swap;
+  }
+  double low = 0.0, high = 1e6;
+  for (int iteration = 0; iteration < POWER_LAW_ITERATIONS; iteration++) {
+    double c = (low + high) / 2, total = 0.0;
+    for (int k = 0; k < D; k++) total += fmin(c * pow(k + 1, -FIRING_RATE_EXPONENT), MAX_FIRING_RATE);
+    if (total / D < 1.0 - sparsity) low = c;
+    else high = c;
+  }
+  int active = 0;
+  for (int k = 0; k < D; k++) {
+    int fires = (double)rand() / RAND_MAX < fmin(low * pow(k + 1, -FIRING_RATE_EXPONENT), MAX_FIRING_RATE);
+    mask[hot_first ? k : order[k]] = (uint8_t)fires;
+    active += fires;
+  }
+  free(order);
+  return active;
+}
+
 static int by_value(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -73,6 +110,11 @@ int main(int argc, char **argv) {
   }
   if (rounds < 1 || threads < 1 || !(sparsity >= 0.0 && sparsity < 1.0)) {
     fprintf(stderr, "expected ROUNDS >= 1, THREADS >= 1 and 0 <= SPARSITY < 1\n");
+    return 2;
+  }
+  const char *mask_kind = getenv("MASK");
+  if (mask_kind != NULL && strcmp(mask_kind, "hot-first") != 0 && strcmp(mask_kind, "hot-shuffled") != 0) {
+    fprintf(stderr, "MASK: expected hot-first or hot-shuffled, found %s\n", mask_kind);
     return 2;
   }
   int matvec = getenv("MATVEC") != NULL && strcmp(getenv("MATVEC"), "1") == 0;
@@ -155,7 +197,11 @@ int main(int argc, char **argv) {
   for (int i = 0; i < D_MODEL; i++) x[i] = (float)rand() / (float)RAND_MAX - 0.5f;
   uint8_t *mask = malloc(D_FFN);
   int n_active = 0;
-  for (int i = 0; i < D_FFN; i++) n_active += mask[i] = (double)rand() / RAND_MAX >= sparsity;
+  if (mask_kind != NULL) {
+    n_active = power_law_mask(D_FFN, sparsity, strcmp(mask_kind, "hot-first") == 0, mask);
+  } else {
+    for (int i = 0; i < D_FFN; i++) n_active += mask[i] = (double)rand() / RAND_MAX >= sparsity;
+  }
   void *workspace = malloc(workspace_bytes);
   float *flush = malloc(FLUSH_BYTES);
   for (size_t i = 0; i < FLUSH_BYTES / sizeof(float); i++) flush[i] = 1.0f;
