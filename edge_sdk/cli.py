@@ -847,12 +847,25 @@ def run(
         sys.stdout.flush()
     click.echo()
     stats = session.stats
+    prefill = f"{stats.prefill_tokens_per_second:.1f} tok/s" if stats.prefill_seconds > 0 else "not run"
     click.echo(
-        f"prefill: {stats.prompt_tokens} tokens, {stats.prefill_tokens_per_second:.1f} tok/s; "
+        f"prefill: {stats.prompt_tokens} tokens, {prefill}; "
         f"decode: {stats.generated_tokens} tokens, {stats.decode_tokens_per_second:.1f} tok/s "
-        f"({session.info['backend']}, sparsity {session.info['sparsity_level']}, stop: {stats.stop_reason})",
+        f"({session.info['backend']}, {_operating_point(session.info)}, stop: {stats.stop_reason})",
         err=True,
     )
+
+
+def _operating_point(info: dict[str, Any]) -> str:
+    """How a run decoded (Session.info): dense, at a calibrated level, or through a predictor without levels."""
+    level = info["sparsity_level"]
+    if level == "dense":
+        return "dense"
+    if level is not None:
+        return f"sparsity {level:g}"
+    if info["predictor"] == predictors.NO_PREDICTOR:
+        return "no predictor"
+    return f"{info['predictor']} predictor"
 
 
 @main.group()

@@ -256,6 +256,27 @@ def test_run_streams_the_continuation_and_reports_speed(bundles):
     assert continuation and result.stdout == continuation + "\n"
 
 
+@pytest.mark.parametrize(
+    ("name", "options", "decoded"),
+    [
+        ("svd-fp32", [], None),  # the bundle's default level
+        ("svd-fp32", ["--dense"], "dense"),
+        ("signbit-fp32", [], "signbit predictor"),  # no levels: its calibrated alpha
+        ("none-fp32", [], "no predictor"),
+    ],
+)
+def test_run_says_how_it_decoded(bundles, name, options, decoded):
+    """The stats line named a level-less predictor's or a predictor-less bundle's operating point 'sparsity None'."""
+    bundle = bundles[name]
+    decoded = decoded or f"sparsity {bundle.sparsity.default_level:g}"
+    args = ["run", str(bundle.path), "--prompt", "x", "--backend", "cpu", *options]
+    result = CliRunner().invoke(main, [*args, "--max-new-tokens", "2"])
+    assert result.exit_code == 0, result.output
+    assert f"(cpu, {decoded}, stop: max_new_tokens)" in result.stderr
+    nothing = CliRunner().invoke(main, [*args, "--max-new-tokens", "0"])
+    assert nothing.exit_code == 0 and "prefill: 2 tokens, not run; decode: 0 tokens" in nothing.stderr  # bos, x
+
+
 def test_run_reads_the_prompt_from_stdin(bundles):
     args = ["run", str(bundles["svd-fp32"].path), "--max-new-tokens", "5"]
     from_stdin = CliRunner().invoke(main, args, input="import os\n")
