@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from edge_sdk import __version__, memory, outputs, predictors
+from edge_sdk.bundle import operating_point_text
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.quant import DEFAULT_GROUP_SIZE, GROUP_SIZES, INT4_SCHEMES
 from edge_sdk.runtime.backends import MAX_THREADS
@@ -804,9 +805,7 @@ _threads_option = click.option(
 @click.option("--prompt", default=None, help="Prompt text (default: read standard input).")
 @click.option("--backend", default="auto", show_default=True, help="auto, tensorrt, cann or cpu ($EDGE_SDK_BACKEND).")
 @click.option("--max-new-tokens", type=click.IntRange(min=0), default=128, show_default=True)
-@click.option(
-    "--temperature", type=FiniteFloatRange(min=0), default=0.0, show_default=True, help="0 = greedy."
-)
+@click.option("--temperature", type=FiniteFloatRange(min=0), default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
 @click.option("--top-p", type=FiniteFloatRange(0, 1, min_open=True), default=1.0, show_default=True)
 @click.option("--seed", type=click.IntRange(0, MAX_SEED), default=None, help="Sampling seed, 0 to 2^64-1.")
@@ -848,24 +847,14 @@ def run(
     click.echo()
     stats = session.stats
     prefill = f"{stats.prefill_tokens_per_second:.1f} tok/s" if stats.prefill_seconds > 0 else "not run"
+    info = session.info
     click.echo(
         f"prefill: {stats.prompt_tokens} tokens, {prefill}; "
         f"decode: {stats.generated_tokens} tokens, {stats.decode_tokens_per_second:.1f} tok/s "
-        f"({session.info['backend']}, {_operating_point(session.info)}, stop: {stats.stop_reason})",
+        f"({info['backend']}, {operating_point_text(info['predictor'], info['sparsity_level'])}, "
+        f"stop: {stats.stop_reason})",
         err=True,
     )
-
-
-def _operating_point(info: dict[str, Any]) -> str:
-    """How a run decoded (Session.info): dense, at a calibrated level, or through a predictor without levels."""
-    level = info["sparsity_level"]
-    if level == "dense":
-        return "dense"
-    if level is not None:
-        return f"sparsity {level:g}"
-    if info["predictor"] == predictors.NO_PREDICTOR:
-        return "no predictor"
-    return f"{info['predictor']} predictor"
 
 
 @main.group()
@@ -1061,7 +1050,8 @@ def bench_e2e_command(
         )
     click.echo(
         f"{result['backend']}: dense {result['dense_tokens_per_second']:.1f} tok/s, sparse "
-        f"{result['sparse_tokens_per_second']:.1f} tok/s ({result['predictor']} at {result['sparsity_level']}): "
+        f"{result['sparse_tokens_per_second']:.1f} tok/s "
+        f"({operating_point_text(result['predictor'], result['sparsity_level'])}): "
         f"{result['speedup']:.2f}x; prefill {result['prefill_tokens_per_second']:.1f} tok/s "
         f"({result['prompt_tokens']} prompt tokens)"
     )
@@ -1149,7 +1139,8 @@ def eval_command(
             on_progress=on_progress,
         )
     click.echo(
-        f"{result['backend']}, {result['predictor']} at {result['sparsity_level']}: perplexity dense "
+        f"{result['backend']}, {operating_point_text(result['predictor'], result['sparsity_level'])}: "
+        f"perplexity dense "
         f"{result['dense_perplexity']:.3f}, sparse {result['sparse_perplexity']:.3f} "
         f"({result['perplexity_change_percent']:+.2f}%), top-1 agreement {result['top1_agreement']:.4f} "
         f"over {result['scored_tokens']} tokens"

@@ -77,5 +77,5 @@ def bench_e2e(
     results["speedup"] = results["sparse_tokens_per_second"] / results["dense_tokens_per_second"]
     results["prefill_tokens_per_second"] = len(ids) / best_prefill
     # "dense": the bundle's default is dense decoding (no level was within its export's perplexity budget)
-    results["sparsity_level"] = "dense" if choice.dense else choice.level
+    results["sparsity_level"] = choice.reported
     return results

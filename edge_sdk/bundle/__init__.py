@@ -4,7 +4,7 @@ The exporter writes bundles and everything else reads them through this package 
 nor onnx, so a device install runs bundles without them.
 """
 
-from edge_sdk.bundle.manifest import BundleError, LevelChoice, SparsityConfig, manifest_digest
+from edge_sdk.bundle.manifest import BundleError, LevelChoice, SparsityConfig, manifest_digest, operating_point_text
 from edge_sdk.bundle.reader import Bundle
 
-__all__ = ["Bundle", "BundleError", "LevelChoice", "SparsityConfig", "manifest_digest"]
+__all__ = ["Bundle", "BundleError", "LevelChoice", "SparsityConfig", "manifest_digest", "operating_point_text"]

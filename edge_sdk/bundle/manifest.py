@@ -197,6 +197,22 @@ class LevelChoice:
     level: float | None
     dense: bool
 
+    @property
+    def reported(self) -> float | str | None:
+        """The `sparsity_level` of the reports (`run`'s, `eval`'s, `bench e2e`'s): "dense", the level, or None
+        (a predictor without levels)."""
+        return "dense" if self.dense else self.level
+
+
+def operating_point_text(predictor: str, reported: float | str | None) -> str:
+    """How a run decoded, in the words `run`, `eval` and `bench e2e` print, from its predictor and its reported level
+    (LevelChoice.reported)."""
+    if reported == "dense":
+        return "dense"
+    if reported is not None:
+        return f"sparsity {reported:g}"
+    return "no predictor" if predictor == predictors.NO_PREDICTOR else f"{predictor} predictor"
+
 
 @dataclass(frozen=True)
 class SparsityConfig:

@@ -302,7 +302,6 @@ def evaluate_bundle(
     bundle = Bundle.open(bundle_path)
     texts = read_texts(text_files)
     choice = bundle.sparsity.resolve(sparsity)  # raises, naming the calibrated levels, before any work
-    level = choice.level
     max_seq_len = bundle.max_seq_len
     context = min(DEFAULT_CONTEXT, max_seq_len) if context is None else context
     check_window_settings(context, prompt_tokens, max_seq_len)
@@ -320,7 +319,7 @@ def evaluate_bundle(
         "backend": selection.backend.name,
         "backend_reason": selection.reason,
         "predictor": bundle.sparsity.predictor,
-        "sparsity_level": level,
+        "sparsity_level": choice.reported,
         "text_files": [str(file) for file in text_files],
         "context": context,
         "prompt_tokens": prompt_tokens,

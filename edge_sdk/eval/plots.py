@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from edge_sdk.bundle import operating_point_text
 from edge_sdk.outputs import PNG_METADATA
 
 _SPARSITY_BARS = (
@@ -58,10 +59,9 @@ def plot_evaluation(result: dict[str, Any], path: str | Path) -> None:
         low = min(min(layer["recall"], layer["importance_weighted_recall"]) for layer in layers)
         axes[2].set_ylim(max(0.0, low - 0.05), 1.0)
         axes[2].set_title("Recall of truly active neurons per layer")
-    level = result.get("sparsity_level")
-    setting = f"level {level:g}" if level is not None else "no levels"
     figure.suptitle(
-        f"{result['bundle']} -- {result['predictor']} ({setting}) on {result['backend']}, "
+        f"{result['bundle']} -- {operating_point_text(result['predictor'], result['sparsity_level'])} on "
+        f"{result['backend']}, "
         f"{result['scored_tokens']} scored tokens"
     )
     figure.savefig(Path(path), dpi=110, format="png", metadata=PNG_METADATA)

@@ -61,14 +61,12 @@ class Session:
     @property
     def info(self) -> dict[str, Any]:
         config, sparsity = self.bundle.config, self.bundle.sparsity
-        choice = self.options.level
-        level: float | str | None = "dense" if choice.dense else choice.level
         return {
             "bundle": str(self.bundle.path),
             "backend": self.selection.backend.name,
             "backend_reason": self.selection.reason,
             "predictor": sparsity.predictor,
-            "sparsity_level": level,
+            "sparsity_level": self.options.level.reported,
             "calibrated_levels": list(sparsity.levels),
             "architecture": config.architecture,
             "layers": config.num_layers,

@@ -268,6 +268,11 @@ def test_with_no_level_within_the_budget_the_default_is_dense(tiny_model_dir, tm
     sparsity = Bundle.open(out).sparsity
     assert sparsity.resolve(None) == LevelChoice(None, None, True)
     assert sparsity.resolve(0.9) == LevelChoice(1, 0.9, False)  # any calibrated level can still be asked for
+    # and eval says it compared dense with dense (it said "svd at None")
+    held_out = str(tiny_model_dir / "held_out.txt")
+    evaluated = CliRunner().invoke(main, ["eval", str(out), "--text", held_out, "--tokens", "200", "--context", "64"])
+    assert evaluated.exit_code == 0, evaluated.output
+    assert "cpu, dense: perplexity dense" in evaluated.output
     # the reference decoder follows the default: its decode equals dense decoding, not the mildest level's
     model = load_reference_decoder(Bundle.open(out))
     prompt = torch.tensor([Tokenizer.from_dir(tiny_model_dir).encode("def main(argv=None):")])
