@@ -1245,18 +1245,27 @@ EDGE_ALWAYS_INLINE void fused_multiply_add16(vec16 *acc, const ivec16 *products,
 #else /* AVX2, NEON and portable C */
 
 #if EDGE_ROWS_AVX2
-/* The 8 lanes of one INT8 block: codes at `codes`, activation codes high, low, starting values `sums`. */
-static inline __m256i int8_block_products(const char *codes, const int8_t *high, const int8_t *low,
-                                          const int32_t *sums) {
+/* An INT8 block's codes as the unsigned operand of the products: code + 128 with AVX-VNNI (`vpdpbusd`), |code|
+ * without (`vpmaddubsw`, x's codes then taking the code's sign), the same for every x they meet. */
+static inline __m256i int8_unsigned_codes(__m256i w) {
+#ifdef __AVXVNNI__
+  return _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
+#else
+  return _mm256_abs_epi8(w);
+#endif
+}
+
+/* The 8 lanes of one INT8 block of codes w (unsigned: int8_unsigned_codes(w)) times activation codes high, low,
+ * starting values `sums`. */
+static inline __m256i int8_products(__m256i w, __m256i unsigned_codes, const int8_t *high, const int8_t *low,
+                                    const int32_t *sums) {
   __m256i high8 = _mm256_loadu_si256((const void *)high), low8 = _mm256_loadu_si256((const void *)low);
   __m256i lanes = _mm256_loadu_si256((const void *)sums);
-  __m256i w = _mm256_loadu_si256((const void *)codes);
 #ifdef __AVXVNNI__
-  __m256i unsigned_codes = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
+  (void)w;
   __m256i high_sums = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), unsigned_codes, high8);
   __m256i low_sums = _mm256_dpbusd_avx_epi32(lanes, unsigned_codes, low8);
 #else
-  __m256i unsigned_codes = _mm256_abs_epi8(w);
   high8 = _mm256_sign_epi8(high8, w);
   low8 = _mm256_sign_epi8(low8, w);
   const __m256i ones = _mm256_set1_epi16(1);
@@ -1266,17 +1275,28 @@ static inline __m256i int8_block_products(const char *codes, const int8_t *high,
   return _mm256_add_epi32(_mm256_slli_epi32(high_sums, 8), low_sums);
 }
 
-/* The 8 lanes of two INT4 blocks (n_blocks 1 or 2; a missing block's bytes are zero, its x codes and sums too):
- * their 32 bytes' low nibbles meet 32 bytes of each plane at `high`, `low`, their high nibbles the 32 at + 64. */
-static inline __m256i int4_block_pair_products(const char *codes, int n_blocks, const int8_t *high, const int8_t *low,
-                                               const int32_t *sums) {
+/* The 8 lanes of one INT8 block: codes at `codes`, activation codes high, low, starting values `sums`. */
+static inline __m256i int8_block_products(const char *codes, const int8_t *high, const int8_t *low,
+                                          const int32_t *sums) {
+  __m256i w = _mm256_loadu_si256((const void *)codes);
+  return int8_products(w, int8_unsigned_codes(w), high, low, sums);
+}
+
+/* Two INT4 blocks' 32 bytes at `codes` (n_blocks 1 or 2; a missing block's bytes are zero) as code + 8 (each
+ * nibble's sign bit flipped): their low nibbles and their high nibbles, one byte each. */
+static inline void int4_pair_codes(const char *codes, int n_blocks, __m256i *low_codes, __m256i *high_codes) {
   __m256i bytes = n_blocks == 2 ? _mm256_loadu_si256((const void *)codes)
                                 : _mm256_zextsi128_si256(_mm_loadu_si128((const void *)codes));
-  /* each nibble's sign bit flipped: code + 8 */
   bytes = _mm256_xor_si256(bytes, _mm256_set1_epi8((char)0x88));
   const __m256i nibble = _mm256_set1_epi8(0x0f);
-  __m256i low_codes = _mm256_and_si256(bytes, nibble);
-  __m256i high_codes = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+  *low_codes = _mm256_and_si256(bytes, nibble);
+  *high_codes = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+}
+
+/* The 8 lanes of two INT4 blocks (int4_pair_codes; a missing block's x codes and sums are zero too): the low nibbles
+ * meet 32 bytes of each plane at `high`, `low`, the high nibbles the 32 at + 64. */
+static inline __m256i int4_pair_products(__m256i low_codes, __m256i high_codes, const int8_t *high, const int8_t *low,
+                                         const int32_t *sums) {
   __m256i lanes = _mm256_loadu_si256((const void *)sums);
 #define EDGE_LOAD256(p) _mm256_loadu_si256((const void *)(p))
 #ifdef __AVXVNNI__
@@ -1296,6 +1316,14 @@ static inline __m256i int4_block_pair_products(const char *codes, int n_blocks, 
 #endif
 #undef EDGE_LOAD256
   return _mm256_add_epi32(_mm256_slli_epi32(high_sums, 8), low_sums);
+}
+
+/* The 8 lanes of two INT4 blocks at `codes` (n_blocks 1 or 2) times the planes at `high`, `low`. */
+static inline __m256i int4_block_pair_products(const char *codes, int n_blocks, const int8_t *high, const int8_t *low,
+                                               const int32_t *sums) {
+  __m256i low_codes, high_codes;
+  int4_pair_codes(codes, n_blocks, &low_codes, &high_codes);
+  return int4_pair_products(low_codes, high_codes, high, low, sums);
 }
 
 /* Lane l's block within the 8 blocks of a step, for the lanes of one half unit: INT4 half h of unit k holds blocks
@@ -1399,6 +1427,117 @@ EDGE_ALWAYS_INLINE void int_dot_step(int n, const char *const *row, const uint16
                         odd);
     }
   }
+}
+
+/* Tokens of a block whose x one row meets at once (int_dot_tokens): each token's even and odd accumulators are 4 of
+ * the 16 ymm registers. */
+#define EDGE_TOKENS_AT_ONCE 2
+
+/* add_unit_products for one row and the x of n tokens (xa[t], t < n): each half unit's codes loaded (INT4: split
+ * into nibbles) once for the n tokens, then each token's products, factors and fused multiply-add as
+ * add_unit_products computes them for that row and that x, so each token's bits are those of add_unit_products. */
+EDGE_ALWAYS_INLINE void add_unit_products_tokens(int n, const char *row, int dtype,
+                                                 const struct quantized_activations *const *xa, int first_unit, int k,
+                                                 int present, const char *next, const __m256 *block_factors,
+                                                 step_lanes *acc) {
+  int unit = first_unit + k;
+  EDGE_PREFETCH(next, (size_t)unit * 64);
+#pragma GCC unroll 2
+  for (int half = 0; half < 2; half++) {
+    __m256i blocks_of_lanes = half_unit_blocks(dtype, k, half);
+    const char *codes = row + (size_t)unit * 64 + 32 * half;
+    size_t first = (size_t)unit * EDGE_MAX_UNIT_VALUES + 32 * (size_t)half, at = (size_t)unit * 64 + 32 * half;
+    int in_pair = present - 2 * half < 2 ? present - 2 * half : 2;
+    int has_products = dtype == EDGE_Q4 ? in_pair > 0 : half < present;
+    __m256i low_codes = _mm256_setzero_si256(), high_codes = _mm256_setzero_si256();
+    if (has_products && dtype == EDGE_Q4) {
+      int4_pair_codes(codes, in_pair, &low_codes, &high_codes);
+    } else if (has_products) { /* INT8: the codes, and their unsigned form */
+      high_codes = _mm256_loadu_si256((const void *)codes);
+      low_codes = int8_unsigned_codes(high_codes);
+    }
+#pragma GCC unroll 2
+    for (int t = 0; t < n; t++) {
+      const int32_t *sums = xa[t]->code_offset_sums + (size_t)unit * EDGE_UNIT_LANES + 8 * half;
+      __m256i products = _mm256_setzero_si256();
+      if (has_products && dtype == EDGE_Q4) {
+        products = int4_pair_products(low_codes, high_codes, xa[t]->high + first, xa[t]->low + first, sums);
+      } else if (has_products) {
+        products = int8_products(high_codes, low_codes, xa[t]->high + at, xa[t]->low + at, sums);
+      }
+      __m256 factors = _mm256_permutevar8x32_ps(block_factors[t], blocks_of_lanes);
+      acc[t].half[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products), factors, acc[t].half[half]);
+    }
+  }
+}
+
+/* int_dot_step for one row and the x of n tokens (xa[t], t < n): the row's group scales (and minimums) widened once
+ * per step and its codes once per half unit (add_unit_products_tokens), each token's factors, corrections and
+ * accumulators as int_dot_step computes them for that row and that x, so each token's bits are those of
+ * int_dot_step. */
+EDGE_ALWAYS_INLINE void int_dot_step_tokens(int n, const char *row, const uint16_t *scales, int dtype, int group_log,
+                                            const struct quantized_activations *const *xa, int first_block,
+                                            int step_blocks, const char *next, const uint16_t *next_scales,
+                                            step_lanes *even, step_lanes *odd, int asymmetric, const uint16_t *mins,
+                                            const uint16_t *next_mins, step_lanes *corr) {
+  const __m256i group_of_block =
+      _mm256_srlv_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(group_log));
+  int per_unit = unit_blocks(dtype), first_unit = first_block / per_unit;
+  int step_units = (step_blocks + per_unit - 1) / per_unit;
+  size_t first_group = (size_t)first_block >> group_log;
+  int n_groups = ((step_blocks - 1) >> group_log) + 1;
+  if ((first_group * sizeof(uint16_t)) % EDGE_CACHE_LINE == 0) {
+    EDGE_PREFETCH(next_scales, first_group * sizeof(uint16_t));
+    if (asymmetric) EDGE_PREFETCH(next_mins, first_group * sizeof(uint16_t));
+  }
+  __m256 row_scales = _mm256_permutevar8x32_ps(load_halves(scales + first_group, n_groups), group_of_block);
+  __m256 mids = _mm256_setzero_ps();
+  if (asymmetric) {
+    __m256 row_mins = _mm256_permutevar8x32_ps(load_halves(mins + first_group, n_groups), group_of_block);
+    mids = _mm256_fmadd_ps(row_scales, _mm256_set1_ps(8.0f), row_mins);
+  }
+  __m256 block_factors[EDGE_TOKENS_AT_ONCE];
+  for (int t = 0; t < n; t++) {
+    block_factors[t] = _mm256_mul_ps(row_scales, load_floats(xa[t]->block_scales + first_block, step_blocks));
+    if (asymmetric) {
+      int half = (first_block / 8) % 2;
+      __m256 x_sums = load_floats(xa[t]->block_sums + first_block, step_blocks);
+      corr[t].half[half] = _mm256_fmadd_ps(mids, x_sums, corr[t].half[half]);
+    }
+  }
+  for (int k = 0; k < step_units; k += 2) {
+    add_unit_products_tokens(n, row, dtype, xa, first_unit, k, step_blocks - k * per_unit, next, block_factors, even);
+    if (k + 1 < step_units) {
+      add_unit_products_tokens(n, row, dtype, xa, first_unit, k + 1, step_blocks - (k + 1) * per_unit, next,
+                               block_factors, odd);
+    }
+  }
+}
+
+/* out[t] = row . x_t through the quantized planes xa[t] of n tokens (1 or EDGE_TOKENS_AT_ONCE, a constant once
+ * inlined), prefetching the row `next`: each token's value the bits int_dot_rows gives that row and that x. */
+EDGE_ALWAYS_INLINE void int_dot_tokens(int n, const char *row, const uint16_t *scales, const uint16_t *mins, int dtype,
+                                       int group_size, const struct quantized_activations *const *xa, int d,
+                                       const char *next, const uint16_t *next_scales, const uint16_t *next_mins,
+                                       int asymmetric, float *out) {
+  int blocks = d / EDGE_QUANT_BLOCK;
+  int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2;
+  step_lanes even[EDGE_TOKENS_AT_ONCE], odd[EDGE_TOKENS_AT_ONCE], corr[EDGE_TOKENS_AT_ONCE];
+  for (int t = 0; t < n; t++) {
+    zero_step_lanes(&even[t]);
+    zero_step_lanes(&odd[t]);
+    zero_step_lanes(&corr[t]);
+  }
+  int first_block = 0;
+  for (; first_block + EDGE_STEP_BLOCKS <= blocks; first_block += EDGE_STEP_BLOCKS) {
+    int_dot_step_tokens(n, row, scales, dtype, group_log, xa, first_block, EDGE_STEP_BLOCKS, next, next_scales, even,
+                        odd, asymmetric, mins, next_mins, corr);
+  }
+  if (first_block < blocks) {
+    int_dot_step_tokens(n, row, scales, dtype, group_log, xa, first_block, blocks - first_block, next, next_scales,
+                        even, odd, asymmetric, mins, next_mins, corr);
+  }
+  for (int t = 0; t < n; t++) out[t] = step_total(&even[t], &odd[t], asymmetric ? &corr[t] : NULL);
 }
 
 #elif defined(__ARM_NEON)
@@ -2347,7 +2486,7 @@ static void prepare_token(const float *x, int in, int dtype, int asymmetric, voi
   }
 }
 
-#if EDGE_ROWS_AVX512 || defined(__ARM_NEON)
+#if EDGE_ROWS_AVX512 || EDGE_ROWS_AVX2 || defined(__ARM_NEON)
 /* Bytes of a run's rows that the block's groups of tokens go through before the next rows: a quarter of a 32 KiB L1,
  * so that each group after the first finds them there beside its x (with the whole 32 KiB run per group, rows and
  * x came from L2; 4, 8 and 16 KiB measured, benchmarks/README.md, section 11). */
@@ -2411,7 +2550,7 @@ static void int_dot_run_tokens(const struct row_list *rows, const struct row_lis
 }
 #endif
 
-#if EDGE_ROWS_AVX512 || defined(__ARM_NEON)
+#if EDGE_ROWS_AVX512 || EDGE_ROWS_AVX2 || defined(__ARM_NEON)
 /* Whether rows of `dtype` take fewer instructions dotted with EDGE_TOKENS_AT_ONCE tokens at once than token by token.
  * Not INT4 on NEON without the dot product extension: its widening products need the registers the second token's
  * accumulators take, and the pair spilled (counted under qemu: 4.5% more instructions than token by token,
@@ -2432,11 +2571,12 @@ static inline int tokens_at_once_pay(int dtype) {
 #define EDGE_TOKEN_PLANES_BYTES 16384
 
 /* out[t * out_stride + k] = row k of the run `rows` . token t's x for every token: int_dot_run_tokens where it
- * applies (AVX-512 and NEON, quantized rows with x quantized, rows short enough for EDGE_TOKEN_PLANES_BYTES), rows_dot
- * token by token otherwise (the rows then come from the core's cache for every token after the first). */
+ * applies (AVX-512, AVX2 and NEON, quantized rows with x quantized, rows short enough for
+ * EDGE_TOKEN_PLANES_BYTES), rows_dot token by token otherwise (the rows then come from the core's cache for every
+ * token after the first). */
 static void rows_dot_tokens(const struct row_list *rows, const struct row_list *then, const struct token_input *inputs,
                             int tokens, int d, int cold, float *out, size_t out_stride) {
-#if EDGE_ROWS_AVX512 || defined(__ARM_NEON)
+#if EDGE_ROWS_AVX512 || EDGE_ROWS_AVX2 || defined(__ARM_NEON)
   int planes_fit = (size_t)d * EDGE_TOKENS_AT_ONCE * 5 / 2 <= EDGE_TOKEN_PLANES_BYTES;
   if (tokens > 1 && planes_fit && inputs[0].xa != NULL && is_quantized(rows->w->dtype) &&
       tokens_at_once_pay(rows->w->dtype)) {
