@@ -2567,8 +2567,15 @@ static inline int tokens_at_once_pay(int dtype) {
 
 /* Bytes of x's planes (about 2.5 per value: the two int8 planes, the lanes' offset sums) that EDGE_TOKENS_AT_ONCE
  * tokens may take for a row to be dotted with them at once: half of a 32 KiB L1. Beyond, each row would read them
- * from L2 (LLaMA-2-7B's 4096 values: 40 KiB, and its prefill 0.80x of token by token over the cached run). */
+ * from L2 (AVX-512's 4 tokens of LLaMA-2-7B's 4096 values: 40 KiB, and its prefill 0.80x of token by token over the
+ * cached run). AVX2's 2 tokens of 4096 values (20 KiB) beside an 8 KiB piece of rows still fit, and prefill the 7B
+ * shape 1.15-1.2x faster than token by token (benchmarks/README.md section 11); NEON keeps half an L1 until an
+ * A78AE (64 KiB of L1) measures it. */
+#if EDGE_ROWS_AVX2
+#define EDGE_TOKEN_PLANES_BYTES 24576
+#else
 #define EDGE_TOKEN_PLANES_BYTES 16384
+#endif
 
 /* out[t * out_stride + k] = row k of the run `rows` . token t's x for every token: int_dot_run_tokens where it
  * applies (AVX-512, AVX2 and NEON, quantized rows with x quantized, rows short enough for
