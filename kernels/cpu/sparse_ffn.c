@@ -1385,6 +1385,29 @@ EDGE_ALWAYS_INLINE void add_unit_products(int n, const char *const *row, int dty
   }
 }
 
+/* One AVX2 step of at most 8 blocks from first_block (a multiple of 8): its units and groups. */
+struct step_shape {
+  __m256i group_of_block; /* block b's group within the step */
+  int per_unit, first_unit, units, n_groups;
+  size_t first_group;
+};
+
+EDGE_ALWAYS_INLINE struct step_shape step_shape_of(int dtype, int group_log, int first_block, int step_blocks) {
+  struct step_shape shape;
+  shape.group_of_block = _mm256_srlv_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(group_log));
+  shape.per_unit = unit_blocks(dtype);
+  shape.first_unit = first_block / shape.per_unit;
+  shape.units = (step_blocks + shape.per_unit - 1) / shape.per_unit;
+  shape.first_group = (size_t)first_block >> group_log;
+  shape.n_groups = ((step_blocks - 1) >> group_log) + 1;
+  return shape;
+}
+
+/* A row's fp16 values per group (its scales or minimums) for each block of the step, widened. */
+EDGE_ALWAYS_INLINE __m256 step_group_values(const uint16_t *halves, const struct step_shape *shape) {
+  return _mm256_permutevar8x32_ps(load_halves(halves + shape->first_group, shape->n_groups), shape->group_of_block);
+}
+
 /* The AVX2 form of the integer dot step: blocks [first_block, first_block + step_blocks) of rows row[t < n] into
  * their even and odd units' accumulators (step_lanes), step_blocks at most 8 and first_block a multiple of 8 (so the
  * step starts at an even unit: 2 INT4 or 4 INT8 units). As AVX-512's int_dot_step, the step's factors are one vector
@@ -1397,34 +1420,28 @@ EDGE_ALWAYS_INLINE void int_dot_step(int n, const char *const *row, const uint16
                                      int step_blocks, const char *const *next, const uint16_t *const *next_scales,
                                      step_lanes *even, step_lanes *odd, int asymmetric, const uint16_t *const *mins,
                                      const uint16_t *const *next_mins, step_lanes *corr) {
-  const __m256i group_of_block =
-      _mm256_srlv_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(group_log));
-  int per_unit = unit_blocks(dtype), first_unit = first_block / per_unit;
-  int step_units = (step_blocks + per_unit - 1) / per_unit;
-  size_t first_group = (size_t)first_block >> group_log;
-  int n_groups = ((step_blocks - 1) >> group_log) + 1;
+  struct step_shape shape = step_shape_of(dtype, group_log, first_block, step_blocks);
   __m256 x_scales = load_floats(xa->block_scales + first_block, step_blocks);
   __m256 x_sums = asymmetric ? load_floats(xa->block_sums + first_block, step_blocks) : _mm256_setzero_ps();
   __m256 block_factors[EDGE_ROWS_AT_ONCE];
   for (int t = 0; t < n; t++) {
-    if ((first_group * sizeof(uint16_t)) % EDGE_CACHE_LINE == 0) {
-      EDGE_PREFETCH(next_scales[t], first_group * sizeof(uint16_t));
-      if (asymmetric) EDGE_PREFETCH(next_mins[t], first_group * sizeof(uint16_t));
+    if ((shape.first_group * sizeof(uint16_t)) % EDGE_CACHE_LINE == 0) {
+      EDGE_PREFETCH(next_scales[t], shape.first_group * sizeof(uint16_t));
+      if (asymmetric) EDGE_PREFETCH(next_mins[t], shape.first_group * sizeof(uint16_t));
     }
-    __m256 row_scales = _mm256_permutevar8x32_ps(load_halves(scales[t] + first_group, n_groups), group_of_block);
+    __m256 row_scales = step_group_values(scales[t], &shape);
     block_factors[t] = _mm256_mul_ps(row_scales, x_scales);
     if (asymmetric) {
-      __m256 row_mins = _mm256_permutevar8x32_ps(load_halves(mins[t] + first_group, n_groups), group_of_block);
-      __m256 mids = _mm256_fmadd_ps(row_scales, _mm256_set1_ps(8.0f), row_mins);
+      __m256 mids = _mm256_fmadd_ps(row_scales, _mm256_set1_ps(8.0f), step_group_values(mins[t], &shape));
       int half = (first_block / 8) % 2;
       corr[t].half[half] = _mm256_fmadd_ps(mids, x_sums, corr[t].half[half]);
     }
   }
-  for (int k = 0; k < step_units; k += 2) {
-    add_unit_products(n, row, dtype, xa, first_unit, k, step_blocks - k * per_unit, next, block_factors, even);
-    if (k + 1 < step_units) {
-      add_unit_products(n, row, dtype, xa, first_unit, k + 1, step_blocks - (k + 1) * per_unit, next, block_factors,
-                        odd);
+  for (int k = 0; k < shape.units; k += 2) {
+    int even_blocks = step_blocks - k * shape.per_unit, odd_blocks = even_blocks - shape.per_unit;
+    add_unit_products(n, row, dtype, xa, shape.first_unit, k, even_blocks, next, block_factors, even);
+    if (k + 1 < shape.units) {
+      add_unit_products(n, row, dtype, xa, shape.first_unit, k + 1, odd_blocks, next, block_factors, odd);
     }
   }
 }
@@ -1480,22 +1497,14 @@ EDGE_ALWAYS_INLINE void int_dot_step_tokens(int n, const char *row, const uint16
                                             int step_blocks, const char *next, const uint16_t *next_scales,
                                             step_lanes *even, step_lanes *odd, int asymmetric, const uint16_t *mins,
                                             const uint16_t *next_mins, step_lanes *corr) {
-  const __m256i group_of_block =
-      _mm256_srlv_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(group_log));
-  int per_unit = unit_blocks(dtype), first_unit = first_block / per_unit;
-  int step_units = (step_blocks + per_unit - 1) / per_unit;
-  size_t first_group = (size_t)first_block >> group_log;
-  int n_groups = ((step_blocks - 1) >> group_log) + 1;
-  if ((first_group * sizeof(uint16_t)) % EDGE_CACHE_LINE == 0) {
-    EDGE_PREFETCH(next_scales, first_group * sizeof(uint16_t));
-    if (asymmetric) EDGE_PREFETCH(next_mins, first_group * sizeof(uint16_t));
+  struct step_shape shape = step_shape_of(dtype, group_log, first_block, step_blocks);
+  if ((shape.first_group * sizeof(uint16_t)) % EDGE_CACHE_LINE == 0) {
+    EDGE_PREFETCH(next_scales, shape.first_group * sizeof(uint16_t));
+    if (asymmetric) EDGE_PREFETCH(next_mins, shape.first_group * sizeof(uint16_t));
   }
-  __m256 row_scales = _mm256_permutevar8x32_ps(load_halves(scales + first_group, n_groups), group_of_block);
+  __m256 row_scales = step_group_values(scales, &shape);
   __m256 mids = _mm256_setzero_ps();
-  if (asymmetric) {
-    __m256 row_mins = _mm256_permutevar8x32_ps(load_halves(mins + first_group, n_groups), group_of_block);
-    mids = _mm256_fmadd_ps(row_scales, _mm256_set1_ps(8.0f), row_mins);
-  }
+  if (asymmetric) mids = _mm256_fmadd_ps(row_scales, _mm256_set1_ps(8.0f), step_group_values(mins, &shape));
   __m256 block_factors[EDGE_TOKENS_AT_ONCE];
   for (int t = 0; t < n; t++) {
     block_factors[t] = _mm256_mul_ps(row_scales, load_floats(xa[t]->block_scales + first_block, step_blocks));
@@ -1505,39 +1514,13 @@ EDGE_ALWAYS_INLINE void int_dot_step_tokens(int n, const char *row, const uint16
       corr[t].half[half] = _mm256_fmadd_ps(mids, x_sums, corr[t].half[half]);
     }
   }
-  for (int k = 0; k < step_units; k += 2) {
-    add_unit_products_tokens(n, row, dtype, xa, first_unit, k, step_blocks - k * per_unit, next, block_factors, even);
-    if (k + 1 < step_units) {
-      add_unit_products_tokens(n, row, dtype, xa, first_unit, k + 1, step_blocks - (k + 1) * per_unit, next,
-                               block_factors, odd);
+  for (int k = 0; k < shape.units; k += 2) {
+    int even_blocks = step_blocks - k * shape.per_unit, odd_blocks = even_blocks - shape.per_unit;
+    add_unit_products_tokens(n, row, dtype, xa, shape.first_unit, k, even_blocks, next, block_factors, even);
+    if (k + 1 < shape.units) {
+      add_unit_products_tokens(n, row, dtype, xa, shape.first_unit, k + 1, odd_blocks, next, block_factors, odd);
     }
   }
-}
-
-/* out[t] = row . x_t through the quantized planes xa[t] of n tokens (1 or EDGE_TOKENS_AT_ONCE, a constant once
- * inlined), prefetching the row `next`: each token's value the bits int_dot_rows gives that row and that x. */
-EDGE_ALWAYS_INLINE void int_dot_tokens(int n, const char *row, const uint16_t *scales, const uint16_t *mins, int dtype,
-                                       int group_size, const struct quantized_activations *const *xa, int d,
-                                       const char *next, const uint16_t *next_scales, const uint16_t *next_mins,
-                                       int asymmetric, float *out) {
-  int blocks = d / EDGE_QUANT_BLOCK;
-  int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2;
-  step_lanes even[EDGE_TOKENS_AT_ONCE], odd[EDGE_TOKENS_AT_ONCE], corr[EDGE_TOKENS_AT_ONCE];
-  for (int t = 0; t < n; t++) {
-    zero_step_lanes(&even[t]);
-    zero_step_lanes(&odd[t]);
-    zero_step_lanes(&corr[t]);
-  }
-  int first_block = 0;
-  for (; first_block + EDGE_STEP_BLOCKS <= blocks; first_block += EDGE_STEP_BLOCKS) {
-    int_dot_step_tokens(n, row, scales, dtype, group_log, xa, first_block, EDGE_STEP_BLOCKS, next, next_scales, even,
-                        odd, asymmetric, mins, next_mins, corr);
-  }
-  if (first_block < blocks) {
-    int_dot_step_tokens(n, row, scales, dtype, group_log, xa, first_block, blocks - first_block, next, next_scales,
-                        even, odd, asymmetric, mins, next_mins, corr);
-  }
-  for (int t = 0; t < n; t++) out[t] = step_total(&even[t], &odd[t], asymmetric ? &corr[t] : NULL);
 }
 
 #elif defined(__ARM_NEON)
@@ -2106,6 +2089,9 @@ EDGE_ALWAYS_INLINE void int_dot_step_tokens(int n, const char *row, const uint16
   }
 }
 
+#endif
+
+#if EDGE_ROWS_AVX512 || EDGE_ROWS_AVX2
 /* out[t] = row . x_t through the quantized planes xa[t] of n tokens (1 or EDGE_TOKENS_AT_ONCE, a constant once
  * inlined), prefetching the row `next`: each token's value the bits int_dot_rows gives that row and that x. */
 EDGE_ALWAYS_INLINE void int_dot_tokens(int n, const char *row, const uint16_t *scales, const uint16_t *mins, int dtype,
@@ -2114,8 +2100,12 @@ EDGE_ALWAYS_INLINE void int_dot_tokens(int n, const char *row, const uint16_t *s
                                        int asymmetric, float *out) {
   int blocks = d / EDGE_QUANT_BLOCK;
   int group_log = group_size == 32 ? 0 : group_size == 64 ? 1 : 2;
-  vec16 even[EDGE_TOKENS_AT_ONCE], odd[EDGE_TOKENS_AT_ONCE], corr[EDGE_TOKENS_AT_ONCE];
-  for (int t = 0; t < n; t++) even[t] = odd[t] = corr[t] = (vec16){0};
+  step_lanes even[EDGE_TOKENS_AT_ONCE], odd[EDGE_TOKENS_AT_ONCE], corr[EDGE_TOKENS_AT_ONCE];
+  for (int t = 0; t < n; t++) {
+    zero_step_lanes(&even[t]);
+    zero_step_lanes(&odd[t]);
+    zero_step_lanes(&corr[t]);
+  }
   int first_block = 0;
   for (; first_block + EDGE_STEP_BLOCKS <= blocks; first_block += EDGE_STEP_BLOCKS) {
     int_dot_step_tokens(n, row, scales, dtype, group_log, xa, first_block, EDGE_STEP_BLOCKS, next, next_scales, even,
