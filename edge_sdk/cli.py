@@ -26,7 +26,13 @@ from edge_sdk.errors import EdgeSdkError
 from edge_sdk.quant import DEFAULT_GROUP_SIZE, GROUP_SIZES, INT4_SCHEMES
 from edge_sdk.runtime.backends import MAX_THREADS
 from edge_sdk.runtime.generator import MAX_SEED
-from edge_sdk.sparsity.settings import DEFAULT_LEVELS, LEVEL_ALLOCATIONS, CalibrationSettings
+from edge_sdk.sparsity.settings import (
+    DEFAULT_LEVELS,
+    LEVEL_ALLOCATIONS,
+    LEVEL_FIELDS,
+    CalibrationSettings,
+    kinds_reading,
+)
 
 if TYPE_CHECKING:
     from edge_sdk.model.config import ModelConfig
@@ -329,9 +335,23 @@ def _predictor_choices(with_none: bool) -> list[str]:
 
 
 def _chosen_predictor(fit: dict[str, Any], config: ModelConfig) -> None:
-    """--predictor auto made concrete for the opened model (predictors.default_kind)."""
+    """--predictor auto made concrete for the opened model (predictors.default_kind); then a usage error for an option
+    given that the chosen kind does not read (kinds_reading), which it would silently ignore."""
+    chosen = f"--predictor {fit['predictor']}"
     if fit["predictor"] == predictors.AUTO:
         fit["predictor"] = predictors.default_kind(config.activation)
+        chosen = f"--predictor auto chose {fit['predictor']} for this model's {config.activation.kind} FFN"
+    if fit["predictor"] == predictors.NO_PREDICTOR or not predictors.serves(fit["predictor"], config.activation):
+        return  # (a kind that cannot serve this model is refused with that reason: validate_settings)
+    context = click.get_current_context()
+    for parameter in context.command.params:
+        field = SETTINGS_FIELD_OF_OPTION.get(parameter.name)
+        if field is None or context.get_parameter_source(parameter.name) not in GIVEN:
+            continue
+        readers = kinds_reading(field)
+        if fit["predictor"] not in readers:
+            verb = "reads" if len(readers) == 1 else "read"
+            raise click.UsageError(f"{parameter.opts[0]}: only {' and '.join(readers)} {verb} it; {chosen}")
 
 
 # what calibrate and export share: the model and the output, the calibration text, the predictor and its fit, the
@@ -420,15 +440,24 @@ PREDICTOR_FIT_OPTIONS = (
 )
 
 
+# The options of _predictor_fit_options that set a CalibrationSettings field only some kinds read (kinds_reading)
+SETTINGS_FIELD_OF_OPTION = {
+    "rank": "rank",
+    "no_whiten": "whiten",
+    "no_bias_calibration": "calibrate_bias",
+    "recall_target": "recall_target",
+    **{field: field for field in LEVEL_FIELDS},
+}
+# where an option's value comes from when the user gave it
+GIVEN = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+
+
 def _refuse_given_options(names: tuple[str, ...], why: str) -> None:
     """A usage error naming the first of these options the user gave on the command line (or through the
     environment): an option the command would silently ignore."""
     context = click.get_current_context()
     for parameter in context.command.params:
-        if parameter.name in names and context.get_parameter_source(parameter.name) in (
-            click.core.ParameterSource.COMMANDLINE,
-            click.core.ParameterSource.ENVIRONMENT,
-        ):
+        if parameter.name in names and context.get_parameter_source(parameter.name) in GIVEN:
             raise click.UsageError(f"{parameter.opts[0]}: {why}")
 
 

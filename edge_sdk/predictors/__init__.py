@@ -8,7 +8,8 @@ the calibration, the exporter and its graphs, the torch engines, the bundle read
 runtime's kind table (jetson/src/predictor_kinds.{h,c}, generated from it by `python -m
 edge_sdk.predictors.c_table jetson/src`; tests/bundle/test_predictor_kinds.py fails when they are stale). Adding a
 kind to the Python side means adding its module and naming it below; a kind with knobs of its own also records them
-as CalibrationSettings fields (sparsity/settings.py: the record's fields are a format, in a fixed order), and the
+as CalibrationSettings fields (sparsity/settings.py: the record's fields are a format, in a fixed order) and names
+them in its `knobs` (the CLI refuses a knob the chosen kind does not read), and the
 native engines (the C runtime's decoder, the TensorRT plugins) implement each kind's kernels themselves.
 
 Why one module per kind can serve the device runtime, which has neither torch nor onnx: a kind is a PredictorKind

@@ -222,4 +222,5 @@ KIND = Core(
     tensors=(capacity(1),),
     fixed_at_prefill=True,
     gate_first=False,
+    knobs=("core_alpha", "core_beta", "core_prompt_fraction"),
 )

@@ -79,6 +79,8 @@ class PredictorKind:
     fixed_at_prefill: bool = False  # the mask is chosen from the prompt and held for the whole decode (core)
     gate_first: bool = True  # no mask before the gate: the gate runs densely, then thresholds select (if any)
     ranks_by_up: bool = False  # the fit ranks neurons by their up activations (AWQ must not rescale the hidden)
+    # the CalibrationSettings fields of this kind's own knobs: every kind's are recorded, only this kind reads them
+    knobs: tuple[str, ...] = ()
 
     # --- calibration (torch) ------------------------------------------------------------------------------------
 

@@ -101,4 +101,5 @@ KIND = SignBit(
         capacity(1),
     ),
     gate_first=False,
+    knobs=("recall_target",),
 )

@@ -187,4 +187,5 @@ KIND = Svd(
         capacity("levels"),
     ),
     gate_first=False,
+    knobs=("rank", "min_weighted_recall", "whiten", "calibrate_bias"),
 )

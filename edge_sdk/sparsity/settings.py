@@ -35,6 +35,8 @@ MIN_CALIBRATION_TOKENS = 256
 DEFAULT_PPL_BUDGET_PERCENT = 0.5  # half of the "under 1% loss" goal, leaving room for text unlike the validation
 DEFAULT_VALIDATION_TOKENS = 2048
 MIN_VALIDATION_TOKENS = 128  # one chunk: the prompt plus 95 scored tokens
+# The fields that choose and allocate the sparsity levels, which only the kinds calibrated at levels read
+LEVEL_FIELDS = ("sparsity", "levels", "ppl_budget", "validation_tokens", "level_allocation")
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,17 @@ class CalibrationSettings:
         if self.level_allocation == "uniform":
             return self.all_levels
         return tuple(sorted({*ALLOCATION_GRID, *self.all_levels}))
+
+
+def kinds_reading(field: str) -> tuple[str, ...]:
+    """The calibrated predictor kinds whose calibration reads this CalibrationSettings field: a kind's own knob, a
+    level field (LEVEL_FIELDS), or a field every kind reads."""
+    knob_owners = tuple(name for name in predictors.CALIBRATED_KINDS if field in predictors.kind(name).knobs)
+    if knob_owners:
+        return knob_owners
+    if field in LEVEL_FIELDS:
+        return predictors.LEVEL_KINDS
+    return predictors.CALIBRATED_KINDS
 
 
 def validate_settings(config: ModelConfig, settings: CalibrationSettings) -> None:

@@ -90,3 +90,21 @@ def test_no_module_that_runs_a_predictor_names_a_kind():
 def test_a_kind_without_calibration_refuses_to_fit(name):
     with pytest.raises(CalibrationError, match=f"predictor '{name}' is not calibrated"):
         KINDS[name].fit(None, None, None, None)
+
+
+def test_each_knob_is_a_calibration_setting_of_one_kind():
+    """A knob's name is a CalibrationSettings field (a misspelt one would turn off the CLI's refusal of an option the
+    chosen kind does not read), owned by one kind, and never a field every kind reads."""
+    from dataclasses import fields
+
+    from edge_sdk.sparsity.settings import LEVEL_FIELDS, CalibrationSettings, kinds_reading
+
+    names = {field.name for field in fields(CalibrationSettings)}
+    owners: dict[str, str] = {}
+    for kind in KINDS.values():
+        for knob in kind.knobs:
+            assert knob in names and knob not in LEVEL_FIELDS and knob not in owners, (kind.name, knob)
+            owners[knob] = kind.name
+    assert owners["rank"] == "svd" and owners["recall_target"] == "signbit" and owners["core_beta"] == "core"
+    assert kinds_reading("rank") == ("svd",) and kinds_reading("levels") == ("svd", "threshold")
+    assert kinds_reading("max_tokens") == ("svd", "signbit", "core", "threshold")

@@ -11,11 +11,12 @@ import torch
 from click.testing import CliRunner
 from safetensors import safe_open
 
+from edge_sdk import predictors
 from edge_sdk.cli import main
 from edge_sdk.model.checkpoint import Checkpoint
 from edge_sdk.sparsity.levels import allocate_levels
 from edge_sdk.sparsity.pipeline import calibrate_model
-from edge_sdk.sparsity.settings import ALLOCATION_GRID, CalibrationSettings
+from edge_sdk.sparsity.settings import ALLOCATION_GRID, DEFAULT_LEVELS, CalibrationSettings
 from edge_sdk.sparsity.svd import default_rank
 
 QUICK = ["--tokens", "2048", "--levels", "0.5,0.8"]
@@ -30,14 +31,19 @@ def calibrate_cli(tiny_model_dir, out_dir, *extra):
 
 @pytest.fixture(scope="module")
 def calibrated(tiny_model_dir, tmp_path_factory):
-    """`edge-sdk calibrate --predictor P --level-allocation A --rank 16` with QUICK settings, run once per (P, A) for
-    the module: the output directory. Tests read it and never change it."""
+    """`edge-sdk calibrate --predictor P --tokens 2048` with, for a kind calibrated at levels, `--levels 0.5,0.8
+    --level-allocation A` and for svd `--rank 16` (the options each kind reads), run once per (P, A) for the module:
+    the output directory. Tests read it and never change it."""
     runs = {}
 
     def output(predictor: str, allocation: str = "importance"):
         if (predictor, allocation) not in runs:
             out = tmp_path_factory.mktemp(f"calibrate-{predictor}-{allocation}") / "out"
-            options = ["--predictor", predictor, "--level-allocation", allocation, "--rank", "16", *QUICK]
+            options = ["--predictor", predictor, "--tokens", "2048"]
+            if predictors.kind(predictor).has_levels:
+                options += ["--levels", "0.5,0.8", "--level-allocation", allocation]
+            if predictor == "svd":
+                options += ["--rank", "16"]
             result = calibrate_cli(tiny_model_dir, out, *options)
             assert result.exit_code == 0, result.output
             runs[predictor, allocation] = out
@@ -67,7 +73,8 @@ def test_calibrate_writes_predictors_and_report(calibrated, predictor, tensor_sh
     assert sorted(p.name for p in out.iterdir()) == ["predictors.safetensors", "report.json", "report.png"]
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = json.loads((out / "report.json").read_text())
-    assert report["predictor"] == predictor and report["levels"] == [0.5, 0.8]
+    levels = [0.5, 0.8] if predictors.kind(predictor).has_levels else list(DEFAULT_LEVELS)  # recorded, not read
+    assert report["predictor"] == predictor and report["levels"] == levels
     assert report["calibration_tokens"] == 2048 and len(report["layers"]) == 4
     for layer in report["layers"]:
         assert 0 <= layer["predicted_sparsity"] <= 1 and 0 <= layer["importance_weighted_recall"] <= 1
@@ -75,7 +82,7 @@ def test_calibrate_writes_predictors_and_report(calibrated, predictor, tensor_sh
         assert layer["realized_sparsity"] >= layer["true_sparsity"] - 1e-9
     with safe_open(str(out / "predictors.safetensors"), framework="pt") as handle:
         assert handle.metadata()["predictor"] == predictor
-        assert json.loads(handle.metadata()["levels"]) == [0.5, 0.8]
+        assert json.loads(handle.metadata()["levels"]) == levels
         names = set(handle.keys())
         expected = {f"layers.{i}.{name}" for i in range(4) for name in tensor_shapes}
         assert names == expected
@@ -309,3 +316,31 @@ def test_the_default_predictor_is_the_one_the_ffn_activation_needs(tiny_model_di
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["settings"]["predictor"] == chosen
+
+
+AUTO_SVD = "--predictor auto chose svd for this model's relu FFN"
+AUTO_THRESHOLD = "--predictor auto chose threshold for this model's silu FFN"
+
+
+@pytest.mark.parametrize(
+    ("hidden_act", "options", "text"),
+    [
+        ("relu", ["--predictor", "signbit", "--sparsity", "0.5"], "--sparsity: only svd and threshold read it"),
+        ("relu", ["--predictor", "core", "--rank", "8"], "--rank: only svd reads it; --predictor core"),
+        ("relu", ["--predictor", "threshold", "--no-whiten"], "--no-whiten: only svd reads it; --predictor threshold"),
+        ("relu", ["--recall-target", "0.9"], f"--recall-target: only signbit reads it; {AUTO_SVD}"),
+        ("silu", ["--rank", "16"], f"--rank: only svd reads it; {AUTO_THRESHOLD}"),
+    ],
+)
+def test_an_option_the_chosen_predictor_does_not_read_is_refused(tiny_model_dir, tmp_path, hidden_act, options, text):
+    """It was silently ignored: a command line written for svd (--rank) kept working when auto chose threshold."""
+    model = tmp_path / hidden_act
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"hidden_act": hidden_act}))
+    for command in ("calibrate", "export"):
+        out = tmp_path / f"{command}-out"
+        args = [command, str(model), "--calib", str(model / "calibration.txt"), "-o", str(out), *options]
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2 and text in result.output, result.output
+        assert not out.exists()
