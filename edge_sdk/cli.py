@@ -1169,8 +1169,7 @@ def eval_command(
         )
     click.echo(
         f"{result['backend']}, {operating_point_text(result['predictor'], result['sparsity_level'])}: "
-        f"perplexity dense "
-        f"{result['dense_perplexity']:.3f}, sparse {result['sparse_perplexity']:.3f} "
+        f"perplexity dense {result['dense_perplexity']:.3f}, sparse {result['sparse_perplexity']:.3f} "
         f"({result['perplexity_change_percent']:+.2f}%), top-1 agreement {result['top1_agreement']:.4f} "
         f"over {result['scored_tokens']} tokens"
     )

@@ -61,8 +61,7 @@ def plot_evaluation(result: dict[str, Any], path: str | Path) -> None:
         axes[2].set_title("Recall of truly active neurons per layer")
     figure.suptitle(
         f"{result['bundle']} -- {operating_point_text(result['predictor'], result['sparsity_level'])} on "
-        f"{result['backend']}, "
-        f"{result['scored_tokens']} scored tokens"
+        f"{result['backend']}, {result['scored_tokens']} scored tokens"
     )
     figure.savefig(Path(path), dpi=110, format="png", metadata=PNG_METADATA)
 

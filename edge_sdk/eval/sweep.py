@@ -195,8 +195,8 @@ def served_kinds(predictors: Sequence[str] | None, activation: Activation) -> tu
     if refused:
         served = served_kinds(None, activation)
         raise EvalError(
-            f"sweep predictors {', '.join(refused)} need a ReLU-family FFN (relu, fatrelu, drelu) whose inactive "
-            f"neurons are exact zeros; this model's hidden_act is {activation.kind}: it can sweep {', '.join(served)}"
+            f"sweep predictors {', '.join(refused)} need {predictor_kinds.NEEDS_EXACT_ZEROS}; this model's hidden_act "
+            f"is {activation.kind}: it can sweep {', '.join(served)}"
         )
     return tuple(predictors)
 

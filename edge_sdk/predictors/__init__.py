@@ -48,6 +48,10 @@ def kind(name: str) -> PredictorKind:
         raise KeyError(f"predictor {name!r} is not one of {', '.join(KINDS)}") from None
 
 
+# what a kind with relu_only needs, in every refusal of one for a model without it
+NEEDS_EXACT_ZEROS = "a ReLU-family FFN (relu, fatrelu, drelu) whose inactive neurons are exact zeros"
+
+
 def serves(name: str, activation: Activation) -> bool:
     """Whether kind name can predict this FFN activation (a kind needing exact zeros serves only the ReLU family)."""
     return not kind(name).relu_only or activation.is_relu_family

@@ -112,8 +112,8 @@ def validate_settings(config: ModelConfig, settings: CalibrationSettings) -> Non
         )
     if not predictors.serves(settings.predictor, config.activation):
         raise CalibrationError(
-            f"predictor '{settings.predictor}' needs a ReLU-family FFN (relu, fatrelu, drelu) whose inactive "
-            f"neurons are exact zeros; this model's hidden_act is {config.activation.kind}: use --predictor threshold"
+            f"predictor '{settings.predictor}' needs {predictors.NEEDS_EXACT_ZEROS}; this model's hidden_act is "
+            f"{config.activation.kind}: use --predictor threshold"
         )
     if settings.sparsity is not None:
         check_fraction("sparsity", settings.sparsity)

@@ -1466,21 +1466,22 @@ EDGE_ALWAYS_INLINE void add_unit_products_tokens(int n, const char *row, int dty
     size_t first = (size_t)unit * EDGE_MAX_UNIT_VALUES + 32 * (size_t)half, at = (size_t)unit * 64 + 32 * half;
     int in_pair = present - 2 * half < 2 ? present - 2 * half : 2;
     int has_products = dtype == EDGE_Q4 ? in_pair > 0 : half < present;
-    __m256i low_codes = _mm256_setzero_si256(), high_codes = _mm256_setzero_si256();
+    __m256i low_nibbles = _mm256_setzero_si256(), high_nibbles = _mm256_setzero_si256(); /* INT4 */
+    __m256i int8_codes = _mm256_setzero_si256(), int8_unsigned = _mm256_setzero_si256();
     if (has_products && dtype == EDGE_Q4) {
-      int4_pair_codes(codes, in_pair, &low_codes, &high_codes);
-    } else if (has_products) { /* INT8: the codes, and their unsigned form */
-      high_codes = _mm256_loadu_si256((const void *)codes);
-      low_codes = int8_unsigned_codes(high_codes);
+      int4_pair_codes(codes, in_pair, &low_nibbles, &high_nibbles);
+    } else if (has_products) {
+      int8_codes = _mm256_loadu_si256((const void *)codes);
+      int8_unsigned = int8_unsigned_codes(int8_codes);
     }
 #pragma GCC unroll 2
     for (int t = 0; t < n; t++) {
       const int32_t *sums = xa[t]->code_offset_sums + (size_t)unit * EDGE_UNIT_LANES + 8 * half;
       __m256i products = _mm256_setzero_si256();
       if (has_products && dtype == EDGE_Q4) {
-        products = int4_pair_products(low_codes, high_codes, xa[t]->high + first, xa[t]->low + first, sums);
+        products = int4_pair_products(low_nibbles, high_nibbles, xa[t]->high + first, xa[t]->low + first, sums);
       } else if (has_products) {
-        products = int8_products(high_codes, low_codes, xa[t]->high + at, xa[t]->low + at, sums);
+        products = int8_products(int8_codes, int8_unsigned, xa[t]->high + at, xa[t]->low + at, sums);
       }
       __m256 factors = _mm256_permutevar8x32_ps(block_factors[t], blocks_of_lanes);
       acc[t].half[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products), factors, acc[t].half[half]);
