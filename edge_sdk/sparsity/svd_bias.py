@@ -99,7 +99,7 @@ def predicted_inactive_fraction(
     bias = bias.to(torch.float32)
     chunk = max(1, _CHUNK_ELEMENTS // scores.shape[1])
     inactive = sum(
-        int((scores[start : start + chunk].to(torch.float32) + bias <= 0).sum())
+        int((scores[start : start + chunk].to(torch.float32) + bias <= 0).count_nonzero())
         for start in range(0, scores.shape[0], chunk)
     )
     return inactive / scores.numel()
