@@ -2,9 +2,10 @@
 
 Every command that writes (export, calibrate, unpack, pack, build, eval and bench reports) goes through this module:
 
-- `check_target` runs before any work and refuses, in one line naming the path and the reason: a symbolic link;
-  a path ending in '..'; the current directory, one of its parents, the filesystem root or the home directory; an
-  input of the command (the model, the archive), a directory containing one or a path inside one; and, unless the
+- `check_target` runs before any work and refuses, in one line naming the path and the reason: an empty path; a
+  symbolic link; a path ending in '..'; the current directory, one of its parents, the filesystem root or the home
+  directory; an input of the command (the model, the archive), a directory containing one or a path inside one; a
+  path inside an edge-sdk bundle or predictors directory (recognised by their marks); and, unless the
   command may replace it (--force for directories and archives), anything that exists. What --force replaces must
   be an output edge-sdk itself wrote, recognised by its own marks (a bundle's manifest, a predictors directory's
   header metadata, an archive's manifest, a report's producer field) and holding nothing else: only regular files,
@@ -12,11 +13,12 @@ Every command that writes (export, calibrate, unpack, pack, build, eval and benc
   directory (never a FIFO or a device), not a mount point, in a directory edge-sdk can write.
 - `staged_output` builds the result in a hidden sibling (`.NAME.edge-sdk-staging-...`), held under a lock for
   the writer's lifetime, and publishes it by one rename. Publishing is exclusive: if the target changed since
-  `check_target` looked (another writer got there first), this writer's result is discarded with a clear error and
-  nothing is replaced. A writer that fails or is interrupted (Ctrl-C; SIGTERM and SIGHUP too, through the CLI)
-  removes its staging entry and the directories it created for the output, and names the output, never the
-  staging entry, in its message; one that dies (even by SIGKILL) leaves only its hidden staging entry, whose lock the
-  kernel releases; the next command writing into that directory removes it.
+  `check_target` looked (another writer got there first, or the output to replace now holds something edge-sdk did
+  not write: it is checked again at the rename, and once more after it, undoing the exchange), this writer's result
+  is discarded with a clear error and nothing is replaced. A writer that fails or is interrupted (Ctrl-C; SIGTERM
+  and SIGHUP too, through the CLI) removes its staging entry and the directories it created for the output, and
+  names the output, never the staging entry, in its message; one that dies (even by SIGKILL) leaves only its
+  hidden staging entry, whose lock the kernel releases; the next command writing into that directory removes it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import json
+import math
 import os
 import re
 import secrets
@@ -106,6 +110,8 @@ def check_target(
 ) -> Target:
     """Refuse an output location edge-sdk must not write (see the module docstring); replace: the user allowed
     replacing an earlier edge-sdk output there (--force)."""
+    if str(path) == "":  # Path("") would be the current directory, which the user did not name
+        raise OutputError(f"the {kind.noun}'s path is empty; name where to write it")
     path = Path(path)
     too_long = len(os.fsencode(_staging_name(path, "-replaced"))) - NAME_MAX
     if too_long > 0:
@@ -122,6 +128,12 @@ def check_target(
         # the output would be staged in the directory before '..' and published by renaming '..': neither is the
         # directory the user named
         raise OutputError(f"{path}: ends in '..'; name the {kind.noun} itself")
+    container = _enclosing_output(path)
+    if container is not None:
+        raise OutputError(
+            f"{path}: is inside the edge-sdk {container[0]} {container[1]}, which holds only its own files; "
+            f"write the {kind.noun} elsewhere"
+        )
     try:
         info = path.lstat()
     except (FileNotFoundError, NotADirectoryError):
@@ -143,6 +155,20 @@ def check_target(
     if why_not is not None:
         raise OutputError(f"{path}: {why_not}; --force replaces only an edge-sdk {kind.noun}")
     return Target(path, kind, (info.st_dev, info.st_ino))
+
+
+def _enclosing_output(path: Path) -> tuple[str, Path] | None:
+    """(noun, directory) of the edge-sdk bundle or predictors directory that path lies in, judged by their marks
+    (an edge-sdk manifest, a predictors header); None when no existing ancestor is one."""
+    directory = _real(path.absolute().parent)
+    for ancestor in (directory, *directory.parents):
+        if not ancestor.is_dir():
+            continue
+        if _has_bundle_manifest(ancestor):
+            return "bundle", ancestor
+        if _has_predictors_header(ancestor):
+            return "predictors directory", ancestor
+    return None
 
 
 def check_model_output(
@@ -182,12 +208,22 @@ def _check_parent(path: Path, kind: OutputKind) -> None:
             return
 
 
+# (device, inode) of the staging directories this process holds locked while it writes into them
+_held_staging: set[tuple[int, int]] = set()
+
+
 @contextlib.contextmanager
 def _directory_lock(directory: Path) -> Iterator[None]:
     """An exclusive lock on directory (flock on its descriptor) while staging entries are created, swept or
     published; where the file system has no such locks the lock is skipped (renames stay exclusive)."""
     descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
+        info = os.fstat(descriptor)
+        if (info.st_dev, info.st_ino) in _held_staging:
+            # an output staged inside this process's own staging directory (sweep's bundles): that lock is ours
+            # already, and flock would wait on it forever (each open file description locks on its own)
+            yield
+            return
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX)
         except OSError as problem:
@@ -296,13 +332,41 @@ def _publish(staging: Path, target: Target) -> None:
         return
     if info is None or (info.st_dev, info.st_ino) != target.replaces:
         raise OutputError(_changed_message(target))
+    # Checked again now, not only before the work: the user may have put files into the old output meanwhile (an
+    # export takes an hour), and replacing it removes the old one whole.
+    _check_still_ours(path, target)
     if _renameat2(staging, path, _RENAME_EXCHANGE):
-        _remove(staging)  # now the replaced output
+        _remove_replaced(staging, path, target)  # staging now holds the replaced output
         return
     retired = path.with_name(_staging_name(path, "-replaced"))
     os.rename(path, retired)
+    try:
+        _check_still_ours(retired, target)
+    except OutputError:
+        os.rename(retired, path)
+        raise
     os.rename(staging, path)
     _remove(retired)
+
+
+def _check_still_ours(old: Path, target: Target) -> None:
+    why_not = target.kind.ours(old)
+    if why_not is not None:
+        raise OutputError(
+            f"{target.path}: changed while this command ran: it now {why_not}; this {target.kind.noun} was "
+            f"discarded and the earlier one left as it is"
+        )
+
+
+def _remove_replaced(replaced: Path, path: Path, target: Target) -> None:
+    """Remove the output an exchange of names replaced, unless something foreign reached it between the last check
+    and the exchange: then the exchange is undone (the new output, now at replaced, is discarded by the caller)."""
+    try:
+        _check_still_ours(replaced, target)
+    except OutputError:
+        _renameat2(replaced, path, _RENAME_EXCHANGE)
+        raise
+    _remove(replaced)
 
 
 @contextlib.contextmanager
@@ -311,7 +375,11 @@ def staged_output(target: Target) -> Iterator[Path]:
     block succeeds it becomes the target (see the module docstring). On any exception, or an interrupt, the
     staging entry is removed and the target is left as it was."""
     parent = target.path.absolute().parent
-    created = [ancestor for ancestor in (parent, *parent.parents) if not ancestor.exists()]  # deepest first
+    # deepest first; a '..' or '.' component is not a directory of its own (rmdir of 'a/..' fails and would stop
+    # the removal before 'a')
+    created = [
+        ancestor for ancestor in (parent, *parent.parents) if ancestor.name not in ("..", ".") and not ancestor.exists()
+    ]
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except BaseException as problem:  # an interrupt (SIGINT, SIGTERM) too: what was made for the output goes
@@ -329,14 +397,18 @@ def staged_output(target: Target) -> Iterator[Path]:
             else:
                 lock = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             fcntl.flock(lock, fcntl.LOCK_EX)
+            identity = os.fstat(lock)
+            held = (identity.st_dev, identity.st_ino)
     except BaseException as problem:
         _remove(staging)
         _remove_created(created)
         if isinstance(problem, OSError):
             raise OutputError(f"{target.path}: cannot write in {parent} ({problem.strerror})") from None
         raise
+    _held_staging.add(held)
     try:
         yield staging
+        _held_staging.discard(held)
         with _directory_lock(parent):
             try:
                 _publish(staging, target)
@@ -354,6 +426,7 @@ def staged_output(target: Target) -> Iterator[Path]:
             ) from None
         raise
     finally:
+        _held_staging.discard(held)
         os.close(lock)
 
 
@@ -393,7 +466,7 @@ def check_reports(paths: Iterable[str | Path | None], inputs: tuple[tuple[str, s
     """check_report for each of a command's report locations (None: not asked for), which must be distinct files."""
     seen: dict[Path, Path] = {}
     for path in paths:
-        if path is None or path == "":
+        if path is None:
             continue
         check_report(path, inputs)
         real = _real(Path(path))
@@ -410,6 +483,28 @@ def write_report(
     with staged_output(target) as staging:
         write(staging)
     return target.path
+
+
+def report_json(report: dict) -> str:
+    """The text of a JSON report. A value JSON has no number for (nan, inf) is refused, naming where it is: json
+    would write NaN, which no strict reader (edge-sdk's own included) accepts."""
+    try:
+        return json.dumps(report, indent=2, allow_nan=False) + "\n"
+    except ValueError:
+        raise OutputError(
+            f"the report's {_non_finite_field(report)} is not a finite number; nothing was written"
+        ) from None
+
+
+def _non_finite_field(value: object, where: str = "") -> str | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where} ({value})"
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
+    for key, child in children:
+        found = _non_finite_field(child, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 def write_reports(
@@ -451,15 +546,32 @@ def _foreign_entries(directory: Path, allowed: set[str]) -> list[str]:
     return foreign
 
 
-def bundle_is_ours(directory: Path) -> str | None:
+def _bundle_manifest(directory: Path) -> dict | None:
+    """The edge-sdk manifest of a bundle directory, or None when it has none."""
     from edge_sdk.bundle import format as bundle_format
 
-    manifest = _json_object(directory / bundle_format.MANIFEST_FILE)
+    manifest_path = directory / bundle_format.MANIFEST_FILE
+    if not manifest_path.is_file():
+        return None
+    manifest = _json_object(manifest_path)
     if (
         manifest is None
         or manifest.get("format") != bundle_format.FORMAT
         or not isinstance(manifest.get("files"), dict)
     ):
+        return None
+    return manifest
+
+
+def _has_bundle_manifest(directory: Path) -> bool:
+    return _bundle_manifest(directory) is not None
+
+
+def bundle_is_ours(directory: Path) -> str | None:
+    from edge_sdk.bundle import format as bundle_format
+
+    manifest = _bundle_manifest(directory)
+    if manifest is None:
         return f"has no edge-sdk {bundle_format.MANIFEST_FILE}, so it is not an edge-sdk bundle"
     foreign = _foreign_entries(directory, {bundle_format.MANIFEST_FILE, *manifest["files"]})
     if foreign:
@@ -467,18 +579,41 @@ def bundle_is_ours(directory: Path) -> str | None:
     return None
 
 
+def sweep_bundles_are_ours(directory: Path) -> str | None:
+    """A sweep's bundles directory (sweep -o DIR writes DIR/bundles): edge-sdk bundles only, and the staging entries
+    of writers that died there."""
+    for name in sorted(os.listdir(directory)):
+        entry = directory / name
+        if _STAGING_NAME.fullmatch(name):
+            continue
+        if entry.is_symlink() or not entry.is_dir():
+            return f"holds {name!r} ({_file_type(entry.lstat().st_mode)}), which is not an edge-sdk bundle"
+        why_not = bundle_is_ours(entry)
+        if why_not is not None:
+            return f"holds {name!r}, which {why_not}"
+    return None
+
+
 PREDICTORS_FORMAT = "edge-sdk-predictors"
 PREDICTORS_FILES = ("predictors.safetensors", "report.json", "report.png")
 
 
-def predictors_dir_is_ours(directory: Path) -> str | None:
+def _has_predictors_header(directory: Path) -> bool:
+    """Whether directory holds a predictors.safetensors whose header carries edge-sdk's predictors format."""
     from edge_sdk.formats import safetensors
 
+    predictors_file = directory / PREDICTORS_FILES[0]
+    if not predictors_file.is_file():
+        return False
     try:
-        header = safetensors.read_header(directory / PREDICTORS_FILES[0], follow_symlinks=False)
+        header = safetensors.read_header(predictors_file, follow_symlinks=False)
     except EdgeSdkError:
-        header = None
-    if header is None or header.metadata.get("format") != PREDICTORS_FORMAT:
+        return False
+    return header.metadata.get("format") == PREDICTORS_FORMAT
+
+
+def predictors_dir_is_ours(directory: Path) -> str | None:
+    if not _has_predictors_header(directory):
         return f"has no edge-sdk {PREDICTORS_FILES[0]}, so it is not an edge-sdk predictors directory"
     foreign = _foreign_entries(directory, set(PREDICTORS_FILES))
     if foreign:
@@ -533,8 +668,9 @@ MARKDOWN_HEADER = f"{MARKDOWN_MARK} {__version__} -->\n"  # the first line of ou
 
 
 def report_is_ours(path: Path) -> str | None:
-    """JSON reports carry a top-level "edge_sdk" (the version), PNG plots a Software text chunk "edge-sdk ...",
-    markdown a first-line comment."""
+    """JSON reports carry bench.record.with_machine_info's fields (a top-level "edge_sdk" version string, the
+    "machine" description and the "date"), PNG plots a Software text chunk "edge-sdk ...", markdown a first-line
+    comment."""
     try:
         head = path.open("rb").read(64)
     except OSError as problem:
@@ -544,7 +680,13 @@ def report_is_ours(path: Path) -> str | None:
     if head.startswith(MARKDOWN_MARK.encode()):
         return None
     report = _json_object(path)
-    if report is not None and REPORT_PRODUCER_FIELD in report:
+    if (
+        report is not None
+        and isinstance(report.get(REPORT_PRODUCER_FIELD), str)
+        and re.fullmatch(r"[0-9]+\.[0-9]+\S*", report[REPORT_PRODUCER_FIELD])
+        and isinstance(report.get("machine"), dict)
+        and isinstance(report.get("date"), str)
+    ):
         return None
     return "is not a report edge-sdk wrote"
 
@@ -573,3 +715,4 @@ PREDICTORS = OutputKind("predictors directory", True, predictors_dir_is_ours)
 ARCHIVE = OutputKind("bundle archive", False, archive_is_ours)
 REPORT = OutputKind("report", False, report_is_ours)
 ENGINE = OutputKind("TensorRT engine", True, engine_dir_is_ours)
+SWEEP_BUNDLES = OutputKind("sweep's bundles directory", True, sweep_bundles_are_ours)

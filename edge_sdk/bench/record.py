@@ -9,7 +9,7 @@ import subprocess
 import sys
 from typing import Any
 
-from edge_sdk import __version__
+from edge_sdk import __version__, outputs
 from edge_sdk.native import load_cpu_kernels
 
 COMMIT_ENV = "EDGE_SDK_RECORD_COMMIT"
@@ -65,5 +65,5 @@ def with_machine_info(payload: dict[str, Any]) -> dict[str, Any]:
         "machine": machine_description(),
         "date": datetime.date.today().isoformat(),
         "commit": _commit(),
-        "edge_sdk": __version__,
+        outputs.REPORT_PRODUCER_FIELD: __version__,  # with machine and date, what marks a JSON report as ours
     }

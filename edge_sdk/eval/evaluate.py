@@ -16,7 +16,6 @@ memory stays bounded by one window.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -151,6 +150,11 @@ def teacher_forced(
         engine.prefill(list(window[:prompt_tokens]))
         for position in range(prompt_tokens, len(window) - 1):
             logits = engine.decode(int(window[position]))
+            if not np.isfinite(logits).all():
+                raise EvalError(
+                    f"decoding gave logits that are not finite numbers (nan or inf) at position {position} of a "
+                    f"held-out window: the bundle's weights hold such values, or overflow its dtype"
+                )
             nll.append(next_token_nll(logits, int(window[position + 1])))
             top1.append(int(np.argmax(logits)))
         if on_window is not None:
@@ -305,7 +309,7 @@ def evaluate_bundle(
     max_seq_len = bundle.max_seq_len
     context = min(DEFAULT_CONTEXT, max_seq_len) if context is None else context
     check_window_settings(context, prompt_tokens, max_seq_len)
-    selection = select_backend(backend, bundle)
+    selection = select_backend(backend, bundle, threads)
     windows = held_out_windows(Tokenizer.from_bundle(bundle), texts, max_tokens, context, prompt_tokens)
 
     runs = {}
@@ -343,7 +347,7 @@ def evaluate_bundle(
 
     outputs.write_reports(
         [
-            (json_path, lambda path: path.write_text(json.dumps(result, indent=2) + "\n")),
+            (json_path, lambda path: path.write_text(outputs.report_json(result))),
             (plot_path, lambda path: plot_evaluation(result, path)),
         ],
         report_inputs,

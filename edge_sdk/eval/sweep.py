@@ -13,7 +13,6 @@ ablation (Table 3) on our models.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -41,7 +40,7 @@ from edge_sdk.eval.evaluate import (
     top1_agreement,
     window_counter,
 )
-from edge_sdk.export.exporter import ExportSettings, check_output, export_bundle
+from edge_sdk.export.exporter import ExportSettings, export_bundle
 from edge_sdk.model.activation import Activation
 from edge_sdk.model.checkpoint import open_checkpoint
 from edge_sdk.runtime.backends import EngineOptions, select_backend
@@ -243,10 +242,10 @@ def sweep(
     """Export, evaluate and time each predictor kind (predictors; None: every kind the model's FFN activation
     serves, served_kinds) at every setting; returns the sweep result.
 
-    Bundles go to out_dir/bundles/<kind>[-<setting>] (force replaces existing ones; points name them relative
-    to out_dir); the result is written to json_path and its frontier plot to plot_path (default
-    out_dir/sweep.json and out_dir/sweep.png), and its tables to markdown_path when given (format_sweep_markdown,
-    naming command), all three or none.
+    Bundles go to out_dir/bundles/<kind>[-<setting>] (points name them relative to out_dir), published with the
+    reports, none if the sweep stops first; force replaces an earlier sweep's bundles directory whole. The result
+    is written to json_path and its frontier plot to plot_path (default out_dir/sweep.json and out_dir/sweep.png),
+    and its tables to markdown_path when given (format_sweep_markdown, naming command), all three or none.
     levels: calibrated sparsity levels swept by svd, its ablations and threshold; recall_targets: signbit;
     core_betas: core. calibration_tokens / rank / dtype: export settings (rank None = per-layer automatic);
     max_tokens / context / prompt_tokens: the held-out windows; speed_repeats: decode timing runs per setting
@@ -259,127 +258,133 @@ def sweep(
     json_path = out_dir / "sweep.json" if json_path is None else Path(json_path)
     plot_path = out_dir / "sweep.png" if plot_path is None else Path(plot_path)
     report_inputs = sweep_inputs(model_dir, calibration_files, text_files)
-    outputs.check_reports((json_path, plot_path, markdown_path), report_inputs)
+    bundles_path = out_dir / "bundles"
+    outputs.check_reports(
+        (json_path, plot_path, markdown_path), (*report_inputs, ("sweep's bundles directory", bundles_path))
+    )
 
     def bundle_values(name: str) -> list[float | None]:
         kind = SWEEP_KINDS[name]
         return [None] if kind.setting == "level" else list(_ordered_settings(kind, levels, recall_targets, core_betas))
 
-    def bundle_location(name: str, value: float | None) -> Path:
-        return out_dir / "bundles" / (name if value is None else f"{name}-{value:g}")
+    def bundle_name(name: str, value: float | None) -> str:
+        return name if value is None else f"{name}-{value:g}"
 
     checkpoint = open_checkpoint(model_dir)
     predictors = served_kinds(predictors, checkpoint.config.activation)
-    # every bundle's location before the first export: a refusal (not an edge-sdk bundle there) then costs no work
-    for name in predictors:
-        for value in bundle_values(name):
-            check_output(bundle_location(name, value), force, model_dir, calibration_files)
+    # The bundles are one output, staged until the reports are written: a sweep stopped or failing part-way leaves
+    # nothing, and --force replaces an earlier sweep's bundles whole.
+    bundles_target = outputs.check_target(bundles_path, outputs.SWEEP_BUNDLES, replace=force, inputs=report_inputs)
 
     read_calibration_texts(calibration_files)
     texts = read_texts(text_files)
     check_window_settings(context, prompt_tokens, checkpoint.config.max_position_embeddings)
-    selection = select_backend(backend)
+    selection = select_backend(backend, threads=threads)
     windows = held_out_windows(checkpoint.tokenizer(), texts, max_tokens, context, prompt_tokens)
 
-    kinds: dict[str, Any] = {}
-    for name in predictors:
-        kind = SWEEP_KINDS[name]
-        settings = _ordered_settings(kind, levels, recall_targets, core_betas)
-        points = []
-        default_level = None
-        for value in bundle_values(name):
-            calibration = _calibration(kind, value, levels, calibration_tokens, rank)
-            export = ExportSettings(dtype=dtype, max_seq_len=context, calibration=calibration)
-            bundle_dir = bundle_location(name, value)
-            layers = checkpoint.config.num_layers
-            calibrated = _layer_counter(on_progress, f"{bundle_dir.name}: calibrating", layers)
-            validating = on_progress if calibration.chooses_level else None
-            validated = _layer_counter(validating, f"{bundle_dir.name}: validating levels", layers)
-            bundle = export_bundle(
-                model_dir,
-                bundle_dir,
-                export,
-                calibration_files,
-                force=force,
-                on_layer_calibrated=calibrated,
-                on_layer_validated=validated,
-            )
-            default_level = bundle.sparsity.default_level
-            for level, point in _measure_bundle(
-                bundle,
-                selection.backend,
-                settings if value is None else [None],
-                windows,
-                prompt_tokens,
-                speed_repeats,
-                timer,
-                threads,
-                layer_stats,
-                on_progress,
-            ):
-                point = {"setting": level if value is None else value, "bundle": f"bundles/{bundle_dir.name}", **point}
-                points.append(point)
-                if on_point is not None:
-                    on_point(name, point)
-        crossings = {
-            f"{threshold:g}%": frontier_crossing(
-                [p["setting"] for p in points],
-                [p["speedup"] for p in points],
-                [p["perplexity_change_percent"] for p in points],
-                threshold,
-            )
-            for threshold in CROSSING_THRESHOLDS
-        }
-        kinds[name] = {
-            "predictor": kind.predictor,
-            "setting": kind.setting,
-            "whiten": kind.whiten,
-            "calibrate_bias": kind.calibrate_bias,
-            "description": kind.description,
-            "default_level": default_level,
-            "points": points,
-            "crossings": crossings,
-        }
+    with outputs.staged_output(bundles_target) as staged_bundles:
+        kinds: dict[str, Any] = {}
+        for name in predictors:
+            kind = SWEEP_KINDS[name]
+            settings = _ordered_settings(kind, levels, recall_targets, core_betas)
+            points = []
+            default_level = None
+            for value in bundle_values(name):
+                calibration = _calibration(kind, value, levels, calibration_tokens, rank)
+                export = ExportSettings(dtype=dtype, max_seq_len=context, calibration=calibration)
+                bundle_dir = staged_bundles / bundle_name(name, value)
+                layers = checkpoint.config.num_layers
+                calibrated = _layer_counter(on_progress, f"{bundle_dir.name}: calibrating", layers)
+                validating = on_progress if calibration.chooses_level else None
+                validated = _layer_counter(validating, f"{bundle_dir.name}: validating levels", layers)
+                bundle = export_bundle(
+                    model_dir,
+                    bundle_dir,
+                    export,
+                    calibration_files,
+                    on_layer_calibrated=calibrated,
+                    on_layer_validated=validated,
+                )
+                default_level = bundle.sparsity.default_level
+                for level, point in _measure_bundle(
+                    bundle,
+                    selection.backend,
+                    settings if value is None else [None],
+                    windows,
+                    prompt_tokens,
+                    speed_repeats,
+                    timer,
+                    threads,
+                    layer_stats,
+                    on_progress,
+                ):
+                    point = {
+                        "setting": level if value is None else value,
+                        "bundle": f"bundles/{bundle_dir.name}",
+                        **point,
+                    }
+                    points.append(point)
+                    if on_point is not None:
+                        on_point(name, point)
+            crossings = {
+                f"{threshold:g}%": frontier_crossing(
+                    [p["setting"] for p in points],
+                    [p["speedup"] for p in points],
+                    [p["perplexity_change_percent"] for p in points],
+                    threshold,
+                )
+                for threshold in CROSSING_THRESHOLDS
+            }
+            kinds[name] = {
+                "predictor": kind.predictor,
+                "setting": kind.setting,
+                "whiten": kind.whiten,
+                "calibrate_bias": kind.calibrate_bias,
+                "description": kind.description,
+                "default_level": default_level,
+                "points": points,
+                "crossings": crossings,
+            }
 
-    result = with_machine_info(
-        {
-            "benchmark": "eval_sweep",
-            "model": str(model_dir),
-            "backend": selection.backend.name,
-            "backend_reason": selection.reason,
-            "calibration_files": [str(file) for file in calibration_files],
-            "text_files": [str(file) for file in text_files],
-            "settings": {
-                "calibration_tokens": calibration_tokens,
-                "rank": rank,
-                "dtype": dtype,
-                "max_tokens": max_tokens,
-                "context": context,
-                "prompt_tokens": prompt_tokens,
-                "speed_repeats": speed_repeats,
-                "timer": timer,
-                "threads": threads,
-            },
-            "windows": len(windows),
-            "scored_tokens": sum(len(window) - prompt_tokens - 1 for window in windows),
-            "speed_tokens": len(windows[0]) - prompt_tokens,
-            "kinds": kinds,
-            "target": default_point_target(kinds),
-        }
-    )
-    from edge_sdk.eval.plots import plot_frontier
+        result = with_machine_info(
+            {
+                "benchmark": "eval_sweep",
+                "model": str(model_dir),
+                "backend": selection.backend.name,
+                "backend_reason": selection.reason,
+                "calibration_files": [str(file) for file in calibration_files],
+                "text_files": [str(file) for file in text_files],
+                "settings": {
+                    "calibration_tokens": calibration_tokens,
+                    "rank": rank,
+                    "dtype": dtype,
+                    "max_tokens": max_tokens,
+                    "context": context,
+                    "prompt_tokens": prompt_tokens,
+                    "speed_repeats": speed_repeats,
+                    "timer": timer,
+                    "threads": threads,
+                },
+                "windows": len(windows),
+                "scored_tokens": sum(len(window) - prompt_tokens - 1 for window in windows),
+                "speed_tokens": len(windows[0]) - prompt_tokens,
+                "kinds": kinds,
+                "target": default_point_target(kinds),
+            }
+        )
+        from edge_sdk.eval.plots import plot_frontier
 
-    outputs.write_reports(
-        [
-            (json_path, lambda path: path.write_text(json.dumps(result, indent=2) + "\n")),
-            (plot_path, lambda path: plot_frontier(result, path)),
-            (
-                markdown_path,
-                lambda path: path.write_text(outputs.MARKDOWN_HEADER + format_sweep_markdown(result, command)),
-            ),
-        ],
-        report_inputs,
-    )
+        outputs.write_reports(
+            [
+                (json_path, lambda path: path.write_text(outputs.report_json(result))),
+                (plot_path, lambda path: plot_frontier(result, path)),
+                (
+                    markdown_path,
+                    lambda path: path.write_text(outputs.MARKDOWN_HEADER + format_sweep_markdown(result, command)),
+                ),
+            ],
+            report_inputs,
+        )
     return result
 
 

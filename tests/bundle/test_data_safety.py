@@ -21,8 +21,23 @@ import click
 import numpy as np
 import pytest
 
-from edge_sdk import cli
-from edge_sdk.outputs import PREDICTORS_FORMAT, STAGING_MARK, OutputError, predictors_dir_is_ours, write_reports
+from edge_sdk import cli, outputs
+from edge_sdk.bench.record import with_machine_info
+from edge_sdk.outputs import (
+    BUNDLE,
+    PREDICTORS_FORMAT,
+    REPORT,
+    STAGING_MARK,
+    OutputError,
+    bundle_is_ours,
+    check_report,
+    check_target,
+    predictors_dir_is_ours,
+    report_is_ours,
+    report_json,
+    staged_output,
+    write_reports,
+)
 
 QUICK_EXPORT = ["--predictor", "none", "--max-seq-len", "32"]
 # A calibrated export kept short: a given rank and level, and the model-wide level in every layer (no rank search, no
@@ -655,3 +670,112 @@ def test_a_name_too_long_for_the_hidden_staging_name_is_refused_before_any_work(
     result = edge_sdk("unpack", archive, "b" * 250, cwd=workspace)
     assert_refused(result, "bytes too long for edge-sdk, which writes the bundle beside it under a longer hidden name")
     assert STAGING_MARK not in result.stderr and snapshot(workspace) == before
+
+
+def replace_bundle_while(bundle: Path, during) -> None:
+    """Replace bundle by a copy of itself as export --force does, calling during() while the new one is staged."""
+    target = check_target(bundle, BUNDLE, replace=True)
+    with staged_output(target) as staging:
+        shutil.copytree(bundle, staging, dirs_exist_ok=True)
+        during()
+
+
+def test_force_keeps_an_earlier_output_the_user_added_files_to_while_the_command_ran(workspace, archive):
+    """--force checked the old bundle before the work only, then removed it whole: a user's notes put into it during
+    an hour-long export went with it."""
+    bundle = workspace / "bundle"
+    shutil.copytree(archive.parent / "bundle", bundle)
+
+    def users_notes() -> None:
+        (bundle / "notes").mkdir()
+        (bundle / "notes" / "results.txt").write_text("my results\n")
+
+    with pytest.raises(OutputError) as changed:
+        replace_bundle_while(bundle, users_notes)
+    assert str(changed.value) == (
+        f"{bundle}: changed while this command ran: it now holds 'notes', which is not part of the "
+        f"bundle (1 such); this bundle was discarded and the earlier one left as it is"
+    )
+    assert (bundle / "notes" / "results.txt").read_text() == "my results\n"
+    assert staging_left(workspace) == []
+
+
+def test_a_file_reaching_the_replaced_output_during_the_exchange_undoes_it(workspace, archive, monkeypatch):
+    bundle = workspace / "bundle"
+    shutil.copytree(archive.parent / "bundle", bundle)
+    old_manifest = (bundle / "manifest.json").read_bytes()
+    exchange = outputs._renameat2
+
+    def exchange_then_users_file(source: Path, destination: Path, flags: int) -> bool:
+        done = exchange(source, destination, flags)
+        if flags == outputs._RENAME_EXCHANGE:  # source now holds the old bundle
+            (source / "late.txt").write_text("mine\n")
+        return done
+
+    monkeypatch.setattr(outputs, "_renameat2", exchange_then_users_file)
+    with pytest.raises(OutputError, match=r"changed while this command ran: it now holds 'late\.txt'"):
+        replace_bundle_while(bundle, lambda: (bundle / "..").exists())
+    assert (bundle / "late.txt").read_text() == "mine\n"
+    assert (bundle / "manifest.json").read_bytes() == old_manifest
+    assert bundle_is_ours(bundle) is not None and staging_left(workspace) == []
+
+
+def test_nothing_is_written_into_another_bundle_or_predictors_directory(workspace, archive, torch_that_fails):
+    """A bundle's report.png carries edge-sdk's PNG mark, so `eval --plot OTHER/report.png` replaced it as an earlier
+    report and broke that bundle's checksums; any output inside an edge-sdk bundle or predictors directory is
+    refused, before torch is imported."""
+    other = workspace / "other"
+    shutil.copytree(archive.parent / "bundle", other)
+    (other / "report.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 8)
+    before = snapshot(workspace)
+    held_out = Path(__file__).parents[1] / "fixtures" / "tiny-relu-llama" / "held_out.txt"
+    evaluate = ["eval", archive.parent / "bundle", "--text", held_out, "--tokens", "64", "--no-layer-stats"]
+    result = edge_sdk(*evaluate, "--plot", other / "report.png", cwd=workspace, env=torch_that_fails)
+    assert_refused(result, f"{other / 'report.png'}: is inside the edge-sdk bundle {other}, which holds only its own")
+    predictors = workspace / "predictors"
+    predictors.mkdir()
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    safetensors_numpy.save_file(
+        {"x": np.zeros(1, np.float32)}, predictors / "predictors.safetensors", metadata={"format": PREDICTORS_FORMAT}
+    )
+    with pytest.raises(OutputError, match="is inside the edge-sdk predictors directory"):
+        check_report(predictors / "report.json")
+    with pytest.raises(OutputError, match=f"is inside the edge-sdk bundle {other}"):
+        check_target(other / "deeper" / "bundle", BUNDLE, replace=False)
+    assert snapshot(workspace).keys() == before.keys() | {"predictors", "predictors/predictors.safetensors"}
+
+
+def test_a_json_file_is_an_edge_sdk_report_only_with_all_its_marks(tmp_path):
+    users = tmp_path / "user.json"
+    users.write_text('{"edge_sdk": {"theme": "dark"}, "important": "user config"}\n')
+    assert report_is_ours(users) == "is not a report edge-sdk wrote"
+    users.write_text('{"edge_sdk": "0.1.0", "important": "user config"}\n')
+    assert report_is_ours(users) == "is not a report edge-sdk wrote"
+    ours = tmp_path / "ours.json"
+    ours.write_text(report_json(with_machine_info({"benchmark": "e2e"})))
+    assert report_is_ours(ours) is None
+
+
+def test_a_report_holding_nan_is_refused_naming_the_field():
+    with pytest.raises(OutputError) as refused:
+        report_json({"kinds": {"svd": {"points": [{"speedup": 1.5}, {"speedup": float("nan")}]}}})
+    assert (
+        str(refused.value)
+        == "the report's kinds.svd.points.1.speedup (nan) is not a finite number; nothing was written"
+    )
+
+
+def test_an_empty_output_path_is_refused_as_empty_not_as_the_current_directory(workspace, archive):
+    held_out = Path(__file__).parents[1] / "fixtures" / "tiny-relu-llama" / "held_out.txt"
+    evaluate = ["eval", archive.parent / "bundle", "--text", held_out, "--tokens", "64", "--no-layer-stats"]
+    assert_refused(
+        edge_sdk(*evaluate, "--json", "", cwd=workspace), "the report's path is empty; name where to write it"
+    )
+    assert_refused(edge_sdk("export", "model", "-o", "", cwd=workspace), "the bundle's path is empty")
+
+
+def test_a_failed_output_below_a_dotdot_removes_every_directory_made_for_it(tmp_path):
+    target = check_target(tmp_path / "new" / ".." / "other" / "report.json", REPORT, replace=False)
+    with pytest.raises(OSError), staged_output(target):
+        raise OSError(errno.EIO, "input/output error")
+    assert list(tmp_path.iterdir()) == []

@@ -312,7 +312,7 @@ def test_bad_input_raises_clear_errors(svd_bundle, held_out, tiny_model_dir, tmp
         evaluate_bundle(svd_bundle.path, [held_out], backend="cpu", context=256)
     with pytest.raises(EdgeSdkError, match="unknown backend 'gpu'"):
         evaluate_bundle(svd_bundle.path, [held_out], backend="gpu")
-    monkeypatch.setattr(type(get_backend("cpu")), "probe", lambda self: (False, "native library not built"))
+    monkeypatch.setattr(type(get_backend("cpu")), "probe", lambda self, threads=0: (False, "native library not built"))
     with pytest.raises(BackendUnavailable, match=r"backend 'cpu' .* not available here: native library not built"):
         evaluate_bundle(svd_bundle.path, [held_out], backend="cpu")
     with pytest.raises(BundleError, match="bundle directory not found"):
@@ -358,7 +358,7 @@ def test_held_out_text_that_is_not_utf8_is_refused_naming_the_byte(tmp_path):
     [
         (["--predictors", ""], "Invalid value for --predictors: expected a comma-separated list of predictor kinds"),
         (["--predictors", "svd,svd"], "'svd' is listed twice in 'svd,svd'; each kind is swept once"),
-        (["--levels", ""], "Invalid value for --levels: expected a comma-separated list of numbers, found ''"),
+        (["--levels", ""], "--levels: expected comma-separated numbers such as 0.5,0.7,0.9, found ''"),
     ],
 )
 def test_sweep_refuses_empty_and_repeated_lists_before_any_work(tiny_model_dir, tmp_path, option, message):
@@ -377,8 +377,9 @@ def test_sweep_refuses_its_markdown_on_the_path_of_its_json_before_any_work(tiny
     assert list(tmp_path.iterdir()) == []
 
 
-def test_sweep_checks_every_bundles_location_before_the_first_export(tiny_model_dir, tmp_path):
-    """A later bundle's location holding the user's directory is refused up front, not after the earlier exports."""
+def test_sweep_checks_its_bundles_directory_before_the_first_export(tiny_model_dir, tmp_path):
+    """A bundle's location holding the user's directory is refused up front, even with --force, not after the
+    earlier exports (--force replaces an earlier sweep's bundles directory whole)."""
     out = tmp_path / "s"
     users = out / "bundles" / "signbit-0.95"
     users.mkdir(parents=True)
@@ -387,7 +388,7 @@ def test_sweep_checks_every_bundles_location_before_the_first_export(tiny_model_
     sweep = [*args, "--text", str(tiny_model_dir / "held_out.txt"), "--predictors", "svd,signbit"]
     result = CliRunner().invoke(main, [*sweep, "--recall-targets", "0.9,0.95", "--force"])
     assert result.exit_code == 2, result.output
-    assert f"{users}: has no edge-sdk manifest.json, so it is not an edge-sdk bundle" in result.output
+    assert f"{out / 'bundles'}: holds 'signbit-0.95', which has no edge-sdk manifest.json" in result.output
     assert sorted(path.name for path in (out / "bundles").iterdir()) == ["signbit-0.95"]
     assert (users / "notes.txt").read_text() == "the user's\n"
 
@@ -395,15 +396,15 @@ def test_sweep_checks_every_bundles_location_before_the_first_export(tiny_model_
 def test_a_sweep_takes_the_kinds_the_models_ffn_serves(tiny_model_dir, held_out, tmp_path, monkeypatch):
     """By default every kind for a ReLU-family FFN and threshold alone for SiLU, whose neurons are never exactly zero
     (the default used to start with svd and fail on a SiLU model); a kind named for SiLU that needs exact zeros is
-    refused before anything is written. The bundle locations a sweep checks before its first export are the
-    bundles it would write; it is stopped right after them."""
+    refused before anything is written. The sweep is stopped before it reads its texts."""
     silu = tmp_path / "silu"
     shutil.copytree(tiny_model_dir, silu)
     config = json.loads((silu / "config.json").read_text())
     (silu / "config.json").write_text(json.dumps(config | {"hidden_act": "silu"}))
     sweep_module = importlib.import_module("edge_sdk.eval.sweep")
-    checked = []
-    monkeypatch.setattr(sweep_module, "check_output", lambda location, *args: checked.append(location.name))
+    chosen = []
+    served_kinds = sweep_module.served_kinds
+    monkeypatch.setattr(sweep_module, "served_kinds", lambda *args: chosen.append(served_kinds(*args)) or chosen[-1])
 
     class Stopped(Exception):
         pass
@@ -416,11 +417,11 @@ def test_a_sweep_takes_the_kinds_the_models_ffn_serves(tiny_model_dir, held_out,
     settings = {"levels": (0.5,), "recall_targets": (0.9,), "core_betas": (0.3,)}
     with pytest.raises(Stopped):
         sweep(silu, calibration, [held_out], out, **settings)
-    assert checked == ["threshold"]
+    assert chosen == [("threshold",)]
     with pytest.raises(Stopped):
         sweep(tiny_model_dir, calibration, [held_out], out, **settings)
-    expected = ["svd", "svd-no-whiten", "svd-no-bias", "svd-uniform", "signbit-0.9", "core-0.3", "threshold"]
-    assert checked[1:] == expected and len(expected) == len(SWEEP_KINDS)
+    expected = ("svd", "svd-no-whiten", "svd-no-bias", "svd-uniform", "signbit", "core", "threshold")
+    assert chosen[1] == expected and len(expected) == len(SWEEP_KINDS)
     refusal = (
         "sweep predictors svd, signbit need a ReLU-family FFN (relu, fatrelu, drelu) whose inactive neurons are exact "
         "zeros; this model's hidden_act is silu: it can sweep threshold"
@@ -430,4 +431,39 @@ def test_a_sweep_takes_the_kinds_the_models_ffn_serves(tiny_model_dir, held_out,
     args = ["sweep", str(silu), "--calib", str(calibration[0]), "-o", str(out), "--text", str(held_out)]
     result = CliRunner().invoke(main, [*args, "--predictors", "svd,signbit,threshold"])
     assert result.exit_code == 2 and refusal in result.output and "Traceback" not in result.output
-    assert len(checked) == 8 and not out.exists()
+    assert not out.exists()
+
+
+def test_a_sweep_stopped_after_its_first_bundle_leaves_nothing(tiny_model_dir, held_out, tmp_path, monkeypatch):
+    """Each bundle used to be published as it was made, so a sweep stopped part-way left them (and a rerun needed
+    --force) while saying nothing was written; the bundles are now published with the reports."""
+    sweep_module = importlib.import_module("edge_sdk.eval.sweep")
+    measure, measured = sweep_module._measure_bundle, []
+
+    def measure_then_stop(bundle, *args):
+        measured.append(bundle.path.name)
+        if len(measured) == 2:
+            raise KeyboardInterrupt
+        return measure(bundle, *args)
+
+    monkeypatch.setattr(sweep_module, "_measure_bundle", measure_then_stop)
+    settings = {"predictors": ("signbit",), "recall_targets": (0.999, 0.9), "speed_repeats": 1, **WINDOW}
+    with pytest.raises(KeyboardInterrupt):
+        sweep(tiny_model_dir, [tiny_model_dir / "calibration.txt"], [held_out], tmp_path / "s", **settings)
+    assert measured == ["signbit-0.999", "signbit-0.9"] and list(tmp_path.iterdir()) == []
+
+
+class NanLogits:
+    def prefill(self, ids):
+        return None
+
+    def decode(self, token):
+        logits = np.zeros(8, dtype=np.float32)
+        logits[3] = np.nan
+        return logits
+
+
+def test_logits_that_are_not_finite_are_refused_not_reported_as_nan():
+    """A bundle with a nan weight gave `eval` a perplexity of nan and a JSON report no strict reader accepts."""
+    with pytest.raises(EvalError, match="decoding gave logits that are not finite numbers"):
+        teacher_forced(NanLogits(), [[1, 2, 3, 4]], prompt_tokens=1)

@@ -55,7 +55,8 @@ def test_a_copied_tree_records_the_commit_it_is_told(repo, monkeypatch):
 
 
 def test_cli_json_records_the_commit_before_it_overwrites_a_tracked_file(repo):
-    (repo / "e2e.json").write_text('{"edge_sdk": "0.1.0", "speedup": 1.2}\n')  # an earlier edge-sdk result
+    earlier = '{"edge_sdk": "0.1.0", "machine": {"cpu": "x"}, "date": "2026-11-27", "speedup": 1.2}\n'
+    (repo / "e2e.json").write_text(earlier)  # an earlier edge-sdk result
     git(repo, "add", "e2e.json")
     git(repo, "commit", "-q", "-m", "result")
     _write_json(str(repo / "e2e.json"), {"speedup": 1.5})
