@@ -15,7 +15,6 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -24,6 +23,7 @@ from edge_sdk import __version__, memory, outputs, predictors
 from edge_sdk.bundle import operating_point_text
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.quant import DEFAULT_GROUP_SIZE, GROUP_SIZES, INT4_SCHEMES
+from edge_sdk.quant import FORMATS as QUANTIZED_FORMATS
 from edge_sdk.runtime.backends import MAX_THREADS
 from edge_sdk.runtime.generator import MAX_SEED
 from edge_sdk.sparsity.settings import (
@@ -203,13 +203,20 @@ def _runs_torch_pipeline(purpose: str) -> None:
     memory.map_large_blocks()
 
 
-def _parse_levels(text: str | None) -> tuple[float, ...] | None:
+def _parse_levels(text: str | None, option: str) -> tuple[float, ...] | None:
+    """The numbers of a comma-separated option value (None when the option was not given); a value holding none is
+    refused, never taken for the option's default."""
     if text is None:
         return None
     try:
-        return tuple(float(part) for part in text.split(",") if part.strip())
+        numbers = tuple(float(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated numbers such as 0.5,0.7,0.9, found {text!r}") from None
+        numbers = ()
+    if not numbers:
+        raise click.BadParameter(
+            f"expected comma-separated numbers such as 0.5,0.7,0.9, found {text!r}", param_hint=option
+        )
+    return numbers
 
 
 def _options(*decorators: Callable) -> Callable:
@@ -469,7 +476,7 @@ def _calibration_settings(fit: dict[str, Any]) -> CalibrationSettings:
         sparsity=fit["sparsity"],
         ppl_budget=fit["ppl_budget"],
         validation_tokens=fit["validation_tokens"],
-        levels=_parse_levels(fit["levels"]) or DEFAULT_LEVELS,
+        levels=_parse_levels(fit["levels"], "--levels") or DEFAULT_LEVELS,
         whiten=not fit["no_whiten"],
         calibrate_bias=not fit["no_bias_calibration"],
         recall_target=fit["recall_target"],
@@ -660,6 +667,14 @@ def export(
     _runs_torch_pipeline("`edge-sdk export`")
     if fit["predictor"] == predictors.NO_PREDICTOR:
         _refuse_given_options(PREDICTOR_FIT_OPTIONS, "only a calibrated predictor uses it; --predictor none fits none")
+    if dtype not in QUANTIZED_FORMATS:
+        _refuse_given_options(("group_size",), f"only an int8 or int4 export reads it, not --dtype {dtype}")
+    if fit["predictor"] == predictors.NO_PREDICTOR and not (dtype in QUANTIZED_FORMATS and quant_method == "awq"):
+        _refuse_given_options(
+            ("calibration_files", "max_tokens"),
+            "nothing reads it: --predictor none fits no predictor, and only --quant-method awq (int8, int4) reads "
+            "calibration text",
+        )
     # before torch is imported: a wrong location or model path, or a GGUF file the reader refuses, is refused at once
     from edge_sdk.model.location import check_model_path
 
@@ -755,7 +770,10 @@ def export(
 @main.command()
 @click.argument("bundle_dir", type=click.Path(path_type=str))
 @click.option(
-    "--steps", type=click.IntRange(1, 4096), default=8, show_default=True, help="Greedy decode steps to compare."
+    "--steps",
+    type=click.IntRange(1, 4096),
+    default=None,
+    help="Greedy decode steps to compare (default 8, fewer where the bundle's max_seq_len is shorter).",
 )
 @click.option(
     "--files-only",
@@ -896,18 +914,8 @@ def _write_json(path: str | None, payload: dict, inputs: tuple[tuple[str, str], 
 
     if path:
         record = with_machine_info(payload)
-        outputs.write_report(path, lambda staging: staging.write_text(json.dumps(record, indent=2) + "\n"), inputs)
+        outputs.write_report(path, lambda staging: staging.write_text(outputs.report_json(record)), inputs)
         click.echo(f"wrote {path}", err=True)
-
-
-def _read_prompt_file(path: str) -> str:
-    """The text of a prompt file, or an EdgeSdkError naming what is wrong with it."""
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise EdgeSdkError(f"{path}: prompt file not found") from None
-    except (IsADirectoryError, UnicodeDecodeError, PermissionError) as error:
-        raise EdgeSdkError(f"{path}: expected a readable UTF-8 text file ({error.__class__.__name__})") from None
 
 
 def _check_report_paths(*paths: str | None, inputs: tuple[tuple[str, str], ...] = ()) -> None:
@@ -983,7 +991,7 @@ def bench_ffn_command(
         return
     try:
         d, n_neurons = parse_shape(shape)
-        levels = _parse_levels(sparsities)
+        levels = _parse_levels(sparsities, "--sparsity")
         if backend == "cpu":
             rows = bench_ffn(d, n_neurons, levels, dtype=dtype, threads=threads, repeats=repeats)
         else:
@@ -1019,7 +1027,7 @@ def _bench_quantized_ffn(
 
     try:
         d, n_neurons = parse_shape(shape)
-        levels = _parse_levels(sparsities)
+        levels = _parse_levels(sparsities, "--sparsity")
         rows = bench_quantized_ffn(
             d,
             n_neurons,
@@ -1062,9 +1070,9 @@ def bench_e2e_command(
     """Decode tokens/s of a bundle, dense vs sparse on the same backend, and the prompt's prefill tokens/s."""
     report_inputs = (("bundle", bundle_dir),) + ((("prompt file", prompt_file),) if prompt_file else ())
     _check_report_paths(json_path, inputs=report_inputs)
-    from edge_sdk.bench.e2e import DEFAULT_PROMPT, bench_e2e
+    from edge_sdk.bench.e2e import DEFAULT_PROMPT, bench_e2e, read_prompt_file
 
-    prompt = DEFAULT_PROMPT if prompt_file is None else _read_prompt_file(prompt_file)
+    prompt = DEFAULT_PROMPT if prompt_file is None else read_prompt_file(prompt_file)
     with _phase_progress() as on_progress:
         result = bench_e2e(
             bundle_dir,
@@ -1207,7 +1215,7 @@ def eval_command(
     help="Decode timing: wall clock, or process CPU time (one thread only; robust on a shared machine).",
 )
 @click.option("--markdown", "markdown_path", default=None, help="Also write the tables as markdown.")
-@click.option("--force", is_flag=True, help="Replace earlier edge-sdk bundles in the output directory.")
+@click.option("--force", is_flag=True, help="Replace an earlier sweep's bundles (OUT/bundles, as a whole).")
 def sweep_command(
     model_dir,
     calibration_files,
@@ -1251,10 +1259,7 @@ def sweep_command(
     chosen = {}
     for name, value in (("levels", levels), ("recall_targets", recall_targets), ("core_betas", core_betas)):
         if value is not None:
-            chosen[name] = _parse_levels(value)
-            if not chosen[name]:
-                expected = f"expected a comma-separated list of numbers, found {value!r}"
-                raise click.BadParameter(expected, param_hint="--" + name.replace("_", "-"))
+            chosen[name] = _parse_levels(value, "--" + name.replace("_", "-"))
     command = "edge-sdk " + " ".join(sys.argv[1:])
     with _phase_progress() as on_progress:
         result = run_sweep(

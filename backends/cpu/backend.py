@@ -41,8 +41,11 @@ OPENMP_THREADS_ENV = "OMP_NUM_THREADS"
 
 class CpuBackend:
     name = "cpu"
+    runs_on_cpu_threads = True  # select_backend passes probe the threads a run asks for
 
-    def probe(self) -> tuple[bool, str]:
+    def probe(self, threads: int = 0) -> tuple[bool, str]:
+        """(available, reason); the reason names the threads a run asking for `threads` uses (0: OpenMP's maximum,
+        as the engines take it)."""
         try:
             library = load_cpu_kernels()
         except (NativeLibraryError, OSError) as error:
@@ -53,14 +56,15 @@ class CpuBackend:
                 f"${ACTIVATIONS_ENV}={activations!r}: expected fp32 (quantized rows dotted with x in fp32), or unset "
                 f"(x quantized to int8 for integer dot products, the default)"
             )
-        threads = library.edge_cpu_max_threads()
-        if not 1 <= threads <= MAX_THREADS:  # OpenMP's maximum, from $OMP_NUM_THREADS (libgomp wraps huge values)
+        max_threads = library.edge_cpu_max_threads()
+        if not 1 <= max_threads <= MAX_THREADS:  # OpenMP's maximum, from $OMP_NUM_THREADS (libgomp wraps huge values)
             return False, (
-                f"OpenMP allows {threads} threads (${OPENMP_THREADS_ENV}={os.environ.get(OPENMP_THREADS_ENV)!r}); "
+                f"OpenMP allows {max_threads} threads (${OPENMP_THREADS_ENV}={os.environ.get(OPENMP_THREADS_ENV)!r}); "
                 f"expected 1 to {MAX_THREADS}: set {OPENMP_THREADS_ENV} to at most the cores to use, or unset it"
             )
         version, isa = library.edge_cpu_version().decode(), library.edge_cpu_isa().decode()
-        kernels_text = f"native kernels {version} ({isa}), {threads} threads"
+        used = threads if threads > 0 else max_threads
+        kernels_text = f"native kernels {version} ({isa}), {used} thread{'' if used == 1 else 's'}"
         choice = _engine_choice()
         runtime, runtime_text = _runtime_available()
         if choice == "torch":

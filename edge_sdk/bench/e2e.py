@@ -10,10 +10,25 @@ from typing import Any
 
 from edge_sdk.bundle import Bundle
 from edge_sdk.errors import EdgeSdkError
+from edge_sdk.formats.files import decode_utf8, read_bounded
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.runtime.backends import EngineOptions, select_backend
 
 DEFAULT_PROMPT = "import os\nimport sys\n\n\ndef main(argv=None):\n    "
+# Far more text than any bundle's positions take; the bound keeps a huge file from filling memory before it is cut.
+MAX_PROMPT_FILE_BYTES = 16 << 20
+
+
+def read_prompt_file(path: str | Path) -> str:
+    """The text of a --prompt-file: a regular file (a FIFO would block and a device never end) of at most
+    MAX_PROMPT_FILE_BYTES of UTF-8 text, not empty."""
+    path = Path(path)
+    if not path.exists():
+        raise EdgeSdkError(f"{path}: prompt file not found")
+    data = read_bounded(path, MAX_PROMPT_FILE_BYTES, follow_symlinks=True)
+    if not data:
+        raise EdgeSdkError(f"{path}: prompt file is empty; expected the prompt's text")
+    return decode_utf8(data, path, "prompt file")
 
 
 def bench_e2e(
@@ -41,7 +56,7 @@ def bench_e2e(
             f"prompt: {len(ids)} tokens; the bundle serves {bundle.max_seq_len} positions, so a prompt of 1 to "
             f"{bundle.max_seq_len - 1} tokens is expected (shorten it, or pass --prompt-tokens)"
         )
-    selection = select_backend(backend, bundle)
+    selection = select_backend(backend, bundle, threads)
     decode_tokens = min(decode_tokens, bundle.max_seq_len - len(ids))
     results: dict[str, Any] = {
         "bundle": str(bundle.path),

@@ -4,9 +4,11 @@ The archive holds manifest.json and the files the manifest lists, at its root. P
 bundle gives the same bytes on any machine (entries sorted by name, mtime 0, uid/gid 0, no user or group names,
 mode 0644, PAX format so files over 8 GiB fit). Unpacking trusts nothing in the archive: every member must be a
 regular file with a plain name (no path, no link, device or FIFO, no duplicate, at most MAX_MEMBERS of them, no
-more bytes than the disk has free), and after extraction the directory must hold exactly the manifest and the
-files it lists and open with every checksum verified. Both write through edge_sdk.outputs, so a failed pack or
-unpack leaves nothing behind and never replaces what edge-sdk did not write.
+more bytes than the disk has free), the archive must hold a valid manifest.json, and every other member must be a
+file it lists, of the size it lists, all checked from the tar headers before anything is extracted (a small
+compressed archive cannot fill the disk); after extraction the bundle must open with every checksum verified.
+Both write through edge_sdk.outputs, so a failed pack or unpack leaves nothing behind and never replaces what
+edge-sdk did not write.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from pathlib import Path
 
 from edge_sdk import outputs
 from edge_sdk.bundle import format as bundle_format
-from edge_sdk.bundle.manifest import BundleError
+from edge_sdk.bundle.manifest import BundleError, Manifest, validate
 from edge_sdk.bundle.reader import Bundle
+from edge_sdk.formats import strict_json
 from edge_sdk.formats.files import open_regular
 
 COPY_CHUNK_BYTES = 16 << 20
@@ -79,31 +82,81 @@ def _member_name(member: tarfile.TarInfo, tar_path: Path) -> str:
     return name
 
 
-def _extract(tar: tarfile.TarFile, tar_path: Path, target: Path) -> set[str]:
-    members = []
-    for member in tar:
-        members.append(member)
-        if len(members) > MAX_MEMBERS:
-            raise ArchiveError(f"{tar_path}: more than {MAX_MEMBERS} members; a bundle has a handful of files")
-    names = [_member_name(member, tar_path) for member in members]
-    duplicates = sorted({name for name in names if names.count(name) > 1})
-    if duplicates:
-        raise ArchiveError(f"{tar_path}: member {duplicates[0]!r} appears twice")
-    needed = sum(member.size for member in members)
+def _read_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo, tar_path: Path) -> Manifest:
+    """The archive's manifest.json, validated as Bundle.open validates it."""
+    where = f"{tar_path}: member {bundle_format.MANIFEST_FILE}"
+    if member.size > bundle_format.MAX_MANIFEST_BYTES:
+        raise ArchiveError(f"{where}: {member.size} bytes, more than the {bundle_format.MAX_MANIFEST_BYTES} allowed")
+    source = tar.extractfile(member)
+    if source is None:
+        raise ArchiveError(f"{where}: has no data")
+    with source:
+        return validate(strict_json.parse(source.read(), where, error=BundleError), where)
+
+
+def _check_listed(member: tarfile.TarInfo, name: str, manifest: Manifest, tar_path: Path) -> None:
+    """A member other than manifest.json must be a file the manifest lists, of the size it lists."""
+    entry = manifest.files.get(name)
+    if entry is None:
+        raise ArchiveError(f"{tar_path}: member {name!r} is not a file the bundle's manifest lists")
+    if member.size != entry.size:
+        raise ArchiveError(f"{tar_path}: member {name!r} holds {member.size} bytes; the manifest lists {entry.size}")
+
+
+def _checked_members(tar: tarfile.TarFile, tar_path: Path, target: Path) -> list[tuple[tarfile.TarInfo, str]]:
+    """Every member with its name, checked from the headers alone before anything is extracted: plain regular files,
+    no duplicate, the manifest's files at the manifest's sizes (read as soon as its member comes), and no more
+    bytes in all than the disk has free, checked member by member so that a compressed archive declaring more is
+    refused without reading on through it."""
     free = shutil.disk_usage(target).free
-    if needed > free:
-        # named by the output's directory: target is the hidden staging entry in it, a name that means nothing to a user
-        raise ArchiveError(
-            f"{tar_path}: unpacking needs {needed} bytes, the file system of {target.parent} has {free} free"
-        )
-    for member, name in zip(members, names, strict=True):
+    members: list[tuple[tarfile.TarInfo, str]] = []
+    manifest = None
+    declared = 0
+    for member in tar:
+        if len(members) == MAX_MEMBERS:
+            raise ArchiveError(f"{tar_path}: more than {MAX_MEMBERS} members; a bundle has a handful of files")
+        name = _member_name(member, tar_path)
+        if any(name == seen for _, seen in members):
+            raise ArchiveError(f"{tar_path}: member {name!r} appears twice")
+        members.append((member, name))
+        declared += member.size
+        if declared > free:
+            # named by the output's directory: target is the hidden staging entry in it, a name meaningless to a user
+            raise ArchiveError(
+                f"{tar_path}: unpacking needs at least {declared} bytes, the file system of {target.parent} has "
+                f"{free} free"
+            )
+        if name == bundle_format.MANIFEST_FILE:
+            manifest = _read_manifest(tar, member, tar_path)
+            for earlier, earlier_name in members[:-1]:
+                _check_listed(earlier, earlier_name, manifest, tar_path)
+        elif manifest is not None:
+            _check_listed(member, name, manifest, tar_path)
+    if manifest is None:
+        raise ArchiveError(f"{tar_path}: has no {bundle_format.MANIFEST_FILE}; expected an edge-sdk bundle archive")
+    return members
+
+
+def _extract(tar: tarfile.TarFile, tar_path: Path, target: Path) -> None:
+    for member, name in _checked_members(tar, tar_path, target):
         source = tar.extractfile(member)
         if source is None:
             raise ArchiveError(f"{tar_path}: member {name!r} has no data")
         with source, open(target / name, "xb") as output:
             shutil.copyfileobj(source, output, COPY_CHUNK_BYTES)
         (target / name).chmod(FILE_MODE)
-    return set(names)
+
+
+def _open_archive(tar_path: Path) -> tarfile.TarFile:
+    """The archive opened for reading, plain or compressed (gzip, bzip2, xz: tarfile's "r:*")."""
+    try:
+        return tarfile.open(tar_path, mode="r:*")
+    except (tarfile.TarError, EOFError):  # tarfile's message lists every compression it tried, one per line
+        raise ArchiveError(
+            f"{tar_path}: not a tar archive (expected a bundle archive, plain or compressed with gzip, bzip2 or xz)"
+        ) from None
+    except OSError as error:
+        raise ArchiveError(f"{tar_path}: cannot read ({error.strerror})") from None
 
 
 def unpack_bundle(tar_path: str | Path, out_dir: str | Path, *, force: bool = False) -> Bundle:
@@ -124,16 +177,13 @@ def unpack_bundle(tar_path: str | Path, out_dir: str | Path, *, force: bool = Fa
         raise ArchiveError(f"{tar_path}: {found}")
     with outputs.staged_output(target) as staging:
         try:
-            with tarfile.open(tar_path, mode="r:*") as tar:
-                names = _extract(tar, tar_path, staging)
+            with _open_archive(tar_path) as tar:
+                _extract(tar, tar_path, staging)
         except (tarfile.TarError, EOFError) as error:
             raise ArchiveError(f"{tar_path}: not a readable tar archive ({error})") from None
         try:
-            bundle = Bundle.open(staging, verify_checksums=True)
+            Bundle.open(staging, verify_checksums=True)
         except BundleError as error:  # named by the archive and its member: the staging path means nothing to a user
             message = str(error).replace(f"{staging}{os.sep}", f"{tar_path}: member ").replace(str(staging), "it")
             raise BundleError(message) from None
-        unlisted = sorted(names - {bundle_format.MANIFEST_FILE, *bundle.manifest.files})
-        if unlisted:
-            raise ArchiveError(f"{tar_path}: member {unlisted[0]!r} is not a file the bundle's manifest lists")
     return Bundle.open(target.path, verify_checksums=False)

@@ -91,7 +91,10 @@ class Fields:
     def optional_integer(self, key: str, low: int, high: int) -> int | None:
         return self.integer(key, low, high) if self.has(key) else None
 
-    def number(self, key: str, *, above: float | None = None, at_least: float | None = None) -> float:
+    def number(
+        self, key: str, *, above: float | None = None, at_least: float | None = None, float32: bool = False
+    ) -> float:
+        """A finite number beyond the given limit; with float32, also one float32 holds (model_config.fits_float32)."""
         value = self.value.get(key)
         limits = []
         if above is not None:
@@ -103,6 +106,8 @@ class Fields:
             raise self._fail(key, expected)
         if (above is not None and not value > above) or (at_least is not None and not value >= at_least):
             raise self._fail(key, expected)
+        if float32 and not model_config.fits_float32(value, positive=above is not None):
+            raise self._fail(key, expected + model_config.float32_range(positive=above is not None))
         return float(value)
 
     def fraction(self, key: str, *, low_open: bool = False) -> float:
@@ -149,7 +154,7 @@ def _model(fields: Fields) -> ModelConfig:
         raise BundleError(f"{fields.where}: num_heads * head_dim is larger than {limits.MAX_HIDDEN_SIZE}")
     activation = fields.object("activation")
     kind = activation.string("kind", SUPPORTED_ACTIVATIONS)
-    threshold = activation.number("threshold", at_least=0.0)
+    threshold = activation.number("threshold", at_least=0.0, float32=True)
     rope = fields.object("rope")
     if rope.string("rope_type", model_config.ROPE_TYPES) == "llama3" and not (
         rope.number("high_freq_factor", above=0.0) > rope.number("low_freq_factor", above=0.0)
@@ -167,7 +172,7 @@ def _model(fields: Fields) -> ModelConfig:
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
-        rms_norm_eps=fields.number("rms_norm_eps", above=0.0),
+        rms_norm_eps=fields.number("rms_norm_eps", above=0.0, float32=True),
         max_position_embeddings=fields.integer("max_position_embeddings", 2, limits.MAX_POSITIONS),
         activation=Activation(kind, threshold),
         rope=RopeConfig(

@@ -23,6 +23,7 @@ from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.sparsity.bundle_model import configure, load_reference_decoder
 
 DEFAULT_PROMPT = "def main(argv=None):\n    "
+DEFAULT_DECODE_STEPS = 8
 LOGITS_TOLERANCE = 1e-4  # both sides compute in fp32 on the same stored weights
 # A mask decision this close to its boundary, relative to the sum of the absolute terms it is made of, may round
 # either way: fp32's unit roundoff is 6e-8, and the flips seen on SmolLM2 at CHESS level 0.5 had margins near
@@ -125,12 +126,26 @@ def explain_by_a_near_tie(
     return None
 
 
-def verify_graphs(bundle: Bundle, prompt: str = DEFAULT_PROMPT, decode_steps: int = 8) -> dict[str, Any]:
+def verify_graphs(bundle: Bundle, prompt: str = DEFAULT_PROMPT, decode_steps: int | None = None) -> dict[str, Any]:
     """Prefill + greedy decode steps in ONNX Runtime and in the torch reference on an opened bundle, dense and at
     every calibrated level (the predictor's one setting when it has no levels); raises VerificationError naming the
-    operating point where logits or greedy tokens differ."""
+    operating point where logits or greedy tokens differ.
+
+    The prompt and the decode steps share the bundle's KV cache: the prompt is cut to the max_seq_len the steps
+    leave it. decode_steps None takes DEFAULT_DECODE_STEPS, or as many as fit after a one-token prompt when the
+    bundle's max_seq_len is shorter; a number of steps that leaves no room for one prompt token is refused."""
     tokenizer = Tokenizer.from_bundle(bundle)
-    ids = tokenizer.encode(prompt)[: bundle.max_seq_len - decode_steps]
+    prompt_ids = tokenizer.encode(prompt)
+    most_steps = bundle.max_seq_len - 1
+    if decode_steps is None:
+        decode_steps = min(DEFAULT_DECODE_STEPS, most_steps)
+    elif decode_steps > most_steps:
+        raise EdgeSdkError(
+            f"{bundle.path}: --steps {decode_steps} leaves no room in the bundle's max_seq_len {bundle.max_seq_len} "
+            f"for the {len(prompt_ids)}-token prompt (cut to fit, but at least 1 token): expected --steps at most "
+            f"{most_steps}"
+        )
+    ids = prompt_ids[: bundle.max_seq_len - decode_steps]
     points: list[tuple[str, float | None, bool]] = [("dense", None, True)]
     points += [(f"level {level:g}", level, False) for level in bundle.sparsity.levels] or [("sparse", None, False)]
     worst, text = 0.0, ""

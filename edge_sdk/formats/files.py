@@ -47,9 +47,14 @@ def file_size(path: Path, *, follow_symlinks: bool, error: type[EdgeSdkError] = 
 
 
 def read_utf8_text(path: Path, what: str, error: type[EdgeSdkError] = EdgeSdkError) -> str:
-    """A text file's content, which must be UTF-8: otherwise error naming the file, what it is, the first byte that
-    is not and its offset (a stray byte in a corpus would otherwise become U+FFFD tokens without a word)."""
-    data = path.read_bytes()
+    """A text file's content, which must be UTF-8 (see decode_utf8)."""
+    return decode_utf8(path.read_bytes(), path, what, error)
+
+
+def decode_utf8(data: bytes, path: Path, what: str, error: type[EdgeSdkError] = EdgeSdkError) -> str:
+    """data, the content of the file at path, as text, which must be UTF-8: otherwise error naming the file, what it
+    is, the first byte that is not and its offset (a stray byte in a corpus would otherwise become U+FFFD tokens
+    without a word)."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as problem:

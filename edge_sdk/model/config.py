@@ -9,7 +9,8 @@ passes here exports to a bundle that every reader accepts:
 - a field set to null counts as absent (transformers writes null for unset fields); an absent field takes
   transformers' default where it has one and is an error where it has none;
 - integers are integral JSON numbers (1 and 1.0 alike, as in the manifest) within the limits below; booleans are
-  true or false; numbers are finite; strings are strings;
+  true or false; numbers are finite (rms_norm_eps and hidden_act_param also within float32's range); strings are
+  strings;
 - head_dim, when not given, is hidden_size / num_attention_heads and must divide exactly: a remainder is far more
   likely a typo than a model whose heads leave part of the hidden state out (such a model states head_dim);
 - token ids lie in [0, vocab_size).
@@ -53,6 +54,10 @@ MAX_HEAD_DIM = 16384
 MAX_POSITIONS = 1 << 24
 MAX_EOS_TOKENS = 16
 MAX_SLIDING_WINDOW = 2**31 - 1  # an int32 in the C runtime
+# rms_norm_eps and the fatrelu threshold are float32 in every graph and in the C runtime: a value float32 cannot hold
+# would become inf (or an eps of 0) there, so every reader refuses it.
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_SMALLEST_POSITIVE = 1.401298464324817e-45  # the smallest subnormal; anything nearer 0 rounds to 0
 # Real config.json files are a few KiB; the bound keeps a hostile one from filling memory before it is parsed.
 MAX_CONFIG_BYTES = 16 << 20
 CONFIG_FILE = "config.json"
@@ -173,6 +178,18 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 64 else text[:61] + "..."
 
 
+def fits_float32(value: float, *, positive: bool) -> bool:
+    """Whether float32 holds value without overflowing to inf or (positive: a value that must stay > 0) to 0."""
+    return abs(value) <= FLOAT32_MAX and (not positive or value >= FLOAT32_SMALLEST_POSITIVE)
+
+
+def float32_range(*, positive: bool) -> str:
+    """The range fits_float32 accepts, as the end of an 'expected' phrase."""
+    if positive:
+        return f" that float32 holds (from {FLOAT32_SMALLEST_POSITIVE:g} to {FLOAT32_MAX:g})"
+    return f" that float32 holds (at most {FLOAT32_MAX:g})"
+
+
 def _is_integer_in(value: Any, low: int, high: int) -> bool:
     """An integral JSON number in [low, high] (1 and 1.0 alike, as the bundle manifest reads them)."""
     integral = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
@@ -205,8 +222,15 @@ class _Fields:
         return int(value)
 
     def number(
-        self, key: str, *, above: float | None = None, at_least: float | None = None, default: Any = _REQUIRED
+        self,
+        key: str,
+        *,
+        above: float | None = None,
+        at_least: float | None = None,
+        float32: bool = False,
+        default: Any = _REQUIRED,
     ) -> Any:
+        """A finite number beyond the given limit; with float32, also one that float32 holds (fits_float32)."""
         if default is not _REQUIRED and not self.has(key):
             return default
         value = self.value.get(key)
@@ -214,6 +238,8 @@ class _Fields:
         finite = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
         if not finite or (above is not None and not value > above) or (at_least is not None and not value >= at_least):
             raise self.fail(key, "a finite number" + limit)
+        if float32 and not fits_float32(value, positive=above is not None):
+            raise self.fail(key, "a finite number" + limit + float32_range(positive=above is not None))
         return float(value)
 
     def boolean(self, key: str, default: bool) -> bool:
@@ -288,7 +314,7 @@ def _activation(fields: _Fields) -> Activation:
     if kind != "fatrelu":
         return Activation(kind)
     # ProSparse's fatrelu keeps g only above this threshold; there is no default to fall back on
-    return Activation("fatrelu", fields.number("hidden_act_param", at_least=0.0))
+    return Activation("fatrelu", fields.number("hidden_act_param", at_least=0.0, float32=True))
 
 
 def _rope(fields: _Fields) -> RopeConfig:
@@ -360,7 +386,7 @@ def parse_config(config: dict[str, Any], path: Path) -> ModelConfig:
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=_head_dim(fields, hidden_size, num_heads),
-        rms_norm_eps=fields.number("rms_norm_eps", above=0.0, default=1e-6),
+        rms_norm_eps=fields.number("rms_norm_eps", above=0.0, float32=True, default=1e-6),
         max_position_embeddings=fields.integer("max_position_embeddings", 2, MAX_POSITIONS, default=2048),
         activation=_activation(fields),
         rope=_rope(fields),

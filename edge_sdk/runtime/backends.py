@@ -2,7 +2,8 @@
 
 Each backend is a module edge_sdk.backends.<name> exposing BACKEND, an object with a `name`,
 `probe() -> (available, reason)` and `load(bundle, options) -> Engine`; one that can run some bundles and not others
-here also has `probe_bundle(bundle) -> (available, reason)` (TensorRT: is the bundle's engine cached). Auto selection
+here also has `probe_bundle(bundle) -> (available, reason)` (TensorRT: is the bundle's engine cached), and one that
+runs on CPU threads sets `runs_on_cpu_threads` and takes `probe(threads)`, naming the threads a run uses. Auto selection
 tries them in BACKEND_ORDER and reports why each earlier one was skipped; a backend the user named that is not
 available is an error, never a silent fallback.
 """
@@ -96,9 +97,10 @@ class Selection:
         return lines
 
 
-def _usable(backend: Backend, bundle) -> tuple[bool, str]:
-    """probe(), then, given a bundle, the backend's probe_bundle when it has one."""
-    available, reason = backend.probe()
+def _usable(backend: Backend, bundle, threads: int = 0) -> tuple[bool, str]:
+    """probe() (a backend on CPU threads: probe(threads), whose reason names the threads the run will use), then,
+    given a bundle, the backend's probe_bundle when it has one."""
+    available, reason = backend.probe(threads) if getattr(backend, "runs_on_cpu_threads", False) else backend.probe()
     probe_bundle = getattr(backend, "probe_bundle", None)
     if not available or bundle is None or probe_bundle is None:
         return available, reason
@@ -106,13 +108,14 @@ def _usable(backend: Backend, bundle) -> tuple[bool, str]:
     return (True, f"{reason}; {detail}") if ready else (False, detail)
 
 
-def select_backend(requested: str | None = None, bundle=None) -> Selection:
+def select_backend(requested: str | None = None, bundle=None, threads: int = 0) -> Selection:
     """`requested` (or $EDGE_SDK_BACKEND) names a backend, or is "auto"/None for the first available; with the opened
-    bundle given, for the first that can run it."""
+    bundle given, for the first that can run it. threads: what the run will ask for (EngineOptions.threads), so that
+    a CPU backend's reason names the threads it uses."""
     choice = requested or os.environ.get(BACKEND_ENV) or "auto"
     if choice != "auto":
         backend = get_backend(choice)
-        available, reason = _usable(backend, bundle)
+        available, reason = _usable(backend, bundle, threads)
         if not available:
             source = "--backend" if requested else f"${BACKEND_ENV}"
             raise BackendUnavailable(f"backend '{choice}' ({source}) is not available here: {reason}")
@@ -120,7 +123,7 @@ def select_backend(requested: str | None = None, bundle=None) -> Selection:
     skipped = []
     for name in BACKEND_ORDER:
         backend = get_backend(name)
-        available, reason = _usable(backend, bundle)
+        available, reason = _usable(backend, bundle, threads)
         if available:
             return Selection(backend, reason, skipped)
         skipped.append((name, reason))

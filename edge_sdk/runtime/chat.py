@@ -7,13 +7,15 @@ A chat template comes with the model, so it is untrusted code. It renders in jin
 attribute access to Python internals, no mutation of the messages) with two more bounds: RENDER_SECONDS of
 time (a trace function checks the clock on every line the compiled template runs, so loops without output stop
 too) and MAX_RENDERED_CHARS of text, checked before an operation could build a larger string or list (`*`, a
-method or filter given a size beyond the bound) and on the output as it streams. Any failure, jinja's or
-Python's (`{{ 1/0 }}`), is one EdgeSdkError naming the template.
+method or filter given a size beyond the bound, a width or precision beyond it in a `%` format, the format
+filter or str.format / format_map) and on the output as it streams. Any failure, jinja's or Python's
+(`{{ 1/0 }}`), is one EdgeSdkError naming the template.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from datetime import datetime
@@ -21,7 +23,9 @@ from typing import Any
 
 import jinja2
 from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.filters import do_format
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEscapeFormatter, SandboxedFormatter
+from markupsafe import Markup
 
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.model.tokenizer import Tokenizer
@@ -58,6 +62,80 @@ def _check_size(value: Any) -> None:
         raise TemplateBoundExceeded(f"asks for a size of {value}, more than the {MAX_RENDERED_CHARS} allowed")
 
 
+def _check_digits(digits: str) -> None:
+    """_check_size of a width or precision as written, without converting a huge run of digits to int."""
+    significant = digits.lstrip("0")
+    if len(significant) > len(str(MAX_RENDERED_CHARS)):
+        shown = significant if len(significant) <= 24 else significant[:24] + "..."
+        raise TemplateBoundExceeded(f"asks for a size of {shown}, more than the {MAX_RENDERED_CHARS} allowed")
+    if significant:
+        _check_size(int(significant))
+
+
+def _check_printf_sizes(text: str, values: Any) -> None:
+    """_check_size of every width and precision `text % values` asks for, written in text or taken by `*` from
+    values. Scans the conversions as Python's printf-style formatting reads them (a mapping key may nest
+    parentheses), so none is skipped."""
+    positional = values if isinstance(values, tuple) else (values,)
+    next_value = 0
+    position = text.find("%")
+    while position != -1:
+        position += 1
+        if text.startswith("(", position):
+            depth = 0
+            while position < len(text):
+                depth += {"(": 1, ")": -1}.get(text[position], 0)
+                position += 1
+                if depth == 0:
+                    break
+        while position < len(text) and text[position] in "-+ #0":
+            position += 1
+        for part in ("width", "precision"):
+            if part == "precision":
+                if not text.startswith(".", position):
+                    break
+                position += 1
+            if text.startswith("*", position):
+                if next_value < len(positional):
+                    _check_size(positional[next_value])
+                next_value += 1
+                position += 1
+            else:
+                start = position
+                while position < len(text) and text[position] in "0123456789":
+                    position += 1
+                _check_digits(text[start:position])
+        if text.startswith(("h", "l", "L"), position):
+            position += 1
+        if not text.startswith("%", position):
+            next_value += 1
+        position = text.find("%", position + 1)
+
+
+def _bounded_printf(value: Any, *args: Any, **kwargs: Any) -> str:
+    """jinja's format filter (`value % args`), its widths and precisions bounded like the `%` operator's."""
+    _check_printf_sizes(str(value), kwargs or args)
+    return do_format(value, *args, **kwargs)
+
+
+class _SizeBoundedFields:
+    """A str.format formatter that checks each field's final format spec (nested `{}` fields already filled in)
+    for a width or precision beyond MAX_RENDERED_CHARS before formatting the field."""
+
+    def format_field(self, value: Any, format_spec: str) -> Any:
+        for digits in re.findall(r"[0-9]+", format_spec):
+            _check_digits(digits)
+        return super().format_field(value, format_spec)
+
+
+class _BoundedFormatter(_SizeBoundedFields, SandboxedFormatter):
+    pass
+
+
+class _BoundedEscapeFormatter(_SizeBoundedFields, SandboxedEscapeFormatter):
+    pass
+
+
 def _bounded_filter(function):
     def bounded(*args, **kwargs):
         for value in (*args, *kwargs.values()):
@@ -71,17 +149,39 @@ def _bounded_filter(function):
 class _BoundedSandbox(ImmutableSandboxedEnvironment):
     """The immutable sandbox, refusing operations whose result would exceed MAX_RENDERED_CHARS."""
 
-    intercepted_binops = frozenset({"*", "**"})
+    intercepted_binops = frozenset({"*", "**", "%"})
 
     def call_binop(self, context, operator, left, right):
         if operator == "**":
             if isinstance(right, (int, float)) and abs(right) > MAX_EXPONENT:
                 raise TemplateBoundExceeded(f"raises to the power {right}, beyond the {MAX_EXPONENT} allowed")
+        elif operator == "%":
+            if isinstance(left, str):
+                _check_printf_sizes(left, right)
         else:
             for sequence, count in ((left, right), (right, left)):
                 if isinstance(sequence, (str, list, tuple)) and isinstance(count, int):
                     _check_size(len(sequence) * count)
         return super().call_binop(context, operator, left, right)
+
+    def wrap_str_format(self, value):
+        """str.format and str.format_map as jinja's sandbox wraps them, through a formatter that bounds each
+        field's width and precision (jinja >= 3.1.5 wraps them here, on attribute access)."""
+        if super().wrap_str_format(value) is None:
+            return None
+        text = value.__self__
+        formatter = (
+            _BoundedEscapeFormatter(self, escape=text.escape) if isinstance(text, Markup) else _BoundedFormatter(self)
+        )
+
+        def bounded_format(*args, **kwargs):
+            if value.__name__ == "format_map":
+                if kwargs or len(args) != 1:
+                    raise TypeError("format_map() takes exactly one argument, a mapping")
+                args, kwargs = (), args[0]
+            return type(text)(formatter.vformat(text, args, kwargs))
+
+        return bounded_format
 
     def call(__self, __context, __obj, *args, **kwargs):
         for value in (*args, *kwargs.values()):
@@ -93,6 +193,7 @@ def _environment() -> ImmutableSandboxedEnvironment:
     environment = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     environment.filters = {name: _bounded_filter(function) for name, function in environment.filters.items()}
     environment.filters["tojson"] = _bounded_filter(_tojson)
+    environment.filters["format"] = _bounded_filter(_bounded_printf)
     environment.globals["raise_exception"] = _raise_exception
     environment.globals["strftime_now"] = _strftime_now
     return environment

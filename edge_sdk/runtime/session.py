@@ -123,7 +123,7 @@ def load(
     opened = Bundle.open(bundle, verify_checksums=verify_checksums)
     check_memory(opened)
     options = EngineOptions.of(opened, sparsity, dense, threads)  # the level resolved, once, for every backend
-    selection = select_backend(None if backend == "auto" else backend, opened)
+    selection = select_backend(None if backend == "auto" else backend, opened, options.threads)
     if log is not None:
         for line in selection.describe():
             log(line)

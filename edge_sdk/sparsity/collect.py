@@ -8,7 +8,6 @@ handed to the caller, and then the layer's FFN advances the residual stream. Mem
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from edge_sdk.errors import CalibrationError
+from edge_sdk.formats import strict_json
 from edge_sdk.formats.files import read_utf8_text
 from edge_sdk.model.checkpoint import Checkpoint
 from edge_sdk.model.decoder import TransformerBlock, rope_tables
@@ -42,10 +42,8 @@ def read_calibration_texts(files: Sequence[str | Path]) -> list[str]:
             for number, line in enumerate(content.splitlines(), start=1):
                 if not line.strip():
                     continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise CalibrationError(f"{file}:{number}: not valid JSON ({error})") from None
+                # strict JSON: deep nesting, huge integers and lone surrogates are refused, naming the line
+                record = strict_json.parse(line.encode("utf-8"), f"{file}:{number}", error=CalibrationError)
                 if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                     raise CalibrationError(f'{file}:{number}: expected an object with a string field "text"')
                 documents.append(record["text"])
@@ -72,8 +70,8 @@ def token_chunks(tokens: Sequence[int], chunk_tokens: int, min_tokens: int = 1) 
     """Token ids [C, L]: tokens cut into equal chunks of at most chunk_tokens; the ragged end is dropped."""
     if len(tokens) < min_tokens:
         raise CalibrationError(
-            f"calibration data has {len(tokens)} tokens; at least {min_tokens} are needed (add text or lower the "
-            f"requirement; about {DEFAULT_CALIBRATION_TOKENS} tokens is the recommended amount)"
+            f"calibration data has {len(tokens)} tokens; at least {min_tokens} are needed (add text: about "
+            f"{DEFAULT_CALIBRATION_TOKENS} tokens is the recommended amount)"
         )
     chunk_len = min(chunk_tokens, len(tokens))
     chunks = len(tokens) // chunk_len

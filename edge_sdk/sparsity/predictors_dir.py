@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import save_file
-
 from edge_sdk import outputs
+from edge_sdk.export.safetensors_writer import SafetensorsWriter, TensorSpec
 from edge_sdk.sparsity.pipeline import CalibrationResult
 
 PREDICTORS_FILE, REPORT_FILE, PLOT_FILE = outputs.PREDICTORS_FILES
@@ -31,7 +30,12 @@ def write_calibration(result: CalibrationResult, target: outputs.Target) -> Path
     from edge_sdk.sparsity.report import write_report_plot
 
     with outputs.staged_output(target) as staging:
-        save_file(result.tensors, str(staging / PREDICTORS_FILE), metadata=predictor_metadata(result.report))
+        # written through Python's file I/O, not safetensors' save_file: a full disk then raises OSError, which
+        # staged_output reports as one line, and the file gets the umask's mode like every other output
+        specs = [TensorSpec(name, tensor.dtype, tuple(tensor.shape)) for name, tensor in result.tensors.items()]
+        with SafetensorsWriter(staging / PREDICTORS_FILE, specs, metadata=predictor_metadata(result.report)) as writer:
+            for spec in writer.order:
+                writer.write(spec.name, result.tensors[spec.name])
         (staging / REPORT_FILE).write_text(json.dumps(result.report, indent=2, allow_nan=False) + "\n")
         write_report_plot(result.report, staging / PLOT_FILE)
     return target.path

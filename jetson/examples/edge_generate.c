@@ -191,7 +191,8 @@ int main(int argc, char **argv) {
   status = edge_session_generate(session, prompt_ids, n_prompt, (int)max_new_tokens, on_token, &stream, &n_generated,
                                  &reason);
   double end = now_seconds();
-  printf("\n");
+  /* end the generated line; a failed generation leaves stdout holding only what it generated */
+  if (status == EDGE_OK || stream.count > 0) printf("\n");
   fflush(stdout);
   if (status != EDGE_OK) {
     exit_code = fail("generation", status, edge_session_last_error(session));

@@ -2,6 +2,7 @@
  * resolved against them. */
 #include "config.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -40,12 +41,33 @@ static edge_status read_positive(const cJSON *object, const char *field, const c
   return EDGE_OK;
 }
 
+/* A finite number > 0 that float32 holds: cast to float it neither overflows to inf nor underflows to 0
+ * (model/config.py fits_float32). */
+static edge_status read_positive_float32(const cJSON *object, const char *field, const char *where, double *out) {
+  edge_status status = read_positive(object, field, where, out);
+  if (status == EDGE_OK && !(*out >= FLT_TRUE_MIN && *out <= FLT_MAX)) {
+    return json_field_fail(object, field, where,
+                           "a finite number > 0 that float32 holds (from 1.4013e-45 to 3.40282e+38)");
+  }
+  return status;
+}
+
 /* A finite number >= 0. */
 static edge_status read_non_negative(const cJSON *object, const char *field, const char *where, double *out) {
   if (json_number_field(object, field, where, out) != EDGE_OK || !(*out >= 0.0)) {
     return json_field_fail(object, field, where, "a finite number >= 0");
   }
   return EDGE_OK;
+}
+
+/* A finite number >= 0 that float32 holds: cast to float it does not overflow to inf (model/config.py
+ * fits_float32). */
+static edge_status read_non_negative_float32(const cJSON *object, const char *field, const char *where, double *out) {
+  edge_status status = read_non_negative(object, field, where, out);
+  if (status == EDGE_OK && !(*out <= FLT_MAX)) {
+    return json_field_fail(object, field, where, "a finite number >= 0 that float32 holds (at most 3.40282e+38)");
+  }
+  return status;
 }
 
 /* A number in [0, 1], or (low_open) in (0, 1]. */
@@ -110,7 +132,7 @@ static edge_status read_activation(const cJSON *model, const char *where, struct
   int kind;
   double threshold;
   if ((status = json_choice_field(activation, "kind", inner, kinds, 4, &kind)) != EDGE_OK ||
-      (status = read_non_negative(activation, "threshold", inner, &threshold)) != EDGE_OK) {
+      (status = read_non_negative_float32(activation, "threshold", inner, &threshold)) != EDGE_OK) {
     return status;
   }
   config->activation = values[kind];
@@ -178,7 +200,7 @@ edge_status config_read_model(const cJSON *model, const char *where, struct mode
   const char *torch_dtype;
   if ((status = read_int(model, "intermediate_size", where, 1, MAX_HIDDEN_SIZE, &config->intermediate_size)) != EDGE_OK ||
       (status = read_int(model, "num_layers", where, 1, MAX_LAYERS, &config->num_layers)) != EDGE_OK ||
-      (status = read_positive(model, "rms_norm_eps", where, &eps)) != EDGE_OK ||
+      (status = read_positive_float32(model, "rms_norm_eps", where, &eps)) != EDGE_OK ||
       (status = read_int(model, "max_position_embeddings", where, 2, MAX_POSITIONS,
                          &config->max_position_embeddings)) != EDGE_OK ||
       (status = json_bool_field(model, "tie_word_embeddings", where, &config->tie_word_embeddings)) != EDGE_OK ||

@@ -147,10 +147,54 @@ def test_unpack_verifies_checksums(bundle_dir, tmp_path):
 def test_unpack_refuses_non_archives(tmp_path):
     not_tar = tmp_path / "bundle.tar"
     not_tar.write_bytes(b"this is not a tar file" * 100)
-    with pytest.raises(ArchiveError, match="not a readable tar archive"):
+    with pytest.raises(ArchiveError) as refused:
         unpack_bundle(not_tar, tmp_path / "out")
+    assert str(refused.value) == (
+        f"{not_tar}: not a tar archive (expected a bundle archive, plain or compressed with gzip, bzip2 or xz)"
+    )
     with pytest.raises(ArchiveError, match="archive not found"):
         unpack_bundle(tmp_path / "missing.tar", tmp_path / "out")
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("compression", ["gz", "xz"])
+def test_unpack_refuses_a_member_larger_than_the_manifest_says_before_extracting_anything(
+    bundle_dir, tmp_path, monkeypatch, compression
+):
+    """50 MB of zeros compress to a few KB: a member declaring more than the manifest lists is refused from its
+    header, before any member is written."""
+    archive = tmp_path / f"bomb.tar.{compression}"
+    zeros = 50 << 20
+    with tarfile.open(archive, f"w:{compression}") as tar:
+        for file in sorted(bundle_dir.iterdir()):
+            info = tarfile.TarInfo(file.name)
+            info.size = zeros if file.name == "weights.safetensors" else file.stat().st_size
+            tar.addfile(info, io.BytesIO(bytes(zeros)) if file.name == "weights.safetensors" else file.open("rb"))
+    assert archive.stat().st_size < 1 << 20
+    written = []
+    monkeypatch.setattr("edge_sdk.bundle.archive.shutil.copyfileobj", lambda *args: written.append(args))
+    listed = (bundle_dir / "weights.safetensors").stat().st_size
+    with pytest.raises(ArchiveError) as refused:
+        unpack_bundle(archive, tmp_path / "out")
+    assert str(refused.value) == (
+        f"{archive}: member 'weights.safetensors' holds {zeros} bytes; the manifest lists {listed}"
+    )
+    assert written == [] and not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+def test_unpack_refuses_a_member_before_the_manifest_that_it_does_not_list(bundle_dir, tmp_path):
+    archive = tmp_path / "unlisted.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.addfile(tarfile.TarInfo("aaa.bin"), io.BytesIO(b""))
+        for file in sorted(bundle_dir.iterdir()):
+            tar.add(file, arcname=file.name)
+    with pytest.raises(ArchiveError, match=r"member 'aaa\.bin' is not a file the bundle's manifest lists"):
+        unpack_bundle(archive, tmp_path / "out")
+    missing_manifest = tmp_path / "no-manifest.tar"
+    with tarfile.open(missing_manifest, "w") as tar:
+        tar.add(bundle_dir / "weights.safetensors", arcname="weights.safetensors")
+    with pytest.raises(ArchiveError, match=r"has no manifest\.json; expected an edge-sdk bundle archive"):
+        unpack_bundle(missing_manifest, tmp_path / "out")
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
 
 

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 
+import pytest
 from click.testing import CliRunner
 
+from edge_sdk.bench.e2e import MAX_PROMPT_FILE_BYTES, read_prompt_file
 from edge_sdk.cli import main
+from edge_sdk.errors import EdgeSdkError
 from edge_sdk.model.tokenizer import Tokenizer
 
 
@@ -34,7 +38,37 @@ def test_a_missing_or_too_long_prompt_is_refused_with_one_line(bundle_matrix, ti
     result = bench(str(bundle.path), "--prompt-file", str(tmp_path / "missing.txt"))
     assert result.exit_code == 2
     assert "missing.txt: prompt file not found" in result.output and "Traceback" not in result.output
+    os.mkfifo(tmp_path / "fifo")  # the command used to wait on it forever
+    result = bench(str(bundle.path), "--prompt-file", str(tmp_path / "fifo"))
+    assert result.exit_code == 2 and "fifo: is not a regular file" in result.output, result.output
     result = bench(str(bundle.path), "--prompt-file", str(tiny_model_dir / "held_out.txt"))  # far past 128 positions
     assert result.exit_code == 2
     assert "the bundle serves 128 positions, so a prompt of 1 to 127 tokens is expected" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        (lambda path: os.mkfifo(path), "is not a regular file; expected a regular file"),  # would block forever
+        (lambda path: path.symlink_to("/dev/zero"), "is not a regular file; expected a regular file"),  # never ends
+        (lambda path: path.write_bytes(b""), "prompt file is empty; expected the prompt's text"),
+        (lambda path: path.write_bytes(b"x" * (MAX_PROMPT_FILE_BYTES + 1)), "16777217 bytes, more than the 16777216"),
+        (lambda path: path.write_bytes(b"def \xff"), "the prompt file is not UTF-8 text (byte 0xff at offset 4)"),
+    ],
+    ids=["fifo", "device", "empty", "huge", "not-utf8"],
+)
+def test_a_prompt_file_that_cannot_be_a_prompt_is_refused_before_it_is_read(tmp_path, make, problem):
+    path = tmp_path / "prompt.txt"
+    make(path)
+    with pytest.raises(EdgeSdkError) as refused:
+        read_prompt_file(path)
+    assert str(refused.value).startswith(f"{path}: {problem}")
+
+
+def test_a_prompt_file_is_read_as_written(tmp_path):
+    path = tmp_path / "prompt.txt"
+    path.write_text("def main():\n    ")
+    assert read_prompt_file(path) == "def main():\n    "
+    with pytest.raises(EdgeSdkError, match=r"missing\.txt: prompt file not found"):
+        read_prompt_file(tmp_path / "missing.txt")

@@ -18,6 +18,7 @@ from edge_sdk.cli import main
 from edge_sdk.export import ops
 from edge_sdk.export.exporter import ExportSettings, export_bundle
 from edge_sdk.export.ort_session import OrtBundleSession
+from edge_sdk.export.verify import verify_graphs
 from edge_sdk.formats.files import sha256_of
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.sparsity.bundle_model import load_reference_decoder
@@ -210,6 +211,22 @@ def test_export_and_verify_through_the_cli(tiny_model_dir, tmp_path):
     assert verified.exit_code == 0 and verified.output.strip().endswith("OK")
     again = CliRunner().invoke(main, args)
     assert again.exit_code == 2 and "already exists (use --force" in again.output
+
+
+def test_verify_fits_its_decode_steps_in_a_short_kv_cache(tiny_model_dir, tmp_path):
+    """The prompt (11 tokens) and the decode steps share max_seq_len 4: by default as many steps as fit after a
+    one-token prompt are taken; a --steps that leaves no room for one prompt token is refused before any graph runs."""
+    settings = ExportSettings(max_seq_len=4, calibration=CalibrationSettings(predictor="none"))
+    bundle = export_bundle(tiny_model_dir, tmp_path / "b", settings, [])
+    result = verify_graphs(bundle)
+    assert (result["prompt_tokens"], result["decode_steps"]) == (1, 3)
+    assert verify_graphs(bundle, decode_steps=2)["prompt_tokens"] == 2
+    for steps in ("4", "1024"):
+        refused = CliRunner().invoke(main, ["verify", str(bundle.path), "--steps", steps])
+        assert refused.exit_code == 2 and refused.output.strip() == (
+            f"edge-sdk: error: {bundle.path}: --steps {steps} leaves no room in the bundle's max_seq_len 4 for the "
+            "11-token prompt (cut to fit, but at least 1 token): expected --steps at most 3"
+        )
 
 
 @pytest.mark.parametrize("victim", ["weights.safetensors", "decode.onnx", "tokenizer.json", "manifest.json"])

@@ -399,6 +399,7 @@ def test_a_prompt_longer_than_max_seq_len_is_refused_with_the_lengths(x86_build:
     max_seq_len = Bundle.open(bundles["svd-fp32"]).max_seq_len
     result = run([x86_build.binary("edge_generate"), bundles["svd-fp32"], "x " * max_seq_len, "-n", "2"])
     assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout == ""  # a failed generation prints nothing it did not generate
     assert re.search(
         rf"EDGE_ERROR_SEQUENCE_FULL: prompt: \d+ tokens, but max_seq_len is {max_seq_len} and must leave room for at "
         r"least one new token; shorten the prompt",

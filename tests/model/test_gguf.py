@@ -655,6 +655,19 @@ def test_bad_integer_metadata_is_refused_naming_its_key(case, extra_keys, skip_k
     assert str(refused.value) == f"{path}: {message}"
 
 
+def test_a_fatrelu_threshold_float32_cannot_hold_is_refused_naming_the_field(tmp_path):
+    """A float64 hidden_act_param beyond float32 would be an infinite threshold in every graph."""
+    path = tmp_path / "model.gguf"
+    keys = {"llama.hidden_act": ("string", "fatrelu"), "llama.hidden_act_param": ("float64", 1e300)}
+    write_gguf(FIXTURE, path, Q.F16, extra_keys=keys)
+    with pytest.raises(CheckpointError) as refused:
+        GgufCheckpoint(path)
+    assert str(refused.value) == (
+        f"{path} (metadata read as config.json): field 'hidden_act_param' must be a finite number >= 0 that float32 "
+        "holds (at most 3.40282e+38), found 1e+300"
+    )
+
+
 def test_valid_integer_metadata_still_reads(tmp_path):
     """The checks accept what a real file states: any integer type, vocab_size equal to the embedding's rows."""
     path = tmp_path / "model.gguf"

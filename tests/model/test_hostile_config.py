@@ -103,6 +103,17 @@ FIELD_CASES = [
     ({"rms_norm_eps": "x"}, "field 'rms_norm_eps' must be a finite number > 0, found \"x\""),
     ({"rms_norm_eps": 0}, "field 'rms_norm_eps' must be a finite number > 0, found 0"),
     ({"rms_norm_eps": -1e-5}, "field 'rms_norm_eps' must be a finite number > 0, found -1e-05"),
+    # rms_norm_eps and the fatrelu threshold are float32 in the graphs: inf or an eps of 0 there is refused here
+    (
+        {"rms_norm_eps": 1e300},
+        "field 'rms_norm_eps' must be a finite number > 0 that float32 holds (from 1.4013e-45 to 3.40282e+38), "
+        "found 1e+300",
+    ),
+    (
+        {"rms_norm_eps": 1e-50},
+        "field 'rms_norm_eps' must be a finite number > 0 that float32 holds (from 1.4013e-45 to 3.40282e+38), "
+        "found 1e-50",
+    ),
     (
         {"max_position_embeddings": "2048"},
         "field 'max_position_embeddings' must be an integer in [2, 16777216], found \"2048\"",
@@ -121,6 +132,10 @@ FIELD_CASES = [
     (
         {"hidden_act": "fatrelu", "hidden_act_param": -0.1},
         "field 'hidden_act_param' must be a finite number >= 0, found -0.1",
+    ),
+    (
+        {"hidden_act": "fatrelu", "hidden_act_param": 4e38},
+        "field 'hidden_act_param' must be a finite number >= 0 that float32 holds (at most 3.40282e+38), found 4e+38",
     ),
     (
         {"hidden_act": "fatrelu", "hidden_act_param": "0.1"},
@@ -453,7 +468,7 @@ BOUNDARIES = [
     ("num_attention_heads", ("num_heads",), [2, 4096, 4098, -4]),
     ("num_key_value_heads", ("num_kv_heads",), [0, 1, 3, 4, 8]),
     ("head_dim", ("head_dim",), [0, 2, 7, 16384, 16386, "8"]),
-    ("rms_norm_eps", ("rms_norm_eps",), [0, -1e-6, 1e-30, 1, NAN, INF, False]),
+    ("rms_norm_eps", ("rms_norm_eps",), [0, -1e-6, 1e-50, 1.5e-45, 1e-30, 1, 3.4e38, 1e300, NAN, INF, False]),
     ("max_position_embeddings", ("max_position_embeddings",), [1, 2, 2**24, 2**24 + 1, 2048.5]),
     ("bos_token_id", ("bos_token_id",), [-1, 0, 49, 50, True]),
     ("eos_token_id", ("eos_token_ids",), [[], [0], [49], [50], [-1], [0] * 16, [0] * 17, ["1"]]),

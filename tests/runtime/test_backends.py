@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+import edge_sdk
 from edge_sdk.errors import EdgeSdkError
+from edge_sdk.native import load_cpu_kernels
 from edge_sdk.runtime import backends
 from edge_sdk.runtime.backends import BackendUnavailable, select_backend
 
@@ -35,6 +37,18 @@ def test_environment_variable_names_the_backend(monkeypatch):
     selection = select_backend()
     assert selection.backend.name == "cpu" and selection.skipped == []
     assert selection.reason.startswith("requested; native kernels")
+
+
+def test_the_cpu_reason_names_the_threads_the_run_uses(monkeypatch, bundle_matrix):
+    """--threads N runs on N threads, whatever OpenMP's maximum; 0 (the default) on OpenMP's maximum."""
+    monkeypatch.delenv(backends.BACKEND_ENV, raising=False)
+    maximum = load_cpu_kernels().edge_cpu_max_threads()
+    assert f", {maximum} thread" in select_backend("cpu").reason
+    assert ", 1 thread;" in select_backend("cpu", threads=1).reason
+    assert ", 7 threads;" in select_backend(None, threads=7).reason
+    lines = []
+    edge_sdk.load(bundle_matrix.path("svd-fp32"), threads=1, log=lines.append)
+    assert ", 1 thread;" in lines[-1] and lines[-1].startswith("backend cpu: selected (")
 
 
 def test_unknown_backend_name(monkeypatch):

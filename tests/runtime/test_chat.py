@@ -81,6 +81,15 @@ def test_messages_without_role_or_content_are_refused(tokenizer):
         ("{{ 'x'.ljust(1000000000) }}", "asks for a size of 1000000000"),
         ("{{ 'x'|center(1000000000) }}", "asks for a size of 1000000000"),
         ("{{ 10 ** 100000000 }}", "power 100000000"),
+        # widths and precisions in formats: each would build a 50 MB string before the output bound saw it
+        ("{{ '%50000000d' % 1 }}", "asks for a size of 50000000,"),
+        ("{{ '%((k))50000000s' % {'(k)': 1} }}", "asks for a size of 50000000,"),
+        ("{{ '%*d' % (50000000, 1) }}", "asks for a size of 50000000,"),
+        ("{{ '%.50000000f' % 1.0 }}", "asks for a size of 50000000,"),
+        ("{{ '%50000000d'|format(1) }}", "asks for a size of 50000000,"),
+        ("{{ '{:>50000000}'.format(1) }}", "asks for a size of 50000000,"),
+        ("{{ '{k:>50000000}'.format_map({'k': 1}) }}", "asks for a size of 50000000,"),
+        ("{{ ('%0' ~ '1' * 5000 ~ 'd') % 1 }}", "asks for a size of 111111111111111111111111..."),
         ("{{ range(200000)|list }}", "Range too big"),
         ("{{ 1/0 }}", "ZeroDivisionError: division by zero"),
         ("{{ messages.append(1) }}", "unsafe"),
@@ -97,6 +106,14 @@ def test_a_hostile_template_fails_in_one_line_within_its_bounds(tokenizer, templ
     assert fragment in message, message
     assert time.monotonic() - started < RENDER_SECONDS + 3
     assert sys.gettrace() is None  # the bound's trace function is removed again
+
+
+def test_formats_within_the_bound_render_as_python_formats_them(tokenizer):
+    template = (
+        "{{ '%s|%5d|%-3s|%%|%.2f' % ('a', 42, 'b', 3.14159) }}{{ '|%(k)s' % {'k': 'v'} }}"
+        "{{ '|%*d|' % (4, 7) }}{{ '%03d'|format(5) }}{{ '|{:>5}|{:0>8.3f}|{k:^5}'.format(1, 2.5, k='c') }}"
+    )
+    assert render_chat(with_template(tokenizer, template), HI) == "a|   42|b  |%|3.14|v|   7|005|    1|0002.500|  c  "
 
 
 def test_the_bounds_leave_real_templates_alone(tokenizer):

@@ -29,6 +29,13 @@ def test_plain_text_and_json_lines(tmp_path):
         ("   \n", ".txt", "calibration file is empty"),
         ('{"txt": "x"}\n', ".jsonl", 'b.jsonl:1: expected an object with a string field "text"'),
         ("{broken\n", ".jsonl", "b.jsonl:1: not valid JSON"),
+        ('{"text": "a"}\n' + "[" * 200000 + "\n", ".jsonl", r"b.jsonl:2: not valid JSON: nested deeper than 64 levels"),
+        (
+            '{"text": "hi", "n": ' + "1" * 5000 + "}\n",
+            ".jsonl",
+            r"b.jsonl:1: not valid JSON: number 1{24} is not finite",
+        ),
+        ('{"text": "\\ud800"}\n', ".jsonl", r"b.jsonl:1: not valid JSON: a \\u escape is a lone UTF-16 surrogate"),
     ],
 )
 def test_bad_calibration_files(tmp_path, content, suffix, message):

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import resource
 import shutil
+import signal
+import stat
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -164,6 +169,7 @@ def test_whitening_and_bias_calibration_both_help(ablation_reports, ablation):
         (["--rank", "500"], "rank 500 is out of range: expected 1 <= rank <= min(d, D) = 192"),
         (["--sparsity", "1.5"], "'--sparsity': 1.5 is not in the range 0<=x<=1"),
         (["--levels", "0.5,-0.1"], "sparsity level must be a number in [0, 1], found -0.1"),
+        (["--levels", ","], "--levels: expected comma-separated numbers such as 0.5,0.7,0.9, found ','"),
         (["--tokens", "100"], "calibration tokens 100 is too few: at least 256 are needed"),
     ],
 )
@@ -227,6 +233,30 @@ def test_a_failure_while_writing_leaves_nothing_behind(tiny_model_dir, tmp_path,
     result = calibrate_cli(tiny_model_dir, tmp_path / "out", "--rank", "16", "--sparsity", "0.5", *QUICK)
     assert result.exit_code != 0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_while_writing_the_predictors_is_one_line(tiny_model_dir, tmp_path):
+    """A file-size limit below predictors.safetensors' size fails its write as a full disk does (EFBIG)."""
+
+    def limit_file_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write with EFBIG instead of killing the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+    calibration = str(tiny_model_dir / "calibration.txt")
+    options = ["--calib", calibration, "--rank", "16", "--sparsity", "0.5", *QUICK]
+    command = [sys.executable, "-m", "edge_sdk", "calibrate", str(tiny_model_dir), "-o", "out", *options]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, preexec_fn=limit_file_size)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "edge-sdk: error: out: cannot write the predictors directory (File too large); nothing was left behind"
+    )
+    assert "Traceback" not in result.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_predictors_file_has_the_mode_of_every_other_output(calibrated):
+    out = calibrated("svd")
+    report_mode = stat.S_IMODE((out / "report.json").stat().st_mode)
+    assert stat.S_IMODE((out / "predictors.safetensors").stat().st_mode) == report_mode
 
 
 def test_allocation_takes_the_smallest_cost_bound_that_reaches_each_level():

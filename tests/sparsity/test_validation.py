@@ -309,5 +309,26 @@ def test_export_without_a_predictor_refuses_the_options_only_a_predictor_uses(ti
     assert result.exit_code == 2, result.output
     assert f"{option[0]}: only a calibrated predictor uses it; --predictor none fits none" in result.output
     assert not out.exists()
-    quick = ["--predictor", "none", "--max-seq-len", "32", "--tokens", "512"]  # --tokens also feeds AWQ: not refused
+    quick = ["--predictor", "none", "--max-seq-len", "32"]
     assert CliRunner().invoke(main, ["export", str(tiny_model_dir), "-o", str(out), *quick]).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            ["--calib", "c.txt"],
+            "--calib: nothing reads it: --predictor none fits no predictor, and only --quant-method",
+        ),
+        (["--dtype", "int4", "--tokens", "512"], "--tokens: nothing reads it: --predictor none fits no predictor"),
+        (["--group-size", "64"], "--group-size: only an int8 or int4 export reads it, not --dtype fp16"),
+    ],
+)
+def test_export_refuses_the_options_nothing_in_it_reads(tiny_model_dir, tmp_path, options, message):
+    """Each was silently ignored: calibration text without a predictor or AWQ to read it, an fp16 group size."""
+    (tmp_path / "c.txt").write_text("text\n")
+    out = tmp_path / "bundle"
+    args = ["export", str(tiny_model_dir), "-o", str(out), "--predictor", "none", *options]
+    result = CliRunner().invoke(main, [arg.replace("c.txt", str(tmp_path / "c.txt")) for arg in args])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not out.exists()
