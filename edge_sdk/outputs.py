@@ -164,7 +164,7 @@ def _enclosing_output(path: Path) -> tuple[str, Path] | None:
     for ancestor in (directory, *directory.parents):
         if not ancestor.is_dir():
             continue
-        if _has_bundle_manifest(ancestor):
+        if _bundle_manifest(ancestor) is not None:
             return "bundle", ancestor
         if _has_predictors_header(ancestor):
             return "predictors directory", ancestor
@@ -408,7 +408,6 @@ def staged_output(target: Target) -> Iterator[Path]:
     _held_staging.add(held)
     try:
         yield staging
-        _held_staging.discard(held)
         with _directory_lock(parent):
             try:
                 _publish(staging, target)
@@ -561,10 +560,6 @@ def _bundle_manifest(directory: Path) -> dict | None:
     ):
         return None
     return manifest
-
-
-def _has_bundle_manifest(directory: Path) -> bool:
-    return _bundle_manifest(directory) is not None
 
 
 def bundle_is_ours(directory: Path) -> str | None:
