@@ -1067,7 +1067,9 @@ def _bench_quantized_ffn(
 def bench_e2e_command(
     bundle_dir, backend, sparsity, tokens, repeats, threads, prompt_file, prompt_tokens, json_path
 ) -> None:
-    """Decode tokens/s of a bundle, dense vs sparse on the same backend, and the prompt's prefill tokens/s."""
+    """Decode tokens/s of a bundle, dense vs sparse on the same backend, and the prompt's prefill tokens/s.
+
+    A bundle without a predictor, or whose default is dense when no --sparsity is given, is timed dense only."""
     report_inputs = (("bundle", bundle_dir),) + ((("prompt file", prompt_file),) if prompt_file else ())
     _check_report_paths(json_path, inputs=report_inputs)
     from edge_sdk.bench.e2e import DEFAULT_PROMPT, bench_e2e, read_prompt_file
@@ -1085,13 +1087,17 @@ def bench_e2e_command(
             on_progress=on_progress,
             prompt_tokens=prompt_tokens,
         )
-    click.echo(
-        f"{result['backend']}: dense {result['dense_tokens_per_second']:.1f} tok/s, sparse "
-        f"{result['sparse_tokens_per_second']:.1f} tok/s "
-        f"({operating_point_text(result['predictor'], result['sparsity_level'])}): "
-        f"{result['speedup']:.2f}x; prefill {result['prefill_tokens_per_second']:.1f} tok/s "
-        f"({result['prompt_tokens']} prompt tokens)"
-    )
+    prefill = f"prefill {result['prefill_tokens_per_second']:.1f} tok/s ({result['prompt_tokens']} prompt tokens)"
+    if result["speedup"] is None:
+        click.echo(f"{result['backend']}: dense {result['dense_tokens_per_second']:.1f} tok/s; {prefill}")
+        click.echo(f"no sparse run: {result['no_sparse_run']}", err=True)
+    else:
+        click.echo(
+            f"{result['backend']}: dense {result['dense_tokens_per_second']:.1f} tok/s, sparse "
+            f"{result['sparse_tokens_per_second']:.1f} tok/s "
+            f"({operating_point_text(result['predictor'], result['sparsity_level'])}): "
+            f"{result['speedup']:.2f}x; {prefill}"
+        )
     _write_json(json_path, {"benchmark": "e2e", **result}, report_inputs)
 
 

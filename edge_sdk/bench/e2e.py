@@ -8,7 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from edge_sdk.bundle import Bundle
+from edge_sdk import predictors
+from edge_sdk.bundle import Bundle, LevelChoice
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.formats.files import decode_utf8, read_bounded
 from edge_sdk.model.tokenizer import Tokenizer
@@ -47,7 +48,9 @@ def bench_e2e(
 
     prompt_tokens: take the prompt's first that many tokens (all when None). The runs alternate dense, sparse,
     dense, ... so that load from other processes hits both alike. on_progress(phase, done, total) is called after
-    each run."""
+    each run. When the operating point decodes densely (a bundle without a predictor, or one whose default is dense
+    and no `sparsity` is given) only dense runs are timed: the sparse figures and the speedup are None, and
+    `no_sparse_run` says why, rather than a ratio of two dense runs that is noise."""
     bundle = Bundle.open(bundle_path)
     choice = bundle.sparsity.resolve(sparsity)  # raises, naming the calibrated levels, before any work
     ids = Tokenizer.from_bundle(bundle).encode(prompt)[:prompt_tokens]
@@ -67,9 +70,11 @@ def bench_e2e(
         "repeats": repeats,
         "threads": threads,
     }
+    no_sparse_run = _why_no_sparse_run(bundle, choice)
+    modes = (("dense", True),) if no_sparse_run else (("dense", True), ("sparse", False))
     engines = {
         mode: selection.backend.load(bundle, EngineOptions(replace(choice, dense=dense), threads))
-        for mode, dense in (("dense", True), ("sparse", False))
+        for mode, dense in modes
     }
     best = {mode: float("inf") for mode in engines}
     best_prefill = float("inf")
@@ -86,11 +91,28 @@ def bench_e2e(
             best[mode] = min(best[mode], time.perf_counter() - started)
             runs += 1
             if on_progress is not None:
-                on_progress("decode runs", runs, 2 * repeats)
+                on_progress("decode runs", runs, len(engines) * repeats)
     for mode, seconds in best.items():
         results[f"{mode}_tokens_per_second"] = decode_tokens / seconds
-    results["speedup"] = results["sparse_tokens_per_second"] / results["dense_tokens_per_second"]
+    if no_sparse_run:
+        results |= {"sparse_tokens_per_second": None, "speedup": None, "no_sparse_run": no_sparse_run}
+    else:
+        results["speedup"] = results["sparse_tokens_per_second"] / results["dense_tokens_per_second"]
     results["prefill_tokens_per_second"] = len(ids) / best_prefill
     # "dense": the bundle's default is dense decoding (no level was within its export's perplexity budget)
     results["sparsity_level"] = choice.reported
     return results
+
+
+def _why_no_sparse_run(bundle: Bundle, choice: LevelChoice) -> str | None:
+    """Why the chosen operating point has nothing sparse to time, or None when it has."""
+    sparsity = bundle.sparsity
+    if sparsity.predictor == predictors.NO_PREDICTOR:
+        return "the bundle has no predictor (exported with --predictor none), so every run decodes densely"
+    if choice.dense:
+        levels = ", ".join(f"{level:g}" for level in sparsity.levels)
+        return (
+            "the bundle's default is dense decoding (no calibrated level was within its export's perplexity "
+            f"budget); pass --sparsity with one of its levels ({levels}) to time sparse decoding"
+        )
+    return None

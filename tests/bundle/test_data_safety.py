@@ -591,6 +591,26 @@ def test_a_signal_that_a_library_turned_into_its_own_error_still_stops_the_comma
         group.main(["fail"], prog_name="edge-sdk")
 
 
+def test_ctrl_c_while_the_command_imports_is_one_line_and_130(tmp_path):
+    """Ctrl-C in the first tenths of a second, while Python imports the CLI, printed a KeyboardInterrupt traceback.
+    The interrupt is raised here where the command's script imports click (a sitecustomize module's import hook),
+    through the installed `edge-sdk` script as a user runs it."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class CtrlC:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'click':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, CtrlC())\n"
+    )
+    script = Path(sys.executable).parent / "edge-sdk"
+    result = subprocess.run(
+        [str(script), "--version"], capture_output=True, text=True, env=os.environ | {"PYTHONPATH": str(tmp_path)}
+    )
+    assert (result.returncode, result.stdout) == (130, "")
+    assert result.stderr == "edge-sdk: interrupted; nothing was written\n"
+
+
 def test_reports_of_one_command_are_published_all_or_none(tmp_path):
     def full_disk(path: Path) -> None:
         path.write_bytes(b"\x89PNG")

@@ -11,7 +11,9 @@ from click.testing import CliRunner
 from edge_sdk.bench.e2e import MAX_PROMPT_FILE_BYTES, read_prompt_file
 from edge_sdk.cli import main
 from edge_sdk.errors import EdgeSdkError
+from edge_sdk.export.exporter import ExportSettings, export_bundle
 from edge_sdk.model.tokenizer import Tokenizer
+from edge_sdk.sparsity.settings import CalibrationSettings
 
 
 def bench(*args: str):
@@ -31,6 +33,21 @@ def test_a_prompt_file_is_prefilled_and_timed(bundle_matrix, tiny_model_dir, tmp
     assert report["prompt_tokens"] == 40 and len(Tokenizer.from_bundle(bundle).encode(held_out.read_text())) > 40
     assert report["prefill_tokens_per_second"] > 0 and report["dense_tokens_per_second"] > 0
     assert f"prefill {report['prefill_tokens_per_second']:.1f} tok/s (40 prompt tokens)" in result.stdout
+
+
+def test_a_bundle_without_a_predictor_is_timed_dense_only(tiny_model_dir, tmp_path):
+    """Its "sparse" runs would decode densely too, and their ratio to the dense runs is noise, which the command
+    printed as a speedup: now it times the dense runs alone and says why there is no sparse figure."""
+    bundle = tmp_path / "bundle"
+    settings = ExportSettings(dtype="fp32", max_seq_len=64, calibration=CalibrationSettings(predictor="none"))
+    export_bundle(tiny_model_dir, bundle, settings)
+    result = bench(str(bundle), "--tokens", "2", "--json", str(tmp_path / "e2e.json"))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("cpu: dense ") and "sparse" not in result.stdout
+    assert "no sparse run: the bundle has no predictor (exported with --predictor none)" in result.stderr
+    report = json.loads((tmp_path / "e2e.json").read_text())
+    assert report["speedup"] is None and report["sparse_tokens_per_second"] is None
+    assert report["dense_tokens_per_second"] > 0 and report["predictor"] == "none"
 
 
 def test_a_missing_or_too_long_prompt_is_refused_with_one_line(bundle_matrix, tiny_model_dir, tmp_path):

@@ -282,6 +282,19 @@ def test_with_no_level_within_the_budget_the_default_is_dense(tiny_model_dir, tm
     model.configure(level_index=0, dense=False)
     mildest_logits = _decode_logits(model, prompt)
     assert torch.equal(default_logits, dense_logits) and not torch.equal(default_logits, mildest_logits)
+    # bench e2e times no "sparse" run that is dense too (it printed a speedup of two dense runs), and says how to
+    # time a level
+    bench = ["bench", "e2e", str(out), "--backend", "cpu", "--threads", "1", "--repeats", "1", "--tokens", "2"]
+    benched = CliRunner().invoke(main, [*bench, "--json", str(tmp_path / "e2e.json")])
+    assert benched.exit_code == 0, benched.output
+    assert "sparse" not in benched.stdout and "x;" not in benched.stdout
+    assert "no sparse run: the bundle's default is dense decoding" in benched.stderr
+    assert "pass --sparsity with one of its levels (0.5, 0.9)" in benched.stderr
+    e2e = json.loads((tmp_path / "e2e.json").read_text())
+    assert e2e["speedup"] is None and e2e["sparse_tokens_per_second"] is None and e2e["dense_tokens_per_second"] > 0
+    at_level = CliRunner().invoke(main, [*bench, "--sparsity", "0.9"])
+    assert at_level.exit_code == 0 and "(sparsity 0.9): " in at_level.stdout, at_level.output
+    assert "no sparse run" not in at_level.output
 
 
 def _decode_logits(model, prompt: torch.Tensor, steps: int = 8) -> torch.Tensor:
