@@ -2,11 +2,15 @@
 
 The archive holds manifest.json and the files the manifest lists, at its root. Packing is deterministic: the same
 bundle gives the same bytes on any machine (entries sorted by name, mtime 0, uid/gid 0, no user or group names,
-mode 0644, PAX format so files over 8 GiB fit). Unpacking trusts nothing in the archive: every member must be a
-regular file with a plain name (no path, no link, device or FIFO, no duplicate, at most MAX_MEMBERS of them, no
-more bytes than the disk has free), the archive must hold a valid manifest.json, and every other member must be a
-file it lists, of the size it lists, all checked from the tar headers before anything is extracted (a small
-compressed archive cannot fill the disk); after extraction the bundle must open with every checksum verified.
+mode 0644, PAX format so files over 8 GiB fit, manifest.json first and then the other files sorted by name).
+Unpacking trusts nothing in the archive: every member must be a regular file with a plain name (no path, no link,
+device or FIFO, no duplicate, at most MAX_MEMBERS of them, no more bytes than the disk has free), the archive must
+hold a valid manifest.json, and every other member must be a file it lists, of the size it lists, all checked from
+the tar headers before anything is extracted (a small compressed archive cannot fill the disk). Reaching the next
+header of a compressed archive means decompressing the member before it, so the members before the manifest (only
+the graphs, in archives packed before the manifest came first) may declare MAX_BYTES_BEFORE_MANIFEST in all: a
+hostile archive cannot make unpack decompress terabytes to find its manifest. After extraction the bundle must open
+with every checksum verified.
 Both write through edge_sdk.outputs, so a failed pack or unpack leaves nothing behind and never replaces what
 edge-sdk did not write.
 """
@@ -28,6 +32,8 @@ from edge_sdk.formats.files import open_regular
 COPY_CHUNK_BYTES = 16 << 20
 FILE_MODE = 0o644
 MAX_MEMBERS = 64
+# Far more than the ONNX graphs of a 70B model (their weights live in weights.safetensors): a few MB.
+MAX_BYTES_BEFORE_MANIFEST = 64 << 20
 
 
 class ArchiveError(BundleError):
@@ -53,7 +59,7 @@ def pack_bundle(bundle_dir: str | Path, tar_path: str | Path, *, verify: bool = 
     bundle_dir = Path(bundle_dir)
     target = outputs.check_target(tar_path, outputs.ARCHIVE, replace=force, inputs=(("bundle", bundle_dir),))
     bundle = Bundle.open(bundle_dir, verify_checksums=verify)
-    names = sorted([bundle_format.MANIFEST_FILE, *bundle.manifest.files])
+    names = [bundle_format.MANIFEST_FILE, *sorted(bundle.manifest.files)]
     with (
         outputs.staged_output(target) as staging,
         staging.open("wb") as raw,
@@ -120,6 +126,12 @@ def _checked_members(tar: tarfile.TarFile, tar_path: Path, target: Path) -> list
             raise ArchiveError(f"{tar_path}: member {name!r} appears twice")
         members.append((member, name))
         declared += member.size
+        if manifest is None and name != bundle_format.MANIFEST_FILE and declared > MAX_BYTES_BEFORE_MANIFEST:
+            raise ArchiveError(
+                f"{tar_path}: its members before {bundle_format.MANIFEST_FILE} declare {declared} bytes, more than "
+                f"the {MAX_BYTES_BEFORE_MANIFEST} a bundle's graphs take; expected an archive that edge-sdk pack "
+                "wrote (manifest.json first)"
+            )
         if declared > free:
             # named by the output's directory: target is the hidden staging entry in it, a name meaningless to a user
             raise ArchiveError(

@@ -47,7 +47,8 @@ def test_pack_is_deterministic_and_normalizes_metadata(bundle_dir, tmp_path):
     with tarfile.open(first) as tar:
         members = tar.getmembers()
     names = [member.name for member in members]
-    assert names == sorted(names) and "manifest.json" in names and "weights.safetensors" in names
+    # the manifest first: unpack reads it before it has to get past any other member
+    assert names[0] == "manifest.json" and names[1:] == sorted(names[1:]) and "weights.safetensors" in names
     assert {(m.mtime, m.uid, m.gid, m.uname, m.gname, m.mode) for m in members} == {(0, 0, 0, "", "", 0o644)}
     assert leftovers(tmp_path) == []
 
@@ -229,3 +230,43 @@ def test_unpack_names_the_outputs_directory_not_its_staging_when_the_disk_is_too
         unpack_bundle(archive, tmp_path / "out" / "bundle")
     assert str(refused.value).endswith(f"bytes, the file system of {tmp_path / 'out'} has 1000 free")
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+def test_an_archive_packed_with_sorted_names_still_unpacks(bundle_dir, tmp_path):
+    """Archives packed before the manifest came first hold decode.onnx before it: a few KB, well within what may
+    come before the manifest."""
+    archive = tmp_path / "sorted.tar"
+    with tarfile.open(archive, "w") as tar:
+        for file in sorted(bundle_dir.iterdir()):
+            tar.add(file, arcname=file.name)
+    with tarfile.open(archive) as tar:
+        assert tar.getnames()[0] == "decode.onnx"
+    assert unpack_bundle(archive, tmp_path / "out").config.vocab_size == 2048
+
+
+def test_members_before_the_manifest_are_bounded_before_their_data_is_read(bundle_dir, tmp_path, monkeypatch):
+    """To reach the manifest of a compressed archive, unpack decompresses every member before it: a hostile archive
+    put terabytes of zeros (a few MB compressed) there. The members before the manifest may declare
+    MAX_BYTES_BEFORE_MANIFEST in all (lowered here to keep the archive small); one declaring more is refused from
+    its header, nothing read past it."""
+    monkeypatch.setattr("edge_sdk.bundle.archive.MAX_BYTES_BEFORE_MANIFEST", 4096)
+    archive = tmp_path / "padded.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.addfile(_sized("decode.onnx", 3000), io.BytesIO(bytes(3000)))
+        tar.addfile(_sized("prefill.onnx", 2000), io.BytesIO(bytes(2000)))
+        tar.add(bundle_dir / "manifest.json", arcname="manifest.json")
+    read = []
+    monkeypatch.setattr("edge_sdk.bundle.archive._read_manifest", lambda *args: read.append(args))
+    with pytest.raises(ArchiveError) as refused:
+        unpack_bundle(archive, tmp_path / "out")
+    assert str(refused.value) == (
+        f"{archive}: its members before manifest.json declare 5000 bytes, more than the 4096 a bundle's graphs take; "
+        "expected an archive that edge-sdk pack wrote (manifest.json first)"
+    )
+    assert read == [] and not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+def _sized(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    return info
