@@ -249,6 +249,7 @@ class Tokenizer:
             backend = HFTokenizer.from_str(text.decode("utf-8"))
         except Exception as error:  # the tokenizers library raises a bare Exception on bad files
             raise CheckpointError(f"{where}: not a valid tokenizers file ({error})") from None
+        _check_token_ids(tokenizer_json, backend, where)
         config = parse_config(config_text, config_where)
 
         def token_id(field: str) -> int | None:
@@ -273,6 +274,38 @@ class Tokenizer:
             add_bos=add_bos,
             chat_template=chat_template_of(config, config_where),
         )
+
+
+def _check_token_ids(tokenizer_json: dict[str, Any], backend, where: str) -> None:
+    """The ids tokenizer.json writes must be the ids the tokenizers library encodes with. It renumbers, with a
+    logged warning only, an added token whose id is not its own (its id in model.vocab, else the next one after the
+    vocabulary and the added tokens before it), and of two vocab entries given one id, or of an added token listed
+    twice, it keeps one by rules of its own; the C tokenizer (libedge_sdk) reads the ids as written and would encode
+    others. Refused, in the C reader's words (jetson/src/tokenizer.c load_vocab). tokenizer_json passed the
+    tokenizers library's own reading, so its fields have their types."""
+    vocab = tokenizer_json["model"].get("vocab")
+    if isinstance(vocab, dict):
+        owners: dict[int, str] = {}
+        for text, token in vocab.items():
+            if owners.setdefault(token, text) != text:
+                raise CheckpointError(f"{where}: vocab id {token} is given to two tokens")
+    listed: set[str] = set()
+    for added in tokenizer_json.get("added_tokens") or ():
+        content, written = added["content"], added["id"]
+        if content in listed:
+            raise CheckpointError(f"{where}: added token {content[:64]!r} is listed twice in added_tokens")
+        listed.add(content)
+        encoded = backend.token_to_id(content)
+        if encoded != written:
+            rule = (
+                "its id in model.vocab"
+                if isinstance(vocab, dict) and content in vocab
+                else "the next id after model.vocab and the added tokens before it"
+            )
+            raise CheckpointError(
+                f"{where}: added token {content[:64]!r} has id {written}, but the tokenizers library gives it id "
+                f"{encoded} ({rule})"
+            )
 
 
 def parse_config(config_text: bytes | None, config_where: str) -> dict[str, Any]:

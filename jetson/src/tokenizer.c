@@ -1,6 +1,7 @@
 /* Byte-level BPE tokenizer (GPT-2 style) read from a Hugging Face tokenizer.json, encoding and decoding exactly
  * as the `tokenizers` library does for that kind of file:
- *   1. added tokens (e.g. <s>, </s>) are found in the text first, leftmost-longest, and become their ids;
+ *   1. added tokens (e.g. <s>, </s>) are found in the text first, leftmost-longest, and become their ids: those
+ *      with normalized false in the whole text, then the others in the pieces between (tokenizers' two passes);
  *   2. the text between them is split by the ByteLevel pre-tokenizer's regex (with SmolLM2's pre-tokenizer, a
  *      Split isolating \p{N} before ByteLevel, within each piece between numbers, every number alone)
  *        's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
@@ -51,6 +52,7 @@ struct added_token {
   char *content; /* its bytes (U+0000 a NUL byte) */
   size_t length;
   int32_t id;
+  int normalized; /* tokenizers matches it in the pieces between the other added tokens, after those */
 };
 
 struct edge_tokenizer {
@@ -64,6 +66,10 @@ struct edge_tokenizer {
   size_t merge_capacity;
   struct added_token *added;
   size_t n_added;
+  /* The added tokens by the pass of tokenizers' AddedVocabulary that matches them, each pass's sorted by content:
+   * [0] those with normalized false, found in the whole text first, [1] the others, found in the pieces between. */
+  const struct added_token **added_by_pass[2];
+  size_t n_added_by_pass[2];
   int32_t byte_ids[256];      /* symbol of each byte, -1 when the vocabulary lacks it */
   int ignore_merges;
   int isolate_numbers;        /* every \p{N} code point is a piece of its own before the ByteLevel regex */
@@ -399,6 +405,70 @@ static edge_status pack_token_bytes(struct edge_tokenizer *t, const char *where)
   return EDGE_OK;
 }
 
+/* spelled (a string of json_strict_parse) stands for bytes[0:length]. */
+static int spells(const char *spelled, const char *bytes, size_t length) {
+  size_t at = 0;
+  for (const unsigned char *c = (const unsigned char *)spelled; *c != '\0'; c++, at++) {
+    int nul = c[0] == 0xc0 && c[1] == 0x80;
+    if (at >= length || bytes[at] != (nul ? '\0' : (char)*c)) return 0;
+    c += nul;
+  }
+  return at == length;
+}
+
+/* The id tokenizers gives an added token, whatever id tokenizer.json writes (AddedVocabulary::add_tokens): its id in
+ * the vocabulary, else the next one after the vocabulary (numbered by its size) and the added tokens before it
+ * (max_added_id the largest of their ids, -1: none). */
+static int32_t added_token_id(const struct edge_tokenizer *t, const char *content, int32_t max_added_id) {
+  int32_t vocab_id = vocab_lookup(t, content, strlen(content));
+  if (vocab_id >= 0) return vocab_id;
+  int64_t vocab_size = (int64_t)t->n_vocab;
+  if (max_added_id < 0) return vocab_size < MAX_TOKENS ? (int32_t)vocab_size : -1;
+  return max_added_id >= vocab_size || vocab_size == 0 ? max_added_id + 1 : (int32_t)vocab_size;
+}
+
+static int compare_added(const void *a, const void *b) {
+  const struct added_token *x = *(const struct added_token *const *)a, *y = *(const struct added_token *const *)b;
+  size_t n = x->length < y->length ? x->length : y->length;
+  int order = memcmp(x->content, y->content, n);
+  return order != 0 ? order : (x->length > y->length) - (x->length < y->length);
+}
+
+/* t->added_by_pass from t->added; a token listed twice is refused (tokenizers would keep one of them by rules of its
+ * own: the flags of the last, the id of the first). */
+static edge_status sort_added_tokens(struct edge_tokenizer *t, const char *where) {
+  const struct added_token **sorted = malloc((t->n_added + 1) * sizeof *sorted);
+  const struct added_token **by_pass = malloc((t->n_added + 1) * sizeof *by_pass);
+  if (sorted == NULL || by_pass == NULL) {
+    free(sorted);
+    free(by_pass);
+    return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "%s: out of memory", where);
+  }
+  for (size_t i = 0; i < t->n_added; i++) sorted[i] = &t->added[i];
+  qsort(sorted, t->n_added, sizeof *sorted, compare_added);
+  for (size_t i = 1; i < t->n_added; i++) {
+    if (compare_added(&sorted[i - 1], &sorted[i]) == 0) {
+      char *spelled = json_string_from_bytes(sorted[i]->content, sorted[i]->length), shown[80];
+      edge_status status = edge_fail(EDGE_ERROR_BUNDLE, "%s: added token '%s' is listed twice in added_tokens", where,
+                                     spelled != NULL ? json_shown(spelled, shown, sizeof shown) : "?");
+      free(spelled);
+      free(sorted);
+      free(by_pass);
+      return status;
+    }
+  }
+  size_t n = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    t->added_by_pass[pass] = by_pass + n;
+    for (size_t i = 0; i < t->n_added; i++) {
+      if (sorted[i]->normalized == pass) by_pass[n++] = sorted[i];
+    }
+    t->n_added_by_pass[pass] = (size_t)(by_pass + n - t->added_by_pass[pass]);
+  }
+  free(sorted);
+  return EDGE_OK;
+}
+
 static edge_status load_vocab(struct edge_tokenizer *t, const cJSON *vocab, const cJSON *added, const char *where,
                               const int16_t code_to_byte[512]) {
   const cJSON *item;
@@ -427,7 +497,10 @@ static edge_status load_vocab(struct edge_tokenizer *t, const cJSON *vocab, cons
     memcpy(t->vocab_text + at, item->string, length + 1);
     t->vocab[index++] = (struct vocab_entry){t->vocab_text + at, (uint32_t)length, (int32_t)item->valuedouble};
     at += length + 1;
-    edge_status status = set_token(t, (int32_t)item->valuedouble, item->string, 0, code_to_byte, where);
+    /* tokenizers would decode such an id to either token, whichever its hash map happens to keep */
+    int32_t id = (int32_t)item->valuedouble;
+    if (t->tokens[id].present) return edge_fail(EDGE_ERROR_BUNDLE, "%s: vocab id %d is given to two tokens", where, id);
+    edge_status status = set_token(t, id, item->string, 0, code_to_byte, where);
     if (status != EDGE_OK) return status;
   }
   qsort(t->vocab, t->n_vocab, sizeof *t->vocab, compare_vocab);
@@ -437,6 +510,7 @@ static edge_status load_vocab(struct edge_tokenizer *t, const cJSON *vocab, cons
   size_t n_added = (size_t)cJSON_GetArraySize(added);
   t->added = calloc(n_added + 1, sizeof *t->added);
   if (t->added == NULL) return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "%s: out of memory", where);
+  int32_t max_added_id = -1;
   cJSON_ArrayForEach(item, added) {
     const char *content = NULL;
     int special = 0;
@@ -451,7 +525,24 @@ static edge_status load_vocab(struct edge_tokenizer *t, const cJSON *vocab, cons
       }
     }
     special = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(item, "special"));
+    const cJSON *normalized = cJSON_GetObjectItemCaseSensitive(item, "normalized");
     int32_t id = (int32_t)cJSON_GetObjectItemCaseSensitive(item, "id")->valuedouble;
+    int32_t expected = added_token_id(t, content, max_added_id);
+    if (id != expected) {
+      char shown[80];
+      for (size_t k = 0; k < t->n_added; k++) {
+        if (spells(content, t->added[k].content, t->added[k].length)) {
+          return edge_fail(EDGE_ERROR_BUNDLE, "%s: added token '%s' is listed twice in added_tokens", where,
+                           json_shown(content, shown, sizeof shown));
+        }
+      }
+      return edge_fail(EDGE_ERROR_BUNDLE, "%s: added token '%s' has id %d, but the tokenizers library gives it id %d "
+                       "(%s)", where, json_shown(content, shown, sizeof shown), id, expected,
+                       vocab_lookup(t, content, strlen(content)) >= 0
+                           ? "its id in model.vocab"
+                           : "the next id after model.vocab and the added tokens before it");
+    }
+    max_added_id = id > max_added_id ? id : max_added_id;
     edge_status status = set_token(t, id, content, special, code_to_byte, where);
     if (status != EDGE_OK) return status;
     struct added_token *token = &t->added[t->n_added++];
@@ -459,8 +550,11 @@ static edge_status load_vocab(struct edge_tokenizer *t, const cJSON *vocab, cons
     if (token->content == NULL) return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "%s: out of memory", where);
     token->length = json_string_bytes(token->content); /* matched against the text's bytes */
     token->id = id;
+    /* tokenizers' default (AddedToken::from(content, special)) when the file leaves it out */
+    token->normalized = normalized != NULL ? cJSON_IsTrue(normalized) : !special;
   }
-  return pack_token_bytes(t, where);
+  edge_status status = sort_added_tokens(t, where);
+  return status == EDGE_OK ? pack_token_bytes(t, where) : status;
 }
 
 /* One merge "a b" or ["a", "b"]: its two parts. */
@@ -501,8 +595,8 @@ static edge_status load_merges(struct edge_tokenizer *t, const cJSON *merges, co
       status = edge_fail(EDGE_ERROR_BUNDLE, "%s: merge %d is not \"a b\" or [\"a\", \"b\"]", where, rank);
       break;
     }
-    if (left_length + right_length > joined_capacity) {
-      joined_capacity = 2 * (left_length + right_length);
+    if (left_length + right_length >= joined_capacity) { /* never NULL, even for the merge of two empty tokens */
+      joined_capacity = 2 * (left_length + right_length) + 1;
       char *grown = realloc(joined, joined_capacity);
       if (grown == NULL) {
         status = edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "%s: out of memory", where);
@@ -528,17 +622,6 @@ static edge_status load_merges(struct edge_tokenizer *t, const cJSON *merges, co
 }
 
 /* ---- tokenizer_config.json ------------------------------------------------------------------------------- */
-
-/* spelled (a string of json_strict_parse) stands for bytes[0:length]. */
-static int spells(const char *spelled, const char *bytes, size_t length) {
-  size_t at = 0;
-  for (const unsigned char *c = (const unsigned char *)spelled; *c != '\0'; c++, at++) {
-    int nul = c[0] == 0xc0 && c[1] == 0x80;
-    if (at >= length || bytes[at] != (nul ? '\0' : (char)*c)) return 0;
-    c += nul;
-  }
-  return at == length;
-}
 
 /* The id of a token's text, as tokenizers' token_to_id finds it: among the added tokens, then the vocabulary. */
 static int32_t token_id(const struct edge_tokenizer *t, const char *text) {
@@ -701,6 +784,7 @@ void edge_tokenizer_destroy(edge_tokenizer *t) {
   free(t->vocab_text);
   free(t->merges);
   free(t->added);
+  free(t->added_by_pass[0]); /* the block of both passes */
   free(t);
 }
 
@@ -943,17 +1027,61 @@ static edge_status encode_segment(const edge_tokenizer *t, const unsigned char *
   return status;
 }
 
-/* The added token matched at text[at:], leftmost-longest, or NULL. */
-static const struct added_token *added_at(const edge_tokenizer *t, const unsigned char *text, size_t size, size_t at) {
-  const struct added_token *best = NULL;
-  for (size_t k = 0; k < t->n_added; k++) {
-    const struct added_token *token = &t->added[k];
-    if (token->length <= size - at && memcmp(text + at, token->content, token->length) == 0 &&
-        (best == NULL || token->length > best->length)) {
-      best = token;
+/* The longest of sorted[0:n] (sorted by content) that text[0:size] starts with, or NULL. [low, high) narrows to
+ * the tokens whose first `depth` bytes are the text's, so a position costs a binary search per byte matched rather
+ * than a comparison with every added token. */
+static const struct added_token *longest_added_token(const struct added_token *const *sorted, size_t n,
+                                                     const unsigned char *text, size_t size) {
+  const struct added_token *longest = NULL;
+  size_t low = 0, high = n;
+  for (size_t depth = 0; low < high; depth++) {
+    if (sorted[low]->length == depth) longest = sorted[low++]; /* sorts before the longer tokens it starts */
+    if (depth == size) break;
+    size_t first = low, end = high; /* the first token whose byte at depth is not below the text's */
+    while (first < end) {
+      size_t mid = first + (end - first) / 2;
+      if ((unsigned char)sorted[mid]->content[depth] < text[depth]) {
+        first = mid + 1;
+      } else {
+        end = mid;
+      }
     }
+    end = high; /* and the first one above it */
+    for (size_t above = first; above < end;) {
+      size_t mid = above + (end - above) / 2;
+      if ((unsigned char)sorted[mid]->content[depth] <= text[depth]) {
+        above = mid + 1;
+      } else {
+        end = mid;
+      }
+    }
+    low = first, high = end;
   }
-  return best;
+  return longest;
+}
+
+/* Encodes text[0:size] as tokenizers' AddedVocabulary splits it: pass 0 finds the added tokens that are not
+ * normalized, leftmost-longest, in the whole text; pass 1 the normalized ones in each piece between (the text as
+ * the absent normalizer leaves it); pass 2 pre-tokenizes and encodes each piece left. */
+static edge_status encode_pass(const edge_tokenizer *t, const unsigned char *text, size_t size, int pass,
+                               struct bpe_scratch *scratch, struct id_list *out) {
+  if (pass == 2) return size > 0 ? encode_segment(t, text, size, scratch, out) : EDGE_OK;
+  const struct added_token *const *sorted = t->added_by_pass[pass];
+  size_t n = t->n_added_by_pass[pass], segment = 0;
+  edge_status status = EDGE_OK;
+  for (size_t at = 0; n > 0 && at < size && status == EDGE_OK;) {
+    const struct added_token *token = longest_added_token(sorted, n, text + at, size - at);
+    if (token == NULL) {
+      at++;
+      continue;
+    }
+    status = encode_pass(t, text + segment, at - segment, pass + 1, scratch, out);
+    push_id(out, token->id);
+    at += token->length;
+    segment = at;
+  }
+  if (status == EDGE_OK) status = encode_pass(t, text + segment, size - segment, pass + 1, scratch, out);
+  return status;
 }
 
 static edge_status encode(const edge_tokenizer *t, const char *text, size_t size, int add_bos, struct id_list *out) {
@@ -970,20 +1098,7 @@ static edge_status encode(const edge_tokenizer *t, const char *text, size_t size
     push_id(out, t->bos_id);
   }
   struct bpe_scratch scratch = {0};
-  edge_status status = EDGE_OK;
-  size_t segment = 0;
-  for (size_t at = 0; at <= size && status == EDGE_OK;) {
-    const struct added_token *token = at < size ? added_at(t, bytes, size, at) : NULL;
-    if (token == NULL && at < size) {
-      at++;
-      continue;
-    }
-    if (at > segment) status = encode_segment(t, bytes + segment, at - segment, &scratch, out);
-    if (token == NULL) break;
-    push_id(out, token->id);
-    at += token->length;
-    segment = at;
-  }
+  edge_status status = encode_pass(t, bytes, size, 0, &scratch, out);
   free(scratch.symbols);
   free(scratch.heap);
   free(scratch.word.data);

@@ -898,6 +898,17 @@ def tokenizer_cases() -> list[Case]:
         ),
         "tokenizer NaN": replace_file("tokenizer.json", lambda d: d[:-1] + b', "x": NaN}'),
         "tokenizer invalid UTF-8": replace_file("tokenizer.json", lambda d: d[:-1] + b', "x": "\xc3\x28"}'),
+        # ids the tokenizers library would not encode with (it renumbers or picks one, warning at most): the C
+        # tokenizer, which reads the ids as written, would give other ids
+        "tokenizer added token not at its vocab id": edit_json_file(
+            "tokenizer.json", lambda t: t["added_tokens"][1].update(id=5)
+        ),
+        "tokenizer added token listed twice": edit_json_file(
+            "tokenizer.json", lambda t: t["added_tokens"].append(dict(t["added_tokens"][0]))
+        ),
+        "tokenizer vocab id given to two tokens": edit_json_file(
+            "tokenizer.json", lambda t: t["model"]["vocab"].update(zzzz=5)
+        ),
         "config binary": replace_file("tokenizer_config.json", bytes(range(256)) * 8),
         "config a list": replace_file("tokenizer_config.json", b'["bos_token"]'),
         "config bos_token a number": edit_json_file("tokenizer_config.json", lambda c: c.update(bos_token=5)),

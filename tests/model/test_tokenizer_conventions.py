@@ -74,3 +74,33 @@ def test_export_carries_the_jinja_chat_template_into_the_bundle(tmp_path):
     assert "chat_template.jinja" not in bundle.manifest.files  # carried inside tokenizer_config.json
     config = json.loads((tmp_path / "bundle" / "tokenizer_config.json").read_text())
     assert (config["chat_template"], config["bos_token"], config["add_bos_token"]) == (JINJA_TEMPLATE, "<s>", True)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda t: t["added_tokens"][1].update(id=5),
+            "added token '</s>' has id 5, but the tokenizers library gives it id 1 (its id in model.vocab)",
+        ),
+        (
+            lambda t: t["added_tokens"].append({**t["added_tokens"][1], "content": "<x>", "id": 4000}),
+            "added token '<x>' has id 4000, but the tokenizers library gives it id 2048 (the next id after "
+            "model.vocab and the added tokens before it)",
+        ),
+        (lambda t: t["added_tokens"].append(dict(t["added_tokens"][0])), "added token '<s>' is listed twice"),
+        (lambda t: t["model"]["vocab"].update(zzzz=5), "vocab id 5 is given to two tokens"),
+    ],
+    ids=["renumbered", "past-the-next-id", "listed-twice", "shared-vocab-id"],
+)
+def test_ids_the_tokenizers_library_would_not_encode_with_are_refused(change, message, tmp_path):
+    """tokenizers renumbers such an added token (a logged warning at most) or keeps one of two tokens by rules of its
+    own, while the C tokenizer reads the ids as written: a checkpoint (and so a bundle) with them is refused, as the
+    C reader refuses it, before either encodes other ids than the other."""
+    shutil.copy(FIXTURE / "tokenizer_config.json", tmp_path)
+    tokenizer = json.loads((FIXTURE / "tokenizer.json").read_text())
+    change(tokenizer)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    with pytest.raises(CheckpointError) as refused:
+        Tokenizer.from_dir(tmp_path)
+    assert str(refused.value).startswith(f"{tmp_path / 'tokenizer.json'}: {message}")
