@@ -224,8 +224,11 @@ class DecodeStatisticsRecorder:
             if not steps:
                 continue
             truly_active, predicted, importance = (torch.cat(parts) for parts in zip(*steps, strict=True))
-            metrics = layer_metrics(truly_active, predicted, importance, rank=self.rank[index], d=self.hidden_size)
             true_mass = float(importance[truly_active].sum(dtype=torch.float64))
+            true_totals = (int(truly_active.count_nonzero()), true_mass)
+            metrics = layer_metrics(
+                truly_active, predicted, importance, rank=self.rank[index], d=self.hidden_size, true_totals=true_totals
+            )
             self.parts[index].append((metrics, truly_active.numel(), true_mass))
             steps.clear()
 

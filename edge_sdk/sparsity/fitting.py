@@ -49,6 +49,10 @@ class LayerActivations:
         return self.gate_act != 0
 
     @cached_property
+    def truly_active_count(self) -> int:
+        return int(self.truly_active.count_nonzero())
+
+    @cached_property
     def true_importance_mass(self) -> float:
         """The importance the truly active pairs carry (float64 sum): every level's recall divides by it."""
         return float(self.importance[self.truly_active].sum(dtype=torch.float64))

@@ -84,6 +84,7 @@ def layer_metrics(
     *,
     rank: int = 0,
     d: int | None = None,
+    true_totals: tuple[int, float] | None = None,
 ) -> dict:
     """How well one layer's predictor does on N tokens.
 
@@ -98,6 +99,9 @@ def layer_metrics(
     active pairs carry no importance), and when requested auroc (None when every pair has the same label;
     on a fixed-seed sample of AUROC_MAX_PAIRS pairs for larger layers) and multiply_count_ratio (eq. 5
     over the dense 3dD).
+
+    true_totals: (truly active pair count, their importance mass as a float64 sum of importance[truly_active]),
+    when the caller has them: every level of a layer shares them, and at 7B shapes each is a pass over 220M pairs.
     """
     _check_mask("truly_active", truly_active, None)
     _check_mask("predicted_active", predicted_active, truly_active.shape)
@@ -106,7 +110,8 @@ def layer_metrics(
         raise CalibrationError("truly_active: expected at least one (token, neuron) pair, found none")
     hits = predicted_active & truly_active
     # count_nonzero: a bool tensor's sum() widens every element to int64 first, 25x slower on a layer's pairs
-    n_true, n_predicted, n_hits = (int(mask.count_nonzero()) for mask in (truly_active, predicted_active, hits))
+    n_predicted, n_hits = (int(mask.count_nonzero()) for mask in (predicted_active, hits))
+    n_true = int(truly_active.count_nonzero()) if true_totals is None else true_totals[0]
     metrics = {
         "true_sparsity": 1.0 - n_true / n_pairs,
         "predicted_sparsity": 1.0 - n_predicted / n_pairs,
@@ -120,7 +125,7 @@ def layer_metrics(
             raise CalibrationError(
                 f"importance: expected shape {tuple(truly_active.shape)}, found {tuple(importance.shape)}"
             )
-        true_mass = float(importance[truly_active].sum(dtype=torch.float64))
+        true_mass = float(importance[truly_active].sum(dtype=torch.float64)) if true_totals is None else true_totals[1]
         hit_mass = float(importance[hits].sum(dtype=torch.float64))
         metrics["importance_weighted_recall"] = hit_mass / true_mass if true_mass > 0 else 1.0
     if scores is not None:

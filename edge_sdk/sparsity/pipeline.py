@@ -201,7 +201,13 @@ def _evaluate(
     def metrics_at(level: float, with_auroc: bool) -> dict:
         predicted = fitted.mask(scores, acts, level)
         return layer_metrics(
-            truly_active, predicted, acts.importance, scores if with_auroc else None, rank=rank, d=config.hidden_size
+            truly_active,
+            predicted,
+            acts.importance,
+            scores if with_auroc else None,
+            rank=rank,
+            d=config.hidden_size,
+            true_totals=(acts.truly_active_count, acts.true_importance_mass),
         )
 
     # The AUROC ranks the predictor's scores, so it is computed once, at the reference level; calibrate_model

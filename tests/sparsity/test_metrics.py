@@ -30,6 +30,15 @@ def test_hand_computed_layer():
     assert all(type(value) is float for value in result.values())
 
 
+def test_given_true_totals_are_used_and_equal_the_computed_ones():
+    """A layer's levels share its truly active count and mass, which the pipeline passes in rather than
+    recounting them per level: the result is the same to the bit, and the given totals are the ones used."""
+    computed = layer_metrics(TRULY, PREDICTED, IMPORTANCE, rank=2, d=8)
+    assert layer_metrics(TRULY, PREDICTED, IMPORTANCE, rank=2, d=8, true_totals=(3, 6.0)) == computed
+    doubled = layer_metrics(TRULY, PREDICTED, IMPORTANCE, true_totals=(6, 12.0))
+    assert doubled["recall"] == pytest.approx(2 / 6) and doubled["importance_weighted_recall"] == pytest.approx(3 / 12)
+
+
 def test_optional_fields():
     result = layer_metrics(TRULY, PREDICTED)
     assert result["importance_weighted_recall"] == result["recall"]
