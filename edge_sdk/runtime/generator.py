@@ -31,6 +31,14 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _is_finite(value: int | float) -> bool:
+    """Whether a number is finite as the float the sampler computes with (an int beyond 1.8e308 is not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 @dataclass(frozen=True)
 class SamplingSettings:
     """How to pick each new token and when to stop.
@@ -51,7 +59,7 @@ class SamplingSettings:
     def __post_init__(self) -> None:
         if not _is_integer(self.max_new_tokens) or self.max_new_tokens < 0:
             raise EdgeSdkError(f"max_new_tokens: expected an integer >= 0, found {self.max_new_tokens!r}")
-        if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
+        if not _is_number(self.temperature) or not self.temperature >= 0 or not _is_finite(self.temperature):
             raise EdgeSdkError(f"temperature: expected a number >= 0 (0 = greedy), found {self.temperature!r}")
         if not _is_integer(self.top_k) or self.top_k < 0:
             raise EdgeSdkError(f"top_k: expected an integer >= 0 (0 = off), found {self.top_k!r}")
@@ -90,7 +98,16 @@ class Sampler:
         logits = np.asarray(logits, dtype=np.float64)  # [vocab]
         if self.settings.temperature == 0:
             return int(np.argmax(logits))
-        scaled = logits / self.settings.temperature
+        with np.errstate(over="ignore"):
+            scaled = logits / self.settings.temperature
+        if not np.isfinite(scaled.max()):
+            # A temperature so small that logit / temperature overflows (5e-308 for logits about 10): inf - inf
+            # made the probabilities NaN. Scaled from the largest logit instead, which is then 0 and the others
+            # finite or -inf (probability 0): the limit of a vanishing temperature, the largest logits, as the C
+            # sampler's double division gives. Only here, so that every other temperature's tokens for a seed
+            # stay those of earlier versions.
+            with np.errstate(over="ignore"):
+                scaled = (logits - logits.max()) / self.settings.temperature
         ids = self._top_k_ids(scaled)  # [n] ascending
         if self.settings.top_p < 1:
             ids = ids[np.argsort(-scaled[ids], kind="stable")]  # probability descending, ties by lowest id

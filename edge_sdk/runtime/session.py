@@ -14,7 +14,7 @@ from edge_sdk.bundle.format import WEIGHTS_FILE
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.memory import GIB
 from edge_sdk.model.tokenizer import Tokenizer
-from edge_sdk.runtime.backends import EngineOptions, Selection, select_backend
+from edge_sdk.runtime.backends import BACKEND_ORDER, EngineOptions, Selection, select_backend
 from edge_sdk.runtime.engine import Engine
 from edge_sdk.runtime.generator import GenerationStats, Generator, SamplingSettings
 
@@ -86,6 +86,11 @@ class Session:
             raise EdgeSdkError(f"{unknown[0]}: not a sampling setting; expected one of {names}")
         if not isinstance(chat, bool):
             raise EdgeSdkError(f"chat: expected True or False, found {chat!r}")
+        if chat and not isinstance(prompt, str):
+            # the template would render a list of ids or a number as the text of the user's message
+            raise EdgeSdkError(
+                f"prompt: expected the user's message as a string with chat, found {type(prompt).__name__}"
+            )
         settings = SamplingSettings(**sampling)
         if chat:
             from edge_sdk.runtime.chat import chat_prompt_ids  # jinja2 loads only for chat prompts, not every run
@@ -115,6 +120,9 @@ def load(
     log receives the selection report: why each earlier backend was skipped and which one was chosen."""
     if not isinstance(bundle, (str, os.PathLike)):
         raise EdgeSdkError(f"bundle: expected the path of a bundle directory, found {type(bundle).__name__}")
+    if not isinstance(backend, str) or backend not in ("auto", *BACKEND_ORDER):
+        # checked here, before the bundle is verified: "" and None would otherwise pass as auto
+        raise EdgeSdkError(f"unknown backend {backend!r}; expected one of auto, {', '.join(BACKEND_ORDER)}")
     for name, flag in (("dense", dense), ("verify_checksums", verify_checksums)):
         if not isinstance(flag, bool):
             raise EdgeSdkError(f"{name}: expected True or False, found {flag!r}")
