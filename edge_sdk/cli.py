@@ -853,8 +853,10 @@ _threads_option = click.option(
 @click.option("--backend", default="auto", show_default=True, help="auto, tensorrt, cann or cpu ($EDGE_SDK_BACKEND).")
 @click.option("--max-new-tokens", type=click.IntRange(min=0), default=128, show_default=True)
 @click.option("--temperature", type=FiniteFloatRange(min=0), default=0.0, show_default=True, help="0 = greedy.")
-@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
-@click.option("--top-p", type=FiniteFloatRange(0, 1, min_open=True), default=1.0, show_default=True)
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off; with --temperature.")
+@click.option(
+    "--top-p", type=FiniteFloatRange(0, 1, min_open=True), default=1.0, show_default=True, help="With --temperature."
+)
 @click.option("--seed", type=click.IntRange(0, MAX_SEED), default=None, help="Sampling seed, 0 to 2^64-1.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--sparsity", type=FiniteFloatRange(0, 1), default=None, help="One of the bundle's calibrated levels.")
@@ -867,6 +869,11 @@ def run(
     """Generate text from a bundle: streams the continuation to stdout, timings to stderr."""
     import edge_sdk
 
+    if temperature == 0:
+        _refuse_given_options(
+            ("top_k", "top_p", "seed"),
+            "only sampling reads it, and --temperature 0 (the default) decodes greedily; give a --temperature above 0",
+        )
     prompt = _prompt_text(prompt)
     for text in stop:
         _check_utf8_option("--stop", text)

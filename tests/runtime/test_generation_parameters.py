@@ -75,3 +75,18 @@ def test_run_refuses_an_empty_backend_in_one_line(tmp_path):
     result = CliRunner().invoke(main, ["run", str(tmp_path / "missing"), "--prompt", "x", "--backend", ""])
     assert result.exit_code == 2
     assert result.output == "edge-sdk: error: unknown backend ''; expected one of auto, tensorrt, cann, cpu\n"
+
+
+@pytest.mark.parametrize("option", [["--top-k", "5"], ["--top-p", "0.9"], ["--seed", "7"]])
+def test_a_sampling_option_without_a_temperature_is_refused(option, tmp_path):
+    """Greedy decoding (--temperature 0, the default) reads none of them: the command ignored them silently, as if
+    the user's seed had been used. Refused before the bundle is read."""
+    result = CliRunner().invoke(main, ["run", str(tmp_path / "missing"), "--prompt", "x", *option])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"edge-sdk: error: {option[0]}: only sampling reads it, and --temperature 0")
+    assert "Traceback" not in result.output
+    given = CliRunner().invoke(
+        main, ["run", str(tmp_path / "missing"), "--prompt", "x", "--temperature", "0.7", *option]
+    )
+    assert given.exit_code == 2 and "only sampling reads it" not in given.output  # the missing bundle, next
+    assert "missing" in given.output
