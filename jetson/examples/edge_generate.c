@@ -10,6 +10,7 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #endif
 #include <errno.h>
+#include <float.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,6 +105,11 @@ int main(int argc, char **argv) {
       backend = argv[++i];
     } else if (strcmp(arg, "--temperature") == 0 && has_value) {
       ok = parse_number(arg, argv[++i], 0, 1e6, &temperature);
+      if (ok && temperature > 0 && temperature < FLT_MIN) { /* the API's float would round it to 0: greedy */
+        fprintf(stderr, "edge_generate: %s expects 0 (greedy) or a number in [%g, %g], found '%s'\n", arg, FLT_MIN,
+                1e6, argv[i]);
+        ok = 0;
+      }
     } else if (strcmp(arg, "--top-p") == 0 && has_value) {
       ok = parse_number(arg, argv[++i], 1e-9, 1, &top_p);
     } else if (strcmp(arg, "--seed") == 0 && has_value) {

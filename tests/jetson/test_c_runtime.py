@@ -379,6 +379,10 @@ def test_bad_bundles_and_backends_are_clear_errors(x86_build: Build, bundles, tm
         (["{bundle}", "x", "--seed", "-1"], "--seed expects an integer in [0, 18446744073709551615], found '-1'"),
         (["{bundle}", "x", "--top-p", "0"], "--top-p expects a number in [1e-09, 1], found '0'"),
         (["{bundle}", "x", "--temperature", "nan"], "--temperature expects a number in [0, 1e+06], found 'nan'"),
+        (  # the API takes a float, in which it is 0: greedy, silently
+            ["{bundle}", "x", "--temperature", "1e-300"],
+            "--temperature expects 0 (greedy) or a number in [1.17549e-38, 1e+06], found '1e-300'",
+        ),
         (
             ["{bundle}", "x", "--dense", "--sparsity", "0.5"],
             "dense and sparsity 0.5: the dense model has no sparsity level; give either",
