@@ -8,6 +8,8 @@ cmake gcc pkg-config libcjson-dev gcc-aarch64-linux-gnu libcjson-dev:arm64 qemu-
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -15,6 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from edge_sdk.bundle import manifest_digest
+from edge_sdk.bundle.format import MANIFEST_DIGEST_FIELD
 
 REPO = Path(__file__).resolve().parents[2]
 JETSON = REPO / "jetson"
@@ -149,3 +154,22 @@ def python_cpu_engine():
             del os.environ[ENGINE_ENV]
         else:
             os.environ[ENGINE_ENV] = previous
+
+
+def with_tokenizer_files(bundle: Path, directory: Path, tokenizer_change=None, config_change=None) -> Path:
+    """A copy of bundle (directory/bundle) whose tokenizer.json and tokenizer_config.json the two functions changed in
+    place (None: left as they are), the manifest's sizes and digests re-stamped, as whoever rewrites a bundle can."""
+    copy = directory / "bundle"
+    shutil.copytree(bundle, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    for name, change in (("tokenizer.json", tokenizer_change), ("tokenizer_config.json", config_change)):
+        if change is None:
+            continue
+        content = json.loads((copy / name).read_text(encoding="utf-8"))
+        change(content)
+        data = json.dumps(content).encode("utf-8")
+        (copy / name).write_bytes(data)
+        manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manifest[MANIFEST_DIGEST_FIELD] = manifest_digest(manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return copy

@@ -4,7 +4,6 @@ the API's error contracts, the bundle reader under fuzzing, and the library's de
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -33,6 +32,7 @@ from .support import (
     qemu_command,
     run,
     sanitizer_env,
+    with_tokenizer_files,
 )
 
 ALLOWED_LIBRARIES = re.compile(
@@ -168,17 +168,8 @@ DIGIT_ISOLATING_PRE_TOKENIZER = {  # SmolLM2's ("smollm" in its GGUF): every \p{
 
 
 def with_pre_tokenizer(bundle: Path, directory: Path, pre_tokenizer: dict) -> Path:
-    """A copy of bundle whose tokenizer.json has another pre-tokenizer (the manifest's size and digests re-stamped)."""
-    copy = directory / "bundle"
-    shutil.copytree(bundle, copy)
-    tokenizer = json.loads((copy / "tokenizer.json").read_text())
-    data = json.dumps(tokenizer | {"pre_tokenizer": pre_tokenizer}).encode("utf-8")
-    (copy / "tokenizer.json").write_bytes(data)
-    manifest = json.loads((copy / "manifest.json").read_text())
-    manifest["files"]["tokenizer.json"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    manifest[MANIFEST_DIGEST_FIELD] = manifest_digest(manifest)
-    (copy / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    return copy
+    """A copy of bundle whose tokenizer.json has another pre-tokenizer."""
+    return with_tokenizer_files(bundle, directory, lambda tokenizer: tokenizer.update(pre_tokenizer=pre_tokenizer))
 
 
 def test_tokenizer_isolating_numbers_encodes_like_tokenizers(x86_build: Build, bundles, tiny_model_dir, tmp_path):
@@ -194,23 +185,6 @@ def test_tokenizer_isolating_numbers_encodes_like_tokenizers(x86_build: Build, b
     plain = HFTokenizer.from_file(str(bundles["svd-fp32"] / "tokenizer.json")).encode(text, add_special_tokens=False)
     assert len(expected) > len(plain.ids) + 200  # " 12" is " ", "1", "2": the plain regex would fail this test
     assert c_encode(x86_build, bundle, text_file) == expected
-
-
-def with_tokenizer_files(bundle: Path, directory: Path, tokenizer_change, config_change) -> Path:
-    """A copy of bundle whose tokenizer.json and tokenizer_config.json the two functions changed in place (the
-    manifest's sizes and digests re-stamped)."""
-    copy = directory / "bundle"
-    shutil.copytree(bundle, copy)
-    manifest = json.loads((copy / "manifest.json").read_text())
-    for name, change in (("tokenizer.json", tokenizer_change), ("tokenizer_config.json", config_change)):
-        content = json.loads((copy / name).read_text())
-        change(content)
-        data = json.dumps(content).encode("utf-8")
-        (copy / name).write_bytes(data)
-        manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    manifest[MANIFEST_DIGEST_FIELD] = manifest_digest(manifest)
-    (copy / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    return copy
 
 
 BYTE_LEVEL_PROCESSOR = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}

@@ -4,18 +4,13 @@ does, or refuse the file with a clear error: never crash, nor give other ids tha
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
-from edge_sdk.bundle import manifest_digest
-from edge_sdk.bundle.format import MANIFEST_DIGEST_FIELD
-
-from .support import Build, run, sanitizer_env
+from .support import Build, run, sanitizer_env, with_tokenizer_files
 
 
 @pytest.fixture(scope="module")
@@ -27,17 +22,7 @@ def base_bundle(bundle_matrix) -> Path:
 def with_tokenizer(bundle: Path, directory: Path, change) -> Path:
     """A copy of bundle whose tokenizer.json change() rewrote in place, the manifest re-stamped as an attacker
     would."""
-    copy = directory / "bundle"
-    shutil.copytree(bundle, copy)
-    tokenizer = json.loads((copy / "tokenizer.json").read_text(encoding="utf-8"))
-    change(tokenizer)
-    data = json.dumps(tokenizer).encode("utf-8")
-    (copy / "tokenizer.json").write_bytes(data)
-    manifest = json.loads((copy / "manifest.json").read_text())
-    manifest["files"]["tokenizer.json"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    manifest[MANIFEST_DIGEST_FIELD] = manifest_digest(manifest)
-    (copy / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    return copy
+    return with_tokenizer_files(bundle, directory, change)
 
 
 def added_token(token_id: int, content: str, *, special: bool, normalized: bool) -> dict:
