@@ -251,7 +251,7 @@ _group_size_option = click.option(
     default=str(DEFAULT_GROUP_SIZE),
     show_default=True,
     help="int8 / int4: values per fp16 scale along each weight row. 32 by measurement: on SmolLM2-135M int4 costs "
-    "+23% held-out perplexity at 32 and +32% at 64, for 6% more bytes (QUANT.md, 'Quality').",
+    "+23% held-out perplexity at 32 and +32% at 64, for 6% more bytes (kernels/cpu/QUANT.md, 'Quality').",
 )
 
 
@@ -280,6 +280,11 @@ def _phase_progress() -> Iterator[Callable[[str, int, int], None]]:
 def _default_level_text(report: dict) -> str:
     """One line on the default operating level: given, or chosen on validation perplexity (and how)."""
     level, choice = report["default_level"], report["default_level_choice"]
+    if choice["method"].startswith("nominal"):  # the bundle's default_level is null: nothing to pass as --sparsity
+        return (
+            f"no sparsity levels: {report['predictor']} has none to choose from (its fitted setting decides which "
+            "neurons it skips)"
+        )
     if choice["method"] != "validation perplexity":
         return f"default level {level:g} ({choice['method']}{': ' + choice['reason'] if 'reason' in choice else ''})"
     changes = ", ".join(f"{key} {change:+.2f}%" for key, change in choice["perplexity_change_percent"].items())
@@ -597,7 +602,8 @@ def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **
     type=click.Choice(["fp16", "bf16", "fp32", "int8", "int4"]),
     default="fp16",
     show_default=True,
-    help="Weight storage; int8 / int4: weight-only group-wise quantization (an untied embedding fp16, see QUANT.md).",
+    help="Weight storage; int8 / int4: weight-only group-wise quantization (an untied embedding fp16, see "
+    "kernels/cpu/QUANT.md).",
 )
 @click.option(
     "--head-dtype",
@@ -606,9 +612,9 @@ def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **
     show_default=True,
     help="Storage of the LM head matrix (a tied model's embedding, which is its head). int8 with --dtype int4 keeps "
     "the head at int8 (codes + fp16 scales of --group-size; bundle format version 4), as llama.cpp's 4-bit files "
-    "keep their output matrix wider: SmolLM2-135M's tied int4 head alone costs +7.4% held-out perplexity (QUANT.md, "
-    "'In a bundle'). 'auto' is int8 for --dtype int4 of a GGUF whose FFN rows have 4 bits or fewer (Q4_0, Q4_1, "
-    "Q4_K, Q3_K, Q2_K, the IQ types) and whose head has more, --dtype otherwise.",
+    "keep their output matrix wider: SmolLM2-135M's tied int4 head alone costs +7.4% held-out perplexity "
+    "(kernels/cpu/QUANT.md, 'In a bundle'). 'auto' is int8 for --dtype int4 of a GGUF whose FFN rows have 4 bits "
+    "or fewer (Q4_0, Q4_1, Q4_K, Q3_K, Q2_K, the IQ types) and whose head has more, --dtype otherwise.",
 )
 @click.option(
     "--down-dtype",
@@ -640,7 +646,7 @@ def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **
     show_default=True,
     help="int8 / int4: round to nearest, or first fold activation-aware (AWQ) input-channel scales searched on the "
     "calibration text into the weights: recommended for int4 (SmolLM2-135M: +17.8% held-out perplexity over fp16 "
-    "instead of +23.2%), no gain for int8, several times the export time (QUANT.md, 'Quality').",
+    "instead of +23.2%), no gain for int8, several times the export time (kernels/cpu/QUANT.md, 'Quality').",
 )
 @click.option(
     "--max-seq-len",
@@ -851,7 +857,13 @@ _threads_option = click.option(
 @click.argument("bundle_dir", type=click.Path(path_type=str))
 @click.option("--prompt", default=None, help="Prompt text (default: read standard input).")
 @click.option("--backend", default="auto", show_default=True, help="auto, tensorrt, cann or cpu ($EDGE_SDK_BACKEND).")
-@click.option("--max-new-tokens", type=click.IntRange(min=0), default=128, show_default=True)
+@click.option(
+    "--max-new-tokens",
+    type=click.IntRange(min=0),
+    default=128,
+    show_default=True,
+    help="At most this many tokens after the prompt (fewer where the bundle's positions end).",
+)
 @click.option("--temperature", type=FiniteFloatRange(min=0), default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off; with --temperature.")
 @click.option(
@@ -1070,7 +1082,7 @@ def _bench_quantized_ffn(
 @_threads_option
 @click.option("--prompt-file", default=None, help="Prompt text file (default: a short code prompt).")
 @click.option("--prompt-tokens", type=click.IntRange(1), default=None, help="Use the prompt's first N tokens.")
-@click.option("--json", "json_path", default=None)
+@click.option("--json", "json_path", default=None, help="Also write the result as JSON (with the machine description).")
 def bench_e2e_command(
     bundle_dir, backend, sparsity, tokens, repeats, threads, prompt_file, prompt_tokens, json_path
 ) -> None:
@@ -1110,7 +1122,12 @@ def bench_e2e_command(
 
 @main.command()
 @click.argument("bundle_dir", type=click.Path(path_type=str))
-@click.option("--cache-dir", default=None, help="Engine cache (default: $EDGE_SDK_ENGINE_CACHE or ~/.cache/edge-sdk).")
+@click.option(
+    "--cache-dir",
+    default=None,
+    help="Engine cache (default: $EDGE_SDK_ENGINE_CACHE, else $XDG_CACHE_HOME/edge-sdk/tensorrt, else "
+    "~/.cache/edge-sdk/tensorrt).",
+)
 @click.option("--force", is_flag=True, help="Rebuild even when a cached engine exists.")
 def build(bundle_dir: str, cache_dir: str | None, force: bool) -> None:
     """Build and cache the TensorRT engine of a bundle on this device (ahead of `edge-sdk run`)."""

@@ -53,8 +53,10 @@ def test_amd64_package_builds_the_example_through_pkg_config(tmp_path, bundles, 
     assert compile_result.returncode == 0 and "warning" not in compile_result.stderr, compile_result.stderr
     run_env = os.environ | {"LD_LIBRARY_PATH": str(libdir)}
     command = ["-n", str(STEPS), "--threads", "1", "--ids"]
-    for program in (binary, root / "usr" / "bin" / "edge_generate"):
-        result = run([program, bundles["svd-fp32"], PROMPT, *command], env=run_env)
+    # the packaged example without LD_LIBRARY_PATH: its run path finds the library beside it wherever the tree is
+    # unpacked (it failed to start, "libedge_sdk.so.0.1: cannot open shared object file")
+    for program, env in ((binary, run_env), (root / "usr" / "bin" / "edge_generate", os.environ)):
+        result = run([program, bundles["svd-fp32"], PROMPT, *command], env=env)
         assert result.returncode == 0, result.stderr
         assert [int(token) for token in result.stdout.split()] == python_greedy_ids["svd-fp32"]
     assert f"=> {libdir}/libedge_sdk.so." in run(["ldd", binary], env=run_env, check=True).stdout

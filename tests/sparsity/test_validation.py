@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from edge_sdk.bundle import Bundle, LevelChoice
-from edge_sdk.cli import QUANTIZATION_NOTE_PERCENT, _quantization_text, main
+from edge_sdk.cli import QUANTIZATION_NOTE_PERCENT, _default_level_text, _quantization_text, main
 from edge_sdk.errors import CalibrationError
 from edge_sdk.export.exporter import ExportSettings, export_bundle
 from edge_sdk.export.quantized_checkpoint import QuantizedCheckpoint
@@ -194,6 +194,10 @@ def test_a_given_level_skips_validation_and_short_text_falls_back(tiny_model_dir
     assert "give more text or --sparsity" in fallback["default_level_choice"]["reason"]
     signbit = calibrate_model(checkpoint, CalibrationSettings(predictor="signbit", max_tokens=1024), calibration)
     assert signbit.report["default_level_choice"]["method"].startswith("nominal")
+    # export and calibrate said "default level 0.5 (nominal ...)", a level run then refused as not calibrated
+    assert _default_level_text(signbit.report) == (
+        "no sparsity levels: signbit has none to choose from (its fitted setting decides which neurons it skips)"
+    )
 
 
 @pytest.mark.parametrize(
