@@ -539,7 +539,10 @@ def doctor(bundle_dir: str | None, as_json: bool) -> None:
 @main.command()
 @_predictor_fit_options(output_help="Predictors directory.", calib_required=True, with_none=False)
 def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **fit) -> None:
-    """Build sparsity predictors from calibration text; write predictors.safetensors and a report."""
+    """Build sparsity predictors from calibration text; write predictors.safetensors and a report.
+
+    For comparing predictor settings on their report: export takes the same options and fits its own predictors
+    (on the weights it stores, quantized or not), so no command reads this directory back."""
     _runs_torch_pipeline("`edge-sdk calibrate`")
     # before torch is imported: a wrong location or model path, or a GGUF file the reader refuses, is refused at once
     from edge_sdk.model.location import check_model_path

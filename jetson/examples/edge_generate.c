@@ -1,7 +1,9 @@
 /* edge_generate: generate text from an edge-sdk bundle with libedge_sdk.
  *
- *   edge_generate BUNDLE "prompt" [-n N] [--backend cpu|tensorrt] [--temperature T] [--top-p P] [--seed S]
- *                 [--threads N] [--sparsity LEVEL] [--dense] [--no-verify] [--ids]
+ *   edge_generate BUNDLE "prompt" [-n N] [--backend cpu|tensorrt] [--temperature T] [--top-k K] [--top-p P]
+ *                 [--seed S] [--threads N] [--sparsity LEVEL] [--dense] [--no-verify] [--ids]
+ *
+ * --top-k, --top-p and --seed need a --temperature above 0 (greedy decoding reads none of them), as `edge-sdk run`.
  *
  * Streams the generated text to stdout as tokens arrive; with --ids prints the generated token ids instead
  * (one line, space-separated). Timing goes to stderr: prompt tokens, prefill time, decode tokens/s.
@@ -51,8 +53,9 @@ static int on_token(int32_t token, void *user_data) {
 
 static void usage(FILE *out) {
   fprintf(out,
-          "usage: edge_generate BUNDLE PROMPT [-n N] [--backend cpu|tensorrt] [--temperature T] [--top-p P]\n"
-          "                     [--seed S] [--threads N] [--sparsity LEVEL] [--dense] [--no-verify] [--ids]\n");
+          "usage: edge_generate BUNDLE PROMPT [-n N] [--backend cpu|tensorrt] [--temperature T] [--top-k K]\n"
+          "                     [--top-p P] [--seed S] [--threads N] [--sparsity LEVEL] [--dense] [--no-verify]\n"
+          "                     [--ids]\n");
 }
 
 static int parse_number(const char *flag, const char *text, double min, double max, double *value) {
@@ -90,8 +93,9 @@ static int fail(const char *what, edge_status status, const char *message) {
 int main(int argc, char **argv) {
   const char *bundle = NULL, *prompt = NULL, *backend = "cpu";
   double temperature = 0.0, top_p = 1.0, sparsity = -1.0;
-  uint64_t max_new_tokens = 64, seed = 0, threads = 0;
+  uint64_t max_new_tokens = 64, seed = 0, threads = 0, top_k = 0;
   int dense = 0, verify = 1, print_ids = 0;
+  const char *sampling_flag = NULL; /* the first of --top-k, --top-p, --seed given: only sampling reads them */
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
     int has_value = i + 1 < argc;
@@ -110,10 +114,15 @@ int main(int argc, char **argv) {
                 1e6, argv[i]);
         ok = 0;
       }
+    } else if (strcmp(arg, "--top-k") == 0 && has_value) {
+      ok = parse_integer(arg, argv[++i], INT32_MAX, &top_k);
+      sampling_flag = sampling_flag != NULL ? sampling_flag : arg;
     } else if (strcmp(arg, "--top-p") == 0 && has_value) {
       ok = parse_number(arg, argv[++i], 1e-9, 1, &top_p);
+      sampling_flag = sampling_flag != NULL ? sampling_flag : arg;
     } else if (strcmp(arg, "--seed") == 0 && has_value) {
       ok = parse_integer(arg, argv[++i], UINT64_MAX, &seed);
+      sampling_flag = sampling_flag != NULL ? sampling_flag : arg;
     } else if (strcmp(arg, "--threads") == 0 && has_value) {
       ok = parse_integer(arg, argv[++i], 4096, &threads);
     } else if (strcmp(arg, "--sparsity") == 0 && has_value) {
@@ -143,6 +152,11 @@ int main(int argc, char **argv) {
   if (bundle == NULL || prompt == NULL) {
     fprintf(stderr, "edge_generate: expected BUNDLE and PROMPT, found %s\n", bundle == NULL ? "neither" : "no PROMPT");
     usage(stderr);
+    return 2;
+  }
+  if (sampling_flag != NULL && temperature == 0.0) { /* ignored silently otherwise */
+    fprintf(stderr, "edge_generate: %s: only sampling reads it, and --temperature 0 (the default) decodes greedily; "
+            "give a --temperature above 0\n", sampling_flag);
     return 2;
   }
   if (dense && sparsity >= 0.0) { /* what `edge-sdk run --dense --sparsity` says */
@@ -186,7 +200,7 @@ int main(int argc, char **argv) {
     exit_code = fail("creating a session", status, edge_last_error());
     goto done;
   }
-  if ((status = edge_session_set_sampling(session, (float)temperature, (float)top_p, 0, seed)) != EDGE_OK) {
+  if ((status = edge_session_set_sampling(session, (float)temperature, (float)top_p, (int)top_k, seed)) != EDGE_OK) {
     exit_code = fail("sampling settings", status, edge_session_last_error(session));
     goto done;
   }

@@ -361,6 +361,10 @@ def test_bad_bundles_and_backends_are_clear_errors(x86_build: Build, bundles, tm
             ["{bundle}", "x", "--dense", "--sparsity", "0.5"],
             "dense and sparsity 0.5: the dense model has no sparsity level; give either",
         ),
+        # greedy decoding reads no sampling option: ignored silently before, as `edge-sdk run` refuses them
+        (["{bundle}", "x", "--seed", "3"], "--seed: only sampling reads it, and --temperature 0 (the default)"),
+        (["{bundle}", "x", "--top-k", "5", "--top-p", "0.9"], "--top-k: only sampling reads it"),
+        (["{bundle}", "x", "--top-k", "-1"], "--top-k expects an integer in [0, 2147483647], found '-1'"),
     ],
 )
 def test_bad_command_lines_are_one_line_usage_errors(x86_build: Build, bundles, arguments, message):
@@ -371,6 +375,18 @@ def test_bad_command_lines_are_one_line_usage_errors(x86_build: Build, bundles, 
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.splitlines()[0].startswith(f"edge_generate: {message}"), result.stderr
     assert result.stdout == ""
+
+
+def test_top_k_reaches_the_sampler(x86_build: Build, bundles, python_greedy_ids):
+    """--top-k 1 keeps the most probable token alone, so sampling at any temperature gives the greedy ids (without
+    the option, the same temperature and seed sample others)."""
+    command = generate_command([x86_build.binary("edge_generate")], bundles["svd-fp32"], "--ids")
+    sampled = ["--temperature", "5", "--seed", "3"]
+    top_1 = run([*command, *sampled, "--top-k", "1"])
+    assert top_1.returncode == 0, top_1.stderr
+    assert [int(token) for token in top_1.stdout.split()] == python_greedy_ids["svd-fp32"]
+    free = run([*command, *sampled])
+    assert free.returncode == 0 and [int(token) for token in free.stdout.split()] != python_greedy_ids["svd-fp32"]
 
 
 def test_a_prompt_longer_than_max_seq_len_is_refused_with_the_lengths(x86_build: Build, bundles):
