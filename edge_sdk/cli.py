@@ -530,7 +530,11 @@ def doctor(bundle_dir: str | None, as_json: bool) -> None:
         return
     versions = {k: v or "not installed" for k, v in report["versions"].items()}
     _print_table({"versions": versions, "native libraries": report["native"]})
-    click.echo("backends:")
+    if "bundle" in report:  # the verdicts below are for this bundle
+        contents = report["bundle_contents"]
+        click.echo(f"backends for {report['bundle']} ({contents['dtype']}, predictor {contents['predictor']}):")
+    else:
+        click.echo("backends:")
     for name, status in report["backends"].items():
         state = ("available: " if status["available"] else "not available: ") + status["reason"]
         click.echo(f"  {name.ljust(8)}  {state}")
@@ -585,17 +589,24 @@ def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **
             lambda _: validating.update(),
         )
     written = write_calibration(result, target)
+    _print_layer_metrics(result.report)
+    click.echo(_default_level_text(result.report))
+    click.echo(f"wrote {written}/predictors.safetensors, report.json, report.png")
+
+
+def _print_layer_metrics(report: dict) -> None:
+    """calibrate's and export's per-layer table: true, predicted and realized sparsity, recall and importance-weighted
+    recall, on the text the report says (held-out with --eval) at its metrics level."""
+    click.echo(
+        f"per layer, on {report['evaluated_on']} text at sparsity {report['metrics_level']:g}: true, predicted and "
+        "realized sparsity, recall, importance-weighted recall"
+    )
     click.echo(f"{'layer':>5}  {'true':>6}  {'pred':>6}  {'real':>6}  {'recall':>7}  {'w-recall':>8}")
-    for layer in result.report["layers"]:
+    for layer in report["layers"]:
         click.echo(
             f"{layer['layer']:>5}  {layer['true_sparsity']:6.3f}  {layer['predicted_sparsity']:6.3f}  "
             f"{layer['realized_sparsity']:6.3f}  {layer['recall']:7.4f}  {layer['importance_weighted_recall']:8.5f}"
         )
-    click.echo(_default_level_text(result.report))
-    click.echo(
-        f"wrote {written}/predictors.safetensors, report.json, report.png "
-        f"(metrics on {result.report['evaluated_on']} text at sparsity {result.report['metrics_level']:g})"
-    )
 
 
 @main.command()
@@ -771,8 +782,7 @@ def export(
         quantization_text = _quantization_text(report)
         if quantization_text is not None:
             click.echo(quantization_text)
-        for layer in bundle.sparsity.layers:
-            click.echo(f"  layer {layer['layer']:>3}: predicted sparsity {layer.get('predicted_sparsity', 0):.3f}")
+        _print_layer_metrics(report)
         click.echo(f"report: {bundle.path / 'report.json'} and report.png")
 
 

@@ -81,5 +81,12 @@ def diagnose(bundle_path: str | None = None) -> dict[str, Any]:
 
         bundle = Bundle.open(bundle_path, verify_checksums=False)  # sizes and the manifest digest; no hashing
         report["bundle"] = str(bundle.path)
+        sparsity = bundle.sparsity
+        report["bundle_contents"] = {
+            "dtype": bundle.dtype,
+            "predictor": sparsity.predictor,
+            "levels": list(sparsity.levels),
+            "default_level": sparsity.default_level,
+        }
     report["backends"] = backend_status(bundle)
     return report

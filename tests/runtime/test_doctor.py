@@ -49,6 +49,18 @@ def test_doctor_table_names_each_backend_with_its_reason():
     assert backend_lines[2].split(None, 1)[1].startswith("available: native kernels")
 
 
+def test_doctor_of_a_bundle_names_it_above_its_backends(bundle_matrix):
+    """The table looked the same with a bundle as without: the backends' verdicts now say which bundle they are for."""
+    bundle = bundle_matrix.path("svd-int4")
+    result = CliRunner().invoke(main, ["doctor", str(bundle)])
+    assert result.exit_code == 0, result.output
+    assert f"backends for {bundle} (int4, predictor svd):" in result.output.splitlines()
+    report = json.loads(CliRunner().invoke(main, ["doctor", str(bundle), "--json"]).output)
+    assert report["bundle"] == str(bundle)
+    contents = {"dtype": "int4", "predictor": "svd", "levels": [0.5, 0.8], "default_level": 0.5}
+    assert report["bundle_contents"] == contents
+
+
 def edge_sdk_command(*arguments: str, cpu_isa: str) -> subprocess.CompletedProcess:
     """edge-sdk in a process of its own: the kernels choose their instruction set once per process."""
     env = os.environ | {"EDGE_SDK_CPU_ISA": cpu_isa}

@@ -233,6 +233,14 @@ def test_export_cli_reports_the_choice_and_writes_it_to_the_manifest(tiny_model_
     # 1024 validation tokens: two chunks of 512, each scoring all but its 32-token prompt and its last token
     assert "default level 0.3: within the 0.5% perplexity budget on 958 validation tokens" in result.output
     assert report["default_level_choice"]["validation_tokens"] == 1024
+    # the per-layer metrics, as calibrate prints them (export printed the predicted sparsity alone, unlabelled)
+    lines = result.output.splitlines()
+    header = lines.index("per layer, on calibration text at sparsity 0.3: true, predicted and realized sparsity, "
+                         "recall, importance-weighted recall")  # fmt: skip
+    for layer, line in zip(report["layers"], lines[header + 2 : header + 6], strict=True):
+        sparsities = [f"{layer[key]:.3f}" for key in ("true_sparsity", "predicted_sparsity", "realized_sparsity")]
+        recalls = [f"{layer['recall']:.4f}", f"{layer['importance_weighted_recall']:.5f}"]
+        assert line.split() == [str(layer["layer"]), *sparsities, *recalls]
     for flag, value, message in (
         ("--ppl-budget", "-2", "'--ppl-budget': -2.0 is not in the range x>=0"),
         ("--validation-tokens", "64", "validation tokens 64 is too few: at least 128 are needed"),
