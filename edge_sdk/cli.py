@@ -239,6 +239,16 @@ _LEVEL_ALLOCATION_HELP = (
     "How a level's sparsity is spread over the layers: 'importance' gives each layer the most it can take while "
     "every layer misses the same share of its FFN output's importance; 'uniform' gives every layer the level."
 )
+
+
+_DEFAULT_LEVELS_TEXT = ",".join(f"{level:g}" for level in DEFAULT_LEVELS)
+
+
+def _level_help(text: str) -> str:
+    """An option's help, led by the kinds calibrated at levels: only they read it, and the others refuse it."""
+    return f"{' and '.join(predictors.LEVEL_KINDS)}: {text}"
+
+
 _RANK_HELP = (
     "SVD predictor rank for every layer (default: per layer, from ~2% of D doubling until the layer's "
     "importance-weighted recall on the calibration tokens reaches 0.998)."
@@ -383,34 +393,34 @@ def _predictor_fit_options(*, output_help: str, calib_required: bool, with_none:
         ),
         click.option("--eval", "evaluation_files", multiple=True, help="Held-out text for the report. Repeatable."),
         click.option("--rank", type=click.IntRange(min=1), default=None, help=_RANK_HELP),
-        click.option("--sparsity", type=FiniteFloatRange(0, 1), default=None, help=_SPARSITY_HELP),
+        click.option("--sparsity", type=FiniteFloatRange(0, 1), default=None, help=_level_help(_SPARSITY_HELP)),
         click.option(
             "--ppl-budget",
             type=FiniteFloatRange(min=0),
             default=CalibrationSettings.ppl_budget,
             show_default=True,
-            help="Choosing the default level: allowed perplexity increase over dense, in percent.",
+            help=_level_help("Choosing the default level: allowed perplexity increase over dense, in percent."),
         ),
         click.option(
             "--validation-tokens",
             type=click.IntRange(min=1),
             default=CalibrationSettings.validation_tokens,
             show_default=True,
-            help="Choosing the default level: most calibration-text tokens to validate on, after --tokens.",
+            help=_level_help(
+                "Choosing the default level: most calibration-text tokens to validate on, after --tokens."
+            ),
         ),
         click.option(
             "--levels",
             default=None,
-            help="Comma-separated sparsity levels to calibrate (default "
-            + ",".join(f"{level:g}" for level in DEFAULT_LEVELS)
-            + ").",
+            help=_level_help(f"Comma-separated sparsity levels to calibrate (default {_DEFAULT_LEVELS_TEXT})."),
         ),
         click.option(
             "--level-allocation",
             type=click.Choice(LEVEL_ALLOCATIONS),
             default=CalibrationSettings.level_allocation,
             show_default=True,
-            help=_LEVEL_ALLOCATION_HELP,
+            help=_level_help(_LEVEL_ALLOCATION_HELP),
         ),
         click.option(
             "--tokens",
