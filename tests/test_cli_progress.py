@@ -1,0 +1,32 @@
+"""The CLI's progress bars for phases that run one after another (calibrate, export): each phase's clock starts when
+the phase before it ends, not when the command made the bars."""
+
+from __future__ import annotations
+
+import io
+
+from tqdm import tqdm
+
+from edge_sdk.cli import _one_after_another
+
+
+def test_a_later_phase_is_timed_from_when_the_one_before_it_ends():
+    """Export showed "validating levels: 1/4 [01:41<05:03, 101.10s/layer]" for 15 s of validation: the validating
+    bar's clock had run since the command started. The clocks are set to 0 here, as if made long ago."""
+    bars = [
+        tqdm(total=total, file=io.StringIO(), disable=disable)
+        for total, disable in ((2, False), (4, True), (None, False))
+    ]
+    for bar in bars:
+        bar.start_t = 0.0
+    calibrated, _, written = _one_after_another(*bars)
+    calibrated(0)
+    assert bars[2].start_t == 0.0  # the first phase has not ended
+    calibrated(1)
+    assert bars[0].n == 2 and bars[2].start_t > 0.0  # writing (after a validation that does not run) starts now
+    restarted = bars[2].start_t
+    written("a")
+    calibrated(2)  # a phase past its total restarts nothing
+    assert bars[2].n == 1 and bars[2].start_t == restarted
+    for bar in bars:
+        bar.close()
