@@ -1272,7 +1272,9 @@ def eval_command(
 @click.option(
     "--predictors",
     default=None,
-    help="Comma-separated kinds (default: every kind the model's FFN serves; for SiLU, threshold alone).",
+    help="Comma-separated kinds (default: every kind the model's FFN serves, with svd's ablations svd-no-whiten, "
+    "svd-no-bias and svd-uniform: seven for a ReLU model, each exported at every setting; for SiLU, threshold "
+    "alone).",
 )
 @click.option("--levels", default=None, help="Sparsity levels of svd, its ablations and threshold.")
 @click.option("--recall-targets", default=None, help="signbit's recall targets (default 0.999,0.99,0.95,0.9).")
