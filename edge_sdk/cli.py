@@ -14,6 +14,7 @@ import math
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -301,8 +302,8 @@ def _one_after_another(*bars) -> list[Callable[[Any], None]]:
             if bar.total is not None and bar.n == bar.total:
                 bar.close()  # its figures final now, not recomputed when the command ends
                 for later in bars[index + 1 :]:
-                    if later.n == 0:
-                        later.reset(total=later.total)
+                    if later.n == 0:  # its clock and its display delay from now (tqdm's clock: time.time)
+                        later.start_t = later.last_print_t = time.time()
 
         return step
 

@@ -13,9 +13,11 @@ from edge_sdk.cli import _one_after_another
 def test_a_later_phase_is_timed_from_when_the_one_before_it_ends():
     """Export showed "validating levels: 1/4 [01:41<05:03, 101.10s/layer]" for 15 s of validation: the validating
     bar's clock had run since the command started. The clocks are set to 0 here, as if made long ago."""
+    shown = io.StringIO()
     bars = [
-        tqdm(total=total, file=io.StringIO(), disable=disable)
-        for total, disable in ((2, False), (4, True), (None, False))
+        tqdm(total=2, file=io.StringIO()),
+        tqdm(total=4, file=io.StringIO(), disable=True),  # a phase that does not run
+        tqdm(file=shown, delay=60),  # shown only after a minute of its own phase
     ]
     for bar in bars:
         bar.start_t = 0.0
@@ -28,5 +30,8 @@ def test_a_later_phase_is_timed_from_when_the_one_before_it_ends():
     written("a")
     calibrated(2)  # a phase past its total restarts nothing
     assert bars[2].n == 1 and bars[2].start_t == restarted
-    for bar in bars:
-        bar.close()
+    # its display delay restarted too: a quick phase draws nothing (a forced redraw put "writing tensors: 0tensor"
+    # before the one line of a command stopped by SIGTERM)
+    bars[2].close()
+    assert shown.getvalue() == ""
+    bars[0].close()

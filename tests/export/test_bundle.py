@@ -206,7 +206,9 @@ def test_export_and_verify_through_the_cli(tiny_model_dir, tmp_path):
     ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert "weights.safetensors" in result.output and "predicted sparsity" in result.output
+    assert "weights.safetensors" in result.output
+    assert "no sparsity levels: signbit has none to choose from" in result.output  # not "default level 0.5"
+    assert "per layer, on calibration text at sparsity 0.5: true, predicted and realized sparsity" in result.output
     verified = CliRunner().invoke(main, ["verify", str(out)])
     assert verified.exit_code == 0 and verified.output.strip().endswith("OK")
     again = CliRunner().invoke(main, args)
