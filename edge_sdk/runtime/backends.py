@@ -78,9 +78,14 @@ class Backend(Protocol):
     def load(self, bundle, options: EngineOptions) -> Engine: ...
 
 
+def unknown_backend(name: object) -> EdgeSdkError:
+    """The error for a backend name that is not auto nor one of BACKEND_ORDER."""
+    return EdgeSdkError(f"unknown backend {name!r}; expected one of auto, {', '.join(BACKEND_ORDER)}")
+
+
 def get_backend(name: str) -> Backend:
     if name not in BACKEND_ORDER:
-        raise EdgeSdkError(f"unknown backend {name!r}; expected one of auto, {', '.join(BACKEND_ORDER)}")
+        raise unknown_backend(name)
     return importlib.import_module(f"edge_sdk.backends.{name}").BACKEND
 
 

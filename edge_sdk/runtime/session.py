@@ -14,7 +14,7 @@ from edge_sdk.bundle.format import WEIGHTS_FILE
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.memory import GIB
 from edge_sdk.model.tokenizer import Tokenizer
-from edge_sdk.runtime.backends import BACKEND_ORDER, EngineOptions, Selection, select_backend
+from edge_sdk.runtime.backends import BACKEND_ORDER, EngineOptions, Selection, select_backend, unknown_backend
 from edge_sdk.runtime.engine import Engine
 from edge_sdk.runtime.generator import GenerationStats, Generator, SamplingSettings
 
@@ -122,7 +122,7 @@ def load(
         raise EdgeSdkError(f"bundle: expected the path of a bundle directory, found {type(bundle).__name__}")
     if not isinstance(backend, str) or backend not in ("auto", *BACKEND_ORDER):
         # checked here, before the bundle is verified: "" and None would otherwise pass as auto
-        raise EdgeSdkError(f"unknown backend {backend!r}; expected one of auto, {', '.join(BACKEND_ORDER)}")
+        raise unknown_backend(backend)
     for name, flag in (("dense", dense), ("verify_checksums", verify_checksums)):
         if not isinstance(flag, bool):
             raise EdgeSdkError(f"{name}: expected True or False, found {flag!r}")
