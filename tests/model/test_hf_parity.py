@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import pytest
@@ -17,15 +18,22 @@ DECODE_STEPS = 16
 TOLERANCE = 1e-4
 
 
+def cache_name(model) -> str:
+    """The name of the KV cache, as forward's keyword and its output's field: transformers 5 calls it `cache` (its
+    old name, `past_key_values`, is removed in 5.40), 4.x only `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def hf_cached_logits(model, prompt: torch.Tensor, continuation: torch.Tensor) -> list[torch.Tensor]:
     """Prefill logits, then one logits row per cached decode step, from transformers."""
+    name = cache_name(model)
     with torch.no_grad():
         out = model(prompt, use_cache=True)
-        logits, past = [out.logits[0]], out.past_key_values
+        logits, past = [out.logits[0]], getattr(out, name)
         for token in continuation:
-            out = model(token.view(1, 1), past_key_values=past, use_cache=True)
+            out = model(token.view(1, 1), use_cache=True, **{name: past})
             logits.append(out.logits[0])
-            past = out.past_key_values
+            past = getattr(out, name)
     return logits
 
 
