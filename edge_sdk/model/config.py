@@ -345,11 +345,42 @@ def _rope(fields: _Fields) -> RopeConfig:
     )
 
 
-def _sliding_window(fields: _Fields, model_type: str) -> int | None:
-    # Mistral always attends within its window (null: none); Qwen2 only with use_sliding_window; Llama has none
-    if model_type == "mistral" or (model_type == "qwen2" and fields.boolean("use_sliding_window", False)):
+QWEN2_MAX_WINDOW_LAYERS = 28  # transformers' Qwen2Config default
+
+
+def _sliding_window(fields: _Fields, model_type: str, num_layers: int) -> int | None:
+    # Mistral always attends within its window (null: none); Llama has none. Qwen2 only with use_sliding_window, and
+    # then, as transformers' Qwen2Config builds its layer_types, only in the layers from max_window_layers on (or the
+    # layers layer_types names): a Qwen2 of at most 28 layers attends over the whole context. The graphs and the C
+    # runtime hold one window for every layer, so a model whose layers mix full and sliding attention is refused.
+    if model_type == "mistral":
         return fields.integer("sliding_window", 1, MAX_SLIDING_WINDOW, default=None)
-    return None
+    if model_type != "qwen2" or not fields.boolean("use_sliding_window", False):
+        return None
+    window = fields.integer("sliding_window", 1, MAX_SLIDING_WINDOW, default=None)
+    layer_types = fields.value.get("layer_types")
+    if layer_types is not None:
+        kinds = ("full_attention", "sliding_attention")
+        if (
+            not isinstance(layer_types, list)
+            or len(layer_types) != num_layers
+            or any(kind not in kinds for kind in layer_types)
+        ):
+            expected = f"a list of {num_layers} entries, each 'full_attention' or 'sliding_attention'"
+            raise fields.fail("layer_types", expected)
+        sliding = [kind == "sliding_attention" for kind in layer_types]
+    else:
+        first = fields.integer("max_window_layers", 0, MAX_LAYERS, default=QWEN2_MAX_WINDOW_LAYERS)
+        sliding = [layer >= first for layer in range(num_layers)]
+    if window is None or not any(sliding):
+        return None
+    if not all(sliding):
+        raise fields.fail(
+            "max_window_layers" if layer_types is None else "layer_types",
+            f"such that every layer or none attends within the sliding window (edge-sdk runs one attention kind in "
+            f"all layers; here {sum(sliding)} of the {num_layers} layers slide, from layer {sliding.index(True)})",
+        )
+    return window
 
 
 def _eos_token_ids(fields: _Fields, vocab_size: int) -> tuple[int, ...]:
@@ -377,12 +408,13 @@ def parse_config(config: dict[str, Any], path: Path) -> ModelConfig:
     if fields.boolean("mlp_bias", False):
         raise fields.fail("mlp_bias", "false (the sparse FFN supports bias-free FFNs only)")
     attention_bias = fields.boolean("attention_bias", False)
+    num_layers = fields.integer("num_hidden_layers", 1, MAX_LAYERS)
     return ModelConfig(
         model_type=model_type,
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=fields.integer("intermediate_size", 1, MAX_HIDDEN_SIZE),
-        num_layers=fields.integer("num_hidden_layers", 1, MAX_LAYERS),
+        num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=_head_dim(fields, hidden_size, num_heads),
@@ -393,7 +425,7 @@ def parse_config(config: dict[str, Any], path: Path) -> ModelConfig:
         tie_word_embeddings=fields.boolean("tie_word_embeddings", False),
         qkv_bias=model_type == "qwen2" or attention_bias,
         o_bias=model_type != "qwen2" and attention_bias,
-        sliding_window=_sliding_window(fields, model_type),
+        sliding_window=_sliding_window(fields, model_type, num_layers),
         # transformers >= 5 writes "dtype"
         torch_dtype=fields.string("torch_dtype", default=None) or fields.string("dtype", default="float32"),
         bos_token_id=fields.integer("bos_token_id", 0, vocab_size - 1, default=None),

@@ -436,7 +436,31 @@ def test_values_transformers_writes_are_read_as_meant():
     assert parse_config(BASE | {"model_type": "mistral", "sliding_window": None}, Path("c")).sliding_window is None
     qwen = BASE | {"model_type": "qwen2", "sliding_window": 4096}
     assert parse_config(qwen | {"use_sliding_window": False}, Path("c")).sliding_window is None
-    assert parse_config(qwen | {"use_sliding_window": True}, Path("c")).sliding_window == 4096
+    assert parse_config(qwen | {"use_sliding_window": True, "max_window_layers": 0}, Path("c")).sliding_window == 4096
+
+
+def test_a_qwen2_window_applies_from_max_window_layers_on_as_in_transformers():
+    qwen = BASE | {"model_type": "qwen2", "sliding_window": 8, "use_sliding_window": True, "num_hidden_layers": 4}
+    # transformers slides only in the layers from max_window_layers (default 28) on: none of these 4 layers
+    assert parse_config(qwen, Path("c")).sliding_window is None
+    assert parse_config(qwen | {"max_window_layers": 4}, Path("c")).sliding_window is None
+    assert parse_config(qwen | {"max_window_layers": 0}, Path("c")).sliding_window == 8
+    every = {"layer_types": ["sliding_attention"] * 4}
+    assert parse_config(qwen | every, Path("c")).sliding_window == 8
+    assert parse_config(qwen | {"layer_types": ["full_attention"] * 4}, Path("c")).sliding_window is None
+    # layer_types rules over max_window_layers, as in transformers
+    assert parse_config(qwen | every | {"max_window_layers": 28}, Path("c")).sliding_window == 8
+    slide = "must be such that every layer or none attends within the sliding window"
+    with pytest.raises(CheckpointError, match=rf"'max_window_layers' {slide} .* 2 of the 4 layers slide, from layer 2"):
+        parse_config(qwen | {"max_window_layers": 2}, Path("c"))
+    mixed = {"layer_types": ["full_attention", "sliding_attention"] * 2}
+    with pytest.raises(CheckpointError, match=rf"'layer_types' {slide} .* 2 of the 4 layers slide, from layer 1"):
+        parse_config(qwen | mixed, Path("c"))
+    for wrong in (["sliding_attention"] * 3, "sliding_attention", ["sliding_attention"] * 3 + ["chunked_attention"]):
+        with pytest.raises(CheckpointError, match=r"'layer_types' must be a list of 4 entries, each 'full_attention'"):
+            parse_config(qwen | {"layer_types": wrong}, Path("c"))
+    # without use_sliding_window neither field is read
+    assert parse_config(qwen | {"use_sliding_window": False, "max_window_layers": 2}, Path("c")).sliding_window is None
 
 
 def test_rope_settings_in_both_spellings():
