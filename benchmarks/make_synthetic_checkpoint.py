@@ -233,7 +233,9 @@ def write_sparse(
         "held_out": (FIXTURE / "held_out.txt", design.held_out_tokens),
     }
     ids = {
-        name: calibration_chunks(tokenizer, read_calibration_texts([file]), tokens, design.chunk_tokens)
+        name: calibration_chunks(
+            tokenizer, read_calibration_texts([file]), tokens, design.chunk_tokens, vocab_size=config.vocab_size
+        )
         for name, (file, tokens) in texts.items()
     }
     embeddings = fp16(builder.embeddings())

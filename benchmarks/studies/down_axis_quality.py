@@ -73,7 +73,12 @@ def main() -> None:
     if bundle.manifest.group_size is not None:
         parser.error(f"{args.bundle}: a quantized bundle; give the fp16 or fp32 bundle of the model")
     windows = held_out_windows(
-        Tokenizer.from_bundle(bundle), read_texts(args.text), args.tokens, CONTEXT, PROMPT_TOKENS
+        Tokenizer.from_bundle(bundle),
+        read_texts(args.text),
+        args.tokens,
+        CONTEXT,
+        PROMPT_TOKENS,
+        vocab_size=bundle.config.vocab_size,
     )
     results = {"unquantized": perplexity(dense_model(bundle), windows)}
     for name, along_neurons in (("down neuron-major (edge-sdk)", False), ("down along neurons (GGUF)", True)):

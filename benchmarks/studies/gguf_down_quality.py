@@ -36,7 +36,9 @@ def main() -> None:
 
     bundle = Bundle.open(args.bundle, verify_checksums=False)
     tokenizer = Tokenizer.from_bundle(bundle)
-    windows = held_out_windows(tokenizer, read_texts(args.text), args.tokens, CONTEXT, PROMPT_TOKENS)
+    windows = held_out_windows(
+        tokenizer, read_texts(args.text), args.tokens, CONTEXT, PROMPT_TOKENS, vocab_size=bundle.config.vocab_size
+    )
     checkpoint = open_checkpoint(args.model)
     model = load_reference_decoder(bundle)
     configure(model, bundle.sparsity.resolve(None, True))

@@ -84,7 +84,8 @@ def write_mixed_copy(bundle: Bundle, mix: tuple[float, ...], out_dir: Path) -> N
 def validation_windows(bundle: Bundle, calibration: list[Path], context: int) -> list[list[int]]:
     """The validation tokens export held back from the calibration text, cut into windows."""
     fit_tokens = bundle.manifest.raw["sparsity"]["settings"]["max_tokens"]
-    tokens = token_stream(Tokenizer.from_bundle(bundle), read_calibration_texts(calibration), 10**12)
+    texts = read_calibration_texts(calibration)
+    tokens = token_stream(Tokenizer.from_bundle(bundle), texts, 10**12, bundle.config.vocab_size)
     validation = split_validation(tokens, fit_tokens, DEFAULT_VALIDATION_TOKENS, MIN_VALIDATION_TOKENS)[1]
     return [validation[start : start + context] for start in range(0, len(validation) - context + 1, context)]
 
@@ -117,7 +118,12 @@ def main() -> None:
     texts = read_texts(args.text)
     windows = {
         "held_out": held_out_windows(
-            Tokenizer.from_bundle(bundle), texts, args.tokens, args.context, args.prompt_tokens
+            Tokenizer.from_bundle(bundle),
+            texts,
+            args.tokens,
+            args.context,
+            args.prompt_tokens,
+            vocab_size=bundle.config.vocab_size,
         ),
         "validation": validation_windows(bundle, args.calib, args.context),
     }

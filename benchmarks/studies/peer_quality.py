@@ -67,7 +67,14 @@ def main() -> None:
     args = parser.parse_args()
 
     first = Bundle.open(args.bundles[0], verify_checksums=False)
-    windows = held_out_windows(Tokenizer.from_bundle(first), read_texts(args.text), args.tokens, CONTEXT, PROMPT_TOKENS)
+    windows = held_out_windows(
+        Tokenizer.from_bundle(first),
+        read_texts(args.text),
+        args.tokens,
+        CONTEXT,
+        PROMPT_TOKENS,
+        vocab_size=first.config.vocab_size,
+    )
     scored = sum(len(window) - PROMPT_TOKENS - 1 for window in windows)
     results = []
     for path in args.bundles:

@@ -66,7 +66,14 @@ def main() -> None:
     results = []
     for path in args.bundles:
         bundle = Bundle.open(path, verify_checksums=False)
-        windows = held_out_windows(Tokenizer.from_bundle(bundle), read_texts(args.text), args.tokens, CONTEXT, 32)
+        windows = held_out_windows(
+            Tokenizer.from_bundle(bundle),
+            read_texts(args.text),
+            args.tokens,
+            CONTEXT,
+            32,
+            vocab_size=bundle.config.vocab_size,
+        )
         model = load_reference_decoder(bundle)
         configure(model, bundle.sparsity.resolve(None, True))
         row = {

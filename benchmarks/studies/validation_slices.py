@@ -43,7 +43,9 @@ def main() -> None:
     bundle = Bundle.open(args.bundle)
     predictors, levels = bundle_predictors(bundle), bundle.sparsity.levels
     checkpoint = Checkpoint(args.model)
-    tokens = token_stream(Tokenizer.from_dir(args.model), read_calibration_texts(args.text), 10**12)
+    tokens = token_stream(
+        Tokenizer.from_dir(args.model), read_calibration_texts(args.text), 10**12, checkpoint.config.vocab_size
+    )
     slices = []
     for start in range(args.start, len(tokens) - args.slice_tokens + 1, args.slice_tokens):
         chunks = token_chunks(tokens[start : start + args.slice_tokens], args.chunk_tokens)

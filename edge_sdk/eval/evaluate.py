@@ -91,11 +91,12 @@ def check_window_settings(context: int, prompt_tokens: int, max_seq_len: int) ->
 
 
 def held_out_windows(
-    tokenizer: Tokenizer, texts: Sequence[str], max_tokens: int, context: int, prompt_tokens: int
+    tokenizer: Tokenizer, texts: Sequence[str], max_tokens: int, context: int, prompt_tokens: int, *, vocab_size: int
 ) -> list[list[int]]:
     """Token windows: the documents (each with its bos) concatenated, cut into windows of `context` tokens,
-    at most `max_tokens` tokens in all; text shorter than one window gives one shorter window."""
-    stream = token_stream(tokenizer, texts, max_tokens)
+    at most `max_tokens` tokens in all; text shorter than one window gives one shorter window. Every id is below the
+    model's vocab_size."""
+    stream = token_stream(tokenizer, texts, max_tokens, vocab_size)
     usable = len(stream)
     if usable < prompt_tokens + 2:
         raise EvalError(
@@ -313,7 +314,9 @@ def evaluate_bundle(
     context = min(DEFAULT_CONTEXT, max_seq_len) if context is None else context
     check_window_settings(context, prompt_tokens, max_seq_len)
     selection = select_backend(backend, bundle, threads)
-    windows = held_out_windows(Tokenizer.from_bundle(bundle), texts, max_tokens, context, prompt_tokens)
+    windows = held_out_windows(
+        Tokenizer.from_bundle(bundle), texts, max_tokens, context, prompt_tokens, vocab_size=bundle.config.vocab_size
+    )
 
     runs = {}
     for mode, dense in (("dense", True), ("sparse", False)):

@@ -280,7 +280,9 @@ def sweep(
     texts = read_texts(text_files)
     check_window_settings(context, prompt_tokens, checkpoint.config.max_position_embeddings)
     selection = select_backend(backend, threads=threads)
-    windows = held_out_windows(checkpoint.tokenizer(), texts, max_tokens, context, prompt_tokens)
+    windows = held_out_windows(
+        checkpoint.tokenizer(), texts, max_tokens, context, prompt_tokens, vocab_size=checkpoint.config.vocab_size
+    )
 
     with outputs.staged_output(bundles_target) as staged_bundles:
         kinds: dict[str, Any] = {}

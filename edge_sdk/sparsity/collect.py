@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from edge_sdk.errors import CalibrationError
+from edge_sdk.errors import CalibrationError, EdgeSdkError
 from edge_sdk.formats import strict_json
 from edge_sdk.formats.files import read_utf8_text
 from edge_sdk.model.checkpoint import Checkpoint
@@ -56,14 +56,22 @@ def read_calibration_texts(files: Sequence[str | Path]) -> list[str]:
     return texts
 
 
-def token_stream(tokenizer: Tokenizer, texts: Sequence[str], max_tokens: int) -> list[int]:
-    """The documents' tokens (each with its bos) concatenated, at most max_tokens."""
+def token_stream(tokenizer: Tokenizer, texts: Sequence[str], max_tokens: int, vocab_size: int) -> list[int]:
+    """The documents' tokens (each with its bos) concatenated, at most max_tokens; every id must have a row in the
+    model's vocab_size embeddings (a tokenizer larger than its model, which the embedding lookup would fail on)."""
     stream: list[int] = []
     for text in texts:
         stream += tokenizer.encode(text)
         if len(stream) >= max_tokens:
             break
-    return stream[:max_tokens]
+    stream = stream[:max_tokens]
+    largest = max(stream, default=0)
+    if largest >= vocab_size:
+        raise EdgeSdkError(
+            f"the tokenizer gives token id {largest} for the text, but the model has {vocab_size} token embeddings "
+            f"(vocab_size): expected the model's own tokenizer, whose ids are below {vocab_size}"
+        )
+    return stream
 
 
 def token_chunks(tokens: Sequence[int], chunk_tokens: int, min_tokens: int = 1) -> torch.Tensor:
@@ -84,9 +92,11 @@ def calibration_chunks(
     max_tokens: int = DEFAULT_CALIBRATION_TOKENS,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     min_tokens: int = 1,
+    *,
+    vocab_size: int,
 ) -> torch.Tensor:
     """Token ids [C, L]: documents (each with bos) concatenated and cut into equal chunks, at most max_tokens."""
-    return token_chunks(token_stream(tokenizer, texts, max_tokens), chunk_tokens, min_tokens)
+    return token_chunks(token_stream(tokenizer, texts, max_tokens, vocab_size), chunk_tokens, min_tokens)
 
 
 @dataclass

@@ -59,9 +59,13 @@ def fitting_chunks(
     tokenizer = checkpoint.tokenizer()
     chunk_tokens = min(settings.chunk_tokens, checkpoint.config.max_position_embeddings)
     texts = read_calibration_texts(calibration_files)
+    vocab_size = checkpoint.config.vocab_size
     if not settings.chooses_level:
-        return calibration_chunks(tokenizer, texts, settings.max_tokens, chunk_tokens, MIN_CALIBRATION_TOKENS), None
-    stream = token_stream(tokenizer, texts, settings.max_tokens + settings.validation_tokens)
+        chunks = calibration_chunks(
+            tokenizer, texts, settings.max_tokens, chunk_tokens, MIN_CALIBRATION_TOKENS, vocab_size=vocab_size
+        )
+        return chunks, None
+    stream = token_stream(tokenizer, texts, settings.max_tokens + settings.validation_tokens, vocab_size)
     fit, held = split_validation(stream, settings.max_tokens, settings.validation_tokens, MIN_CALIBRATION_TOKENS)
     return token_chunks(fit, chunk_tokens, MIN_CALIBRATION_TOKENS), token_chunks(held, chunk_tokens) if held else None
 
@@ -104,7 +108,9 @@ def calibrate_model(
     streams = [stream_layers(checkpoint, chunks)]
     if evaluation_files:
         texts = read_calibration_texts(evaluation_files)
-        eval_chunks = calibration_chunks(checkpoint.tokenizer(), texts, settings.max_tokens, chunk_tokens, chunk_tokens)
+        eval_chunks = calibration_chunks(
+            checkpoint.tokenizer(), texts, settings.max_tokens, chunk_tokens, chunk_tokens, vocab_size=config.vocab_size
+        )
         streams.append(stream_layers(checkpoint, eval_chunks))
 
     fits: list[tuple[FittedLayer, dict[str, Any]]] = []

@@ -65,7 +65,9 @@ def svd_bundle(tiny_model_dir, tmp_path_factory):
 
 def test_dense_perplexity_equals_full_sequence_forward(svd_bundle, held_out):
     result = evaluate_bundle(svd_bundle.path, [held_out], backend="cpu", layer_stats=False, **WINDOW)
-    windows = held_out_windows(Tokenizer.from_bundle(svd_bundle), read_texts([held_out]), 256, 64, 8)
+    windows = held_out_windows(
+        Tokenizer.from_bundle(svd_bundle), read_texts([held_out]), 256, 64, 8, vocab_size=svd_bundle.config.vocab_size
+    )
     decoder = load_reference_decoder(svd_bundle).decoder
     nll = []
     for window in windows:
@@ -107,7 +109,9 @@ def test_more_sparsity_costs_more_perplexity(svd_bundle, held_out, tmp_path):
 
 
 def test_top1_agreement(svd_bundle, held_out):
-    windows = held_out_windows(Tokenizer.from_bundle(svd_bundle), read_texts([held_out]), 64, 64, 8)
+    windows = held_out_windows(
+        Tokenizer.from_bundle(svd_bundle), read_texts([held_out]), 64, 64, 8, vocab_size=svd_bundle.config.vocab_size
+    )
     runs = [
         teacher_forced(
             get_backend("cpu").load(svd_bundle, EngineOptions.of(svd_bundle, dense=True, threads=1)), windows, 8
@@ -125,7 +129,9 @@ def test_top1_agreement(svd_bundle, held_out):
 def test_layer_statistics_equal_direct_computation(svd_bundle, held_out):
     """Two windows through the recorder against layer_metrics on the whole decode, with FFN inputs captured at
     the post-attention norm and the svd predictor's formula applied directly."""
-    windows = held_out_windows(Tokenizer.from_bundle(svd_bundle), read_texts([held_out]), 48, 24, 8)
+    windows = held_out_windows(
+        Tokenizer.from_bundle(svd_bundle), read_texts([held_out]), 48, 24, 8, vocab_size=svd_bundle.config.vocab_size
+    )
     model = load_reference_decoder(svd_bundle)
     model.configure(level_index=svd_bundle.sparsity.level_index(0.9))
     recorder = DecodeStatisticsRecorder(model, [16] * 4, 192)

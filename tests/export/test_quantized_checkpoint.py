@@ -75,7 +75,7 @@ def checkpoint(tiny_model_dir):
 @pytest.fixture(scope="module")
 def prompt_ids(checkpoint, tiny_model_dir) -> torch.Tensor:
     texts = read_calibration_texts([tiny_model_dir / "held_out.txt"])
-    return calibration_chunks(checkpoint.tokenizer(), texts, 256, 128)  # [2, 128]
+    return calibration_chunks(checkpoint.tokenizer(), texts, 256, 128, vocab_size=checkpoint.config.vocab_size)
 
 
 def test_folded_scales_leave_the_fp_model_unchanged(checkpoint, prompt_ids):
@@ -123,7 +123,7 @@ def test_a_tied_embedding_is_held_quantized(tiny_model_dir, tmp_path):
 
 def test_awq_scales_lower_the_quantized_output_error(checkpoint, tiny_model_dir):
     texts = read_calibration_texts([tiny_model_dir / "calibration.txt"])
-    chunks = calibration_chunks(checkpoint.tokenizer(), texts, 512, 256)
+    chunks = calibration_chunks(checkpoint.tokenizer(), texts, 512, 256, vocab_size=checkpoint.config.vocab_size)
     scales, report = search_awq_scales(checkpoint, chunks, "int4", 32)
     assert set(scales) == set(range(checkpoint.config.num_layers))
     # down_proj's input (the FFN's hidden activations) is where the channels differ most: every layer gains there

@@ -22,7 +22,8 @@ TINY_SHAPE = ["--layers", "2", "--d", "128", "--ffn", "512", "--heads", "4", "--
 def gate_activity(checkpoint: Path) -> torch.Tensor:
     """[layers, tokens, D] booleans: gate pre-activation > 0 on the first 512 held-out tokens (a ReLU neuron fires)."""
     decoder = load_decoder(checkpoint)
-    ids = calibration_chunks(Tokenizer.from_dir(FIXTURE), read_calibration_texts([FIXTURE / "held_out.txt"]), 512, 256)
+    texts = read_calibration_texts([FIXTURE / "held_out.txt"])
+    ids = calibration_chunks(Tokenizer.from_dir(FIXTURE), texts, 512, 256, vocab_size=decoder.config.vocab_size)
     captured = []
     hooks = [
         layer.mlp.gate_proj.register_forward_hook(lambda _m, _i, out: captured.append(out.flatten(0, 1) > 0))

@@ -55,7 +55,8 @@ def test_missing_calibration_file(tmp_path):
 def test_chunks_are_equal_length_and_capped(tiny_model_dir):
     tokenizer = Tokenizer.from_dir(tiny_model_dir)
     text = (tiny_model_dir / "calibration.txt").read_text()
-    chunks = calibration_chunks(tokenizer, [text], max_tokens=1000, chunk_tokens=128)
+    vocab_size = Checkpoint(tiny_model_dir).config.vocab_size
+    chunks = calibration_chunks(tokenizer, [text], max_tokens=1000, chunk_tokens=128, vocab_size=vocab_size)
     assert chunks.shape == (7, 128)  # 1000 tokens -> 7 full chunks of 128
     assert chunks[0, 0].item() == tokenizer.bos_token_id
     assert chunks.flatten().tolist() == tokenizer.encode(text)[:896]
@@ -64,13 +65,14 @@ def test_chunks_are_equal_length_and_capped(tiny_model_dir):
 def test_too_few_tokens_says_how_many_are_needed(tiny_model_dir):
     tokenizer = Tokenizer.from_dir(tiny_model_dir)
     with pytest.raises(CalibrationError, match="has 4 tokens; at least 256 are needed"):
-        calibration_chunks(tokenizer, ["def f():"], min_tokens=256)
+        calibration_chunks(tokenizer, ["def f():"], min_tokens=256, vocab_size=tokenizer.vocab_size)
 
 
 def test_streamed_ffn_inputs_equal_the_full_model_forward(tiny_model_dir):
     checkpoint = Checkpoint(tiny_model_dir)
     tokenizer = Tokenizer.from_dir(tiny_model_dir)
-    chunks = calibration_chunks(tokenizer, [(tiny_model_dir / "held_out.txt").read_text()], 300, 100)
+    text = (tiny_model_dir / "held_out.txt").read_text()
+    chunks = calibration_chunks(tokenizer, [text], 300, 100, vocab_size=checkpoint.config.vocab_size)
     decoder = load_decoder(checkpoint)
     expected = []
     hooks = [

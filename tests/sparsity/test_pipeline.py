@@ -15,10 +15,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 from safetensors import safe_open
+from safetensors.torch import save_file
 
 from edge_sdk import predictors
 from edge_sdk.cli import main
 from edge_sdk.model.checkpoint import Checkpoint
+from edge_sdk.model.config import hf_tensor_shapes, parse_config
 from edge_sdk.sparsity.levels import allocate_levels
 from edge_sdk.sparsity.pipeline import calibrate_model
 from edge_sdk.sparsity.settings import ALLOCATION_GRID, DEFAULT_LEVELS, CalibrationSettings
@@ -199,6 +201,28 @@ def test_short_calibration_text_says_how_many_tokens_are_needed(tiny_model_dir, 
     )
     assert result.exit_code == 2 and "at least 256 are needed" in result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_a_tokenizer_larger_than_the_model_is_refused_naming_both_sizes(tiny_model_dir, tmp_path):
+    # the fixture's 2048-id tokenizer beside a model of 101 embeddings: the embedding lookup of calibration raised
+    # a bare IndexError ("index out of range in self")
+    model = tmp_path / "model"
+    model.mkdir()
+    config = json.loads((tiny_model_dir / "config.json").read_text()) | {"vocab_size": 101}
+    (model / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_model_dir / name, model / name)
+    generator = torch.Generator().manual_seed(0)
+    shapes = hf_tensor_shapes(parse_config(config, model / "config.json"))
+    save_file({name: torch.randn(shape, generator=generator) for name, shape in shapes.items()},
+              str(model / "model.safetensors"))  # fmt: skip
+    calibration = str(tiny_model_dir / "calibration.txt")
+    for command in (["calibrate", "--tokens", "512"], ["export", "--rank", "4", "--tokens", "512"]):
+        result = CliRunner().invoke(main, [*command, str(model), "--calib", calibration, "-o", str(tmp_path / "out")])
+        assert result.exit_code == 2, result.output
+        assert "error: the tokenizer gives token id 20" in result.output
+        assert "but the model has 101 token embeddings (vocab_size): expected the model's own" in result.output
+        assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("predictor", ["signbit", "svd", "core"])

@@ -87,7 +87,8 @@ def _teacher_forced_perplexity(reference, chunks: torch.Tensor, prompt: int) -> 
 def test_one_masked_forward_per_level_equals_decoding_token_by_token(fp32_bundle, tiny_model_dir):
     checkpoint = Checkpoint(tiny_model_dir)
     tokenizer = Tokenizer.from_dir(tiny_model_dir)
-    tokens = token_stream(tokenizer, read_calibration_texts([tiny_model_dir / "held_out.txt"]), 128)
+    texts = read_calibration_texts([tiny_model_dir / "held_out.txt"])
+    tokens = token_stream(tokenizer, texts, 128, checkpoint.config.vocab_size)
     chunks = token_chunks(tokens, 64)  # [2, 64]
     validation = LevelValidation(checkpoint, chunks, LEVELS, prompt_tokens=8)
     for index, predictor in enumerate(bundle_predictors(fp32_bundle)):
@@ -187,7 +188,9 @@ def test_a_given_level_skips_validation_and_short_text_falls_back(tiny_model_dir
     given = calibrate_model(checkpoint, CalibrationSettings(rank=16, max_tokens=1024, sparsity=0.7), calibration)
     assert given.report["default_level"] == 0.7 and given.report["default_level_choice"] == {"method": "given"}
     short = tmp_path / "short.txt"
-    tokens = token_stream(Tokenizer.from_dir(tiny_model_dir), read_calibration_texts(calibration), 400)
+    tokens = token_stream(
+        Tokenizer.from_dir(tiny_model_dir), read_calibration_texts(calibration), 400, checkpoint.config.vocab_size
+    )
     short.write_text(Tokenizer.from_dir(tiny_model_dir).decode(tokens[1:]))
     fallback = calibrate_model(checkpoint, CalibrationSettings(rank=16), [short]).report
     assert fallback["default_level"] == 0.5 and fallback["default_level_choice"]["method"] == "fallback"
