@@ -33,6 +33,7 @@ from edge_sdk.model.tokenizer import (
     merged_eos_ids,
     not_unicode_error,
     parse_config,
+    template_tokens_of,
 )
 from edge_sdk.native import NativeLibraryError, load_runtime
 from edge_sdk.runtime.backends import BackendUnavailable, EngineOptions
@@ -265,12 +266,14 @@ class RuntimeEngine:
         if bundle.has_file(TOKENIZER_CONFIG_FILE):
             config_text = bundle.read_file(TOKENIZER_CONFIG_FILE, MAX_TOKENIZER_JSON_BYTES)
         bos, eos, adds_bos = self._tokenizer.special_tokens()
+        config = parse_config(config_text, config_where)
         return Tokenizer(
             backend=self._tokenizer,
             bos_token_id=bos,
             eos_token_ids=merged_eos_ids(eos, bundle.config.eos_token_ids),
             add_bos=adds_bos,
-            chat_template=chat_template_of(parse_config(config_text, config_where), config_where),
+            chat_template=chat_template_of(config, config_where),
+            template_tokens=template_tokens_of(config, config_where),
         )
 
     def close(self) -> None:

@@ -24,7 +24,7 @@ Qwen2 and GPT-2/SmolLM2-style files have none, so they add no bos even when they
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -41,6 +41,10 @@ TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 CHAT_TEMPLATE_JINJA_FILE = "chat_template.jinja"
 CHAT_TEMPLATE_JSON_FILE = "chat_template.json"
+SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
+# the named special tokens transformers passes a chat template besides bos_token and eos_token
+TEMPLATE_ONLY_TOKENS = ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", *TEMPLATE_ONLY_TOKENS)
 MAX_TOKENIZER_JSON_BYTES = 64 << 20  # the C runtime reads JSON files of at most this size too
 
 
@@ -51,6 +55,13 @@ def _token_content(config: dict[str, Any], field: str, where: str) -> str | None
     if value is None or isinstance(content, str):
         return content
     raise CheckpointError(f"{where}: field '{field}' must be a string or an object with a string 'content'")
+
+
+def template_tokens_of(config: dict[str, Any], where: str) -> dict[str, str]:
+    """The named special tokens a chat template sees besides bos and eos (transformers passes its whole
+    special_tokens_map: unk_token, pad_token, ...), as tokenizer_config.json names them."""
+    tokens = ((name, _token_content(config, name, where)) for name in TEMPLATE_ONLY_TOKENS)
+    return {name: content for name, content in tokens if content is not None}
 
 
 def chat_template_of(config: dict[str, Any], where: str) -> str | None:
@@ -101,9 +112,22 @@ def _separate_chat_template(directory: Path) -> str | None:
     return template
 
 
+def _legacy_special_tokens(directory: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """The named special tokens of special_tokens_map.json, which transformers still reads for a tokenizer_config.json
+    without added_tokens_decoder (files saved before transformers 4.34), its entries winning over the config's."""
+    path = directory / SPECIAL_TOKENS_MAP_FILE
+    if "added_tokens_decoder" in config or not path.is_file():
+        return {}
+    data = read_bounded(path, MAX_TOKENIZER_JSON_BYTES, follow_symlinks=True, error=CheckpointError)
+    mapping = strict_json.parse_object(data, str(path), error=CheckpointError)
+    return {name: mapping[name] for name in NAMED_SPECIAL_TOKENS if mapping.get(name) is not None}
+
+
 def read_tokenizer_files(directory: str | Path) -> dict[str, bytes]:
-    """DIR/tokenizer.json and DIR/tokenizer_config.json as a bundle carries them: the config (when there is one or
-    a separate chat template) with the chat template of chat_template.jinja / .json in its 'chat_template'."""
+    """DIR/tokenizer.json and DIR/tokenizer_config.json as a bundle carries them: the config (when there is one, a
+    separate chat template or a legacy special_tokens_map.json) with the chat template of chat_template.jinja /
+    .json in its 'chat_template' and the named special tokens of special_tokens_map.json where transformers reads
+    them (_legacy_special_tokens)."""
     directory = Path(directory)
     path = directory / TOKENIZER_FILE
     if not path.is_file():
@@ -113,14 +137,15 @@ def read_tokenizer_files(directory: str | Path) -> dict[str, bytes]:
     config_text = None
     if config_path.is_file():
         config_text = read_bounded(config_path, MAX_TOKENIZER_JSON_BYTES, follow_symlinks=True, error=CheckpointError)
+    config = {}
+    if config_text is not None:
+        config = strict_json.parse_object(config_text, str(config_path), error=CheckpointError)
+    changes = _legacy_special_tokens(directory, config)
     template = _separate_chat_template(directory)
     if template is not None:
-        config = (
-            {}
-            if config_text is None
-            else strict_json.parse_object(config_text, str(config_path), error=CheckpointError)
-        )
-        config_text = (json.dumps({**config, "chat_template": template}, indent=2, ensure_ascii=False) + "\n").encode()
+        changes["chat_template"] = template
+    if changes:
+        config_text = (json.dumps({**config, **changes}, indent=2, ensure_ascii=False) + "\n").encode()
     if config_text is not None:
         files[TOKENIZER_CONFIG_FILE] = config_text
     return files
@@ -184,6 +209,7 @@ class Tokenizer:
     eos_token_ids: tuple[int, ...]
     add_bos: bool
     chat_template: str | None
+    template_tokens: dict[str, str] = field(default_factory=dict)  # template_tokens_of: unk_token, pad_token, ...
 
     @property
     def vocab_size(self) -> int:
@@ -273,6 +299,7 @@ class Tokenizer:
             eos_token_ids=merged_eos_ids(eos, eos_token_ids),
             add_bos=add_bos,
             chat_template=chat_template_of(config, config_where),
+            template_tokens=template_tokens_of(config, config_where),
         )
 
 

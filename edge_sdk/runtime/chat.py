@@ -22,7 +22,8 @@ from datetime import datetime
 from typing import Any
 
 import jinja2
-from jinja2.ext import loopcontrols
+from jinja2 import nodes
+from jinja2.ext import Extension, loopcontrols
 from jinja2.filters import do_format
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEscapeFormatter, SandboxedFormatter
 from markupsafe import Markup
@@ -137,13 +138,20 @@ class _BoundedEscapeFormatter(_SizeBoundedFields, SandboxedEscapeFormatter):
 
 
 def _bounded_filter(function):
+    # the value a filter is applied to (after the context or environment jinja passes to some) is data, not a size:
+    # `{{ 1700000000 | string }}` renders as in transformers; the filter's own arguments (widths, lengths) are sizes
+    skipped = 2 if hasattr(function, "jinja_pass_arg") else 1
+
     def bounded(*args, **kwargs):
-        for value in (*args, *kwargs.values()):
+        for value in (*args[skipped:], *kwargs.values()):
             _check_size(value)
         return function(*args, **kwargs)
 
     bounded.__dict__.update(getattr(function, "__dict__", {}))  # keeps jinja's pass_context / pass_environment marks
     return bounded
+
+
+_STORING_CALLS = (jinja2.utils.Namespace, dict)  # the namespace and dict globals
 
 
 class _BoundedSandbox(ImmutableSandboxedEnvironment):
@@ -184,16 +192,30 @@ class _BoundedSandbox(ImmutableSandboxedEnvironment):
         return bounded_format
 
     def call(__self, __context, __obj, *args, **kwargs):
-        for value in (*args, *kwargs.values()):
-            _check_size(value)
+        # namespace(n=2000000) and dict(...) store their values; they build nothing of that size
+        if not any(__obj is storing for storing in _STORING_CALLS):
+            for value in (*args, *kwargs.values()):
+                _check_size(value)
         return super().call(__context, __obj, *args, **kwargs)
 
 
+class _GenerationBlock(Extension):
+    """transformers' {% generation %}...{% endgeneration %} block (it marks the assistant's tokens for training
+    masks, and TRL writes it into the templates of the models it trains): the body renders as it is."""
+
+    tags = frozenset({"generation"})
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body).set_lineno(lineno)
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
-    environment = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    environment = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _GenerationBlock])
     environment.filters = {name: _bounded_filter(function) for name, function in environment.filters.items()}
     environment.filters["tojson"] = _bounded_filter(_tojson)
-    environment.filters["format"] = _bounded_filter(_bounded_printf)
+    environment.filters["format"] = _bounded_printf  # checks the widths and precisions it is asked for itself
     environment.globals["raise_exception"] = _raise_exception
     environment.globals["strftime_now"] = _strftime_now
     return environment
@@ -208,22 +230,31 @@ def _check_messages(messages: list[dict[str, str]]) -> None:
 def render_chat(tokenizer: Tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
     """The conversation as prompt text, rendered with the tokenizer's chat_template.
 
-    The template sees messages, add_generation_prompt, bos_token and eos_token (strings from the vocabulary;
-    left undefined when the tokenizer has none), plus raise_exception, strftime_now and Hugging Face's tojson.
+    The template sees messages, add_generation_prompt, tools and documents (None, as transformers passes them
+    without tools), bos_token and eos_token (strings from the vocabulary; left undefined when the tokenizer has
+    none), unk_token, pad_token, sep_token, cls_token and mask_token where tokenizer_config.json names them (as in
+    transformers' special_tokens_map), plus raise_exception, strftime_now and Hugging Face's tojson.
     The text may already start with the bos token: encode it with add_bos=False (see chat_prompt_ids).
     """
     if not tokenizer.chat_template:
         raise EdgeSdkError(NO_TEMPLATE_MESSAGE)
     _check_messages(messages)
-    special_tokens = {}
+    special_tokens = dict(tokenizer.template_tokens)
     if tokenizer.bos_token_id is not None:
         special_tokens["bos_token"] = tokenizer.special_token_text(tokenizer.bos_token_id)
     if tokenizer.eos_token_ids:
         special_tokens["eos_token"] = tokenizer.special_token_text(tokenizer.eos_token_ids[0])
     try:
         template = _environment().from_string(tokenizer.chat_template)
+        # transformers always passes tools and documents (None without them): `tools is not none` is false and
+        # `tools is defined` true there, so templates must see the same
         return _render_bounded(
-            template, messages=messages, add_generation_prompt=add_generation_prompt, **special_tokens
+            template,
+            messages=messages,
+            tools=None,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **special_tokens,
         )
     except (jinja2.TemplateError, TemplateBoundExceeded) as error:
         raise EdgeSdkError(f"{TEMPLATE_SOURCE}: {error}") from None

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+import edge_sdk
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.export.exporter import ExportSettings, export_bundle
 from edge_sdk.model.tokenizer import Tokenizer
@@ -125,6 +126,53 @@ def test_the_bounds_leave_real_templates_alone(tokenizer):
     rendered = render_chat(with_template(tokenizer, chatml), long_chat)
     assert rendered.count("<|im_start|>user\n" + "x" * 100000 + "<|im_end|>\n") == 5
     assert rendered.endswith("<|im_start|>assistant\n")
+
+
+def test_templates_see_what_transformers_passes_them(tokenizer):
+    # tools and documents are None, not undefined: `tools is not none` was true, and `tools|tojson` failed
+    tools = "{% if tools is not none %}TOOLS {% endif %}{{ tools|tojson }} {{ documents is defined }}|"
+    # transformers' {% generation %} block (TRL writes it into the templates it trains with) renders its body
+    generation = "{% for m in messages %}{% generation %}<{{ m.content }}>{% endgeneration %}{% endfor %}|"
+    # numbers are data, not sizes: a timestamp passed through a filter, printf or a namespace rendered as refused
+    numbers = "{{ 1700000000|string }} {{ '%d'|format(1700000000) }} {% set ns = namespace(n=2000000) %}{{ ns.n }}"
+    rendered = render_chat(with_template(tokenizer, tools + generation + numbers), HI)
+    assert rendered == "null True|<hi>|1700000000 1700000000 2000000"
+
+
+TEMPLATE_TOKENS = "{{ bos_token }}|{{ unk_token }}|{{ pad_token }}|{{ eos_token }}|{{ messages[0]['content'] }}"
+
+
+def test_special_tokens_reach_the_template_as_transformers_reads_them(tiny_model_dir, tmp_path):
+    """bos_token only in special_tokens_map.json (tokenizer files saved before transformers 4.34, no
+    added_tokens_decoder: transformers reads that file, its entries winning) and unk_token / pad_token, which
+    transformers passes a template too: rendered alike from the checkpoint, from the bundle's files and by the C
+    runtime's tokenizer. The bos was dropped silently and the other two were undefined."""
+    transformers = pytest.importorskip("transformers")
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    del config["bos_token"]
+    config |= {"chat_template": TEMPLATE_TOKENS, "unk_token": "</s>", "pad_token": "</s>"}
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    (model / "special_tokens_map.json").write_text(json.dumps({"bos_token": {"content": "<s>", "lstrip": False}}))
+    expected = "<s>|</s>|</s>|</s>|hi"
+    reference = transformers.AutoTokenizer.from_pretrained(model)
+    assert reference.apply_chat_template(HI, tokenize=False, add_generation_prompt=True) == expected
+    assert render_chat(Tokenizer.from_dir(model), HI) == expected
+    bundle = export_bundle(
+        model, tmp_path / "bundle", ExportSettings(calibration=CalibrationSettings(predictor="none"))
+    )
+    assert render_chat(Tokenizer.from_bundle(bundle), HI) == expected
+    session = edge_sdk.load(bundle.path, backend="cpu")
+    assert type(session.tokenizer.backend).__name__ != type(Tokenizer.from_bundle(bundle).backend).__name__
+    assert render_chat(session.tokenizer, HI) == expected
+    assert (
+        chat_prompt_ids(session.tokenizer, HI)
+        == reference.apply_chat_template(HI, add_generation_prompt=True)["input_ids"]
+    )
+    # with added_tokens_decoder (transformers >= 4.34 writes it) the map is not read, as in transformers
+    (model / "tokenizer_config.json").write_text(json.dumps(config | {"added_tokens_decoder": {}}))
+    assert render_chat(Tokenizer.from_dir(model), HI) == "|</s>|</s>|</s>|hi"
 
 
 def test_run_chat_with_a_hanging_template_exits_2_in_one_line(tiny_model_dir, tmp_path):
