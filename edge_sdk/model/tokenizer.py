@@ -15,10 +15,12 @@ chat_template.json, {"chat_template": ...}); such a file takes priority over the
 transformers, and read_tokenizer_files puts it into the tokenizer_config.json a bundle carries, so bundle readers
 (Python and C) keep reading two tokenizer files.
 
-Whether encode prepends bos follows transformers' AutoTokenizer: tokenizer_config.json's `add_bos_token` when
-present, otherwise whether tokenizer.json's post-processor puts the bos token first, whatever the tokenizer class
-(transformers 5 leaves a saved post-processor as it is). Llama-2-style files have that template and add bos;
-Qwen2 and GPT-2/SmolLM2-style files have none, so they add no bos even when they name one.
+Whether encode prepends bos: tokenizer_config.json's `add_bos_token` when present (the model's stated intent, as
+transformers 4's Llama tokenizers and llama.cpp apply it; transformers 5 leaves a saved post-processor as it is, so
+a file with `add_bos_token: true` and no bos in its post-processor gets none there), otherwise whether
+tokenizer.json's post-processor puts the bos token first, as transformers' AutoTokenizer, whatever the tokenizer
+class. Llama-2-style files have both and add bos; Qwen2 and GPT-2/SmolLM2-style files have neither, so they add no
+bos even when they name one.
 """
 
 from __future__ import annotations
