@@ -14,6 +14,9 @@ def family_configs():
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
     common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=160, num_hidden_layers=2, rms_norm_eps=1e-5)
+    qwen2_window = dict(
+        num_attention_heads=4, num_key_value_heads=2, hidden_act="relu", use_sliding_window=True, sliding_window=5
+    )
     return {
         "llama-relu": LlamaConfig(**common, num_attention_heads=4, num_key_value_heads=4, hidden_act="relu"),
         "mistral-gqa": MistralConfig(
@@ -23,24 +26,9 @@ def family_configs():
             **common, num_attention_heads=4, num_key_value_heads=2, hidden_act="silu", tie_word_embeddings=True
         ),
         # a window shorter than the test's 25 positions, in every layer (max_window_layers 0): transformers' Qwen2
-        # slides only from that layer on; with its default, 28, this model would attend over the whole context
-        "qwen2-window": Qwen2Config(
-            **common,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            hidden_act="relu",
-            use_sliding_window=True,
-            sliding_window=5,
-            max_window_layers=0,
-        ),
-        "qwen2-window-unused": Qwen2Config(
-            **common,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            hidden_act="relu",
-            use_sliding_window=True,
-            sliding_window=5,
-        ),
+        # slides only from that layer on; with its default, 28, this model attends over the whole context
+        "qwen2-window": Qwen2Config(**common, **qwen2_window, max_window_layers=0),
+        "qwen2-window-unused": Qwen2Config(**common, **qwen2_window),
         "llama-rope-llama3": LlamaConfig(
             **common,
             num_attention_heads=4,
