@@ -953,7 +953,9 @@ def run(
         stop=tuple(stop),
     )
     for piece in pieces:
-        click.echo(piece, nl=False)
+        # color=True: the model's text as it is; click strips ANSI escape sequences from a piece when stdout is not a
+        # terminal, so a pipe would get other text than the API (and only where a sequence falls within one piece)
+        click.echo(piece, nl=False, color=True)
         sys.stdout.flush()
     click.echo()
     stats = session.stats

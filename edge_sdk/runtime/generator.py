@@ -161,8 +161,11 @@ class _IncrementalDecoder:
     A byte-level token can end inside a UTF-8 character, which then decodes to U+FFFD until its last byte arrives,
     so trailing replacement characters (at most MAX_INCOMPLETE_CHARACTER_REPLACEMENTS of them) are held back until
     the next token or flush(). Anything before them is final, so invalid bytes a model really produced are emitted
-    once anything follows them, and the text held back never grows. Only a window of recent ids is decoded (as in
-    vLLM): it starts at the ids of the previous piece, so decoders that strip a leading space see the same context.
+    once anything follows them. A byte-fallback decoder (SentencePiece's <0xNN> tokens) is different: while a run of
+    byte tokens ends in an unfinished character it decodes the whole run to U+FFFD, characters already emitted
+    included, so such text waits until the run decodes again or ends. Only a window of recent ids is decoded (as in
+    vLLM): it starts at the ids of the previous piece that decode to some text, so decoders that strip a leading
+    space see the same context (a window starting at a skipped special token would strip the next token's space).
     """
 
     def __init__(self, tokenizer: Tokenizer) -> None:
@@ -170,7 +173,7 @@ class _IncrementalDecoder:
         self._ids: list[int] = []
         self._window_start = 0  # decoding starts here
         self._window_read = 0  # ids before this were emitted when the window last ended cleanly
-        self._window_emitted = 0  # characters of decode(ids[window_start:]) already emitted
+        self._window_text = ""  # the part of decode(ids[window_start:]) already emitted
 
     def push(self, token: int) -> str:
         self._ids.append(token)
@@ -183,12 +186,19 @@ class _IncrementalDecoder:
     def _advance(self, final: bool) -> str:
         text = self._tokenizer.decode(self._ids[self._window_start :])
         trailing = len(text) - len(text.rstrip(REPLACEMENT_CHARACTER))
+        if trailing and not final and not text.startswith(self._window_text):
+            return ""  # a byte-fallback run replaced emitted characters: its last character is unfinished
         end = len(text) if final else len(text) - min(trailing, MAX_INCOMPLETE_CHARACTER_REPLACEMENTS)
-        piece = text[self._window_emitted : end]
-        self._window_emitted = max(self._window_emitted, end)
+        piece = text[len(self._window_text) : end]
+        if end > len(self._window_text):
+            self._window_text = text[:end]
         if end == len(text):
-            self._window_start, self._window_read = self._window_read, len(self._ids)
-            self._window_emitted = len(self._tokenizer.decode(self._ids[self._window_start : self._window_read]))
+            read = self._tokenizer.decode(self._ids[self._window_read :])
+            if read:  # else the window keeps its start: ids[window_read:] are skipped special tokens
+                self._window_start, self._window_text = self._window_read, read
+            else:
+                self._window_text = text
+            self._window_read = len(self._ids)
         return piece
 
 

@@ -13,7 +13,7 @@ import edge_sdk
 from edge_sdk.cli import main
 from edge_sdk.errors import EdgeSdkError
 from edge_sdk.model.tokenizer import Tokenizer
-from edge_sdk.runtime.generator import Generator, Sampler, SamplingSettings
+from edge_sdk.runtime.generator import GenerationStats, Generator, Sampler, SamplingSettings
 from edge_sdk.runtime.session import Session
 
 # ids 1 and 3 share the largest logit
@@ -90,3 +90,22 @@ def test_a_sampling_option_without_a_temperature_is_refused(option, tmp_path):
     )
     assert given.exit_code == 2 and "only sampling reads it" not in given.output  # the missing bundle, next
     assert "missing" in given.output
+
+
+def test_run_writes_the_models_text_unchanged_through_a_pipe(monkeypatch, tmp_path):
+    # click.echo strips ANSI escape sequences when stdout is not a terminal, and only a sequence whole within one
+    # piece: the pipe got "red\x1b[0m plain" of the API's "\x1b[31mred\x1b[0m plain"
+    pieces = ["\x1b[31mred\x1b", "[0m plain"]
+
+    class StreamingSession:
+        def __init__(self):
+            self.stats = GenerationStats(1, 2, prefill_seconds=0.1, decode_seconds=0.1, stop_reason="max_new_tokens")
+            self.info = {"backend": "cpu", "predictor": None, "sparsity_level": None}
+
+        def generate(self, prompt, **sampling):
+            return iter(pieces)
+
+    monkeypatch.setattr(edge_sdk, "load", lambda *args, **kwargs: StreamingSession())
+    result = CliRunner().invoke(main, ["run", str(tmp_path), "--prompt", "hi"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "\x1b[31mred\x1b[0m plain\n"

@@ -336,3 +336,43 @@ def test_a_second_generation_while_one_runs_is_refused_and_the_first_goes_on(tok
         break
     engine.reset()
     assert list(generator.generate_ids(PROMPT, SamplingSettings(max_new_tokens=2))) == [50, 51]
+
+
+@pytest.fixture(scope="module")
+def llama2_tokenizer(tmp_path_factory) -> Tokenizer:
+    """SentencePiece BPE with byte fallback and the decoder's strip of the first space (Llama-2's tokenizer.json)."""
+    from ..model.tokenizer_files import save_llama2_style
+
+    directory = tmp_path_factory.mktemp("llama2-tokenizer")
+    save_llama2_style(directory)
+    return Tokenizer.from_dir(directory)
+
+
+def byte_tokens(tokenizer: Tokenizer, text: str) -> list[int]:
+    return [tokenizer.backend.library.token_to_id(f"<0x{byte:02X}>") for byte in text.encode()]
+
+
+def streamed(tokenizer: Tokenizer, script: list[int], stop: tuple[str, ...] = ()) -> tuple[list[str], Generator]:
+    generator, _ = scripted(tokenizer, [*script, 3])
+    settings = SamplingSettings(max_new_tokens=len(script), stop=stop, stop_on_eos=False)
+    return list(generator.stream(PROMPT, settings)), generator
+
+
+def test_byte_fallback_characters_in_one_run_stream_without_replacement_characters(llama2_tokenizer):
+    # a byte-fallback decoder turns the whole run <0xE2><0x82><0xAC><0xF0>... into U+FFFD until the emoji's last byte
+    script = byte_tokens(llama2_tokenizer, "€😀東京")
+    assert llama2_tokenizer.decode(script[:4]) == REPLACEMENT_CHARACTER * 4
+    pieces, _ = streamed(llama2_tokenizer, script)
+    assert pieces == ["€", "😀", "東", "京"]
+    pieces, generator = streamed(llama2_tokenizer, script, stop=("😀",))
+    assert pieces == ["€"] and generator.last_stats.stop_reason == "stop_string"
+    assert generator.last_stats.generated_tokens == 7
+
+
+def test_a_skipped_special_token_keeps_the_next_words_space(llama2_tokenizer):
+    vocab = llama2_tokenizer.backend.library.get_vocab()
+    words = [vocab["▁class▁"], vocab["▁in▁"]]
+    for special in (0, 1, 2):  # <unk>, <s>, </s>: skipped in the text
+        script = [words[0], special, words[1]]
+        pieces, _ = streamed(llama2_tokenizer, script)
+        assert "".join(pieces) == llama2_tokenizer.decode(script) == "class  in "
