@@ -7,13 +7,20 @@ a GGUF exactly like a checkpoint directory:
 
 - `gpt2`: byte-level BPE with the file's merges. The pre-tokenizer's split rule comes from `tokenizer.ggml.pre`
   (llama.cpp's name for the regular expression the merges were learned with); only the names whose rule is known
-  here are accepted, since a wrong split tokenizes silently differently.
-- `llama`: a SentencePiece BPE vocabulary with scores: byte fallback, `<unk>`, a `▁` word prefix (unless
+  here are accepted, since a wrong split tokenizes silently differently. A file without the key gets llama.cpp's
+  own `default` rule, as llama.cpp reads it. The Llama 3 names (llama-bpe, llama3, llama-v3) take a whole word
+  found in the vocabulary as one token before any merge (ignore_merges, as llama.cpp and Llama 3's tokenizer.json).
+  The Qwen2 names NFC-normalize the text first, as Qwen2's tokenizer.json and transformers do and llama.cpp does not:
+  decomposed text (`e` + U+0301) is the one input whose ids differ from llama.cpp's.
+- `llama`: a SentencePiece BPE vocabulary with scores: byte fallback, `<unk>`, a `▁` before the text and after
+  every added token, whatever the text starts with (llama.cpp's and SentencePiece's dummy prefix; none when
   `tokenizer.ggml.add_space_prefix` is false); merges from the file, or recovered from the scores when absent (the
   score of a token orders the merge that makes it, as SentencePiece does).
-- tokens typed control become special added tokens and user-defined ones plain added tokens, matched whole.
-- bos / eos / unk / pad tokens, `add_bos_token` (llama.cpp's default when absent: true for `llama`, false for
-  `gpt2`) and the chat template go to tokenizer_config.json.
+- tokens typed control (and the unknown token) become special added tokens and user-defined ones plain added
+  tokens, matched whole (llama.cpp's tokenize with parse_special); both keep the text the file gives them, which
+  llama.cpp's converter writes decoded, not in the byte-level alphabet.
+- bos / eos / unk / pad tokens, `add_bos_token` (llama.cpp's default when absent: true for `llama` and the Llama 3
+  pre-tokenizers, false for other `gpt2` files) and the chat template go to tokenizer_config.json.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from edge_sdk.model.gguf_metadata import GgufMetadata
 from edge_sdk.model.tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 
 # llama.cpp's token types (gguf.TokenType)
+UNKNOWN_TOKEN = 2
 CONTROL_TOKEN = 3
 USER_DEFINED_TOKEN = 4
 
@@ -42,8 +50,12 @@ _QWEN2_SPLIT = (
 )
 # SmolLM isolates every digit, then applies the GPT-2 rule (its tokenizer.json: Digits(individual_digits), ByteLevel)
 _SMOLLM_DIGITS = r"\p{N}"
+# llama.cpp's rule for a file without tokenizer.ggml.pre (or "default"): these splits one after the other
+# (llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_DEFAULT; llama.cpp warns that it is likely not the model's own)
+_DEFAULT_SPLITS = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2_SPLIT, r"\p{N}+", r"[0-9][0-9][0-9]")
 # tokenizer.ggml.pre -> (split rule, NFC-normalize first). The GPT-2 rule is ByteLevel's own (use_regex).
 PRE_TOKENIZER_SPLITS = {
+    "default": ("default", False),
     "gpt-2": (_GPT2_SPLIT, False),
     "llama-bpe": (_LLAMA3_SPLIT, False),
     "llama3": (_LLAMA3_SPLIT, False),
@@ -54,6 +66,9 @@ PRE_TOKENIZER_SPLITS = {
     "deepseek-r1-qwen": (_QWEN2_SPLIT, True),
 }
 TOKENIZER_MODELS = ("gpt2", "llama")
+# names llama.cpp reads as its llama3 pre-tokenizer (llama-vocab.cpp): whole-word vocabulary hits skip the merges
+# (ignore_merges, as Llama 3's tokenizer.json) and bos is added unless tokenizer.ggml.add_bos_token says otherwise
+LLAMA3_PRE_TOKENIZERS = ("llama-bpe", "llama3", "llama-v3")
 
 
 @cache
@@ -107,8 +122,8 @@ def _merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[st
     return [(left, right) for _, left, right in merges]
 
 
-def _byte_level(metadata: GgufMetadata, tokens: list[str]) -> HFTokenizer:
-    pre = metadata.string("tokenizer.ggml.pre", default="gpt-2")
+def _byte_level(metadata: GgufMetadata, tokens: list[str], token_types: list[int]) -> HFTokenizer:
+    pre = metadata.string("tokenizer.ggml.pre", default="default")  # llama.cpp's choice without the key
     if pre not in PRE_TOKENIZER_SPLITS:
         raise CheckpointError(
             f"{metadata.path}: metadata key 'tokenizer.ggml.pre' must be one of {', '.join(PRE_TOKENIZER_SPLITS)} "
@@ -116,9 +131,15 @@ def _byte_level(metadata: GgufMetadata, tokens: list[str]) -> HFTokenizer:
         )
     spelling = _byte_alphabet()
     alphabet = set(spelling.values())
-    # a token outside the byte alphabet (a llama.cpp mislabel) is respelled in it, as transformers does
+    # a normal token outside the byte alphabet (a llama.cpp mislabel) is respelled in it, as transformers does;
+    # control and user-defined tokens are written as their text (convert_hf_to_gguf.py decodes added tokens) and
+    # matched whole as added tokens, so they keep that text here: respelled, the added token of the same text
+    # would get a new id past the vocabulary
+    raw = (CONTROL_TOKEN, USER_DEFINED_TOKEN)
     vocab = {
-        token if set(token) <= alphabet else "".join(spelling[byte] for byte in token.encode("utf-8")): index
+        token
+        if set(token) <= alphabet or (index < len(token_types) and token_types[index] in raw)
+        else "".join(spelling[byte] for byte in token.encode("utf-8")): index
         for index, token in enumerate(tokens)
     }
     merges = _merges(metadata, vocab)
@@ -126,10 +147,18 @@ def _byte_level(metadata: GgufMetadata, tokens: list[str]) -> HFTokenizer:
         raise CheckpointError(
             f"{metadata.path}: metadata key 'tokenizer.ggml.merges' is missing; a gpt2 tokenizer needs its merges"
         )
-    backend = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    ignore_merges = pre in LLAMA3_PRE_TOKENIZERS
+    backend = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, ignore_merges=ignore_merges))
     split, nfc = PRE_TOKENIZER_SPLITS[pre]
     if split == _GPT2_SPLIT:
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    elif split == "default":
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                *(pre_tokenizers.Split(Regex(rule), behavior="isolated") for rule in _DEFAULT_SPLITS),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     elif split == _SMOLLM_DIGITS:
         backend.pre_tokenizer = pre_tokenizers.Sequence(
             [
@@ -163,9 +192,11 @@ def _sentencepiece(metadata: GgufMetadata, tokens: list[str], unknown: str | Non
         merges = _merges_from_scores(tokens, [float(score) for score in scores])
     backend = HFTokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unknown, fuse_unk=True, byte_fallback=True))
     prefix = metadata.boolean("tokenizer.ggml.add_space_prefix", default=True)
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(
-        replacement="▁", prepend_scheme="first" if prefix else "never", split=False
-    )
+    # llama.cpp (llama_vocab::tokenize, SPM) puts a space before every piece of text that starts the text or follows
+    # an added token, whatever the piece starts with (SentencePiece's dummy prefix): a normalizer, which the
+    # tokenizers library runs on each piece between the added tokens, unlike Metaspace's prepend_scheme
+    steps = [normalizers.Prepend("▁")] if prefix else []
+    backend.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", "▁")])
     steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
     backend.decoder = decoders.Sequence([*steps, decoders.Strip(" ", 1, 0)] if prefix else steps)
     return backend
@@ -198,12 +229,14 @@ def gguf_tokenizer_files(metadata: GgufMetadata) -> dict[str, bytes]:
         )
     }
     unknown = tokens[special["unk_token"]] if special["unk_token"] is not None else None
-    backend = _byte_level(metadata, tokens) if kind == "gpt2" else _sentencepiece(metadata, tokens, unknown)
+    backend = (
+        _byte_level(metadata, tokens, token_types) if kind == "gpt2" else _sentencepiece(metadata, tokens, unknown)
+    )
     backend.add_special_tokens(
         [
             AddedToken(token, normalized=False, special=True)
             for token, token_type in zip(tokens, token_types, strict=False)
-            if token_type == CONTROL_TOKEN
+            if token_type in (CONTROL_TOKEN, UNKNOWN_TOKEN)
         ]
     )
     backend.add_tokens(
@@ -215,7 +248,8 @@ def gguf_tokenizer_files(metadata: GgufMetadata) -> dict[str, bytes]:
     )
     config: dict[str, object] = {"tokenizer_class": "PreTrainedTokenizerFast"}
     config |= {name: tokens[token] for name, token in special.items() if token is not None}
-    config["add_bos_token"] = metadata.boolean("tokenizer.ggml.add_bos_token", default=kind == "llama")
+    adds_bos = kind == "llama" or metadata.string("tokenizer.ggml.pre", default=None) in LLAMA3_PRE_TOKENIZERS
+    config["add_bos_token"] = metadata.boolean("tokenizer.ggml.add_bos_token", default=adds_bos)
     template = metadata.string("tokenizer.chat_template", default=None)
     if template is not None:
         config["chat_template"] = template

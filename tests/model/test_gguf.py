@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import pre_tokenizers
+from tokenizers import normalizers, pre_tokenizers
 
 from edge_sdk import quant
 from edge_sdk.bundle import Bundle
@@ -24,8 +24,10 @@ from edge_sdk.bundle.layout import TRANSPOSED_SUFFIX, is_quantized_matrix, model
 from edge_sdk.errors import CheckpointError
 from edge_sdk.model.checkpoint import Checkpoint, open_checkpoint
 from edge_sdk.model.gguf_checkpoint import GgufCheckpoint
+from edge_sdk.model.gguf_metadata import GgufMetadata, open_reader
+from edge_sdk.model.gguf_tokenizer import gguf_tokenizer_files
 from edge_sdk.model.loader import load_decoder
-from edge_sdk.model.tokenizer import Tokenizer
+from edge_sdk.model.tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, Tokenizer
 from edge_sdk.sparsity.bundle_model import quantized_matrix
 
 from .gguf_files import RANDOM_BLOCK_SCALES, Q, gguf_layout, patch_gguf, tokenizer_keys, truncate_gguf, write_gguf
@@ -205,11 +207,64 @@ def test_sentencepiece_tokenizer_matches_a_llama2_style_tokenizer(tmp_path):
     write_gguf(FIXTURE, path, Q.F16, extra_keys=keys)
     ours = open_checkpoint(path).tokenizer()
     theirs = Tokenizer.from_dir(reference)
-    texts = [*TEXTS, "héllo ☃ 日本語", *(FIXTURE / "held_out.txt").read_text().splitlines()[:200]]
+    # llama.cpp (and SentencePiece, and Llama-2's own tokenizer.json) put `▁` before the text and before every piece
+    # after an added token, whatever it starts with: Llama-2's normalizer rather than Metaspace's prepend_scheme
+    library = theirs.backend.library
+    library.pre_tokenizer = None
+    library.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    texts = [*TEXTS, "héllo ☃ 日本語", " leading space", "<s>[INST] hi [/INST]", "a</s>b", "<unk>"]
+    texts += (FIXTURE / "held_out.txt").read_text().splitlines()[:200]
     for text in texts:
         assert ours.encode(text) == theirs.encode(text), text
     assert ours.encode("x")[0] == 1  # llama vocabularies add bos
+    assert ours.encode("<unk>", add_bos=False) == [0]  # the unknown token is matched whole, as control tokens are
     assert ours.decode(ours.encode("héllo ☃ 日本語")) == "héllo ☃ 日本語"  # byte fallback round trip
+
+
+def gguf_metadata_tokenizer(path: Path) -> Tokenizer:
+    """The Tokenizer of a GGUF's tokenizer metadata alone (its tensors need not fit the vocabulary)."""
+    files = gguf_tokenizer_files(GgufMetadata(open_reader(path), path))
+    return Tokenizer.from_bytes(files[TOKENIZER_FILE], "tokenizer.json", files[TOKENIZER_CONFIG_FILE], "config")
+
+
+def test_added_tokens_outside_the_byte_alphabet_keep_their_ids(tmp_path):
+    """llama.cpp's converter writes added tokens as their text, such as DeepSeek-R1's <｜begin▁of▁sentence｜>, not in
+    the byte-level alphabet; llama.cpp encodes each to its own id."""
+    keys = tokenizer_keys(FIXTURE, "gpt2")
+    tokens, types = keys["tokenizer.ggml.tokens"][1], keys["tokenizer.ggml.token_type"][1]
+    added = {"<｜begin▁of▁sentence｜>": 3, "日本": 4, "  ": 4}
+    keys["tokenizer.ggml.tokens"] = ("array", [*tokens, *added])
+    keys["tokenizer.ggml.token_type"] = ("array", [*types, *added.values()])
+    write_gguf(FIXTURE, tmp_path / "added.gguf", Q.F16, extra_keys=keys)
+    ours = gguf_metadata_tokenizer(tmp_path / "added.gguf")
+    for index, text in enumerate(added):
+        assert ours.encode(f"x{text}y", add_bos=False)[1:-1] == [len(tokens) + index], text
+    assert ours.vocab_size == len(tokens) + len(added)
+
+
+def test_llama3_pre_tokenizers_add_bos_and_take_whole_words_as_llama_cpp_does(tmp_path):
+    """llama.cpp's llama3 pre-tokenizer (llama-bpe, llama3, llama-v3): a word of the vocabulary is one token whatever
+    the merges make (ignore_merges), and bos is added when the file does not say."""
+    keys = tokenizer_keys(FIXTURE, "gpt2") | {"tokenizer.ggml.pre": ("string", "llama-bpe")}
+    del keys["tokenizer.ggml.add_bos_token"]
+    tokens, types = keys["tokenizer.ggml.tokens"][1], keys["tokenizer.ggml.token_type"][1]
+    keys["tokenizer.ggml.tokens"] = ("array", [*tokens, "Ġzqxjv"])  # " zqxjv", which no merge makes
+    keys["tokenizer.ggml.token_type"] = ("array", [*types, 1])
+    write_gguf(FIXTURE, tmp_path / "llama3.gguf", Q.F16, extra_keys=keys)
+    ours = gguf_metadata_tokenizer(tmp_path / "llama3.gguf")
+    assert ours.encode("a zqxjv") == [ours.bos_token_id, *ours.encode("a", add_bos=False), len(tokens)]
+
+
+def test_a_byte_level_file_without_a_pre_tokenizer_name_splits_as_llama_cpp_does(tmp_path):
+    """A GGUF written before tokenizer.ggml.pre existed: llama.cpp splits its text by its `default` rules one after
+    the other (punctuation runs, GPT-2's rule, digit runs, then three digits at a time); the GPT-2 rule alone was
+    used here."""
+    keys = tokenizer_keys(FIXTURE, "gpt2")
+    del keys["tokenizer.ggml.pre"]
+    write_gguf(FIXTURE, tmp_path / "old.gguf", Q.F16, extra_keys=keys)
+    splitter = gguf_metadata_tokenizer(tmp_path / "old.gguf").backend.library.pre_tokenizer
+    pieces = [piece for piece, _ in splitter.pre_tokenize_str("don't 1234")]
+    assert pieces == ["don", "'", "t", "Ġ", "123", "4"]  # llama.cpp's pieces of it (GPT-2's vocabulary: 9099 6 83 ...)
 
 
 def test_a_directory_holding_one_gguf_is_read(tmp_path):
