@@ -26,8 +26,8 @@
  * - An edge_model is read-only after edge_model_open: any number of threads may create and use sessions and
  *   tokenizers of one model concurrently. Close the model only after every session of it is destroyed.
  * - An edge_session is not thread-safe: use each session from one thread at a time (one session per thread).
- * - An edge_tokenizer is read-only after creation and may be shared by threads, except that its last-error
- *   message is per handle (read it from the thread whose call failed, before that handle fails again).
+ * - An edge_tokenizer is read-only after creation and may be shared by threads. A handle's last-error message
+ *   (model, tokenizer) is the last failure of any thread on it; edge_last_error() is the calling thread's own.
  * - Within one call the CPU engine runs its kernels on `threads` OpenMP threads.
  *
  * This header is plain C99 and C++-compatible.
@@ -87,8 +87,8 @@ EDGE_API const char *edge_version(void);
 /** Static name of a status, e.g. "EDGE_ERROR_BUNDLE"; "EDGE_UNKNOWN_STATUS" for values outside the enum. */
 EDGE_API const char *edge_status_name(edge_status status);
 
-/** Message of the last failed call on the calling thread ("" when none failed yet). Valid until the next
- * failing call on this thread. */
+/** Message of the last failed call on the calling thread ("" when none failed yet, or when the last call on this
+ * thread succeeded: every call clears it first). Valid until the next call into the library on this thread. */
 EDGE_API const char *edge_last_error(void);
 
 /** Frees memory the library returned to the caller (encode / decode results). NULL is a no-op. */
@@ -156,7 +156,8 @@ EDGE_API edge_status edge_tensorrt_engine_info(const char *bundle_dir, const cha
 EDGE_API edge_status edge_model_open(const char *bundle_dir, const edge_options *options, edge_model **out);
 /** Unmaps and frees the model. Every session of the model must be destroyed first. NULL is a no-op. */
 EDGE_API void edge_model_close(edge_model *model);
-/** Message of the last failed call on this model ("" when none). */
+/** Message of the last failed call on this model ("" when none), from whichever thread made it: a copy in a buffer of
+ * the calling thread, valid until the next edge_model_last_error call on this thread. */
 EDGE_API const char *edge_model_last_error(const edge_model *model);
 
 EDGE_API int32_t edge_model_vocab_size(const edge_model *model);
@@ -226,6 +227,8 @@ EDGE_API edge_status edge_session_generate(edge_session *session, const int32_t 
  * for every bundle regardless. On failure *out is NULL and edge_last_error() says why. */
 EDGE_API edge_status edge_tokenizer_create(const edge_model *model, edge_tokenizer **out);
 EDGE_API void edge_tokenizer_destroy(edge_tokenizer *tokenizer);
+/** Message of the last failed call on this tokenizer ("" when none), from whichever thread made it: a copy in a
+ * buffer of the calling thread, valid until the next edge_tokenizer_last_error call on this thread. */
 EDGE_API const char *edge_tokenizer_last_error(const edge_tokenizer *tokenizer);
 
 /** Encodes UTF-8 text (text_len bytes) to ids, exactly as the `tokenizers` library encodes it without

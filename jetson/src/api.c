@@ -209,7 +209,17 @@ void edge_model_close(edge_model *model) {
   free(model);
 }
 
-const char *edge_model_last_error(const edge_model *model) { return model == NULL ? "model is NULL" : model->error; }
+/* The model's message is written under its lock by whichever thread fails on it; a reader copies it under the same
+ * lock into a buffer of its own thread, so it never sees a message another thread is writing. */
+const char *edge_model_last_error(const edge_model *model) {
+  static _Thread_local char copy[EDGE_MESSAGE_SIZE];
+  if (model == NULL) return "model is NULL";
+  edge_model *mutable_model = (edge_model *)model;
+  pthread_mutex_lock(&mutable_model->error_lock);
+  memcpy(copy, mutable_model->error, sizeof copy);
+  pthread_mutex_unlock(&mutable_model->error_lock);
+  return copy;
+}
 
 int32_t edge_model_vocab_size(const edge_model *model) { return model == NULL ? 0 : model->config.vocab_size; }
 

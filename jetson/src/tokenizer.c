@@ -13,6 +13,7 @@
  * Anything else in tokenizer.json (normalizers, other pre-tokenizers or models, byte fallback, added tokens with
  * lstrip / rstrip / single_word) is refused with EDGE_ERROR_UNSUPPORTED rather than encoded differently. */
 #include <limits.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,6 +76,7 @@ struct edge_tokenizer {
   int isolate_numbers;        /* every \p{N} code point is a piece of its own before the ByteLevel regex */
   int32_t bos_id, eos_id;     /* tokenizer_config.json's, -1: none */
   int add_bos;
+  pthread_mutex_t error_lock; /* the tokenizer is shared by threads: its message is written and read under it */
   char error[EDGE_MESSAGE_SIZE];
 };
 
@@ -785,6 +787,7 @@ void edge_tokenizer_destroy(edge_tokenizer *t) {
   free(t->merges);
   free(t->added);
   free(t->added_by_pass[0]); /* the block of both passes */
+  pthread_mutex_destroy(&t->error_lock);
   free(t);
 }
 
@@ -1109,7 +1112,10 @@ static edge_status encode(const edge_tokenizer *t, const char *text, size_t size
 /* ---- Public API ------------------------------------------------------------------------------------------ */
 
 static edge_status tokenizer_failed(const edge_tokenizer *t, edge_status status) {
-  snprintf(((edge_tokenizer *)t)->error, EDGE_MESSAGE_SIZE, "%s", edge_last_error());
+  edge_tokenizer *mutable_t = (edge_tokenizer *)t;
+  pthread_mutex_lock(&mutable_t->error_lock);
+  snprintf(mutable_t->error, EDGE_MESSAGE_SIZE, "%s", edge_last_error());
+  pthread_mutex_unlock(&mutable_t->error_lock);
   return status;
 }
 
@@ -1120,6 +1126,7 @@ edge_status edge_tokenizer_create(const edge_model *model, edge_tokenizer **out)
   if (model == NULL) return edge_fail(EDGE_ERROR_INVALID_ARGUMENT, "edge_tokenizer_create: model is NULL");
   edge_tokenizer *t = calloc(1, sizeof *t);
   if (t == NULL) return edge_fail(EDGE_ERROR_OUT_OF_MEMORY, "edge_tokenizer_create: out of memory");
+  pthread_mutex_init(&t->error_lock, NULL);
   edge_status status = build_tokenizer(&model->bundle, t);
   if (status != EDGE_OK) {
     edge_tokenizer_destroy(t);
@@ -1134,7 +1141,15 @@ edge_status edge_tokenizer_create(const edge_model *model, edge_tokenizer **out)
   return EDGE_OK;
 }
 
-const char *edge_tokenizer_last_error(const edge_tokenizer *t) { return t == NULL ? "tokenizer is NULL" : t->error; }
+const char *edge_tokenizer_last_error(const edge_tokenizer *t) {
+  static _Thread_local char copy[EDGE_MESSAGE_SIZE];
+  if (t == NULL) return "tokenizer is NULL";
+  edge_tokenizer *mutable_t = (edge_tokenizer *)t;
+  pthread_mutex_lock(&mutable_t->error_lock);
+  memcpy(copy, mutable_t->error, sizeof copy);
+  pthread_mutex_unlock(&mutable_t->error_lock);
+  return copy;
+}
 
 edge_status edge_tokenizer_encode(const edge_tokenizer *t, const char *text, size_t text_len, int add_bos,
                                   int32_t **ids, size_t *n_ids) {

@@ -383,6 +383,51 @@ static void check_tokenizer(edge_model *model) {
   edge_tokenizer_destroy(tokenizer);
 }
 
+struct failing_job {
+  edge_model *model;
+  edge_tokenizer *tokenizer;
+  const char *model_message; /* what edge_model_last_error gave this thread */
+};
+
+/* Fails once on the model and once on the tokenizer (with a message other than the main thread's). */
+static void *fail_on_thread(void *argument) {
+  struct failing_job *job = argument;
+  edge_model_eos_tokens(job->model, NULL, NULL);
+  job->model_message = edge_model_last_error(job->model);
+  int32_t *ids = NULL;
+  size_t n = 0;
+  edge_tokenizer_encode(job->tokenizer, "x", 1, 7, &ids, &n);
+  return NULL;
+}
+
+/* A handle's message is the last failure of any thread on it, read as a copy of the reading thread's: a message
+ * already read stays whole while another thread fails on the same handle (the handle's own buffer, read without its
+ * lock, could be seen half-written). */
+static void check_handle_messages_across_threads(edge_model *model) {
+  edge_tokenizer *tokenizer;
+  CHECK_STATUS(edge_tokenizer_create(model, &tokenizer), EDGE_OK);
+  int32_t *ids = NULL;
+  size_t n = 0;
+  CHECK_STATUS(edge_tokenizer_encode(tokenizer, "a\xff", 2, 0, &ids, &n), EDGE_ERROR_INVALID_ARGUMENT);
+  CHECK_STATUS(edge_model_eos_tokens(model, NULL, &n), EDGE_ERROR_INVALID_ARGUMENT);
+  const char *model_message = edge_model_last_error(model);
+  const char *tokenizer_message = edge_tokenizer_last_error(tokenizer);
+  char model_before[1024], tokenizer_before[1024];
+  snprintf(model_before, sizeof model_before, "%s", model_message);
+  snprintf(tokenizer_before, sizeof tokenizer_before, "%s", tokenizer_message);
+  struct failing_job job = {model, tokenizer, NULL};
+  pthread_t thread;
+  CHECK(pthread_create(&thread, NULL, fail_on_thread, &job) == 0);
+  pthread_join(thread, NULL);
+  CHECK(job.model_message != NULL && job.model_message != model_message); /* each thread reads its own copy */
+  CHECK(strcmp(model_message, model_before) == 0 && strstr(model_before, "NULL argument") != NULL);
+  CHECK(strcmp(tokenizer_message, tokenizer_before) == 0 && strstr(tokenizer_before, "not valid UTF-8") != NULL);
+  /* read again, the handles give the other thread's failures */
+  CHECK(strstr(edge_tokenizer_last_error(tokenizer), "add_bos: expected -1, 0 or 1, found 7") != NULL);
+  CHECK(strstr(edge_model_last_error(model), "edge_model_eos_tokens: NULL argument") != NULL);
+  edge_tokenizer_destroy(tokenizer);
+}
+
 int main(int argc, char **argv) {
   if (argc != 3) {
     fprintf(stderr, "usage: edge_api_check SVD_BUNDLE SIGNBIT_BUNDLE\n");
@@ -397,6 +442,7 @@ int main(int argc, char **argv) {
   if (model != NULL) {
     check_session(model);
     check_tokenizer(model);
+    check_handle_messages_across_threads(model);
     edge_model_close(model);
   }
   check_sequence_full(argv[1]);
