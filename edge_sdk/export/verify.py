@@ -55,6 +55,7 @@ def _compare(bundle: Bundle, ids: list[int], level: float | None, dense: bool, s
     session = _in_onnx_runtime(bundle, None, OrtBundleSession, bundle, level=level, dense=dense)
     expected = reference.prefill(torch.tensor([ids]))[0, -1]
     found = torch.from_numpy(_in_onnx_runtime(bundle, "prefill", session.prefill, np.array([ids]))[0, -1])
+    _check_finite(bundle, "prefill", expected, found)
     max_diff = (expected - found).abs().max().item()
     reference_tokens, ort_tokens, explained = [], [], []
     for step in range(steps):
@@ -63,6 +64,7 @@ def _compare(bundle: Bundle, ids: list[int], level: float | None, dense: bool, s
         ort_tokens.append(int(found.argmax()))
         expected = reference.decode(torch.tensor([[token]]))[0, -1]
         found = torch.from_numpy(_in_onnx_runtime(bundle, "decode", session.decode, np.array([[token]]))[0, -1])
+        _check_finite(bundle, f"decode step {step}", expected, found)
         diff = (expected - found).abs().max().item()
         if diff > LOGITS_TOLERANCE:
             tie = explain_by_a_near_tie(reference, token, found)
@@ -71,6 +73,39 @@ def _compare(bundle: Bundle, ids: list[int], level: float | None, dense: bool, s
                 explained.append(f"step {step}: layer {layer} neuron {neuron} (relative margin {margin:.2g})")
         max_diff = max(max_diff, diff)
     return {"max_diff": max_diff, "reference": reference_tokens, "ort": ort_tokens, "near_ties": explained}
+
+
+def _check_finite(bundle: Bundle, where: str, expected: torch.Tensor, found: torch.Tensor) -> None:
+    """Both sides' logits must be finite: a NaN compares false with the tolerance and torch's argmax takes it as
+    the largest value, so two NaN logits at the same place would 'agree' (and Python's max() drops a NaN)."""
+    for side, logits in (("the torch reference", expected), ("ONNX Runtime", found)):
+        bad = (~torch.isfinite(logits)).nonzero().flatten()
+        if bad.numel():
+            raise VerificationError(
+                f"{bundle.path}: {side} computed {bad.numel()} non-finite logits at {where} (first: token "
+                f"{int(bad[0])} = {logits[bad[0]].item()}); expected finite logits: a weight, scale or norm of the "
+                f"bundle is NaN / Inf or overflows"
+            )
+
+
+def check_rope_tables(bundle: Bundle, tolerance: float = 1e-6) -> None:
+    """rope.cos / rope.sin against the tables the manifest's model.rope, head_dim and max_seq_len define (every reader
+    uses the stored tables, so a corrupted entry is otherwise read identically by all of them, at positions verify's
+    few steps never reach)."""
+    from edge_sdk.model.decoder import rope_tables
+
+    config = bundle.config
+    tables = rope_tables(config.rope, config.head_dim, bundle.max_seq_len)
+    for name, table in zip(("rope.cos", "rope.sin"), tables, strict=True):
+        stored = torch.from_numpy(np.asarray(bundle.array(name), dtype=np.float32))
+        diff = (stored - table).abs()
+        if not bool((diff <= tolerance).all()):  # NaN-safe
+            position, column = divmod(int(torch.nan_to_num(diff, nan=float("inf")).argmax()), config.head_dim)
+            raise VerificationError(
+                f"{bundle.path}: weights.safetensors tensor '{name}' differs from the table of the manifest's "
+                f"model.rope at position {position}, column {column} (stored {stored[position, column].item()}, "
+                f"expected {table[position, column].item()}); expected the tables edge-sdk export writes"
+            )
 
 
 def _onnxruntime_errors() -> tuple[type[Exception], ...]:
@@ -134,6 +169,7 @@ def verify_graphs(bundle: Bundle, prompt: str = DEFAULT_PROMPT, decode_steps: in
     The prompt and the decode steps share the bundle's KV cache: the prompt is cut to the max_seq_len the steps
     leave it. decode_steps None takes DEFAULT_DECODE_STEPS, or as many as fit after a one-token prompt when the
     bundle's max_seq_len is shorter; a number of steps that leaves no room for one prompt token is refused."""
+    check_rope_tables(bundle)
     tokenizer = Tokenizer.from_bundle(bundle)
     prompt_ids = tokenizer.encode(prompt)
     most_steps = bundle.max_seq_len - 1
@@ -153,7 +189,7 @@ def verify_graphs(bundle: Bundle, prompt: str = DEFAULT_PROMPT, decode_steps: in
     for name, level, dense in points:
         result = _compare(bundle, ids, level, dense, decode_steps)
         max_diff, reference_tokens = result["max_diff"], result["reference"]
-        if max_diff > LOGITS_TOLERANCE or reference_tokens != result["ort"]:
+        if not max_diff <= LOGITS_TOLERANCE or reference_tokens != result["ort"]:
             raise VerificationError(
                 f"{bundle.path}: ONNX Runtime disagrees with the torch reference at {name} (max logit diff "
                 f"{max_diff:.3g}, tolerance {LOGITS_TOLERANCE:g}, and no mask decision within {TIE_TOLERANCE:g} "
