@@ -163,9 +163,11 @@ class _IncrementalDecoder:
     the next token or flush(). Anything before them is final, so invalid bytes a model really produced are emitted
     once anything follows them. A byte-fallback decoder (SentencePiece's <0xNN> tokens) is different: while a run of
     byte tokens ends in an unfinished character it decodes the whole run to U+FFFD, characters already emitted
-    included, so such text waits until the run decodes again or ends. Only a window of recent ids is decoded (as in
-    vLLM): it starts at the ids of the previous piece that decode to some text, so decoders that strip a leading
-    space see the same context (a window starting at a skipped special token would strip the next token's space).
+    included, so such text waits until the run decodes again or ends. (A run that stays invalid is the one case where
+    the pieces differ from decode(ids): decode turns the whole run into U+FFFD, the pieces keep the valid characters
+    emitted before the invalid bytes.) Only a window of recent ids is decoded (as in vLLM): it starts at the ids of
+    the previous piece that decode to some text, so decoders that strip a leading space see the same context (a
+    window starting at a skipped special token would strip the next token's space).
     """
 
     def __init__(self, tokenizer: Tokenizer) -> None:
