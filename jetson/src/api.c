@@ -30,9 +30,7 @@ static void copy_message(char *destination) {
 /* Records the thread's message on the model (the model may be shared, so under its lock). */
 static edge_status model_failed(const edge_model *model, edge_status status) {
   edge_model *mutable_model = (edge_model *)model;
-  pthread_mutex_lock(&mutable_model->error_lock);
-  copy_message(mutable_model->error);
-  pthread_mutex_unlock(&mutable_model->error_lock);
+  edge_record_shared_message(&mutable_model->error_lock, mutable_model->error);
   return status;
 }
 
@@ -209,16 +207,11 @@ void edge_model_close(edge_model *model) {
   free(model);
 }
 
-/* The model's message is written under its lock by whichever thread fails on it; a reader copies it under the same
- * lock into a buffer of its own thread, so it never sees a message another thread is writing. */
 const char *edge_model_last_error(const edge_model *model) {
-  static _Thread_local char copy[EDGE_MESSAGE_SIZE];
+  static _Thread_local char copy[EDGE_MESSAGE_SIZE]; /* its own: reading a tokenizer's message leaves it */
   if (model == NULL) return "model is NULL";
   edge_model *mutable_model = (edge_model *)model;
-  pthread_mutex_lock(&mutable_model->error_lock);
-  memcpy(copy, mutable_model->error, sizeof copy);
-  pthread_mutex_unlock(&mutable_model->error_lock);
-  return copy;
+  return edge_read_shared_message(&mutable_model->error_lock, mutable_model->error, copy);
 }
 
 int32_t edge_model_vocab_size(const edge_model *model) { return model == NULL ? 0 : model->config.vocab_size; }

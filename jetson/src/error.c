@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static _Thread_local char thread_message[EDGE_MESSAGE_SIZE];
 
@@ -18,6 +19,19 @@ edge_status edge_fail(edge_status status, const char *format, ...) {
 void edge_clear_error(void) { thread_message[0] = '\0'; }
 
 const char *edge_last_error(void) { return thread_message; }
+
+void edge_record_shared_message(pthread_mutex_t *lock, char *message) {
+  pthread_mutex_lock(lock);
+  memcpy(message, thread_message, EDGE_MESSAGE_SIZE);
+  pthread_mutex_unlock(lock);
+}
+
+const char *edge_read_shared_message(pthread_mutex_t *lock, const char *message, char *copy) {
+  pthread_mutex_lock(lock);
+  memcpy(copy, message, EDGE_MESSAGE_SIZE);
+  pthread_mutex_unlock(lock);
+  return copy;
+}
 
 const char *edge_status_name(edge_status status) {
   switch (status) {

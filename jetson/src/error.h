@@ -3,6 +3,8 @@
 #ifndef EDGE_ERROR_H
 #define EDGE_ERROR_H
 
+#include <pthread.h>
+
 #include "edge_sdk.h"
 
 #define EDGE_MESSAGE_SIZE 1024
@@ -18,5 +20,11 @@ edge_status edge_fail(edge_status status, const char *format, ...) EDGE_PRINTF(2
 
 /* Clears the thread's message (at the start of a public call, so a message always belongs to its failure). */
 void edge_clear_error(void);
+
+/* The message of a handle several threads may fail on and read (a model, a tokenizer), guarded by its lock:
+ * record copies the calling thread's message into it; read copies it into `copy` (EDGE_MESSAGE_SIZE bytes, a buffer
+ * of the reading thread) and returns `copy`, so a reader never sees a message another thread is writing. */
+void edge_record_shared_message(pthread_mutex_t *lock, char *message);
+const char *edge_read_shared_message(pthread_mutex_t *lock, const char *message, char *copy);
 
 #endif

@@ -1113,9 +1113,7 @@ static edge_status encode(const edge_tokenizer *t, const char *text, size_t size
 
 static edge_status tokenizer_failed(const edge_tokenizer *t, edge_status status) {
   edge_tokenizer *mutable_t = (edge_tokenizer *)t;
-  pthread_mutex_lock(&mutable_t->error_lock);
-  snprintf(mutable_t->error, EDGE_MESSAGE_SIZE, "%s", edge_last_error());
-  pthread_mutex_unlock(&mutable_t->error_lock);
+  edge_record_shared_message(&mutable_t->error_lock, mutable_t->error);
   return status;
 }
 
@@ -1142,13 +1140,10 @@ edge_status edge_tokenizer_create(const edge_model *model, edge_tokenizer **out)
 }
 
 const char *edge_tokenizer_last_error(const edge_tokenizer *t) {
-  static _Thread_local char copy[EDGE_MESSAGE_SIZE];
+  static _Thread_local char copy[EDGE_MESSAGE_SIZE]; /* its own: reading a model's message leaves it */
   if (t == NULL) return "tokenizer is NULL";
   edge_tokenizer *mutable_t = (edge_tokenizer *)t;
-  pthread_mutex_lock(&mutable_t->error_lock);
-  memcpy(copy, mutable_t->error, sizeof copy);
-  pthread_mutex_unlock(&mutable_t->error_lock);
-  return copy;
+  return edge_read_shared_message(&mutable_t->error_lock, mutable_t->error, copy);
 }
 
 edge_status edge_tokenizer_encode(const edge_tokenizer *t, const char *text, size_t text_len, int add_bos,
