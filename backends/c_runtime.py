@@ -16,8 +16,10 @@ sparse FFN, LM head) is what the CPU backend uses whenever the package build mad
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,27 @@ EDGE_ERROR_UNAVAILABLE = 5
 
 _handle = ctypes.c_void_p
 _status = ctypes.c_int
+
+# enum edge_log_level (edge_sdk.h)
+EDGE_LOG_ERROR = 0
+LOG = logging.getLogger("edge_sdk.runtime")
+
+
+_LogCallback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p)
+
+
+@_LogCallback
+def _log_from_library(level: int, source: bytes, message: bytes, user_data: int) -> None:
+    """edge_set_log_callback's receiver (TensorRT's warnings and errors): into Python's logging, whose last-resort
+    handler writes them to stderr when the application configured none (as `edge-sdk run` does not)."""
+    error = level == EDGE_LOG_ERROR
+    LOG.log(
+        logging.ERROR if error else logging.WARNING,
+        "%s %s: %s",
+        source.decode(errors="replace"),
+        "error" if error else "warning",
+        message.decode(errors="replace"),
+    )
 
 
 class RuntimeUnsupported(EdgeSdkError):
@@ -116,6 +139,7 @@ def _library() -> ctypes.CDLL:
         ),
         "edge_session_position": (ctypes.c_int32, [_handle]),
         "edge_version": (ctypes.c_char_p, []),
+        "edge_set_log_callback": (None, [_LogCallback, ctypes.c_void_p]),
     }
     for name, (restype, argtypes) in signatures.items():
         try:
@@ -126,6 +150,9 @@ def _library() -> ctypes.CDLL:
             ) from None
         function.restype = restype
         function.argtypes = argtypes
+    library.edge_set_log_callback(_log_from_library, None)
+    # a model closed while the interpreter shuts down may still log: not into a Python that is going away
+    atexit.register(library.edge_set_log_callback, _LogCallback(), None)
     library._edge_sdk_prototypes = True
     return library
 

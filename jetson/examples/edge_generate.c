@@ -85,6 +85,12 @@ static int parse_integer(const char *flag, const char *text, uint64_t max, uint6
   return 1;
 }
 
+/* TensorRT's warnings and errors (the tensorrt backend), as a command-line tool shows them. */
+static void print_log(edge_log_level level, const char *source, const char *message, void *user_data) {
+  (void)user_data;
+  fprintf(stderr, "%s %s: %s\n", source, level == EDGE_LOG_ERROR ? "error" : "warning", message);
+}
+
 static int fail(const char *what, edge_status status, const char *message) {
   fprintf(stderr, "edge_generate: %s failed: %s: %s\n", what, edge_status_name(status), message);
   return 1;
@@ -165,6 +171,7 @@ int main(int argc, char **argv) {
     return 2;
   }
 
+  edge_set_log_callback(print_log, NULL);
   edge_options *options = NULL;
   edge_model *model = NULL;
   edge_tokenizer *tokenizer = NULL;

@@ -18,7 +18,8 @@
  * - The message of a failure names the file, field or argument and the expected and found values. It is
  *   kept per thread (edge_last_error: every failing call on this thread, including edge_model_open, which has
  *   no handle yet) and per handle (edge_model_last_error, edge_session_last_error, edge_tokenizer_last_error).
- * - The library never calls exit() or abort() and never prints; bad input is an error status.
+ * - The library never calls exit() or abort() and never prints; bad input is an error status. What TensorRT logs
+ *   (the tensorrt backend) goes to the callback of edge_set_log_callback, if one is set.
  * - Token ids are int32_t and must lie in [0, vocab_size).
  * - Memory the library allocates for the caller (edge_tokenizer_encode / decode) is freed with edge_free.
  *
@@ -93,6 +94,21 @@ EDGE_API const char *edge_last_error(void);
 
 /** Frees memory the library returned to the caller (encode / decode results). NULL is a no-op. */
 EDGE_API void edge_free(void *memory);
+
+/** Severity of a logged message. */
+typedef enum edge_log_level {
+  EDGE_LOG_ERROR = 0,  /**< the failing call's message quotes the last one too */
+  EDGE_LOG_WARNING = 1 /**< e.g. TensorRT on an engine that runs, but slower than it could */
+} edge_log_level;
+
+/** Receives one logged message: `source` names who wrote it ("TensorRT"); `source` and `message` are valid during
+ * the call only. It may be called from several threads at once, and from threads TensorRT starts. */
+typedef void (*edge_log_callback)(edge_log_level level, const char *source, const char *message, void *user_data);
+
+/** Sets the process-wide receiver of the log of what the library runs on (TensorRT's warnings and errors), with
+ * user_data passed back to it; NULL (the default) drops the messages. Takes effect for messages logged after it
+ * returns; a callback that was replaced may still be running on another thread. */
+EDGE_API void edge_set_log_callback(edge_log_callback callback, void *user_data);
 
 /* ---- Options ------------------------------------------------------------------------------------------ */
 

@@ -1,4 +1,4 @@
-/* Thread-local error messages and status names. */
+/* Thread-local error messages, status names, and the log callback. */
 #include "error.h"
 
 #include <stdarg.h>
@@ -60,3 +60,24 @@ const char *edge_status_name(edge_status status) {
 }
 
 void edge_free(void *memory) { free(memory); }
+
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static edge_log_callback log_callback;
+static void *log_user_data;
+
+void edge_set_log_callback(edge_log_callback callback, void *user_data) {
+  edge_clear_error();
+  pthread_mutex_lock(&log_lock);
+  log_callback = callback;
+  log_user_data = user_data;
+  pthread_mutex_unlock(&log_lock);
+}
+
+void edge_log(edge_log_level level, const char *source, const char *message) {
+  pthread_mutex_lock(&log_lock);
+  edge_log_callback callback = log_callback;
+  void *user_data = log_user_data;
+  pthread_mutex_unlock(&log_lock);
+  /* called outside the lock: a callback may log through another library call, or set the callback */
+  if (callback != NULL) callback(level, source, message, user_data);
+}

@@ -27,4 +27,7 @@ void edge_clear_error(void);
 void edge_record_shared_message(pthread_mutex_t *lock, char *message);
 const char *edge_read_shared_message(pthread_mutex_t *lock, const char *message, char *copy);
 
+/* Passes one message to the callback of edge_set_log_callback, if one is set. */
+void edge_log(edge_log_level level, const char *source, const char *message);
+
 #endif

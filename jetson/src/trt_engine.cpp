@@ -121,8 +121,8 @@ edge_status guarded(const char *what, Body &&body) noexcept {
   }
 }
 
-/* ---- TensorRT logger: warnings and errors to stderr (as the Python backend's trt.Logger(WARNING)); the thread's
- * last error is kept so failures can quote it. ---------------------------------------------------------------- */
+/* ---- TensorRT logger: warnings and errors to the log callback (edge_set_log_callback; the library never prints);
+ * the thread's last error is kept so failures can quote it. ------------------------------------------------------ */
 
 thread_local char last_tensorrt_error[512];
 
@@ -130,8 +130,8 @@ class Logger final : public nvinfer1::ILogger {
  public:
   void log(Severity severity, const char *message) noexcept override {
     if (severity > Severity::kWARNING || message == nullptr) return;
-    int error = severity <= Severity::kERROR;
-    std::fprintf(stderr, "[TensorRT] %s: %s\n", error ? "error" : "warning", message);
+    bool error = severity <= Severity::kERROR;
+    edge_log(error ? EDGE_LOG_ERROR : EDGE_LOG_WARNING, "TensorRT", message);
     if (error) std::snprintf(last_tensorrt_error, sizeof last_tensorrt_error, "%s", message);
   }
 };

@@ -178,3 +178,19 @@ def test_engine_tensorrt_refuses_says_what_it_said_and_how_to_rebuild(fake_trt, 
     assert "model.engine: TensorRT could not load this engine (TensorRT: fake TensorRT: the plan is no fake" in message
     assert "this process has TensorRT 10.3.0, Fake Orin (compute capability 8.7)" in message
     assert message.endswith(f"rebuild it on this device with `edge-sdk build {bundle.path} --force`")
+
+
+def test_tensorrt_log_goes_to_python_logging_and_the_library_prints_nothing(fake_trt, trt_bundles, caplog, capfd):
+    """libedge_sdk never prints (edge_sdk.h): TensorRT's log reaches edge_set_log_callback's receiver, which the
+    Python runtime points at the logger edge_sdk.runtime."""
+    bundle = trt_bundles["svd"]
+    directory = build_engine(bundle)
+    (directory / "model.engine").write_bytes(b"a plan serialized by another TensorRT")
+    capfd.readouterr()
+    with pytest.raises(BackendUnavailable):
+        BACKEND.load(bundle, EngineOptions.of(bundle))
+    assert capfd.readouterr().err == ""
+    logged = [(r.name, r.levelname, r.getMessage()) for r in caplog.records if r.name == "edge_sdk.runtime"]
+    assert len(logged) == 1
+    assert logged[0][:2] == ("edge_sdk.runtime", "ERROR")
+    assert logged[0][2].startswith("TensorRT error: fake TensorRT: the plan is no fake")
