@@ -166,6 +166,32 @@ class Checkpoint:
                     f"{entry.file}: tensor '{name}' has shape {list(entry.shape)}, expected {list(shape)} "
                     f"from config.json"
                 )
+        if self.config.tie_word_embeddings and "lm_head.weight" in self.entries:
+            self._check_tied_head()
+
+    def _check_tied_head(self) -> None:
+        """config.json ties the LM head to the embedding, yet the files also hold an lm_head.weight. transformers
+        (5.x) ties the two only when they are equal and otherwise keeps the stored head, untied; the decoder computes
+        with the embedding, so a stored head that differs is refused instead of silently replaced. Compared in row
+        blocks of at most 64 MiB, in float32 (the stored dtypes may differ)."""
+        head, embed = self.entries["lm_head.weight"], self.entries["model.embed_tokens.weight"]
+        equal = head.shape == embed.shape
+        if equal:
+            rows = head.shape[0]
+            block = max(1, (64 << 20) // max(1, 4 * math.prod(head.shape[1:])))
+            with safe_open(str(head.file), framework="pt") as h, safe_open(str(embed.file), framework="pt") as e:
+                head_rows, embed_rows = h.get_slice("lm_head.weight"), e.get_slice("model.embed_tokens.weight")
+                for start in range(0, rows, block):
+                    stop = min(rows, start + block)
+                    if not torch.equal(head_rows[start:stop].float(), embed_rows[start:stop].float()):
+                        equal = False
+                        break
+        if not equal:
+            raise CheckpointError(
+                f"{head.file}: config.json sets tie_word_embeddings, but tensor 'lm_head.weight' differs from "
+                "'model.embed_tokens.weight' (transformers then keeps the stored head, untied): set "
+                "tie_word_embeddings to false to use lm_head.weight, or remove lm_head.weight to tie"
+            )
 
     @property
     def stored_dtype(self) -> torch.dtype:

@@ -16,9 +16,9 @@ passes here exports to a bundle that every reader accepts:
 - token ids lie in [0, vocab_size).
 
 Real checkpoints write RoPE settings two ways: `rope_theta` + `rope_scaling` (transformers < 5 and
-most published checkpoints) or `rope_parameters` (transformers >= 5). Both are accepted: the scaling settings come
-from rope_scaling when it is set, else from rope_parameters; rope_theta from the top level when set, else from
-rope_parameters, else 10000.
+most published checkpoints) or `rope_parameters` (transformers >= 5). Both are accepted, with transformers'
+precedence: the RoPE object is rope_scaling when it is a non-empty object, else rope_parameters; rope_theta comes
+from that object when set there, else from the top level, else 10000.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ ARCHITECTURES = {
 # "fatrelu" with the threshold in hidden_act_param; TurboSparse / SparseQwen2 style dReLU is "drelu".
 HIDDEN_ACTS = {"relu": "relu", "fatrelu": "fatrelu", "drelu": "drelu", "silu": "silu", "swish": "silu"}
 ROPE_TYPES = ("default", "linear", "llama3")
+# max_position_embeddings of a config.json without it: the default of each family's transformers config class
+DEFAULT_MAX_POSITIONS = {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768}
 # Limits of every reader (jetson/src/config.c has the same): far above any real model, low enough that every size
 # computed from them fits 64-bit arithmetic and a hostile file cannot ask for absurd allocations.
 MAX_VOCAB_SIZE = 1 << 24
@@ -90,7 +92,7 @@ class ModelConfig:
     activation: Activation
     rope: RopeConfig = field(default_factory=RopeConfig)
     tie_word_embeddings: bool = False
-    qkv_bias: bool = False  # Qwen2 always; Llama when attention_bias
+    qkv_bias: bool = False  # Qwen2 always; Llama when attention_bias (Mistral never)
     o_bias: bool = False  # Llama's attention_bias also covers o_proj
     sliding_window: int | None = None  # Mistral
     torch_dtype: str = "float32"  # the dtype the checkpoint's weights are stored in
@@ -317,10 +319,14 @@ def _activation(fields: _Fields) -> Activation:
     return Activation("fatrelu", fields.number("hidden_act_param", at_least=0.0, float32=True))
 
 
-def _rope(fields: _Fields) -> RopeConfig:
-    parameters = fields.object("rope_parameters")
-    scaling = fields.object("rope_scaling") if fields.has("rope_scaling") else parameters
-    theta = (fields if fields.has("rope_theta") else parameters).number("rope_theta", above=0.0, default=10000.0)
+def _rope(fields: _Fields, max_position_embeddings: int) -> RopeConfig:
+    # As transformers (RotaryEmbeddingConfigMixin.convert_rope_params_to_dict / standardize_rope_params): rope_scaling,
+    # when it is a non-empty object, replaces rope_parameters; rope_theta comes from that object, else from the top
+    # level, else 10000; llama3's original_max_position_embeddings from the top level when set there, else from that
+    # object, else max_position_embeddings.
+    rope_scaling = fields.object("rope_scaling")
+    scaling = rope_scaling if rope_scaling.value else fields.object("rope_parameters")
+    theta = (scaling if scaling.has("rope_theta") else fields).number("rope_theta", above=0.0, default=10000.0)
     # "type" is what transformers wrote before it was renamed "rope_type"
     type_key = "type" if scaling.has("type") and not scaling.has("rope_type") else "rope_type"
     rope_type = scaling.string(type_key, ROPE_TYPES, default="default")
@@ -330,53 +336,70 @@ def _rope(fields: _Fields) -> RopeConfig:
     if rope_type == "linear":
         return RopeConfig(theta=theta, rope_type="linear", factor=factor)
     # llama3 interpolates between the two wavelengths by 1 / (high - low): equal factors divide by zero. Like
-    # transformers, which refuses a llama3 config without them, every field is required.
+    # transformers, which refuses a llama3 config without them, both factors are required.
     low_freq_factor = scaling.number("low_freq_factor", above=0.0)
     high_freq_factor = scaling.number("high_freq_factor", above=0.0)
     if not high_freq_factor > low_freq_factor:
         raise scaling.fail("high_freq_factor", f"greater than low_freq_factor ({low_freq_factor:g})")
+    original = fields if fields.has("original_max_position_embeddings") else scaling
     return RopeConfig(
         theta=theta,
         rope_type="llama3",
         factor=factor,
         low_freq_factor=low_freq_factor,
         high_freq_factor=high_freq_factor,
-        original_max_position_embeddings=scaling.integer("original_max_position_embeddings", 1, MAX_POSITIONS),
+        original_max_position_embeddings=original.integer(
+            "original_max_position_embeddings", 1, MAX_POSITIONS, default=max_position_embeddings
+        ),
     )
 
 
 QWEN2_MAX_WINDOW_LAYERS = 28  # transformers' Qwen2Config default
+# transformers' MistralConfig, MinistralConfig and Qwen2Config default: a config.json without the key has this window
+# (null: no window)
+DEFAULT_SLIDING_WINDOW = 4096
+
+
+def _window_size(fields: _Fields) -> int | None:
+    if "sliding_window" not in fields.value:
+        return DEFAULT_SLIDING_WINDOW
+    return fields.integer("sliding_window", 1, MAX_SLIDING_WINDOW, default=None)
+
+
+def _sliding_layers(fields: _Fields, num_layers: int) -> list[bool]:
+    layer_types = fields.value["layer_types"]
+    kinds = ("full_attention", "sliding_attention")
+    if not isinstance(layer_types, list) or len(layer_types) != num_layers or any(k not in kinds for k in layer_types):
+        expected = f"a list of {num_layers} entries, each 'full_attention' or 'sliding_attention'"
+        raise fields.fail("layer_types", expected)
+    return [kind == "sliding_attention" for kind in layer_types]
 
 
 def _sliding_window(fields: _Fields, model_type: str, num_layers: int) -> int | None:
-    # Mistral always attends within its window (null: none); Llama has none. Qwen2 only with use_sliding_window, and
-    # then, as transformers' Qwen2Config builds its layer_types, only in the layers from max_window_layers on (or the
-    # layers layer_types names): a Qwen2 of at most 28 layers attends over the whole context. The graphs and the C
-    # runtime hold one window for every layer, so a model whose layers mix full and sliding attention is refused.
-    if model_type == "mistral":
-        return fields.integer("sliding_window", 1, MAX_SLIDING_WINDOW, default=None)
-    if model_type != "qwen2" or not fields.boolean("use_sliding_window", False):
+    # Llama has no window. Mistral attends within its window in every layer, unless config.json has a layer_types key:
+    # transformers then reads it as a Ministral config (AutoConfig's mistral -> ministral remap), whose layers slide as
+    # layer_types says (null: every layer). Qwen2 only with use_sliding_window, and then, as transformers' Qwen2Config
+    # builds its layer_types, only in the layers from max_window_layers on (or the layers layer_types names): a Qwen2
+    # of at most 28 layers attends over the whole context. An absent sliding_window is transformers' default, 4096; null
+    # is none. The graphs and the C runtime hold one window for every layer, so a model whose layers mix full and
+    # sliding attention is refused.
+    if model_type == "llama" or (model_type == "qwen2" and not fields.boolean("use_sliding_window", False)):
         return None
-    window = fields.integer("sliding_window", 1, MAX_SLIDING_WINDOW, default=None)
-    layer_types = fields.value.get("layer_types")
-    if layer_types is not None:
-        kinds = ("full_attention", "sliding_attention")
-        if (
-            not isinstance(layer_types, list)
-            or len(layer_types) != num_layers
-            or any(kind not in kinds for kind in layer_types)
-        ):
-            expected = f"a list of {num_layers} entries, each 'full_attention' or 'sliding_attention'"
-            raise fields.fail("layer_types", expected)
-        sliding = [kind == "sliding_attention" for kind in layer_types]
+    window = _window_size(fields)
+    if fields.has("layer_types"):
+        sliding = _sliding_layers(fields, num_layers)
+        key = "layer_types"
+    elif model_type == "mistral":
+        return window
     else:
         first = fields.integer("max_window_layers", 0, MAX_LAYERS, default=QWEN2_MAX_WINDOW_LAYERS)
         sliding = [layer >= first for layer in range(num_layers)]
+        key = "max_window_layers"
     if window is None or not any(sliding):
         return None
     if not all(sliding):
         raise fields.fail(
-            "max_window_layers" if layer_types is None else "layer_types",
+            key,
             f"such that every layer or none attends within the sliding window (edge-sdk runs one attention kind in "
             f"all layers; here {sum(sliding)} of the {num_layers} layers slide, from layer {sliding.index(True)})",
         )
@@ -405,10 +428,16 @@ def parse_config(config: dict[str, Any], path: Path) -> ModelConfig:
     num_kv_heads = fields.integer("num_key_value_heads", 1, MAX_HEADS, default=num_heads)
     if num_heads % num_kv_heads:
         raise fields.fail("num_key_value_heads", f"a divisor of num_attention_heads ({num_heads})")
-    if fields.boolean("mlp_bias", False):
+    # Only transformers' Llama reads attention_bias and mlp_bias: Mistral's projections never have biases, Qwen2's
+    # always have q/k/v biases and no others; for those families the keys are checked but change nothing.
+    mlp_bias = fields.boolean("mlp_bias", False)
+    if mlp_bias and model_type == "llama":
         raise fields.fail("mlp_bias", "false (the sparse FFN supports bias-free FFNs only)")
-    attention_bias = fields.boolean("attention_bias", False)
+    attention_bias = fields.boolean("attention_bias", False) and model_type == "llama"
     num_layers = fields.integer("num_hidden_layers", 1, MAX_LAYERS)
+    max_position_embeddings = fields.integer(
+        "max_position_embeddings", 2, MAX_POSITIONS, default=DEFAULT_MAX_POSITIONS[model_type]
+    )
     return ModelConfig(
         model_type=model_type,
         vocab_size=vocab_size,
@@ -419,12 +448,12 @@ def parse_config(config: dict[str, Any], path: Path) -> ModelConfig:
         num_kv_heads=num_kv_heads,
         head_dim=_head_dim(fields, hidden_size, num_heads),
         rms_norm_eps=fields.number("rms_norm_eps", above=0.0, float32=True, default=1e-6),
-        max_position_embeddings=fields.integer("max_position_embeddings", 2, MAX_POSITIONS, default=2048),
+        max_position_embeddings=max_position_embeddings,
         activation=_activation(fields),
-        rope=_rope(fields),
+        rope=_rope(fields, max_position_embeddings),
         tie_word_embeddings=fields.boolean("tie_word_embeddings", False),
         qkv_bias=model_type == "qwen2" or attention_bias,
-        o_bias=model_type != "qwen2" and attention_bias,
+        o_bias=attention_bias,
         sliding_window=_sliding_window(fields, model_type, num_layers),
         # transformers >= 5 writes "dtype"
         torch_dtype=fields.string("torch_dtype", default=None) or fields.string("dtype", default="float32"),

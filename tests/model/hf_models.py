@@ -22,6 +22,10 @@ def family_configs():
         "mistral-gqa": MistralConfig(
             **common, num_attention_heads=8, num_key_value_heads=2, hidden_act="relu", sliding_window=4096
         ),
+        # a window shorter than the test's 25 positions (mistral-gqa's 4096 never binds)
+        "mistral-window": MistralConfig(
+            **common, num_attention_heads=4, num_key_value_heads=1, hidden_act="silu", sliding_window=5
+        ),
         "qwen2-bias-tied": Qwen2Config(
             **common, num_attention_heads=4, num_key_value_heads=2, hidden_act="silu", tie_word_embeddings=True
         ),
