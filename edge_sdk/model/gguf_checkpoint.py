@@ -7,7 +7,9 @@ config.parse_config like any checkpoint's:
 - context_length, embedding_length, block_count, feed_forward_length, attention.head_count and
   attention.layer_norm_rms_epsilon are required; attention.head_count_kv (default: head_count),
   attention.key_length (default: embedding_length / head_count), rope.freq_base (default 10000) and linear rope
-  scaling (rope.scaling.type + rope.scaling.factor) are read when present; each integer is checked under its GGUF
+  scaling are read when present, RoPE scaling as llama.cpp reads it (llama-model.cpp load_hparams, llama-context.cpp):
+  rope.scaling.type defaults to linear, the factor is rope.scaling.factor or else the older rope.scale_linear (0 or
+  absent: none), and type none never scales; each integer is checked under its GGUF
   key against config.json's limits (config.py: head counts >= 1, head_count_kv dividing head_count, head_count
   dividing embedding_length when key_length is absent), and `{arch}.vocab_size`, when present, must equal the rows
   of token_embd.weight, which give the vocabulary size;
@@ -15,6 +17,8 @@ config.parse_config like any checkpoint's:
 - GGUF has no activation key: edge-sdk reads `{arch}.hidden_act` (config.json's hidden_act values, with
   `{arch}.hidden_act_param` for fatrelu) when a file states it, and otherwise uses silu, as llama.cpp does;
 - tied embeddings: no `output.weight` tensor.
+- llama attention biases as llama.cpp reads them: q/k/v biases where `blk.0.attn_q.bias` is present, the output
+  projection's where `blk.0.attn_output.bias` is, independently.
 
 Quantized weights are dequantized (gguf.quants.dequantize) one tensor at a time when read; llama.cpp's converter
 permutes the rows of the llama q/k projections for its RoPE layout (convert_hf_to_gguf.py LlamaModel.permute),
@@ -28,7 +32,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -168,6 +172,15 @@ class GgufCheckpoint:
         self._tensors = {tensor.name: tensor for tensor in reader.tensors}
         self._check_tensor_names()
         self.config = parse_config(self._hf_config(metadata), Path(f"{self.model_dir} (metadata read as config.json)"))
+        if self.architecture == "llama":
+            # llama.cpp's llama reads attn_q/k/v.bias and attn_output.bias each as optional: a llamafied checkpoint
+            # may carry q/k/v biases without an output bias (or the reverse), which config.json's one attention_bias
+            # cannot state
+            self.config = replace(
+                self.config,
+                qkv_bias="blk.0.attn_q.bias" in self._tensors,
+                o_bias="blk.0.attn_output.bias" in self._tensors,
+            )
         self.expected_shapes = hf_tensor_shapes(self.config)
         self.entries = self._index_tensors()
         self._tokenizer_files = gguf_tokenizer_files(metadata)
@@ -197,17 +210,21 @@ class GgufCheckpoint:
         return f"{self.architecture}.{name}"
 
     def _rope_scaling(self, meta: GgufMetadata) -> dict[str, Any] | None:
-        scaling = meta.string(self._key("rope.scaling.type"), default="none")
-        if scaling == "none":
-            # older converters wrote a linear factor alone
-            factor = meta.number(self._key("rope.scale_linear"), default=None)
-            return None if factor is None or factor == 1.0 else {"rope_type": "linear", "factor": factor}
-        if scaling != "linear":
+        """The rope_scaling llama.cpp applies to this file: rope.scaling.type defaults to linear (a file with a factor
+        and no type is scaled); the factor is rope.scaling.factor when present, else the older rope.scale_linear, and
+        0 means 1; type none never scales, whatever factor the file also states."""
+        scaling = meta.string(self._key("rope.scaling.type"), default="linear")
+        if scaling not in ("none", "linear"):
             raise CheckpointError(
                 f"{self.model_dir}: metadata key '{self._key('rope.scaling.type')}' must be none or linear, "
                 f"found {scaling!r}"
             )
-        return {"rope_type": "linear", "factor": meta.number(self._key("rope.scaling.factor"))}
+        factor = meta.number(self._key("rope.scaling.factor"), default=None)
+        if factor is None:
+            factor = meta.number(self._key("rope.scale_linear"), default=None)
+        if scaling == "none" or factor is None or factor in (0.0, 1.0):
+            return None
+        return {"rope_type": "linear", "factor": factor}
 
     def _hf_config(self, meta: GgufMetadata) -> dict[str, Any]:
         """The config.json dict this file's metadata states (see the module docstring). The integer keys are checked

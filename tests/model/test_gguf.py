@@ -129,6 +129,46 @@ def test_family_config_and_logits_match_safetensors(family, tmp_path):
     assert torch.equal(load_decoder(checkpoint)(ids), load_decoder(source)(ids))
 
 
+# RoPE scaling as llama.cpp reads it (llama-model.cpp load_hparams, llama-context.cpp): the type defaults to linear,
+# the factor is rope.scaling.factor or else rope.scale_linear (0: none), and type none never scales. Each case was
+# checked against llama.cpp's logits (a factor read differently moves every logit after the first position).
+ROPE_SCALING_KEYS = [  # (case, keys, the rope type and factor read)
+    ("no keys", {}, ("default", 1.0)),
+    ("type and factor", {"scaling.type": ("string", "linear"), "scaling.factor": ("float32", 4.0)}, ("linear", 4.0)),
+    ("factor without a type", {"scaling.factor": ("float32", 4.0)}, ("linear", 4.0)),
+    ("old key without a type", {"scale_linear": ("float32", 4.0)}, ("linear", 4.0)),
+    (
+        "linear type with the old key",
+        {"scaling.type": ("string", "linear"), "scale_linear": ("float32", 2.0)},
+        ("linear", 2.0),
+    ),
+    (
+        "factor before the old key",
+        {"scaling.factor": ("float32", 4.0), "scale_linear": ("float32", 2.0)},
+        ("linear", 4.0),
+    ),
+    ("factor 0", {"scaling.type": ("string", "linear"), "scaling.factor": ("float32", 0.0)}, ("default", 1.0)),
+    (
+        "type none with a factor",
+        {"scaling.type": ("string", "none"), "scaling.factor": ("float32", 4.0)},
+        ("default", 1.0),
+    ),
+    (
+        "type none with the old key",
+        {"scaling.type": ("string", "none"), "scale_linear": ("float32", 4.0)},
+        ("default", 1.0),
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "keys", "expected"), ROPE_SCALING_KEYS, ids=[case for case, *_ in ROPE_SCALING_KEYS])
+def test_rope_scaling_keys_read_as_llama_cpp_reads_them(case, keys, expected, tmp_path):
+    path = tmp_path / "model.gguf"
+    write_gguf(FIXTURE, path, Q.F16, extra_keys={f"llama.rope.{key}": value for key, value in keys.items()})
+    rope = GgufCheckpoint(path).config.rope
+    assert (rope.rope_type, rope.factor) == expected
+
+
 def test_silu_is_the_default_activation(tmp_path):
     path = tmp_path / "tiny.gguf"
     write_gguf(FIXTURE, path, Q.F16, hidden_act=False)
@@ -164,6 +204,36 @@ def test_llama_q_and_k_rows_are_unpermuted(tmp_path):
             assert torch.equal(checkpoint.tensor(name), expected)
             # the file holds llama.cpp's permuted rows
             assert not np.array_equal(checkpoint.entries[name].data, expected.numpy())
+
+
+@pytest.mark.parametrize("dropped", ["o_proj", "qkv"])
+def test_llama_attention_biases_are_read_each_where_present(dropped, tmp_path):
+    """llama.cpp reads a llama GGUF's q/k/v biases and its output bias each as optional (a llamafied checkpoint may
+    have q/k/v biases only): the file computes as the checkpoint with the biases it lacks at zero."""
+    from safetensors.torch import load_file
+
+    config = family_configs()["llama-relu"]
+    config.attention_bias = True
+    source, reference, without = tmp_path / "hf", tmp_path / "reference", tmp_path / "without"
+    save_hf_model(config, source)
+    tensors = load_file(source / "model.safetensors")
+    biases = ("o_proj.bias",) if dropped == "o_proj" else ("q_proj.bias", "k_proj.bias", "v_proj.bias")
+    for directory, kept in ((reference, True), (without, False)):
+        shutil.copytree(source, directory)
+        save_file(
+            {
+                name: tensor.zero_() if name.endswith(biases) else tensor
+                for name, tensor in tensors.items()
+                if kept or not name.endswith(biases)
+            },
+            directory / "model.safetensors",
+        )
+    path = tmp_path / "model.gguf"
+    write_gguf(without, path, Q.F32)
+    checkpoint = open_checkpoint(path)
+    assert (checkpoint.config.qkv_bias, checkpoint.config.o_bias) == (dropped == "o_proj", dropped == "qkv")
+    ids = IDS % VOCAB
+    assert torch.allclose(load_decoder(checkpoint)(ids), load_decoder(reference)(ids), rtol=0, atol=1e-6)
 
 
 def test_gpt2_tokenizer_matches_the_fixture(tmp_path):
