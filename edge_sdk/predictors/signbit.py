@@ -50,9 +50,11 @@ class SignBit(PredictorKind):
 
         packed = pack_sign_bits(weights.w_gate)
         d = config.hidden_size
-        alpha = calibrate_alpha(packed, acts.x, acts.truly_active, settings.recall_target)
+        stored = torch.tensor([calibrate_alpha(packed, acts.x, acts.truly_active, settings.recall_target)])
+        stored = stored.to(torch.float32)
+        alpha = float(stored[0])  # the statistics are the stored (float32) alpha's, the one every runtime reads
         return FittedLayer(
-            tensors={"signbit.packed": packed, "signbit.alpha": torch.tensor([alpha], dtype=torch.float32)},
+            tensors={"signbit.packed": packed, "signbit.alpha": stored},
             mask=lambda scores, acts, level: signbit_mask(packed, acts.x, alpha, d),
             details={"alpha": alpha},
             level_dependent=False,

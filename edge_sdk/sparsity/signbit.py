@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -152,8 +153,11 @@ def calibrate_alpha(
     packed_w: [D, W] int32 sign bits of W_gate; x: [T, d] calibration inputs; truly_active: [T, D] bool,
     act.gate(W_gate x) != 0. A pair is predicted active iff alpha >= N_neg / N_pos (its critical alpha;
     +inf when N_pos = 0), so recall only grows with alpha and the answer is exact: the k-th smallest
-    critical alpha among the truly active pairs, k = ceil(recall_target * #truly active), nudged up by
-    float ulps where needed so that signbit_mask's float64 comparison keeps k pairs active.
+    critical alpha among the truly active pairs, k = ceil(recall_target * #truly active), rounded up to a
+    float32 value and nudged up by float32 ulps where needed so that signbit_mask's float64 comparison keeps k
+    pairs active. float32 because that is the alpha every runtime compares with: the bundle stores signbit.alpha
+    as F32, the C and CUDA kernels take a float, the ONNX function a float attribute; a float64 alpha rounded to
+    float32 below a critical ratio N_neg / N_pos would turn every pair at that ratio inactive at run time.
 
     The result is clipped to alpha_range: its low end when even that reaches the target (or nothing is
     active), its high end when even that does not -- the caller reports the shortfall, e.g. through
@@ -179,9 +183,23 @@ def calibrate_alpha(
     alpha = float(torch.kthvalue(critical, needed).values)
     if alpha > high:
         return high
+    alpha = _float32_at_least(alpha)
     while int(_active_from_counts(neg, d, alpha).sum()) < needed:
-        alpha = math.nextafter(alpha, math.inf)
+        alpha = _next_float32(alpha)
     return min(max(alpha, low), high)
+
+
+def _float32_at_least(value: float) -> float:
+    """The smallest float32 value >= value (a finite float64), as a float."""
+    rounded = np.float32(value)
+    if float(rounded) < value:
+        rounded = np.nextafter(rounded, np.float32(np.inf))
+    return float(rounded)
+
+
+def _next_float32(value: float) -> float:
+    """The next float32 value above the float32 value `value`."""
+    return float(np.nextafter(np.float32(value), np.float32(np.inf)))
 
 
 def signbit_max_negatives(d: int, alpha: float) -> int:

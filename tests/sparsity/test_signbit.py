@@ -114,8 +114,20 @@ def test_calibrated_alpha_is_the_most_aggressive_reaching_the_target(target):
     packed, x, truly_active = calibration_layer(seed=10)
     alpha = calibrate_alpha(packed, x, truly_active, target, alpha_range=(0.0, 10.0))
     assert recall(packed, x, truly_active, alpha) >= target
-    assert recall(packed, x, truly_active, alpha * (1 - 1e-9)) < target
+    # the most aggressive among float32 alphas, the values a bundle can store
+    assert recall(packed, x, truly_active, float(np.nextafter(np.float32(alpha), np.float32(0)))) < target
     assert recall(packed, x, truly_active, 1.0) < 0.99 < recall(packed, x, truly_active, 10.0)
+
+
+@pytest.mark.parametrize("seed", [10, 11, 12])
+@pytest.mark.parametrize("target", [0.9, 0.95, 0.99])
+def test_calibrated_alpha_holds_its_recall_as_the_float32_every_runtime_reads(seed, target):
+    # signbit.alpha is F32 in the bundle, a float in the C / CUDA kernels and a float attribute in ONNX: a float64
+    # alpha that float32 rounds below a critical ratio N_neg / N_pos turns every pair at that ratio inactive
+    packed, x, truly_active = calibration_layer(seed=seed)
+    alpha = calibrate_alpha(packed, x, truly_active, target, alpha_range=(0.0, 10.0))
+    assert recall(packed, x, truly_active, float(torch.tensor([alpha], dtype=torch.float32)[0])) >= target
+    assert float(np.float32(alpha)) == alpha
 
 
 def test_calibrated_alpha_is_clipped_to_the_range():
