@@ -8,7 +8,9 @@ raising tau_i by one step of eta tokens costs the importance of those tokens. St
 (tokens scored below every token with positive importance), the greedy repeatedly takes the cheapest next
 step over all neurons until the predicted-inactive fraction of (neuron, token) pairs reaches the level.
 
-Semantics fixed here (the paper leaves them open):
+Semantics fixed here (the paper leaves them open, except the free prefix: Algorithm 2 starts at tau_i = s_(k_i), the
+first positive-importance token included without its cost; here that token stays active, which is what the loss the
+greedy minimises counts, one pair per neuron):
 
 - Steps sit on a grid: neuron i's k-th step ends at k0_i + k * eta tokens (k0_i = its free prefix), capped
   at N. Ties: tau must separate distinct score values, because every token with s <= tau is predicted
