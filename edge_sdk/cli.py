@@ -838,10 +838,22 @@ def export(
     show_default=True,
     help="tensorrt: also check the graphs against TensorRT 10.3's parser rules (static, no GPU needed).",
 )
+@click.option(
+    "--against",
+    "against_model",
+    metavar="MODEL",
+    type=click.Path(path_type=str),
+    default=None,
+    help="Also run transformers on MODEL (the Hugging Face checkpoint directory the bundle came from) with the "
+    "bundle's weights and compare the dense logits: checks that export read config.json as transformers does.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def verify(bundle_dir: str, steps: int, files_only: bool, target: str, as_json: bool) -> None:
+def verify(
+    bundle_dir: str, steps: int, files_only: bool, target: str, against_model: str | None, as_json: bool
+) -> None:
     """Check a bundle's files and checksums, then ONNX Runtime against the torch reference (and, with --target
-    tensorrt, the graphs against TensorRT 10.3's parser rules)."""
+    tensorrt, the graphs against TensorRT 10.3's parser rules; with --against, the torch reference against
+    transformers)."""
     from edge_sdk.bundle.check import check_bundle
 
     bundle, result = check_bundle(bundle_dir)
@@ -860,6 +872,12 @@ def verify(bundle_dir: str, steps: int, files_only: bool, target: str, as_json: 
         from edge_sdk.export.verify import verify_graphs
 
         result |= verify_graphs(bundle, decode_steps=steps)
+    if against_model is not None:
+        _needs_export("Comparing the bundle with transformers")
+        from edge_sdk.export.against import compare_with_transformers
+        from edge_sdk.export.verify import DEFAULT_DECODE_STEPS, DEFAULT_PROMPT
+
+        result |= compare_with_transformers(bundle, against_model, DEFAULT_PROMPT, steps or DEFAULT_DECODE_STEPS)
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return

@@ -63,6 +63,18 @@ def load_reference_decoder(
     copy) for FFN implementations that read fp16 directly; ffn_class picks that implementation. The matrices of
     an int8 / int4 bundle are dequantized (edge_sdk.quant.dequantize, exact in float32), so every quantized path
     is compared with this float32 reference on the dequantized weights."""
+    decoder = bundle_decoder(bundle, dtype, ffn_as_stored)
+    decoder.setup_cache(bundle.max_seq_len)
+    # the bundle's RoPE tables are what every backend uses, so the reference uses them too
+    decoder.rope_cos, decoder.rope_sin = bundle_tensor(bundle, "rope.cos"), bundle_tensor(bundle, "rope.sin")
+    model = SparseDecoder(decoder, bundle_predictors(bundle), ffn_class)
+    configure(model, bundle.sparsity.resolve(None) if choice is None else choice)
+    return model
+
+
+def bundle_decoder(bundle: Bundle, dtype: torch.dtype = torch.float32, ffn_as_stored: bool = False) -> Decoder:
+    """The bundle's weights in the dense reference Decoder (the layout of a Hugging Face checkpoint without its
+    `model.` prefix, down_proj as [d, D]), without a KV cache; see load_reference_decoder."""
     config = bundle.config
     with torch.device("meta"):
         decoder = Decoder(config)
@@ -87,13 +99,7 @@ def load_reference_decoder(
         setattr(module, leaf, torch.nn.Parameter(tensor, requires_grad=False))
     if config.tie_word_embeddings:
         decoder.lm_head.weight = decoder.embed_tokens.weight
-    decoder.eval()
-    decoder.setup_cache(bundle.max_seq_len)
-    # the bundle's RoPE tables are what every backend uses, so the reference uses them too
-    decoder.rope_cos, decoder.rope_sin = bundle_tensor(bundle, "rope.cos"), bundle_tensor(bundle, "rope.sin")
-    model = SparseDecoder(decoder, bundle_predictors(bundle), ffn_class)
-    configure(model, bundle.sparsity.resolve(None) if choice is None else choice)
-    return model
+    return decoder.eval()
 
 
 def configure(model: SparseDecoder, choice: LevelChoice) -> None:
