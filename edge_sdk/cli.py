@@ -1213,7 +1213,7 @@ _window_options = _options(
         type=click.IntRange(1, 1 << 24),
         default=4096,
         show_default=True,
-        help="Held-out tokens to score.",
+        help="Held-out tokens read (each window's prompt tokens are not scored).",
     ),
     click.option(
         "--prompt-tokens", type=click.IntRange(min=1), default=32, show_default=True, help="Dense prefill per window."

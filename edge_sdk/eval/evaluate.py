@@ -94,8 +94,9 @@ def held_out_windows(
     tokenizer: Tokenizer, texts: Sequence[str], max_tokens: int, context: int, prompt_tokens: int, *, vocab_size: int
 ) -> list[list[int]]:
     """Token windows: the documents (each with its bos) concatenated, cut into windows of `context` tokens,
-    at most `max_tokens` tokens in all; text shorter than one window gives one shorter window. Every id is below the
-    model's vocab_size."""
+    at most `max_tokens` tokens in all; text shorter than one window gives one shorter window, and so does the
+    remainder after the last full window, unless it is too short to score a token (fewer than prompt_tokens + 2),
+    so every token read after a window's prompt is scored. Every id is below the model's vocab_size."""
     stream = token_stream(tokenizer, texts, max_tokens, vocab_size)
     usable = len(stream)
     if usable < prompt_tokens + 2:
@@ -104,7 +105,10 @@ def held_out_windows(
             f"for one prompt of {prompt_tokens} tokens and one scored decode step"
         )
     length = min(context, usable)
-    return [stream[start : start + length] for start in range(0, usable - length + 1, length)]
+    windows = [stream[start : start + length] for start in range(0, usable, length)]
+    if len(windows[-1]) < prompt_tokens + 2:  # a remainder that holds no scored decode step
+        windows.pop()
+    return windows
 
 
 @dataclass

@@ -489,7 +489,7 @@ def format_sweep_markdown(result: dict[str, Any], command: str | None = None) ->
     settings = result["settings"]
     lines = [
         f"Model `{result['model']}`, backend `{result['backend']}`, {result['scored_tokens']} scored held-out tokens "
-        f"({result['windows']} windows of {settings['context']} tokens, {settings['prompt_tokens']}-token dense "
+        f"({result['windows']} windows of up to {settings['context']} tokens, {settings['prompt_tokens']}-token dense "
         f"prefill each), {settings['calibration_tokens']} calibration tokens per export, {settings['dtype']} weights. "
         f"Speedup: sparse over dense decode tokens/s on the same engine options ({settings['threads']} thread(s), "
         f"{_TIMER_TEXT[settings['timer']]}), best of {settings['speed_repeats']} alternating runs of "

@@ -42,7 +42,13 @@ from edge_sdk.sparsity.settings import (
     validate_settings,
 )
 from edge_sdk.sparsity.sparse_model import LayerPredictor
-from edge_sdk.sparsity.validation import VALIDATION_PROMPT_TOKENS, LevelValidation, default_level, split_validation
+from edge_sdk.sparsity.validation import (
+    VALIDATION_PROMPT_TOKENS,
+    LevelValidation,
+    default_level,
+    split_validation,
+    validation_chunks,
+)
 
 
 @dataclass
@@ -67,7 +73,8 @@ def fitting_chunks(
         return chunks, None
     stream = token_stream(tokenizer, texts, settings.max_tokens + settings.validation_tokens, vocab_size)
     fit, held = split_validation(stream, settings.max_tokens, settings.validation_tokens, MIN_CALIBRATION_TOKENS)
-    return token_chunks(fit, chunk_tokens, MIN_CALIBRATION_TOKENS), token_chunks(held, chunk_tokens) if held else None
+    validation = validation_chunks(held, chunk_tokens) if held else None
+    return token_chunks(fit, chunk_tokens, MIN_CALIBRATION_TOKENS), validation
 
 
 def calibrate_model(

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from edge_sdk.model.checkpoint import Checkpoint
 from edge_sdk.model.decoder import RMSNorm, TransformerBlock, rope_tables
+from edge_sdk.sparsity.collect import token_chunks
 from edge_sdk.sparsity.settings import MIN_CALIBRATION_TOKENS, MIN_VALIDATION_TOKENS, CalibrationSettings
 from edge_sdk.sparsity.sparse_model import LayerPredictor, SparseFeedForward
 
@@ -48,6 +49,14 @@ def split_validation(
         return tokens[:fit_tokens], []
     fit_end = min(fit_tokens, len(tokens) - held)
     return tokens[:fit_end], tokens[fit_end : fit_end + held]
+
+
+def validation_chunks(tokens: Sequence[int], chunk_tokens: int) -> torch.Tensor:
+    """Token ids [C, L] of the validation tokens: the fewest chunks of at most chunk_tokens that hold them, of equal
+    length, so at most C - 1 tokens are left over (token_chunks' chunks of chunk_tokens leave up to chunk_tokens - 1
+    of the tokens held back from fitting unvalidated, a quarter of the default 2048)."""
+    count = -(-len(tokens) // chunk_tokens)
+    return token_chunks(tokens, len(tokens) // count)
 
 
 @dataclass(frozen=True)

@@ -341,14 +341,36 @@ def test_eval_and_bench_e2e_show_each_phase_on_stderr(svd_bundle, held_out):
     args = ["eval", str(svd_bundle.path), "--text", str(held_out), "--tokens", "600", "--context", "128"]
     result = CliRunner().invoke(main, [*args, "--backend", "cpu", "--threads", "1"])
     assert result.exit_code == 0, result.output
-    # 600 tokens in windows of 128: 4 windows per phase
+    # 600 tokens in windows of 128: 4 full windows and the 88-token remainder per phase
     for phase in ("dense decode", "sparse decode", "layer statistics"):
-        assert re.search(rf"{phase}: 100%\|[^|]*\| 4/4", result.stderr), phase
+        assert re.search(rf"{phase}: 100%\|[^|]*\| 5/5", result.stderr), phase
     assert "dense decode" not in result.stdout  # the figures stay on stdout alone
     bench = ["bench", "e2e", str(svd_bundle.path), "--backend", "cpu", "--repeats", "2", "--tokens", "4"]
     result = CliRunner().invoke(main, [*bench, "--threads", "1"])
     assert result.exit_code == 0, result.output
     assert re.search(r"decode runs: 100%\|[^|]*\| 4/4", result.stderr)
+
+
+class _IdsTokenizer:
+    """Each whitespace-separated number of the text is one token id."""
+
+    def encode(self, text):
+        return [int(word) for word in text.split()]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "lengths"),
+    [(100, [40, 40, 20]), (90, [40, 40, 10]), (89, [40, 40]), (80, [40, 40]), (25, [25]), (10, [10])],
+)
+def test_held_out_windows_score_the_remainder_after_the_last_full_window(tokens, lengths):
+    """The tokens after the last full window form a shorter last window when it holds a scored decode step
+    (prompt + 2 tokens): a 511-token text in windows of 256 scored 223 tokens, as a 256-token one, leaving 255 unread.
+    """
+    text = " ".join(str(i % 50) for i in range(tokens))
+    windows = held_out_windows(_IdsTokenizer(), [text], 4096, 40, 8, vocab_size=64)
+    assert [len(window) for window in windows] == lengths
+    # consecutive tokens: no gap, no overlap
+    assert [token for window in windows for token in window] == [i % 50 for i in range(sum(lengths))]
 
 
 def test_held_out_text_that_is_not_utf8_is_refused_naming_the_byte(tmp_path):

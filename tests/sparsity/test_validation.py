@@ -20,14 +20,14 @@ from edge_sdk.model.loader import load_layer
 from edge_sdk.model.tokenizer import Tokenizer
 from edge_sdk.sparsity.bundle_model import bundle_predictors, load_reference_decoder
 from edge_sdk.sparsity.collect import read_calibration_texts, token_chunks, token_stream
-from edge_sdk.sparsity.pipeline import calibrate_model
+from edge_sdk.sparsity.pipeline import calibrate_model, fitting_chunks
 from edge_sdk.sparsity.settings import (
     DEFAULT_PPL_BUDGET_PERCENT,
     DEFAULT_VALIDATION_TOKENS,
     CalibrationSettings,
     validate_settings,
 )
-from edge_sdk.sparsity.validation import LevelValidation, choose_level, split_validation
+from edge_sdk.sparsity.validation import LevelValidation, choose_level, split_validation, validation_chunks
 
 LEVELS = (0.3, 0.6, 0.9)
 
@@ -52,6 +52,29 @@ def test_too_short_text_gets_no_validation():
     assert split_validation(tokens, 20_000, 2048, 256) == (tokens, [])
     tokens = list(range(300))  # holding back 128 would leave 172 < 256 to fit on
     assert split_validation(tokens, 20_000, 2048, 256)[1] == []
+
+
+@pytest.mark.parametrize(
+    ("held", "shape"),
+    [(2048, (4, 512)), (1024, (2, 512)), (800, (2, 400)), (600, (2, 300)), (1801, (4, 450)), (300, (1, 300))],
+)
+def test_every_held_back_token_is_validated(held, shape):
+    """The tokens held back from fitting are cut into equal chunks of at most 512 that leave fewer than one token per
+    chunk over: chunks of 512 left 288 of 800 held-back tokens neither fitted on nor validated."""
+    chunks = validation_chunks(list(range(held)), 512)
+    assert tuple(chunks.shape) == shape and chunks.flatten().tolist() == list(range(chunks.numel()))
+    assert held - chunks.numel() < chunks.shape[0]
+
+
+def test_a_short_calibration_text_validates_all_it_holds_back(tiny_model_dir, tmp_path):
+    checkpoint = Checkpoint(tiny_model_dir)
+    short = tmp_path / "short.txt"
+    short.write_text((tiny_model_dir / "calibration.txt").read_text()[:13_500])  # about 4000 tokens
+    stream = token_stream(checkpoint.tokenizer(), [short.read_text()], 22_048, checkpoint.config.vocab_size)
+    held_back = split_validation(stream, 20_000, 2048, 256)[1]  # its last fifth
+    assert 600 < len(held_back) < 1024
+    held = fitting_chunks(checkpoint, CalibrationSettings(), [short])[1]
+    assert held.flatten().tolist() == held_back[: held.numel()] and len(held_back) - held.numel() < held.shape[0]
 
 
 def test_the_level_rises_while_the_change_stays_within_the_budget():
