@@ -189,13 +189,22 @@ def _output_error(
     format: str,
     group_size: int,
     asymmetric: bool = False,
+    neuron_major: bool = False,
 ):
-    """Sum over weights W [out, in] of ||x W^T - (x / s) Q(W s)^T||^2 on inputs x [N, in]."""
+    """Sum over weights W [out, in] of ||x W^T - (x / s) Q(W s)^T||^2 on inputs x [N, in].
+
+    neuron_major: Q quantizes (W s)^T, as the bundle stores the down projection ([D, d], groups along d), so the
+    error is the one of the grid the bundle holds (and in need not be a multiple of group_size)."""
     error = 0.0
     scaled_x = x / scale
     for weight in weights:
         reference = x @ weight.T
-        quantized = scaled_x @ fake_quantize(weight * scale, format, group_size, asymmetric).T
+        scaled = weight * scale
+        if neuron_major:
+            dequantized = fake_quantize(scaled.T.contiguous(), format, group_size, asymmetric).T
+        else:
+            dequantized = fake_quantize(scaled, format, group_size, asymmetric)
+        quantized = scaled_x @ dequantized.T
         error += float((quantized - reference).double().square().sum())
     return error
 
@@ -207,10 +216,12 @@ def search_scale(
     group_size: int,
     magnitude: torch.Tensor | None = None,
     asymmetric: bool = False,
+    neuron_major: bool = False,
 ) -> tuple[torch.Tensor, float, dict[float, float]]:
     """The scale s = magnitude^alpha [in] (normalized to a geometric mid-range of 1) of the alpha in AWQ_ALPHAS with
     the least output error of the quantized weights on x [N, in]; also that alpha and the error per alpha.
-    magnitude: per input channel, mean|x| unless given."""
+    magnitude: per input channel, mean|x| unless given. neuron_major: the weights are stored transposed (the FFN
+    down projection), see _output_error."""
     magnitude = (x.abs().mean(dim=0) if magnitude is None else magnitude).clamp_min(1e-5)
     sample = x[:: max(1, x.shape[0] // AWQ_SEARCH_TOKENS)][:AWQ_SEARCH_TOKENS]
     errors, candidates = {}, {}
@@ -218,7 +229,7 @@ def search_scale(
         scale = magnitude.pow(alpha)
         scale = scale / (scale.max() * scale.min()).sqrt()
         candidates[alpha] = scale
-        errors[alpha] = _output_error(sample, weights, scale, format, group_size, asymmetric)
+        errors[alpha] = _output_error(sample, weights, scale, format, group_size, asymmetric, neuron_major)
     best = min(errors, key=errors.get)
     return candidates[best], best, errors
 
@@ -289,8 +300,15 @@ def search_awq_scales(
                 continue
             magnitude = _kv_shared_magnitude(x, config) if group == "attention_output" else None
             group_format = down_format if group == "ffn_hidden" and down_format is not None else format
+            # down_proj is stored neuron-major (its groups run along d, QuantizedCheckpoint.tensor): search on that grid
             chosen[group], alpha, errors = search_scale(
-                x, [w.float() for w in weights], group_format, group_size, magnitude, asymmetric
+                x,
+                [w.float() for w in weights],
+                group_format,
+                group_size,
+                magnitude,
+                asymmetric,
+                neuron_major=group == "ffn_hidden",
             )
             layer_report[group] = {"alpha": alpha, "error_vs_rtn": errors[alpha] / max(errors[0.0], 1e-300)}
         scales[index] = LayerScales(**chosen)

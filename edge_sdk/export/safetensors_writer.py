@@ -85,7 +85,9 @@ class SafetensorsWriter:
             raise ValueError(
                 f"tensor '{name}': declared {spec.dtype} {list(spec.shape)}, got {tensor.dtype} {list(tensor.shape)}"
             )
-        data = tensor.detach().contiguous().cpu()
+        # flattened: torch calls a tensor with a size-1 dimension contiguous whatever that dimension's stride (a
+        # rank-1 SVD factor a [D, 1], made by a transpose, keeps stride (1, D)), and view(uint8) needs stride 1
+        data = tensor.detach().cpu().contiguous().reshape(-1)
         self._file.write(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
         self._next += 1
 

@@ -308,3 +308,12 @@ def test_a_failure_during_export_leaves_no_partial_bundle(tiny_model_dir, tmp_pa
     with pytest.raises(RuntimeError, match="interrupted"):
         export_bundle(tiny_model_dir, tmp_path / "b", quick_settings("none"))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_svd_bundle_of_rank_1_exports_and_verifies(tiny_model_dir, tmp_path):
+    """--rank 1: every layer's svd.a is [D, 1], a transposed view (the writer failed on its strides)."""
+    calibration = CalibrationSettings(predictor="svd", rank=1, max_tokens=512, levels=(0.5,), sparsity=0.5)
+    settings = ExportSettings(dtype="fp16", max_seq_len=64, calibration=calibration)
+    bundle = export_bundle(tiny_model_dir, tmp_path / "rank1", settings, [tiny_model_dir / "calibration.txt"])
+    assert bundle.array("layers.0.svd.a").shape == (bundle.config.intermediate_size, 1)
+    assert verify_graphs(bundle, decode_steps=2)["greedy_tokens_match"]
