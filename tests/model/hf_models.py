@@ -7,6 +7,17 @@ from pathlib import Path
 import torch
 
 VOCAB = 97
+# config.json of a small Llama, for tests of how a config is read (a checkpoint of it is 20 KB)
+SMALL_CONFIG = {
+    "model_type": "llama",
+    "vocab_size": 50,
+    "hidden_size": 32,
+    "intermediate_size": 80,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "hidden_act": "relu",
+}
 
 
 def family_configs():

@@ -13,16 +13,9 @@ from edge_sdk.model.activation import Activation
 from edge_sdk.model.config import parse_config
 from edge_sdk.model.loader import load_decoder
 
-BASE = {
-    "model_type": "llama",
-    "vocab_size": 50,
-    "hidden_size": 32,
-    "intermediate_size": 80,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "hidden_act": "relu",
-}
+from .hf_models import SMALL_CONFIG
+
+BASE = SMALL_CONFIG
 
 
 def parse(**overrides):

@@ -15,17 +15,9 @@ from edge_sdk.errors import CheckpointError
 from edge_sdk.model.config import parse_config
 from edge_sdk.model.loader import load_decoder
 
-from .hf_models import VOCAB, save_hf_model
+from .hf_models import SMALL_CONFIG, VOCAB, save_hf_model
 
-BASE = {
-    "model_type": "llama",
-    "vocab_size": 50,
-    "hidden_size": 32,
-    "intermediate_size": 80,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
+BASE = SMALL_CONFIG | {"num_hidden_layers": 2}
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
 
 

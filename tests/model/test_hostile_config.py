@@ -17,18 +17,9 @@ from edge_sdk.formats import files
 from edge_sdk.model import config as model_config
 from edge_sdk.model.config import load_config, parse_config
 
-from .hf_models import family_configs
+from .hf_models import SMALL_CONFIG, family_configs
 
-BASE = {
-    "model_type": "llama",
-    "vocab_size": 50,
-    "hidden_size": 32,
-    "intermediate_size": 80,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "hidden_act": "relu",
-}
+BASE = SMALL_CONFIG
 LLAMA3 = {
     "rope_type": "llama3",
     "factor": 8.0,

@@ -19,16 +19,9 @@ from edge_sdk.model.checkpoint import Checkpoint, open_checkpoint
 from edge_sdk.model.config import hf_tensor_shapes, parse_config
 from edge_sdk.model.summary import describe_checkpoint
 
-CONFIG = {
-    "model_type": "llama",
-    "vocab_size": 50,
-    "hidden_size": 32,
-    "intermediate_size": 80,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "hidden_act": "relu",
-}
+from .hf_models import SMALL_CONFIG
+
+CONFIG = SMALL_CONFIG | {"num_hidden_layers": 2}
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
 INDEX = "model.safetensors.index.json"
 
