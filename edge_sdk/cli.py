@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import signal
 import sys
 import threading
@@ -40,7 +41,13 @@ if TYPE_CHECKING:
 
 USAGE_ERROR = 2
 INTERRUPTED = 130
+STDOUT_CLOSED = 128 + signal.SIGPIPE  # the shell's status for a command whose reader stopped reading (`| head`)
 PROGRESS_DELAY = 1.0  # seconds before a progress bar shows: quick refusals print their one line and nothing else
+# Every bar on the first line below the cursor: a command's bars are made before their phases run (or, in a sweep,
+# while the one before is still open), and tqdm gives each further open bar the next line, reached with a newline and
+# left with a cursor-up escape: in a log file (stderr not a terminal) every update of the second bar was an empty
+# line and "\x1b[A". The phases run one after another, so one line serves them all.
+PROGRESS_POSITION = 0
 
 
 def _os_error_text(error: OSError) -> str:
@@ -61,6 +68,19 @@ class FiniteFloatRange(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"expected a finite number, found {value!r}", param, ctx)
         return number
+
+
+class InputPath(click.Path):
+    """The path of something a command reads: an empty one is refused (Path("") is the current directory, where
+    `info ""` read whatever model was there)."""
+
+    def convert(self, value, param, ctx):
+        if value == "":
+            self.fail("expected a path, found an empty string", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+INPUT_PATH = InputPath(path_type=str)
 
 
 class Terminated(KeyboardInterrupt):
@@ -134,6 +154,8 @@ class EdgeSdkGroup(click.Group):
             return super().invoke(ctx)
         except Terminated as terminated:  # here, before click turns it into an Abort like Ctrl-C's
             self._stopped(ctx, terminated.signal_number)
+        except BrokenPipeError:
+            self._stdout_closed()
         except Exception as error:
             if _received_signal and not isinstance(error, click.exceptions.Exit):
                 if _received_signal[0] == signal.SIGINT:
@@ -144,6 +166,15 @@ class EdgeSdkGroup(click.Group):
                 raise
         click.echo(f"edge-sdk: error: {_one_line(message)}", err=True)
         ctx.exit(USAGE_ERROR)
+
+    @staticmethod
+    def _stdout_closed() -> None:
+        """`edge-sdk run ... | head -c 20`: the reader of standard output has what it wanted and went away. Not an
+        error to report: the command stops quietly, as one killed by SIGPIPE does, and standard output is pointed at
+        /dev/null so that the interpreter's own flush of it on the way out fails no more."""
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(STDOUT_CLOSED)
 
     @staticmethod
     def _stopped(ctx: click.Context, signal_number: int) -> None:
@@ -276,7 +307,7 @@ def _phase_progress() -> Iterator[Callable[[str, int, int], None]]:
 
     def report(phase: str, done: int, total: int) -> None:
         if phase not in bars:
-            bars[phase] = tqdm(total=total, desc=phase, file=sys.stderr)
+            bars[phase] = tqdm(total=total, desc=phase, file=sys.stderr, position=PROGRESS_POSITION)
         bars[phase].update(done - bars[phase].n)
         if done >= total:
             bars[phase].close()
@@ -397,6 +428,12 @@ def _chosen_predictor(fit: dict[str, Any], config: ModelConfig) -> None:
         if fit["predictor"] not in readers:
             verb = "reads" if len(readers) == 1 else "read"
             raise click.UsageError(f"{parameter.opts[0]}: only {' and '.join(readers)} {verb} it; {chosen}")
+    if fit["sparsity"] is not None:
+        # the default level is given, so none is chosen on validation perplexity: nothing reads these
+        _refuse_given_options(
+            ("ppl_budget", "validation_tokens"),
+            f"only choosing the default level reads it, and --sparsity {fit['sparsity']:g} gives the level",
+        )
 
 
 # what calibrate and export share: the model and the output, the calibration text, the predictor and its fit, the
@@ -404,7 +441,7 @@ def _chosen_predictor(fit: dict[str, Any], config: ModelConfig) -> None:
 def _predictor_fit_options(*, output_help: str, calib_required: bool, with_none: bool) -> Callable:
     calib_help = "Calibration text: plain text or JSON lines with a 'text' field. Repeatable."
     return _options(
-        click.argument("model_dir", type=click.Path(path_type=str)),
+        click.argument("model_dir", type=INPUT_PATH),
         click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=str), help=output_help),
         click.option("--calib", "calibration_files", multiple=True, required=calib_required, help=calib_help),
         click.option(
@@ -530,7 +567,7 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("model_dir", type=click.Path(path_type=str))
+@click.argument("model_dir", type=INPUT_PATH)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def info(model_dir: str, as_json: bool) -> None:
     """Validate a Hugging Face checkpoint or a GGUF file and show its architecture."""
@@ -551,7 +588,7 @@ def info(model_dir: str, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("bundle_dir", required=False, type=click.Path(path_type=str))
+@click.argument("bundle_dir", required=False, type=INPUT_PATH)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def doctor(bundle_dir: str | None, as_json: bool) -> None:
     """Report versions, native libraries and which backends can run here (and run BUNDLE, when given)."""
@@ -603,7 +640,14 @@ def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **
     settings = _calibration_settings(fit)
     validate_settings(checkpoint.config, settings)
     layers = checkpoint.config.num_layers
-    calibrating = tqdm(total=layers, desc="calibrating layers", unit="layer", file=sys.stderr, delay=PROGRESS_DELAY)
+    calibrating = tqdm(
+        total=layers,
+        desc="calibrating layers",
+        unit="layer",
+        file=sys.stderr,
+        delay=PROGRESS_DELAY,
+        position=PROGRESS_POSITION,
+    )
     validating = tqdm(
         total=layers,
         desc="validating levels",
@@ -611,6 +655,7 @@ def calibrate(model_dir, out_dir, calibration_files, evaluation_files, force, **
         file=sys.stderr,
         disable=not settings.chooses_level,
         delay=PROGRESS_DELAY,
+        position=PROGRESS_POSITION,
     )
     with calibrating, validating:
         on_layer_calibrated, on_layer_validated = _one_after_another(calibrating, validating)
@@ -779,6 +824,7 @@ def export(
         file=sys.stderr,
         disable=not settings.calibration.kind.calibrated,
         delay=PROGRESS_DELAY,
+        position=PROGRESS_POSITION,
     )
     validating = tqdm(
         total=config.num_layers,
@@ -787,8 +833,11 @@ def export(
         file=sys.stderr,
         disable=not settings.calibration.chooses_level,
         delay=PROGRESS_DELAY,
+        position=PROGRESS_POSITION,
     )
-    writing = tqdm(desc="writing tensors", unit="tensor", file=sys.stderr, delay=PROGRESS_DELAY)
+    writing = tqdm(
+        desc="writing tensors", unit="tensor", file=sys.stderr, delay=PROGRESS_DELAY, position=PROGRESS_POSITION
+    )
     with calibrating, validating, writing:
         on_layer_calibrated, on_layer_validated, on_tensor_written = _one_after_another(
             calibrating, validating, writing
@@ -819,7 +868,7 @@ def export(
 
 
 @main.command()
-@click.argument("bundle_dir", type=click.Path(path_type=str))
+@click.argument("bundle_dir", type=INPUT_PATH)
 @click.option(
     "--steps",
     type=click.IntRange(1, 4096),
@@ -842,7 +891,7 @@ def export(
     "--against",
     "against_model",
     metavar="MODEL",
-    type=click.Path(path_type=str),
+    type=INPUT_PATH,
     default=None,
     help="Also run transformers on MODEL (the Hugging Face checkpoint directory the bundle came from) with the "
     "bundle's weights and compare the dense logits: checks that export read config.json as transformers does.",
@@ -890,6 +939,8 @@ def verify(
 def _prompt_text(prompt: str | None) -> str:
     """The prompt from --prompt or standard input; bytes that are not UTF-8 are refused, naming the offset."""
     if prompt is None:
+        if sys.stdin.isatty():
+            click.echo("edge-sdk: reading the prompt from standard input (end it with Ctrl-D)", err=True)
         data = sys.stdin.buffer.read()
         try:
             return data.decode("utf-8")
@@ -917,7 +968,7 @@ _threads_option = click.option(
 
 
 @main.command()
-@click.argument("bundle_dir", type=click.Path(path_type=str))
+@click.argument("bundle_dir", type=INPUT_PATH)
 @click.option("--prompt", default=None, help="Prompt text (default: read standard input).")
 @click.option("--backend", default="auto", show_default=True, help="auto, tensorrt, cann or cpu ($EDGE_SDK_BACKEND).")
 @click.option(
@@ -949,9 +1000,15 @@ def run(
             ("top_k", "top_p", "seed"),
             "only sampling reads it, and --temperature 0 (the default) decodes greedily; give a --temperature above 0",
         )
-    prompt = _prompt_text(prompt)
+    if dense and sparsity is not None:
+        raise click.UsageError(
+            f"--dense and --sparsity {sparsity:g}: the dense model has no sparsity level; give either"
+        )
     for text in stop:
+        if not text:
+            raise click.UsageError("--stop: expected a non-empty text, found ''")
         _check_utf8_option("--stop", text)
+    prompt = _prompt_text(prompt)
     session = edge_sdk.load(
         bundle_dir,
         backend,
@@ -1091,7 +1148,7 @@ def bench_ffn_command(
                 threads=threads,
             )
     except ValueError as error:
-        raise click.BadParameter(str(error)) from None
+        raise _bench_setting_error(error) from None
     path = f", {mode}" if backend != "cpu" else ""
     click.echo(f"FFN d={d} D={n_neurons} {dtype} backend={backend}{path}")
     click.echo(f"{'sparsity':>8} {'torch ms':>9} {'dense ms':>9} {'sparse ms':>10} {'vs torch':>9} {'GB/s':>7}")
@@ -1101,6 +1158,20 @@ def bench_ffn_command(
             f"{row['sparse_ms']:10.2f} {row['speedup_vs_torch']:8.2f}x {row['sparse_gb_per_s']:7.1f}"
         )
     _write_json(json_path, {"benchmark": "ffn", "shape": shape, "backend": backend, "mode": mode, "rows": rows})
+
+
+# The library's names of the benchmark's settings (its ValueError messages start "SETTING: "), as options
+_BENCH_SETTING_OPTIONS = {"shape": "--shape", "d, D": "--shape", "sparsities": "--sparsity"}
+
+
+def _bench_setting_error(error: ValueError) -> click.BadParameter:
+    """The usage error of a bench setting the library refused, naming the option the user typed ("--sparsity"), not
+    the library's parameter ("sparsities")."""
+    setting, _, problem = str(error).partition(": ")
+    option = _BENCH_SETTING_OPTIONS.get(setting)
+    if option is None or not problem:
+        return click.BadParameter(str(error))
+    return click.BadParameter(problem, param_hint=f"'{option}'")
 
 
 def _bench_quantized_ffn(
@@ -1124,7 +1195,7 @@ def _bench_quantized_ffn(
             down_dtype=down_dtype,
         )
     except ValueError as error:
-        raise click.BadParameter(str(error)) from None
+        raise _bench_setting_error(error) from None
     scheme = (" asymmetric" if asymmetric else "") + (f", {down_dtype} down rows" if down_dtype else "")
     click.echo(
         f"FFN d={d} D={n_neurons} {dtype}{scheme}, group size {group_size}, backend=cpu threads={rows[0]['threads']}: "
@@ -1137,7 +1208,7 @@ def _bench_quantized_ffn(
 
 
 @bench.command("e2e")
-@click.argument("bundle_dir", type=click.Path(path_type=str))
+@click.argument("bundle_dir", type=INPUT_PATH)
 @click.option("--backend", default="auto", show_default=True)
 @click.option(
     "--sparsity", type=FiniteFloatRange(0, 1), default=None, help="A calibrated level (default: the bundle's)."
@@ -1186,7 +1257,7 @@ def bench_e2e_command(
 
 
 @main.command()
-@click.argument("bundle_dir", type=click.Path(path_type=str))
+@click.argument("bundle_dir", type=INPUT_PATH)
 @click.option(
     "--cache-dir",
     default=None,
@@ -1204,30 +1275,38 @@ def build(bundle_dir: str, cache_dir: str | None, force: bool) -> None:
     click.echo(f"engine cached in {engine_dir}")
 
 
-_window_options = _options(
-    click.option("--text", "text_files", multiple=True, required=True, help="Held-out text. Repeatable."),
-    click.option("--backend", default="auto", show_default=True),
-    click.option(
-        "--tokens",
-        "max_tokens",
-        type=click.IntRange(1, 1 << 24),
-        default=4096,
-        show_default=True,
-        help="Held-out tokens read (each window's prompt tokens are not scored).",
-    ),
-    click.option(
-        "--prompt-tokens", type=click.IntRange(min=1), default=32, show_default=True, help="Dense prefill per window."
-    ),
-    _threads_option,
-    click.option("--no-layer-stats", is_flag=True, help="Skip the per-layer sparsity and recall statistics."),
-    click.option("--json", "json_path", default=None, help="Also write the result as JSON."),
-    click.option("--plot", "plot_path", default=None, help="Also draw the result as a PNG."),
-)
+def _window_options(
+    json_help: str = "Also write the result as JSON.", plot_help: str = "Also draw the result as a PNG."
+) -> Callable:
+    """The options eval and sweep share; sweep writes its JSON and plot whether asked or not (json_help, plot_help)."""
+    return _options(
+        click.option("--text", "text_files", multiple=True, required=True, help="Held-out text. Repeatable."),
+        click.option("--backend", default="auto", show_default=True),
+        click.option(
+            "--tokens",
+            "max_tokens",
+            type=click.IntRange(1, 1 << 24),
+            default=4096,
+            show_default=True,
+            help="Held-out tokens read (each window's prompt tokens are not scored).",
+        ),
+        click.option(
+            "--prompt-tokens",
+            type=click.IntRange(min=1),
+            default=32,
+            show_default=True,
+            help="Dense prefill per window.",
+        ),
+        _threads_option,
+        click.option("--no-layer-stats", is_flag=True, help="Skip the per-layer sparsity and recall statistics."),
+        click.option("--json", "json_path", default=None, help=json_help),
+        click.option("--plot", "plot_path", default=None, help=plot_help),
+    )
 
 
 @main.command("eval")
-@click.argument("bundle_dir", type=click.Path(path_type=str))
-@_window_options
+@click.argument("bundle_dir", type=INPUT_PATH)
+@_window_options()
 @click.option(
     "--sparsity", type=FiniteFloatRange(0, 1), default=None, help="A calibrated level (default: the bundle's)."
 )
@@ -1285,10 +1364,13 @@ def eval_command(
 
 
 @main.command("sweep")
-@click.argument("model_dir", type=click.Path(path_type=str))
+@click.argument("model_dir", type=INPUT_PATH)
 @click.option("--calib", "calibration_files", multiple=True, required=True, help="Calibration text. Repeatable.")
 @click.option("-o", "--output", "out_dir", required=True, help="Directory for the bundles and results.")
-@_window_options
+@_window_options(
+    json_help="Where to write the result as JSON (default: OUTPUT/sweep.json).",
+    plot_help="Where to draw the frontier as a PNG (default: OUTPUT/sweep.png).",
+)
 @click.option("--context", type=click.IntRange(min=2), default=256, show_default=True, help="Window length.")
 @click.option(
     "--predictors",
@@ -1389,19 +1471,19 @@ def sweep_command(
 
 
 @main.command()
-@click.argument("bundle_dir", type=click.Path(path_type=str))
+@click.argument("bundle_dir", type=INPUT_PATH)
 @click.argument("archive", type=click.Path(path_type=str))
 @click.option("--no-verify", is_flag=True, help="Skip checking the bundle's checksums before packing.")
 @click.option("--force", is_flag=True, help="Replace an earlier edge-sdk archive at that path.")
 def pack(bundle_dir: str, archive: str, no_verify: bool, force: bool) -> None:
-    """Pack a bundle into one deterministic .tar for shipping to a device."""
+    """Pack a bundle into one deterministic, uncompressed .tar for shipping to a device."""
     from edge_sdk.bundle.archive import pack_bundle
 
     click.echo(f"wrote {pack_bundle(bundle_dir, archive, verify=not no_verify, force=force)}")
 
 
 @main.command()
-@click.argument("archive", type=click.Path(path_type=str))
+@click.argument("archive", type=INPUT_PATH)
 @click.argument("bundle_dir", type=click.Path(path_type=str))
 @click.option("--force", is_flag=True, help="Replace an earlier edge-sdk bundle at that path.")
 def unpack(archive: str, bundle_dir: str, force: bool) -> None:
@@ -1409,4 +1491,5 @@ def unpack(archive: str, bundle_dir: str, force: bool) -> None:
     from edge_sdk.bundle.archive import unpack_bundle
 
     bundle = unpack_bundle(archive, bundle_dir, force=force)
-    click.echo(f"unpacked and verified {bundle.path} ({len(bundle.manifest.files)} files)")
+    listed = len(bundle.manifest.files)
+    click.echo(f"unpacked and verified {bundle.path} (manifest.json and the {listed} files it lists)")

@@ -64,6 +64,9 @@ class OutputKind:
     noun: str
     is_directory: bool
     ours: Callable[[Path], str | None]
+    # whether replacing an earlier one takes --force (a report option replaces an earlier edge-sdk report without it,
+    # and eval and bench have no --force)
+    replaced_with_force: bool = True
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,7 @@ def check_target(
     except OSError as problem:
         raise OutputError(f"{path}: cannot inspect ({problem.strerror})") from None
     if not replace:
-        raise OutputError(f"{path}: already exists (use --force to replace an earlier edge-sdk {kind.noun})")
+        raise OutputError(_exists_message(path, info, kind))
     expected_type = stat.S_ISDIR if kind.is_directory else stat.S_ISREG
     if not expected_type(info.st_mode):  # checked before reading it: a FIFO would block the read forever
         raise OutputError(f"{path}: is {_file_type(info.st_mode)}, not an edge-sdk {kind.noun}; refusing to replace it")
@@ -153,8 +156,25 @@ def check_target(
     _check_parent(path, kind)  # the new output is staged beside the old one
     why_not = kind.ours(path)
     if why_not is not None:
-        raise OutputError(f"{path}: {why_not}; --force replaces only an edge-sdk {kind.noun}")
+        if kind.replaced_with_force:
+            raise OutputError(f"{path}: {why_not}; --force replaces only an edge-sdk {kind.noun}")
+        raise OutputError(f"{path}: {why_not}; write the {kind.noun} elsewhere")
     return Target(path, kind, (info.st_dev, info.st_ino))
+
+
+def _exists_message(path: Path, info: os.stat_result, kind: OutputKind) -> str:
+    """The refusal of an existing location without --force: a hint to use --force only where --force would replace
+    what is there (an output edge-sdk wrote), else why it would not, so that the user does not retry in vain."""
+    expected_type = stat.S_ISDIR if kind.is_directory else stat.S_ISREG
+    if not expected_type(info.st_mode):  # checked before reading it: a FIFO would block the read forever
+        why_not = f"is {_file_type(info.st_mode)}, not an edge-sdk {kind.noun}"
+    elif os.path.ismount(path):
+        why_not = "is a mount point"
+    else:
+        why_not = kind.ours(path)
+    if why_not is None:
+        return f"{path}: already exists (use --force to replace an earlier edge-sdk {kind.noun})"
+    return f"{path}: already exists and is not what --force replaces ({why_not}); write the {kind.noun} elsewhere"
 
 
 def _enclosing_output(path: Path) -> tuple[str, Path] | None:
@@ -708,6 +728,6 @@ def _png_software(path: Path) -> str:
 BUNDLE = OutputKind("bundle", True, bundle_is_ours)
 PREDICTORS = OutputKind("predictors directory", True, predictors_dir_is_ours)
 ARCHIVE = OutputKind("bundle archive", False, archive_is_ours)
-REPORT = OutputKind("report", False, report_is_ours)
+REPORT = OutputKind("report", False, report_is_ours, replaced_with_force=False)
 ENGINE = OutputKind("TensorRT engine", True, engine_dir_is_ours)
 SWEEP_BUNDLES = OutputKind("sweep's bundles directory", True, sweep_bundles_are_ours)

@@ -35,3 +35,21 @@ def test_a_later_phase_is_timed_from_when_the_one_before_it_ends():
     bars[2].close()
     assert shown.getvalue() == ""
     bars[0].close()
+
+
+def test_bars_of_overlapping_phases_move_no_cursor(capsys):
+    """A sweep opens a phase's bar while the one before it is still open (export makes all three at once): tqdm put
+    each further bar one line down and came back with "\\x1b[A", which a log file (stderr not a terminal) showed as
+    an empty line and an escape sequence per update."""
+    from edge_sdk.cli import _phase_progress
+
+    with _phase_progress() as report:
+        report("svd: calibrating", 0, 2)
+        report("svd: validating levels", 0, 2)
+        for done in (1, 2):
+            report("svd: calibrating", done, 2)
+        for done in (1, 2):
+            report("svd: validating levels", done, 2)
+    shown = capsys.readouterr().err
+    assert "\x1b[" not in shown and "\n\n" not in shown
+    assert "svd: calibrating: 100%" in shown and "svd: validating levels: 100%" in shown

@@ -54,6 +54,11 @@ def bench_e2e(
     bundle = Bundle.open(bundle_path)
     choice = bundle.sparsity.resolve(sparsity)  # raises, naming the calibrated levels, before any work
     ids = Tokenizer.from_bundle(bundle).encode(prompt)[:prompt_tokens]
+    if prompt_tokens is not None and len(ids) == prompt_tokens >= bundle.max_seq_len:
+        raise EdgeSdkError(  # the option is what is too long ("pass --prompt-tokens" read as if it had not been)
+            f"--prompt-tokens {prompt_tokens}: the bundle serves {bundle.max_seq_len} positions, so at most "
+            f"{bundle.max_seq_len - 1} prompt tokens are expected"
+        )
     if not ids or len(ids) >= bundle.max_seq_len:
         raise EdgeSdkError(
             f"prompt: {len(ids)} tokens; the bundle serves {bundle.max_seq_len} positions, so a prompt of 1 to "

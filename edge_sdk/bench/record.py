@@ -7,12 +7,16 @@ import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from edge_sdk import __version__, outputs
 from edge_sdk.native import load_cpu_kernels
 
 COMMIT_ENV = "EDGE_SDK_RECORD_COMMIT"
+# The checkout edge-sdk runs from (an editable install's repository root), whose commit a result names; an installed
+# package's directory is no checkout, and the repository the user's current directory is in is not edge-sdk's.
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _commit() -> str | None:
@@ -22,20 +26,21 @@ def _commit() -> str | None:
     EDGE_SDK_RECORD_COMMIT, which is recorded as given."""
     if os.environ.get(COMMIT_ENV):
         return os.environ[COMMIT_ENV]
+
+    def git(*args: str) -> str:
+        command = ["git", "-C", str(SOURCE_ROOT), *args]
+        return subprocess.run(command, capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, timeout=10
-        )
-        changes = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top,exclude)benchmarks/results"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        )
+        # edge-sdk's own checkout only: from a package installed in a virtual environment inside the user's project,
+        # git would find (and a result would name) the user's repository
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != SOURCE_ROOT.resolve():
+            return None
+        head = git("rev-parse", "--short", "HEAD")
+        changes = git("status", "--porcelain", "--untracked-files=no", "--", ":(top,exclude)benchmarks/results")
     except (OSError, subprocess.SubprocessError):
         return None
-    return head.stdout.strip() + ("-dirty" if changes.stdout.strip() else "")
+    return head + ("-dirty" if changes else "")
 
 
 def machine_description() -> dict[str, Any]:

@@ -34,6 +34,8 @@ FILE_MODE = 0o644
 MAX_MEMBERS = 64
 # Far more than the ONNX graphs of a 70B model (their weights live in weights.safetensors): a few MB.
 MAX_BYTES_BEFORE_MANIFEST = 64 << 20
+# Names that promise a compressed archive, which pack does not write (unpack reads them)
+COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst", ".gz", ".zip")
 
 
 class ArchiveError(BundleError):
@@ -57,6 +59,12 @@ def pack_bundle(bundle_dir: str | Path, tar_path: str | Path, *, verify: bool = 
     The bundle is opened first (with every checksum unless verify is off), so a corrupt bundle is never packed.
     force: replace an earlier edge-sdk archive at tar_path."""
     bundle_dir = Path(bundle_dir)
+    compressed = next((suffix for suffix in COMPRESSED_SUFFIXES if str(tar_path).lower().endswith(suffix)), None)
+    if compressed is not None:
+        raise ArchiveError(
+            f"{tar_path}: pack writes an uncompressed .tar (quantized weights hardly compress), not a {compressed} "
+            "file: name it .tar, and compress it afterwards if you like (unpack reads .tar.gz, .tar.bz2 and .tar.xz)"
+        )
     target = outputs.check_target(tar_path, outputs.ARCHIVE, replace=force, inputs=(("bundle", bundle_dir),))
     bundle = Bundle.open(bundle_dir, verify_checksums=verify)
     names = [bundle_format.MANIFEST_FILE, *sorted(bundle.manifest.files)]

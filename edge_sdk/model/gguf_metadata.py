@@ -82,7 +82,7 @@ class _CheckedReader(gguf.GGUFReader):
         except CheckpointError:
             # a key/value count higher than the file's reads its first tensor info as a key/value, and what follows
             # it is garbage wherever it fails: the count is the cause to name
-            misread = next((field for field in self.fields.values() if _tensor_like(field.name)), None)
+            misread = next((field for field in getattr(self, "fields", {}).values() if _tensor_like(field.name)), None)
             if misread is None:
                 raise
             kv_count = int(self.fields["GGUF.kv_count"].parts[0][0])

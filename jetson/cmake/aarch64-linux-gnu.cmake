@@ -1,7 +1,7 @@
 # Cross-build for 64-bit ARM Linux (Jetson Orin / Thor run aarch64 Ubuntu) with Debian/Ubuntu's cross compiler:
 #   apt-get install gcc-aarch64-linux-gnu && dpkg --add-architecture arm64 && apt-get update &&
 #   apt-get install libcjson-dev:arm64
-#   cmake -S jetson -B build/jetson-arm64 -DCMAKE_TOOLCHAIN_FILE=jetson/cmake/aarch64-linux-gnu.cmake
+#   cmake -S jetson -B build/jetson-arm64 -DCMAKE_TOOLCHAIN_FILE=$PWD/jetson/cmake/aarch64-linux-gnu.cmake
 # Run the results with qemu-aarch64 -L /usr/aarch64-linux-gnu -E LD_LIBRARY_PATH=/usr/aarch64-linux-gnu/lib
 # (package qemu-user; jetson/README.md says why the LD_LIBRARY_PATH). On the Jetson itself no
 # toolchain file is needed: JetPack's own gcc (aarch64-linux-gnu-gcc is the native compiler there) builds with

@@ -124,3 +124,23 @@ def test_bench_ffn_refuses_a_shape_beyond_the_machines_memory_before_allocating(
     assert result.exit_code == 2, result.output
     assert "bench ffn at d=1000000, D=1000000 needs about" in result.output
     assert "give a smaller --shape" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--sparsity", "1.5"], "Invalid value for '--sparsity': expected values in [0, 1), found 1.5"),
+        (["--sparsity", "1.5", "--dtype", "int8"], "Invalid value for '--sparsity': expected values in [0, 1)"),
+        (["--shape", "512"], "Invalid value for '--shape': expected one of llama2-7b, mistral-7b, qwen2-7b or dxD"),
+    ],
+)
+def test_bench_ffn_names_the_option_it_refuses(options, message):
+    """It said "Invalid value: sparsities: ..." and "Invalid value: shape: ...": the library's parameter names, not
+    the options the user typed."""
+    from click.testing import CliRunner
+
+    from edge_sdk.cli import main
+
+    result = CliRunner().invoke(main, ["bench", "ffn", "--shape", "64x256", *options, "--repeats", "1"])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "sparsities" not in result.output

@@ -270,3 +270,11 @@ def _sized(name: str, size: int) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.size = size
     return info
+
+
+@pytest.mark.parametrize("name", ["bundle.tgz", "bundle.tar.gz", "bundle.TAR.XZ", "bundle.zip"])
+def test_pack_refuses_a_name_that_promises_compression(bundle_dir, tmp_path, name):
+    """`pack B out.tgz` wrote an uncompressed tar under a gzip name."""
+    with pytest.raises(ArchiveError, match=r"pack writes an uncompressed \.tar .* name it \.tar"):
+        pack_bundle(bundle_dir, tmp_path / name)
+    assert not (tmp_path / name).exists()

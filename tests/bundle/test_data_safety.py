@@ -39,6 +39,8 @@ from edge_sdk.outputs import (
     write_reports,
 )
 
+from ..conftest import TINY_MODEL
+
 QUICK_EXPORT = ["--predictor", "none", "--max-seq-len", "32"]
 # A calibrated export kept short: a given rank and level, and the model-wide level in every layer (no rank search, no
 # validation, one level fitted instead of the allocation grid). What these tests assert happens after calibration.
@@ -193,7 +195,8 @@ def test_unpack_force_refuses_the_current_directory_and_foreign_directories(work
 def test_pack_refuses_directories_and_files_it_did_not_write(workspace, archive):
     bundle = archive.parent / "bundle"
     before = snapshot(workspace)
-    assert_refused(edge_sdk("pack", bundle, "data", cwd=workspace), "data: already exists")
+    assert_refused(edge_sdk("pack", bundle, "data", cwd=workspace), "data: already exists and is not what --force")
+    assert_refused(edge_sdk("pack", bundle, "notes.txt", cwd=workspace), "(is not an edge-sdk bundle archive)")
     assert_refused(
         edge_sdk("pack", bundle, "data", "--force", cwd=workspace), "is a directory, not an edge-sdk bundle archive"
     )
@@ -341,7 +344,8 @@ def test_a_full_disk_and_a_read_only_file_system_are_one_line(workspace, tmp_pat
         (["--max-new-tokens", "-3"], "'--max-new-tokens': -3 is not in the range"),
         (["--prompt", b"\xff\xfeabc".decode("utf-8", "surrogateescape")], "--prompt: not UTF-8 text"),
         (["--stop", b"ok\xff".decode("utf-8", "surrogateescape")], "--stop: not UTF-8 text"),
-        (["--dense", "--sparsity", "0.5"], "dense and sparsity 0.5: the dense model has no sparsity level"),
+        (["--dense", "--sparsity", "0.5"], "--dense and --sparsity 0.5: the dense model has no sparsity level"),
+        (["--stop", ""], "--stop: expected a non-empty text, found ''"),
         (["--temperature", "inf"], "'--temperature': expected a finite number, found 'inf'"),
         (["--top-p", "nan"], "'--top-p': expected a finite number, found 'nan'"),
         (["--sparsity", "nan"], "'--sparsity': expected a finite number, found 'nan'"),
@@ -799,3 +803,49 @@ def test_a_failed_output_below_a_dotdot_removes_every_directory_made_for_it(tmp_
     with pytest.raises(OSError), staged_output(target):
         raise OSError(errno.EIO, "input/output error")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_without_force_the_hint_to_use_it_comes_only_where_force_would_replace(tmp_path):
+    """`export -o DIR` into the user's own directory said "already exists (use --force to replace an earlier edge-sdk
+    bundle)", and with --force it was refused again: the hint is given only for an output edge-sdk wrote."""
+    users = tmp_path / "mine"
+    users.mkdir()
+    (users / "notes.txt").write_text("kept\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for directory in (users, empty):
+        with pytest.raises(OutputError) as refused:
+            check_target(directory, BUNDLE, replace=False)
+        assert str(refused.value) == (
+            f"{directory}: already exists and is not what --force replaces (has no edge-sdk manifest.json, so it is "
+            "not an edge-sdk bundle); write the bundle elsewhere"
+        )
+    with pytest.raises(OutputError, match=r"already exists and is not what --force replaces \(is a file, not an"):
+        check_target(users / "notes.txt", BUNDLE, replace=False)
+
+
+def test_a_report_location_holding_a_users_file_is_refused_without_mentioning_force(tmp_path):
+    """`eval --json notes.txt` said "--force replaces only an edge-sdk report": eval has no --force, and a report
+    option replaces an earlier edge-sdk report without one."""
+    users = tmp_path / "notes.txt"
+    users.write_text("my own notes\n")
+    with pytest.raises(OutputError) as refused:
+        check_report(users)
+    assert str(refused.value) == (f"{users}: is not a report edge-sdk wrote; write the report elsewhere")
+
+
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        (["info", ""], "MODEL_DIR"),
+        (["verify", ""], "BUNDLE_DIR"),
+        (["run", "", "--prompt", "x"], "BUNDLE_DIR"),
+        (["pack", "", "out.tar"], "BUNDLE_DIR"),
+        (["unpack", "", "out"], "ARCHIVE"),
+    ],
+)
+def test_an_empty_input_path_is_refused_not_read_as_the_current_directory(tmp_path, args, name):
+    """`info ""` read the model in the current directory (Path("") is "."), or said "config.json is missing"."""
+    shutil.copytree(TINY_MODEL, tmp_path / "model")  # a model in the current directory, for "" to find
+    result = edge_sdk(*args, cwd=tmp_path / "model")
+    assert_refused(result, f"Invalid value for '{name}': expected a path, found an empty string")

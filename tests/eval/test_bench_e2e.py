@@ -62,6 +62,9 @@ def test_a_missing_or_too_long_prompt_is_refused_with_one_line(bundle_matrix, ti
     assert result.exit_code == 2
     assert "the bundle serves 128 positions, so a prompt of 1 to 127 tokens is expected" in result.output
     assert "Traceback" not in result.output
+    result = bench(str(bundle.path), "--prompt-file", str(tiny_model_dir / "held_out.txt"), "--prompt-tokens", "500")
+    assert result.exit_code == 2  # it said "(shorten it, or pass --prompt-tokens)" to a --prompt-tokens 500
+    assert "--prompt-tokens 500: the bundle serves 128 positions, so at most 127 prompt tokens" in result.output
 
 
 @pytest.mark.parametrize(

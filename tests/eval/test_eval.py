@@ -495,3 +495,12 @@ def test_logits_that_are_not_finite_are_refused_not_reported_as_nan():
     """A bundle with a nan weight gave `eval` a perplexity of nan and a JSON report no strict reader accepts."""
     with pytest.raises(EvalError, match="decoding gave logits that are not finite numbers"):
         teacher_forced(NanLogits(), [[1, 2, 3, 4]], prompt_tokens=1)
+
+
+def test_sweeps_help_gives_the_reports_it_writes_unasked():
+    """sweep's --json and --plot said "Also write the result as JSON" as eval's do, but a sweep writes OUTPUT/sweep.json
+    and OUTPUT/sweep.png whether they are given or not (the user found them beside the bundles)."""
+    sweep_help = " ".join(CliRunner().invoke(main, ["sweep", "--help"]).output.split())
+    assert "(default: OUTPUT/sweep.json)" in sweep_help and "(default: OUTPUT/sweep.png)" in sweep_help
+    eval_help = " ".join(CliRunner().invoke(main, ["eval", "--help"]).output.split())
+    assert "Also write the result as JSON." in eval_help and "OUTPUT/sweep" not in eval_help

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from edge_sdk.bench import record
 from edge_sdk.bench.record import COMMIT_ENV, machine_description, with_machine_info
 from edge_sdk.cli import _write_json
 from edge_sdk.errors import EdgeSdkError
@@ -29,6 +30,7 @@ def repo(tmp_path, monkeypatch):
     git(tmp_path, "add", "kernel.c", "benchmarks")
     git(tmp_path, "commit", "-q", "-m", "first")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(record, "SOURCE_ROOT", tmp_path)  # as if edge-sdk ran from this checkout
     monkeypatch.delenv(COMMIT_ENV, raising=False)
     return tmp_path
 
@@ -72,8 +74,22 @@ def test_cli_json_never_overwrites_a_file_edge_sdk_did_not_write(repo):
 
 def test_outside_a_repository_the_commit_is_unknown(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(record, "SOURCE_ROOT", tmp_path)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     assert with_machine_info({})["commit"] is None
+
+
+def test_the_users_repository_is_not_the_commit_measured(repo, tmp_path_factory, monkeypatch):
+    """`edge-sdk sweep` run from the user's own project recorded that project's HEAD as the commit it measured; an
+    installed package (a virtual environment inside that project included) is no edge-sdk checkout: unknown."""
+    installed = repo / ".venv" / "lib" / "site-packages"  # inside the user's repository, but not its root
+    installed.mkdir(parents=True)
+    monkeypatch.setattr(record, "SOURCE_ROOT", installed)
+    assert with_machine_info({})["commit"] is None
+    elsewhere = tmp_path_factory.mktemp("site-packages")
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(elsewhere.parent))
+    monkeypatch.setattr(record, "SOURCE_ROOT", elsewhere)
+    assert with_machine_info({})["commit"] is None  # while the current directory is the user's repository
 
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"

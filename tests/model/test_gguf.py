@@ -938,7 +938,19 @@ def _corrupt_files() -> list[tuple[str, object]]:
         truncate_gguf(path, 0)
         return "the file is empty (expected a GGUF file)"
 
+    def truncated_in(cut, section, needed):
+        """A file cut short before the reader has parsed a field: "not a readable GGUF file (When changing to a
+        larger dtype, its size must be a divisor ...)", numpy's words, for a 3-byte file."""
+
+        def corrupt(path, layout):
+            truncate_gguf(path, cut)
+            return f"truncated at byte {cut} (the {section} needs at least {needed} bytes)"
+
+        return corrupt
+
     return [
+        ("truncated in the magic", truncated_in(3, "header", 4)),
+        ("truncated after the magic", truncated_in(4, "header", 8)),
         ("truncated after the header", truncated_after_header),
         ("truncated in the token list", truncated_in_token_list),
         ("truncated in a key", truncated_in_a_key),

@@ -243,7 +243,9 @@ def test_existing_output_needs_force(tiny_model_dir, tmp_path):
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     result = calibrate_cli(tiny_model_dir, out, *QUICK)
-    assert result.exit_code == 2 and "already exists (use --force" in result.output
+    # not "use --force": --force replaces only a predictors directory edge-sdk wrote, and this one is the user's
+    assert result.exit_code == 2 and "already exists and is not what --force replaces" in result.output
+    assert "use --force" not in result.output
     assert (out / "keep.txt").read_text() == "mine"
 
 
@@ -384,6 +386,13 @@ AUTO_THRESHOLD = "--predictor auto chose threshold for this model's silu FFN"
         ("relu", ["--predictor", "threshold", "--no-whiten"], "--no-whiten: only svd reads it; --predictor threshold"),
         ("relu", ["--recall-target", "0.9"], f"--recall-target: only signbit reads it; {AUTO_SVD}"),
         ("silu", ["--rank", "16"], f"--rank: only svd reads it; {AUTO_THRESHOLD}"),
+        # with the default level given, nothing chooses one on validation perplexity
+        (
+            "relu",
+            ["--sparsity", "0.5", "--ppl-budget", "1"],
+            "--ppl-budget: only choosing the default level reads it, and --sparsity 0.5 gives the level",
+        ),
+        ("silu", ["--validation-tokens", "512", "--sparsity", "0.7"], "--validation-tokens: only choosing the default"),
     ],
 )
 def test_an_option_the_chosen_predictor_does_not_read_is_refused(tiny_model_dir, tmp_path, hidden_act, options, text):
