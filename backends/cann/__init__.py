@@ -45,11 +45,23 @@ def quant_notice(plan: QuantPlan) -> str | None:
 
 
 def _cann_version(torch_npu) -> str:
-    """The CANN toolkit version torch_npu runs on; older torch_npu releases lack the query."""
-    query = getattr(getattr(torch_npu, "utils", None), "get_cann_version", None)
-    if query is not None:
-        return str(query())
-    return str(getattr(getattr(torch_npu, "version", None), "cann", "unknown"))
+    """The CANN toolkit version torch_npu runs on. get_cann_version() is torch_npu.npu.utils' since torch_npu 2.5.1
+    and also torch_npu.utils' since 2.7.1, and answers "" on a CANN older than 8.1.RC1; torch.version.cann is set by
+    every torch_npu at import (utils/collect_env.py, from the toolkit's ascend_*_install.info). torch_npu/version.py
+    holds __version__ and git_version only: there is no torch_npu.version.cann."""
+    for owner in (getattr(torch_npu, "utils", None), getattr(getattr(torch_npu, "npu", None), "utils", None)):
+        query = getattr(owner, "get_cann_version", None)
+        if query is None:
+            continue
+        try:
+            version = str(query() or "")
+        except Exception:  # a query that cannot read the toolkit's version: the fallback below
+            version = ""
+        if version:
+            return version
+    import torch
+
+    return str(getattr(torch.version, "cann", None) or "unknown")
 
 
 class CannBackend:

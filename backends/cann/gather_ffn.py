@@ -176,10 +176,11 @@ class GatherSparseFFN(SparseFeedForward):
         """scores [D] -> (rows [k] int64, valid [k] bool or None): the neurons whose gate rows are gathered.
 
         dynamic: rows = nonzero(scores > 0), valid None (all of them). static: rows = the top-capacity scores
-        (in no particular order), valid = their score > 0."""
+        (highest first), valid = their score > 0."""
         if self.mode == "dynamic":
             return torch.nonzero(scores > 0).squeeze(1), None
-        rows = torch.topk(scores, self.static_capacity(), sorted=False).indices  # [capacity]
+        # sorted=True: aclnnTopk documents sorted=False as unsupported ("当前该参数仅支持取True"), CANN 8.0.0
+        rows = torch.topk(scores, self.static_capacity(), sorted=True).indices  # [capacity]
         return rows, scores.index_select(0, rows) > 0
 
     def _fixed_candidates(self, x: torch.Tensor, batch_row: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -237,7 +238,7 @@ class GatherSparseFFN(SparseFeedForward):
         if capacity == 0:
             return self._empty_step()
         scores = gate_act.abs() if thresholds is None else gate_act.abs() - thresholds  # [D]
-        rows = torch.topk(scores, capacity, sorted=False).indices
+        rows = torch.topk(scores, capacity, sorted=True).indices  # sorted=True: see candidates()
         kept = keep.index_select(0, rows)
         return GatherStep(self._up_down(x, rows, gate_act.index_select(0, rows), kept), rows, kept)
 

@@ -179,7 +179,13 @@ class WeightQuantMatrix:
     """A quantized matrix [rows, cols] on the weight-quant matmul path: codes in the operator's layout (int8 [rows,
     cols]; int4 as pack_int4's int32 [rows, cols / 8], one row per matrix row, so rows gather as before) and scales in
     the compute dtype, on the device. A product passes the gathered rows' transposed views as the operator's (K, N)
-    weight and (K / G, N) scales."""
+    weight and (K / G, N) scales.
+
+    Every weight handed to the operator is the transpose of a whole tensor of its own: torch_npu's wrapper reads an
+    int32 weight as int4 packed along K (K = 8 * size(0)) only when op_plugin::utils::is_transpose_last_two_dims holds,
+    which asks for numel equal to the storage's size; the transpose of a row slice of one tensor fails that and is read
+    as (K, N / 8), a K mismatch. So a matrix of more than MAX_MATMUL_DIM rows (a vocabulary) is held as blocks of at
+    most MAX_MATMUL_DIM rows, each its own tensor, and a gather of more rows than that is copied block by block."""
 
     def __init__(self, matrix: quant.QuantizedMatrix, device: torch.device, dtype: torch.dtype, ops: WeightQuantOps):
         if matrix.mins is not None:
@@ -187,30 +193,58 @@ class WeightQuantMatrix:
         self.ops = ops
         cols = matrix.shape[1]
         if matrix.format == "int8":
-            self.codes = torch.from_numpy(np.ascontiguousarray(matrix.data)).to(device)
+            codes = torch.from_numpy(np.ascontiguousarray(matrix.data)).to(device)
         else:  # the operator's nibble order is its own: hand it the codes and keep what it packs
-            self.codes = ops.pack_int4(torch.from_numpy(quant.unpack_int4(matrix.data)).to(torch.int32).to(device))
-        self.scales = torch.from_numpy(matrix.scales).to(device=device, dtype=dtype)  # [rows, cols / G]
+            codes = ops.pack_int4(torch.from_numpy(quant.unpack_int4(matrix.data)).to(torch.int32).to(device))
+        self.code_blocks = _row_blocks(codes)
+        del codes
+        scales = torch.from_numpy(matrix.scales).to(device=device, dtype=dtype)  # [rows, cols / G]
+        self.scale_blocks = _row_blocks(scales)
         # antiquant_group_size must lie in [32, K - 1]: a row of one group is the per-channel mode, scale (1, N)
         self.group_size = 0 if cols == matrix.group_size else matrix.group_size
         self.cols = cols
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.codes.shape[0], self.cols
+        return sum(block.shape[0] for block in self.code_blocks), self.cols
+
+    @property
+    def codes(self) -> torch.Tensor:
+        """All codes as one tensor (a copy when the matrix is held in blocks)."""
+        return self.code_blocks[0] if len(self.code_blocks) == 1 else torch.cat(self.code_blocks)
 
     def product(self, x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, cols] @ W[rows]^T -> [M, k] in x's dtype, N sliced to the operator's limit."""
-        codes = self.codes if rows is None else self.codes.index_select(0, rows)
-        scales = self.scales if rows is None else self.scales.index_select(0, rows)
-        count = codes.shape[0]
-        slices = [
-            self.ops.matmul(
-                x, codes[start : start + MAX_MATMUL_DIM].T, scales[start : start + MAX_MATMUL_DIM].T, self.group_size
-            )
-            for start in range(0, count, MAX_MATMUL_DIM)
-        ]
+        if rows is None:
+            blocks = zip(self.code_blocks, self.scale_blocks, strict=True)
+        else:
+            codes, scales = _gather(self.code_blocks, rows), _gather(self.scale_blocks, rows)
+            blocks = zip(_row_blocks(codes), _row_blocks(scales), strict=True)
+        slices = [self.ops.matmul(x, codes.T, scales.T, self.group_size) for codes, scales in blocks]
         return slices[0] if len(slices) == 1 else torch.cat(slices, dim=1)
+
+
+def _row_blocks(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """tensor [n, ...] as blocks of at most MAX_MATMUL_DIM rows, each a tensor of its own (the tensor itself when it
+    fits: no copy)."""
+    if tensor.shape[0] <= MAX_MATMUL_DIM:
+        return [tensor]
+    return [tensor[start : start + MAX_MATMUL_DIM].clone() for start in range(0, tensor.shape[0], MAX_MATMUL_DIM)]
+
+
+def _gather(blocks: list[torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+    """The rows [k] of the matrix held as blocks, [k, ...], a new tensor; across blocks without a host
+    synchronisation (each block is gathered at the rows clamped into it and kept where the row lies in it)."""
+    if len(blocks) == 1:
+        return blocks[0].index_select(0, rows)
+    gathered, start = None, 0
+    for block in blocks:
+        local = rows - start
+        picked = block.index_select(0, local.clamp(0, block.shape[0] - 1))
+        inside = ((local >= 0) & (local < block.shape[0])).view(-1, *([1] * (block.dim() - 1)))
+        gathered = picked if gathered is None else torch.where(inside, picked, gathered)
+        start += block.shape[0]
+    return gathered
 
 
 def device_matrix(

@@ -10,10 +10,21 @@ G = 0; scale dtype equal to x's; K and N at most 65535; no empty tensors; the re
 int32 (n, k / 8).
 
 Where the documentation leaves a choice to the operator, the reference makes one and says so: the order of the eight
-nibbles in a packed word ("交叠排放", interleaved, is all it says) is its own here (value 8j + i in bits 4i..4i + 3 of
-word j), which only its own matmul reads, exactly as the engine treats the NPU's packed words as opaque rows. The
-NPU takes x in fp16 or bf16; the reference also takes float32, the compute dtype of the CPU tests, and computes in
-float64 before rounding to x's dtype (the NPU's accumulation order and precision are its own, unverified here).
+nibbles in a packed word ("交叠排放", interleaved, is all the documentation says) is value 8j + i in bits 4i..4i + 3
+of word j, which is also what op-plugin's convert_to_int4_pack does on the host (Ascend/op-plugin,
+op_plugin/ops/opapi/ConvertWeightToINT4PackKernelNpuOpApi.cpp); only the reference's own matmul reads it, exactly as
+the engine treats the NPU's packed words as opaque rows. The NPU takes x in fp16 or bf16; the reference also takes
+float32, the compute dtype of the CPU tests, and computes in float64 before rounding to x's dtype (the NPU's
+accumulation order and precision are its own, unverified here).
+
+How an int32 weight's K is read is the op-plugin wrapper's (op_plugin/ops/opapi/WeightQuantBatchMatmulV2KernelNpuOpApi
+.cpp): K = 8 * weight.size(-2) only when op_plugin::utils::is_transpose_last_two_dims(weight) holds, else
+K = weight.size(-2) and N = 8 * weight.size(-1) (int4 packed along N). is_transpose_last_two_dims
+(op_plugin/utils/OpUtils.cpp) asks for the transpose of a whole tensor: stride(-2) == 1, stride(-1) == size(-2), the
+storage's base sizes the transposed shape and numel equal to the storage's size. The transpose of a row slice of
+pack_int4's (N, K / 8) words covers part of its storage, so the wrapper reads it as (K, N / 8) and refuses it: "The k
+of x and weight should be equal". The reference reads the layout the same way (_whole_transpose stands in for the
+storage checks on the CPU).
 """
 
 from __future__ import annotations
@@ -64,10 +75,18 @@ class ReferenceWeightQuant:
             if weight.shape[0] != k:
                 raise ValueError(f"weight: expected (K={k}, N), found {list(weight.shape)}")
             codes = weight.to(torch.int64)
-        elif weight.dtype == torch.int32:  # the transposed view of pack_int4's (N, K / 8), the layout the engine uses
-            if weight.shape[0] * 8 != k:
-                raise ValueError(f"weight: expected int4 packed as (K / 8 = {k // 8}, N), found {list(weight.shape)}")
-            codes = self.unpack_int4(weight.T).T
+        elif weight.dtype == torch.int32:
+            if _whole_transpose(weight):  # the transposed view of pack_int4's (N, K / 8): K = 8 * size(0)
+                weight_k, codes = weight.shape[0] * 8, lambda: self.unpack_int4(weight.T).T
+            else:  # read as (K, N / 8), int4 packed along N, as the wrapper does
+                weight_k, codes = weight.shape[0], lambda: self.unpack_int4(weight)
+            if weight_k != k:
+                raise ValueError(
+                    f"The k of x and weight should be equal. but x_k_dim is {k}, weight_k_dim is {weight_k} "
+                    f"(int32 weight {list(weight.shape)}, strides {list(weight.stride())}: K = 8 * size(0) only for "
+                    "the transpose of a whole contiguous tensor)"
+                )
+            codes = codes()
         else:
             raise ValueError(f"weight: expected int8 or int32, found {weight.dtype}")
         n = codes.shape[1]
@@ -90,3 +109,15 @@ class ReferenceWeightQuant:
             full_scale = scale.to(torch.float64).reshape(1, n)
         self.matmul_calls += 1
         return (x.to(torch.float64) @ (codes.to(torch.float64) * full_scale)).to(x.dtype)
+
+
+def _whole_transpose(weight: torch.Tensor) -> bool:
+    """op_plugin::utils::is_transpose_last_two_dims on the CPU: weight is the transpose of a whole contiguous 2-D
+    tensor (strides (1, size(0)), no storage offset, numel equal to its storage's)."""
+    return (
+        weight.dim() == 2
+        and weight.stride(0) == 1
+        and weight.stride(1) == weight.shape[0]
+        and weight.storage_offset() == 0
+        and weight.untyped_storage().nbytes() == weight.numel() * weight.element_size()
+    )

@@ -303,21 +303,43 @@ def test_probe_reports_a_failed_import(monkeypatch):
         select_backend("cann")
 
 
-def fake_torch_npu(available: bool) -> types.ModuleType:
+def fake_torch_npu(available: bool, monkeypatch) -> types.ModuleType:
+    """torch_npu 2.4.0 as it is: no get_cann_version (torch_npu.npu.utils has it since 2.5.1, torch_npu.utils since
+    2.7.1) and no torch_npu.version.cann; importing it sets torch.version.cann (utils/collect_env.py)."""
     module = types.ModuleType("torch_npu")
     module.__version__ = "2.4.0.post2"
     module.npu = types.SimpleNamespace(
         is_available=lambda: available, get_device_name=lambda index: "Ascend310P3", device_count=lambda: 2
     )
-    module.utils = types.SimpleNamespace(get_cann_version=lambda: "8.0.0")
+    module.utils = types.SimpleNamespace()
+    monkeypatch.setattr(torch.version, "cann", "8.0.0", raising=False)
     return module
 
 
+@pytest.mark.parametrize(
+    ("utils", "npu_utils", "found"),
+    [
+        (None, None, "8.0.0"),  # torch_npu < 2.5.1: torch.version.cann
+        (None, "", "8.0.0"),  # 2.5.1 / 2.6.0 on a CANN older than 8.1.RC1: get_cann_version() answers ""
+        ("8.1.RC1", "8.1.RC1", "8.1.RC1"),  # 2.7.1 and later
+    ],
+)
+def test_the_cann_version_is_read_where_each_torch_npu_keeps_it(monkeypatch, utils, npu_utils, found):
+    module = fake_torch_npu(True, monkeypatch)
+    if utils is not None:
+        module.utils.get_cann_version = lambda module="CANN": utils
+    if npu_utils is not None:
+        module.npu.utils = types.SimpleNamespace(get_cann_version=lambda module="CANN": npu_utils)
+    assert cann._cann_version(module) == found
+    monkeypatch.delattr(torch.version, "cann")
+    assert cann._cann_version(types.ModuleType("torch_npu")) == "unknown"
+
+
 def test_probe_distinguishes_no_npu_from_an_available_one(monkeypatch):
-    monkeypatch.setitem(sys.modules, "torch_npu", fake_torch_npu(available=False))
+    monkeypatch.setitem(sys.modules, "torch_npu", fake_torch_npu(available=False, monkeypatch=monkeypatch))
     available, reason = cann.CannBackend().probe()
     assert not available and reason.startswith("no NPU visible (torch_npu 2.4.0.post2")
-    monkeypatch.setitem(sys.modules, "torch_npu", fake_torch_npu(available=True))
+    monkeypatch.setitem(sys.modules, "torch_npu", fake_torch_npu(available=True, monkeypatch=monkeypatch))
     monkeypatch.setenv(cann.MODE_ENV, "static")
     available, reason = cann.CannBackend().probe()
     assert available and reason.startswith("Ascend310P3 (2 visible), CANN 8.0.0, torch_npu 2.4.0.post2, torch ")

@@ -68,7 +68,7 @@ def operators_module(name: str = "Ascend910B3", *, int4pack: bool = True) -> typ
     module.npu = types.SimpleNamespace(
         is_available=lambda: True, get_device_name=lambda index: name, device_count=lambda: 1
     )
-    module.utils = types.SimpleNamespace(get_cann_version=lambda: "8.1.RC1")
+    module.npu.utils = types.SimpleNamespace(get_cann_version=lambda module="CANN": "8.1.RC1")  # 2.6.0: npu.utils only
     return module
 
 
@@ -187,15 +187,46 @@ def test_both_matrices_multiply_gathered_rows_as_the_dequantized_matrix(fmt, col
     assert torch.equal(DequantizingMatrix(matrix, cpu, torch.float32).rows(rows), dense[rows].float())
 
 
-def test_a_vocabulary_beyond_the_operators_limit_is_multiplied_in_slices():
-    matrix = quantized_weight("int8", MAX_MATMUL_DIM + 700, 64, 32)
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_a_vocabulary_beyond_the_operators_limit_is_multiplied_in_slices(fmt):
+    """Each slice is a whole tensor of its own: torch_npu reads an int32 weight as int4 packed along K only when it is
+    the transpose of a whole tensor (the reference reads it the same way), so a row slice of one packed matrix
+    would be refused as a K mismatch."""
+    matrix = quantized_weight(fmt, MAX_MATMUL_DIM + 700, 64, 32)
     operators = ReferenceWeightQuant()  # refuses N > 65535, as the operator does
     head = WeightQuantMatrix(matrix, torch.device("cpu"), torch.float32, operators)
     x = torch.randn(1, 64, generator=torch.Generator().manual_seed(4))
-    expected = x.double() @ torch.from_numpy(quant.dequantize(matrix)).double().T
+    dense = torch.from_numpy(quant.dequantize(matrix)).double()
+    expected = x.double() @ dense.T
     found = head.product(x)
     assert operators.matmul_calls == 2 and found.shape == (1, MAX_MATMUL_DIM + 700)
     torch.testing.assert_close(found.double(), expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
+    # rows gathered from both blocks
+    rows = torch.tensor([MAX_MATMUL_DIM + 699, 0, MAX_MATMUL_DIM, 5, MAX_MATMUL_DIM - 1, MAX_MATMUL_DIM + 3])
+    expected = x.double() @ dense[rows].T
+    found = head.product(x, rows).double()
+    torch.testing.assert_close(found, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
+    assert head.shape == (MAX_MATMUL_DIM + 700, 64)
+    assert head.codes.dtype == (torch.int8 if fmt == "int8" else torch.int32)
+
+
+def test_the_reference_reads_an_int32_weight_as_torch_npu_does():
+    """op-plugin's npu_weight_quant_batchmatmul: K = 8 * size(0) for the transpose of a whole packed tensor; any other
+    int32 view is (K, N / 8), so the transpose of a row slice of the packed words is a K mismatch."""
+    reference = ReferenceWeightQuant()
+    codes = torch.randint(-8, 8, (16, 64), dtype=torch.int32, generator=torch.Generator().manual_seed(6))
+    words = reference.pack_int4(codes)  # (16, 8)
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(7))
+    scale = torch.ones(1, 16)
+    torch.testing.assert_close(reference.matmul(x, words.T, scale, 0), x @ codes.T.float(), rtol=1e-5, atol=1e-4)
+    with pytest.raises(ValueError, match="The k of x and weight should be equal"):
+        reference.matmul(x, words[:8].T, scale[:, :8], 0)
+    torch.testing.assert_close(
+        reference.matmul(x, words[:8].clone().T, scale[:, :8], 0), x @ codes[:8].T.float(), rtol=1e-5, atol=1e-4
+    )
+    # not transposed: (K, N / 8), int4 packed along N
+    along_n = reference.pack_int4(codes.T.contiguous())  # (64, 2): K = 64, N = 16
+    torch.testing.assert_close(reference.matmul(x, along_n, scale, 0), x @ codes.T.float(), rtol=1e-5, atol=1e-4)
 
 
 # ---- the engine on the fixture's int8 / int4 bundles ----
