@@ -1122,6 +1122,8 @@ def bench_ffn_command(
     ):
         if given and dtype != "int4":
             raise click.BadParameter(f"{option} {value} needs --dtype int4, found --dtype {dtype}")
+    if dtype not in QUANTIZED_DTYPES:
+        _refuse_given_options(("group_size",), f"only an int8 or int4 benchmark reads it, found --dtype {dtype}")
     if dtype in QUANTIZED_DTYPES:
         if backend != "cpu":
             raise click.BadParameter(f"--dtype {dtype} runs on the cpu backend only, found --backend {backend}")

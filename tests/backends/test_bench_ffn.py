@@ -132,6 +132,7 @@ def test_bench_ffn_refuses_a_shape_beyond_the_machines_memory_before_allocating(
         (["--sparsity", "1.5"], "Invalid value for '--sparsity': expected values in [0, 1), found 1.5"),
         (["--sparsity", "1.5", "--dtype", "int8"], "Invalid value for '--sparsity': expected values in [0, 1)"),
         (["--shape", "512"], "Invalid value for '--shape': expected one of llama2-7b, mistral-7b, qwen2-7b or dxD"),
+        (["--group-size", "64"], "--group-size: only an int8 or int4 benchmark reads it, found --dtype fp32"),
     ],
 )
 def test_bench_ffn_names_the_option_it_refuses(options, message):
