@@ -1365,6 +1365,14 @@ def eval_command(
         )
 
 
+# sweep's per-kind settings: (option's parameter, the SWEEP_KINDS setting it gives, the kinds that read it)
+SWEEP_SETTINGS = (
+    ("levels", "level", "svd, its ablations and threshold"),
+    ("recall_targets", "recall_target", "signbit"),
+    ("core_betas", "core_beta", "core"),
+)
+
+
 @main.command("sweep")
 @click.argument("model_dir", type=INPUT_PATH)
 @click.option("--calib", "calibration_files", multiple=True, required=True, help="Calibration text. Repeatable.")
@@ -1441,6 +1449,14 @@ def sweep_command(
     for name, value in (("levels", levels), ("recall_targets", recall_targets), ("core_betas", core_betas)):
         if value is not None:
             chosen[name] = _parse_levels(value, "--" + name.replace("_", "-"))
+    if kinds is not None:
+        from edge_sdk.eval.sweep import SWEEP_KINDS
+
+        swept = {SWEEP_KINDS[kind].setting for kind in kinds if kind in SWEEP_KINDS}
+        for name, setting, readers in SWEEP_SETTINGS:
+            if name in chosen and setting not in swept:
+                option = "--" + name.replace("_", "-")
+                raise click.UsageError(f"{option}: only {readers} read it, and --predictors {predictors} sweeps none")
     command = "edge-sdk " + " ".join(sys.argv[1:])
     with _phase_progress() as on_progress:
         result = run_sweep(

@@ -387,6 +387,12 @@ def test_held_out_text_that_is_not_utf8_is_refused_naming_the_byte(tmp_path):
         (["--predictors", ""], "Invalid value for --predictors: expected a comma-separated list of predictor kinds"),
         (["--predictors", "svd,svd"], "'svd' is listed twice in 'svd,svd'; each kind is swept once"),
         (["--levels", ""], "--levels: expected comma-separated numbers such as 0.5,0.7,0.9, found ''"),
+        # a setting of a kind not swept (it was ignored, and the sweep ran with every default)
+        (
+            ["--predictors", "svd", "--recall-targets", "0.9"],
+            "--recall-targets: only signbit read it, and --predictors svd sweeps none",
+        ),
+        (["--predictors", "signbit,core", "--levels", "0.5"], "--levels: only svd, its ablations and threshold read"),
     ],
 )
 def test_sweep_refuses_empty_and_repeated_lists_before_any_work(tiny_model_dir, tmp_path, option, message):
