@@ -1482,7 +1482,11 @@ def sweep_command(
             plot_path=plot_path,
             markdown_path=markdown_path or None,
             command=command,
-            on_point=lambda kind, point: click.echo(f"{kind}: {point}", err=True),
+            on_point=lambda kind, point: click.echo(
+                f"{kind} {point['setting']:g}: perplexity {point['perplexity_change_percent']:+.2f}%, top-1 agreement "
+                f"{point['top1_agreement']:.4f}, decode speedup {point['speedup']:.3f}x",
+                err=True,
+            ),
             on_progress=on_progress,
         )
     click.echo(format_sweep_markdown(result, command))

@@ -483,6 +483,10 @@ def _crossing_text(crossing: dict[str, Any], setting: str) -> str:
     return crossing["status"]
 
 
+def _threads_text(threads: int) -> str:
+    return "every core" if threads == 0 else f"{threads} thread" + ("s" if threads > 1 else "")
+
+
 def format_sweep_markdown(result: dict[str, Any], command: str | None = None) -> str:
     """A markdown fragment of a sweep: per kind, setting -> perplexity change, top-1 agreement, speedup (and
     realized sparsity when measured); the 1% / 3% crossings; the default-point target; the command."""
@@ -491,7 +495,7 @@ def format_sweep_markdown(result: dict[str, Any], command: str | None = None) ->
         f"Model `{result['model']}`, backend `{result['backend']}`, {result['scored_tokens']} scored held-out tokens "
         f"({result['windows']} windows of up to {settings['context']} tokens, {settings['prompt_tokens']}-token dense "
         f"prefill each), {settings['calibration_tokens']} calibration tokens per export, {settings['dtype']} weights. "
-        f"Speedup: sparse over dense decode tokens/s on the same engine options ({settings['threads']} thread(s), "
+        f"Speedup: sparse over dense decode tokens/s on the same engine options ({_threads_text(settings['threads'])}, "
         f"{_TIMER_TEXT[settings['timer']]}), best of {settings['speed_repeats']} alternating runs of "
         f"{result['speed_tokens']} teacher-forced decode steps. "
         f"Measured {result['date']} at commit {result['commit']} on {result['machine']['cpu']} "
@@ -528,7 +532,7 @@ def format_sweep_markdown(result: dict[str, Any], command: str | None = None) ->
     level = "" if level is None else f" {level}" if isinstance(level, str) else f" {level:g}"
     lines += [
         "",
-        f"**Issue target** (svd at its default level{level}: perplexity within "
+        f"**Target** (svd at its default level{level}: perplexity within "
         f"{target['max_perplexity_change_percent']:g}% of dense and decode >= {target['min_speedup']:g}x): "
         f"{target['status']}",
     ]

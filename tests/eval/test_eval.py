@@ -510,3 +510,10 @@ def test_sweeps_help_gives_the_reports_it_writes_unasked():
     assert "(default: OUTPUT/sweep.json)" in sweep_help and "(default: OUTPUT/sweep.png)" in sweep_help
     eval_help = " ".join(CliRunner().invoke(main, ["eval", "--help"]).output.split())
     assert "Also write the result as JSON." in eval_help and "OUTPUT/sweep" not in eval_help
+
+
+def test_sweep_markdown_names_the_threads_as_the_option_means_them():
+    """--threads 0 is every core: the markdown said "(0 thread(s), ...)"."""
+    from edge_sdk.eval.sweep import _threads_text
+
+    assert [_threads_text(n) for n in (0, 1, 4)] == ["every core", "1 thread", "4 threads"]
