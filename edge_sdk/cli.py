@@ -1211,7 +1211,7 @@ def _bench_quantized_ffn(
 
 @bench.command("e2e")
 @click.argument("bundle_dir", type=INPUT_PATH)
-@click.option("--backend", default="auto", show_default=True)
+@click.option("--backend", default="auto", show_default=True, help="auto, tensorrt, cann or cpu.")
 @click.option(
     "--sparsity", type=FiniteFloatRange(0, 1), default=None, help="A calibrated level (default: the bundle's)."
 )
@@ -1283,7 +1283,7 @@ def _window_options(
     """The options eval and sweep share; sweep writes its JSON and plot whether asked or not (json_help, plot_help)."""
     return _options(
         click.option("--text", "text_files", multiple=True, required=True, help="Held-out text. Repeatable."),
-        click.option("--backend", default="auto", show_default=True),
+        click.option("--backend", default="auto", show_default=True, help="auto, tensorrt, cann or cpu."),
         click.option(
             "--tokens",
             "max_tokens",
