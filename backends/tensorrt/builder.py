@@ -115,9 +115,12 @@ def check_quantized_ops(bundle: Bundle) -> None:
         raise EngineBuildError(f"{bundle.path}: no TensorRT engine for this bundle: {DEQUANTIZING_GRAPH_REASON}")
 
 
-def _build(trt: ModuleType, logger, path: Path, profiles: list[dict]) -> bytes:
-    """The serialized engine of the graph at path, with one optimization profile per entry of `profiles` (input name
-    -> ShapeRange), added in order so that profile index i covers profiles[i]."""
+def _build(trt: ModuleType, logger, path: Path, profiles: list[dict]):
+    """The serialized engine of the graph at path (TensorRT's IHostMemory), with one optimization profile per entry of
+    `profiles` (input name -> ShapeRange), added in order so that profile index i covers profiles[i]. The parser, the
+    network and the builder (and with them the parser's host copy of the weights) are released when this returns, and
+    the IHostMemory is written through the buffer protocol, never copied into a bytes object: on a Jetson, host and
+    device share one memory, and a copy would be a third copy of the weights (BUILD_WEIGHT_COPIES counts two)."""
     builder = trt.Builder(logger)
     # Strongly typed: TensorRT keeps the graph's types (fp32 activations, weights as stored) instead of choosing.
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
@@ -142,7 +145,7 @@ def _build(trt: ModuleType, logger, path: Path, profiles: list[dict]) -> bytes:
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise EngineBuildError(f"{path}: TensorRT could not build an engine (see the TensorRT log above)")
-    return bytes(serialized)
+    return serialized
 
 
 def build_engine(
@@ -183,6 +186,6 @@ def build_engine(
     serialized = _build(trt, logger, bundle.graph_path(ENGINE_GRAPH), profiles)
     # the engine and its record are published together (libedge_sdk runs an engine only beside a record of its key)
     with outputs.staged_output(target) as staging:
-        (staging / Path(info["engine_file"]).name).write_bytes(serialized)
+        (staging / Path(info["engine_file"]).name).write_bytes(memoryview(serialized))
         (staging / Path(info["metadata_file"]).name).write_text(json.dumps(info["metadata"], indent=2) + "\n")
     return directory

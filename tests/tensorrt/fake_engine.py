@@ -16,6 +16,7 @@ import ctypes
 import importlib.machinery
 import json
 import types
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,11 +156,27 @@ def plan(model: onnx.ModelProto, graph: str, profiles: list[dict[str, tuple]]) -
 def fake_tensorrt_package(fake: FakeTensorRT, plugins_visible: bool = True) -> types.ModuleType:
     """TensorRT's Python API as builder.py uses it. Its plugin registry shows the plugins libedge_sdk registered with
     the fake libnvinfer (one registry, as when both run one libnvinfer) unless plugins_visible is False. `builds`
-    records each build: (the parsed graph's path, its profiles as set_shape got them, their extra_memory_target)."""
+    records each build: (the parsed graph's path, its profiles as set_shape got them, their extra_memory_target).
+    build_serialized_network returns an IHostMemory as TensorRT's does: library memory read through the buffer
+    protocol; `host_copies` counts the bytes() copies made of it and `live_parsers` holds the parsers (each with its
+    host copy of the weights) still alive."""
     trt = types.ModuleType("tensorrt")
     trt.__spec__ = importlib.machinery.ModuleSpec("tensorrt", None)
     trt.__version__ = "10.3.0.30"
     trt.builds = []
+    trt.host_copies = 0
+    trt.live_parsers = weakref.WeakSet()
+
+    class IHostMemory(bytearray):
+        """The serialized engine: a buffer (memoryview, file.write) that bytes() would copy."""
+
+        @property
+        def nbytes(self) -> int:
+            return len(self)
+
+        def __bytes__(self) -> bytes:
+            trt.host_copies += 1
+            return bytes(memoryview(self))
 
     class Logger:
         WARNING = 2
@@ -181,6 +198,7 @@ def fake_tensorrt_package(fake: FakeTensorRT, plugins_visible: bool = True) -> t
 
         def __init__(self, network, logger):
             self.network = network
+            trt.live_parsers.add(self)
 
         def parse(self, model: bytes, path: str) -> bool:
             self.network.model, self.network.path = onnx.load_from_string(model), path
@@ -220,7 +238,7 @@ def fake_tensorrt_package(fake: FakeTensorRT, plugins_visible: bool = True) -> t
             profiles = config.profiles
             trt.builds.append((network.path, [p.shapes for p in profiles], [p.extra_memory_target for p in profiles]))
             bounds = [{name: (low, high) for name, (low, _, high) in p.shapes.items()} for p in profiles]
-            return plan(network.model, network.path, bounds)
+            return IHostMemory(plan(network.model, network.path, bounds))
 
     trt.Logger, trt.Builder, trt.OnnxParser = Logger, Builder, OnnxParser
     trt.NetworkDefinitionCreationFlag = types.SimpleNamespace(STRONGLY_TYPED=0)

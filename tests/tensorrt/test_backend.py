@@ -107,6 +107,27 @@ def test_build_makes_one_engine_from_decode_onnx_with_a_prefill_and_a_decode_pro
     assert prefill["core_mask.0"] == decode["core_mask.0"] == (mask, mask, mask)
 
 
+def test_the_engine_is_written_from_tensorrts_memory_after_the_parser_is_gone(
+    fake_trt, trt_bundles, tmp_path, monkeypatch
+):
+    # build_serialized_network's IHostMemory is written through the buffer protocol once the parser (and its host copy
+    # of the weights) is released: a bytes() copy while the parser lives would hold the weights three times, on a
+    # Jetson in the one memory the GPU shares, where BUILD_WEIGHT_COPIES counts two.
+    trt = sys.modules["tensorrt"]
+    written = {}
+    write_bytes = Path.write_bytes
+
+    def recording_write_bytes(path, data):
+        written[path.name] = (type(data).__name__, len(trt.live_parsers))
+        return write_bytes(path, data)
+
+    monkeypatch.setattr(Path, "write_bytes", recording_write_bytes)
+    directory = backend.build_engine(trt_bundles["core"], cache_dir=tmp_path / "cache")
+    assert trt.host_copies == 0
+    assert written["model.engine"] == ("memoryview", 0)
+    assert (directory / "model.engine").stat().st_size > 0
+
+
 def test_a_cached_engine_is_reused_unless_forced(fake_trt, trt_bundles):
     bundle = trt_bundles["svd"]
     trt = sys.modules["tensorrt"]
