@@ -43,7 +43,9 @@ ARCHITECTURES = {
 # hidden_act values as they appear in config.json, mapped to our activation kinds. ProSparse writes
 # "fatrelu" with the threshold in hidden_act_param; TurboSparse / SparseQwen2 style dReLU is "drelu".
 HIDDEN_ACTS = {"relu": "relu", "fatrelu": "fatrelu", "drelu": "drelu", "silu": "silu", "swish": "silu"}
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3")  # a bundle's
+# config.json may also name dynamic NTK scaling, which is the default RoPE up to max_position_embeddings (_rope)
+CONFIG_ROPE_TYPES = (*ROPE_TYPES, "dynamic")
 # max_position_embeddings of a config.json without it: the default of each family's transformers config class
 DEFAULT_MAX_POSITIONS = {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768}
 # Limits of every reader (jetson/src/config.c has the same): far above any real model, low enough that every size
@@ -329,10 +331,16 @@ def _rope(fields: _Fields, max_position_embeddings: int) -> RopeConfig:
     theta = (scaling if scaling.has("rope_theta") else fields).number("rope_theta", above=0.0, default=10000.0)
     # "type" is what transformers wrote before it was renamed "rope_type"
     type_key = "type" if scaling.has("type") and not scaling.has("rope_type") else "rope_type"
-    rope_type = scaling.string(type_key, ROPE_TYPES, default="default")
+    rope_type = scaling.string(type_key, CONFIG_ROPE_TYPES, default="default")
     if rope_type == "default":
         return RopeConfig(theta=theta)
     factor = scaling.number("factor", above=0.0)
+    if rope_type == "dynamic":
+        # transformers' dynamic NTK scaling raises theta only for a sequence longer than max_position_embeddings
+        # (base * (factor * seq_len / max_position_embeddings - (factor - 1)) ** (dim / (dim - 2)), seq_len clamped
+        # up to max_position_embeddings): below it the tables are the default's, and nothing edge-sdk computes is
+        # longer (a bundle's max_seq_len, calibration chunks and evaluation windows are bounded by it)
+        return RopeConfig(theta=theta)
     if rope_type == "linear":
         return RopeConfig(theta=theta, rope_type="linear", factor=factor)
     # llama3 interpolates between the two wavelengths by 1 / (high - low): equal factors divide by zero. Like

@@ -58,7 +58,7 @@ def test_derived_fields():
         ({"num_key_value_heads": 3}, "'num_key_value_heads' must be a divisor of num_attention_heads (4), found 3"),
         (
             {"rope_scaling": {"rope_type": "yarn", "factor": 2.0}},
-            "'rope_scaling.rope_type' must be one of default, linear, llama3, found \"yarn\"",
+            "'rope_scaling.rope_type' must be one of default, linear, llama3, dynamic, found \"yarn\"",
         ),
         ({"mlp_bias": True}, "'mlp_bias' must be false"),
         ({"hidden_size": "64"}, "'hidden_size' must be an integer in [1, 1048576], found \"64\""),

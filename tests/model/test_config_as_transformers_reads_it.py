@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from edge_sdk.errors import CheckpointError
-from edge_sdk.model.config import parse_config
+from edge_sdk.model.config import RopeConfig, parse_config
 from edge_sdk.model.loader import load_decoder
 
 from .hf_models import SMALL_CONFIG, VOCAB, save_hf_model
@@ -54,6 +54,8 @@ def test_rope_keys_take_transformers_precedence():
     assert parsed(rope_scaling={"type": "linear", "factor": 2, "rope_theta": 300}).rope.theta == 300.0
     # an empty one does not
     assert parsed(rope_scaling={}, rope_parameters={"rope_type": "linear", "factor": 4}).rope.rope_type == "linear"
+    # dynamic NTK scaling changes nothing up to max_position_embeddings, which bounds every sequence edge-sdk runs
+    assert parsed(rope_scaling={"type": "dynamic", "factor": 2.0}, rope_theta=5e5).rope == RopeConfig(theta=5e5)
     # llama3's original_max_position_embeddings: the top level's first, else max_position_embeddings
     assert parsed(rope_scaling=LLAMA3, max_position_embeddings=4096).rope.original_max_position_embeddings == 4096
     top = parsed(rope_scaling=LLAMA3 | {"original_max_position_embeddings": 16}, original_max_position_embeddings=64)
@@ -86,6 +88,8 @@ def transformers_logits(directory, ids):
         ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 5e4}}, {"rope_theta": 100.0}),
         ("llama", {}, {"rope_scaling": {"rope_type": "linear", "factor": 4.0, "rope_theta": 300.0}}),
         ("mistral", {}, {"attention_bias": True, "mlp_bias": True}),
+        # dynamic NTK scaling up to max_position_embeddings, the test's 20 positions: the default RoPE
+        ("llama", {}, {"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}, "max_position_embeddings": 20}),
     ],
 )
 def test_edited_configs_match_transformers(tmp_path, family, settings, edit):

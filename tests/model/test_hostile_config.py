@@ -172,11 +172,15 @@ FIELD_CASES = [
     ({"rope_parameters": ["linear"]}, "field 'rope_parameters' must be a JSON object, found [\"linear\"]"),
     (
         {"rope_scaling": {"rope_type": 5}},
-        "field 'rope_scaling.rope_type' must be one of default, linear, llama3, found 5",
+        "field 'rope_scaling.rope_type' must be one of default, linear, llama3, dynamic, found 5",
     ),
     (
-        {"rope_scaling": {"type": "dynamic", "factor": 2}},
-        "field 'rope_scaling.type' must be one of default, linear, llama3, found \"dynamic\"",
+        {"rope_scaling": {"type": "yarn", "factor": 2}},
+        "field 'rope_scaling.type' must be one of default, linear, llama3, dynamic, found \"yarn\"",
+    ),
+    (
+        {"rope_scaling": {"type": "dynamic"}},
+        "field 'rope_scaling.factor' is missing; it must be a finite number > 0",
     ),
     (
         {"rope_scaling": {"rope_type": "linear"}},
