@@ -247,12 +247,16 @@ def _dequantized(codes: str, matrix: str, int4: str = "is_int4", asymmetric: str
 """
 
 
-# down_weight_format (absent: the empty string, weight_format's) "int8": the down projection's int8 codes, no minimums
+# down_weight_format "int8" (int8 rows under int4 gate and up rows, no minimums), read from the words' shapes: int8 down
+# rows have twice as many words per row as the int4 gate rows, and every other allowed node has equal widths. The
+# body does not read the optional attribute: an absent one needs the function's default (attribute_proto), which
+# ONNX Runtime binds but onnx's own inliner (onnx.inliner) and ReferenceEvaluator (1.23) drop, leaving a Constant
+# without a value.
 _DOWN_FORMAT_CONSTANTS = """
-    down_kind = Constant <value_string: string = @down_weight_format> ()
-    int8_name = Constant <value_string = "int8"> ()
-    down_is_int8 = Equal (down_kind, int8_name)
-    down_as_weights = Not (down_is_int8)
+    gate_words = Shape <start = 1, end = 2> (w_gate)        # [1] = d / v
+    down_words = Shape <start = 1, end = 2> (w_down_t)      # [1] = d / 4 for int8 down rows under int4 ones
+    same_words = Equal (gate_words, down_words)
+    down_as_weights = Squeeze (same_words)                  # scalar: the down rows in weight_format
     down_is_int4 = And (is_int4, down_as_weights)
     down_is_asymmetric = And (is_asymmetric, down_as_weights)
 """
