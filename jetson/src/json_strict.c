@@ -3,6 +3,7 @@
 
 #include <locale.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,15 +124,25 @@ const char *json_shown(const char *text, char *out, size_t size) { /* size >= 4 
 
 /* ---- Numbers ------------------------------------------------------------------------------------------ */
 
+static locale_t c_numbers;
+static pthread_once_t c_numbers_once = PTHREAD_ONCE_INIT;
+
+static void make_c_numbers(void) { c_numbers = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0); }
+
 int json_number_value(const char *token, size_t length, double *value) {
-  /* strtod reads the locale's decimal point; JSON writes '.' */
-  char point = localeconv()->decimal_point[0];
+  /* strtod reads the calling thread's locale, whose decimal point may be ',': it runs in the C locale, set for this
+   * thread alone (uselocale), so a thread with another locale -- or one changing it -- reads JSON's '.' all the same
+   * (localeconv(), read before, returns one struct that every thread's call rewrites) */
+  pthread_once(&c_numbers_once, make_c_numbers);
+  if (c_numbers == (locale_t)0) return 0;
   char local[64];
   char *copy = length < sizeof local ? local : malloc(length + 1);
   if (copy == NULL) return 0;
-  for (size_t i = 0; i < length; i++) copy[i] = token[i] == '.' ? point : token[i];
+  memcpy(copy, token, length);
   copy[length] = '\0';
+  locale_t previous = uselocale(c_numbers);
   *value = strtod(copy, NULL);
+  uselocale(previous);
   if (copy != local) free(copy);
   return 1;
 }

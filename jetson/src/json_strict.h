@@ -40,7 +40,8 @@ edge_status json_strict_parse_object(const char *text, size_t size, enum json_nu
  * "an object" ("nothing" for NULL). */
 const char *json_type_name(const cJSON *item);
 
-/* The float64 value of a JSON number token, read the same way in every C locale; 0 when out of memory. */
+/* The float64 value of a JSON number token, read the same way whatever locale any thread has; 0 when out of memory
+ * (or the C locale cannot be had). */
 int json_number_value(const char *token, size_t length, double *value);
 
 /* Length of the strict UTF-8 sequence at s[0:n] (no overlong form, no surrogate, at most U+10FFFF) and its code

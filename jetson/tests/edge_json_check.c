@@ -3,7 +3,13 @@
  *   edge_json_check [--integers-only] FILE
  * FILE holds one JSON document per line, hex-encoded (so any bytes can be tested). For each document one line:
  * "ok CANONICAL" when json_strict_parse accepts it (CANONICAL: json_canonical_text of it, always ASCII), else
- * "refused: MESSAGE". Exit status 0 when every line was evaluated. */
+ * "refused: MESSAGE". Exit status 0 when every line was evaluated.
+ *   edge_json_check --locale-race LOCALE
+ * Parses JSON numbers on two threads at once, one in LOCALE (uselocale: e.g. de_DE.UTF-8, whose decimal point is
+ * ','), one in the C locale, and prints "misread N" (numbers not read as written); exit status 3 when LOCALE
+ * cannot be had. */
+#include <locale.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,7 +60,48 @@ static int check_document(const char *text, size_t size, enum json_numbers numbe
   return 1;
 }
 
+#define RACE_ROUNDS 200000
+
+struct race_thread {
+  locale_t locale; /* (locale_t)0: the C locale */
+  long misread;
+};
+
+static void *parse_numbers(void *argument) {
+  struct race_thread *thread = argument;
+  if (thread->locale != (locale_t)0) uselocale(thread->locale);
+  static const char document[] = "{\"x\": 0.5, \"y\": 1.25e1}";
+  for (int round = 0; round < RACE_ROUNDS; round++) {
+    cJSON *value;
+    if (json_strict_parse(document, sizeof document - 1, JSON_ANY_NUMBERS, "doc", &value) != EDGE_OK) {
+      thread->misread++;
+      continue;
+    }
+    if (cJSON_GetObjectItem(value, "x")->valuedouble != 0.5 || cJSON_GetObjectItem(value, "y")->valuedouble != 12.5) {
+      thread->misread++;
+    }
+    cJSON_Delete(value);
+  }
+  return NULL;
+}
+
+static int locale_race(const char *name) {
+  locale_t other = newlocale(LC_ALL_MASK, name, (locale_t)0);
+  if (other == (locale_t)0) {
+    fprintf(stderr, "edge_json_check: no locale %s here\n", name);
+    return 3;
+  }
+  struct race_thread threads[2] = {{other, 0}, {(locale_t)0, 0}};
+  pthread_t ids[2];
+  for (int i = 0; i < 2; i++) pthread_create(&ids[i], NULL, parse_numbers, &threads[i]);
+  for (int i = 0; i < 2; i++) pthread_join(ids[i], NULL);
+  printf("misread %ld\n", threads[0].misread + threads[1].misread);
+  freelocale(other);
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc == 3 && strcmp(argv[1], "--locale-race") == 0) return locale_race(argv[2]);
   int integers_only = argc == 3 && strcmp(argv[1], "--integers-only") == 0;
   if (argc != 2 + integers_only) {
     fprintf(stderr, "usage: edge_json_check [--integers-only] FILE\n");

@@ -273,3 +273,25 @@ def test_random_edits_in_integers_only_mode(x86_build: Build, tmp_path):
     documents = mutations([header], 2000, seed=2)
     refused = assert_same_verdicts(x86_build, documents, tmp_path, integers_only=True)
     assert 0.3 * len(documents) < refused < len(documents)
+
+
+@pytest.fixture(scope="module")
+def comma_locale(tmp_path_factory) -> Path:
+    """LOCPATH holding de_DE.UTF-8 (decimal point ','), compiled by localedef from the system's locale sources."""
+    locales = tmp_path_factory.mktemp("locales")
+    try:
+        made = run(["localedef", "-i", "de_DE", "-f", "UTF-8", locales / "de_DE.UTF-8"], timeout=120)
+    except OSError:
+        pytest.skip("no localedef here (Debian: libc-bin)")
+    if made.returncode != 0:
+        pytest.skip(f"localedef cannot make de_DE.UTF-8 here (Debian: locales): {made.stderr.strip()[:200]}")
+    return locales
+
+
+def test_numbers_read_alike_on_threads_of_other_locales(x86_build: Build, comma_locale):
+    """A thread whose locale writes ',' for the decimal point, parsing beside one in the C locale: the reader asked
+    localeconv() for the point, whose one struct every thread's call rewrites, so a thread could take the other's."""
+    command = [x86_build.binary("edge_json_check"), "--locale-race", "de_DE.UTF-8"]
+    result = run(command, env={"LOCPATH": str(comma_locale), "PATH": "/usr/bin:/bin"}, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "misread 0\n"
