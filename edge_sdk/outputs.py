@@ -145,7 +145,20 @@ def check_target(
     except OSError as problem:
         raise OutputError(f"{path}: cannot inspect ({problem.strerror})") from None
     if not replace:
-        raise OutputError(_exists_message(path, info, kind))
+        # the hint to use --force only where --force would replace what is there, else why it would not
+        try:
+            _check_replaceable(path, info, kind)
+        except OutputError as refusal:
+            why = str(refusal).removeprefix(f"{path}: ")
+            raise OutputError(f"{path}: already exists, and --force would not replace it: {why}") from None
+        raise OutputError(f"{path}: already exists (use --force to replace an earlier edge-sdk {kind.noun})")
+    _check_replaceable(path, info, kind)
+    return Target(path, kind, (info.st_dev, info.st_ino))
+
+
+def _check_replaceable(path: Path, info: os.stat_result, kind: OutputKind) -> None:
+    """Raise OutputError unless the existing path (lstat info) is an earlier edge-sdk output of this kind that can be
+    replaced by a rename beside it."""
     expected_type = stat.S_ISDIR if kind.is_directory else stat.S_ISREG
     if not expected_type(info.st_mode):  # checked before reading it: a FIFO would block the read forever
         raise OutputError(f"{path}: is {_file_type(info.st_mode)}, not an edge-sdk {kind.noun}; refusing to replace it")
@@ -159,22 +172,6 @@ def check_target(
         if kind.replaced_with_force:
             raise OutputError(f"{path}: {why_not}; --force replaces only an edge-sdk {kind.noun}")
         raise OutputError(f"{path}: {why_not}; write the {kind.noun} elsewhere")
-    return Target(path, kind, (info.st_dev, info.st_ino))
-
-
-def _exists_message(path: Path, info: os.stat_result, kind: OutputKind) -> str:
-    """The refusal of an existing location without --force: a hint to use --force only where --force would replace
-    what is there (an output edge-sdk wrote), else why it would not, so that the user does not retry in vain."""
-    expected_type = stat.S_ISDIR if kind.is_directory else stat.S_ISREG
-    if not expected_type(info.st_mode):  # checked before reading it: a FIFO would block the read forever
-        why_not = f"is {_file_type(info.st_mode)}, not an edge-sdk {kind.noun}"
-    elif os.path.ismount(path):
-        why_not = "is a mount point"
-    else:
-        why_not = kind.ours(path)
-    if why_not is None:
-        return f"{path}: already exists (use --force to replace an earlier edge-sdk {kind.noun})"
-    return f"{path}: already exists and is not what --force replaces ({why_not}); write the {kind.noun} elsewhere"
 
 
 def _enclosing_output(path: Path) -> tuple[str, Path] | None:

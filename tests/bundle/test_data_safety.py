@@ -195,8 +195,14 @@ def test_unpack_force_refuses_the_current_directory_and_foreign_directories(work
 def test_pack_refuses_directories_and_files_it_did_not_write(workspace, archive):
     bundle = archive.parent / "bundle"
     before = snapshot(workspace)
-    assert_refused(edge_sdk("pack", bundle, "data", cwd=workspace), "data: already exists and is not what --force")
-    assert_refused(edge_sdk("pack", bundle, "notes.txt", cwd=workspace), "(is not an edge-sdk bundle archive)")
+    assert_refused(
+        edge_sdk("pack", bundle, "data", cwd=workspace),
+        "data: already exists, and --force would not replace it: is a directory",
+    )
+    assert_refused(
+        edge_sdk("pack", bundle, "notes.txt", cwd=workspace),
+        "notes.txt: already exists, and --force would not replace it: is not an edge-sdk bundle archive",
+    )
     assert_refused(
         edge_sdk("pack", bundle, "data", "--force", cwd=workspace), "is a directory, not an edge-sdk bundle archive"
     )
@@ -817,10 +823,10 @@ def test_without_force_the_hint_to_use_it_comes_only_where_force_would_replace(t
         with pytest.raises(OutputError) as refused:
             check_target(directory, BUNDLE, replace=False)
         assert str(refused.value) == (
-            f"{directory}: already exists and is not what --force replaces (has no edge-sdk manifest.json, so it is "
-            "not an edge-sdk bundle); write the bundle elsewhere"
+            f"{directory}: already exists, and --force would not replace it: has no edge-sdk manifest.json, so it is "
+            "not an edge-sdk bundle; --force replaces only an edge-sdk bundle"
         )
-    with pytest.raises(OutputError, match=r"already exists and is not what --force replaces \(is a file, not an"):
+    with pytest.raises(OutputError, match=r"already exists, and --force would not replace it: is a file, not an"):
         check_target(users / "notes.txt", BUNDLE, replace=False)
 
 

@@ -38,7 +38,8 @@ def edited_model(tmp_path, **fields):
     "fields",
     [
         {"rope_theta": 500000.0},  # a RoPE setting read otherwise
-        {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 4},  # a window
+        # a window longer than the prompt and its greedy steps (19 tokens): it shows only when the sequence is continued
+        {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 24},
     ],
     ids=["rope-theta", "sliding-window"],
 )

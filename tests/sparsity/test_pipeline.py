@@ -244,7 +244,7 @@ def test_existing_output_needs_force(tiny_model_dir, tmp_path):
     (out / "keep.txt").write_text("mine")
     result = calibrate_cli(tiny_model_dir, out, *QUICK)
     # not "use --force": --force replaces only a predictors directory edge-sdk wrote, and this one is the user's
-    assert result.exit_code == 2 and "already exists and is not what --force replaces" in result.output
+    assert result.exit_code == 2 and "already exists, and --force would not replace it" in result.output
     assert "use --force" not in result.output
     assert (out / "keep.txt").read_text() == "mine"
 
